@@ -1,0 +1,41 @@
+"""Node label, taint and annotation names shared by the components, the policies and the agent.
+
+They follow Deckhouse's GPU flow and NVIDIA's GPU feature discovery / mig-manager so that existing
+dashboards, selectors and runbooks keep working.
+"""
+
+from __future__ import annotations
+
+# Deckhouse flow
+GPU_NODE = "node.deckhouse.io/gpu"  #: "" on every GPU node of a group
+DEVICE_GPU_CONFIG = "node.deckhouse.io/device-gpu.config"  #: Exclusive | TimeSlicing | MPS | MIG
+GPU_SETUP_COMPLETE = "node.deckhouse.io/gpu-setup-complete"  #: set by node setup once the node is ready
+GPU_VFIO_READY = "node.deckhouse.io/gpu-vfio-ready"
+DECKHOUSE_NODE_GROUP = "node.deckhouse.io/group"
+DISRUPTION_APPROVED = "update.node.deckhouse.io/disruption-approved"
+DISRUPTION_REQUIRED = "update.node.deckhouse.io/disruption-required"
+DRAINING = "update.node.deckhouse.io/draining"
+DRAINED = "update.node.deckhouse.io/drained"
+
+# This project's own labels
+NODE_GROUP = "gpu.nvidia-gpu.io/node-group"  #: the stack's node group a node belongs to
+ALLOCATION_MODE = "gpu.nvidia-gpu.io/allocation-mode"  #: devicePlugin | dra
+
+# NVIDIA
+MIG_CONFIG = "nvidia.com/mig.config"
+MIG_CONFIG_STATE = "nvidia.com/mig.config.state"  #: pending | rebooting | success | failed
+MIG_CAPABLE = "nvidia.com/mig.capable"
+MIG_STRATEGY = "nvidia.com/mig.strategy"
+DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
+GPU_DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
+GPU_DEPLOY_COMPONENTS = ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm")
+PAUSED_FOR_MIG_CHANGE = "paused-for-mig-change"
+
+# Taints
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_VALUE = "present"
+GPU_TAINT_EFFECT = "NoSchedule"
+MIG_RECONFIGURE_TAINT_KEY = "mig-reconfigure"
+
+# Feature files
+NFD_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
