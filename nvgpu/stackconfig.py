@@ -117,6 +117,8 @@ class Cluster(_Model):
     monitoring: Monitoring = Monitoring()
     priority_class_name: str = "system-node-critical"
     dra: DraSettings = DraSettings()
+    #: The kubeconfig context the stack's Kubernetes provider uses (default: the current context).
+    kube_context: str | None = None
 
     @field_validator("kubernetes_version")
     @classmethod

@@ -1,0 +1,105 @@
+"""The cluster-wide objects: the stack's namespace and one ServiceAccount plus least-privilege RBAC per agent role.
+
+The namespace enforces Pod Security ``privileged`` because the device plugin and the node-setup agent
+must be privileged (host devices, ``/proc/sys``); ``warn`` and ``audit`` stay stricter so any other pod
+that lands here, or an agent pod that gains privileges it should not have, is reported.
+
+RBAC is spelled out verb by verb: no wildcards, no access to Secrets, only what each role's code calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from components.manifests import Manifest
+from components.manifests.meta import app_labels, cluster_object_name
+
+RBAC_API = "rbac.authorization.k8s.io/v1"
+
+
+class AgentRole(StrEnum):
+    """One ServiceAccount each; a role never borrows another's permissions."""
+
+    DEVICE_PLUGIN = "device-plugin"
+    LABELLER = "gpu-labeller"
+    NODE_SETUP = "gpu-setup"
+
+
+@dataclass(frozen=True)
+class Rule:
+    api_groups: tuple[str, ...]
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {"apiGroups": list(self.api_groups), "resources": list(self.resources), "verbs": list(self.verbs)}
+
+
+_READ_NODES = Rule(("",), ("nodes",), ("get", "list", "watch"))
+_PATCH_NODES = Rule(("",), ("nodes",), ("get", "list", "watch", "patch"))
+_EVENTS = Rule(("", "events.k8s.io"), ("events",), ("create", "patch"))
+
+#: The device plugin reads its own Node to pick the named sharing config from the node label.
+#: The labeller and the setup agent patch labels (and the setup-complete label) onto their own Node.
+ROLE_RULES: dict[AgentRole, tuple[Rule, ...]] = {
+    AgentRole.DEVICE_PLUGIN: (_READ_NODES, _EVENTS),
+    AgentRole.LABELLER: (_PATCH_NODES, _EVENTS),
+    AgentRole.NODE_SETUP: (_PATCH_NODES, _EVENTS),
+}
+
+#: Pod Security Admission levels (see the module docstring for why enforce is privileged).
+POD_SECURITY = {"enforce": "privileged", "warn": "baseline", "audit": "restricted"}
+
+
+def namespace(name: str, kubernetes_version: str) -> Manifest:
+    psa: dict[str, str] = {}
+    for mode, level in POD_SECURITY.items():
+        psa[f"pod-security.kubernetes.io/{mode}"] = level
+        psa[f"pod-security.kubernetes.io/{mode}-version"] = f"v{kubernetes_version}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {**app_labels("namespace", name), **psa}},
+    }
+
+
+def service_account(namespace_name: str, role: AgentRole) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": role.value, "namespace": namespace_name, "labels": app_labels(role.value, namespace_name)},
+        # The token is mounted explicitly by the pods that talk to the API server.
+        "automountServiceAccountToken": False,
+    }
+
+
+def cluster_role(namespace_name: str, role: AgentRole) -> Manifest:
+    return {
+        "apiVersion": RBAC_API,
+        "kind": "ClusterRole",
+        "metadata": {
+            "name": cluster_object_name(namespace_name, role.value),
+            "labels": app_labels(role.value, namespace_name),
+        },
+        "rules": [r.as_dict() for r in ROLE_RULES[role]],
+    }
+
+
+def cluster_role_binding(namespace_name: str, role: AgentRole) -> Manifest:
+    name = cluster_object_name(namespace_name, role.value)
+    return {
+        "apiVersion": RBAC_API,
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name, "labels": app_labels(role.value, namespace_name)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": role.value, "namespace": namespace_name}],
+    }
+
+
+def roles_for_backend(daemonset_setup: bool) -> tuple[AgentRole, ...]:
+    """The setup agent only runs as a DaemonSet on non-Deckhouse clusters (Deckhouse runs the scripts)."""
+    roles = [AgentRole.DEVICE_PLUGIN, AgentRole.LABELLER]
+    if daemonset_setup:
+        roles.append(AgentRole.NODE_SETUP)
+    return tuple(roles)

@@ -1,0 +1,268 @@
+"""The agent DaemonSets of one node group: device plugin, feature labeller and (off Deckhouse) node setup.
+
+Every container runs a subcommand of the pinned agent image (``python -m node_agent ...``), carries
+requests and limits, and a securityContext that is privileged only where the host demands it:
+
+* the device plugin needs the GPU device nodes (``/dev/nvidia*``, for NVML and for the device specs it
+  hands to kubelet) and root-owned host sockets under ``/var/lib/kubelet/device-plugins``;
+* the setup agent writes ``/proc/sys``, loads kernel modules and rewrites the containerd config on the host.
+
+The labeller only reads NVML through the NVIDIA runtime's injected devices and writes one feature file,
+so it runs unprivileged with a read-only root filesystem and no capabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from components.manifests import Manifest
+from components.manifests.meta import app_labels, group_object_name, selector_labels
+from components.manifests.platform import AgentRole
+from components.manifests.scheduling import node_affinity, tolerations
+from components.manifests.sharing import MPS_ROOT, config_map_name
+from nvgpu import labels
+from nvgpu.nodelabels import desired_node_labels, desired_node_taints
+from nvgpu.stackconfig import Cluster, NodeGroup
+
+AGENT = ["python", "-m", "node_agent"]
+#: Where the named device-plugin configs are mounted in the plugin container.
+DEVICE_PLUGIN_CONFIG_DIR = "/etc/nvidia-gpu/device-plugin"
+DEVICE_PLUGIN_METRICS_PORT = 9401
+KUBELET_DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
+CDI_DIR = "/var/run/cdi"
+AGENT_STATE_DIR = "/var/lib/nvidia-gpu-agent"
+#: The setup agent sees the whole host under this path (``--host-root``), never at ``/``.
+HOST_ROOT = "/host"
+LABEL_INTERVAL_SECONDS = 60
+SETUP_INTERVAL_SECONDS = 300
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu_request: str
+    memory_request: str
+    cpu_limit: str
+    memory_limit: str
+
+    def as_dict(self) -> dict[str, dict[str, str]]:
+        return {
+            "requests": {"cpu": self.cpu_request, "memory": self.memory_request},
+            "limits": {"cpu": self.cpu_limit, "memory": self.memory_limit},
+        }
+
+
+#: The agent's own targets are under 80 MiB RSS; limits leave headroom for NVML and Python.
+RESOURCES: dict[AgentRole, Resources] = {
+    AgentRole.DEVICE_PLUGIN: Resources("50m", "64Mi", "500m", "192Mi"),
+    AgentRole.LABELLER: Resources("10m", "48Mi", "200m", "128Mi"),
+    AgentRole.NODE_SETUP: Resources("20m", "64Mi", "500m", "256Mi"),
+}
+
+_PRIVILEGED: dict[str, Any] = {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0}
+_RESTRICTED: dict[str, Any] = {
+    "privileged": False,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+_NODE_NAME_ENV = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+
+
+@dataclass(frozen=True)
+class GroupContext:
+    """What every workload of one node group needs to know, resolved once."""
+
+    namespace: str
+    cluster: Cluster
+    group: NodeGroup
+    #: The daemonset backend: the labeller also applies the Deckhouse-flow labels and taints itself.
+    label_flow: bool
+
+    @property
+    def image(self) -> str:
+        return self.cluster.agent_image.ref
+
+    @property
+    def version(self) -> str | None:
+        return self.cluster.agent_image.tag
+
+
+def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
+    return {"name": name, "hostPath": {"path": path, "type": kind}}
+
+
+def _mount(name: str, path: str, read_only: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": name, "mountPath": path}
+    if read_only:
+        out["readOnly"] = True
+    return out
+
+
+_TMP_VOLUME = {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
+_TMP_MOUNT = _mount("tmp", "/tmp")
+
+
+def _container(
+    ctx: GroupContext, name: str, role: AgentRole, args: list[str], security: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": ctx.image,
+        "imagePullPolicy": ctx.cluster.agent_image.pull_policy,
+        "command": list(AGENT),
+        "args": args,
+        "env": [dict(_NODE_NAME_ENV)],
+        "resources": RESOURCES[role].as_dict(),
+        "securityContext": dict(security),
+    }
+
+
+def _daemonset(
+    ctx: GroupContext,
+    component: str,
+    role: AgentRole,
+    pod_spec: dict[str, Any],
+    *,
+    require_setup_complete: bool,
+    update_strategy: dict[str, Any],
+) -> Manifest:
+    group = ctx.group
+    meta_labels = app_labels(component, group.name, node_group=group.name, version=ctx.version)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": group_object_name(component, group.name),
+            "namespace": ctx.namespace,
+            "labels": meta_labels,
+        },
+        "spec": {
+            "selector": {"matchLabels": selector_labels(component, group.name)},
+            "updateStrategy": update_strategy,
+            "template": {
+                "metadata": {"labels": meta_labels},
+                "spec": {
+                    "serviceAccountName": role.value,
+                    "automountServiceAccountToken": True,
+                    "priorityClassName": ctx.cluster.priority_class_name,
+                    "affinity": node_affinity(group, require_setup_complete=require_setup_complete),
+                    "tolerations": tolerations(group),
+                    **pod_spec,
+                },
+            },
+        },
+    }
+
+
+_ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+
+
+def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
+    component = AgentRole.DEVICE_PLUGIN.value
+    args = [
+        "device-plugin",
+        "--config-dir", DEVICE_PLUGIN_CONFIG_DIR,
+        "--config-label", labels.DEVICE_GPU_CONFIG,
+        "--default-config", ctx.group.gpu.sharing.value,
+        "--metrics-port", str(DEVICE_PLUGIN_METRICS_PORT),
+    ]
+    # Privileged: NVML and the device specs handed to kubelet need every /dev/nvidia* node, and the
+    # plugin's sockets live in kubelet's root-owned device-plugins directory (see the module docstring).
+    container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, _PRIVILEGED)
+    container["ports"] = [{"name": "metrics", "containerPort": DEVICE_PLUGIN_METRICS_PORT, "protocol": "TCP"}]
+    probe = {"tcpSocket": {"port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 2}
+    container["startupProbe"] = {**probe, "failureThreshold": 30}
+    container["livenessProbe"] = {**probe, "failureThreshold": 3}
+    container["volumeMounts"] = [
+        _mount("device-plugins", KUBELET_DEVICE_PLUGINS),
+        _mount("dev", "/dev"),
+        _mount("cdi", CDI_DIR),
+        _mount("mps-root", MPS_ROOT),
+        _mount("agent-state", AGENT_STATE_DIR),
+        _mount("config", DEVICE_PLUGIN_CONFIG_DIR, read_only=True),
+        _TMP_MOUNT,
+    ]
+    pod_spec = {
+        "containers": [container],
+        "volumes": [
+            _host_path("device-plugins", KUBELET_DEVICE_PLUGINS, "Directory"),
+            _host_path("dev", "/dev", "Directory"),
+            _host_path("cdi", CDI_DIR, "DirectoryOrCreate"),
+            _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
+            _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
+            {"name": "config", "configMap": {"name": config_map_name(ctx.group)}},
+            dict(_TMP_VOLUME),
+        ],
+    }
+    return _daemonset(ctx, component, AgentRole.DEVICE_PLUGIN, pod_spec, require_setup_complete=True,
+                      update_strategy=_ROLLING)
+
+
+def labeller_args(ctx: GroupContext) -> list[str]:
+    args = ["labels", "--loop", "--interval", str(LABEL_INTERVAL_SECONDS), "--patch-node"]
+    if ctx.label_flow:
+        for key, value in desired_node_labels(ctx.group).items():
+            args += ["--node-label", f"{key}={value}"]
+        for taint in desired_node_taints(ctx.group):
+            args += ["--node-taint", f"{taint.key}={taint.value}:{taint.effect}"]
+    return args
+
+
+def labeller_daemonset(ctx: GroupContext) -> Manifest:
+    component = AgentRole.LABELLER.value
+    container = _container(ctx, component, AgentRole.LABELLER, labeller_args(ctx), _RESTRICTED)
+    # The NVIDIA runtime injects the GPUs (and only the NVML library) into this unprivileged container.
+    container["env"] += [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+    ]
+    # No probe: the loop has no endpoint, and a wedged loop only delays labels the setup gate already guards.
+    container["volumeMounts"] = [_mount("features", labels.NFD_FEATURES_DIR), _TMP_MOUNT]
+    pod_spec = {
+        # Root (for the root-owned features.d directory) but with no capabilities and no escalation.
+        "securityContext": {"runAsUser": 0, "runAsGroup": 0},
+        "containers": [container],
+        "volumes": [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"), dict(_TMP_VOLUME)],
+    }
+    return _daemonset(ctx, component, AgentRole.LABELLER, pod_spec, require_setup_complete=True,
+                      update_strategy=_ROLLING)
+
+
+def setup_daemonset(ctx: GroupContext) -> Manifest:
+    """Node setup for clusters without Deckhouse.
+
+    The init container runs ``setup`` once (check, runtime, sysctl, then the setup-complete label), so a
+    node that cannot be prepared shows ``Init:Error`` with the reason; the main container repeats it
+    every few minutes to repair drift and to drop the label if the GPU becomes unusable.
+
+    Teardown story: ``updateStrategy: OnDelete`` makes a pod's deletion mean "this node leaves the
+    group" (the node no longer matches, the group or the stack is removed, or an operator deletes the
+    pod on purpose), and only then the ``preStop`` hook runs ``teardown``: the label, the containerd
+    drop-in and the sysctl change are rolled back. A new image therefore rolls out node by node, when
+    an operator deletes each pod, never as a surprise restart of containerd across the fleet.
+    """
+    component = AgentRole.NODE_SETUP.value
+    base = ["--host-root", HOST_ROOT]
+    # Privileged: the agent writes /proc/sys, loads kernel modules and restarts containerd through the
+    # host's systemd (reached via the host root mount, so hostPID is not needed).
+    init = _container(ctx, f"{component}-once", AgentRole.NODE_SETUP, [*base, "setup"], _PRIVILEGED)
+    main = _container(
+        ctx, component, AgentRole.NODE_SETUP, [*base, "setup", "--loop", "--interval", str(SETUP_INTERVAL_SECONDS)],
+        _PRIVILEGED,
+    )
+    main["lifecycle"] = {"preStop": {"exec": {"command": [*AGENT, *base, "teardown"]}}}
+    mounts = [_mount("host-root", HOST_ROOT), _TMP_MOUNT]
+    init["volumeMounts"] = list(mounts)
+    main["volumeMounts"] = list(mounts)
+    pod_spec = {
+        "hostPID": False,
+        "terminationGracePeriodSeconds": 120,
+        "initContainers": [init],
+        "containers": [main],
+        "volumes": [_host_path("host-root", "/", "Directory"), dict(_TMP_VOLUME)],
+    }
+    return _daemonset(ctx, component, AgentRole.NODE_SETUP, pod_spec, require_setup_complete=False,
+                      update_strategy={"type": "OnDelete"})

@@ -1,0 +1,96 @@
+"""``GpuNodeGroup``: everything one GPU node group runs, in device-plugin mode.
+
+Children: the ``SharingPolicy`` (device-plugin configs), the device-plugin and feature-labelling
+DaemonSets, and node setup for the cluster's backend: the Deckhouse NodeGroup's node template plus
+``NodeGroupConfiguration`` scripts, or the setup DaemonSet elsewhere. A group whose allocation mode is
+``dra`` gets node setup and labels only; its DRA driver is a separate component.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+
+from components.manifests import deckhouse, workloads
+from components.manifests.deckhouse import NodeScript
+from components.manifests.workloads import GroupContext
+from components.platform import PlatformRefs
+from components.register import register, register_patch
+from components.sharing_policy import SharingPolicy, SharingPolicyArgs
+from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend
+
+TYPE = "nvidia-gpu:index:GpuNodeGroup"
+
+
+@dataclass(frozen=True)
+class GpuNodeGroupArgs:
+    cluster: Cluster
+    group: NodeGroup
+    allocation_mode: AllocationMode
+    platform: PlatformRefs
+    #: The deckhouse backend's bashible steps, in weight order (empty for the daemonset backend).
+    node_scripts: Sequence[NodeScript] = ()
+
+
+class GpuNodeGroup(pulumi.ComponentResource):
+    device_plugin: pulumi.CustomResource | None
+    labeller: pulumi.CustomResource
+    node_setup: list[pulumi.CustomResource]
+    sharing: SharingPolicy | None
+
+    def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        group, cluster, refs = args.group, args.cluster, args.platform
+        deckhouse_backend = cluster.node_setup is NodeSetupBackend.DECKHOUSE
+        ctx = GroupContext(namespace=refs.namespace, cluster=cluster, group=group, label_flow=not deckhouse_backend)
+        after_platform = pulumi.ResourceOptions(parent=self, depends_on=list(refs.dependencies))
+
+        self.node_setup = []
+        if deckhouse_backend:
+            # Deckhouse owns the NodeGroup: keep our template fields there even if this stack is destroyed
+            # (removing them would strip labels from running GPU nodes); delete them by editing the config.
+            self.node_setup.append(
+                register_patch(
+                    f"{name}-node-template",
+                    deckhouse.node_group_patch(group),
+                    pulumi.ResourceOptions(parent=self, retain_on_delete=True),
+                )
+            )
+            for script in sorted(args.node_scripts, key=lambda s: (s.weight, s.name)):
+                self.node_setup.append(
+                    register(
+                        f"{name}-{script.name}",
+                        deckhouse.node_group_configuration(refs.namespace, group, script),
+                        pulumi.ResourceOptions(parent=self),
+                    )
+                )
+        else:
+            self.node_setup.append(register(f"{name}-setup", workloads.setup_daemonset(ctx), after_platform))
+
+        self.labeller = register(f"{name}-labeller", workloads.labeller_daemonset(ctx), after_platform)
+
+        self.sharing = None
+        self.device_plugin = None
+        if args.allocation_mode is AllocationMode.DEVICE_PLUGIN:
+            self.sharing = SharingPolicy(
+                f"{name}-sharing",
+                SharingPolicyArgs(namespace=refs.namespace, group=group, depends_on=refs.dependencies),
+                pulumi.ResourceOptions(parent=self),
+            )
+            self.device_plugin = register(
+                f"{name}-device-plugin",
+                workloads.device_plugin_daemonset(ctx),
+                pulumi.ResourceOptions(parent=self, depends_on=[*refs.dependencies, self.sharing]),
+            )
+
+        self.register_outputs(
+            {
+                "nodeGroup": group.name,
+                "sharing": group.gpu.sharing.value,
+                "allocationMode": args.allocation_mode.value,
+                "deviceConfigMap": self.sharing.config_map_name if self.sharing else None,
+                "nodeSetup": "NodeGroupConfiguration" if deckhouse_backend else "DaemonSet",
+            }
+        )

@@ -1,0 +1,60 @@
+"""``GpuPlatform``: the cluster-wide pieces every node group shares (namespace, ServiceAccounts, RBAC)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+
+from components.manifests import platform as manifests
+from components.manifests.platform import AgentRole
+from components.register import register
+from nvgpu.stackconfig import Cluster, NodeSetupBackend
+
+TYPE = "nvidia-gpu:index:GpuPlatform"
+
+
+@dataclass(frozen=True)
+class GpuPlatformArgs:
+    cluster: Cluster
+
+
+@dataclass(frozen=True)
+class PlatformRefs:
+    """What node groups need from the platform: names to reference and resources to wait for."""
+
+    namespace: str
+    service_accounts: dict[AgentRole, str]
+    dependencies: tuple[pulumi.Resource, ...]
+
+
+class GpuPlatform(pulumi.ComponentResource):
+    namespace: pulumi.Output[str]
+    service_accounts: dict[str, str]
+
+    def __init__(self, name: str, args: GpuPlatformArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        cluster = args.cluster
+        ns_name = cluster.namespace
+        child = pulumi.ResourceOptions(parent=self)
+        ns = register(f"{name}-ns", manifests.namespace(ns_name, cluster.kubernetes_version), child)
+        in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
+        deps: list[pulumi.Resource] = [ns]
+        roles = manifests.roles_for_backend(cluster.node_setup is NodeSetupBackend.DAEMONSET)
+        for role in roles:
+            sa = register(f"{name}-{role.value}-sa", manifests.service_account(ns_name, role), in_ns)
+            cr = register(f"{name}-{role.value}-role", manifests.cluster_role(ns_name, role), child)
+            crb = register(
+                f"{name}-{role.value}-binding",
+                manifests.cluster_role_binding(ns_name, role),
+                pulumi.ResourceOptions(parent=self, depends_on=[sa, cr]),
+            )
+            deps += [sa, cr, crb]
+        self.namespace = pulumi.Output.from_input(ns_name)
+        self.service_accounts = {role.value: role.value for role in roles}
+        self.refs = PlatformRefs(
+            namespace=ns_name,
+            service_accounts={role: role.value for role in roles},
+            dependencies=tuple(deps),
+        )
+        self.register_outputs({"namespace": self.namespace, "serviceAccounts": self.service_accounts})

@@ -1,0 +1,79 @@
+"""The one build function ``__main__.py`` calls: validated stack config in, every component of the stack out.
+
+It also owns the Pulumi-side read of the config namespace, because the engine hands config to the
+program as strings (structured values JSON-encoded) and this is the single place that undoes that.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.manifests.deckhouse import NodeScript
+from components.node_group import GpuNodeGroup, GpuNodeGroupArgs
+from components.platform import GpuPlatform, GpuPlatformArgs
+from nvgpu.stackconfig import CONFIG_NAMESPACE, NodeGroup, NodeSetupBackend, StackConfig, namespace_values
+
+
+@dataclass(frozen=True)
+class Stack:
+    provider: k8s.Provider
+    platform: GpuPlatform
+    node_groups: dict[str, GpuNodeGroup]
+
+
+def decode_config_value(raw: Any) -> Any:
+    """The engine passes objects and lists as JSON text and scalars as plain text; give back YAML's values."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def runtime_config_values(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``nvidia-gpu:*`` keys of the engine's config map, decoded, keyed without the namespace."""
+    return {key: decode_config_value(value) for key, value in namespace_values(config).items()}
+
+
+def node_scripts(config: StackConfig, group: NodeGroup) -> tuple[NodeScript, ...]:
+    """The bashible steps for a group on the deckhouse backend (none elsewhere: the setup DaemonSet runs)."""
+    if config.cluster.node_setup is not NodeSetupBackend.DECKHOUSE:
+        return ()
+    return ()  # wired to nvgpu.nodescripts once it lands
+
+
+def build_stack(config: StackConfig) -> Stack:
+    cluster = config.cluster
+    provider = k8s.Provider(
+        f"{cluster.namespace}-kubernetes",
+        context=cluster.kube_context,
+        enable_server_side_apply=True,
+    )
+    with_provider = pulumi.ResourceOptions(providers={"kubernetes": provider})
+    platform = GpuPlatform(cluster.namespace, GpuPlatformArgs(cluster=cluster), with_provider)
+    groups: dict[str, GpuNodeGroup] = {}
+    for group in config.node_groups:
+        groups[group.name] = GpuNodeGroup(
+            group.name,
+            GpuNodeGroupArgs(
+                cluster=cluster,
+                group=group,
+                allocation_mode=config.allocation_mode(group),
+                platform=platform.refs,
+                node_scripts=node_scripts(config, group),
+            ),
+            with_provider,
+        )
+    pulumi.export("namespace", platform.namespace)
+    pulumi.export("nodeGroups", sorted(groups))
+    return Stack(provider=provider, platform=platform, node_groups=groups)
+
+
+__all__ = ["CONFIG_NAMESPACE", "Stack", "build_stack", "runtime_config_values"]

@@ -1,0 +1,81 @@
+"""The node labels and taints a node group's nodes must carry, computed once for every path that sets them.
+
+On Deckhouse they travel through the NodeGroup's ``spec.nodeTemplate`` (set by the components); on any
+other cluster the agent's labeller applies them. Both read this module so the two paths cannot drift.
+The values follow Deckhouse's GPU hook: ``node.deckhouse.io/gpu=""``, ``node.deckhouse.io/device-gpu.config``
+naming the sharing mode, and ``nvidia.com/mig.config`` naming a mig-parted config (``all-disabled`` when
+the group does not use MIG, so a stale MIG layout is torn down).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from nvgpu import labels
+from nvgpu.stackconfig import Mig, NodeGroup, Sharing
+
+#: Kubernetes label values are at most 63 characters; ``custom-`` + name + ``-`` + 8 hex must fit.
+_MAX_CUSTOM_NAME_PART = 47
+
+
+@dataclass(frozen=True)
+class NodeTaint:
+    key: str
+    value: str
+    effect: str
+
+    def as_dict(self) -> dict[str, str]:
+        out = {"key": self.key, "effect": self.effect}
+        if self.value:
+            out["value"] = self.value
+        return out
+
+
+def custom_mig_config_name(group_name: str, mig: Mig) -> str:
+    """``custom-<group>-<8 hex>`` like Deckhouse's hook: the hash ignores the order of GPUs and slices."""
+    canonical = [
+        {
+            "index": c.index,
+            "slices": [{"profile": s.profile, "count": s.count} for s in sorted(c.slices, key=lambda s: s.profile)],
+        }
+        for c in sorted(mig.custom_configs, key=lambda c: c.index)
+    ]
+    digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:8]
+    name = group_name
+    if len(name) > _MAX_CUSTOM_NAME_PART:
+        name = name[: _MAX_CUSTOM_NAME_PART - 9] + "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"custom-{name}-{digest}"
+
+
+def mig_config_name(group: NodeGroup) -> str:
+    """The ``nvidia.com/mig.config`` value: the parted config, the custom name, or ``all-disabled``."""
+    if group.gpu.sharing is not Sharing.MIG:
+        return "all-disabled"
+    mig = group.gpu.effective_mig
+    if mig.parted_config == "custom":
+        return custom_mig_config_name(group.name, mig)
+    return mig.parted_config
+
+
+def desired_node_labels(group: NodeGroup) -> dict[str, str]:
+    """Labels every node of the group carries (the Deckhouse flow plus this project's group label)."""
+    return {
+        labels.GPU_NODE: "",
+        labels.DEVICE_GPU_CONFIG: group.gpu.sharing.value,
+        labels.MIG_CONFIG: mig_config_name(group),
+        labels.NODE_GROUP: group.name,
+    }
+
+
+def desired_node_taints(group: NodeGroup) -> tuple[NodeTaint, ...]:
+    """The GPU taint (unless turned off) followed by the group's extra taints, without duplicates."""
+    out: list[NodeTaint] = []
+    if group.gpu_taint:
+        out.append(NodeTaint(labels.GPU_TAINT_KEY, labels.GPU_TAINT_VALUE, labels.GPU_TAINT_EFFECT))
+    for t in group.extra_taints:
+        taint = NodeTaint(t.key, t.value, t.effect)
+        if all((x.key, x.effect) != (taint.key, taint.effect) for x in out):
+            out.append(taint)
+    return tuple(out)

@@ -1,0 +1,118 @@
+"""Step 2: run the project's own ``__main__.py`` under the Pulumi SDK's mock engine and record every registration.
+
+A ``MockMonitor`` subclass sees each ``RegisterResource`` request, so the record has what the real
+engine would get: type token, name, parent URN, provider, dependencies, options and the serialised
+inputs. Mocked resources echo their inputs back as state, so Outputs resolve like in a real preview.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from pulumi.runtime.mocks import MockMonitor, MockResourceArgs
+
+from preview.model import PreviewResult, Problem, RecordedResource
+
+STEP = "program"
+
+
+#: Keys that read best first in a Kubernetes object; everything else is sorted.
+_LEADING_KEYS = ("apiVersion", "kind", "metadata", "name", "namespace")
+
+
+def _key_order(key: str) -> tuple[int, str]:
+    return (_LEADING_KEYS.index(key), "") if key in _LEADING_KEYS else (len(_LEADING_KEYS), key)
+
+
+def normalise(value: Any) -> Any:
+    """Undo the protobuf ``Struct`` round trip: integers get their type back and keys a stable order."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: normalise(value[k]) for k in sorted(value, key=_key_order)}
+    if isinstance(value, list):
+        return [normalise(v) for v in value]
+    return value
+
+
+class _EchoMocks(pulumi.runtime.Mocks):
+    """Every resource gets its inputs back as state; ids are stable and readable."""
+
+    def __init__(self) -> None:
+        self.last_inputs: dict[str, Any] = {}
+
+    def new_resource(self, args: MockResourceArgs) -> tuple[str | None, dict[Any, Any]]:
+        self.last_inputs = args.inputs
+        return f"{args.name}-id", args.inputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:
+        return {}, None
+
+
+class RecordingMonitor(MockMonitor):  # type: ignore[misc]
+    """The SDK's mock monitor, plus a record of each registration (serialised, so the echo is unambiguous)."""
+
+    def __init__(self) -> None:
+        self._mocks = _EchoMocks()
+        super().__init__(self._mocks)
+        self._lock = threading.Lock()
+        self.recorded: list[RecordedResource] = []
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
+        with self._lock:
+            self._mocks.last_inputs = {}
+            response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
+            if request.type == "pulumi:pulumi:Stack":
+                return response
+            self.recorded.append(
+                RecordedResource(
+                    type_token=request.type,
+                    name=request.name,
+                    urn=response.urn,
+                    parent_urn=request.parent or None,
+                    custom=bool(request.custom),
+                    provider=request.provider or None,
+                    inputs=normalise(self._mocks.last_inputs),
+                    dependencies=tuple(sorted(request.dependencies)),
+                    retain_on_delete=bool(request.retainOnDelete),
+                    delete_before_replace=bool(request.deleteBeforeReplace),
+                )
+            )
+            return response
+
+
+def run_program(
+    main: Path, project: str, stack: str, config: dict[str, str]
+) -> tuple[tuple[RecordedResource, ...], BaseException | None]:
+    """Run ``main`` like ``pulumi preview`` would; return the registrations and the program's error, if any."""
+    monitor = RecordingMonitor()
+    pulumi.runtime.set_mocks(monitor._mocks, project=project, stack=stack, preview=True, monitor=monitor)
+    pulumi.runtime.set_all_config(config)
+    project_dir = str(main.parent)
+    if project_dir not in sys.path:
+        sys.path.insert(0, project_dir)
+
+    @pulumi.runtime.test  # type: ignore[untyped-decorator]
+    def program() -> None:
+        runpy.run_path(str(main), run_name="__main__")
+
+    error: BaseException | None = None
+    try:
+        program()
+    except Exception as e:  # the program's own failure is a preview problem, not a crash
+        error = e
+    return tuple(sorted(monitor.recorded, key=lambda r: r.urn)), error
+
+
+def run(result: PreviewResult) -> None:
+    resources, error = run_program(
+        result.project_dir / "__main__.py", result.project, result.stack, result.engine_config
+    )
+    result.resources = resources
+    if error is not None:
+        result.problems.append(Problem(STEP, "__main__.py", f"{type(error).__name__}: {error}"))

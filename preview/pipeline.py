@@ -1,0 +1,60 @@
+"""The preview as an ordered list of named steps over one :class:`~preview.model.PreviewResult`.
+
+Each step reads what earlier steps filled in and appends problems. A step that finds problems stops
+the run when later steps depend on its output (no resources are registered for an invalid config);
+validation problems do not stop the steps after it, so one run lists everything wrong. To add a step
+(policy analysis, say) insert a :class:`Step` into :data:`DEFAULT_STEPS` or pass your own list.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from preview import engine, render, stackfile, validate
+from preview.model import PreviewResult
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: Callable[[PreviewResult], None]
+    #: Stop here if this step (or an earlier one) reported problems.
+    stop_on_problems: bool = True
+
+
+DEFAULT_STEPS: tuple[Step, ...] = (
+    Step(stackfile.STEP, stackfile.load),
+    Step(engine.STEP, engine.run),
+    Step(render.STEP, render.run),
+    Step(validate.STEP, validate.run, stop_on_problems=False),
+)
+
+
+def new_result(project_dir: Path, stack: str, out_dir: Path | None = None) -> PreviewResult:
+    project_dir = project_dir.resolve()
+    return PreviewResult(
+        project=stackfile.project_name(project_dir),
+        stack=stack,
+        project_dir=project_dir,
+        out_dir=(out_dir or project_dir / "out" / stack).resolve(),
+        stack_file=project_dir / f"Pulumi.{stack}.yaml",
+    )
+
+
+def run_steps(result: PreviewResult, steps: Sequence[Step] = DEFAULT_STEPS) -> PreviewResult:
+    for step in steps:
+        start = time.perf_counter()
+        step.run(result)
+        result.timings_ms[step.name] = (time.perf_counter() - start) * 1000
+        if step.stop_on_problems and result.problems:
+            break
+    return result
+
+
+def run_preview(
+    project_dir: Path, stack: str, out_dir: Path | None = None, steps: Sequence[Step] = DEFAULT_STEPS
+) -> PreviewResult:
+    return run_steps(new_result(project_dir, stack, out_dir), steps)

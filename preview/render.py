@@ -1,0 +1,111 @@
+"""Step 3: turn recorded registrations into kubectl-applicable manifests (in apply order) and ``plan.json``.
+
+Apply order: Namespaces and CRDs, then identities and RBAC, then configuration, then workloads, then
+custom resources and patches of objects other controllers own. Inside a rank files sort by kind,
+namespace and name, so the output is byte-identical run to run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from preview.model import PreviewResult, RecordedResource, RenderedManifest
+
+STEP = "render"
+
+_RANK: dict[str, int] = {
+    "Namespace": 0,
+    "CustomResourceDefinition": 0,
+    "PriorityClass": 1,
+    "ServiceAccount": 2,
+    "ClusterRole": 2,
+    "Role": 2,
+    "ClusterRoleBinding": 3,
+    "RoleBinding": 3,
+    "ConfigMap": 4,
+    "Secret": 4,
+    "Service": 4,
+    "DeviceClass": 4,
+    "DaemonSet": 5,
+    "Deployment": 5,
+    "StatefulSet": 5,
+    "Job": 5,
+}
+_CUSTOM_RANK = 6
+_PATCH_HEADER = (
+    "# A partial object for server-side apply onto an object another controller owns:\n"
+    "#   kubectl apply --server-side --force-conflicts --field-manager=nvidia-gpu -f <this file>\n"
+)
+
+
+def _rank(kind: str) -> int:
+    return _RANK.get(kind, _CUSTOM_RANK)
+
+
+def manifest_object(resource: RecordedResource) -> dict[str, Any]:
+    """The API object a Kubernetes resource's inputs describe (already in a stable key order)."""
+    inputs = resource.inputs
+    return {key: value for key, value in inputs.items() if value is not None}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.-]+", "-", text.lower()).strip("-")
+
+
+def render_manifests(resources: tuple[RecordedResource, ...]) -> tuple[RenderedManifest, ...]:
+    objects = [(r, manifest_object(r)) for r in resources if r.is_kubernetes_object]
+
+    def key(item: tuple[RecordedResource, dict[str, Any]]) -> tuple[int, int, str, str, str]:
+        r, obj = item
+        meta = obj.get("metadata") or {}
+        return (_rank(obj["kind"]), int(r.is_patch), obj["kind"], meta.get("namespace") or "", meta.get("name") or "")
+
+    rendered = []
+    for i, (r, obj) in enumerate(sorted(objects, key=key), start=1):
+        name = (obj.get("metadata") or {}).get("name") or r.name
+        filename = f"{i:03d}-{_slug(obj['kind'])}-{_slug(name)}.yaml"
+        rendered.append(RenderedManifest(order=i, filename=filename, object=obj, resource=r, patch=r.is_patch))
+    return tuple(rendered)
+
+
+def manifest_text(manifest: RenderedManifest) -> str:
+    body = yaml.safe_dump(manifest.object, sort_keys=False, default_flow_style=False, width=120)
+    return (_PATCH_HEADER if manifest.patch else "") + "---\n" + body
+
+
+def plan(result: PreviewResult) -> dict[str, Any]:
+    return {
+        "project": result.project,
+        "stack": result.stack,
+        "resources": [r.as_json() for r in result.resources],
+        "manifests": [
+            {"file": m.filename, "kind": m.kind, "name": m.name, "namespace": m.namespace, "urn": m.resource.urn}
+            for m in result.manifests
+        ],
+    }
+
+
+def write(result: PreviewResult) -> None:
+    """Replace ``out/<stack>/`` with this run's files (stale manifests from an earlier run would mislead)."""
+    manifests_dir = result.out_dir / "manifests"
+    if manifests_dir.exists():
+        shutil.rmtree(manifests_dir)
+    manifests_dir.mkdir(parents=True)
+    for m in result.manifests:
+        (manifests_dir / m.filename).write_text(manifest_text(m))
+    _write_json(result.out_dir / "plan.json", plan(result))
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def run(result: PreviewResult) -> None:
+    result.manifests = render_manifests(result.resources)
+    write(result)
