@@ -1,0 +1,486 @@
+"""The MIG manager's executor: observe, ask :func:`~node_agent.mig.machine.decide`, perform, journal.
+
+The executor holds no decision logic. Each :meth:`MigManager.step` gathers one
+:class:`~node_agent.mig.machine.Observation` (Node, journal, GPUs compared with the plan, pods on the
+node when a phase needs them, boot ID, clock), performs the chosen action and records the journal
+phase. Before a destructive step the journal is written first (with the attempt count, so a step that
+keeps crashing the process is rolled back instead of retried forever); after a non-destructive step
+the phase is advanced only once the step is done, so a crash repeats it harmlessly.
+
+Every way out of a reconfiguration — success, failure, rollback, abort on stop — ends in RESTORE,
+which puts the deploy labels back to their journaled values, removes the ``mig-reconfigure`` taint,
+uncordons a node the manager cordoned, clears the drain annotations, sets the state label and emits an
+Event, in one Node patch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from node_agent.mig import apply
+from node_agent.mig.hardware import GpuInfo, MigBackend, MigHardwareError, ResetUnavailable, snapshot
+from node_agent.mig.journal import JOURNAL_PATH, Journal, JournalError, JournalGpu, JournalStore, Outcome, Phase
+from node_agent.mig.kube import KubeError, NodeApi, NodePatch, NodeView, PodView, Taint
+from node_agent.mig.machine import Act, Action, DrainMode, MigState, Observation, TargetKind, Timeouts, decide
+from node_agent.mig.plan import NodePlan, PlanError, diff, plan
+from nvgpu import labels
+from nvgpu.migparted import MigPartedConfig, MigPartedError
+
+log = logging.getLogger(__name__)
+
+DEPLOY_LABELS = tuple(labels.GPU_DEPLOY_PREFIX + c for c in labels.GPU_DEPLOY_COMPONENTS)
+RECONFIGURE_TAINT = Taint(labels.MIG_RECONFIGURE_TAINT_KEY, "true", "NoSchedule")
+DRAIN_ANNOTATIONS = (labels.DISRUPTION_REQUIRED, labels.DISRUPTION_APPROVED, labels.DRAINING, labels.DRAINED)
+#: The value of Deckhouse's ``draining`` annotation names who asked for the drain.
+DRAIN_SOURCE = "nvidia-gpu-mig-manager"
+STOP_MARKER = "/var/lib/nvidia-gpu-agent/mig/stopping"
+LOCK_PATH = "/var/lib/nvidia-gpu-agent/mig/lock"
+#: Actions after which the loop blocks until something changes.
+BLOCKING = frozenset({Act.IDLE, Act.WAIT, Act.EXIT, Act.REBOOT})
+
+
+class Rebooter(Protocol):
+    def reboot(self) -> None: ...
+
+
+class StateFiles(Protocol):
+    """Host files the manager uses besides the journal: the stop marker and the step lock."""
+
+    def read_bytes(self, path: str) -> bytes | None: ...
+
+    def write_atomic(self, path: str, data: bytes) -> None: ...
+
+    def remove(self, path: str) -> None: ...
+
+    def lock(self, path: str) -> contextlib.AbstractContextManager[None]:
+        """An exclusive inter-process lock (flock) held for the duration of the context."""
+        ...
+
+
+@dataclass(frozen=True)
+class Settings:
+    drain: DrainMode = DrainMode.DECKHOUSE
+    allow_reboot: bool = False
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    idle_wait_s: float = 60.0  #: watch timeout while idle
+    busy_wait_s: float = 5.0  #: re-check interval while waiting for approval, drain or clients
+    max_steps: int = 64  #: actions per :meth:`MigManager.run_until_blocked`, a guard against loops
+
+
+@dataclass
+class Target:
+    kind: TargetKind
+    reason: str = ""
+    node_plan: NodePlan | None = None
+
+
+@dataclass
+class MigManager:
+    node: NodeApi
+    backend: MigBackend
+    load_config: Callable[[], MigPartedConfig]
+    files: StateFiles
+    boot_id: Callable[[], str]
+    clock: Callable[[], float]
+    rebooter: Rebooter
+    settings: Settings = Settings()
+    journal_path: str = JOURNAL_PATH
+    stop: threading.Event = field(default_factory=threading.Event)
+    rejected: str | None = None
+    _node: NodeView | None = None
+    _rebooted: bool = False
+    _gpus: tuple[GpuInfo, ...] | None = None
+    history: list[Action] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.store = JournalStore(self.files, self.journal_path)
+
+    # --- observing --------------------------------------------------------------------------------
+
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        if self._gpus is None:
+            self._gpus = tuple(self.backend.gpus())
+        return self._gpus
+
+    def _read_node(self) -> NodeView:
+        if self._node is None:
+            self._node = self.node.read_node()
+        return self._node
+
+    def _load_journal(self, node: NodeView) -> Journal | None:
+        try:
+            return self.store.load()
+        except JournalError as e:
+            # Never guess at GPU state from a broken record: give the node back and report it.
+            log.error("event=journal-unreadable error=%s", e)
+            now = self.clock()
+            return Journal(
+                config=node.labels.get(labels.MIG_CONFIG, ""),
+                phase=Phase.RESTORE,
+                started_at=now,
+                phase_since=now,
+                outcome=Outcome.FAILED,
+                reason=str(e),
+            )
+
+    def target(self, name: str | None) -> Target:
+        if not name:
+            return Target(TargetKind.NONE)
+        try:
+            node_plan = plan(self.load_config(), name, self.gpus())
+            d = diff(node_plan, snapshot(self.backend, self.gpus()))
+        except (PlanError, MigPartedError) as e:
+            return Target(TargetKind.INVALID, str(e))
+        except MigHardwareError as e:
+            return Target(TargetKind.INVALID, f"NVML: {e}")
+        if d.applied:
+            return Target(TargetKind.APPLIED, node_plan=node_plan)
+        return Target(TargetKind.MODE if d.mode else TargetKind.LAYOUT, node_plan=node_plan)
+
+    def _stopping(self) -> bool:
+        return self.stop.is_set() or self.files.read_bytes(STOP_MARKER) is not None
+
+    def observe(self) -> tuple[Observation, Target]:
+        node = self._read_node()
+        journal = self._load_journal(node)
+        desired = node.labels.get(labels.MIG_CONFIG) or None
+        target = self.target(journal.config if journal is not None else desired)
+        pods: tuple[PodView, ...] = ()
+        busy: tuple[str, ...] = ()
+        if journal is not None and journal.phase in (Phase.DRAINING, Phase.CLIENTS):
+            pods = tuple(p for p in self.node.pods_on_node() if not p.finished)
+        if journal is not None and journal.phase is Phase.CLIENTS and target.node_plan is not None:
+            busy = self._busy(target.node_plan)
+        state = node.labels.get(labels.MIG_CONFIG_STATE)
+        paused = (
+            state in (MigState.PENDING, MigState.REBOOTING)
+            and all(node.labels.get(k) in (labels.PAUSED_FOR_MIG_CHANGE, "false") for k in DEPLOY_LABELS)
+            and RECONFIGURE_TAINT in node.taints
+        )
+        obs = Observation(
+            now=self.clock(),
+            desired=desired,
+            state=state,
+            sharing=node.labels.get(labels.DEVICE_GPU_CONFIG),
+            mig_capable=node.labels.get(labels.MIG_CAPABLE),
+            target=target.kind,
+            target_reason=target.reason,
+            annotations={k: v for k, v in node.annotations.items() if k in DRAIN_ANNOTATIONS},
+            paused=paused,
+            journal=journal,
+            workloads=tuple(p.ref for p in pods if p.gpu_requests and not p.daemonset),
+            clients=tuple(p.ref for p in pods if _is_client(p)),
+            busy_gpus=busy,
+            boot_id=self.boot_id(),
+            drain=self.settings.drain,
+            stopping=self._stopping(),
+            rejected=self.rejected,
+            timeouts=self.settings.timeouts,
+        )
+        return obs, target
+
+    def _busy(self, node_plan: NodePlan) -> tuple[str, ...]:
+        out = []
+        for t in node_plan.targets:
+            try:
+                pids = self.backend.gpu_processes(t.index)
+            except MigHardwareError as e:
+                out.append(f"GPU {t.index} (cannot list processes: {e})")
+                continue
+            if pids:
+                out.append(f"GPU {t.index} (pid {', '.join(map(str, pids))})")
+        return tuple(out)
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def step(self) -> Action:
+        with self.files.lock(LOCK_PATH):
+            obs, target = self.observe()
+            action = decide(obs)
+            log.debug("event=mig-decision act=%s reason=%r", action.act.value, action.reason)
+            self.history.append(action)
+            self._perform(action, obs, target)
+            return action
+
+    def run_until_blocked(self) -> Action:
+        """Take actions until one blocks (idle, waiting, rebooting) or the manager may exit."""
+        for _ in range(self.settings.max_steps):
+            action = self.step()
+            if action.act in BLOCKING:
+                return action
+        raise RuntimeError(f"MIG manager took {self.settings.max_steps} actions without settling: {self.history[-5:]}")
+
+    def run(self) -> None:
+        """The DaemonSet loop: converge, then wait for the Node to change; returns when stopped."""
+        self.files.remove(STOP_MARKER)  # a marker from a previous pod must not stop this one
+        while True:
+            try:
+                action = self.run_until_blocked()
+            except (KubeError, MigHardwareError, JournalError) as e:
+                # Transient: the journal still says where we are; the next round resumes from it.
+                log.warning("event=mig-step-failed error=%s", e)
+                self._node = None
+                if self.stop.wait(self.settings.busy_wait_s):
+                    continue
+                continue
+            if action.act is Act.EXIT:
+                return
+            rv = self._node.resource_version if self._node is not None else ""
+            self._node = None
+            wait = self.settings.idle_wait_s if action.act is Act.IDLE else self.settings.busy_wait_s
+            if self.stop.is_set():
+                continue
+            try:
+                self.node.wait_for_change(rv, wait)
+            except KubeError as e:
+                log.warning("event=watch-failed error=%s", e)
+                self.stop.wait(self.settings.busy_wait_s)
+
+    # --- actions ----------------------------------------------------------------------------------
+
+    def _patch(self, patch: NodePatch) -> NodeView:
+        self._node = self.node.patch_node(patch)
+        return self._node
+
+    def _save(self, journal: Journal) -> None:
+        self.store.save(journal)
+
+    def _perform(self, a: Action, o: Observation, target: Target) -> None:
+        j = o.journal
+        act = a.act
+        if act in (Act.IDLE, Act.WAIT, Act.EXIT):
+            if act is Act.WAIT:
+                self._node = None  # someone else must act: re-read next time
+            return
+        node = self._read_node()
+        if act is Act.MARK_SUCCESS:
+            self._patch(NodePatch(labels={labels.MIG_CONFIG_STATE: MigState.SUCCESS.value}))
+        elif act is Act.REJECT:
+            self._patch(NodePatch(labels={labels.MIG_CONFIG_STATE: MigState.FAILED.value}))
+            self._event(node, "MigConfigRejected", a.reason, warning=True)
+            self.rejected = o.desired
+        elif act is Act.CLEAR_LABELS:
+            self._patch(NodePatch(labels={labels.MIG_CONFIG: None, labels.MIG_CONFIG_STATE: None}))
+        elif act is Act.BEGIN:
+            assert o.desired is not None
+            originals: dict[str, str | None] = {}
+            for key in (*DEPLOY_LABELS, labels.MIG_CONFIG_STATE):
+                value = node.labels.get(key)
+                # A value left behind by a wedged manager is not worth restoring.
+                originals[key] = None if value == labels.PAUSED_FOR_MIG_CHANGE else value
+            self._save(
+                Journal(
+                    config=o.desired,
+                    phase=Phase.PAUSING,
+                    started_at=o.now,
+                    phase_since=o.now,
+                    boot_id=o.boot_id,
+                    original_labels=originals,
+                    was_unschedulable=node.unschedulable,
+                )
+            )
+            log.info("event=mig-reconfigure-begin config=%s", o.desired)
+        elif j is None:
+            raise AssertionError(f"action {act} needs a journal")
+        else:
+            self._perform_journaled(a, o, j, node, target)
+
+    def _perform_journaled(self, a: Action, o: Observation, j: Journal, node: NodeView, target: Target) -> None:
+        act = a.act
+        if act is Act.RETARGET:
+            assert o.desired is not None
+            self._save(j.model_copy(update={"config": o.desired}))
+        elif act is Act.PAUSE:
+            state = MigState.REBOOTING if j.phase is Phase.REBOOTING else MigState.PENDING
+            new_labels: dict[str, str | None] = {labels.MIG_CONFIG_STATE: state.value}
+            for key in DEPLOY_LABELS:
+                if node.labels.get(key) != "false":
+                    new_labels[key] = labels.PAUSED_FOR_MIG_CHANGE
+            taints = node.taints if RECONFIGURE_TAINT in node.taints else (*node.taints, RECONFIGURE_TAINT)
+            self._patch(NodePatch(labels=new_labels, taints=tuple(taints)))
+            if a.phase is not None and a.phase is not j.phase:
+                self._save(j.advance(a.phase, o.now))
+        elif act is Act.REQUEST_APPROVAL:
+            self._patch(NodePatch(annotations={labels.DISRUPTION_REQUIRED: ""}))
+        elif act is Act.START_DRAIN:
+            self._start_drain(o, node)
+            self._save(j.advance(Phase.DRAINING, o.now))
+        elif act is Act.ADVANCE:
+            assert a.phase is not None
+            changes: dict[str, object] = {}
+            if j.phase is Phase.CLIENTS:
+                changes["previous"] = [JournalGpu.of(s) for s in snapshot(self.backend, self.gpus())]
+            self._save(j.advance(a.phase, o.now, **changes))
+        elif act is Act.APPLY_MODE:
+            self._apply_mode(o, j, target)
+        elif act is Act.REBOOT:
+            self._reboot(node)
+        elif act is Act.APPLY_LAYOUT:
+            self._apply_layout(o, j, target)
+        elif act is Act.ROLLBACK:
+            self._rollback(a, o, j)
+        elif act is Act.FINISH:
+            assert a.outcome is not None
+            self._save(j.advance(Phase.RESTORE, o.now, outcome=a.outcome, reason=a.reason))
+        elif act is Act.RESTORE:
+            self._restore(j, node)
+        else:
+            raise AssertionError(f"unhandled action {act}")
+
+    def _start_drain(self, o: Observation, node: NodeView) -> None:
+        if self.settings.drain is DrainMode.DECKHOUSE:
+            if labels.DRAINING not in node.annotations and labels.DRAINED not in node.annotations:
+                self._patch(NodePatch(annotations={labels.DRAINING: DRAIN_SOURCE}))
+            return
+        if not node.unschedulable:
+            self._patch(NodePatch(unschedulable=True))
+        for pod in self.node.pods_on_node():
+            if pod.gpu_requests and not pod.daemonset and not pod.finished:
+                self.node.evict(pod.namespace, pod.name)
+
+    def _destructive_start(self, j: Journal) -> Journal:
+        started = j.model_copy(update={"attempts": j.attempts + 1})
+        self._save(started)
+        return started
+
+    def _apply_mode(self, o: Observation, j: Journal, target: Target) -> None:
+        assert target.node_plan is not None
+        j = self._destructive_start(j)
+        try:
+            apply.apply_modes(self.backend, target.node_plan)
+        except ResetUnavailable as e:
+            if self.settings.allow_reboot:
+                self._save(j.advance(Phase.REBOOTING, o.now, boot_id=o.boot_id, reason=str(e)))
+                return
+            self._save(
+                j.advance(
+                    Phase.ROLLBACK, o.now,
+                    reason=f"the MIG mode change needs a GPU reset, which failed ({e}); rebooting is not allowed",
+                )
+            )
+            return
+        except MigHardwareError as e:
+            self._save(j.advance(Phase.ROLLBACK, o.now, reason=f"applying MIG mode failed: {e}"))
+            return
+        self._save(j.advance(Phase.LAYOUT, o.now))
+
+    def _reboot(self, node: NodeView) -> None:
+        if node.labels.get(labels.MIG_CONFIG_STATE) != MigState.REBOOTING:
+            self._patch(NodePatch(labels={labels.MIG_CONFIG_STATE: MigState.REBOOTING.value}))
+        if not self._rebooted:
+            self._rebooted = True
+            log.info("event=reboot-requested reason=mig-mode-change")
+            self.rebooter.reboot()
+
+    def _apply_layout(self, o: Observation, j: Journal, target: Target) -> None:
+        assert target.node_plan is not None
+        j = self._destructive_start(j)
+        try:
+            apply.apply_layouts(self.backend, target.node_plan, self.gpus())
+        except MigHardwareError as e:
+            self._save(j.advance(Phase.ROLLBACK, o.now, reason=f"applying MIG layout failed: {e}"))
+            return
+        self._save(j.advance(Phase.VERIFY, o.now))
+
+    def _rollback(self, a: Action, o: Observation, j: Journal) -> None:
+        reason = a.reason or j.reason
+        if j.phase is not Phase.ROLLBACK:
+            j = j.advance(Phase.ROLLBACK, o.now, reason=reason)
+        j = self._destructive_start(j)
+        problems = apply.restore(self.backend, j.previous_states())
+        if problems:
+            reason = f"{reason}; rollback incomplete: {'; '.join(problems)}"
+        else:
+            reason = f"{reason}; previous layout restored"
+        self._save(j.advance(Phase.RESTORE, o.now, outcome=Outcome.FAILED, reason=reason))
+
+    def _restore(self, j: Journal, node: NodeView) -> None:
+        new_labels: dict[str, str | None] = {}
+        for key in DEPLOY_LABELS:
+            current = node.labels.get(key)
+            original = j.original_labels.get(key) if key in j.original_labels else (
+                None if current == labels.PAUSED_FOR_MIG_CHANGE else current
+            )
+            if current != original:
+                new_labels[key] = original
+        if j.outcome is Outcome.ABORTED:
+            state: str | None = j.original_labels.get(labels.MIG_CONFIG_STATE)
+        else:
+            state = (MigState.SUCCESS if j.outcome is Outcome.SUCCESS else MigState.FAILED).value
+        if node.labels.get(labels.MIG_CONFIG_STATE) != state:
+            new_labels[labels.MIG_CONFIG_STATE] = state
+        taints = None
+        if RECONFIGURE_TAINT.key in {t.key for t in node.taints}:
+            taints = tuple(t for t in node.taints if t.key != RECONFIGURE_TAINT.key)
+        annotations: dict[str, str | None] = {k: None for k in DRAIN_ANNOTATIONS if k in node.annotations}
+        uncordon = False if node.unschedulable and not j.was_unschedulable else None
+        self._patch(NodePatch(labels=new_labels, annotations=annotations, taints=taints, unschedulable=uncordon))
+        if j.outcome is Outcome.SUCCESS:
+            self._event(node, "MigReconfigured", f"MIG config {j.config!r} applied", warning=False)
+        elif j.outcome is Outcome.FAILED:
+            self._event(node, "MigReconfigureFailed", f"MIG config {j.config!r}: {j.reason}", warning=True)
+        else:
+            self._event(node, "MigReconfigureAborted", j.reason, warning=False)
+        self.store.clear()
+        self._gpus = None
+        log.info("event=mig-reconfigure-end config=%s outcome=%s reason=%r", j.config, j.outcome, j.reason)
+
+    def _event(self, node: NodeView, reason: str, message: str, warning: bool) -> None:
+        try:
+            self.node.event(node, reason, message, warning)
+        except KubeError as e:  # an Event is a courtesy; never fail the restore over it
+            log.warning("event=event-failed reason=%s error=%s", reason, e)
+
+    # --- preStop ------------------------------------------------------------------------------------
+
+    def pre_stop(self, timeout_s: float, poll_s: float = 1.0) -> Outcome | None:
+        """Ask the running manager to stop, wait for any GPU change in flight, and give the node back.
+
+        Returns the outcome of the operation that was in flight, or None when there was none.
+        """
+        self.files.write_atomic(STOP_MARKER, b"stop\n")
+        deadline = self.clock() + timeout_s
+        while True:
+            journal = self._peek_journal()
+            if journal is None or journal.phase not in _IN_FLIGHT or self.clock() >= deadline:
+                break
+            self.stop.wait(poll_s)
+        outcome: Outcome | None = None
+        for _ in range(self.settings.max_steps):
+            self._node = None
+            with self.files.lock(LOCK_PATH):
+                obs, target = self.observe()
+                if obs.journal is None:
+                    return outcome
+                action = decide(obs)
+                outcome = action.outcome or obs.journal.outcome or outcome
+                self.history.append(action)
+                if action.act in BLOCKING:
+                    return outcome
+                self._perform(action, obs, target)
+        return outcome
+
+    def _peek_journal(self) -> Journal | None:
+        try:
+            return self.store.load()
+        except JournalError:
+            return None
+
+
+#: Phases the preStop path lets the running manager finish (GPU changes and their rollback).
+_IN_FLIGHT = frozenset({Phase.MODE, Phase.LAYOUT, Phase.VERIFY, Phase.ROLLBACK})
+
+
+def _is_client(p: PodView) -> bool:
+    """A pod that holds GPUs: one requesting ``nvidia.com/*`` or a GPU agent scheduled by a deploy label."""
+    return bool(p.gpu_requests) or any(k.startswith(labels.GPU_DEPLOY_PREFIX) for k in p.selector_keys)
+
+
+@contextlib.contextmanager
+def no_lock() -> Iterator[None]:
+    yield

@@ -1,0 +1,125 @@
+"""What the MIG manager needs from NVML, as a protocol, plus the snapshot of a node's MIG state.
+
+The manager never touches pynvml: it talks to this narrow protocol, implemented over the agent's NVML
+facade in :mod:`node_agent.mig.nvmlbackend` and by a small in-memory fake in tests. Keeping the
+surface this small is what lets the state machine and the executor be tested without hardware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from nvgpu import catalogue
+from nvgpu.catalogue import GpuModel, MigProfile
+
+
+class MigHardwareError(RuntimeError):
+    """An NVML call failed; the message names the GPU and the operation."""
+
+
+class ResetUnavailable(MigHardwareError):
+    """The GPUs could not be reset (in use, or reset unsupported): a reboot is needed."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    name: str
+    pci_device_id: int  #: PCI device ID (vendor 0x10de implied), e.g. 0x2330
+    bus_id: str
+    pci_subsystem_id: int | None = None  #: NVML pciSubSystemId ``0xSSSSVVVV`` when known
+
+    @property
+    def model(self) -> GpuModel | None:
+        return catalogue.model_by_pci_device(self.pci_device_id) or catalogue.model_by_product_name(self.name)
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """One GPU instance: its NVML profile ID (``nvidia-smi mig -lgip`` ID) and placement."""
+
+    gi_id: int
+    profile_id: int
+    start: int
+    size: int
+
+
+class MigBackend(Protocol):
+    """The NVML operations the MIG manager performs, each raising :class:`MigHardwareError`."""
+
+    def gpus(self) -> Sequence[GpuInfo]: ...
+
+    def mig_mode(self, index: int) -> tuple[bool, bool]:
+        """``(current, pending)``; ``(False, False)`` for a GPU without MIG support."""
+        ...
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None: ...
+
+    def reset_gpus(self, indices: Sequence[int]) -> None:
+        """Reset GPUs so a pending mode takes effect; :class:`ResetUnavailable` when it cannot."""
+        ...
+
+    def gpu_instances(self, index: int) -> Sequence[InstanceInfo]: ...
+
+    def create_instance(self, index: int, profile: MigProfile, start: int) -> None:
+        """Create a GPU instance of ``profile`` at ``start`` and one compute instance spanning it."""
+        ...
+
+    def destroy_all_instances(self, index: int) -> None:
+        """Destroy every compute instance, then every GPU instance, of a GPU."""
+        ...
+
+    def gpu_processes(self, index: int) -> Sequence[int]:
+        """PIDs of processes holding the GPU (compute and graphics)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PlacedInstance:
+    profile: str  #: catalogue profile name, e.g. ``1g.10gb+me``
+    start: int
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """What one GPU looks like now (or looked like before a change, in the journal)."""
+
+    index: int
+    uuid: str
+    mig_enabled: bool
+    mig_pending: bool  #: the mode it will have after a reset
+    instances: tuple[PlacedInstance, ...]
+
+    @property
+    def profile_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in self.instances:
+            out[i.profile] = out.get(i.profile, 0) + 1
+        return out
+
+
+def profile_by_id(model: GpuModel | None, profile_id: int) -> MigProfile | None:
+    if model is None or model.mig is None:
+        return None
+    for p in model.mig.profiles:
+        if p.profile_id == profile_id:
+            return p
+    return None
+
+
+def snapshot(backend: MigBackend, gpus: Sequence[GpuInfo] | None = None) -> tuple[GpuState, ...]:
+    """Read every GPU's mode and instances. Instances of unknown profiles are kept as ``id:<n>``."""
+    out = []
+    for gpu in gpus if gpus is not None else backend.gpus():
+        current, pending = backend.mig_mode(gpu.index)
+        placed: list[PlacedInstance] = []
+        if current:
+            for inst in backend.gpu_instances(gpu.index):
+                p = profile_by_id(gpu.model, inst.profile_id)
+                placed.append(PlacedInstance(p.name if p else f"id:{inst.profile_id}", inst.start))
+        placed.sort(key=lambda i: (i.start, i.profile))
+        out.append(GpuState(gpu.index, gpu.uuid, current, pending, tuple(placed)))
+    return tuple(out)

@@ -1,0 +1,162 @@
+"""The MIG manager's journal: what it is doing, recorded on the host before each destructive step.
+
+A reconfiguration touches the Node (labels, taint, annotations, cordon) and the GPUs (mode, instances).
+If the pod dies half-way, the next manager must know which phase it reached, what to put back on the
+Node and which layout the GPUs had, so it can resume or roll back instead of leaving
+``paused-for-mig-change`` labels and the taint behind (the known failure of NVIDIA's manager). The
+journal lives under the agent state directory on the host (``/var/lib/nvidia-gpu-agent/mig/``), so it
+survives pod restarts and, with the boot ID, tells a reboot apart from a crash.
+
+The file is the agent's own: it is read leniently (unknown keys ignored, a future version refused
+with a clear message) and written atomically through :class:`JournalFiles`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from node_agent.mig.hardware import GpuState, PlacedInstance
+
+JOURNAL_VERSION = 1
+JOURNAL_PATH = "/var/lib/nvidia-gpu-agent/mig/journal.json"
+
+
+class Phase(StrEnum):
+    """Journal phases, in the order a reconfiguration passes through them."""
+
+    PAUSING = "pausing"  #: state=pending, deploy labels paused, taint set
+    APPROVAL = "approval"  #: waiting for Deckhouse's disruption approval
+    DRAINING = "draining"  #: waiting for the node to be drained / GPU workloads evicted
+    CLIENTS = "clients"  #: waiting for GPU client pods and processes to be gone
+    MODE = "mode"  #: destructive: changing MIG mode
+    REBOOTING = "rebooting"  #: destructive: waiting for the reboot a mode change needed
+    LAYOUT = "layout"  #: destructive: destroying and creating instances
+    VERIFY = "verify"
+    ROLLBACK = "rollback"  #: destructive: putting the previous layout back
+    RESTORE = "restore"  #: outcome known; giving the node back
+
+
+#: Phases in which the GPUs may be half-changed: a crash here resumes the step or rolls back.
+DESTRUCTIVE = frozenset({Phase.MODE, Phase.REBOOTING, Phase.LAYOUT, Phase.VERIFY, Phase.ROLLBACK})
+
+
+class Outcome(StrEnum):
+    SUCCESS = "success"
+    FAILED = "failed"
+    ABORTED = "aborted"  #: the label was removed or the manager stopped before any GPU change
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class JournalInstance(_Lenient):
+    profile: str
+    start: int
+
+
+class JournalGpu(_Lenient):
+    index: int
+    uuid: str
+    mig_enabled: bool
+    mig_pending: bool = False
+    instances: list[JournalInstance] = []
+
+    @classmethod
+    def of(cls, s: GpuState) -> JournalGpu:
+        return cls(
+            index=s.index,
+            uuid=s.uuid,
+            mig_enabled=s.mig_enabled,
+            mig_pending=s.mig_pending,
+            instances=[JournalInstance(profile=i.profile, start=i.start) for i in s.instances],
+        )
+
+    def state(self) -> GpuState:
+        return GpuState(
+            self.index,
+            self.uuid,
+            self.mig_enabled,
+            self.mig_pending,
+            tuple(PlacedInstance(i.profile, i.start) for i in self.instances),
+        )
+
+
+class Journal(_Lenient):
+    version: int = JOURNAL_VERSION
+    config: str  #: the mig.config value being applied
+    phase: Phase
+    started_at: float
+    phase_since: float
+    boot_id: str = ""
+    #: Node state to put back: original label values (None = absent) of the deploy and state labels.
+    original_labels: dict[str, str | None] = {}
+    was_unschedulable: bool = False
+    #: GPUs before the first destructive step (recorded when leaving CLIENTS).
+    previous: list[JournalGpu] = []
+    attempts: int = 0  #: destructive attempts started in the current phase (crash loop guard)
+    outcome: Outcome | None = None
+    reason: str = ""
+    reboot_requested: bool = False
+
+    def advance(self, phase: Phase, now: float, **changes: object) -> Journal:
+        return self.model_copy(update={"phase": phase, "phase_since": now, "attempts": 0, **changes})
+
+    def previous_states(self) -> tuple[GpuState, ...]:
+        return tuple(g.state() for g in self.previous)
+
+
+class JournalError(RuntimeError):
+    """The journal exists but cannot be used; the manager refuses to guess and reports it."""
+
+
+class JournalFiles(Protocol):
+    """The host operations the journal needs (implemented over the agent's ``HostRoot``)."""
+
+    def read_bytes(self, path: str) -> bytes | None:
+        """The file's content, or None when it does not exist."""
+        ...
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Write via temp file, fsync and rename, so a crash leaves the old or the new file."""
+        ...
+
+    def remove(self, path: str) -> None:
+        """Delete the file; a missing file is not an error."""
+        ...
+
+
+@dataclass
+class JournalStore:
+    files: JournalFiles
+    path: str = JOURNAL_PATH
+    writes: int = 0
+
+    def load(self) -> Journal | None:
+        raw = self.files.read_bytes(self.path)
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError as e:
+            raise JournalError(f"MIG journal {self.path} is not JSON: {e}") from e
+        if isinstance(data, dict) and isinstance(data.get("version"), int) and data["version"] > JOURNAL_VERSION:
+            raise JournalError(
+                f"MIG journal {self.path} has version {data['version']}; this agent reads up to {JOURNAL_VERSION}"
+            )
+        try:
+            return Journal.model_validate(data)
+        except ValidationError as e:
+            raise JournalError(f"MIG journal {self.path} is unreadable: {e.errors(include_url=False)[0]['msg']}") from e
+
+    def save(self, journal: Journal) -> None:
+        self.files.write_atomic(self.path, journal.model_dump_json(indent=1).encode())
+        self.writes += 1
+
+    def clear(self) -> None:
+        self.files.remove(self.path)

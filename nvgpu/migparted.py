@@ -1,0 +1,395 @@
+"""mig-parted's ``version: v1`` config format: the model, the standard sets and validation per GPU model.
+
+The MIG ConfigMap the components render, the file operators pass to ``node_agent mig`` and NVIDIA's
+own shipped ``config-default.yaml`` are all this format, so one strict model parses all three. Parsing
+follows mig-parted v0.15's rules (``pkg/config/v1``): ``version`` must be ``v1``; every named config
+holds at least one entry; an entry needs ``devices`` (``all`` or GPU indices) and ``mig-enabled``;
+``mig-devices`` is required when MIG is enabled (``{}`` means enabled but empty), must be empty when
+it is disabled, and may not be all zeros; ``device-filter`` is one PCI ID or a list of them, each
+``0xDDDDVVVV`` optionally followed by ``:0xSSSSVVVV`` (subsystem); unknown keys are rejected.
+
+Semantic checks against the catalogue (does this layout fit on an H100?) are separate from parsing,
+because a valid file may carry layouts for GPUs this project does not know (NVIDIA's file covers
+Blackwell parts): :func:`validate_for_model` answers for one declared model, naming the config, the
+GPU, the profile and why. Generation of the standard sets uses the same placement search
+(:mod:`nvgpu.mig`), so a generated config always validates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from nvgpu import catalogue
+from nvgpu.catalogue import NVIDIA_PCI_VENDOR, GpuModel
+from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout, place_layout
+
+VERSION = "v1"
+ALL_DISABLED = "all-disabled"
+ALL_ENABLED = "all-enabled"
+ALL_BALANCED = "all-balanced"
+#: mig-parted profile names: ``[<C>c.]<G>g.<GB>gb`` plus ``+attr[,attr]`` or ``-attr`` (me, me.all, gfx).
+_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb((\+(me|me\.all|gfx))(,(me|me\.all|gfx))*|-(me|me\.all|gfx))?$")
+_PCI_ID_RE = re.compile(r"^0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})(?::0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4}))?$")
+#: Longest value of a Kubernetes label; the custom-config name must fit (Deckhouse's limit).
+_MAX_LABEL = 63
+_HASH_LEN = 8
+
+
+class MigPartedError(ValueError):
+    """A config that does not parse, or does not apply to a model; ``problems`` names each path."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class PciFilter:
+    """One ``device-filter`` ID: matches device and vendor, and the subsystem too when given."""
+
+    device: int
+    vendor: int
+    subsystem_device: int | None = None
+    subsystem_vendor: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> PciFilter:
+        m = _PCI_ID_RE.match(text)
+        if m is None:
+            raise ValueError(
+                f"device-filter {text!r} is not 0xDDDDVVVV or 0xDDDDVVVV:0xSSSSVVVV (hex device then vendor)"
+            )
+        sub_dev = int(m.group(3), 16) if m.group(3) else None
+        sub_ven = int(m.group(4), 16) if m.group(4) else None
+        return cls(int(m.group(1), 16), int(m.group(2), 16), sub_dev, sub_ven)
+
+    def matches(self, device: int, vendor: int = NVIDIA_PCI_VENDOR, subsystem: int | None = None) -> bool:
+        """``subsystem`` is NVML's ``pciSubSystemId`` (``0xSSSSVVVV``) when known."""
+        if (device, vendor) != (self.device, self.vendor):
+            return False
+        if self.subsystem_device is None:
+            return True
+        if subsystem is None:
+            return False
+        return subsystem == (self.subsystem_device << 16 | (self.subsystem_vendor or 0))
+
+
+class MigConfigSpec(BaseModel):
+    """One entry of a named config: which GPUs, MIG on or off, and which instances."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    device_filter: str | list[str] | None = Field(default=None, alias="device-filter")
+    devices: Literal["all"] | list[Annotated[int, Field(ge=0)]]
+    mig_enabled: bool = Field(alias="mig-enabled")
+    mig_devices: dict[str, Annotated[int, Field(ge=0)]] | None = Field(default=None, alias="mig-devices")
+
+    @field_validator("device_filter")
+    @classmethod
+    def _filters(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for text in [v] if isinstance(v, str) else v or []:
+            PciFilter.parse(text)
+        if isinstance(v, list) and not v:
+            raise ValueError("device-filter list is empty; omit the key to match every GPU")
+        return v
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices(cls, v: Any) -> Any:
+        if isinstance(v, str) and v != "all":
+            raise ValueError(f"devices must be 'all' or a list of GPU indices, got {v!r}")
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("devices list is empty; use 'all' or list GPU indices")
+            if any(isinstance(i, bool) or not isinstance(i, int) for i in v):
+                raise ValueError(f"devices must be 'all' or a list of GPU indices (integers), got {v!r}")
+            if len(set(v)) != len(v):
+                raise ValueError(f"devices lists a GPU index twice: {v!r}")
+        return v
+
+    @field_validator("mig_devices")
+    @classmethod
+    def _profiles(cls, v: dict[str, int] | None) -> dict[str, int] | None:
+        for name in v or {}:
+            if not _PROFILE_RE.match(name):
+                raise ValueError(
+                    f"mig-devices profile {name!r} is not a MIG profile name like 1g.10gb, 1g.10gb+me or 1c.2g.20gb"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _enabled(self) -> MigConfigSpec:
+        if self.mig_enabled and self.mig_devices is None:
+            raise ValueError("mig-devices is required when mig-enabled is true (use {} for no instances)")
+        if not self.mig_enabled and self.mig_devices:
+            raise ValueError("mig-devices must be empty when mig-enabled is false")
+        if self.mig_devices and all(c == 0 for c in self.mig_devices.values()):
+            raise ValueError("mig-devices counts are all zero; use {} for MIG enabled without instances")
+        return self
+
+    @property
+    def filters(self) -> tuple[PciFilter, ...]:
+        if self.device_filter is None:
+            return ()
+        texts = [self.device_filter] if isinstance(self.device_filter, str) else self.device_filter
+        return tuple(PciFilter.parse(t) for t in texts)
+
+    @property
+    def layout(self) -> dict[str, int]:
+        """The instances to create, zero counts dropped."""
+        return {p: c for p, c in (self.mig_devices or {}).items() if c}
+
+    def matches(
+        self, index: int, pci_device: int, vendor: int = NVIDIA_PCI_VENDOR, subsystem: int | None = None
+    ) -> bool:
+        """Does this entry select GPU ``index`` with PCI device ID ``pci_device``?"""
+        if self.devices != "all" and index not in self.devices:
+            return False
+        fs = self.filters
+        return not fs or any(f.matches(pci_device, vendor, subsystem) for f in fs)
+
+    def matches_model(self, model: GpuModel) -> bool:
+        fs = self.filters
+        return not fs or any(f.matches(d) for f in fs for d in model.pci_device_ids)
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class MigPartedConfig(BaseModel):
+    """A whole file: ``version: v1`` and ``mig-configs: {name: [entry, ...]}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    version: Literal["v1"]
+    mig_configs: dict[str, Annotated[list[MigConfigSpec], Field(min_length=1)]] = Field(alias="mig-configs")
+
+    @field_validator("mig_configs")
+    @classmethod
+    def _names(cls, v: dict[str, list[MigConfigSpec]]) -> dict[str, list[MigConfigSpec]]:
+        for name in v:
+            if not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", name) or len(name) > _MAX_LABEL:
+                raise ValueError(f"config name {name!r} is not usable as a label value (nvidia.com/mig.config)")
+        return v
+
+    def get(self, name: str) -> list[MigConfigSpec]:
+        try:
+            return self.mig_configs[name]
+        except KeyError:
+            raise MigPartedError(
+                [f"unknown MIG config {name!r}; the config defines: {', '.join(sorted(self.mig_configs))}"]
+            ) from None
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "mig-configs": {n: [s.to_yaml_dict() for s in specs] for n, specs in self.mig_configs.items()},
+        }
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_yaml_dict(), sort_keys=False, default_flow_style=False)
+
+
+def _problems(err: ValidationError, source: str) -> list[str]:
+    out = []
+    for e in err.errors(include_url=False):
+        path = ".".join(str(p) for p in e["loc"] if p not in ("function-after", "str", "list[str]", "list[int]"))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "literal_error" and e["loc"] == ("version",):
+            msg = f"version must be {VERSION!r}"
+        out.append(f"{source}: {path}: {msg}")
+    return out
+
+
+def parse_config(data: Mapping[str, Any] | None, source: str = "mig-parted config") -> MigPartedConfig:
+    """Validate a decoded document; an empty document is an empty config, as in mig-parted."""
+    if not data:
+        return MigPartedConfig(version=VERSION, mig_configs={})
+    if not isinstance(data, Mapping):
+        raise MigPartedError([f"{source}: expected a mapping with version and mig-configs"])
+    try:
+        return MigPartedConfig.model_validate(dict(data))
+    except ValidationError as e:
+        raise MigPartedError(_problems(e, source)) from None
+
+
+def load_config_text(text: str, source: str = "mig-parted config") -> MigPartedConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise MigPartedError([f"{source}: not YAML: {e}"]) from e
+    return parse_config(data, source)
+
+
+# --- validation against a model -------------------------------------------------------------------
+
+
+def validate_for_model(
+    config: MigPartedConfig, name: str, model: GpuModel
+) -> list[tuple[MigConfigSpec, dict[str, int]]]:
+    """Check that config ``name`` applies to ``model`` and every matching entry can be placed.
+
+    Returns the matching entries with their layouts. Raises :class:`MigPartedError` when the config is
+    unknown, when no entry selects this model (a layout for another GPU), or when a layout does not fit,
+    naming the config, the GPU, the profile and why.
+    """
+    specs = config.get(name)
+    matching = [s for s in specs if s.matches_model(model)]
+    if not matching:
+        raise MigPartedError(
+            [f"MIG config {name!r} has no entry for the {model.key} (its device-filters select other GPUs)"]
+        )
+    problems: list[str] = []
+    out: list[tuple[MigConfigSpec, dict[str, int]]] = []
+    for spec in matching:
+        gpus = "every GPU" if spec.devices == "all" else "GPU " + ",".join(str(i) for i in spec.devices)
+        if not spec.mig_enabled:
+            out.append((spec, {}))
+            continue
+        if model.mig is None:
+            problems.append(f"MIG config {name!r}: {gpus}: the {model.key} does not support MIG")
+            continue
+        try:
+            place_layout(model, spec.layout, gpu=f"MIG config {name!r}: {gpus}")
+        except MigLayoutError as e:
+            problems.append(str(e))
+            continue
+        out.append((spec, spec.layout))
+    if problems:
+        raise MigPartedError(problems)
+    return out
+
+
+def models_for_config(config: MigPartedConfig, name: str) -> tuple[GpuModel, ...]:
+    """Catalogue models on which config ``name`` validates (used to check NVIDIA's shipped file)."""
+    ok = []
+    for model in catalogue.MODELS:
+        try:
+            validate_for_model(config, name, model)
+        except MigPartedError:
+            continue
+        ok.append(model)
+    return tuple(ok)
+
+
+# --- generation -------------------------------------------------------------------------------------
+
+
+def mig_models(models: Iterable[GpuModel] | None = None) -> tuple[GpuModel, ...]:
+    return tuple(m for m in (catalogue.MODELS if models is None else models) if m.mig is not None)
+
+
+def config_name_for_profile(profile: str) -> str:
+    """``all-<profile>`` with ``+`` spelled ``.`` as in NVIDIA's file (``all-1g.10gb.me``)."""
+    return "all-" + profile.replace("+", ".")
+
+
+def standard_configs(models: Iterable[GpuModel] | None = None) -> dict[str, list[MigConfigSpec]]:
+    """``all-disabled``, ``all-enabled``, ``all-<profile>`` and ``all-balanced`` for each MIG model.
+
+    Per-model entries carry the model's PCI IDs as ``device-filter``, so one name (``all-1g.10gb``) can
+    mean 7 instances on an H100 and 4 on an A100-40GB, exactly as NVIDIA's shipped file does.
+    """
+    out: dict[str, list[MigConfigSpec]] = {
+        ALL_DISABLED: [MigConfigSpec(devices="all", mig_enabled=False)],
+        ALL_ENABLED: [MigConfigSpec(devices="all", mig_enabled=True, mig_devices={})],
+    }
+    for model in mig_models(models):
+        assert model.mig is not None
+        filters = list(model.mig_parted_filters)
+        for profile in model.mig.profiles:
+            layout = all_profile_layout(model, profile.name)
+            out.setdefault(config_name_for_profile(profile.name), []).append(
+                MigConfigSpec(device_filter=filters, devices="all", mig_enabled=True, mig_devices=layout)
+            )
+        out.setdefault(ALL_BALANCED, []).append(
+            MigConfigSpec(device_filter=filters, devices="all", mig_enabled=True, mig_devices=balanced_layout(model))
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class CustomSlice:
+    profile: str
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class CustomGpuLayout:
+    """One GPU of a Deckhouse-style custom layout (``mig.customConfigs[]``)."""
+
+    index: int
+    slices: tuple[CustomSlice, ...]
+
+    @property
+    def layout(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.slices:
+            out[s.profile] = out.get(s.profile, 0) + s.count
+        return out
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:_HASH_LEN]
+
+
+def custom_config_name(node_group: str, layouts: Sequence[CustomGpuLayout]) -> str:
+    """Deckhouse's name for a custom layout: ``custom-<ng>-<8 hex of sha256(JSON)>``.
+
+    The JSON is Go's ``json.Marshal`` of the configs sorted by index with slices sorted by profile and
+    counts defaulted to 1 (``hooks/gpu/mig_custom_config_name.go``), so the same layout gets the same
+    name as on a Deckhouse cluster. Long node-group names are cut to a prefix plus their own hash so the
+    name fits a label value.
+    """
+    if not layouts:
+        raise ValueError("a custom MIG layout needs at least one GPU")
+    norm = [
+        {"index": g.index, "slices": [{"profile": s.profile, "count": s.count} for s in sorted(g.slices, key=_by_prof)]}
+        for g in sorted(layouts, key=lambda g: g.index)
+    ]
+    digest = _short_hash(json.dumps(norm, separators=(",", ":")))
+    available = _MAX_LABEL - len("custom-") - 1 - _HASH_LEN
+    name_part = node_group
+    if len(node_group) > available:
+        prefix = max(1, available - (_HASH_LEN + 1))
+        name_part = f"{node_group[:prefix]}-{_short_hash(node_group)}"
+    return f"custom-{name_part}-{digest}"
+
+
+def _by_prof(s: CustomSlice) -> str:
+    return s.profile
+
+
+def custom_specs(layouts: Sequence[CustomGpuLayout], model: GpuModel | None = None) -> list[MigConfigSpec]:
+    """mig-parted entries for a per-GPU-index layout (GPUs not listed are left as they are)."""
+    filters = list(model.mig_parted_filters) if model is not None else None
+    return [
+        MigConfigSpec(device_filter=filters, devices=[g.index], mig_enabled=True, mig_devices=g.layout)
+        for g in sorted(layouts, key=lambda g: g.index)
+    ]
+
+
+def build_config(
+    models: Iterable[GpuModel] | None = None,
+    custom: Mapping[str, Sequence[MigConfigSpec]] | None = None,
+) -> MigPartedConfig:
+    """The standard sets for ``models`` plus named custom configs; a name clash is an error."""
+    configs = standard_configs(models)
+    for name, specs in (custom or {}).items():
+        if name in configs:
+            raise MigPartedError([f"custom MIG config {name!r} clashes with a standard config of that name"])
+        configs[name] = list(specs)
+    try:
+        return MigPartedConfig(version=VERSION, mig_configs=configs)
+    except ValidationError as e:
+        raise MigPartedError(_problems(e, "generated MIG config")) from None
