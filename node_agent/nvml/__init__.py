@@ -1,0 +1,99 @@
+"""The NVML layer: the only code that imports ``pynvml`` (nvidia-ml-py).
+
+Public surface (import from ``node_agent.nvml``):
+
+* ``open_nvml(backend, timeout_s=...)`` → context manager yielding an ``NvmlSession``;
+  ``backend`` is ``"real"``, ``"simulated:<machine>"`` or an ``NvmlBackend`` (which can carry a
+  state file shared between processes).
+* ``NvmlSession``: ``driver()``, ``device_count()``, ``inventory()``, ``gpus()``, ``gpu(i)``,
+  ``topology()``, ``processes(i)``, ``watch_events()`` and the MIG operations ``mig_mode``,
+  ``set_mig_mode``, ``gpu_instance_profiles``, ``possible_placements``, ``remaining_capacity``,
+  ``gpu_instances``, ``create_gpu_instance``, ``destroy_gpu_instance``, ``compute_instances``,
+  ``create_compute_instance``, ``destroy_compute_instance``. Protocols ``GpuSource`` and
+  ``MigControl`` name the read and MIG halves.
+* Frozen values from ``types`` and errors from ``errors`` (``NvmlUnavailable``, ``DeviceLost``,
+  ``NvmlTimeout``, ...), each with the ``NVMLError`` chained.
+* ``node_agent.nvml.sim``: the simulated machines and their fault injection.
+"""
+
+from node_agent.nvml.errors import (
+    DeviceLost,
+    NvmlError,
+    NvmlInsufficientResources,
+    NvmlInUse,
+    NvmlInvalidArgument,
+    NvmlNotFound,
+    NvmlNotSupported,
+    NvmlPermissionDenied,
+    NvmlTimeout,
+    NvmlUnavailable,
+)
+from node_agent.nvml.session import (
+    DEFAULT_TIMEOUT_S,
+    EventWatcher,
+    GpuSource,
+    MigControl,
+    NvmlBackend,
+    NvmlSession,
+    open_nvml,
+)
+from node_agent.nvml.types import (
+    ComputeInstance,
+    DriverInfo,
+    EventKind,
+    Gpu,
+    GpuEvent,
+    GpuInstance,
+    GpuInstanceProfile,
+    GpuPair,
+    GpuProcess,
+    GpuUuid,
+    Inventory,
+    LostGpu,
+    MigDevice,
+    MigMode,
+    MigUuid,
+    Placement,
+    Topology,
+    TopologyLevel,
+    normalize_bus_id,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "ComputeInstance",
+    "DeviceLost",
+    "DriverInfo",
+    "EventKind",
+    "EventWatcher",
+    "Gpu",
+    "GpuEvent",
+    "GpuInstance",
+    "GpuInstanceProfile",
+    "GpuPair",
+    "GpuProcess",
+    "GpuSource",
+    "GpuUuid",
+    "Inventory",
+    "LostGpu",
+    "MigControl",
+    "MigDevice",
+    "MigMode",
+    "MigUuid",
+    "NvmlBackend",
+    "NvmlError",
+    "NvmlInUse",
+    "NvmlInsufficientResources",
+    "NvmlInvalidArgument",
+    "NvmlNotFound",
+    "NvmlNotSupported",
+    "NvmlPermissionDenied",
+    "NvmlSession",
+    "NvmlTimeout",
+    "NvmlUnavailable",
+    "Placement",
+    "Topology",
+    "TopologyLevel",
+    "normalize_bus_id",
+    "open_nvml",
+]

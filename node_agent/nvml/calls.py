@@ -1,0 +1,130 @@
+"""Bounded NVML calls: every call runs on a worker thread and is abandoned after its time budget.
+
+NVML calls can block for a long time on a wedged GPU or driver (an RM lock held by a crashed
+process, a GPU stuck in reset). A Python thread cannot be cancelled, so a call that overruns is
+*abandoned*: its worker is retired (it exits once the call finally returns) and later calls get a
+fresh worker, so one hung GPU never stalls the agent. Errors are translated to the project's own
+types here, with the ``NVMLError`` chained.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pynvml
+
+from node_agent.nvml.errors import (
+    DeviceLost,
+    NvmlError,
+    NvmlInsufficientResources,
+    NvmlInUse,
+    NvmlInvalidArgument,
+    NvmlNotFound,
+    NvmlNotSupported,
+    NvmlPermissionDenied,
+    NvmlTimeout,
+    NvmlUnavailable,
+)
+
+T = TypeVar("T")
+
+_BY_CODE: dict[int, type[NvmlError]] = {
+    pynvml.NVML_ERROR_UNINITIALIZED: NvmlUnavailable,
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: NvmlUnavailable,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: NvmlUnavailable,
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: NvmlUnavailable,
+    pynvml.NVML_ERROR_GPU_IS_LOST: DeviceLost,
+    pynvml.NVML_ERROR_RESET_REQUIRED: DeviceLost,
+    pynvml.NVML_ERROR_NOT_SUPPORTED: NvmlNotSupported,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: NvmlNotSupported,
+    pynvml.NVML_ERROR_NOT_FOUND: NvmlNotFound,
+    pynvml.NVML_ERROR_IN_USE: NvmlInUse,
+    pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: NvmlInsufficientResources,
+    pynvml.NVML_ERROR_INVALID_ARGUMENT: NvmlInvalidArgument,
+    pynvml.NVML_ERROR_NO_PERMISSION: NvmlPermissionDenied,
+    pynvml.NVML_ERROR_TIMEOUT: NvmlTimeout,
+}
+
+
+def translate(err: pynvml.NVMLError, what: str) -> NvmlError:
+    """The project error for an ``NVMLError`` raised by ``what`` (chain it with ``from err``)."""
+    code = int(getattr(err, "value", pynvml.NVML_ERROR_UNKNOWN))
+    cls = _BY_CODE.get(code, NvmlError)
+    return cls(f"{what}: {err} (NVML error {code})", code)
+
+
+@dataclass
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.retired = False
+        self.thread = threading.Thread(target=self._loop, name="nvml-call", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            try:
+                job.result = job.fn(*job.args)
+            except BaseException as e:  # handed to the caller's thread
+                job.error = e
+            job.done.set()
+            if self.retired:
+                return
+
+
+class CallRunner:
+    """Runs NVML calls with a deadline; ``timeout_s=None`` calls inline (no thread)."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._worker: _Worker | None = None
+
+    def call(self, what: str, fn: Callable[..., T], *args: Any, timeout_s: float | None = None) -> T:
+        budget = timeout_s if timeout_s is not None else self.timeout_s
+        try:
+            if budget is None:
+                return fn(*args)
+            return self._bounded(what, fn, args, budget)
+        except pynvml.NVMLError as e:
+            raise translate(e, what) from e
+        except pynvml.NVMLLibraryMismatchError as e:
+            raise NvmlNotSupported(f"{what}: {e}") from e
+
+    def _bounded(self, what: str, fn: Callable[..., T], args: tuple[Any, ...], budget: float) -> T:
+        job = _Job(fn, args)
+        with self._lock:
+            if self._worker is None:
+                self._worker = _Worker()
+            worker = self._worker
+            worker.jobs.put(job)
+            if not job.done.wait(budget):
+                # Retire the stuck worker: it exits after the hung call returns; the next call gets a new one.
+                worker.retired = True
+                worker.jobs.put(None)
+                self._worker = None
+                raise NvmlTimeout(f"{what}: no answer from NVML within {budget:g}s")
+        if job.error is not None:
+            raise job.error
+        return job.result  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._worker is not None:
+                self._worker.jobs.put(None)
+                self._worker = None

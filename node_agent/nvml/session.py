@@ -1,0 +1,586 @@
+"""The NVML facade: one session object, frozen values out, project errors, bounded calls.
+
+``open_nvml(backend)`` initialises NVML (real, or a simulated machine installed underneath
+nvidia-ml-py), yields an ``NvmlSession`` and always shuts NVML down again. Every call goes
+through a ``CallRunner`` so a hung GPU costs a timeout, not the agent. Per-device failures stay
+per device: ``inventory()`` reports lost GPUs next to the usable ones instead of failing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import pynvml
+
+from node_agent.nvml.calls import CallRunner
+from node_agent.nvml.errors import (
+    DeviceLost,
+    NvmlError,
+    NvmlInvalidArgument,
+    NvmlNotFound,
+    NvmlNotSupported,
+    NvmlTimeout,
+    NvmlUnavailable,
+)
+from node_agent.nvml.types import (
+    ComputeInstance,
+    DriverInfo,
+    EventKind,
+    Gpu,
+    GpuEvent,
+    GpuInstance,
+    GpuInstanceProfile,
+    GpuPair,
+    GpuProcess,
+    GpuUuid,
+    Inventory,
+    LostGpu,
+    MigDevice,
+    MigMode,
+    MigUuid,
+    Placement,
+    Topology,
+    TopologyLevel,
+)
+
+log = logging.getLogger(__name__)
+
+#: Default budget for one NVML call. Real calls take micro- to milliseconds; seconds means wedged.
+DEFAULT_TIMEOUT_S = 10.0
+_WHOLE_GPU = 0xFFFFFFFF
+_ARCH_NAMES = {
+    pynvml.NVML_DEVICE_ARCH_KEPLER: "kepler",
+    pynvml.NVML_DEVICE_ARCH_MAXWELL: "maxwell",
+    pynvml.NVML_DEVICE_ARCH_PASCAL: "pascal",
+    pynvml.NVML_DEVICE_ARCH_VOLTA: "volta",
+    pynvml.NVML_DEVICE_ARCH_TURING: "turing",
+    pynvml.NVML_DEVICE_ARCH_AMPERE: "ampere",
+    pynvml.NVML_DEVICE_ARCH_ADA: "ada-lovelace",
+    pynvml.NVML_DEVICE_ARCH_HOPPER: "hopper",
+    pynvml.NVML_DEVICE_ARCH_BLACKWELL: "blackwell",
+    pynvml.NVML_DEVICE_ARCH_RUBIN: "rubin",
+}
+_EVENT_BITS = {
+    EventKind.XID: pynvml.nvmlEventTypeXidCriticalError,
+    EventKind.DOUBLE_BIT_ECC: pynvml.nvmlEventTypeDoubleBitEccError,
+    EventKind.SINGLE_BIT_ECC: pynvml.nvmlEventTypeSingleBitEccError,
+}
+_LINK_END = (NvmlNotSupported, NvmlInvalidArgument, NvmlNotFound)
+
+
+@dataclass(frozen=True)
+class NvmlBackend:
+    """Where NVML comes from: the host's ``libnvidia-ml.so.1`` or a simulated machine."""
+
+    kind: Literal["real", "simulated"]
+    machine: str | None = None
+    #: For simulated machines: share state with other processes through this JSON file.
+    state_file: Path | None = None
+
+    @classmethod
+    def parse(cls, text: str, state_file: Path | None = None) -> NvmlBackend:
+        """``real`` or ``simulated:<machine>``; raises ValueError naming the allowed values."""
+        from node_agent.nvml.sim.machines import MACHINE_NAMES
+
+        if text == "real":
+            return cls("real")
+        kind, _, machine = text.partition(":")
+        if kind == "simulated" and machine in MACHINE_NAMES:
+            return cls("simulated", machine, state_file)
+        raise ValueError(
+            f"--nvml {text!r}: expected 'real' or 'simulated:<machine>' with machine one of {', '.join(MACHINE_NAMES)}"
+        )
+
+    def __str__(self) -> str:
+        return "real" if self.kind == "real" else f"simulated:{self.machine}"
+
+
+class GpuSource(Protocol):
+    """What the health checker, labeller and device plugin read (implemented by ``NvmlSession``)."""
+
+    def driver(self) -> DriverInfo: ...
+    def inventory(self) -> Inventory: ...
+    def topology(self, indices: Iterable[int] | None = None) -> Topology: ...
+    def processes(self, index: int) -> tuple[GpuProcess, ...]: ...
+    def watch_events(self, indices: Iterable[int] | None = None,
+                     kinds: Iterable[EventKind] = tuple(EventKind)) -> EventWatcher: ...
+
+
+class MigControl(Protocol):
+    """The MIG operations the MIG manager needs (implemented by ``NvmlSession``)."""
+
+    def mig_mode(self, index: int) -> MigMode | None: ...
+    def set_mig_mode(self, index: int, enabled: bool) -> MigMode: ...
+    def gpu_instance_profiles(self, index: int) -> tuple[GpuInstanceProfile, ...]: ...
+    def possible_placements(self, index: int, profile_id: int) -> tuple[Placement, ...]: ...
+    def remaining_capacity(self, index: int, profile_id: int) -> int: ...
+    def gpu_instances(self, index: int) -> tuple[GpuInstance, ...]: ...
+    def create_gpu_instance(self, index: int, profile_id: int, start: int | None = None) -> GpuInstance: ...
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None: ...
+    def compute_instances(self, index: int, gi_id: int) -> tuple[ComputeInstance, ...]: ...
+    def create_compute_instance(self, index: int, gi_id: int, slices: int | None = None) -> ComputeInstance: ...
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None: ...
+
+
+def _addr(handle: Any) -> int:
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+class NvmlSession:
+    """An initialised NVML; create it with ``open_nvml``. Thread-safe (calls are serialised)."""
+
+    def __init__(self, runner: CallRunner, timeout_s: float | None) -> None:
+        self._run = runner.call
+        self._runner = runner
+        self._timeout_s = timeout_s
+        self._handles: dict[int, Any] = {}
+        self._profiles: dict[int, tuple[GpuInstanceProfile, ...]] = {}
+        self._lock = threading.Lock()
+
+    # -- system ------------------------------------------------------------------------------
+    def driver(self) -> DriverInfo:
+        version = self._run("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)
+        cuda = self._run("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion)
+        return DriverInfo(driver_version=str(version), cuda_driver_version=(cuda // 1000, (cuda % 1000) // 10))
+
+    def device_count(self) -> int:
+        return int(self._run("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount))
+
+    def _handle(self, index: int) -> Any:
+        with self._lock:
+            h = self._handles.get(index)
+        if h is None:
+            h = self._run(f"nvmlDeviceGetHandleByIndex({index})", pynvml.nvmlDeviceGetHandleByIndex, index)
+            with self._lock:
+                self._handles[index] = h
+        return h
+
+    # -- inventory ---------------------------------------------------------------------------
+    def inventory(self) -> Inventory:
+        gpus: list[Gpu] = []
+        lost: list[LostGpu] = []
+        for index in range(self.device_count()):
+            try:
+                gpus.append(self.gpu(index))
+            except (DeviceLost, NvmlTimeout) as e:
+                log.warning("gpu unusable index=%d reason=%s", index, e)
+                lost.append(LostGpu(index, str(e)))
+        return Inventory(tuple(gpus), tuple(lost))
+
+    def gpus(self) -> tuple[Gpu, ...]:
+        """Every GPU; raises ``DeviceLost``/``NvmlTimeout`` if any is unusable (see ``inventory``)."""
+        inv = self.inventory()
+        if inv.lost:
+            first = inv.lost[0]
+            raise DeviceLost(f"GPU {first.index}: {first.reason}")
+        return inv.gpus
+
+    def gpu(self, index: int) -> Gpu:
+        h = self._handle(index)
+        r = self._run
+        pci = r(f"nvmlDeviceGetPciInfo({index})", pynvml.nvmlDeviceGetPciInfo, h)
+        major, minor = r(f"nvmlDeviceGetCudaComputeCapability({index})", pynvml.nvmlDeviceGetCudaComputeCapability, h)
+        mem = r(f"nvmlDeviceGetMemoryInfo({index})", pynvml.nvmlDeviceGetMemoryInfo, h)
+        uuid = GpuUuid(str(r(f"nvmlDeviceGetUUID({index})", pynvml.nvmlDeviceGetUUID, h)))
+        try:
+            arch_code = r(f"nvmlDeviceGetArchitecture({index})", pynvml.nvmlDeviceGetArchitecture, h)
+            architecture = _ARCH_NAMES.get(arch_code, "unknown")
+        except NvmlNotSupported:
+            architecture = "unknown"
+        mode = self.mig_mode(index)
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            name=str(r(f"nvmlDeviceGetName({index})", pynvml.nvmlDeviceGetName, h)),
+            minor=int(r(f"nvmlDeviceGetMinorNumber({index})", pynvml.nvmlDeviceGetMinorNumber, h)),
+            pci_bus_id=pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId),
+            pci_device_id=int(pci.pciDeviceId) >> 16,
+            pci_subsystem_id=int(pci.pciSubSystemId),
+            memory_mib=int(mem.total) >> 20,
+            compute_capability=(int(major), int(minor)),
+            architecture=architecture,
+            numa_node=self._numa(index, h),
+            mig_mode=mode,
+            mig_devices=self._mig_devices(index, h, uuid) if mode is not None and mode.current else (),
+        )
+
+    def _numa(self, index: int, h: Any) -> int | None:
+        try:
+            node = int(self._run(f"nvmlDeviceGetNumaNodeId({index})", pynvml.nvmlDeviceGetNumaNodeId, h))
+        except NvmlNotSupported:
+            return None
+        return node if node >= 0 else None
+
+    def mig_mode(self, index: int) -> MigMode | None:
+        h = self._handle(index)
+        try:
+            current, pending = self._run(f"nvmlDeviceGetMigMode({index})", pynvml.nvmlDeviceGetMigMode, h)
+        except NvmlNotSupported:
+            return None
+        return MigMode(current=bool(current), pending=bool(pending))
+
+    def _mig_devices(self, index: int, h: Any, parent_uuid: GpuUuid) -> tuple[MigDevice, ...]:
+        r = self._run
+        profiles = {p.id: p for p in self.gpu_instance_profiles(index)}
+        count = int(r(f"nvmlDeviceGetMaxMigDeviceCount({index})", pynvml.nvmlDeviceGetMaxMigDeviceCount, h))
+        out: list[MigDevice] = []
+        for mig_index in range(count):
+            where = f"MIG device {index}:{mig_index}"
+            try:
+                mh = r(where, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, mig_index)
+            except NvmlNotFound:
+                continue
+            gi_id = int(r(where, pynvml.nvmlDeviceGetGpuInstanceId, mh))
+            ci_id = int(r(where, pynvml.nvmlDeviceGetComputeInstanceId, mh))
+            gi = r(where, pynvml.nvmlDeviceGetGpuInstanceById, h, gi_id)
+            gi_info = r(where, pynvml.nvmlGpuInstanceGetInfo, gi)
+            ci = r(where, pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id)
+            ci_info = r(where, pynvml.nvmlComputeInstanceGetInfo, ci)
+            ci_profile = r(where, pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, ci_info.profileId,
+                           pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            gi_profile = profiles.get(int(gi_info.profileId))
+            base = gi_profile.name if gi_profile else f"profile-{gi_info.profileId}"
+            full = gi_profile is None or int(ci_profile.sliceCount) == gi_profile.slice_count
+            out.append(MigDevice(
+                uuid=MigUuid(str(r(where, pynvml.nvmlDeviceGetUUID, mh))),
+                index=len(out),
+                parent_index=index,
+                parent_uuid=parent_uuid,
+                gi_id=gi_id,
+                ci_id=ci_id,
+                profile=base if full else f"{ci_profile.sliceCount}c.{base}",
+                gi_profile_id=int(gi_info.profileId),
+                placement=Placement(int(gi_info.placement.start), int(gi_info.placement.size)),
+                memory_mib=int(r(where, pynvml.nvmlDeviceGetMemoryInfo, mh).total) >> 20,
+                multiprocessors=int(ci_profile.multiprocessorCount),
+                name=str(r(where, pynvml.nvmlDeviceGetName, mh)),
+            ))
+        return tuple(out)
+
+    # -- topology ----------------------------------------------------------------------------
+    def topology(self, indices: Iterable[int] | None = None) -> Topology:
+        """NVLink counts and PCIe common ancestors for every pair of GPUs.
+
+        NVSwitch systems (DGX/HGX) wire every GPU's links into the switch fabric, not to a peer,
+        so a pair joined through switches counts the links both GPUs have into the fabric
+        (min of the two), which is what NVIDIA's allocator scores for an NVSwitch pair.
+        """
+        chosen = list(range(self.device_count())) if indices is None else sorted(set(indices))
+        bus = {i: self.gpu_bus_id(i) for i in chosen}
+        direct: dict[int, dict[str, int]] = {}
+        switched: dict[int, int] = {}
+        for i in chosen:
+            direct[i], switched[i] = self._links(i, set(bus.values()))
+        pairs = []
+        for n, a in enumerate(chosen):
+            for b in chosen[n + 1:]:
+                level = self._run(f"nvmlDeviceGetTopologyCommonAncestor({a},{b})",
+                                  pynvml.nvmlDeviceGetTopologyCommonAncestor, self._handle(a), self._handle(b))
+                links = direct[a].get(bus[b], 0)
+                if switched[a] and switched[b]:
+                    links += min(switched[a], switched[b])
+                pairs.append(GpuPair(a, b, links, TopologyLevel(int(level))))
+        return Topology(tuple(pairs))
+
+    def gpu_bus_id(self, index: int) -> str:
+        pci = self._run(f"nvmlDeviceGetPciInfo({index})", pynvml.nvmlDeviceGetPciInfo, self._handle(index))
+        return pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+
+    def _links(self, index: int, gpu_buses: set[str]) -> tuple[dict[str, int], int]:
+        h = self._handle(index)
+        direct: dict[str, int] = {}
+        switched = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            where = f"NVLink {link} of GPU {index}"
+            try:
+                active = self._run(where, pynvml.nvmlDeviceGetNvLinkState, h, link)
+            except _LINK_END:
+                break
+            if active != pynvml.NVML_FEATURE_ENABLED:
+                continue
+            remote = self._run(where, pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+            remote_bus = remote.busId.decode() if isinstance(remote.busId, bytes) else str(remote.busId)
+            try:
+                kind = self._run(where, pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+                is_switch = kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+            except NvmlNotSupported:
+                is_switch = remote_bus not in gpu_buses
+            if is_switch:
+                switched += 1
+            else:
+                direct[remote_bus] = direct.get(remote_bus, 0) + 1
+        return direct, switched
+
+    # -- processes ---------------------------------------------------------------------------
+    def processes(self, index: int) -> tuple[GpuProcess, ...]:
+        """Compute and graphics processes on a GPU (the "in use" test for VFIO and MIG changes)."""
+        h = self._handle(index)
+        seen: dict[int, GpuProcess] = {}
+        for what, fn in (("nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses),
+                         ("nvmlDeviceGetGraphicsRunningProcesses", pynvml.nvmlDeviceGetGraphicsRunningProcesses)):
+            try:
+                procs = self._run(f"{what}({index})", fn, h)
+            except NvmlNotSupported:
+                continue
+            for p in procs:
+                used = p.usedGpuMemory
+                gi = int(p.gpuInstanceId)
+                ci = int(p.computeInstanceId)
+                seen.setdefault(int(p.pid), GpuProcess(
+                    pid=int(p.pid),
+                    used_mib=None if used is None else int(used) >> 20,
+                    gi_id=None if gi == _WHOLE_GPU else gi,
+                    ci_id=None if ci == _WHOLE_GPU else ci,
+                ))
+        return tuple(seen.values())
+
+    # -- MIG ---------------------------------------------------------------------------------
+    def set_mig_mode(self, index: int, enabled: bool) -> MigMode:
+        """Request MIG on/off; the returned mode shows whether it is still pending a GPU reset."""
+        h = self._handle(index)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        status = self._run(f"nvmlDeviceSetMigMode({index},{int(enabled)})", pynvml.nvmlDeviceSetMigMode, h, mode)
+        if status != pynvml.NVML_SUCCESS:
+            log.info("mig mode change pending gpu=%d activation_status=%d", index, status)
+        with self._lock:
+            self._profiles.pop(index, None)
+        result = self.mig_mode(index)
+        if result is None:
+            raise NvmlNotSupported(f"GPU {index} does not support MIG")
+        return result
+
+    def gpu_instance_profiles(self, index: int) -> tuple[GpuInstanceProfile, ...]:
+        with self._lock:
+            cached = self._profiles.get(index)
+        if cached is not None:
+            return cached
+        h = self._handle(index)
+        out = []
+        for enum in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = self._run(f"nvmlDeviceGetGpuInstanceProfileInfo({index},{enum})",
+                                 pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, enum)
+            except (NvmlNotSupported, NvmlInvalidArgument):
+                continue
+            name = info.name.decode() if isinstance(info.name, bytes) else str(info.name)
+            out.append(GpuInstanceProfile(
+                profile=enum, id=int(info.id), name=name.removeprefix("MIG "),
+                slice_count=int(info.sliceCount), instance_count=int(info.instanceCount),
+                multiprocessors=int(info.multiprocessorCount), memory_mib=int(info.memorySizeMB),
+                copy_engines=int(info.copyEngineCount), decoders=int(info.decoderCount),
+                encoders=int(info.encoderCount), jpegs=int(info.jpegCount), ofas=int(info.ofaCount),
+            ))
+        result = tuple(out)
+        with self._lock:
+            self._profiles[index] = result
+        return result
+
+    def possible_placements(self, index: int, profile_id: int) -> tuple[Placement, ...]:
+        h = self._handle(index)
+        count = ctypes.c_uint(0)
+        where = f"nvmlDeviceGetGpuInstancePossiblePlacements({index},{profile_id})"
+        self._run(where, pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, None, ctypes.byref(count))
+        arr = (pynvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+        self._run(where, pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, arr, ctypes.byref(count))
+        return tuple(Placement(int(arr[i].start), int(arr[i].size)) for i in range(count.value))
+
+    def remaining_capacity(self, index: int, profile_id: int) -> int:
+        return int(self._run(f"nvmlDeviceGetGpuInstanceRemainingCapacity({index},{profile_id})",
+                             pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity, self._handle(index), profile_id))
+
+    def _gi_value(self, index: int, gi: Any) -> GpuInstance:
+        info = self._run(f"nvmlGpuInstanceGetInfo(GPU {index})", pynvml.nvmlGpuInstanceGetInfo, gi)
+        return GpuInstance(index, int(info.id), int(info.profileId),
+                           Placement(int(info.placement.start), int(info.placement.size)))
+
+    def gpu_instances(self, index: int) -> tuple[GpuInstance, ...]:
+        h = self._handle(index)
+        found: list[GpuInstance] = []
+        for profile in self.gpu_instance_profiles(index):
+            arr = (pynvml.c_nvmlGpuInstance_t * max(profile.instance_count, 1))()
+            count = ctypes.c_uint(len(arr))
+            try:
+                self._run(f"nvmlDeviceGetGpuInstances({index},{profile.id})", pynvml.nvmlDeviceGetGpuInstances,
+                          h, profile.id, arr, ctypes.byref(count))
+            except NvmlNotSupported:
+                return ()
+            found.extend(self._gi_value(index, arr[i]) for i in range(count.value))
+        return tuple(sorted(found, key=lambda g: g.id))
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int | None = None) -> GpuInstance:
+        """Create a GPU instance; ``start`` picks the placement (NVML chooses when None)."""
+        h = self._handle(index)
+        where = f"create GPU instance profile {profile_id} on GPU {index}"
+        if start is None:
+            gi = self._run(where, pynvml.nvmlDeviceCreateGpuInstance, h, profile_id)
+        else:
+            size = next((p.size for p in self.possible_placements(index, profile_id)), 0)
+            placement = pynvml.c_nvmlGpuInstancePlacement_t(start, size)
+            gi = self._run(where, pynvml.nvmlDeviceCreateGpuInstanceWithPlacement, h, profile_id,
+                           ctypes.byref(placement))
+        return self._gi_value(index, gi)
+
+    def _gi(self, index: int, gi_id: int) -> Any:
+        return self._run(f"nvmlDeviceGetGpuInstanceById({index},{gi_id})", pynvml.nvmlDeviceGetGpuInstanceById,
+                         self._handle(index), gi_id)
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        self._run(f"destroy GPU instance {gi_id} on GPU {index}", pynvml.nvmlGpuInstanceDestroy,
+                  self._gi(index, gi_id))
+
+    def compute_instances(self, index: int, gi_id: int) -> tuple[ComputeInstance, ...]:
+        gi = self._gi(index, gi_id)
+        found: list[ComputeInstance] = []
+        for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            where = f"compute instances of GI {gi_id} on GPU {index}"
+            try:
+                info = self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, enum,
+                                 pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            except (NvmlNotSupported, NvmlInvalidArgument):
+                continue
+            arr = (pynvml.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
+            count = ctypes.c_uint(len(arr))
+            self._run(where, pynvml.nvmlGpuInstanceGetComputeInstances, gi, int(info.id), arr, ctypes.byref(count))
+            for i in range(count.value):
+                ci = self._run(where, pynvml.nvmlComputeInstanceGetInfo, arr[i])
+                found.append(ComputeInstance(index, gi_id, int(ci.id), int(ci.profileId), int(ci.placement.start)))
+        return tuple(sorted(found, key=lambda c: c.id))
+
+    def create_compute_instance(self, index: int, gi_id: int, slices: int | None = None) -> ComputeInstance:
+        """Create a compute instance of ``slices`` compute slices (the whole GPU instance when None)."""
+        gi = self._gi(index, gi_id)
+        where = f"create compute instance in GI {gi_id} on GPU {index}"
+        best: Any = None
+        for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            try:
+                info = self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, enum,
+                                 pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            except (NvmlNotSupported, NvmlInvalidArgument):
+                continue
+            if slices is not None and int(info.sliceCount) == slices:
+                best = info
+                break
+            if slices is None and (best is None or int(info.sliceCount) > int(best.sliceCount)):
+                best = info
+        if best is None:
+            raise NvmlNotSupported(f"{where}: no compute-instance profile with {slices} slice(s)")
+        ci = self._run(where, pynvml.nvmlGpuInstanceCreateComputeInstance, gi, int(best.id))
+        info = self._run(where, pynvml.nvmlComputeInstanceGetInfo, ci)
+        return ComputeInstance(index, gi_id, int(info.id), int(info.profileId), int(info.placement.start))
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
+        gi = self._gi(index, gi_id)
+        where = f"destroy compute instance {ci_id} in GI {gi_id} on GPU {index}"
+        ci = self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id)
+        self._run(where, pynvml.nvmlComputeInstanceDestroy, ci)
+
+    # -- events ------------------------------------------------------------------------------
+    def watch_events(self, indices: Iterable[int] | None = None,
+                     kinds: Iterable[EventKind] = tuple(EventKind)) -> EventWatcher:
+        """Register for XID/ECC events on the GPUs; use the watcher as a context manager."""
+        chosen = list(range(self.device_count())) if indices is None else list(indices)
+        return EventWatcher(self, chosen, tuple(kinds), self._timeout_s)
+
+
+class EventWatcher:
+    """An NVML event set. ``wait(timeout_s)`` returns the next event or None on timeout.
+
+    GPUs that cannot register (lost, no event support) are listed in ``failed`` with the reason so
+    the caller can mark them unhealthy at once, as NVIDIA's device plugin does.
+    """
+
+    def __init__(self, session: NvmlSession, indices: list[int], kinds: tuple[EventKind, ...],
+                 timeout_s: float | None) -> None:
+        # Waiting blocks for the whole wait timeout, so the watcher gets its own runner: other NVML
+        # calls must not queue behind it.
+        self._runner = CallRunner(timeout_s)
+        self._session = session
+        self.failed: dict[int, str] = {}
+        self._by_handle: dict[int, tuple[int, GpuUuid]] = {}
+        wanted = 0
+        for k in kinds:
+            wanted |= _EVENT_BITS[k]
+        self._set = self._runner.call("nvmlEventSetCreate", pynvml.nvmlEventSetCreate)
+        for index in indices:
+            try:
+                h = session._handle(index)
+                uuid = GpuUuid(str(session._run(f"nvmlDeviceGetUUID({index})", pynvml.nvmlDeviceGetUUID, h)))
+                supported = int(self._runner.call(f"nvmlDeviceGetSupportedEventTypes({index})",
+                                                  pynvml.nvmlDeviceGetSupportedEventTypes, h))
+                mask = wanted & supported
+                if not mask:
+                    self.failed[index] = "GPU supports none of the requested event types"
+                    continue
+                self._runner.call(f"nvmlDeviceRegisterEvents({index})", pynvml.nvmlDeviceRegisterEvents,
+                                  h, mask, self._set)
+                self._by_handle[_addr(h)] = (index, uuid)
+            except NvmlError as e:
+                self.failed[index] = str(e)
+
+    def wait(self, timeout_s: float) -> GpuEvent | None:
+        ms = max(0, int(timeout_s * 1000))
+        try:
+            data = self._runner.call("nvmlEventSetWait", pynvml.nvmlEventSetWait, self._set, ms,
+                                     timeout_s=timeout_s + 5.0)
+        except NvmlTimeout as e:
+            if e.code == pynvml.NVML_ERROR_TIMEOUT:
+                return None
+            raise
+        index, uuid = self._by_handle.get(_addr(data.device), (-1, GpuUuid("")))
+        kind = next((k for k, bit in _EVENT_BITS.items() if int(data.eventType) & bit), EventKind.XID)
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        return GpuEvent(index, uuid, kind, int(data.eventData),
+                        None if gi == _WHOLE_GPU else gi, None if ci == _WHOLE_GPU else ci)
+
+    def close(self) -> None:
+        with contextlib.suppress(NvmlError):
+            self._runner.call("nvmlEventSetFree", pynvml.nvmlEventSetFree, self._set)
+        self._runner.close()
+
+    def __enter__(self) -> EventWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def open_nvml(backend: NvmlBackend | str = "real", *, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Iterator[
+        NvmlSession]:
+    """Initialise NVML for the ``with`` block; raises ``NvmlUnavailable`` when it cannot start."""
+    if isinstance(backend, str):
+        backend = NvmlBackend.parse(backend)
+    lib = None
+    if backend.kind == "simulated":
+        from node_agent.nvml import sim
+
+        assert backend.machine is not None
+        lib = sim.install(sim.SimStore(backend.machine, backend.state_file))
+    runner = CallRunner(timeout_s)
+    try:
+        try:
+            runner.call("nvmlInit", pynvml.nvmlInit)
+        except NvmlTimeout as e:
+            raise NvmlUnavailable(str(e), e.code) from e
+        except NvmlError as e:
+            if isinstance(e, NvmlUnavailable):
+                raise
+            raise NvmlUnavailable(str(e), e.code) from e
+        try:
+            yield NvmlSession(runner, timeout_s)
+        finally:
+            with contextlib.suppress(NvmlError):
+                runner.call("nvmlShutdown", pynvml.nvmlShutdown)
+    finally:
+        runner.close()
+        if lib is not None:
+            from node_agent.nvml import sim
+
+            sim.uninstall(lib)

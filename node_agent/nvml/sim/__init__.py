@@ -1,0 +1,142 @@
+"""Simulated GPU machines underneath nvidia-ml-py: ``--nvml simulated:<machine>``.
+
+``install(store)`` points ``pynvml.nvmlLib`` at a ``FakeNvmlLibrary`` (see ``lib.py`` for why the
+fake sits at the C-function level); ``uninstall()`` puts the previous library back. The
+``SimulatedMachine`` wrapper is the test and operator handle for faults: XID/ECC events, a GPU
+that falls off the bus, a hung GPU, NVML init failure, processes holding a GPU, overridden
+driver version / name / compute capability for bad-node scenarios.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pynvml
+
+from node_agent.nvml.sim.lib import FakeNvmlLibrary
+from node_agent.nvml.sim.machines import MACHINE_NAMES, MACHINES, MachineSpec, UnknownMachineError, get_machine
+from node_agent.nvml.sim.state import (
+    EventName,
+    InitError,
+    SimProcess,
+    SimState,
+    SimStateError,
+    SimStore,
+)
+
+__all__ = [
+    "MACHINES",
+    "MACHINE_NAMES",
+    "FakeNvmlLibrary",
+    "MachineSpec",
+    "SimStateError",
+    "SimStore",
+    "SimulatedMachine",
+    "UnknownMachineError",
+    "get_machine",
+    "install",
+    "installed_library",
+    "uninstall",
+]
+
+_lock = threading.Lock()
+_saved: list[object] = []
+
+
+def install(store: SimStore) -> FakeNvmlLibrary:
+    """Make nvidia-ml-py talk to the simulated machine behind ``store`` (process-wide)."""
+    lib = FakeNvmlLibrary(store)
+    with pynvml.libLoadLock, _lock:
+        current = pynvml.nvmlLib
+        if isinstance(current, FakeNvmlLibrary):
+            _saved.append(current)
+        else:
+            _saved.append(current)
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
+    return lib
+
+
+def uninstall(lib: FakeNvmlLibrary) -> None:
+    """Undo the matching ``install``; the previous library (real or none) comes back."""
+    with pynvml.libLoadLock, _lock:
+        if pynvml.nvmlLib is not lib:
+            return
+        pynvml.nvmlLib = _saved.pop() if _saved else None
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
+
+
+def installed_library() -> FakeNvmlLibrary | None:
+    lib = pynvml.nvmlLib
+    return lib if isinstance(lib, FakeNvmlLibrary) else None
+
+
+class SimulatedMachine:
+    """Handle on a simulated machine's state, for tests and fault injection."""
+
+    def __init__(self, machine: str, state_file: Path | None = None) -> None:
+        self.store = SimStore(machine, state_file)
+
+    @property
+    def spec(self) -> MachineSpec:
+        return get_machine(self.store.machine)
+
+    @property
+    def state(self) -> SimState:
+        return self.store.read()
+
+    def fail_init(self, error: InitError | None = "driver-not-loaded") -> None:
+        with self.store.mutate() as s:
+            s.init_error = error
+
+    def set_driver_version(self, version: str | None) -> None:
+        with self.store.mutate() as s:
+            s.driver_version = version
+
+    def lose_gpu(self, index: int, xid: int = 79) -> None:
+        """The GPU falls off the bus: XID 79 is raised, then every call on it fails with GPU_IS_LOST."""
+        with self.store.mutate() as s:
+            s.push_event(index, "xid", xid)
+            s.gpus[index].lost = True
+
+    def restore_gpu(self, index: int) -> None:
+        with self.store.mutate() as s:
+            s.gpus[index].lost = False
+            s.gpus[index].hang = False
+
+    def hang_gpu(self, index: int, hang: bool = True) -> None:
+        with self.store.mutate() as s:
+            s.gpus[index].hang = hang
+
+    def inject_event(self, index: int, kind: EventName = "xid", data: int = 0, gi_id: int | None = None,
+                     ci_id: int | None = None) -> None:
+        with self.store.mutate() as s:
+            s.push_event(index, kind, data, gi_id, ci_id)
+
+    def inject_xid(self, index: int, xid: int, gi_id: int | None = None, ci_id: int | None = None) -> None:
+        self.inject_event(index, "xid", xid, gi_id, ci_id)
+
+    def set_processes(self, index: int, processes: list[SimProcess]) -> None:
+        with self.store.mutate() as s:
+            s.gpus[index].processes = list(processes)
+
+    def override_gpu(self, index: int, *, name: str | None = None,
+                     compute_capability: tuple[int, int] | None = None) -> None:
+        with self.store.mutate() as s:
+            s.gpus[index].name = name
+            s.gpus[index].compute_capability = compute_capability
+
+    def block_reset(self, index: int, blocked: bool = True) -> None:
+        with self.store.mutate() as s:
+            s.gpus[index].reset_blocked = blocked
+
+    def reset_gpu(self, index: int) -> None:
+        """A GPU reset: a pending MIG mode takes effect (instances are gone after a mode change)."""
+        with self.store.mutate() as s:
+            g = s.gpus[index]
+            if g.mig_current != g.mig_pending:
+                g.instances = []
+            g.mig_current = g.mig_pending

@@ -1,0 +1,936 @@
+"""A fake of NVML's C API, installed *underneath* nvidia-ml-py so production code runs unchanged.
+
+How it plugs in: nvidia-ml-py resolves every C function with ``getattr(pynvml.nvmlLib, name)`` and
+calls it with ctypes arguments. We set ``pynvml.nvmlLib`` to a ``FakeNvmlLibrary`` whose attributes
+are ``ctypes.CFUNCTYPE`` function pointers wrapping Python code. Why this and not a Python object
+with plain methods, or a C stub:
+
+* The arguments go through libffi exactly as they would into ``libnvidia-ml.so``: pynvml's
+  ``byref(...)``, ``create_string_buffer``, struct arrays and handle pointers arrive as raw
+  addresses, and the fake writes results into pynvml's *own* ctypes structs at those addresses.
+  A plain-Python fake would depend on how pynvml happens to build its arguments (``byref`` vs
+  ``pointer``, private ``_obj`` attributes) and would break on a pynvml upgrade that a real driver
+  would not notice; a wrong struct layout here fails the same way a real library would.
+* Unknown functions raise ``AttributeError``, which pynvml turns into ``NVMLError_FunctionNotFound``
+  — the same thing an older driver does — so the facade's fallbacks are exercised too.
+* No compiler is needed (the C-stub route needs gcc at test time and cannot share Python state).
+
+Handles are opaque integers that encode what they point at (GPU, MIG device, GPU instance,
+compute instance, event set), so the fake keeps no handle table. A Python exception inside a
+callback would make ctypes return 0 (success!), so every callback catches everything and returns
+``NVML_ERROR_UNKNOWN`` instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from node_agent.nvml.sim.machines import MachineSpec
+from node_agent.nvml.sim.state import SimComputeInstance, SimGpu, SimGpuInstance, SimState, SimStore
+from nvgpu.catalogue import CI_PROFILE_BY_SLICES, GpuModel, MigProfile, parse_driver_version
+
+log = logging.getLogger(__name__)
+
+_P = ctypes.c_void_p
+_U = ctypes.c_uint
+_I = ctypes.c_int
+_ULL = ctypes.c_ulonglong
+
+_BASE = 0x7E57_0000_0000
+_GPU_STRIDE = 0x1000
+_MIG_OFF = 0x100  # + gi*8 + ci
+_CI_OFF = 0x400  # + gi*8 + ci
+_GI_OFF = 0x800  # + gi
+_EVENT_BASE = 0x7E58_0000_0000
+_WHOLE_GPU = 0xFFFFFFFF
+_NVSWITCH_PCI_ID = {"ampere": 0x1AF110DE, "hopper": 0x22A310DE}
+_ARCH = {"turing": pynvml.NVML_DEVICE_ARCH_TURING, "ampere": pynvml.NVML_DEVICE_ARCH_AMPERE,
+         "ada-lovelace": pynvml.NVML_DEVICE_ARCH_ADA, "hopper": pynvml.NVML_DEVICE_ARCH_HOPPER}
+_INIT_ERRORS = {"driver-not-loaded": pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+                "library-not-found": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+                "lib-rm-version-mismatch": pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+                "no-permission": pynvml.NVML_ERROR_NO_PERMISSION}
+_EVENT_BITS = {"xid": pynvml.nvmlEventTypeXidCriticalError,
+               "double-bit-ecc": pynvml.nvmlEventTypeDoubleBitEccError,
+               "single-bit-ecc": pynvml.nvmlEventTypeSingleBitEccError}
+_SUPPORTED_EVENTS = sum(_EVENT_BITS.values())
+#: How long a "hung" GPU blocks a call before giving up on its own (keeps leaked threads bounded).
+HANG_LIMIT_S = 30.0
+
+
+class _Ret(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class _Handle:
+    kind: str  # gpu | mig | gi | ci
+    gpu: int
+    gi: int = 0
+    ci: int = 0
+
+
+def _gpu_handle(i: int) -> int:
+    return _BASE + (i + 1) * _GPU_STRIDE
+
+
+def _mig_handle(i: int, gi: int, ci: int) -> int:
+    return _gpu_handle(i) + _MIG_OFF + gi * 8 + ci
+
+
+def _gi_handle(i: int, gi: int) -> int:
+    return _gpu_handle(i) + _GI_OFF + gi
+
+
+def _ci_handle(i: int, gi: int, ci: int) -> int:
+    return _gpu_handle(i) + _CI_OFF + gi * 8 + ci
+
+
+def _decode(h: int | None) -> _Handle:
+    if h is None or h < _BASE + _GPU_STRIDE or h >= _EVENT_BASE:
+        raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    gpu, off = divmod(h - _BASE, _GPU_STRIDE)
+    gpu -= 1
+    if off == 0:
+        return _Handle("gpu", gpu)
+    if _MIG_OFF <= off < _CI_OFF:
+        gi, ci = divmod(off - _MIG_OFF, 8)
+        return _Handle("mig", gpu, gi, ci)
+    if _CI_OFF <= off < _GI_OFF:
+        gi, ci = divmod(off - _CI_OFF, 8)
+        return _Handle("ci", gpu, gi, ci)
+    if _GI_OFF <= off < _GI_OFF + 0x100:
+        return _Handle("gi", gpu, off - _GI_OFF)
+    raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+
+def _put(addr: int | None, ctype: Any, value: Any) -> None:
+    if addr is None:
+        raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    ctype.from_address(addr).value = value
+
+
+def _put_str(addr: int | None, size: int, text: str) -> None:
+    data = text.encode() + b"\0"
+    if addr is None:
+        raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if len(data) > size:
+        raise _Ret(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+    ctypes.memmove(addr, data, len(data))
+
+
+def _set_ptr(addr: int | None, value: int) -> None:
+    _put(addr, ctypes.c_void_p, value)
+
+
+def _engines(p: MigProfile, total_memory_slices: int) -> tuple[int, int, int, int, int]:
+    """Copy engines, decoders, encoders, JPEG, OFA of a GI profile.
+
+    Simulation values shaped like A100/H100 (1g has no NVDEC unless +me, +me adds JPEG and OFA,
+    the full GPU has them all); real GPUs report these through the same NVML struct.
+    """
+    full = p.memory_slices == total_memory_slices
+    decoders = 1 if p.media_extensions else p.compute_slices // 2 + (1 if full else 0)
+    media = 1 if (p.media_extensions or full) else 0
+    return p.memory_slices, decoders, 0, media, media
+
+
+class FakeNvmlLibrary:
+    """Stands in for ``ctypes.CDLL("libnvidia-ml.so.1")`` on one simulated machine."""
+
+    def __init__(self, store: SimStore) -> None:
+        self.store = store
+        self.spec: MachineSpec = store.read().spec
+        self._init_count = 0
+        self._lock = threading.RLock()
+        self._pointers: dict[str, Any] = {}
+        self._strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        self._event_sets: dict[int, dict[str, Any]] = {}
+        self._next_event_set = 1
+        self._table: dict[str, tuple[tuple[Any, ...], Callable[..., int | None], Any]] = {
+            "nvmlInitWithFlags": ((_U,), self.init, _I),
+            "nvmlShutdown": ((), self.shutdown, _I),
+            "nvmlErrorString": ((_I,), self.error_string, _P),
+            "nvmlSystemGetDriverVersion": ((_P, _U), self.driver_version, _I),
+            "nvmlSystemGetNVMLVersion": ((_P, _U), self.nvml_version, _I),
+            "nvmlSystemGetCudaDriverVersion": ((_P,), self.cuda_version, _I),
+            "nvmlSystemGetCudaDriverVersion_v2": ((_P,), self.cuda_version, _I),
+            "nvmlDeviceGetCount_v2": ((_P,), self.device_count, _I),
+            "nvmlDeviceGetHandleByIndex_v2": ((_U, _P), self.handle_by_index, _I),
+            "nvmlDeviceGetHandleByUUID": ((_P, _P), self.handle_by_uuid, _I),
+            "nvmlDeviceGetHandleByPciBusId_v2": ((_P, _P), self.handle_by_bus_id, _I),
+            "nvmlDeviceGetIndex": ((_P, _P), self.device_index, _I),
+            "nvmlDeviceGetName": ((_P, _P, _U), self.device_name, _I),
+            "nvmlDeviceGetUUID": ((_P, _P, _U), self.device_uuid, _I),
+            "nvmlDeviceGetMinorNumber": ((_P, _P), self.minor_number, _I),
+            "nvmlDeviceGetPciInfo_v3": ((_P, _P), self.pci_info, _I),
+            "nvmlDeviceGetMemoryInfo": ((_P, _P), self.memory_info, _I),
+            "nvmlDeviceGetMemoryInfo_v2": ((_P, _P), self.memory_info_v2, _I),
+            "nvmlDeviceGetCudaComputeCapability": ((_P, _P, _P), self.compute_capability, _I),
+            "nvmlDeviceGetArchitecture": ((_P, _P), self.architecture, _I),
+            "nvmlDeviceGetNumaNodeId": ((_P, _P), self.numa_node, _I),
+            "nvmlDeviceGetMigMode": ((_P, _P, _P), self.get_mig_mode, _I),
+            "nvmlDeviceSetMigMode": ((_P, _U, _P), self.set_mig_mode, _I),
+            "nvmlDeviceGetMaxMigDeviceCount": ((_P, _P), self.max_mig_devices, _I),
+            "nvmlDeviceGetMigDeviceHandleByIndex": ((_P, _U, _P), self.mig_handle_by_index, _I),
+            "nvmlDeviceIsMigDeviceHandle": ((_P, _P), self.is_mig_handle, _I),
+            "nvmlDeviceGetGpuInstanceId": ((_P, _P), self.mig_gi_id, _I),
+            "nvmlDeviceGetComputeInstanceId": ((_P, _P), self.mig_ci_id, _I),
+            "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": ((_P, _P), self.mig_parent, _I),
+            "nvmlDeviceGetGpuInstanceProfileInfo": ((_P, _U, _P), self.gi_profile_info_v1, _I),
+            "nvmlDeviceGetGpuInstanceProfileInfoV": ((_P, _U, _P), self.gi_profile_info_v2, _I),
+            "nvmlDeviceGetGpuInstancePossiblePlacements_v2": ((_P, _U, _P, _P), self.possible_placements, _I),
+            "nvmlDeviceGetGpuInstanceRemainingCapacity": ((_P, _U, _P), self.gi_remaining, _I),
+            "nvmlDeviceCreateGpuInstance": ((_P, _U, _P), self.create_gi, _I),
+            "nvmlDeviceCreateGpuInstanceWithPlacement": ((_P, _U, _P, _P), self.create_gi_placed, _I),
+            "nvmlDeviceGetGpuInstances": ((_P, _U, _P, _P), self.get_gis, _I),
+            "nvmlDeviceGetGpuInstanceById": ((_P, _U, _P), self.gi_by_id, _I),
+            "nvmlGpuInstanceGetInfo": ((_P, _P), self.gi_info, _I),
+            "nvmlGpuInstanceDestroy": ((_P,), self.destroy_gi, _I),
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo": ((_P, _U, _U, _P), self.ci_profile_info_v1, _I),
+            "nvmlGpuInstanceGetComputeInstanceProfileInfoV": ((_P, _U, _U, _P), self.ci_profile_info_v2, _I),
+            "nvmlGpuInstanceGetComputeInstanceRemainingCapacity": ((_P, _U, _P), self.ci_remaining, _I),
+            "nvmlGpuInstanceCreateComputeInstance": ((_P, _U, _P), self.create_ci, _I),
+            "nvmlGpuInstanceGetComputeInstances": ((_P, _U, _P, _P), self.get_cis, _I),
+            "nvmlGpuInstanceGetComputeInstanceById": ((_P, _U, _P), self.ci_by_id, _I),
+            "nvmlComputeInstanceGetInfo_v2": ((_P, _P), self.ci_info, _I),
+            "nvmlComputeInstanceDestroy": ((_P,), self.destroy_ci, _I),
+            "nvmlDeviceGetNvLinkState": ((_P, _U, _P), self.nvlink_state, _I),
+            "nvmlDeviceGetNvLinkRemotePciInfo_v2": ((_P, _U, _P), self.nvlink_remote_pci, _I),
+            "nvmlDeviceGetNvLinkRemoteDeviceType": ((_P, _U, _P), self.nvlink_remote_type, _I),
+            "nvmlDeviceGetTopologyCommonAncestor": ((_P, _P, _P), self.common_ancestor, _I),
+            "nvmlDeviceGetComputeRunningProcesses_v3": ((_P, _P, _P), self.compute_processes, _I),
+            "nvmlDeviceGetGraphicsRunningProcesses_v3": ((_P, _P, _P), self.graphics_processes, _I),
+            "nvmlEventSetCreate": ((_P,), self.event_set_create, _I),
+            "nvmlDeviceRegisterEvents": ((_P, _ULL, _P), self.register_events, _I),
+            "nvmlDeviceGetSupportedEventTypes": ((_P, _P), self.supported_events, _I),
+            "nvmlEventSetWait_v2": ((_P, _P, _U), self.event_set_wait, _I),
+            "nvmlEventSetFree": ((_P,), self.event_set_free, _I),
+        }
+
+    # -- the CDLL surface --------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in self._table:
+            raise AttributeError(name)
+        with self._lock:
+            fn = self._pointers.get(name)
+            if fn is None:
+                argtypes, impl, restype = self._table[name]
+                fn = ctypes.CFUNCTYPE(restype, *argtypes)(self._guard(name, impl, restype))
+                self._pointers[name] = fn
+            return fn
+
+    def _guard(self, name: str, impl: Callable[..., int | None], restype: Any) -> Callable[..., int | None]:
+        def call(*args: Any) -> int | None:
+            try:
+                if name not in ("nvmlInitWithFlags", "nvmlErrorString") and self._init_count == 0:
+                    return int(pynvml.NVML_ERROR_UNINITIALIZED)
+                result = impl(*args)
+                return pynvml.NVML_SUCCESS if restype is _I and result is None else result
+            except _Ret as r:
+                return r.code
+            except Exception:
+                log.exception("simulated NVML function failed fn=%s", name)
+                return pynvml.NVML_ERROR_UNKNOWN if restype is _I else None
+
+        return call
+
+    # -- state helpers -----------------------------------------------------------------------
+    def _state(self) -> SimState:
+        return self.store.read()
+
+    def _gpu(self, handle: int | None, kinds: tuple[str, ...] = ("gpu",)) -> tuple[_Handle, SimGpu]:
+        h = _decode(handle)
+        if h.kind not in kinds:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        state = self._state()
+        if not 0 <= h.gpu < len(state.gpus):
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = state.gpus[h.gpu]
+        self._check_alive(h.gpu, gpu)
+        if h.kind in ("mig", "gi", "ci"):
+            gi = self._find_gi(gpu, h.gi)
+            if h.kind in ("mig", "ci") and not any(c.id == h.ci for c in gi.compute_instances):
+                raise _Ret(pynvml.NVML_ERROR_NOT_FOUND)
+        return h, gpu
+
+    def _check_alive(self, index: int, gpu: SimGpu) -> None:
+        if gpu.hang:
+            deadline = time.monotonic() + HANG_LIMIT_S
+            while time.monotonic() < deadline and self._state().gpus[index].hang:
+                time.sleep(0.01)
+            gpu = self._state().gpus[index]
+        if gpu.lost:
+            raise _Ret(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    @staticmethod
+    def _find_gi(gpu: SimGpu, gi_id: int) -> SimGpuInstance:
+        if not gpu.mig_current:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        for gi in gpu.instances:
+            if gi.id == gi_id:
+                return gi
+        raise _Ret(pynvml.NVML_ERROR_NOT_FOUND)
+
+    @property
+    def _model(self) -> GpuModel:
+        return self.spec.model
+
+    @property
+    def _memory_slices(self) -> int:
+        return self._model.mig.memory_slices if self._model.mig else 0
+
+    def _profile(self, gi_profile: int) -> MigProfile:
+        mig = self._model.mig
+        if mig is None:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        for p in mig.profiles:
+            if p.gi_profile == gi_profile:
+                return p
+        raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _profile_by_id(self, profile_id: int) -> MigProfile:
+        mig = self._model.mig
+        if mig is None:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        for p in mig.profiles:
+            if p.profile_id == profile_id:
+                return p
+        raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _mig_devices(self, gpu: SimGpu) -> list[tuple[SimGpuInstance, int]]:
+        out = []
+        for gi in sorted(gpu.instances, key=lambda g: g.id):
+            for ci in sorted(gi.compute_instances, key=lambda c: c.id):
+                out.append((gi, ci.id))
+        return out
+
+    def _driver(self) -> str:
+        return self._state().driver_version or self.spec.driver_version
+
+    # -- init / system -----------------------------------------------------------------------
+    def init(self, flags: int) -> int | None:
+        state = self._state()
+        if state.init_error is not None:
+            return int(_INIT_ERRORS[state.init_error])
+        with self._lock:
+            self._init_count += 1
+        return None
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._init_count = max(0, self._init_count - 1)
+
+    def error_string(self, code: int) -> int | None:
+        text = {v: k for k, v in vars(pynvml).items() if k.startswith("NVML_ERROR_") and isinstance(v, int)}.get(
+            code, f"NVML error {code}")
+        with self._lock:
+            buf = self._strings.get(code)
+            if buf is None:
+                buf = ctypes.create_string_buffer(text.encode())
+                self._strings[code] = buf
+        return ctypes.addressof(buf)
+
+    def driver_version(self, buf: int | None, size: int) -> None:
+        _put_str(buf, size, self._driver())
+
+    def nvml_version(self, buf: int | None, size: int) -> None:
+        cuda = self.spec.cuda_driver_version // 1000
+        _put_str(buf, size, f"{cuda}.{self._driver()}")
+
+    def cuda_version(self, out: int | None) -> None:
+        _put(out, ctypes.c_int, self.spec.cuda_driver_version)
+
+    def device_count(self, out: int | None) -> None:
+        _put(out, ctypes.c_uint, self.spec.gpu_count)
+
+    def handle_by_index(self, index: int, out: int | None) -> None:
+        if index >= self.spec.gpu_count:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _set_ptr(out, _gpu_handle(index))
+
+    def handle_by_uuid(self, text: int | None, out: int | None) -> None:
+        if text is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        wanted = ctypes.string_at(text).decode()
+        state = self._state()
+        for i, gpu in enumerate(state.gpus):
+            if self.spec.gpu_uuid(i) == wanted:
+                _set_ptr(out, _gpu_handle(i))
+                return
+            for gi, ci in self._mig_devices(gpu):
+                if self.spec.mig_uuid(i, gi.id, ci) == wanted:
+                    _set_ptr(out, _mig_handle(i, gi.id, ci))
+                    return
+        raise _Ret(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def handle_by_bus_id(self, text: int | None, out: int | None) -> None:
+        if text is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        wanted = ctypes.string_at(text).decode().lower()
+        for i, bus in enumerate(self.spec.bus_ids):
+            if bus.lower().endswith(wanted.split(":", 1)[-1]) and int(wanted.split(":")[0], 16) == 0:
+                _set_ptr(out, _gpu_handle(i))
+                return
+        raise _Ret(pynvml.NVML_ERROR_NOT_FOUND)
+
+    # -- device queries ----------------------------------------------------------------------
+    def device_index(self, handle: int | None, out: int | None) -> None:
+        h, _ = self._gpu(handle)
+        _put(out, ctypes.c_uint, h.gpu)
+
+    def device_name(self, handle: int | None, buf: int | None, size: int) -> None:
+        h, gpu = self._gpu(handle, ("gpu", "mig"))
+        name = gpu.name or self.spec.product_name
+        if h.kind == "mig":
+            name = f"{name} MIG {self._mig_profile_name(gpu, h.gi, h.ci)}"
+        _put_str(buf, size, name)
+
+    def _mig_profile_name(self, gpu: SimGpu, gi_id: int, ci_id: int) -> str:
+        gi = self._find_gi(gpu, gi_id)
+        profile = self._profile(gi.profile)
+        ci = next(c for c in gi.compute_instances if c.id == ci_id)
+        return profile.name if ci.slices == profile.compute_slices else f"{ci.slices}c.{profile.name}"
+
+    def device_uuid(self, handle: int | None, buf: int | None, size: int) -> None:
+        h, _ = self._gpu(handle, ("gpu", "mig"))
+        text = self.spec.gpu_uuid(h.gpu) if h.kind == "gpu" else self.spec.mig_uuid(h.gpu, h.gi, h.ci)
+        _put_str(buf, size, text)
+
+    def minor_number(self, handle: int | None, out: int | None) -> None:
+        h, _ = self._gpu(handle)
+        _put(out, ctypes.c_uint, h.gpu)
+
+    def pci_info(self, handle: int | None, out: int | None) -> None:
+        h, _ = self._gpu(handle)
+        self._fill_pci(out, self.spec.bus_ids[h.gpu], (self.spec.pci_device_id << 16) | 0x10DE,
+                       self.spec.pci_subsystem_id)
+
+    @staticmethod
+    def _fill_pci(out: int | None, bus_id: str, device_id: int, subsystem: int) -> None:
+        if out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        info = pynvml.nvmlPciInfo_t.from_address(out)
+        domain, bus, rest = bus_id.split(":")
+        dev = rest.split(".")[0]
+        info.busIdLegacy = f"{int(domain, 16):04X}:{bus}:{rest}".encode()
+        info.busId = bus_id.encode()
+        info.domain = int(domain, 16)
+        info.bus = int(bus, 16)
+        info.device = int(dev, 16)
+        info.pciDeviceId = device_id
+        info.pciSubSystemId = subsystem
+
+    def _memory_mib(self, h: _Handle, gpu: SimGpu) -> int:
+        if h.kind == "mig":
+            return self._profile(self._find_gi(gpu, h.gi).profile).memory_mib
+        return self._model.memory_mib
+
+    def _used_mib(self, h: _Handle, gpu: SimGpu) -> int:
+        procs = [p for p in gpu.processes if h.kind == "gpu" or (p.gi_id, p.ci_id) == (h.gi, h.ci)]
+        return sum(p.used_mib or 0 for p in procs)
+
+    def memory_info(self, handle: int | None, out: int | None) -> None:
+        h, gpu = self._gpu(handle, ("gpu", "mig"))
+        if out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        mem = pynvml.c_nvmlMemory_t.from_address(out)
+        mem.total = self._memory_mib(h, gpu) << 20
+        mem.used = self._used_mib(h, gpu) << 20
+        mem.free = mem.total - mem.used
+
+    def memory_info_v2(self, handle: int | None, out: int | None) -> None:
+        h, gpu = self._gpu(handle, ("gpu", "mig"))
+        if out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        mem = pynvml.c_nvmlMemory_v2_t.from_address(out)
+        mem.total = self._memory_mib(h, gpu) << 20
+        mem.used = self._used_mib(h, gpu) << 20
+        mem.reserved = 0
+        mem.free = mem.total - mem.used
+
+    def compute_capability(self, handle: int | None, major: int | None, minor: int | None) -> None:
+        _, gpu = self._gpu(handle, ("gpu", "mig"))
+        cc = gpu.compute_capability or self._model.compute_capability
+        _put(major, ctypes.c_int, cc[0])
+        _put(minor, ctypes.c_int, cc[1])
+
+    def architecture(self, handle: int | None, out: int | None) -> None:
+        _, gpu = self._gpu(handle)
+        arch = _ARCH.get(self._model.architecture, pynvml.NVML_DEVICE_ARCH_UNKNOWN)
+        if gpu.compute_capability is not None and gpu.compute_capability[0] == 5:
+            arch = pynvml.NVML_DEVICE_ARCH_MAXWELL
+        _put(out, ctypes.c_uint, arch)
+
+    def numa_node(self, handle: int | None, out: int | None) -> None:
+        h, _ = self._gpu(handle)
+        _put(out, ctypes.c_int, self.spec.numa_nodes[h.gpu])
+
+    # -- MIG mode ----------------------------------------------------------------------------
+    def get_mig_mode(self, handle: int | None, current: int | None, pending: int | None) -> None:
+        _, gpu = self._gpu(handle)
+        if self._model.mig is None:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        _put(current, ctypes.c_uint, int(gpu.mig_current))
+        _put(pending, ctypes.c_uint, int(gpu.mig_pending))
+
+    def set_mig_mode(self, handle: int | None, mode: int, status: int | None) -> None:
+        h, gpu = self._gpu(handle)
+        if self._model.mig is None:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if mode not in (0, 1):
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not parse_driver_version(self._driver()) >= parse_driver_version(self._model.mig.min_driver):
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if gpu.instances and not mode:
+            raise _Ret(pynvml.NVML_ERROR_IN_USE)
+        with self.store.mutate() as state:
+            g = state.gpus[h.gpu]
+            g.mig_pending = bool(mode)
+            # The mode flips at once unless something holds the GPU: then it stays pending until a reset.
+            if not (g.processes or g.reset_blocked):
+                g.mig_current = g.mig_pending
+                result = pynvml.NVML_SUCCESS
+            else:
+                result = pynvml.NVML_ERROR_IN_USE
+        _put(status, ctypes.c_uint, result)
+
+    def max_mig_devices(self, handle: int | None, out: int | None) -> None:
+        _, _gpu = self._gpu(handle)
+        mig = self._model.mig
+        if mig is None:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        _put(out, ctypes.c_uint, mig.compute_slices)
+
+    def mig_handle_by_index(self, handle: int | None, index: int, out: int | None) -> None:
+        h, gpu = self._gpu(handle)
+        if not gpu.mig_current:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        devices = self._mig_devices(gpu)
+        if index >= len(devices):
+            raise _Ret(pynvml.NVML_ERROR_NOT_FOUND)
+        gi, ci = devices[index]
+        _set_ptr(out, _mig_handle(h.gpu, gi.id, ci))
+
+    def is_mig_handle(self, handle: int | None, out: int | None) -> None:
+        h = _decode(handle)
+        _put(out, ctypes.c_uint, int(h.kind == "mig"))
+
+    def mig_gi_id(self, handle: int | None, out: int | None) -> None:
+        h, _ = self._gpu(handle, ("mig",))
+        _put(out, ctypes.c_uint, h.gi)
+
+    def mig_ci_id(self, handle: int | None, out: int | None) -> None:
+        h, _ = self._gpu(handle, ("mig",))
+        _put(out, ctypes.c_uint, h.ci)
+
+    def mig_parent(self, handle: int | None, out: int | None) -> None:
+        h, _ = self._gpu(handle, ("mig",))
+        _set_ptr(out, _gpu_handle(h.gpu))
+
+    # -- GPU instances -----------------------------------------------------------------------
+    def _fill_gi_profile(self, out: int | None, profile: MigProfile, v2: bool) -> None:
+        if out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        info: Any = (pynvml.c_nvmlGpuInstanceProfileInfo_v2_t if v2 else pynvml.c_nvmlGpuInstanceProfileInfo_t
+                     ).from_address(out)
+        info.id = profile.profile_id
+        info.isP2pSupported = 0
+        info.sliceCount = profile.compute_slices
+        info.instanceCount = profile.max_instances
+        info.multiprocessorCount = profile.multiprocessors
+        ce, dec, enc, jpeg, ofa = _engines(profile, self._memory_slices)
+        info.copyEngineCount, info.decoderCount, info.encoderCount = ce, dec, enc
+        info.jpegCount, info.ofaCount = jpeg, ofa
+        info.memorySizeMB = profile.memory_mib
+        if v2:
+            info.name = f"MIG {profile.name}".encode()
+
+    def gi_profile_info_v1(self, handle: int | None, profile: int, out: int | None) -> None:
+        self._gpu(handle)
+        self._fill_gi_profile(out, self._profile(profile), v2=False)
+
+    def gi_profile_info_v2(self, handle: int | None, profile: int, out: int | None) -> None:
+        self._gpu(handle)
+        self._fill_gi_profile(out, self._profile(profile), v2=True)
+
+    def _free_starts(self, gpu: SimGpu, profile: MigProfile) -> list[int]:
+        """Starts where one more instance of ``profile`` could be created right now."""
+        mig = self._model.mig
+        assert mig is not None
+        used = [False] * mig.memory_slices
+        compute = 0
+        same = 0
+        media = 0
+        for gi in gpu.instances:
+            p = self._profile(gi.profile)
+            for s in range(gi.start, gi.start + gi.size):
+                used[s] = True
+            compute += p.compute_slices
+            same += p.profile_id == profile.profile_id
+            media += p.media_extensions
+        if compute + profile.compute_slices > mig.compute_slices or same >= profile.max_instances:
+            return []
+        if profile.media_extensions and media:
+            return []
+        return [s for s in profile.placement_starts
+                if not any(used[i] for i in range(s, s + profile.memory_slices))]
+
+    def possible_placements(self, handle: int | None, profile_id: int, out: int | None, count: int | None) -> None:
+        self._gpu(handle)
+        profile = self._profile_by_id(profile_id)
+        starts = profile.placement_starts
+        if count is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        n = ctypes.c_uint.from_address(count)
+        if out is None:
+            n.value = len(starts)
+            return
+        if n.value < len(starts):
+            n.value = len(starts)
+            raise _Ret(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        arr = (pynvml.c_nvmlGpuInstancePlacement_t * len(starts)).from_address(out)
+        for i, s in enumerate(starts):
+            arr[i].start, arr[i].size = s, profile.memory_slices
+        n.value = len(starts)
+
+    def gi_remaining(self, handle: int | None, profile_id: int, out: int | None) -> None:
+        _h, gpu = self._gpu(handle)
+        if not gpu.mig_current:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        profile = self._profile_by_id(profile_id)
+        probe = gpu.model_copy(deep=True)
+        count = 0
+        while True:
+            starts = self._free_starts(probe, profile)
+            if not starts:
+                break
+            probe.instances.append(SimGpuInstance(id=-1 - count, profile=profile.gi_profile, start=starts[0],
+                                                  size=profile.memory_slices))
+            count += 1
+        _put(out, ctypes.c_uint, count)
+
+    def _create_gi(self, handle: int | None, profile_id: int, start: int | None, out: int | None) -> None:
+        h, gpu = self._gpu(handle)
+        if not gpu.mig_current:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        profile = self._profile_by_id(profile_id)
+        with self.store.mutate() as state:
+            g = state.gpus[h.gpu]
+            starts = self._free_starts(g, profile)
+            if start is not None:
+                if start not in profile.placement_starts:
+                    raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+                if start not in starts:
+                    raise _Ret(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            elif not starts:
+                raise _Ret(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            chosen = start if start is not None else starts[0]
+            taken = {gi.id for gi in g.instances}
+            mig = self._model.mig
+            assert mig is not None
+            # NVML gives the whole-GPU instance ID 0; smaller instances get the lowest free ID from 1.
+            gi_id = 0 if profile.memory_slices == mig.memory_slices else 1
+            while gi_id in taken:
+                gi_id += 1
+            g.instances.append(SimGpuInstance(id=gi_id, profile=profile.gi_profile, start=chosen,
+                                              size=profile.memory_slices))
+        _set_ptr(out, _gi_handle(h.gpu, gi_id))
+
+    def create_gi(self, handle: int | None, profile_id: int, out: int | None) -> None:
+        self._create_gi(handle, profile_id, None, out)
+
+    def create_gi_placed(self, handle: int | None, profile_id: int, placement: int | None, out: int | None) -> None:
+        if placement is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        p = pynvml.c_nvmlGpuInstancePlacement_t.from_address(placement)
+        if p.size != self._profile_by_id(profile_id).memory_slices:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._create_gi(handle, profile_id, p.start, out)
+
+    def get_gis(self, handle: int | None, profile_id: int, out: int | None, count: int | None) -> None:
+        h, gpu = self._gpu(handle)
+        if not gpu.mig_current:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        profile = self._profile_by_id(profile_id)
+        found = [gi for gi in sorted(gpu.instances, key=lambda g: g.id) if gi.profile == profile.gi_profile]
+        if count is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        n = ctypes.c_uint.from_address(count)
+        if out is not None:
+            arr = (ctypes.c_void_p * max(len(found), 1)).from_address(out)
+            for i, gi in enumerate(found):
+                arr[i] = _gi_handle(h.gpu, gi.id)
+        n.value = len(found)
+
+    def gi_by_id(self, handle: int | None, gi_id: int, out: int | None) -> None:
+        h, gpu = self._gpu(handle)
+        self._find_gi(gpu, gi_id)
+        _set_ptr(out, _gi_handle(h.gpu, gi_id))
+
+    def gi_info(self, handle: int | None, out: int | None) -> None:
+        h, gpu = self._gpu(handle, ("gi",))
+        gi = self._find_gi(gpu, h.gi)
+        if out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        info = pynvml.c_nvmlGpuInstanceInfo_t.from_address(out)
+        ctypes.c_void_p.from_address(out).value = _gpu_handle(h.gpu)
+        info.id = gi.id
+        info.profileId = self._profile(gi.profile).profile_id
+        info.placement.start, info.placement.size = gi.start, gi.size
+
+    def destroy_gi(self, handle: int | None) -> None:
+        h, gpu = self._gpu(handle, ("gi",))
+        gi = self._find_gi(gpu, h.gi)
+        if gi.compute_instances or any(p.gi_id == gi.id for p in gpu.processes):
+            raise _Ret(pynvml.NVML_ERROR_IN_USE)
+        with self.store.mutate() as state:
+            g = state.gpus[h.gpu]
+            g.instances = [x for x in g.instances if x.id != h.gi]
+
+    # -- compute instances -------------------------------------------------------------------
+    def _ci_slices(self, gi: SimGpuInstance, ci_profile: int) -> int:
+        slices = {v: k for k, v in CI_PROFILE_BY_SLICES.items()}.get(ci_profile)
+        if slices is None or slices > self._profile(gi.profile).compute_slices:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return slices
+
+    def _fill_ci_profile(self, handle: int | None, ci_profile: int, eng: int, out: int | None, v2: bool) -> None:
+        h, gpu = self._gpu(handle, ("gi",))
+        gi = self._find_gi(gpu, h.gi)
+        if eng != 0 or out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        slices = self._ci_slices(gi, ci_profile)
+        gp = self._profile(gi.profile)
+        info: Any = (pynvml.c_nvmlComputeInstanceProfileInfo_v2_t if v2 else
+                     pynvml.c_nvmlComputeInstanceProfileInfo_t).from_address(out)
+        info.id = ci_profile
+        info.sliceCount = slices
+        info.instanceCount = gp.compute_slices // slices
+        info.multiprocessorCount = gp.multiprocessors * slices // gp.compute_slices
+        ce, dec, enc, jpeg, ofa = _engines(gp, self._memory_slices)
+        info.sharedCopyEngineCount, info.sharedDecoderCount, info.sharedEncoderCount = ce, dec, enc
+        info.sharedJpegCount, info.sharedOfaCount = jpeg, ofa
+        if v2:
+            name = gp.name if slices == gp.compute_slices else f"{slices}c.{gp.name}"
+            info.name = f"MIG {name}".encode()
+
+    def ci_profile_info_v1(self, handle: int | None, profile: int, eng: int, out: int | None) -> None:
+        self._fill_ci_profile(handle, profile, eng, out, v2=False)
+
+    def ci_profile_info_v2(self, handle: int | None, profile: int, eng: int, out: int | None) -> None:
+        self._fill_ci_profile(handle, profile, eng, out, v2=True)
+
+    @staticmethod
+    def _ci_free_start(gi_slices: int, gi: SimGpuInstance, slices: int) -> int | None:
+        used = [False] * gi_slices
+        for ci in gi.compute_instances:
+            for s in range(ci.start, ci.start + ci.slices):
+                used[s] = True
+        aligned = list(range(0, gi_slices - slices + 1, slices))
+        for start in aligned + [s for s in range(gi_slices - slices + 1) if s not in aligned]:
+            if not any(used[start:start + slices]):
+                return start
+        return None
+
+    def ci_remaining(self, handle: int | None, ci_profile: int, out: int | None) -> None:
+        h, gpu = self._gpu(handle, ("gi",))
+        gi = self._find_gi(gpu, h.gi).model_copy(deep=True)
+        slices = self._ci_slices(gi, ci_profile)
+        total = self._profile(gi.profile).compute_slices
+        count = 0
+        while (start := self._ci_free_start(total, gi, slices)) is not None:
+            gi.compute_instances.append(SimComputeInstance(id=-1 - count, profile=ci_profile, start=start,
+                                                           slices=slices))
+            count += 1
+        _put(out, ctypes.c_uint, count)
+
+    def create_ci(self, handle: int | None, ci_profile: int, out: int | None) -> None:
+        h, gpu = self._gpu(handle, ("gi",))
+        self._find_gi(gpu, h.gi)
+        with self.store.mutate() as state:
+            gi = self._find_gi(state.gpus[h.gpu], h.gi)
+            slices = self._ci_slices(gi, ci_profile)
+            start = self._ci_free_start(self._profile(gi.profile).compute_slices, gi, slices)
+            if start is None:
+                raise _Ret(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            taken = {c.id for c in gi.compute_instances}
+            ci_id = 0
+            while ci_id in taken:
+                ci_id += 1
+            gi.compute_instances.append(SimComputeInstance(id=ci_id, profile=ci_profile, start=start, slices=slices))
+        _set_ptr(out, _ci_handle(h.gpu, h.gi, ci_id))
+
+    def get_cis(self, handle: int | None, ci_profile: int, out: int | None, count: int | None) -> None:
+        h, gpu = self._gpu(handle, ("gi",))
+        gi = self._find_gi(gpu, h.gi)
+        found = sorted((c for c in gi.compute_instances if c.profile == ci_profile), key=lambda c: c.id)
+        if count is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if out is not None:
+            arr = (ctypes.c_void_p * max(len(found), 1)).from_address(out)
+            for i, ci in enumerate(found):
+                arr[i] = _ci_handle(h.gpu, h.gi, ci.id)
+        ctypes.c_uint.from_address(count).value = len(found)
+
+    def ci_by_id(self, handle: int | None, ci_id: int, out: int | None) -> None:
+        h, gpu = self._gpu(handle, ("gi",))
+        gi = self._find_gi(gpu, h.gi)
+        if not any(c.id == ci_id for c in gi.compute_instances):
+            raise _Ret(pynvml.NVML_ERROR_NOT_FOUND)
+        _set_ptr(out, _ci_handle(h.gpu, h.gi, ci_id))
+
+    def ci_info(self, handle: int | None, out: int | None) -> None:
+        h, gpu = self._gpu(handle, ("ci",))
+        gi = self._find_gi(gpu, h.gi)
+        ci = next(c for c in gi.compute_instances if c.id == h.ci)
+        if out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        info = pynvml.c_nvmlComputeInstanceInfo_t.from_address(out)
+        ptrs = (ctypes.c_void_p * 2).from_address(out)
+        ptrs[0], ptrs[1] = _gpu_handle(h.gpu), _gi_handle(h.gpu, h.gi)
+        info.id = ci.id
+        info.profileId = ci.profile
+        info.placement.start, info.placement.size = ci.start, ci.slices
+
+    def destroy_ci(self, handle: int | None) -> None:
+        h, gpu = self._gpu(handle, ("ci",))
+        if any((p.gi_id, p.ci_id) == (h.gi, h.ci) for p in gpu.processes):
+            raise _Ret(pynvml.NVML_ERROR_IN_USE)
+        with self.store.mutate() as state:
+            gi = self._find_gi(state.gpus[h.gpu], h.gi)
+            gi.compute_instances = [c for c in gi.compute_instances if c.id != h.ci]
+
+    # -- NVLink and topology -----------------------------------------------------------------
+    def _link(self, handle: int | None, link: int) -> int:
+        h, _ = self._gpu(handle)
+        if link >= self.spec.nvlinks_per_gpu:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if self.spec.nvlink == "pairs" and (h.gpu ^ 1) >= self.spec.gpu_count:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h.gpu
+
+    def nvlink_state(self, handle: int | None, link: int, out: int | None) -> None:
+        self._link(handle, link)
+        _put(out, ctypes.c_uint, pynvml.NVML_FEATURE_ENABLED)
+
+    def nvlink_remote_pci(self, handle: int | None, link: int, out: int | None) -> None:
+        gpu = self._link(handle, link)
+        if self.spec.nvlink == "nvswitch":
+            switch = link % self.spec.nvswitch_count
+            self._fill_pci(out, self.spec.nvswitch_bus_id(switch),
+                           _NVSWITCH_PCI_ID.get(self._model.architecture, 0x1AF110DE), 0)
+        else:
+            self._fill_pci(out, self.spec.bus_ids[gpu ^ 1], (self.spec.pci_device_id << 16) | 0x10DE,
+                           self.spec.pci_subsystem_id)
+
+    def nvlink_remote_type(self, handle: int | None, link: int, out: int | None) -> None:
+        self._link(handle, link)
+        kind = pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH if self.spec.nvlink == "nvswitch" else \
+            pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+        _put(out, ctypes.c_uint, kind)
+
+    def common_ancestor(self, h1: int | None, h2: int | None, out: int | None) -> None:
+        a, _ = self._gpu(h1)
+        b, _ = self._gpu(h2)
+        spec = self.spec
+        if a.gpu == b.gpu:
+            level = pynvml.NVML_TOPOLOGY_INTERNAL
+        elif spec.pcie_switch_groups[a.gpu] == spec.pcie_switch_groups[b.gpu]:
+            level = pynvml.NVML_TOPOLOGY_MULTIPLE
+        elif spec.numa_nodes[a.gpu] == spec.numa_nodes[b.gpu]:
+            level = pynvml.NVML_TOPOLOGY_NODE
+        else:
+            level = pynvml.NVML_TOPOLOGY_SYSTEM
+        _put(out, ctypes.c_uint, level)
+
+    # -- processes ---------------------------------------------------------------------------
+    def compute_processes(self, handle: int | None, count: int | None, out: int | None) -> int | None:
+        h, gpu = self._gpu(handle, ("gpu", "mig"))
+        procs = [p for p in gpu.processes if h.kind == "gpu" or (p.gi_id, p.ci_id) == (h.gi, h.ci)]
+        if count is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        n = ctypes.c_uint.from_address(count)
+        if not procs:
+            n.value = 0
+            return None
+        if out is None or n.value < len(procs):
+            n.value = len(procs)
+            return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        arr = (pynvml.c_nvmlProcessInfo_v3_t * len(procs)).from_address(out)
+        for i, p in enumerate(procs):
+            arr[i].pid = p.pid
+            arr[i].usedGpuMemory = (p.used_mib << 20) if p.used_mib is not None else \
+                pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+            arr[i].gpuInstanceId = _WHOLE_GPU if p.gi_id is None else p.gi_id
+            arr[i].computeInstanceId = _WHOLE_GPU if p.ci_id is None else p.ci_id
+        n.value = len(procs)
+        return None
+
+    def graphics_processes(self, handle: int | None, count: int | None, out: int | None) -> None:
+        self._gpu(handle, ("gpu", "mig"))
+        _put(count, ctypes.c_uint, 0)
+
+    # -- events ------------------------------------------------------------------------------
+    def event_set_create(self, out: int | None) -> None:
+        with self._lock:
+            key = self._next_event_set
+            self._next_event_set += 1
+            self._event_sets[key] = {"gpus": {}, "seen": self._state().next_seq - 1}
+        _set_ptr(out, _EVENT_BASE + key)
+
+    def _event_set(self, handle: int | None) -> dict[str, Any]:
+        if handle is None or handle - _EVENT_BASE not in self._event_sets:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._event_sets[handle - _EVENT_BASE]
+
+    def register_events(self, handle: int | None, types: int, event_set: int | None) -> None:
+        h, _ = self._gpu(handle)
+        es = self._event_set(event_set)
+        if types & ~_SUPPORTED_EVENTS:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        with self._lock:
+            es["gpus"][h.gpu] = es["gpus"].get(h.gpu, 0) | types
+
+    def supported_events(self, handle: int | None, out: int | None) -> None:
+        self._gpu(handle)
+        _put(out, ctypes.c_ulonglong, _SUPPORTED_EVENTS)
+
+    def event_set_wait(self, event_set: int | None, out: int | None, timeout_ms: int) -> int | None:
+        es = self._event_set(event_set)
+        if out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            for ev in self._state().events:
+                if ev.seq <= es["seen"]:
+                    continue
+                es["seen"] = ev.seq
+                if es["gpus"].get(ev.gpu, 0) & _EVENT_BITS[ev.kind]:
+                    data = pynvml.c_nvmlEventData_t.from_address(out)
+                    ctypes.c_void_p.from_address(out).value = _gpu_handle(ev.gpu)
+                    data.eventType = _EVENT_BITS[ev.kind]
+                    data.eventData = ev.data
+                    data.gpuInstanceId = _WHOLE_GPU if ev.gi_id is None else ev.gi_id
+                    data.computeInstanceId = _WHOLE_GPU if ev.ci_id is None else ev.ci_id
+                    return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return int(pynvml.NVML_ERROR_TIMEOUT)
+            time.sleep(min(remaining, 0.005))
+
+    def event_set_free(self, event_set: int | None) -> None:
+        self._event_set(event_set)
+        with self._lock:
+            del self._event_sets[event_set - _EVENT_BASE]  # type: ignore[operator]
+

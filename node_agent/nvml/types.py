@@ -1,0 +1,195 @@
+"""Frozen values the NVML layer returns: what the rest of the agent knows about GPUs.
+
+Nothing here holds an NVML handle, so these values can be cached, compared, logged and sent across
+threads freely. Sizes are MiB, PCI bus IDs are NVML's 8-digit-domain form (``00000000:07:00.0``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from typing import NewType
+
+GpuUuid = NewType("GpuUuid", str)
+MigUuid = NewType("MigUuid", str)
+
+
+class TopologyLevel(IntEnum):
+    """``nvmlDeviceGetTopologyCommonAncestor`` levels: lower is closer."""
+
+    INTERNAL = 0  #: same board (multi-GPU card)
+    SINGLE = 10  #: one PCIe switch
+    MULTIPLE = 20  #: several PCIe switches, no host bridge
+    HOSTBRIDGE = 30  #: same host bridge
+    NODE = 40  #: same NUMA node / CPU socket
+    SYSTEM = 50  #: across sockets (SMP interconnect)
+
+
+class EventKind(StrEnum):
+    XID = "xid"
+    DOUBLE_BIT_ECC = "double-bit-ecc"
+    SINGLE_BIT_ECC = "single-bit-ecc"
+
+
+@dataclass(frozen=True)
+class MigMode:
+    current: bool
+    pending: bool
+
+    @property
+    def change_pending(self) -> bool:
+        return self.current != self.pending
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A GPU-instance placement in memory slices, as NVML reports it."""
+
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance inside a GPU instance)."""
+
+    uuid: MigUuid
+    index: int  #: position among the parent's MIG devices (the ``<gpu>:<mig>`` index's second part)
+    parent_index: int
+    parent_uuid: GpuUuid
+    gi_id: int
+    ci_id: int
+    profile: str  #: ``1g.10gb``, ``1g.10gb+me``, or ``1c.2g.20gb`` for a partial compute instance
+    gi_profile_id: int  #: NVML profileInfo.id (the ``nvidia-smi mig -lgip`` ID)
+    placement: Placement
+    memory_mib: int
+    multiprocessors: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: GpuUuid
+    name: str
+    minor: int
+    pci_bus_id: str  #: ``00000000:07:00.0``
+    pci_device_id: int  #: device part of the PCI ID (``0x2330``), vendor stripped
+    pci_subsystem_id: int
+    memory_mib: int
+    compute_capability: tuple[int, int]
+    architecture: str  #: NVML's architecture name (``ampere``, ``hopper``, ``ada-lovelace``, ...)
+    numa_node: int | None  #: None when NVML does not know (the host layer reads sysfs instead)
+    mig_mode: MigMode | None  #: None when the GPU is not MIG-capable
+    mig_devices: tuple[MigDevice, ...] = field(default=())
+
+    @property
+    def mig_enabled(self) -> bool:
+        return self.mig_mode is not None and self.mig_mode.current
+
+    @property
+    def sysfs_bus_id(self) -> str:
+        """The sysfs spelling: 4-digit domain, lower case (``0000:07:00.0``)."""
+        return normalize_bus_id(self.pci_bus_id)
+
+
+@dataclass(frozen=True)
+class LostGpu:
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Every GPU NVML lists: the usable ones and those that failed (lost, hung)."""
+
+    gpus: tuple[Gpu, ...]
+    lost: tuple[LostGpu, ...] = ()
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    driver_version: str  #: ``550.54.15``
+    cuda_driver_version: tuple[int, int]  #: CUDA driver API version, e.g. (12, 4)
+
+
+@dataclass(frozen=True)
+class GpuPair:
+    a: int
+    b: int
+    nvlinks: int  #: NVLinks joining the pair (through NVSwitch: the links both GPUs have into the fabric)
+    level: TopologyLevel  #: PCIe common ancestor
+
+
+@dataclass(frozen=True)
+class Topology:
+    pairs: tuple[GpuPair, ...]
+
+    def pair(self, a: int, b: int) -> GpuPair | None:
+        lo, hi = min(a, b), max(a, b)
+        for p in self.pairs:
+            if (p.a, p.b) == (lo, hi):
+                return p
+        return None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_mib: int | None
+    gi_id: int | None
+    ci_id: int | None
+
+
+@dataclass(frozen=True)
+class GpuInstanceProfile:
+    """``nvmlGpuInstanceProfileInfo_v2_t`` for one profile enum a GPU supports."""
+
+    profile: int  #: the NVML_GPU_INSTANCE_PROFILE_* enum value
+    id: int  #: profileInfo.id
+    name: str  #: ``1g.10gb`` (NVML's ``MIG `` prefix removed)
+    slice_count: int
+    instance_count: int
+    multiprocessors: int
+    memory_mib: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpegs: int
+    ofas: int
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    gpu_index: int
+    id: int
+    profile_id: int
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class ComputeInstance:
+    gpu_index: int
+    gi_id: int
+    id: int
+    profile_id: int
+    slice_start: int
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    gpu_index: int
+    gpu_uuid: GpuUuid
+    kind: EventKind
+    data: int  #: the XID for XID events
+    gi_id: int | None  #: None when the event concerns the whole GPU
+    ci_id: int | None
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """``00000000:07:00.0`` → ``0000:07:00.0`` (sysfs form, lower case)."""
+    bus_id = bus_id.strip().lower()
+    domain, _, rest = bus_id.partition(":")
+    if not rest:
+        return bus_id
+    return f"{int(domain, 16):04x}:{rest}"
