@@ -27,7 +27,7 @@ unit: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy nvgpu node_agent/mig
+	$(VENV)/bin/mypy nvgpu node_agent
 
 policy-test: venv
 	$(PY) -m pytest -q tests/policies
