@@ -39,6 +39,7 @@ DRAIN_ANNOTATIONS = (labels.DISRUPTION_REQUIRED, labels.DISRUPTION_APPROVED, lab
 #: The value of Deckhouse's ``draining`` annotation names who asked for the drain.
 DRAIN_SOURCE = "nvidia-gpu-mig-manager"
 STOP_MARKER = "/var/lib/nvidia-gpu-agent/mig/stopping"
+FAILED_MARKER = "/var/lib/nvidia-gpu-agent/mig/failed-config"
 LOCK_PATH = "/var/lib/nvidia-gpu-agent/mig/lock"
 #: Actions after which the loop blocks until something changes.
 BLOCKING = frozenset({Act.IDLE, Act.WAIT, Act.EXIT, Act.REBOOT})
@@ -91,7 +92,6 @@ class MigManager:
     settings: Settings = Settings()
     journal_path: str = JOURNAL_PATH
     stop: threading.Event = field(default_factory=threading.Event)
-    rejected: str | None = None
     _node: NodeView | None = None
     _rebooted: bool = False
     _gpus: tuple[GpuInfo, ...] | None = None
@@ -179,10 +179,14 @@ class MigManager:
             boot_id=self.boot_id(),
             drain=self.settings.drain,
             stopping=self._stopping(),
-            rejected=self.rejected,
+            failed_config=self._failed_config(),
             timeouts=self.settings.timeouts,
         )
         return obs, target
+
+    def _failed_config(self) -> str | None:
+        raw = self.files.read_bytes(FAILED_MARKER)
+        return raw.decode(errors="replace").strip() if raw is not None else None
 
     def _busy(self, node_plan: NodePlan) -> tuple[str, ...]:
         out = []
@@ -263,7 +267,7 @@ class MigManager:
         elif act is Act.REJECT:
             self._patch(NodePatch(labels={labels.MIG_CONFIG_STATE: MigState.FAILED.value}))
             self._event(node, "MigConfigRejected", a.reason, warning=True)
-            self.rejected = o.desired
+            self.files.write_atomic(FAILED_MARKER, (o.desired or "").encode())
         elif act is Act.CLEAR_LABELS:
             self._patch(NodePatch(labels={labels.MIG_CONFIG: None, labels.MIG_CONFIG_STATE: None}))
         elif act is Act.BEGIN:
@@ -421,8 +425,10 @@ class MigManager:
         uncordon = False if node.unschedulable and not j.was_unschedulable else None
         self._patch(NodePatch(labels=new_labels, annotations=annotations, taints=taints, unschedulable=uncordon))
         if j.outcome is Outcome.SUCCESS:
+            self.files.remove(FAILED_MARKER)
             self._event(node, "MigReconfigured", f"MIG config {j.config!r} applied", warning=False)
         elif j.outcome is Outcome.FAILED:
+            self.files.write_atomic(FAILED_MARKER, j.config.encode())
             self._event(node, "MigReconfigureFailed", f"MIG config {j.config!r}: {j.reason}", warning=True)
         else:
             self._event(node, "MigReconfigureAborted", j.reason, warning=False)

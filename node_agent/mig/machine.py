@@ -100,7 +100,9 @@ class Observation:
     boot_id: str = ""
     drain: DrainMode = DrainMode.DECKHOUSE
     stopping: bool = False
-    rejected: str | None = None  #: the config last rejected by this process (one Event per config)
+    #: The config whose last attempt failed (kept on the host): not retried until the label changes or
+    #: an operator deletes the state label, so a bad layout cannot disrupt the node over and over.
+    failed_config: str | None = None
     timeouts: Timeouts = Timeouts()
 
 
@@ -126,10 +128,10 @@ def _without_journal(o: Observation) -> Action:
         return Action(Act.EXIT) if o.stopping else Action(Act.IDLE)
     if o.stopping:
         return Action(Act.EXIT)
+    if o.state == MigState.FAILED and o.failed_config == o.desired:
+        return Action(Act.IDLE, f"MIG config {o.desired!r} failed; delete {labels.MIG_CONFIG_STATE} to retry")
     reason = _input_problem(o)
     if reason:
-        if o.state == MigState.FAILED and o.rejected == o.desired:
-            return Action(Act.IDLE, reason)
         return Action(Act.REJECT, reason)
     return Action(Act.BEGIN, f"MIG config {o.desired!r} differs from the GPUs' layout")
 

@@ -141,6 +141,8 @@ class FakeNode:
     calls: int = 0
     version: int = 1
     fail_patches: int = 0  #: fail this many next patches with HTTP 500
+    crash_on_patch: int = 0  #: the process dies on the n-th patch (before it lands)
+    patches: int = 0
     #: Hook run on every wait: lets a test play Deckhouse (approve, drain) or a user.
     on_wait: list[object] = field(default_factory=list)
 
@@ -154,6 +156,9 @@ class FakeNode:
 
     def patch_node(self, patch: NodePatch) -> NodeView:
         self.calls += 1
+        self.patches += 1
+        if self.crash_on_patch == self.patches:
+            raise Crash(f"crash before patch #{self.patches}")
         if self.fail_patches:
             self.fail_patches -= 1
             raise KubeError("patch node: HTTP 500 Internal Server Error", 500)
