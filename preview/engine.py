@@ -10,6 +10,7 @@ from __future__ import annotations
 import runpy
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +59,14 @@ class RecordingMonitor(MockMonitor):  # type: ignore[misc]
     """The SDK's mock monitor, plus a record of each registration (serialised, so the echo is unambiguous)."""
 
     def __init__(self) -> None:
-        self._mocks = _EchoMocks()
-        super().__init__(self._mocks)
+        self.echo = _EchoMocks()
+        super().__init__(self.echo)
         self._lock = threading.Lock()
         self.recorded: list[RecordedResource] = []
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
         with self._lock:
-            self._mocks.last_inputs = {}
+            self.echo.last_inputs = {}
             response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
             if request.type == "pulumi:pulumi:Stack":
                 return response
@@ -77,7 +78,7 @@ class RecordingMonitor(MockMonitor):  # type: ignore[misc]
                     parent_urn=request.parent or None,
                     custom=bool(request.custom),
                     provider=request.provider or None,
-                    inputs=normalise(self._mocks.last_inputs),
+                    inputs=normalise(self.echo.last_inputs),
                     dependencies=tuple(sorted(request.dependencies)),
                     retain_on_delete=bool(request.retainOnDelete),
                     delete_before_replace=bool(request.deleteBeforeReplace),
@@ -85,28 +86,44 @@ class RecordingMonitor(MockMonitor):  # type: ignore[misc]
             )
             return response
 
+    def recorded_resources(self) -> tuple[RecordedResource, ...]:
+        """Everything registered so far, in URN order (registration order is not deterministic)."""
+        with self._lock:
+            return tuple(sorted(self.recorded, key=lambda r: r.urn))
+
+
+def install_mocks(project: str, stack: str, config: dict[str, str] | None = None) -> RecordingMonitor:
+    """Point the Pulumi runtime at a fresh recording mock engine (process-global: call once per run or test)."""
+    monitor = RecordingMonitor()
+    pulumi.runtime.set_mocks(monitor.echo, project=project, stack=stack, preview=True, monitor=monitor)
+    pulumi.runtime.set_all_config(dict(config or {}))
+    return monitor
+
+
+def run_in_engine(fn: Callable[[], object]) -> None:
+    """Run ``fn`` as a Pulumi program and wait until every registration and Output has settled."""
+
+    @pulumi.runtime.test  # type: ignore[untyped-decorator]
+    def program() -> None:
+        fn()
+
+    program()
+
 
 def run_program(
     main: Path, project: str, stack: str, config: dict[str, str]
 ) -> tuple[tuple[RecordedResource, ...], BaseException | None]:
     """Run ``main`` like ``pulumi preview`` would; return the registrations and the program's error, if any."""
-    monitor = RecordingMonitor()
-    pulumi.runtime.set_mocks(monitor._mocks, project=project, stack=stack, preview=True, monitor=monitor)
-    pulumi.runtime.set_all_config(config)
+    monitor = install_mocks(project, stack, config)
     project_dir = str(main.parent)
     if project_dir not in sys.path:
         sys.path.insert(0, project_dir)
-
-    @pulumi.runtime.test  # type: ignore[untyped-decorator]
-    def program() -> None:
-        runpy.run_path(str(main), run_name="__main__")
-
     error: BaseException | None = None
     try:
-        program()
+        run_in_engine(lambda: runpy.run_path(str(main), run_name="__main__"))
     except Exception as e:  # the program's own failure is a preview problem, not a crash
         error = e
-    return tuple(sorted(monitor.recorded, key=lambda r: r.urn)), error
+    return monitor.recorded_resources(), error
 
 
 def run(result: PreviewResult) -> None:

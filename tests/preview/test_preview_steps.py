@@ -1,0 +1,141 @@
+"""The preview's steps in process: recording, rendering order, schema and CRD validation, step plumbing."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preview import crds, render, stackfile
+from preview.engine import normalise
+from preview.model import PreviewResult, RecordedResource, RenderedManifest
+from preview.pipeline import DEFAULT_STEPS, Step, new_result, run_steps
+from preview.validate import validate_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _resource(obj: dict[str, Any], type_token: str | None = None) -> RecordedResource:
+    token = type_token or f"kubernetes:{obj['apiVersion']}:{obj['kind']}"
+    return RecordedResource(token, obj["metadata"]["name"], f"urn:{token}::{obj['metadata']['name']}", None, True,
+                            None, obj)
+
+
+def _manifest(obj: dict[str, Any], patch: bool = False) -> RenderedManifest:
+    token = f"kubernetes:{obj['apiVersion']}:{obj['kind']}" + ("Patch" if patch else "")
+    return RenderedManifest(1, "x.yaml", obj, _resource(obj, token), patch=patch)
+
+
+CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}, "data": {"a": "b"}}
+NGC = {
+    "apiVersion": "deckhouse.io/v1alpha1",
+    "kind": "NodeGroupConfiguration",
+    "metadata": {"name": "gpu-check.sh"},
+    "spec": {"weight": 30, "nodeGroups": ["gpu"], "bundles": ["*"], "content": "echo\n"},
+}
+NODE_GROUP_PATCH = {
+    "apiVersion": "deckhouse.io/v1",
+    "kind": "NodeGroup",
+    "metadata": {"name": "gpu", "annotations": {"pulumi.com/patchForce": "true"}},
+    "spec": {"nodeTemplate": {"labels": {"a": "b"}, "taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}]}},
+}
+
+
+def test_normalise_restores_integers_and_orders_keys() -> None:
+    assert normalise({"spec": {"weight": 30.0, "ratio": 0.5}, "kind": "K", "apiVersion": "v"}) == {
+        "apiVersion": "v", "kind": "K", "spec": {"ratio": 0.5, "weight": 30}}
+    assert list(normalise({"z": 1, "metadata": {}, "apiVersion": "v"})) == ["apiVersion", "metadata", "z"]
+
+
+def test_builtin_kinds_validate_strictly() -> None:
+    assert validate_manifest(_manifest(CONFIG_MAP), "1.34") == []
+    bad = copy.deepcopy(CONFIG_MAP)
+    bad["dta"] = {}
+    bad["metadata"]["labels"] = {"x": 5}
+    problems = validate_manifest(_manifest(bad), "1.34")
+    assert len(problems) == 2
+    assert any("'dta' was unexpected" in p for p in problems)
+    assert any(p.startswith("metadata.labels.x: 5 is not of type") for p in problems)
+
+
+def test_custom_resources_validate_against_their_crd() -> None:
+    assert validate_manifest(_manifest(NGC), "1.34") == []
+    bad = copy.deepcopy(NGC)
+    bad["spec"]["weight"] = "thirty"
+    del bad["spec"]["bundles"]
+    bad["spec"]["nodegroups"] = ["x"]
+    problems = validate_manifest(_manifest(bad), "1.34")
+    assert any("spec.weight" in p and "integer" in p for p in problems)
+    assert any("'bundles' is a required property" in p for p in problems)
+    assert any("'nodegroups' was unexpected" in p for p in problems)
+
+
+def test_patches_skip_required_fields_but_not_types_or_unknown_keys() -> None:
+    assert validate_manifest(_manifest(NODE_GROUP_PATCH, patch=True), "1.34") == []
+    bad = copy.deepcopy(NODE_GROUP_PATCH)
+    bad["spec"]["nodeTemplate"]["taints"][0]["effect"] = "Sometimes"
+    bad["spec"]["nodeTemplate"]["lables"] = {}
+    problems = validate_manifest(_manifest(bad, patch=True), "1.34")
+    assert any("spec.nodeTemplate.taints[0].effect" in p for p in problems)
+    assert any("'lables' was unexpected" in p for p in problems)
+
+
+def test_unknown_kind_is_a_problem() -> None:
+    obj = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {}}
+    (problem,) = validate_manifest(_manifest(obj), "1.34")
+    assert "no schema for example.com/v1 Widget" in problem
+
+
+def test_vendored_crds_cover_the_deckhouse_kinds() -> None:
+    found = crds.load_crds()
+    assert ("deckhouse.io/v1alpha1", "NodeGroupConfiguration") in found
+    assert ("deckhouse.io/v1", "NodeGroup") in found
+
+
+def test_render_orders_namespaces_first_and_custom_resources_last() -> None:
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "n"}}
+    ds = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d", "namespace": "n"}, "spec": {}}
+    resources = (_resource(NGC), _resource(ds), _resource(CONFIG_MAP), _resource(ns))
+    files = [m.filename for m in render.render_manifests(resources)]
+    assert files == ["001-namespace-n.yaml", "002-configmap-c.yaml", "003-daemonset-d.yaml",
+                     "004-nodegroupconfiguration-gpu-check.sh.yaml"]
+
+
+def test_engine_config_encodes_like_the_pulumi_engine() -> None:
+    encoded, secrets = stackfile.engine_config(
+        {"nvidia-gpu:cluster": {"a": 1}, "kubernetes:context": "dev", "x:y": {"secure": "AAA"}})
+    assert encoded == {"nvidia-gpu:cluster": '{"a": 1}', "kubernetes:context": "dev"}
+    assert secrets == ["x:y"]
+
+
+def test_a_later_step_sees_the_recorded_resources(tmp_path: Path) -> None:
+    seen: list[PreviewResult] = []
+    steps = (*DEFAULT_STEPS, Step("policy", seen.append))
+    result = run_steps(new_result(ROOT, "dev", tmp_path), steps)
+    assert result.ok, result.problems
+    (same,) = seen
+    assert same is result
+    assert any(r.type_token == "kubernetes:apps/v1:DaemonSet" for r in result.resources)
+    plugin = next(r for r in result.resources if r.name == "h100-mig-device-plugin")
+    parent = result.parent_of(plugin)
+    assert parent is not None and parent.type_token == "nvidia-gpu:index:GpuNodeGroup"
+    assert set(result.timings_ms) == {"config", "program", "render", "validate", "policy"}
+
+
+def test_config_problems_stop_before_the_program_runs(tmp_path: Path) -> None:
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.bad.yaml").write_text("config:\n  nvidia-gpu:clustr: {}\n")
+    result = run_steps(new_result(tmp_path, "bad", tmp_path / "out"))
+    assert [p.subject for p in result.problems] == ["nvidia-gpu:cluster", "nvidia-gpu:nodeGroups", "nvidia-gpu:clustr"]
+    assert result.resources == () and "program" not in result.timings_ms
+
+
+@pytest.mark.parametrize("value", ["{secure: AAAA}"])
+def test_secrets_in_our_namespace_are_refused(tmp_path: Path, value: str) -> None:
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.s.yaml").write_text(f"config:\n  nvidia-gpu:cluster: {value}\n")
+    result = run_steps(new_result(tmp_path, "s", tmp_path / "out"))
+    assert [str(p) for p in result.problems] == [
+        "[config] nvidia-gpu:cluster: is a secret, which the offline preview cannot decrypt"]

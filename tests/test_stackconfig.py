@@ -1,0 +1,121 @@
+"""Stack config validation: bad inputs fail before anything is registered, with messages naming the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvgpu.stackconfig import (
+    AllocationMode,
+    NodeSetupBackend,
+    Sharing,
+    StackConfigError,
+    load_stack_config,
+    load_stack_file,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+VALID: dict[str, Any] = {
+    "cluster": {
+        "kubernetesVersion": "1.34",
+        "nodeSetup": "deckhouse",
+        "agentImage": {"repository": "registry.example.com/agent", "tag": "0.1.0"},
+    },
+    "nodeGroups": [
+        {"name": "l4", "nodeGroup": "gpu-l4", "gpu": {"sharing": "TimeSlicing", "timeSlicing": {"partitionCount": 4}}}
+    ],
+}
+
+
+def _problems(mutate: Any) -> list[str]:
+    values = copy.deepcopy(VALID)
+    mutate(values)
+    with pytest.raises(StackConfigError) as err:
+        load_stack_config(values)
+    return err.value.problems
+
+
+def test_valid_config_and_defaults() -> None:
+    cfg = load_stack_config(VALID)
+    assert cfg.cluster.namespace == "nvidia-gpu"
+    assert cfg.cluster.allocation_mode is AllocationMode.DEVICE_PLUGIN
+    assert cfg.cluster.node_setup is NodeSetupBackend.DECKHOUSE
+    assert cfg.node_groups[0].gpu_taint is True
+    assert cfg.node_groups[0].gpu.replicas == 4
+
+
+def test_typoed_key_names_the_path_and_the_allowed_keys() -> None:
+    problems = _problems(lambda v: v["nodeGroups"][0]["gpu"].update(sharng="MIG"))
+    assert len(problems) == 1
+    assert problems[0].startswith("nvidia-gpu:nodeGroups[0].gpu.sharng: unknown key")
+    assert "sharing" in problems[0] and "timeSlicing" in problems[0]
+
+
+def test_typoed_top_level_key() -> None:
+    problems = _problems(lambda v: v.update(nodeGroup=[]))
+    assert problems == ["nvidia-gpu:nodeGroup: unknown key; allowed keys: cluster, nodeGroups"]
+
+
+def test_unknown_sharing_mode_lists_the_allowed_modes() -> None:
+    problems = _problems(lambda v: v["nodeGroups"][0]["gpu"].update(sharing="Fractional", timeSlicing=None))
+    (problem,) = problems
+    assert problem.startswith("nvidia-gpu:nodeGroups[0].gpu.sharing:")
+    assert "'Fractional'" in problem
+    for mode in Sharing:
+        assert mode.value in problem
+
+
+@pytest.mark.parametrize("count", [0, 1, 101])
+def test_partition_count_out_of_range_names_the_field(count: int) -> None:
+    problems = _problems(lambda v: v["nodeGroups"][0]["gpu"]["timeSlicing"].update(partitionCount=count))
+    (problem,) = problems
+    assert problem.startswith("nvidia-gpu:nodeGroups[0].gpu.timeSlicing.partitionCount:")
+    assert f"(got {count})" in problem
+
+
+def test_several_problems_are_all_reported() -> None:
+    def mutate(v: dict[str, Any]) -> None:
+        v["cluster"]["kubernetesVersion"] = "1.20"
+        v["nodeGroups"][0]["gpu"]["sharing"] = "MIGGY"
+
+    problems = _problems(mutate)
+    assert any(p.startswith("nvidia-gpu:cluster.kubernetesVersion:") for p in problems)
+    assert any(p.startswith("nvidia-gpu:nodeGroups[0].gpu.sharing:") for p in problems)
+
+
+def test_deckhouse_backend_requires_deckhouse_node_groups() -> None:
+    def mutate(v: dict[str, Any]) -> None:
+        del v["nodeGroups"][0]["nodeGroup"]
+        v["nodeGroups"][0]["nodeSelector"] = {"matchLabels": {"a": "b"}}
+
+    (problem,) = _problems(mutate)
+    assert "nodeSetup 'deckhouse'" in problem and "'l4'" in problem
+
+
+def test_kube_context_is_optional() -> None:
+    values = copy.deepcopy(VALID)
+    values["cluster"]["kubeContext"] = "dev"
+    assert load_stack_config(values).cluster.kube_context == "dev"
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_shipped_stacks_are_valid(stack: str) -> None:
+    cfg = load_stack_file(ROOT / f"Pulumi.{stack}.yaml")
+    assert len(cfg.node_groups) >= 3
+
+
+def test_dev_stack_is_a_deckhouse_cluster_with_mig_timeslicing_and_exclusive_groups() -> None:
+    cfg = load_stack_file(ROOT / "Pulumi.dev.yaml")
+    assert cfg.cluster.node_setup is NodeSetupBackend.DECKHOUSE
+    assert cfg.cluster.kubernetes_version == "1.34"
+    assert {Sharing.MIG, Sharing.TIME_SLICING, Sharing.EXCLUSIVE} <= {g.gpu.sharing for g in cfg.node_groups}
+
+
+def test_prod_stack_is_generic_with_a_digest_pinned_image() -> None:
+    cfg = load_stack_file(ROOT / "Pulumi.prod.yaml")
+    assert cfg.cluster.node_setup is NodeSetupBackend.DAEMONSET
+    assert cfg.cluster.agent_image.digest is not None and "@sha256:" in cfg.cluster.agent_image.ref
+    assert all(g.node_selector is not None for g in cfg.node_groups)
