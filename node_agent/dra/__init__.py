@@ -1,0 +1,6 @@
+"""The DRA kubelet plugin's domain: devices, ResourceSlices, claims, opaque configs, CDI and the checkpoint.
+
+Nothing here imports grpc or pynvml. ``node_agent.kubelet.dra`` adapts the kubelet's gRPC calls to
+:class:`node_agent.dra.driver.DraDriver`; the NVML inventory arrives through the
+:class:`node_agent.dra.devices.InventorySource` protocol, and host paths through a ``HostPaths`` root.
+"""

@@ -1,0 +1,99 @@
+"""The driver's narrow view of the Kubernetes API: ResourceClaims to read, ResourceSlices to publish.
+
+Everything goes through the official client's typed ``ResourceV1Api`` and ``CoreV1Api``, with
+``_preload_content=False`` so responses are parsed once as JSON (by our own pydantic models where the
+content matters) instead of through the client's slow model deserialisation: prepare latency is
+dominated by this read. Errors become :class:`ApiError` with the HTTP status kept.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class ApiError(RuntimeError):
+    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+class DraApi(Protocol):
+    """What the driver needs from the API server (a fake implements it in unit tests)."""
+
+    def get_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]: ...
+
+    def get_node_uid(self, name: str) -> str: ...
+
+    def list_slices(self, driver: str, node: str) -> list[dict[str, Any]]: ...
+
+    def create_slice(self, body: dict[str, Any]) -> None: ...
+
+    def patch_slice(self, name: str, body: dict[str, Any]) -> None: ...
+
+    def delete_slice(self, name: str) -> None: ...
+
+
+def _json(resp: Any) -> Any:
+    return json.loads(resp.data or b"null")
+
+
+class KubeDraApi:
+    """:class:`DraApi` over the official ``kubernetes`` client."""
+
+    def __init__(self, api_client: client.ApiClient, timeout: float = 10.0) -> None:
+        self._resource = client.ResourceV1Api(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self._timeout = timeout
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, _preload_content=False, **kwargs)
+        except ApiException as e:
+            raise ApiError(f"{what}: HTTP {e.status} {e.reason}", e.status or 0) from e
+        except (HTTPError, OSError) as e:
+            raise ApiError(f"{what}: {e}") from e
+
+    def get_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        resp = self._call(f"get ResourceClaim {namespace}/{name}", self._resource.read_namespaced_resource_claim,
+                          name, namespace, _request_timeout=max(timeout, 0.05))
+        data: dict[str, Any] = _json(resp)
+        return data
+
+    def get_node_uid(self, name: str) -> str:
+        data = _json(self._call(f"get Node {name}", self._core.read_node, name, _request_timeout=self._timeout))
+        return str((data or {}).get("metadata", {}).get("uid") or "")
+
+    def list_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
+        data = _json(self._call(
+            "list ResourceSlices", self._resource.list_resource_slice,
+            field_selector=f"spec.driver={driver},spec.nodeName={node}", _request_timeout=self._timeout,
+        ))
+        items = (data or {}).get("items") or []
+        # Filter again: the selector is an optimisation, the ownership rule is ours.
+        return [s for s in items
+                if s.get("spec", {}).get("driver") == driver and s.get("spec", {}).get("nodeName") == node]
+
+    def create_slice(self, body: dict[str, Any]) -> None:
+        self._call(f"create ResourceSlice {body['metadata']['name']}", self._resource.create_resource_slice, body,
+                   _request_timeout=self._timeout)
+
+    def patch_slice(self, name: str, body: dict[str, Any]) -> None:
+        self._call(f"patch ResourceSlice {name}", self._resource.patch_resource_slice, name, body,
+                   _content_type=MERGE_PATCH, _request_timeout=self._timeout)
+
+    def delete_slice(self, name: str) -> None:
+        self._call(f"delete ResourceSlice {name}", self._resource.delete_resource_slice, name,
+                   _request_timeout=self._timeout)

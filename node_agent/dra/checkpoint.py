@@ -1,0 +1,191 @@
+"""The prepared-claims journal: what the driver did on this node, so it can be undone from a claim UID.
+
+Format (JSON, ``version`` 1)::
+
+    {"version": 1, "checksum": "sha256:<hex>", "data": {"nodeBootID": "...", "preparedClaims": {
+        "<claimUID>": {"state": "PrepareStarted"|"PrepareCompleted", "namespace": ..., "name": ...,
+                       "devices": [...], "sharing": [...], "cdiSpec": "/var/run/cdi/..."}}}}
+
+- The checksum is SHA-256 over the canonical JSON of ``data`` *as stored*, so a newer agent adding fields
+  never invalidates an older file (NVIDIA's driver crash-looped on exactly that, its issue #1080).
+- ``nodeBootID`` comes from ``/proc/sys/kernel/random/boot_id``: after a reboot the GPUs' sharing and MIG
+  state and ``/var/run/cdi`` are gone, so the journal is discarded instead of claiming stale work is done
+  (NVIDIA issue #951).
+- Writes are atomic (temp file, fsync, rename); callers hold the node-wide lock around read-modify-write.
+- A file that does not parse or whose checksum does not match is reported, kept aside as
+  ``checkpoint.json.corrupt``, and the journal is rebuilt from the claim CDI specs still on disk, so the
+  plugin never crash-loops on it (NVIDIA issue #1100).
+- The driver's own files are read leniently (unknown keys ignored); only user input is strict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from node_agent.dra.cdi import FoundSpec
+from node_agent.dra.hostfs import HostPaths, atomic_write
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+class ClaimState(StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class PreparedDevice(_Lenient):
+    requests: list[str] = []
+    pool: str = ""
+    device: str
+    cdi_device_ids: list[str] = Field(default=[], alias="cdiDeviceIDs")
+    kind: str = ""
+    uuid: str = ""
+    physical_uuid: str = Field(default="", alias="physicalUUID")
+    admin_access: bool = Field(default=False, alias="adminAccess")
+
+
+class AppliedSharing(_Lenient):
+    """What a sharing strategy changed on the host, so unprepare can undo exactly that."""
+
+    strategy: str
+    uuids: list[str] = []
+    compute_mode_changed: list[str] = Field(default=[], alias="computeModeChanged")
+    timeslice_changed: list[str] = Field(default=[], alias="timesliceChanged")
+    mps_directory: str = Field(default="", alias="mpsDirectory")
+
+
+class PreparedClaim(_Lenient):
+    state: ClaimState
+    namespace: str = ""
+    name: str = ""
+    devices: list[PreparedDevice] = []
+    sharing: list[AppliedSharing] = []
+    cdi_spec: str = Field(default="", alias="cdiSpec")
+
+
+class CheckpointData(_Lenient):
+    node_boot_id: str = Field(default="", alias="nodeBootID")
+    prepared_claims: dict[str, PreparedClaim] = Field(default={}, alias="preparedClaims")
+
+
+class Recovery(StrEnum):
+    NONE = "none"
+    MISSING = "missing"
+    REBOOT = "reboot"
+    CORRUPTED = "corrupted"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    data: CheckpointData
+    recovery: Recovery
+    detail: str = ""
+
+
+def checksum(data: Any) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def read_boot_id(host: HostPaths) -> str:
+    try:
+        return host.path(BOOT_ID_PATH).read_text().strip()
+    except OSError:
+        return ""
+
+
+class CheckpointStore:
+    """Reads and writes the journal file; callers serialise access with the node-wide lock."""
+
+    def __init__(self, host: HostPaths, path: str) -> None:
+        self._file = host.path(path)
+        self._host = host
+        self.boot_id = read_boot_id(host)
+
+    @property
+    def file(self) -> Path:
+        return self._file
+
+    def peek(self) -> CheckpointData | None:
+        """The journal if it is readable and current, without any recovery (no lock needed: writes are
+        atomic renames)."""
+        try:
+            raw = self._file.read_bytes()
+        except FileNotFoundError:
+            return None
+        if self._problem(raw) is not None:
+            return None
+        data = CheckpointData.model_validate(json.loads(raw)["data"])
+        return data if data.node_boot_id == self.boot_id else None
+
+    def load(self, specs: Callable[[], list[FoundSpec]] | None = None, pool: str = "") -> Loaded:
+        """Read the journal; on corruption rebuild it from ``specs()`` (claim CDI files still on disk)."""
+        try:
+            raw = self._file.read_bytes()
+        except FileNotFoundError:
+            return Loaded(CheckpointData(node_boot_id=self.boot_id), Recovery.MISSING)
+        problem = self._problem(raw)
+        if problem is None:
+            doc = json.loads(raw)
+            data = CheckpointData.model_validate(doc["data"])
+            if data.node_boot_id != self.boot_id:
+                log.warning("event=checkpoint-discarded reason=reboot old_boot_id=%s boot_id=%s claims=%d",
+                            data.node_boot_id, self.boot_id, len(data.prepared_claims))
+                return Loaded(CheckpointData(node_boot_id=self.boot_id), Recovery.REBOOT,
+                              f"boot ID changed from {data.node_boot_id} to {self.boot_id}")
+            return Loaded(data, Recovery.NONE)
+        aside = self._file.with_name(self._file.name + ".corrupt")
+        os.replace(self._file, aside)
+        rebuilt = CheckpointData(node_boot_id=self.boot_id)
+        for spec in specs() if specs else []:
+            namespace, _, name = spec.claim.partition("/")
+            rebuilt.prepared_claims[spec.claim_uid] = PreparedClaim(
+                state=ClaimState.PREPARE_COMPLETED, namespace=namespace, name=name, cdi_spec=str(spec.path),
+                devices=[PreparedDevice(device=d, pool=pool) for d in spec.device_names],
+            )
+        log.error("event=checkpoint-corrupted file=%s problem=%s kept_as=%s rebuilt_claims=%d",
+                  self._file, problem, aside, len(rebuilt.prepared_claims))
+        self.save(rebuilt)
+        return Loaded(rebuilt, Recovery.CORRUPTED, problem)
+
+    @staticmethod
+    def _problem(raw: bytes) -> str | None:
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            return f"not JSON: {e}"
+        if not isinstance(doc, dict) or "data" not in doc:
+            return "no data section"
+        version = doc.get("version")
+        if version != VERSION:
+            return f"unsupported version {version!r} (this agent reads version {VERSION})"
+        if doc.get("checksum") != checksum(doc["data"]):
+            return "checksum mismatch"
+        try:
+            CheckpointData.model_validate(doc["data"])
+        except ValidationError as e:
+            return f"invalid content: {e.errors(include_url=False)[0]['msg']}"
+        return None
+
+    def save(self, data: CheckpointData) -> None:
+        data.node_boot_id = self.boot_id
+        body = data.model_dump(by_alias=True, mode="json")
+        doc = {"version": VERSION, "checksum": checksum(body), "data": body}
+        atomic_write(self._file, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), mode=0o600)

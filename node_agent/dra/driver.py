@@ -1,0 +1,170 @@
+"""The DRA driver: inventory -> ResourceSlices, and the kubelet's prepare/unprepare calls -> per-claim results.
+
+Each claim gets its own result, so one bad claim never fails the batch. The claim is read from the API
+server before the node lock is taken (slow calls outside the serialised section, as the Go helper does).
+Every call works against a deadline: the gRPC deadline the kubelet set (45 s in kubelet's client) minus a
+safety margin, capped by the driver's own budget, so the driver answers with per-claim errors the kubelet
+will retry instead of being cut off mid-way by a DEADLINE_EXCEEDED that discards the whole response.
+
+The inventory loop polls the device source (NVML calls are cheap and bounded) and republishes the pool
+within one poll interval of any change: MIG reconfiguration, a GPU falling off the bus, a GPU bound to or
+released from vfio-pci.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+from node_agent.dra.api import ApiError, DraApi
+from node_agent.dra.claims import ClaimError, ClaimRef, parse_claim
+from node_agent.dra.devices import Allocatable, HealthAction, InventorySource, allocatable_devices
+from node_agent.dra.hostfs import HostPaths, LockTimeout
+from node_agent.dra.publisher import Publication, SlicePublisher
+from node_agent.dra.sharing import SharingBackend
+from node_agent.dra.state import Deadline, DeviceState, PrepareError, ResultDevice
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STATE_DIR = "/var/lib/nvidia-gpu-agent/dra"
+#: Kubelet's ``defaultClientCallTimeout`` for DRA calls.
+KUBELET_CALL_TIMEOUT = 45.0
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    driver: str = "gpu.nvidia.com"
+    node: str = ""
+    state_dir: str = DEFAULT_STATE_DIR
+    health: HealthAction = HealthAction.WITHDRAW
+    #: Seconds between inventory polls; republishing happens within one interval of a change.
+    poll_interval: float = 0.5
+    #: The driver's own budget for one kubelet call, whatever deadline the kubelet sets.
+    call_budget: float = 40.0
+    #: Answer this long before the caller's gRPC deadline, so the answer still arrives.
+    deadline_margin: float = 1.0
+    lock_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    devices: tuple[ResultDevice, ...] = ()
+    error: str = ""
+
+
+class DraDriver:
+    def __init__(self, settings: DriverSettings, *, api: DraApi, source: InventorySource, host: HostPaths,
+                 backend: SharingBackend, clock: Callable[[], float] = time.monotonic) -> None:
+        if not settings.node:
+            raise ValueError("the DRA driver needs the node name (--node-name or NODE_NAME)")
+        self.settings = settings
+        self._api = api
+        self._source = source
+        self._clock = clock
+        self._devices: dict[str, Allocatable] = {}
+        self._published: list[Allocatable] | None = None
+        self._dirty = True
+        self._inv_lock = threading.Lock()
+        # Claim reads run here so a stalled API server cannot hold a kubelet call past its deadline
+        # (the HTTP client retries on its own; the abandoned read finishes in the background).
+        self._fetchers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="dra-claim-read")
+        self.publisher = SlicePublisher(api, settings.driver, settings.node)
+        self.state = DeviceState(driver=settings.driver, pool=settings.node, host=host, backend=backend,
+                                 devices=self.devices, state_dir=settings.state_dir,
+                                 lock_timeout=settings.lock_timeout)
+
+    # -- inventory -------------------------------------------------------------------------------------
+    def devices(self) -> Mapping[str, Allocatable]:
+        with self._inv_lock:
+            return dict(self._devices)
+
+    def refresh(self) -> Publication | None:
+        """Take a snapshot and publish it if it differs from the last publication."""
+        devices = allocatable_devices(self._source.snapshot(), self.settings.driver, self.settings.health)
+        with self._inv_lock:
+            changed = devices != self._published
+            self._devices = {d.name: d for d in devices}
+            if not changed and not self._dirty:
+                return None
+        try:
+            pub = self.publisher.publish(devices)
+        except ApiError as e:
+            self._dirty = True
+            log.warning("event=publish-failed error=%s", e)
+            return None
+        with self._inv_lock:
+            self._published = devices
+            self._dirty = False
+        return pub
+
+    def start(self) -> Publication | None:
+        """Recover the journal, then publish: the pool appears only once prepare is safe to serve."""
+        self.state.startup()
+        return self.refresh()
+
+    def run_inventory_loop(self, stop: threading.Event) -> None:
+        """The named background loop; a failure in one tick is logged and retried on the next."""
+        while not stop.wait(self.settings.poll_interval):
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("event=inventory-refresh-failed")
+
+    # -- kubelet calls ---------------------------------------------------------------------------------
+    def _deadline(self, timeout: float | None) -> Deadline:
+        budget = self.settings.call_budget
+        if timeout is not None:
+            budget = min(budget, timeout - self.settings.deadline_margin)
+        return Deadline(self._clock() + max(budget, 0.0), self._clock)
+
+    def prepare(self, refs: Sequence[ClaimRef], timeout: float | None = None) -> dict[str, PrepareOutcome]:
+        deadline = self._deadline(timeout)
+        out: dict[str, PrepareOutcome] = {}
+        for ref in refs:
+            try:
+                deadline.check(f"claim {ref} was read")
+                raw = self._read_claim(ref, deadline)
+                known = set(self.devices()) | self.state.recorded_devices(ref.uid)
+                claim = parse_claim(raw, ref, driver=self.settings.driver, pool=self.settings.node, known_devices=known)
+                devices = self.state.prepare(claim, deadline)
+                out[ref.uid] = PrepareOutcome(devices=tuple(devices))
+            except (ApiError, ClaimError, PrepareError, LockTimeout) as e:
+                msg = f"claim {ref}: not found" if isinstance(e, ApiError) and e.not_found else str(e)
+                log.warning("event=prepare-refused claim=%s uid=%s error=%s", ref, ref.uid, msg)
+                out[ref.uid] = PrepareOutcome(error=msg)
+            except Exception as e:
+                log.exception("event=prepare-crashed claim=%s uid=%s", ref, ref.uid)
+                out[ref.uid] = PrepareOutcome(error=f"claim {ref}: internal error: {e}")
+        return out
+
+    def _read_claim(self, ref: ClaimRef, deadline: Deadline) -> dict[str, Any]:
+        remaining = deadline.remaining()
+        future = self._fetchers.submit(self._api.get_claim, ref.namespace, ref.name, remaining)
+        try:
+            return future.result(timeout=max(remaining, 0.0))
+        except futures.TimeoutError:
+            future.cancel()
+            raise PrepareError(f"claim {ref}: the API server did not answer within {remaining:.1f}s; "
+                               "the kubelet will retry") from None
+
+    def close(self) -> None:
+        self._fetchers.shutdown(wait=False, cancel_futures=True)
+
+    def unprepare(self, refs: Sequence[ClaimRef], timeout: float | None = None) -> dict[str, str]:
+        deadline = self._deadline(timeout)
+        out: dict[str, str] = {}
+        for ref in refs:
+            try:
+                self.state.unprepare(ref, deadline)
+                out[ref.uid] = ""
+            except (PrepareError, LockTimeout) as e:
+                out[ref.uid] = str(e)
+            except Exception as e:
+                log.exception("event=unprepare-crashed claim=%s uid=%s", ref, ref.uid)
+                out[ref.uid] = f"claim {ref}: internal error: {e}"
+        return out

@@ -1,0 +1,176 @@
+"""GPU sharing for a prepared claim: time-slicing and MPS, applied on prepare and undone on unprepare.
+
+What the opaque config asks for becomes host changes through a :class:`SharingBackend` (``nvidia-smi`` and
+``nvidia-cuda-mps-control`` with timeouts in production, a recorder in tests) plus container edits for the
+claim's CDI spec. Every change is recorded in an :class:`AppliedSharing` *before* it is made, so a prepare
+interrupted half-way can be rolled back from the checkpoint alone.
+
+- TimeSlicing (full GPUs): compute mode ``DEFAULT`` and ``compute-policy --set-timeslice <level>``. MIG
+  devices have no timeslice setting: the strategy is accepted and changes nothing.
+- MPS: the GPUs go to ``EXCLUSIVE_PROCESS``; a per-claim control daemon runs with its pipe directory under
+  ``/run/nvidia-gpu-agent/mps/<claimUID>``, which is bind-mounted into the containers with
+  ``CUDA_MPS_PIPE_DIRECTORY``; thread and pinned-memory limits are set on the daemon and, as
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, in the client environment.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from node_agent.dra.cdi import SharingEdits
+from node_agent.dra.checkpoint import AppliedSharing
+from node_agent.dra.config import GpuSharing, Strategy
+from node_agent.dra.devices import Allocatable, DeviceKind
+from node_agent.dra.hostfs import HostPaths
+
+log = logging.getLogger(__name__)
+
+MPS_ROOT = "/run/nvidia-gpu-agent/mps"
+
+
+class SharingError(RuntimeError):
+    """A sharing change failed on the host; the message names the GPU and the command."""
+
+
+class SharingBackend(Protocol):
+    def set_compute_mode(self, uuid: str, mode: str) -> None: ...
+
+    def set_timeslice(self, uuid: str, level: int) -> None: ...
+
+    def start_mps(self, claim_uid: str, uuids: Sequence[str], *, pipe_dir: str, log_dir: str,
+                  active_thread_percentage: int | None, pinned_limits_mib: dict[int, int]) -> None: ...
+
+    def stop_mps(self, claim_uid: str, pipe_dir: str) -> None: ...
+
+
+Runner = Callable[[list[str], dict[str, str], str, float], None]
+
+
+def _run(cmd: list[str], env: dict[str, str], stdin: str, timeout: float) -> None:
+    try:
+        subprocess.run(cmd, input=stdin.encode(), env={**os.environ, **env}, check=True, timeout=timeout,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    except subprocess.CalledProcessError as e:
+        raise SharingError(f"{' '.join(cmd)}: exit {e.returncode}: {e.stderr.decode(errors='replace').strip()}") from e
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SharingError(f"{' '.join(cmd)}: {e}") from e
+
+
+class NvidiaSmiSharing:
+    """The production backend: NVIDIA's tools, each call bounded by a timeout."""
+
+    def __init__(self, host: HostPaths, nvidia_smi: str = "/usr/bin/nvidia-smi",
+                 mps_control: str = "/usr/bin/nvidia-cuda-mps-control", timeout: float = 10.0,
+                 runner: Runner = _run) -> None:
+        self._host = host
+        self._smi = nvidia_smi
+        self._mps = mps_control
+        self._timeout = timeout
+        self._run = runner
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        self._run([self._smi, "-i", uuid, "-c", mode], {}, "", self._timeout)
+
+    def set_timeslice(self, uuid: str, level: int) -> None:
+        self._run([self._smi, "compute-policy", "-i", uuid, "--set-timeslice", str(level)], {}, "", self._timeout)
+
+    def start_mps(self, claim_uid: str, uuids: Sequence[str], *, pipe_dir: str, log_dir: str,
+                  active_thread_percentage: int | None, pinned_limits_mib: dict[int, int]) -> None:
+        env = {"CUDA_MPS_PIPE_DIRECTORY": str(self._host.path(pipe_dir)),
+               "CUDA_MPS_LOG_DIRECTORY": str(self._host.path(log_dir)), "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+        self._run([self._mps, "-d"], env, "", self._timeout)
+        commands = []
+        if active_thread_percentage is not None:
+            commands.append(f"set_default_active_thread_percentage {active_thread_percentage}")
+        commands += [f"set_default_device_pinned_mem_limit {i} {mib}M" for i, mib in sorted(pinned_limits_mib.items())]
+        if commands:
+            self._run([self._mps], env, "\n".join(commands) + "\n", self._timeout)
+
+    def stop_mps(self, claim_uid: str, pipe_dir: str) -> None:
+        self._run([self._mps], {"CUDA_MPS_PIPE_DIRECTORY": str(self._host.path(pipe_dir))}, "quit\n", self._timeout)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The record to journal before applying, and the container edits once applied."""
+
+    record: AppliedSharing
+    edits: SharingEdits
+
+
+def plan(claim_uid: str, devices: Sequence[Allocatable], sharing: GpuSharing) -> Plan:
+    uuids = [d.uuid for d in devices]
+    full = [d.uuid for d in devices if d.kind is DeviceKind.GPU]
+    if sharing.strategy is Strategy.TIME_SLICING:
+        return Plan(AppliedSharing(strategy=sharing.strategy.value, uuids=uuids, compute_mode_changed=full,
+                                   timeslice_changed=full), SharingEdits())
+    mps = sharing.mps_config
+    assert mps is not None  # normalized() fills it for MPS
+    directory = f"{MPS_ROOT}/{claim_uid}"
+    env = [f"CUDA_MPS_PIPE_DIRECTORY={directory}/pipe"]
+    if mps.default_active_thread_percentage is not None:
+        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={mps.default_active_thread_percentage}")
+    limits = mps.pinned_limits_mib(uuids)
+    if limits:
+        env.append("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + ",".join(f"{i}={m}M" for i, m in sorted(limits.items())))
+    return Plan(AppliedSharing(strategy=sharing.strategy.value, uuids=uuids, compute_mode_changed=full,
+                               mps_directory=directory),
+                SharingEdits(env=tuple(env), mounts=((f"{directory}/pipe", f"{directory}/pipe"),)))
+
+
+def apply(backend: SharingBackend, host: HostPaths, claim_uid: str, *, record: AppliedSharing,
+          sharing: GpuSharing, devices: Sequence[Allocatable]) -> None:
+    if sharing.strategy is Strategy.TIME_SLICING:
+        interval = (sharing.time_slicing_config.interval if sharing.time_slicing_config else None)
+        level = interval.level if interval is not None else 0
+        for uuid in record.timeslice_changed:
+            backend.set_compute_mode(uuid, "DEFAULT")
+            backend.set_timeslice(uuid, level)
+        return
+    mps = sharing.mps_config
+    assert mps is not None
+    for uuid in record.compute_mode_changed:
+        backend.set_compute_mode(uuid, "EXCLUSIVE_PROCESS")
+    pipe, logs = f"{record.mps_directory}/pipe", f"{record.mps_directory}/log"
+    for d in (pipe, logs):
+        host.path(d).mkdir(parents=True, exist_ok=True)
+    backend.start_mps(claim_uid, record.uuids, pipe_dir=pipe, log_dir=logs,
+                      active_thread_percentage=mps.default_active_thread_percentage,
+                      pinned_limits_mib=mps.pinned_limits_mib([d.uuid for d in devices]))
+
+
+def undo(backend: SharingBackend, host: HostPaths, claim_uid: str, record: AppliedSharing) -> list[str]:
+    """Revert one recorded change; returns problems instead of raising, so unprepare always finishes."""
+    problems: list[str] = []
+
+    def attempt(what: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except SharingError as e:
+            problems.append(f"{what}: {e}")
+
+    if record.mps_directory:
+        attempt("stop MPS", lambda: backend.stop_mps(claim_uid, f"{record.mps_directory}/pipe"))
+        directory = host.path(record.mps_directory)
+        for sub in ("pipe", "log"):
+            d = directory / sub
+            if d.is_dir():
+                for f in d.iterdir():
+                    if f.is_file() or f.is_socket() or f.is_fifo():
+                        f.unlink(missing_ok=True)
+                d.rmdir()
+        if directory.is_dir():
+            directory.rmdir()
+    for uuid in record.timeslice_changed:
+        attempt(f"reset timeslice of {uuid}", functools.partial(backend.set_timeslice, uuid, 0))
+    for uuid in record.compute_mode_changed:
+        attempt(f"reset compute mode of {uuid}", functools.partial(backend.set_compute_mode, uuid, "DEFAULT"))
+    for p in problems:
+        log.warning("event=sharing-undo-failed claim_uid=%s problem=%s", claim_uid, p)
+    return problems

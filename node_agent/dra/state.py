@@ -1,0 +1,250 @@
+"""Prepare and unprepare under the node-wide lock, journalled so every step can be redone or undone.
+
+``prepare`` follows NVIDIA's two-phase pattern: a claim already ``PrepareCompleted`` returns its recorded
+devices; a claim left ``PrepareStarted`` by a crash is rolled back first; ``PrepareStarted`` is recorded
+before any host change, and ``PrepareCompleted`` only once the CDI spec is written. A device already
+prepared for another claim is refused (the driver is the last line of defence against double allocation:
+scheduler races and force-deleted pods), including a full GPU whose MIG devices are in use and the
+reverse; admin-access claims are exempt, as in Kubernetes. ``unprepare`` of an unknown claim succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from node_agent.dra import cdi, sharing
+from node_agent.dra.checkpoint import (
+    AppliedSharing,
+    CheckpointData,
+    CheckpointStore,
+    ClaimState,
+    Loaded,
+    PreparedClaim,
+    PreparedDevice,
+    Recovery,
+)
+from node_agent.dra.claims import AllocatedClaim, ClaimRef, DeviceResult
+from node_agent.dra.config import ConfigError, GpuSharing, effective_sharing, resolve
+from node_agent.dra.devices import Allocatable, DeviceKind
+from node_agent.dra.hostfs import HostPaths, file_lock
+
+log = logging.getLogger(__name__)
+
+
+class PrepareError(RuntimeError):
+    """This claim cannot be prepared now; the kubelet will retry it."""
+
+
+@dataclass(frozen=True)
+class ResultDevice:
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """An absolute monotonic deadline with the clock that measures it (injected in tests)."""
+
+    at: float
+    clock: Callable[[], float] = time.monotonic
+
+    def remaining(self) -> float:
+        return self.at - self.clock()
+
+    def check(self, what: str) -> None:
+        if self.remaining() <= 0:
+            raise PrepareError(f"deadline reached before {what}; the kubelet will retry")
+
+
+def _request_base(request: str) -> str:
+    """Kubelet reports request names without the ``/<subrequest>`` part."""
+    return request.split("/", 1)[0]
+
+
+class DeviceState:
+    def __init__(self, *, driver: str, pool: str, host: HostPaths, backend: sharing.SharingBackend,
+                 devices: Callable[[], Mapping[str, Allocatable]], state_dir: str,
+                 lock_timeout: float = 10.0) -> None:
+        self.driver = driver
+        self.pool = pool
+        self._host = host
+        self._backend = backend
+        self._devices = devices
+        self._store = CheckpointStore(host, f"{state_dir}/checkpoint.json")
+        self._lock_path = host.path(f"{state_dir}/prepare.lock")
+        self._lock_timeout = lock_timeout
+        self.last_recovery: Loaded | None = None
+
+    # -- journal ---------------------------------------------------------------------------------------
+    def _load(self) -> CheckpointData:
+        loaded = self._store.load(lambda: cdi.scan_specs(self._host, self.driver), self.pool)
+        if loaded.recovery in (Recovery.CORRUPTED, Recovery.REBOOT):
+            self.last_recovery = loaded
+            self._store.save(loaded.data)
+        return loaded.data
+
+    def snapshot(self) -> CheckpointData:
+        """The journal as it is on disk (read-only use: status, tests, the background cleanup)."""
+        with file_lock(self._lock_path, self._lock_timeout):
+            return self._load()
+
+    def recorded_devices(self, uid: str) -> set[str]:
+        data = self._store.peek()
+        claim = data.prepared_claims.get(uid) if data else None
+        return {d.device for d in claim.devices} if claim else set()
+
+    def startup(self) -> None:
+        """Before serving: roll back half-done prepares and remove claim specs nobody records."""
+        with file_lock(self._lock_path, self._lock_timeout):
+            data = self._load()
+            for uid, claim in list(data.prepared_claims.items()):
+                if claim.state is ClaimState.PREPARE_STARTED:
+                    log.warning("event=rollback-on-start claim=%s/%s uid=%s", claim.namespace, claim.name, uid)
+                    self._rollback(uid, claim)
+                    del data.prepared_claims[uid]
+            for spec in cdi.scan_specs(self._host, self.driver):
+                if spec.claim_uid not in data.prepared_claims:
+                    log.info("event=orphan-cdi-spec-removed claim_uid=%s", spec.claim_uid)
+                    spec.path.unlink(missing_ok=True)
+            self._store.save(data)
+
+    # -- prepare ---------------------------------------------------------------------------------------
+    def prepare(self, claim: AllocatedClaim, deadline: Deadline) -> list[ResultDevice]:
+        uid = claim.ref.uid
+        deadline.check("taking the node lock")
+        with file_lock(self._lock_path, min(self._lock_timeout, max(deadline.remaining(), 0.0))):
+            data = self._load()
+            existing = data.prepared_claims.get(uid)
+            if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
+                return self._results(existing)
+            if existing is not None:
+                log.warning("event=rollback-half-prepared claim=%s uid=%s", claim.ref, uid)
+                self._rollback(uid, existing)
+                del data.prepared_claims[uid]
+                self._store.save(data)
+            known = self._devices()
+            devices = [(r, known[r.device]) for r in claim.results]
+            self._refuse_overlaps(claim, devices, data)
+            groups = self._sharing_groups(claim, devices)
+            deadline.check("changing the host")
+            record, per_device = self._plan(claim, devices, groups)
+            data.prepared_claims[uid] = record
+            self._store.save(data)
+            try:
+                for (_cfg_key, (gsharing, gdevices)), applied in zip(groups.items(), record.sharing, strict=True):
+                    deadline.check("applying sharing")
+                    sharing.apply(self._backend, self._host, uid, record=applied, sharing=gsharing, devices=gdevices)
+                spec = cdi.build_spec(self.driver, uid, str(claim.ref), per_device)
+                cdi.write_spec(self._host, self.driver, uid, spec)
+            except Exception as e:
+                log.error("event=prepare-failed claim=%s uid=%s error=%s", claim.ref, uid, e)
+                self._rollback(uid, record)
+                del data.prepared_claims[uid]
+                self._store.save(data)
+                raise PrepareError(f"claim {claim.ref}: {e}") from e
+            record.state = ClaimState.PREPARE_COMPLETED
+            self._store.save(data)
+            log.info("event=claim-prepared claim=%s uid=%s devices=%s", claim.ref, uid,
+                     ",".join(d.device for d in record.devices))
+            return self._results(record)
+
+    def _refuse_overlaps(self, claim: AllocatedClaim, devices: Sequence[tuple[DeviceResult, Allocatable]],
+                         data: CheckpointData) -> None:
+        for result, dev in devices:
+            if result.admin_access:
+                continue
+            for other_uid, other in data.prepared_claims.items():
+                if other_uid == claim.ref.uid:
+                    continue
+                for od in other.devices:
+                    if od.admin_access:
+                        continue
+                    same = od.device == dev.name
+                    nested = (od.physical_uuid == dev.physical_uuid and od.physical_uuid != ""
+                              and DeviceKind.GPU.value in (od.kind, dev.kind.value))
+                    if same or nested:
+                        raise PrepareError(
+                            f"claim {claim.ref}: device {dev.name} is already prepared for claim "
+                            f"{other.namespace}/{other.name} (uid {other_uid})"
+                            + ("" if same else f" through {od.device} on the same GPU")
+                        )
+
+    def _sharing_groups(self, claim: AllocatedClaim, devices: Sequence[tuple[DeviceResult, Allocatable]]
+                        ) -> dict[str, tuple[GpuSharing, list[Allocatable]]]:
+        """Devices that share one effective sharing config are set up together (one MPS daemon)."""
+        groups: dict[str, tuple[GpuSharing, list[Allocatable]]] = {}
+        for result, dev in devices:
+            try:
+                cfg = resolve(claim.configs, self.driver, result.request, dev.kind)
+                eff = effective_sharing(cfg)
+            except ConfigError as e:
+                raise PrepareError(f"claim {claim.ref}: {e}") from e
+            if eff is None:
+                continue
+            key = json.dumps(eff.model_dump(mode="json"), sort_keys=True)
+            groups.setdefault(key, (eff, []))[1].append(dev)
+        return groups
+
+    def _plan(self, claim: AllocatedClaim, devices: Sequence[tuple[DeviceResult, Allocatable]],
+              groups: Mapping[str, tuple[GpuSharing, list[Allocatable]]]
+              ) -> tuple[PreparedClaim, list[cdi.ClaimDevice]]:
+        uid = claim.ref.uid
+        plans = [(sharing.plan(uid, gdevs, gsharing), gdevs) for gsharing, gdevs in groups.values()]
+        if sum(1 for p, _ in plans if p.record.mps_directory) > 1:
+            raise PrepareError(f"claim {claim.ref}: at most one MPS configuration per claim")
+        edits_for = {d.name: p.edits for p, gdevs in plans for d in gdevs}
+        requests: dict[str, list[str]] = {}
+        for result, dev in devices:
+            requests.setdefault(dev.name, []).append(_request_base(result.request))
+        per_device: list[cdi.ClaimDevice] = []
+        prepared: list[PreparedDevice] = []
+        seen: set[str] = set()
+        for result, dev in devices:
+            if dev.name in seen:
+                continue
+            seen.add(dev.name)
+            reqs = tuple(dict.fromkeys(requests[dev.name]))
+            per_device.append(cdi.ClaimDevice(dev, reqs, edits_for.get(dev.name, cdi.SharingEdits())))
+            prepared.append(PreparedDevice(
+                requests=list(reqs), pool=self.pool, device=dev.name,
+                cdi_device_ids=[cdi.device_id(self.driver, uid, dev.name)], kind=dev.kind.value, uuid=dev.uuid,
+                physical_uuid=dev.physical_uuid, admin_access=bool(result.admin_access),
+            ))
+        record = PreparedClaim(state=ClaimState.PREPARE_STARTED, namespace=claim.ref.namespace, name=claim.ref.name,
+                               devices=prepared, sharing=[p.record for p, _ in plans],
+                               cdi_spec=cdi.spec_path(self.driver, uid))
+        return record, per_device
+
+    @staticmethod
+    def _results(record: PreparedClaim) -> list[ResultDevice]:
+        return [ResultDevice(tuple(d.requests), d.pool, d.device, tuple(d.cdi_device_ids)) for d in record.devices]
+
+    def _rollback(self, uid: str, record: PreparedClaim) -> list[str]:
+        problems: list[str] = []
+        for applied in record.sharing:
+            problems += sharing.undo(self._backend, self._host, uid, AppliedSharing.model_validate(applied))
+        try:
+            cdi.delete_spec(self._host, self.driver, uid)
+        except OSError as e:
+            log.warning("event=cdi-spec-delete-failed claim_uid=%s error=%s", uid, e)
+        return problems
+
+    # -- unprepare -------------------------------------------------------------------------------------
+    def unprepare(self, ref: ClaimRef, deadline: Deadline) -> None:
+        deadline.check("taking the node lock")
+        with file_lock(self._lock_path, min(self._lock_timeout, max(deadline.remaining(), 0.0))):
+            data = self._load()
+            record = data.prepared_claims.get(ref.uid)
+            if record is None:
+                log.info("event=unprepare-unknown-claim claim=%s uid=%s", ref, ref.uid)
+                return
+            self._rollback(ref.uid, record)
+            del data.prepared_claims[ref.uid]
+            self._store.save(data)
+            log.info("event=claim-unprepared claim=%s uid=%s", ref, ref.uid)

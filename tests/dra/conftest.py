@@ -1,0 +1,64 @@
+"""Fixtures for the DRA tests: a short host root (unix socket paths are limited to 107 bytes), a fake
+API server, and a running plugin with its kubelet stand-in."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from node_agent.dra.api import KubeDraApi
+from node_agent.dra.driver import DraDriver, DriverSettings
+from node_agent.dra.hostfs import RootedPaths
+from tests.dra.builders import DRIVER, NODE, FakeSource, RecordingSharing, machine
+from tests.dra.kmock_server import FakeApiServer, fake_api_server
+
+BOOT_ID = "11111111-2222-3333-4444-555555555555"
+
+
+@pytest.fixture
+def host_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    boot = root / "proc/sys/kernel/random/boot_id"
+    boot.parent.mkdir(parents=True)
+    boot.write_text(BOOT_ID + "\n")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def api_server() -> Iterator[FakeApiServer]:
+    with fake_api_server() as server:
+        server.emulator.objects[__import__("kmock").resource("", "v1", "nodes"), None, NODE] = {
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-1"}}
+        yield server
+
+
+@dataclass
+class Env:
+    root: Path
+    server: FakeApiServer
+    source: FakeSource
+    sharing: RecordingSharing
+    driver: DraDriver
+
+    def new_driver(self, **settings: object) -> DraDriver:
+        """A fresh driver process on the same host (a plugin restart)."""
+        return make_driver(self.root, self.server, self.source, self.sharing, **settings)
+
+
+def make_driver(root: Path, server: FakeApiServer, source: FakeSource, sharing: RecordingSharing,
+                **settings: object) -> DraDriver:
+    cfg = DriverSettings(driver=DRIVER, node=NODE, **settings)  # type: ignore[arg-type]
+    return DraDriver(cfg, api=KubeDraApi(server.api_client()), source=source, host=RootedPaths(root), backend=sharing)
+
+
+@pytest.fixture
+def env(host_root: Path, api_server: FakeApiServer) -> Env:
+    source = FakeSource(machine(gpus=2, mig_on=(1,), vfio=1))
+    sharing = RecordingSharing()
+    return Env(host_root, api_server, source, sharing, make_driver(host_root, api_server, source, sharing))
