@@ -9,15 +9,11 @@ the group does not use MIG, so a stale MIG layout is torn down).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 
 from nvgpu import labels
+from nvgpu.migparted import CustomGpuLayout, CustomSlice, custom_config_name
 from nvgpu.stackconfig import Mig, NodeGroup, Sharing
-
-#: Kubernetes label values are at most 63 characters; ``custom-`` + name + ``-`` + 8 hex must fit.
-_MAX_CUSTOM_NAME_PART = 47
 
 
 @dataclass(frozen=True)
@@ -34,19 +30,11 @@ class NodeTaint:
 
 
 def custom_mig_config_name(group_name: str, mig: Mig) -> str:
-    """``custom-<group>-<8 hex>`` like Deckhouse's hook: the hash ignores the order of GPUs and slices."""
-    canonical = [
-        {
-            "index": c.index,
-            "slices": [{"profile": s.profile, "count": s.count} for s in sorted(c.slices, key=lambda s: s.profile)],
-        }
-        for c in sorted(mig.custom_configs, key=lambda c: c.index)
+    """``custom-<group>-<8 hex>``, Deckhouse's name for a custom layout (:func:`nvgpu.migparted.custom_config_name`)."""
+    layouts = [
+        CustomGpuLayout(c.index, tuple(CustomSlice(s.profile, s.count) for s in c.slices)) for c in mig.custom_configs
     ]
-    digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:8]
-    name = group_name
-    if len(name) > _MAX_CUSTOM_NAME_PART:
-        name = name[: _MAX_CUSTOM_NAME_PART - 9] + "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"custom-{name}-{digest}"
+    return custom_config_name(group_name, layouts)
 
 
 def mig_config_name(group: NodeGroup) -> str:
