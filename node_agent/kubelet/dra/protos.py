@@ -48,7 +48,7 @@ def generate(force: bool = False) -> list[str]:
     if not stale:
         return []
     try:
-        from grpc_tools import protoc
+        from grpc_tools import protoc  # type: ignore[import-untyped]
     except ImportError as e:
         raise ProtoStubError(
             "generated gRPC stubs are missing and grpc_tools is not installed; "
