@@ -65,7 +65,7 @@ def generate(force: bool = False) -> list[str]:
         with tempfile.TemporaryDirectory(dir=PROTO_DIR, prefix=".gen-") as tmp:
             rel = [str((PROTO_DIR / f"{n}.proto").relative_to(_IMPORT_ROOT)) for n in stale]
             args = ["protoc", f"-I{_IMPORT_ROOT}", f"-I{include}", f"--python_out={tmp}",
-                    f"--grpc_python_out={tmp}", f"--pyi_out={tmp}", *rel]
+                    f"--grpc_python_out={tmp}", *rel]
             code = protoc.main(args)
             if code != 0:
                 raise ProtoStubError(f"protoc failed with exit code {code} for {', '.join(rel)}")
