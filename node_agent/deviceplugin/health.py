@@ -1,0 +1,239 @@
+"""Device health: NVML events mark devices Unhealthy, quiet re-checks bring them back.
+
+NVIDIA's plugin marks a device Unhealthy on a critical XID and never looks again (a known pain point:
+only a pod restart recovers). Here a :class:`HealthMonitor` turns events into per-device state on a
+:class:`HealthBoard`, which wakes every ListAndWatch stream at once; a device that passes re-checks
+for ``recovery_quiet_s`` after its last bad event turns Healthy again. A GPU that fell off the bus is
+Unhealthy at once and recovers only when re-checks pass (it came back).
+
+XID filtering follows NVIDIA: 13, 31, 43, 45, 68 and 109 are application errors and ignored;
+``DP_DISABLE_HEALTHCHECKS`` is ``all`` / ``xids`` (no checks) or a list of extra XIDs to ignore;
+``DP_ENABLE_HEALTHCHECKS`` lists XIDs that count even when disabled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from node_agent.deviceplugin.devices import WHOLE_GPU, Gpu, HealthEvent, HealthEventKind, NodeDevices
+
+log = logging.getLogger(__name__)
+
+#: XIDs NVIDIA's plugin never treats as device failures (they are caused by applications).
+DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
+ENABLE_ENV = "DP_ENABLE_HEALTHCHECKS"
+
+
+def _xid_list(text: str) -> tuple[bool, frozenset[int]]:
+    everything = False
+    xids: set[int] = set()
+    for part in text.lower().split(","):
+        p = part.strip()
+        if p in ("all", "xids"):
+            everything = True
+        elif p.isdigit():
+            xids.add(int(p))
+    return everything, frozenset(xids)
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    disable_all: bool = False
+    enabled_xids: frozenset[int] = frozenset()
+    enable_all: bool = False
+    #: Seconds a device must stay free of bad events, with passing re-checks, to turn Healthy again.
+    recovery_quiet_s: float = 60.0
+    #: Seconds between re-checks of unhealthy devices.
+    recheck_interval_s: float = 5.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], recovery_quiet_s: float = 60.0,
+                 recheck_interval_s: float = 5.0) -> HealthPolicy:
+        disable_all, disabled = _xid_list(env.get(DISABLE_ENV, ""))
+        enable_all, enabled = _xid_list(env.get(ENABLE_ENV, ""))
+        return cls(ignored_xids=DEFAULT_IGNORED_XIDS | disabled, disable_all=disable_all, enabled_xids=enabled,
+                   enable_all=enable_all, recovery_quiet_s=recovery_quiet_s, recheck_interval_s=recheck_interval_s)
+
+    @property
+    def checks_enabled(self) -> bool:
+        return not self.disable_all or self.enable_all or bool(self.enabled_xids)
+
+    def is_critical(self, xid: int) -> bool:
+        if self.enable_all or xid in self.enabled_xids:
+            return True
+        if self.disable_all:
+            return False
+        return xid not in self.ignored_xids
+
+
+Transition = Callable[[str, bool, str], None]  # (device uuid, healthy, reason)
+
+
+@dataclass
+class _State:
+    healthy: bool = True
+    last_bad: float = 0.0
+    reason: str = ""
+
+
+@dataclass
+class HealthBoard:
+    """Health per physical device UUID (GPU or MIG), with a change counter streams can wait on."""
+
+    clock: Callable[[], float] = time.monotonic
+    _states: dict[str, _State] = field(default_factory=dict)
+    _version: int = 0
+    _wakes: int = 0
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _listeners: list[Transition] = field(default_factory=list)
+
+    def add_listener(self, fn: Transition) -> None:
+        self._listeners.append(fn)
+
+    @property
+    def version(self) -> int:
+        with self._cond:
+            return self._version
+
+    def healthy(self, uuid: str) -> bool:
+        with self._cond:
+            s = self._states.get(uuid)
+            return s is None or s.healthy
+
+    def unhealthy(self) -> dict[str, str]:
+        with self._cond:
+            return {u: s.reason for u, s in self._states.items() if not s.healthy}
+
+    def last_bad(self, uuid: str) -> float:
+        with self._cond:
+            s = self._states.get(uuid)
+            return 0.0 if s is None else s.last_bad
+
+    def mark(self, uuids: Iterable[str], healthy: bool, reason: str) -> list[str]:
+        """Set health; returns the UUIDs that changed. Bad marks always refresh ``last_bad``."""
+        changed: list[str] = []
+        now = self.clock()
+        with self._cond:
+            for u in uuids:
+                s = self._states.setdefault(u, _State())
+                if not healthy:
+                    s.last_bad = now
+                if s.healthy != healthy:
+                    s.healthy = healthy
+                    s.reason = reason
+                    changed.append(u)
+            if changed:
+                self._version += 1
+                self._cond.notify_all()
+        for u in changed:
+            log.warning("event=health-transition device=%s healthy=%s reason=%s", u, healthy, reason)
+            for fn in self._listeners:
+                fn(u, healthy, reason)
+        return changed
+
+    def wait_change(self, seen: int, timeout_s: float) -> int:
+        """Block until the version differs from ``seen`` (or timeout); returns the current version."""
+        with self._cond:
+            wakes = self._wakes
+            self._cond.wait_for(lambda: self._version != seen or self._wakes != wakes, timeout=timeout_s)
+            return self._version
+
+    def wake(self) -> None:
+        """Wake every waiter without a change (used when stopping)."""
+        with self._cond:
+            self._wakes += 1
+            self._cond.notify_all()
+
+
+class HealthMonitor:
+    """Reads events from :class:`NodeDevices` and keeps a :class:`HealthBoard` current."""
+
+    def __init__(self, devices: NodeDevices, gpus: Sequence[Gpu], board: HealthBoard, policy: HealthPolicy,
+                 clock: Callable[[], float] = time.monotonic):
+        self._devices = devices
+        self._gpus = {g.uuid: g for g in gpus}
+        self.board = board
+        self.policy = policy
+        self._clock = clock
+        self._next_recheck = clock() + policy.recheck_interval_s
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def _targets(self, ev: HealthEvent) -> list[str]:
+        """The device UUIDs an event concerns: the GPU, or one MIG device when GI/CI name it."""
+        if ev.gpu_uuid is None:
+            return [*self._gpus, *(m.uuid for g in self._gpus.values() for m in g.migs)]
+        gpu = self._gpus.get(ev.gpu_uuid)
+        if gpu is None:
+            return []
+        if ev.kind is HealthEventKind.XID and gpu.migs and ev.gi_id != WHOLE_GPU:
+            return [m.uuid for m in gpu.migs
+                    if m.gi_id == ev.gi_id and ev.ci_id in (WHOLE_GPU, m.ci_id)]
+        return [gpu.uuid]
+
+    def handle(self, ev: HealthEvent) -> list[str]:
+        if ev.kind is HealthEventKind.XID:
+            if not self.policy.is_critical(ev.xid):
+                log.info("event=xid-ignored gpu=%s xid=%d", ev.gpu_uuid, ev.xid)
+                return []
+            reason = f"xid-{ev.xid}"
+        else:
+            reason = ev.kind.value
+        return self.board.mark(self._targets(ev), False, reason)
+
+    def recheck(self) -> list[str]:
+        """Re-check unhealthy devices; those quiet long enough and passing turn Healthy."""
+        now = self._clock()
+        recovered: list[str] = []
+        for uuid in self.board.unhealthy():
+            if now - self.board.last_bad(uuid) < self.policy.recovery_quiet_s:
+                continue
+            gpu_uuid = self._parent(uuid)
+            if gpu_uuid is not None and self._devices.check(gpu_uuid):
+                recovered += self.board.mark([uuid], True, "recovered")
+            else:
+                self.board.mark([uuid], False, "recheck-failed")
+        return recovered
+
+    def _parent(self, uuid: str) -> str | None:
+        for g in self._gpus.values():
+            if g.uuid == uuid or any(m.uuid == uuid for m in g.migs):
+                return g.uuid
+        return None
+
+    def step(self, timeout_s: float) -> None:
+        """One wait for an event, then re-checks when due."""
+        try:
+            ev = self._devices.wait_event(timeout_s)
+        except Exception as e:  # the watch itself broke: every device is suspect, keep going
+            log.error("event=health-watch-failed error=%r", e)
+            ev = HealthEvent(HealthEventKind.WATCH_FAILED, detail=str(e))
+            self._stop.wait(min(timeout_s, 1.0))
+        if ev is not None:
+            self.handle(ev)
+        if self._clock() >= self._next_recheck:
+            self.recheck()
+            self._next_recheck = self._clock() + self.policy.recheck_interval_s
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.step(min(0.5, self.policy.recheck_interval_s))
+
+    def start(self) -> None:
+        if not self.policy.checks_enabled:
+            log.info("event=health-checks-disabled")
+            return
+        self._thread = threading.Thread(target=self._run, name="health-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

@@ -1,0 +1,158 @@
+"""The device plugin's domain service: one :class:`ResourcePlugin` per advertised resource.
+
+A :class:`NodePlugins` is built from the node's devices and the settings at every (re)start, the
+way NVIDIA rebuilds its plugins: it enumerates resources, writes the CDI spec, shares one
+:class:`~node_agent.deviceplugin.health.HealthBoard` between them and starts the health monitor. The
+gRPC servicers in ``node_agent.kubelet`` call these methods and only translate types.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from node_agent.deviceplugin.allocate import AllocationError, Allocator, ContainerAllocation
+from node_agent.deviceplugin.cdi import write_specs
+from node_agent.deviceplugin.config import Settings
+from node_agent.deviceplugin.devices import Gpu, HostFiles, NodeDevices
+from node_agent.deviceplugin.health import HealthBoard, HealthMonitor, HealthPolicy
+from node_agent.deviceplugin.metrics import PluginMetrics
+from node_agent.deviceplugin.preferred import PreferenceError, Request, preferred_allocation
+from node_agent.deviceplugin.resources import Resource, build_resources
+
+log = logging.getLogger(__name__)
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    id: str
+    health: str
+    numa_node: int | None
+
+
+@dataclass(frozen=True)
+class Options:
+    pre_start_required: bool = False
+    get_preferred_allocation_available: bool = True
+
+
+class ResourcePlugin:
+    """Answers kubelet's calls for one resource (no protocol types here)."""
+
+    def __init__(self, resource: Resource, settings: Settings, board: HealthBoard, *,
+                 pair_scores: dict[tuple[int, int], int], host: HostFiles, metrics: PluginMetrics):
+        self.resource = resource
+        self.settings = settings
+        self.board = board
+        self._scores = pair_scores
+        self._allocator = Allocator(resource, settings, host)
+        self.metrics = metrics
+        self._stopped = threading.Event()
+
+    @property
+    def name(self) -> str:
+        return self.resource.name
+
+    def options(self) -> Options:
+        return Options()
+
+    def devices(self) -> list[DeviceStatus]:
+        out = []
+        for d in self.resource.devices:
+            ok = self.board.healthy(d.uuid) and self.board.healthy(d.gpu_uuid)
+            out.append(DeviceStatus(d.id, HEALTHY if ok else UNHEALTHY, d.numa_node))
+        return out
+
+    def _count(self, devices: Sequence[DeviceStatus]) -> None:
+        healthy = sum(1 for d in devices if d.health == HEALTHY)
+        self.metrics.devices.labels(resource=self.name, health=HEALTHY).set(healthy)
+        self.metrics.devices.labels(resource=self.name, health=UNHEALTHY).set(len(devices) - healthy)
+
+    def watch(self, active: threading.Event | None = None, poll_s: float = 1.0) -> Iterator[list[DeviceStatus]]:
+        """ListAndWatch: the full list now, then again on every health change, until stopped.
+
+        ``active`` is the caller's "stream still open" flag; like NVIDIA's plugin the stream ends
+        without sending an empty list.
+        """
+        seen = self.board.version
+        current = self.devices()
+        self._count(current)
+        yield current
+        while not self._stopped.is_set() and (active is None or active.is_set()):
+            version = self.board.wait_change(seen, poll_s)
+            if self._stopped.is_set() or (active is not None and not active.is_set()):
+                return
+            if version == seen:
+                continue
+            seen = version
+            latest = self.devices()
+            if latest != current:
+                current = latest
+                self._count(current)
+                yield current
+
+    def preferred(self, requests: Sequence[Request]) -> list[list[str]]:
+        out = []
+        for req in requests:
+            out.append(preferred_allocation(
+                self.resource, req, lambda a, b: self._scores.get((a, b), 0),
+                self.settings.shared_devices_allocation_policy,
+            ))
+            self.metrics.preferred.labels(resource=self.name).inc()
+        return out
+
+    def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+        start = time.perf_counter()
+        try:
+            out = [self._allocator.allocate(ids) for ids in requests]
+        except AllocationError:
+            self.metrics.allocation_errors.labels(resource=self.name).inc()
+            raise
+        self.metrics.allocations.labels(resource=self.name).inc(len(out))
+        self.metrics.allocated_devices.labels(resource=self.name).inc(sum(len(ids) for ids in requests))
+        self.metrics.allocate_seconds.labels(resource=self.name).observe(time.perf_counter() - start)
+        return out
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.board.wake()
+
+
+class NodePlugins:
+    """Every resource of the node, built from one snapshot of the devices and settings."""
+
+    def __init__(self, node: NodeDevices, settings: Settings, host: HostFiles, *, metrics: PluginMetrics,
+                 policy: HealthPolicy, board: HealthBoard | None = None, driver_mounts: Sequence[str] = ()):
+        self.settings = settings
+        self.gpus: tuple[Gpu, ...] = tuple(node.gpus())
+        self.resources = build_resources(self.gpus, settings, host)
+        scores: dict[tuple[int, int], int] = {}
+        for a in self.gpus:
+            for b in self.gpus:
+                if a.index < b.index:
+                    s = node.link(a, b).score
+                    scores[(a.index, b.index)] = scores[(b.index, a.index)] = s
+        self.board = board or HealthBoard()
+        self.board.add_listener(metrics.on_transition)
+        self.plugins = [ResourcePlugin(r, settings, self.board, pair_scores=scores, host=host, metrics=metrics)
+                        for r in self.resources]
+        self.monitor = HealthMonitor(node, self.gpus, self.board, policy)
+        self.cdi_changed = write_specs(self.resources, settings, host, driver_mounts)
+        log.info("event=plugins-built resources=%s", ",".join(f"{r.name}:{len(r.devices)}" for r in self.resources))
+
+    def start(self) -> None:
+        self.monitor.start()
+
+    def stop(self) -> None:
+        self.monitor.stop()
+        for p in self.plugins:
+            p.stop()
+
+
+__all__ = ["AllocationError", "DeviceStatus", "NodePlugins", "Options", "PreferenceError", "ResourcePlugin"]

@@ -1,0 +1,24 @@
+"""The kubelet device plugin API v1beta1: generated messages and service stubs, loaded once.
+
+Everything else imports the protocol from here (``api.pb``, ``api.grpc_api``), never the generated
+modules directly, so the stubs are (re)generated before first use. The generated modules are typed
+``Any`` on purpose: mypy must pass on a clean clone before any stub exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node_agent.kubelet import codegen
+
+_pb2, _pb2_grpc = codegen.load("deviceplugin_v1beta1")
+
+pb: Any = _pb2
+grpc_api: Any = _pb2_grpc
+
+VERSION = "v1beta1"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
+KUBELET_SOCKET_NAME = "kubelet.sock"
+SUPPORTED_VERSIONS = ("v1beta1",)

@@ -1,0 +1,93 @@
+"""Generates the Python gRPC stubs from this package's ``.proto`` files.
+
+Stubs are build products, never committed: ``make proto`` (and the image build) run
+``python -m node_agent.kubelet.codegen``, and :func:`load` regenerates lazily on import when a stub is
+missing or older than its ``.proto``, so a fresh clone works without a separate step. Generation runs
+``grpc_tools.protoc`` in-process into a temporary directory and renames the results into place, so a
+concurrent importer never sees half-written modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+#: protoc's include root: the directory holding the ``node_agent`` package, so generated modules import
+#: each other as ``node_agent.kubelet.<name>_pb2``.
+SOURCE_ROOT = PACKAGE_DIR.parent.parent
+PACKAGE = "node_agent.kubelet"
+PROTOS: tuple[str, ...] = ("deviceplugin_v1beta1",)
+
+_lock = threading.Lock()
+
+
+class CodegenError(RuntimeError):
+    """The stubs are missing or stale and could not be generated."""
+
+
+def _outputs(stem: str) -> tuple[Path, ...]:
+    return (PACKAGE_DIR / f"{stem}_pb2.py", PACKAGE_DIR / f"{stem}_pb2_grpc.py", PACKAGE_DIR / f"{stem}_pb2.pyi")
+
+
+def is_stale(stem: str) -> bool:
+    proto = PACKAGE_DIR / f"{stem}.proto"
+    src_mtime = proto.stat().st_mtime
+    return any(not out.exists() or out.stat().st_mtime < src_mtime for out in _outputs(stem))
+
+
+def generate(stem: str) -> None:
+    """Run protoc for one ``.proto`` file of this package (atomically replaces the three outputs)."""
+    try:
+        from grpc_tools import protoc
+    except ImportError as e:
+        raise CodegenError(
+            f"stubs for {stem}.proto are missing or stale and grpcio-tools is not installed; "
+            "run `make proto` where grpcio-tools is available"
+        ) from e
+    rel = (PACKAGE_DIR / f"{stem}.proto").relative_to(SOURCE_ROOT)
+    with tempfile.TemporaryDirectory(dir=PACKAGE_DIR, prefix=".codegen-") as tmp:
+        args = ["grpc_tools.protoc", f"-I{SOURCE_ROOT}", f"--python_out={tmp}", f"--grpc_python_out={tmp}",
+                f"--pyi_out={tmp}", str(rel)]
+        rc = protoc.main(args)
+        if rc != 0:
+            raise CodegenError(f"protoc failed for {rel} (exit {rc})")
+        generated = Path(tmp) / rel.parent
+        for out in _outputs(stem):
+            os.replace(generated / out.name, out)
+    log.info("event=stubs-generated proto=%s", rel)
+
+
+def ensure(stem: str) -> None:
+    with _lock:
+        if is_stale(stem):
+            generate(stem)
+
+
+def load(stem: str) -> tuple[ModuleType, ModuleType]:
+    """Return ``(<stem>_pb2, <stem>_pb2_grpc)``, generating them first when needed."""
+    ensure(stem)
+    importlib.invalidate_caches()
+    return (importlib.import_module(f"{PACKAGE}.{stem}_pb2"), importlib.import_module(f"{PACKAGE}.{stem}_pb2_grpc"))
+
+
+def main() -> int:
+    for stem in PROTOS:
+        try:
+            ensure(stem)
+        except CodegenError as e:
+            print(f"codegen: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

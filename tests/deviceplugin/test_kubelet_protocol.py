@@ -1,0 +1,235 @@
+"""End to end over unix sockets: the plugin against a kubelet stand-in speaking the real protocol."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from node_agent.deviceplugin.allocate import CDI_KIND
+from node_agent.deviceplugin.health import HealthPolicy
+from tests.deviceplugin.builders import FakeHost, machine
+from tests.deviceplugin.conftest import Running
+
+MACHINES = ["dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "a30x4", "l4x2", "t4x1"]
+TIME_SLICING = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+MPS = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n"
+RENAMED = TIME_SLICING.replace("timeSlicing:\n", "timeSlicing:\n    renameByDefault: true\n")
+
+
+@pytest.mark.parametrize("name", MACHINES)
+@pytest.mark.parametrize("mode", ["exclusive", "time-slicing", "mps", "renamed"])
+def test_machine_and_sharing_mode(run_plugin: Callable[..., Running], host: FakeHost, name: str, mode: str) -> None:
+    node = machine(name, host)
+    text = {"exclusive": "", "time-slicing": TIME_SLICING, "mps": MPS, "renamed": RENAMED}[mode]
+    r = run_plugin(node, text)
+    resource = "nvidia.com/gpu.shared" if mode == "renamed" else "nvidia.com/gpu"
+    r.kubelet.wait_registered({resource})
+    reg = r.kubelet.registrations[0]
+    assert reg[0] == "v1beta1" and reg[1] == resource.replace("nvidia.com/", "nvidia-") + ".sock"
+    ep = r.kubelet.endpoints[resource]
+    assert ep.options.get_preferred_allocation_available and not ep.options.pre_start_required
+    replicas = {"exclusive": 1, "time-slicing": 4, "mps": 3, "renamed": 4}[mode]
+    ep = r.kubelet.wait_devices(resource, lambda d: len(d) == len(node.gpu_list) * replicas)
+    assert set(ep.devices.values()) == {"Healthy"}
+    # NUMA from sysfs on every device.
+    per_node = max(1, len(node.gpu_list) // 2)
+    for g in node.gpu_list:
+        ids = [g.uuid] if replicas == 1 else [f"{g.uuid}::{n}" for n in range(replicas)]
+        for i in ids:
+            assert ep.topology[i] == [g.index // per_node]
+    ids = sorted(ep.devices)
+    size = min(2, len(node.gpu_list)) if mode != "mps" else 1
+    chosen = r.kubelet.preferred(resource, ids, [], size)
+    assert len(chosen) == size and set(chosen) <= set(ids)
+    resp = r.kubelet.allocate(resource, chosen)
+    c = resp.container_responses[0]
+    uuids = [i.split("::")[0] for i in chosen]
+    assert c.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(dict.fromkeys(uuids))
+    if mode == "mps":
+        assert c.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu/pipe"
+        assert c.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "33"
+        mib = node.gpu_list[0].memory_mib // 3
+        assert c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={mib}M"
+        assert {(m.container_path, m.host_path) for m in c.mounts} == {
+            ("/mps/nvidia.com/gpu/pipe", "/run/nvidia/mps/nvidia.com/gpu/pipe"), ("/dev/shm", "/run/nvidia/mps/shm")}
+    if mode in ("time-slicing", "renamed") and len(node.gpu_list) > 1:
+        # distributed: two replicas land on two different GPUs
+        assert len({i.split("::")[0] for i in chosen}) == 2
+    assert r.kubelet.prestart(resource, chosen) is not None
+    assert r.stop() == 0
+    assert not list(r.kubelet.dir.glob("nvidia-*.sock"))
+
+
+def test_mig_mixed_registers_one_socket_per_profile(run_plugin: Callable[..., Running], host: FakeHost) -> None:
+    node = machine("dgx-h100", host, mig=["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"])
+    r = run_plugin(node, "version: v1\nflags:\n  migStrategy: mixed\n")
+    want = {"nvidia.com/mig-3g.40gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-1g.10gb"}
+    r.kubelet.wait_registered(want)
+    ep = r.kubelet.wait_devices("nvidia.com/mig-1g.10gb", lambda d: len(d) == 16)
+    assert all(i.startswith("MIG-") for i in ep.devices)
+    assert {p.name for p in r.kubelet.dir.glob("nvidia-*.sock")} == {
+        "nvidia-mig-3g.40gb.sock", "nvidia-mig-2g.20gb.sock", "nvidia-mig-1g.10gb.sock"}
+    mig = node.gpu_list[3].migs[0]
+    resp = r.kubelet.allocate("nvidia.com/mig-3g.40gb", [mig.uuid])
+    assert resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == mig.uuid
+
+
+def test_mig_single_uses_gpu_resource(run_plugin: Callable[..., Running], host: FakeHost) -> None:
+    node = machine("dgx-a100-40gb", host, mig=["1g.5gb"] * 7)
+    r = run_plugin(node, "flags: {migStrategy: single}\n")
+    r.kubelet.wait_registered({"nvidia.com/gpu"})
+    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 56)
+
+
+def test_cdi_cri_and_annotations(run_plugin: Callable[..., Running], host: FakeHost) -> None:
+    node = machine("l4x2", host)
+    r = run_plugin(node, "flags:\n  plugin:\n    deviceListStrategy: [cdi-cri, cdi-annotations]\n")
+    r.kubelet.wait_registered({"nvidia.com/gpu"})
+    g = node.gpu_list[1]
+    c = r.kubelet.allocate("nvidia.com/gpu", [g.uuid]).container_responses[0]
+    assert [d.name for d in c.cdi_devices] == [f"{CDI_KIND}={g.uuid}"]
+    (key, value), = c.annotations.items()
+    assert key.startswith("cdi.k8s.io/nvidia-device-plugin_") and value == f"{CDI_KIND}={g.uuid}"
+    assert not c.envs  # only CDI strategies: nothing else
+    assert host.exists("/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.yaml")
+
+
+def test_malformed_requests_are_rejected_with_nvidia_wording(run_plugin: Callable[..., Running],
+                                                             host: FakeHost) -> None:
+    node = machine("dgx-a100-40gb", host)
+    r = run_plugin(node, TIME_SLICING.replace("timeSlicing:\n", "timeSlicing:\n    failRequestsGreaterThanOne: true\n"))
+    r.kubelet.wait_registered({"nvidia.com/gpu"})
+    with pytest.raises(grpc.RpcError) as e:
+        r.kubelet.allocate("nvidia.com/gpu", ["GPU-not-there"])
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == "invalid allocation request for 'nvidia.com/gpu': unknown device: GPU-not-there"
+    u = node.gpu_list[0].uuid
+    with pytest.raises(grpc.RpcError) as e:
+        r.kubelet.allocate("nvidia.com/gpu", [f"{u}::0", f"{u}::1"])
+    assert "maximum request size for shared resources is 1" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        r.kubelet.preferred("nvidia.com/gpu", [f"{u}::0"], ["nope"], 1)
+    assert "unknown device: nope" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        r.kubelet.preferred("nvidia.com/gpu", [f"{u}::0"], [], 2)
+    assert "allocation size 2" in e.value.details()
+    with pytest.raises(grpc.RpcError):
+        r.kubelet.allocate("nvidia.com/gpu", [])
+    # The plugin keeps serving after rejections.
+    assert r.kubelet.allocate("nvidia.com/gpu", [f"{u}::0"]).container_responses[0].envs
+
+
+def test_xid_marks_unhealthy_within_100ms_and_ignored_xids_do_not(run_plugin: Callable[..., Running],
+                                                                  host: FakeHost) -> None:
+    node = machine("dgx-h100", host)
+    r = run_plugin(node)
+    r.kubelet.wait_registered({"nvidia.com/gpu"})
+    ep = r.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
+    for x in (13, 31, 43, 45, 68, 109):
+        node.xid(2, x)
+    node.xid(5, 79)
+    t0 = time.monotonic()
+    ep = r.kubelet.wait_devices("nvidia.com/gpu", lambda d: d[node.gpu_list[5].uuid] == "Unhealthy", timeout=2)
+    assert ep.update_times[-1] - t0 < 0.1
+    assert ep.devices[node.gpu_list[2].uuid] == "Healthy"
+    assert sum(1 for h in ep.devices.values() if h == "Unhealthy") == 1
+
+
+def test_xid_storm_and_gpu_lost(run_plugin: Callable[..., Running], host: FakeHost) -> None:
+    node = machine("dgx-a100-80gb", host)
+    r = run_plugin(node, TIME_SLICING)
+    r.kubelet.wait_registered({"nvidia.com/gpu"})
+    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 32)
+    for _ in range(500):
+        node.xid(1, 48)
+        node.xid(1, 13)
+    node.lose(6)
+    lost = node.gpu_list[6].uuid
+    ep = r.kubelet.wait_devices(
+        "nvidia.com/gpu",
+        lambda d: all(d[f"{lost}::{n}"] == "Unhealthy" for n in range(4))
+        and all(d[f"{node.gpu_list[1].uuid}::{n}"] == "Unhealthy" for n in range(4)),
+    )
+    assert sum(1 for h in ep.devices.values() if h == "Unhealthy") == 8
+    # A storm produces a handful of stream updates, not one per event.
+    assert ep.updates < 10
+    assert r.stop() == 0
+
+
+def test_recovery_after_quiet_period(run_plugin: Callable[..., Running], host: FakeHost) -> None:
+    node = machine("l4x2", host)
+    r = run_plugin(node, policy=HealthPolicy(recovery_quiet_s=0.3, recheck_interval_s=0.05))
+    r.kubelet.wait_registered({"nvidia.com/gpu"})
+    node.xid(0, 79)
+    u = node.gpu_list[0].uuid
+    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: d.get(u) == "Unhealthy")
+    t = time.monotonic()
+    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: d.get(u) == "Healthy", timeout=3)
+    assert time.monotonic() - t >= 0.25
+    metrics = r.metrics.render().decode()
+    assert 'to="Healthy"' in metrics and 'to="Unhealthy"' in metrics
+
+
+@pytest.mark.parametrize("use_inotify", [True, False])
+def test_kubelet_restart_mid_stream_reregisters_within_1s(run_plugin: Callable[..., Running], host: FakeHost,
+                                                         use_inotify: bool) -> None:
+    node = machine("dgx-h100", host, mig=["1g.10gb"] * 7)
+    r = run_plugin(node, "flags: {migStrategy: mixed}\n", use_inotify=use_inotify)
+    r.kubelet.wait_registered({"nvidia.com/mig-1g.10gb"})
+    old = r.kubelet.endpoints["nvidia.com/mig-1g.10gb"]
+    r.kubelet.wait_devices("nvidia.com/mig-1g.10gb", lambda d: len(d) == 56)
+    t = r.kubelet.restart()
+    r.kubelet.wait_registered({"nvidia.com/mig-1g.10gb"}, timeout=1.0, after=t)
+    assert old.stream_ended.wait(2)
+    ep = r.kubelet.wait_devices("nvidia.com/mig-1g.10gb", lambda d: len(d) == 56)
+    assert set(ep.devices.values()) == {"Healthy"}
+    assert r.supervisor.state.restarts >= 1
+
+
+def test_plugin_started_before_kubelet_registers_when_it_appears(run_plugin: Callable[..., Running],
+                                                                  host: FakeHost) -> None:
+    r = run_plugin(machine("t4x1", host), kubelet=False)
+    time.sleep(0.3)
+    assert not r.supervisor.ready()
+    t = time.monotonic()
+    r.kubelet.start()
+    r.kubelet.wait_registered({"nvidia.com/gpu"}, timeout=1.0, after=t)
+    assert r.supervisor.ready()
+
+
+def test_registration_refused_is_fatal(run_plugin: Callable[..., Running], host: FakeHost) -> None:
+    r = run_plugin(machine("t4x1", host))
+    r.kubelet.stop()
+    r.kubelet._reject = lambda req: f"resource {req.resource_name} is already registered"
+    r.kubelet.start()
+    r.thread.join(5)
+    assert r.result == [1]
+    assert not list(r.kubelet.dir.glob("nvidia-*.sock"))
+
+
+def test_reload_rebuilds_with_new_config(run_plugin: Callable[..., Running], host: FakeHost) -> None:
+    node = machine("l4x2", host)
+    texts = ["", TIME_SLICING]
+    r = run_plugin(node, build=None)
+    r.kubelet.wait_registered({"nvidia.com/gpu"})
+    del texts
+    t = time.monotonic()
+    r.supervisor.request_reload("sighup")
+    r.kubelet.wait_registered({"nvidia.com/gpu"}, timeout=1.0, after=t)
+
+
+def test_fail_on_init_error(run_plugin: Callable[..., Running], host: FakeHost) -> None:
+    def broken() -> object:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    r = run_plugin(machine("t4x1", host), build=broken)
+    r.thread.join(5)
+    assert r.result == [1]
+
+    r2 = run_plugin(machine("t4x1", host), "flags: {failOnInitError: false}\n", build=broken)
+    time.sleep(0.3)
+    assert r2.thread.is_alive() and r2.supervisor.ready() and not r2.supervisor.servers
+    assert r2.stop() == 0
