@@ -27,7 +27,7 @@ unit: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy nvgpu node_agent components preview
+	$(VENV)/bin/mypy nvgpu node_agent components preview policies
 
 policy-test: venv
 	$(PY) -m pytest -q tests/policies

@@ -1,0 +1,37 @@
+"""The offline preview's policy step: every recorded resource through the real pack, as ``pulumi preview`` does.
+
+:func:`run` is a :class:`preview.pipeline.Step`: it hands the resources the preview recorded (type
+token, URN, name, parent, inputs) and the stack's engine config to :func:`policies.offline.run_pack`,
+prints the ``Policies:`` section, and turns every mandatory violation into a preview problem so
+``make preview`` fails on it. Advisory violations are printed and do not fail the preview.
+"""
+
+from __future__ import annotations
+
+from policies.analyzer_client import PACK_DIR, AnalyzerResource, PackError, PolicyConfigError, StackContext
+from policies.offline import run_pack, source_label
+from policies.report import format_policies, stack_resource_label, summary_line
+from preview.model import PreviewResult, Problem
+
+STEP = "policies"
+
+
+def run(result: PreviewResult) -> None:
+    resources = [
+        AnalyzerResource(r.type_token, r.urn, r.name, r.inputs, r.parent_urn or "", r.dependencies)
+        for r in result.resources
+    ]
+    stack = StackContext(result.project, result.stack, dict(result.engine_config))
+    try:
+        policy_run = run_pack(resources, stack)
+    except (PackError, PolicyConfigError) as e:
+        result.problems.append(Problem(STEP, str(PACK_DIR), str(e)))
+        return
+    print(format_policies(policy_run.info, policy_run.diagnostics, source=source_label(PACK_DIR),
+                          project=result.project, stack=result.stack))
+    print(summary_line(policy_run.diagnostics))
+    for d in policy_run.mandatory:
+        subject = f"{d.resource_type}: {d.resource_name}" if d.resource_type else stack_resource_label(
+            result.project, result.stack)
+        detail = d.message.removeprefix(d.description).strip() or d.description
+        result.problems.append(Problem(STEP, subject, f"{d.policy_name}: {' '.join(detail.splitlines())}"))
