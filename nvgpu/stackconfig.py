@@ -102,10 +102,51 @@ class Monitoring(_Model):
     pod_monitor: bool = False
 
 
+#: DeviceClasses the DRA stack publishes (NVIDIA's names, so claims written for its driver keep working).
+DRA_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com")
+#: DRADeviceTaints is beta (on by default) from this minor; before it, device taints are dropped.
+DRA_DEVICE_TAINTS_MINOR = 36
+
+
+class ClaimQuota(_Model):
+    """A ResourceQuota on DRA claims in one namespace (``count/resourceclaims.resource.k8s.io`` and
+    ``<class>.deviceclass.resource.k8s.io/devices``)."""
+
+    namespace: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+    #: Most ResourceClaims the namespace may hold.
+    claims: Annotated[int | None, Field(ge=0)] = None
+    #: Most devices the namespace may request per DeviceClass, e.g. ``{gpu.nvidia.com: 4}``.
+    devices: dict[str, Annotated[int, Field(ge=0)]] = {}
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> ClaimQuota:
+        if self.claims is None and not self.devices:
+            raise ValueError("set claims and/or devices: a quota without limits would do nothing")
+        unknown = sorted(set(self.devices) - set(DRA_DEVICE_CLASSES))
+        if unknown:
+            raise ValueError(
+                f"devices: unknown DeviceClass {', '.join(unknown)}; allowed: {', '.join(DRA_DEVICE_CLASSES)}"
+            )
+        return self
+
+
 class DraSettings(_Model):
-    driver_name: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")] = (
-        "gpu.nvidia.com"
-    )
+    #: ResourceSlice driver (DNS subdomain, at most 63 characters); NVIDIA's name by default.
+    driver_name: Annotated[
+        str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$", max_length=63)
+    ] = "gpu.nvidia.com"
+    #: Unhealthy GPUs are withdrawn from the ResourceSlices, or published with a device taint (1.36+).
+    health_action: Literal["withdraw", "taint"] = "withdraw"
+    claim_quotas: list[ClaimQuota] = []
+
+    @field_validator("claim_quotas")
+    @classmethod
+    def _unique_namespaces(cls, v: list[ClaimQuota]) -> list[ClaimQuota]:
+        names = [q.namespace for q in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"one quota per namespace; repeated: {', '.join(dupes)}")
+        return v
 
 
 class Cluster(_Model):
@@ -304,6 +345,8 @@ class NodeGroup(_Model):
     gpu_taint: bool = True
     extra_taints: list[Taint] = []
     allocation_mode: AllocationMode | None = None
+    #: DRA only: GPUs of this group may be bound to vfio-pci and handed to VMs (IOMMU on, gpu-vfio.sh).
+    passthrough: bool = False
 
     @model_validator(mode="after")
     def _selection(self) -> NodeGroup:
@@ -346,6 +389,25 @@ class StackConfig(_Model):
                     f"(resource.k8s.io/v1); the cluster is {self.cluster.kubernetes_version}"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _dra(self) -> StackConfig:
+        for g in self.node_groups:
+            if g.passthrough and self.allocation_mode(g) is not AllocationMode.DRA:
+                raise ValueError(f"node group {g.name!r}: passthrough needs allocationMode 'dra' (VFIO devices "
+                                 "are offered through the vfio.gpu.nvidia.com DeviceClass)")
+        dra = self.cluster.dra
+        if dra.health_action == "taint" and self.cluster.kubernetes_minor < DRA_DEVICE_TAINTS_MINOR:
+            raise ValueError(f"cluster.dra.healthAction 'taint' needs DRADeviceTaints, on by default from "
+                             f"Kubernetes 1.{DRA_DEVICE_TAINTS_MINOR}; the cluster is "
+                             f"{self.cluster.kubernetes_version} (use 'withdraw')")
+        if dra.claim_quotas and not self.uses_dra:
+            raise ValueError("cluster.dra.claimQuotas is set but no node group uses allocationMode 'dra'")
+        return self
+
+    @property
+    def uses_dra(self) -> bool:
+        return any(self.allocation_mode(g) is AllocationMode.DRA for g in self.node_groups)
 
     def allocation_mode(self, group: NodeGroup) -> AllocationMode:
         return group.allocation_mode or self.cluster.allocation_mode
