@@ -40,7 +40,17 @@ DRAIN_ANNOTATIONS = (labels.DISRUPTION_REQUIRED, labels.DISRUPTION_APPROVED, lab
 DRAIN_SOURCE = "nvidia-gpu-mig-manager"
 STOP_MARKER = "/var/lib/nvidia-gpu-agent/mig/stopping"
 FAILED_MARKER = "/var/lib/nvidia-gpu-agent/mig/failed-config"
+CLEARED_MARKER = "/var/lib/nvidia-gpu-agent/mig/labels-cleared"
 LOCK_PATH = "/var/lib/nvidia-gpu-agent/mig/lock"
+#: NVIDIA's GPU operator apps and this project's agents (``app.kubernetes.io/name``).
+DEFAULT_CLIENT_LABELS: tuple[tuple[str, str], ...] = (
+    ("app", "nvidia-device-plugin-daemonset"),
+    ("app", "gpu-feature-discovery"),
+    ("app", "nvidia-dcgm-exporter"),
+    ("app", "nvidia-dcgm"),
+    ("app.kubernetes.io/name", "device-plugin"),
+    ("app.kubernetes.io/name", "gpu-labeller"),
+)
 #: Actions after which the loop blocks until something changes.
 BLOCKING = frozenset({Act.IDLE, Act.WAIT, Act.EXIT, Act.REBOOT})
 
@@ -71,6 +81,9 @@ class Settings:
     idle_wait_s: float = 60.0  #: watch timeout while idle
     busy_wait_s: float = 5.0  #: re-check interval while waiting for approval, drain or clients
     max_steps: int = 64  #: actions per :meth:`MigManager.run_until_blocked`, a guard against loops
+    #: Pod labels (``key``, ``value``) marking GPU agents (device plugin, feature discovery, DCGM) whose
+    #: pods the manager deletes once the node is tainted; any pod requesting ``nvidia.com/*`` counts too.
+    client_labels: tuple[tuple[str, str], ...] = DEFAULT_CLIENT_LABELS
 
 
 @dataclass
@@ -174,15 +187,24 @@ class MigManager:
             paused=paused,
             journal=journal,
             workloads=tuple(p.ref for p in pods if p.gpu_requests and not p.daemonset),
-            clients=tuple(p.ref for p in pods if _is_client(p)),
+            clients=tuple(p.ref for p in pods if self._is_client(p)),
             busy_gpus=busy,
             boot_id=self.boot_id(),
             drain=self.settings.drain,
             stopping=self._stopping(),
             failed_config=self._failed_config(),
+            labels_cleared=self.files.read_bytes(CLEARED_MARKER) is not None,
             timeouts=self.settings.timeouts,
         )
         return obs, target
+
+    def _is_client(self, p: PodView) -> bool:
+        """A pod holding GPUs: it requests ``nvidia.com/*``, is a known GPU agent, or uses deploy labels."""
+        return (
+            bool(p.gpu_requests)
+            or any(p.labels.get(k) == v for k, v in self.settings.client_labels)
+            or any(k.startswith(labels.GPU_DEPLOY_PREFIX) for k in p.selector_keys)
+        )
 
     def _failed_config(self) -> str | None:
         raw = self.files.read_bytes(FAILED_MARKER)
@@ -270,6 +292,7 @@ class MigManager:
             self.files.write_atomic(FAILED_MARKER, (o.desired or "").encode())
         elif act is Act.CLEAR_LABELS:
             self._patch(NodePatch(labels={labels.MIG_CONFIG: None, labels.MIG_CONFIG_STATE: None}))
+            self.files.write_atomic(CLEARED_MARKER, b"all-disabled\n")
         elif act is Act.BEGIN:
             assert o.desired is not None
             originals: dict[str, str | None] = {}
@@ -288,6 +311,7 @@ class MigManager:
                     was_unschedulable=node.unschedulable,
                 )
             )
+            self.files.remove(CLEARED_MARKER)
             log.info("event=mig-reconfigure-begin config=%s", o.desired)
         elif j is None:
             raise AssertionError(f"action {act} needs a journal")
@@ -314,6 +338,11 @@ class MigManager:
         elif act is Act.START_DRAIN:
             self._start_drain(o, node)
             self._save(j.advance(Phase.DRAINING, o.now))
+        elif act is Act.STOP_CLIENTS:
+            for p in self.node.pods_on_node():
+                if p.daemonset and not p.finished and self._is_client(p):
+                    self.node.delete_pod(p.namespace, p.name)
+            self._save(j.model_copy(update={"clients_stopped": True}))
         elif act is Act.ADVANCE:
             assert a.phase is not None
             changes: dict[str, object] = {}
@@ -481,10 +510,6 @@ class MigManager:
 #: Phases the preStop path lets the running manager finish (GPU changes and their rollback).
 _IN_FLIGHT = frozenset({Phase.MODE, Phase.LAYOUT, Phase.VERIFY, Phase.ROLLBACK})
 
-
-def _is_client(p: PodView) -> bool:
-    """A pod that holds GPUs: one requesting ``nvidia.com/*`` or a GPU agent scheduled by a deploy label."""
-    return bool(p.gpu_requests) or any(k.startswith(labels.GPU_DEPLOY_PREFIX) for k in p.selector_keys)
 
 
 @contextlib.contextmanager

@@ -103,6 +103,7 @@ class Journal(_Lenient):
     outcome: Outcome | None = None
     reason: str = ""
     reboot_requested: bool = False
+    clients_stopped: bool = False  #: GPU client pods were deleted (the taint keeps them from coming back)
 
     def advance(self, phase: Phase, now: float, **changes: object) -> Journal:
         return self.model_copy(update={"phase": phase, "phase_since": now, "attempts": 0, **changes})

@@ -64,6 +64,7 @@ class PodView:
     gpu_requests: tuple[str, ...]  #: extended resources ``nvidia.com/*`` the pod's containers ask for
     selector_keys: tuple[str, ...]  #: nodeSelector and node-affinity keys
     daemonset: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ref(self) -> str:
@@ -117,6 +118,8 @@ class NodeApi(Protocol):
 
     def evict(self, namespace: str, name: str) -> None: ...
 
+    def delete_pod(self, namespace: str, name: str) -> None: ...
+
     def event(self, node: NodeView, reason: str, message: str, warning: bool) -> None: ...
 
     def wait_for_change(self, resource_version: str, timeout_s: float) -> None:
@@ -161,6 +164,7 @@ def _pod_view(pod: Any) -> PodView:
         gpu_requests=tuple(sorted(requests)),
         selector_keys=tuple(sorted(keys)),
         daemonset=any(o.kind == "DaemonSet" for o in owners),
+        labels=dict(pod.metadata.labels or {}),
     )
 
 
@@ -212,6 +216,13 @@ class KubeNodeApi:
                 log.info("event=evict-refused pod=%s/%s reason=pdb", namespace, name)
                 return
             raise
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            self._call(f"delete pod {namespace}/{name}", self.core.delete_namespaced_pod, name, namespace)
+        except KubeError as e:
+            if e.status != 404:
+                raise
 
     def event(self, node: NodeView, reason: str, message: str, warning: bool) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

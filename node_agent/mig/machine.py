@@ -55,6 +55,7 @@ class Act(StrEnum):
     PAUSE = "pause"  #: state=pending, deploy labels paused, taint; then APPROVAL
     REQUEST_APPROVAL = "request-approval"  #: annotate disruption-required
     START_DRAIN = "start-drain"  #: annotate draining (Deckhouse) or cordon + evict; then DRAINING
+    STOP_CLIENTS = "stop-clients"  #: delete GPU agent pods (the taint keeps their DaemonSets away)
     ADVANCE = "advance"  #: move the journal to ``phase`` (snapshotting GPUs when leaving CLIENTS)
     APPLY_MODE = "apply-mode"
     REBOOT = "reboot"
@@ -103,6 +104,9 @@ class Observation:
     #: The config whose last attempt failed (kept on the host): not retried until the label changes or
     #: an operator deletes the state label, so a bad layout cannot disrupt the node over and over.
     failed_config: str | None = None
+    #: This node's MIG labels were already cleared after a rollback; if a node template puts
+    #: ``all-disabled`` back, leave it (clearing again would fight the template forever).
+    labels_cleared: bool = False
     timeouts: Timeouts = Timeouts()
 
 
@@ -122,6 +126,8 @@ def _without_journal(o: Observation) -> Action:
         return Action(Act.EXIT) if o.stopping else Action(Act.IDLE)
     if o.target is TargetKind.APPLIED:
         if o.desired == ALL_DISABLED and o.sharing != "MIG":
+            if o.labels_cleared:
+                return Action(Act.EXIT) if o.stopping else Action(Act.IDLE, "MIG is off and its labels were cleared")
             return Action(Act.CLEAR_LABELS, f"node left MIG ({labels.DEVICE_GPU_CONFIG}={o.sharing}) and MIG is off")
         if o.state != MigState.SUCCESS:
             return Action(Act.MARK_SUCCESS, f"MIG config {o.desired!r} is already applied")
@@ -186,6 +192,8 @@ def _preparing(o: Observation, j: Journal) -> Action:
             return _finish(Outcome.FAILED, f"node not drained within {o.timeouts.drain:.0f}s{left}")
         return Action(Act.WAIT, "waiting for the drain")
     # CLIENTS
+    if o.clients and not j.clients_stopped:
+        return Action(Act.STOP_CLIENTS, f"stopping GPU clients: {', '.join(o.clients)}")
     if o.clients or o.busy_gpus:
         if waited > o.timeouts.clients:
             held = [*(f"pod {c}" for c in o.clients), *o.busy_gpus]

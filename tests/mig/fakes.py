@@ -138,6 +138,7 @@ class FakeNode:
     pods: list[PodView] = field(default_factory=list)
     events: list[tuple[str, str, bool]] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
     calls: int = 0
     version: int = 1
     fail_patches: int = 0  #: fail this many next patches with HTTP 500
@@ -182,6 +183,11 @@ class FakeNode:
     def evict(self, namespace: str, name: str) -> None:
         self.calls += 1
         self.evicted.append(f"{namespace}/{name}")
+        self.pods = [p for p in self.pods if (p.namespace, p.name) != (namespace, name)]
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self.calls += 1
+        self.deleted.append(f"{namespace}/{name}")
         self.pods = [p for p in self.pods if (p.namespace, p.name) != (namespace, name)]
 
     def event(self, node: NodeView, reason: str, message: str, warning: bool) -> None:
@@ -235,6 +241,7 @@ class Rebooter:
 
 
 def pod(name: str, *, gpu: bool = False, client: str | None = None, namespace: str = "default",
-        daemonset: bool = False) -> PodView:
+        daemonset: bool = False, app: str | None = None) -> PodView:
     return PodView(namespace, name, "Running", ("nvidia.com/gpu",) if gpu else (),
-                   (f"nvidia.com/gpu.deploy.{client}",) if client else (), daemonset)
+                   (f"nvidia.com/gpu.deploy.{client}",) if client else (), daemonset,
+                   {"app.kubernetes.io/name": app} if app else {})

@@ -35,8 +35,12 @@ def test_reconfigures_each_machine(model: str, config: str, layout: dict[str, in
     rig.node.labels[labels.GPU_DEPLOY_PREFIX + "dcgm"] = "false"
     rig.node.labels[labels.GPU_DEPLOY_PREFIX + "device-plugin"] = "true"
     rig.node.pods = [pod("dp", client="device-plugin", daemonset=True, namespace="nvidia-gpu"),
+                     pod("plugin", app="device-plugin", daemonset=True, namespace="nvidia-gpu"),
+                     pod("web", daemonset=True, namespace="web"),
                      pod("train", gpu=True, namespace="ml")]
     acts = rig.converge()
+    assert rig.node.deleted == ["nvidia-gpu/plugin"]  # our own agent, kept away by the taint
+    assert [p.name for p in rig.node.pods] == ["web"]
     assert acts[:3] == ["begin", "pause", "request-approval"]
     assert all(rig.backend.layout(i) == layout for i in range(4))
     assert_returned_to_service(rig.node, "success")
@@ -182,6 +186,15 @@ def test_rollback_to_all_disabled_then_labels_cleared() -> None:
     assert all(backend.mig_mode(i) == (False, False) for i in range(2))
     assert labels.MIG_CONFIG not in rig.node.labels and labels.MIG_CONFIG_STATE not in rig.node.labels
     assert_returned_to_service(rig.node, None)  # type: ignore[arg-type]
+    # A Deckhouse node template still carrying all-disabled puts the label back: no tug of war.
+    rig.node.labels[labels.MIG_CONFIG] = "all-disabled"
+    calls = rig.node.calls
+    assert rig.converge() == ["idle"]
+    assert rig.node.calls == calls + 1  # one read, no patch
+    # MIG again later: the marker goes, the cycle works again.
+    rig.node.labels.update({labels.MIG_CONFIG: "all-1g.10gb", labels.DEVICE_GPU_CONFIG: "MIG"})
+    rig.converge()
+    assert backend.layout(0) == {"1g.10gb": 7}
 
 
 def test_leftover_paused_labels_from_a_wedged_manager_are_cleared() -> None:

@@ -52,6 +52,8 @@ TABLE: list[tuple[str, Observation, Act, Phase | Outcome | None]] = [
     ("left MIG, rollback done: clear labels",
      obs(desired="all-disabled", sharing="TimeSlicing", target=TargetKind.APPLIED, state="success"),
      Act.CLEAR_LABELS, None),
+    ("labels cleared before, template put all-disabled back: idle",
+     obs(desired="all-disabled", sharing="Exclusive", target=TargetKind.APPLIED, labels_cleared=True), Act.IDLE, None),
     ("still a MIG group, all-disabled applied: success",
      obs(desired="all-disabled", sharing="MIG", target=TargetKind.APPLIED), Act.MARK_SUCCESS, None),
     ("left MIG, rollback pending: begin", obs(desired="all-disabled", sharing=None, target=TargetKind.MODE),
@@ -86,7 +88,10 @@ TABLE: list[tuple[str, Observation, Act, Phase | Outcome | None]] = [
                                    workloads=("ml/train",)), Act.WAIT, None),
     ("cordon: workloads gone", obs(journal=journal(Phase.DRAINING), paused=True, drain=DrainMode.CORDON),
      Act.ADVANCE, Phase.CLIENTS),
-    ("clients left: wait", obs(journal=journal(Phase.CLIENTS), paused=True, clients=("ns/dp",)), Act.WAIT, None),
+    ("clients left: stop them", obs(journal=journal(Phase.CLIENTS), paused=True, clients=("ns/dp",)),
+     Act.STOP_CLIENTS, None),
+    ("clients stopped, still going: wait", obs(journal=journal(Phase.CLIENTS, clients_stopped=True), paused=True,
+                                                clients=("ns/dp",)), Act.WAIT, None),
     ("processes hold GPU: wait", obs(journal=journal(Phase.CLIENTS), paused=True, busy_gpus=("GPU 0 (pid 7)",)),
      Act.WAIT, None),
     ("processes hold GPU too long: fail", obs(journal=journal(Phase.CLIENTS, since=NOW - 301), paused=True,
@@ -148,7 +153,8 @@ def test_decide(o: Observation, act: Act, then: Phase | Outcome | None) -> None:
 
 def test_reasons_name_the_problem() -> None:
     assert "nvidia.com/mig.capable=false" in decide(obs(mig_capable="false")).reason
-    held = decide(obs(journal=journal(Phase.CLIENTS, since=NOW - 400), paused=True, clients=("gpu/dcgm",),
+    held = decide(obs(journal=journal(Phase.CLIENTS, since=NOW - 400, clients_stopped=True), paused=True,
+                      clients=("gpu/dcgm",),
                       busy_gpus=("GPU 3 (pid 42)",))).reason
     assert "pod gpu/dcgm" in held and "GPU 3 (pid 42)" in held
     assert "did not take effect after rebooting" in decide(
