@@ -167,6 +167,17 @@ def _to_struct(props: Mapping[str, Any]) -> struct_pb2.Struct:
     return s
 
 
+def _integral(value: Any) -> Any:
+    """``Struct`` turns every number into a float; give JSON-schema bounds back their integer spelling."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
 def reconcile_config(info: PackInfo, config: Mapping[str, Any]) -> dict[str, analyzer_pb2.PolicyConfig]:
     """Resolve ``--policy-pack-config`` content into one ``PolicyConfig`` per policy, like the CLI.
 
@@ -327,7 +338,7 @@ class PackProcess:
                 name=p.name,
                 description=p.description,
                 enforcement_level=_LEVEL_BY_PROTO[p.enforcementLevel],
-                config_schema=json_format.MessageToDict(p.configSchema.properties),
+                config_schema=_integral(json_format.MessageToDict(p.configSchema.properties)),
                 required=tuple(p.configSchema.required),
                 stack_policy=p.policy_type == analyzer_pb2.POLICY_TYPE_STACK,
             )

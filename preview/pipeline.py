@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from policies import preview_step as policy_step
 from preview import engine, render, stackfile, validate
 from preview.model import PreviewResult
 
@@ -30,6 +31,8 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     Step(engine.STEP, engine.run),
     Step(render.STEP, render.run),
     Step(validate.STEP, validate.run, stop_on_problems=False),
+    # Every recorded resource through the real policy pack, as `pulumi preview --policy-pack policies` does.
+    Step(policy_step.STEP, policy_step.run, stop_on_problems=False),
 )
 
 

@@ -1,0 +1,108 @@
+"""The shipped stacks pass every policy, in process and through the real pack; the preview step fails on violations.
+
+The program runs under the preview's mock engine exactly as ``make preview`` runs it; every recorded
+resource then goes to every policy directly (the program-to-policy bridge) and, separately, through
+the pack process over gRPC.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from policy_fixtures import check, check_stack, container, daemonset
+from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
+
+from policies import preview_step
+from policies.analyzer_client import AnalyzerResource, StackContext
+from policies.offline import run_pack
+from policies.pack import POLICIES
+from preview import engine, stackfile
+from preview.model import PreviewResult, Problem, RecordedResource
+from preview.pipeline import new_result
+
+ROOT = Path(__file__).resolve().parents[2]
+STACKS = ("dev", "prod")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict[str, PreviewResult]:
+    out = {}
+    for stack in STACKS:
+        result = new_result(ROOT, stack)
+        stackfile.load(result)
+        engine.run(result)
+        assert result.problems == [], result.problems
+        out[stack] = result
+    return out
+
+
+def _analyzer_resources(result: PreviewResult) -> list[AnalyzerResource]:
+    return [AnalyzerResource(r.type_token, r.urn, r.name, r.inputs, r.parent_urn or "", r.dependencies)
+            for r in result.resources]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_shipped_stack_passes_every_policy_in_process(
+    stack: str, recorded: dict[str, PreviewResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = recorded[stack]
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps(result.engine_config))
+    kube = [r for r in result.resources if r.is_kubernetes_object]
+    assert len(kube) >= 20
+    violations: list[str] = []
+    for p in POLICIES:
+        if isinstance(p, ResourceValidationPolicy):
+            for r in kube:
+                violations += [f"{p.name} {r.name}: {m}" for m in check(p.name, r.type_token, r.inputs)]
+        else:
+            assert isinstance(p, StackValidationPolicy)
+            violations += [f"{p.name}: {m}" for m, _ in check_stack(p.name, [(r.type_token, r.inputs) for r in kube])]
+    assert violations == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_shipped_stack_passes_through_the_pack(stack: str, recorded: dict[str, PreviewResult]) -> None:
+    result = recorded[stack]
+    run = run_pack(_analyzer_resources(result), StackContext(result.project, stack, result.engine_config))
+    assert run.diagnostics == ()
+    assert run.resources == len(result.resources)
+
+
+def test_a_broken_device_plugin_is_caught_through_the_pack(recorded: dict[str, PreviewResult]) -> None:
+    result = recorded["dev"]
+    resources = _analyzer_resources(result)
+    i = next(i for i, r in enumerate(resources) if r.name == "h100-mig-device-plugin")
+    props = copy.deepcopy(dict(resources[i].props))
+    props["spec"]["template"]["spec"]["tolerations"] = []
+    resources[i] = AnalyzerResource(resources[i].type, resources[i].urn, resources[i].name, props)
+    run = run_pack(resources, StackContext(result.project, "dev", result.engine_config))
+    assert [(d.policy_name, d.resource_name, d.message.splitlines()[-1]) for d in run.mandatory] == [(
+        "gpu-daemonset-tolerates-taint",
+        "h100-mig-device-plugin",
+        "DaemonSet 'device-plugin-h100-mig' does not tolerate the GPU taint nvidia.com/gpu=present:NoSchedule",
+    )]
+
+
+def test_preview_step_turns_mandatory_violations_into_problems(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    privileged = container("exporter", securityContext={"privileged": True})
+    ds = daemonset("exporter", role="exporter", containers=[privileged])
+    urn = "urn:pulumi:dev::nvidia-gpu::kubernetes:apps/v1:DaemonSet::exporter"
+    result = PreviewResult(project="nvidia-gpu", stack="dev", project_dir=ROOT, out_dir=tmp_path,
+                           stack_file=ROOT / "Pulumi.dev.yaml")
+    result.resources = (RecordedResource("kubernetes:apps/v1:DaemonSet", "exporter", urn, None, True, None, ds),)
+    preview_step.run(result)
+    assert result.problems == [Problem(
+        "policies", "kubernetes:apps/v1:DaemonSet: exporter",
+        "no-privileged-containers: DaemonSet 'exporter' (role 'exporter'): container 'exporter' is privileged",
+    )]
+    out = capsys.readouterr().out
+    assert out.startswith("Policies:\n    ❌ nvidia-gpu@v0.1.0 (local: policies)\n"
+                          "        - [mandatory]  no-privileged-containers  (kubernetes:apps/v1:DaemonSet: exporter)\n")
+    assert out.endswith("Policy violations: 1 mandatory, 0 advisory\n")
