@@ -65,6 +65,7 @@ class Gpu:
     compute_capability: tuple[int, int] = (8, 0)
     mig_enabled: bool = False
     migs: tuple[MigDevice, ...] = ()
+    numa_node: int | None = None  #: NVML's answer, used when sysfs has none
 
 
 class HealthEventKind(StrEnum):
@@ -133,10 +134,12 @@ def sysfs_bus_id(nvml_bus_id: str) -> str:
 
 
 def numa_node(host: HostFiles, gpu: Gpu) -> int | None:
-    """The GPU's NUMA node from sysfs; negative or unreadable means "no topology", as in NVIDIA's plugin."""
+    """The GPU's NUMA node from sysfs; negative or unreadable means "no topology", as in NVIDIA's plugin.
+
+    Without the sysfs file (no host sysfs mounted) NVML's own answer is used."""
     text = host.read_text(f"/sys/bus/pci/devices/{sysfs_bus_id(gpu.pci_bus_id)}/numa_node")
     if text is None:
-        return None
+        return gpu.numa_node
     try:
         node = int(text.strip())
     except ValueError:

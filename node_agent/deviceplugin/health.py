@@ -188,9 +188,14 @@ class HealthMonitor:
         return self.board.mark(self._targets(ev), False, reason)
 
     def recheck(self) -> list[str]:
-        """Re-check unhealthy devices; those quiet long enough and passing turn Healthy."""
+        """Re-check devices: healthy GPUs that stopped answering are lost; unhealthy devices that
+        stayed quiet long enough and pass turn Healthy. Returns the recovered UUIDs."""
         now = self._clock()
         recovered: list[str] = []
+        bad = self.board.unhealthy()
+        for uuid in self._gpus:
+            if uuid not in bad and not self._devices.check(uuid):
+                self.board.mark([uuid], False, HealthEventKind.GPU_LOST.value)
         for uuid in self.board.unhealthy():
             if now - self.board.last_bad(uuid) < self.policy.recovery_quiet_s:
                 continue

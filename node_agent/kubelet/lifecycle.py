@@ -129,7 +129,7 @@ class Supervisor:
         self.servers: list[ResourceServer] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._registered_with: int | None = None  # inode of the kubelet.sock we registered against
+        self._registered_with: tuple[int, int] | None = None  # identity of the kubelet.sock we registered with
 
     # -- requests from other threads (signal handlers, config watchers) --
     def request_reload(self, cause: str = "reload") -> None:
@@ -170,11 +170,13 @@ class Supervisor:
         self.state.started = True
         self._register_all()
 
-    def _kubelet_inode(self) -> int | None:
+    def _kubelet_inode(self) -> tuple[int, int] | None:
+        """The kubelet socket's identity (inode numbers are reused, so the change time too)."""
         try:
-            return self.kubelet_socket.stat().st_ino
+            st = self.kubelet_socket.stat()
         except OSError:
             return None
+        return (st.st_ino, st.st_ctime_ns)
 
     def _register_all(self) -> None:
         pending = [s for s in self.servers if not s.registered]
@@ -259,6 +261,9 @@ class Supervisor:
             pass
         changed = watcher.wait(min(timeout_s, 0.1))
         if changed:
+            own = {s.socket_path.name for s in self.servers}
+            if changed & own and any(not s.socket_path.exists() for s in self.servers):
+                return self._drain("socket-removed")
             if KUBELET_SOCKET_NAME in changed:
                 inode = self._kubelet_inode()
                 if inode is None:
@@ -266,9 +271,6 @@ class Supervisor:
                 if self.state.registered and inode == self._registered_with:
                     return None  # we already registered with this kubelet instance
                 return self._drain("kubelet-socket")
-            own = {s.socket_path.name for s in self.servers}
-            if changed & own and any(not s.socket_path.exists() for s in self.servers):
-                return self._drain("socket-removed")
             return None
         try:
             return self._drain(self.events.get(timeout=max(0.0, timeout_s - 0.1)) if timeout_s > 0.1 else None)

@@ -1,0 +1,133 @@
+"""Reads this node's device-plugin config label and notices when the chosen config changes.
+
+The node label ``nvidia.com/device-plugin.config`` names one of the configs mounted from the
+components' ConfigMap. :class:`ConfigWatcher` polls the label (one GET of the own Node through the
+in-cluster API, with the pod's service account) and the mounted files, and asks for a reload when
+the selection or its content changes, which is NVIDIA's config-manager sidecar folded into the
+plugin. A plain ``urllib`` request keeps the plugin's memory small (the kubernetes client alone
+costs about 18 MiB).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+import threading
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from node_agent.deviceplugin.named import DEFAULT_FALLBACKS, NamedConfigError, Selection, available_configs, select
+
+log = logging.getLogger(__name__)
+
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class LabelSource(Protocol):
+    def label(self) -> str | None:
+        """The label's current value (``None`` when unset); raises ``OSError`` when unreadable."""
+        ...
+
+
+class InClusterNodeLabel:
+    """GET /api/v1/nodes/<name> with the pod's service account token."""
+
+    def __init__(self, node_name: str, key: str = CONFIG_LABEL, timeout_s: float = 10.0):
+        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host:
+            raise OSError("not running in a cluster (KUBERNETES_SERVICE_HOST is unset)")
+        self.url = f"https://{host}:{port}/api/v1/nodes/{node_name}"
+        self.key = key
+        self.timeout_s = timeout_s
+        self._ctx = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
+
+    def label(self) -> str | None:
+        token = (SERVICE_ACCOUNT / "token").read_text().strip()  # re-read: projected tokens rotate
+        req = urllib.request.Request(self.url, headers={"Authorization": f"Bearer {token}",
+                                                        "Accept": "application/json"})
+        with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ctx) as resp:
+            node = json.load(resp)
+        value = node.get("metadata", {}).get("labels", {}).get(self.key)
+        return str(value) if value is not None else None
+
+
+class ConfigSelector:
+    """Chooses the config text: a fixed file, or a named config picked by the node label."""
+
+    def __init__(self, config_file: Path | None = None, config_dir: Path | None = None,
+                 labels: LabelSource | None = None, default: str | None = None,
+                 fallbacks: Sequence[str] = DEFAULT_FALLBACKS):
+        self.config_file = config_file
+        self.config_dir = config_dir
+        self.labels = labels
+        self.default = default
+        self.fallbacks = tuple(fallbacks)
+        self.current: Selection | None = None
+        self._last_label: str | None = None
+
+    def _label(self) -> str | None:
+        if self.labels is None:
+            return None
+        try:
+            self._last_label = self.labels.label()
+        except OSError as e:  # API hiccup: keep the last known label, do not flap
+            log.warning("event=label-read-failed error=%s", e)
+        return self._last_label
+
+    def select(self) -> Selection:
+        if self.config_dir is None:
+            path = self.config_file
+            return Selection(path.name if path else None, path, "file" if path else "none")
+        return select(available_configs(self.config_dir), self._label(), self.default, self.fallbacks)
+
+    def read(self) -> tuple[Selection, str | None]:
+        sel = self.select()
+        text = sel.read()
+        self.current = sel
+        return sel, text
+
+
+class ConfigWatcher:
+    """Polls the selection and content; calls ``on_change`` when either differs from the last read."""
+
+    def __init__(self, selector: ConfigSelector, on_change: Callable[[str], None], interval_s: float = 5.0):
+        self.selector = selector
+        self.on_change = on_change
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="config-watch", daemon=True)
+        self._seen: tuple[str | None, str | None] | None = None
+
+    def remember(self, selection: Selection, text: str | None) -> None:
+        self._seen = (selection.name, text)
+
+    def poll(self) -> bool:
+        try:
+            sel = self.selector.select()
+            text = sel.read()
+        except (NamedConfigError, OSError) as e:
+            log.error("event=config-selection-failed error=%s action=keep-current", e)
+            return False
+        if self._seen is not None and (sel.name, text) != self._seen:
+            log.info("event=config-changed name=%s reason=%s", sel.name, sel.reason)
+            self._seen = (sel.name, text)
+            self.on_change("config-changed")
+            return True
+        self._seen = (sel.name, text)
+        return False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,115 @@
+"""The plugin over the agent's NVML facade on every simulated machine (nvidia-ml-py underneath)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from node_agent import nvml
+from node_agent.deviceplugin import config
+from node_agent.deviceplugin.health import HealthPolicy
+from node_agent.deviceplugin.metrics import PluginMetrics
+from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
+from node_agent.deviceplugin.plugin import NodePlugins
+from node_agent.deviceplugin.preferred import best_set, set_score
+from node_agent.nvml.sim import MACHINE_NAMES, SimulatedMachine
+from tests.deviceplugin.builders import FakeHost
+from tests.deviceplugin.conftest import Running
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[Callable[[str], tuple[SimulatedMachine, nvml.NvmlSession]]]:
+    with_sessions = []
+
+    def open_machine(name: str) -> tuple[SimulatedMachine, nvml.NvmlSession]:
+        state = tmp_path / f"{name}.json"
+        machine = SimulatedMachine(name, state)
+        cm = nvml.open_nvml(nvml.NvmlBackend.parse(f"simulated:{name}", state_file=state))
+        session = cm.__enter__()
+        with_sessions.append(cm)
+        return machine, session
+
+    yield open_machine
+    for cm in reversed(with_sessions):
+        cm.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("name", MACHINE_NAMES)
+def test_every_simulated_machine_serves_kubelet(run_plugin: Callable[..., Running], host: FakeHost,
+                                                sim: Callable[[str], tuple[SimulatedMachine, nvml.NvmlSession]],
+                                                name: str) -> None:
+    machine, session = sim(name)
+    node = NvmlNodeDevices(session)
+    metrics = PluginMetrics()
+
+    def build() -> NodePlugins:
+        return NodePlugins(node, config.load(""), host, metrics=metrics,
+                           policy=HealthPolicy(recovery_quiet_s=3600, recheck_interval_s=3600))
+
+    r = run_plugin(node, build=build)
+    r.kubelet.wait_registered({"nvidia.com/gpu"})
+    n = machine.spec.gpu_count
+    ep = r.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == n)
+    assert set(ep.devices) == {machine.spec.gpu_uuid(i) for i in range(n)}
+    assert {tuple(v) for v in ep.topology.values()} <= {(x,) for x in machine.spec.numa_nodes}
+    if n >= 4:
+        ids = sorted(ep.devices)
+        chosen = r.kubelet.preferred("nvidia.com/gpu", ids, [], 4)
+        gpus = {g.uuid: g for g in node.gpus()}
+        idx = [gpus[i].index for i in chosen]
+
+        def score(a: int, b: int) -> int:
+            return node.link(node.gpus()[a], node.gpus()[b]).score
+
+        best = best_set(n, score, [], 4)
+        assert set_score(idx, score) == set_score(best, score)
+    # An XID from the simulator reaches the stream; a lost GPU turns Unhealthy.
+    machine.inject_xid(0, 48)
+    t0 = time.monotonic()
+    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: d[machine.spec.gpu_uuid(0)] == "Unhealthy", timeout=2)
+    assert time.monotonic() - t0 < 0.5
+    if n > 1:
+        machine.lose_gpu(n - 1)
+        r.kubelet.wait_devices("nvidia.com/gpu", lambda d: d[machine.spec.gpu_uuid(n - 1)] == "Unhealthy", timeout=2)
+    assert r.stop() == 0
+    node.close()
+
+
+def test_simulated_mig_mixed(run_plugin: Callable[..., Running], host: FakeHost,
+                             sim: Callable[[str], tuple[SimulatedMachine, nvml.NvmlSession]]) -> None:
+    machine, session = sim("dgx-a100-40gb")
+    session.set_mig_mode(0, True)
+    machine.reset_gpu(0)
+    p3 = next(p for p in session.gpu_instance_profiles(0) if p.name == "3g.20gb")
+    p1 = next(p for p in session.gpu_instance_profiles(0) if p.name == "1g.5gb")
+    for prof in (p3, p1, p1):
+        gi = session.create_gpu_instance(0, prof.id)
+        session.create_compute_instance(0, gi.id)
+    # MIG capability minors, as the driver publishes them.
+    gpu0 = session.gpu(0)
+    lines = [f"gpu{gpu0.minor}/gi{m.gi_id}/access {10 + m.gi_id}" for m in gpu0.mig_devices]
+    lines += [f"gpu{gpu0.minor}/gi{m.gi_id}/ci{m.ci_id}/access {100 + m.gi_id}" for m in gpu0.mig_devices]
+    host.put("/proc/driver/nvidia-caps/mig-minors", "\n".join(lines) + "\n")
+    node = NvmlNodeDevices(session)
+    metrics = PluginMetrics()
+
+    def build() -> NodePlugins:
+        return NodePlugins(node, config.load("flags: {migStrategy: mixed}"), host, metrics=metrics,
+                           policy=HealthPolicy(recovery_quiet_s=3600, recheck_interval_s=3600))
+
+    r = run_plugin(node, build=build)
+    r.kubelet.wait_registered({"nvidia.com/gpu", "nvidia.com/mig-3g.20gb", "nvidia.com/mig-1g.5gb"})
+    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 7)
+    ep = r.kubelet.wait_devices("nvidia.com/mig-1g.5gb", lambda d: len(d) == 2)
+    # An XID on one GPU instance marks only that MIG device.
+    mig = next(m for m in gpu0.mig_devices if m.profile == "1g.5gb")
+    machine.inject_xid(0, 48, gi_id=mig.gi_id, ci_id=mig.ci_id)
+    ep = r.kubelet.wait_devices("nvidia.com/mig-1g.5gb", lambda d: d[str(mig.uuid)] == "Unhealthy")
+    assert sorted(ep.devices.values()) == ["Healthy", "Unhealthy"]
+    assert r.kubelet.endpoints["nvidia.com/mig-3g.20gb"].devices
+    c = r.kubelet.allocate("nvidia.com/mig-3g.20gb", list(r.kubelet.endpoints["nvidia.com/mig-3g.20gb"].devices))
+    assert c.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+    node.close()
