@@ -14,10 +14,18 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.dra_stack import DraStack, DraStackArgs
 from components.manifests.deckhouse import NodeScript
 from components.node_group import GpuNodeGroup, GpuNodeGroupArgs
 from components.platform import GpuPlatform, GpuPlatformArgs
-from nvgpu.stackconfig import CONFIG_NAMESPACE, NodeGroup, NodeSetupBackend, StackConfig, namespace_values
+from nvgpu.stackconfig import (
+    CONFIG_NAMESPACE,
+    AllocationMode,
+    NodeGroup,
+    NodeSetupBackend,
+    StackConfig,
+    namespace_values,
+)
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,7 @@ class Stack:
     provider: k8s.Provider
     platform: GpuPlatform
     node_groups: dict[str, GpuNodeGroup]
+    dra: DraStack | None = None
 
 
 def decode_config_value(raw: Any) -> Any:
@@ -71,9 +80,14 @@ def build_stack(config: StackConfig) -> Stack:
             ),
             with_provider,
         )
+    dra_groups = [g for g in config.node_groups if config.allocation_mode(g) is AllocationMode.DRA]
+    dra = None
+    if dra_groups:
+        dra = DraStack(f"{cluster.namespace}-dra", DraStackArgs(cluster=cluster, groups=dra_groups,
+                                                                platform=platform.refs), with_provider)
     pulumi.export("namespace", platform.namespace)
     pulumi.export("nodeGroups", sorted(groups))
-    return Stack(provider=provider, platform=platform, node_groups=groups)
+    return Stack(provider=provider, platform=platform, node_groups=groups, dra=dra)
 
 
 __all__ = ["CONFIG_NAMESPACE", "Stack", "build_stack", "runtime_config_values"]

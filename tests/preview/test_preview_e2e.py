@@ -33,7 +33,8 @@ def test_dev_stack_renders_and_validates_clean(tmp_path: Path) -> None:
     assert files[0] == "001-namespace-nvidia-gpu.yaml"
     assert [int(f[:3]) for f in files] == list(range(1, len(files) + 1))
     kinds = [yaml.safe_load(p.read_text())["kind"] for p in sorted((out / "manifests").iterdir())]
-    order = ["Namespace", "ClusterRole", "ServiceAccount", "ClusterRoleBinding", "ConfigMap", "DaemonSet"]
+    order = ["Namespace", "ClusterRole", "Role", "ServiceAccount", "ClusterRoleBinding", "RoleBinding", "ConfigMap",
+             "DeviceClass", "DaemonSet"]
     ranks = [order.index(k) if k in order else len(order) for k in kinds]
     assert ranks == sorted(ranks), f"not in apply order: {kinds}"
     assert "NodeGroup" in kinds
