@@ -36,10 +36,11 @@ from policies.manifests import (
 
 #: Agent roles that may run privileged: the device plugin (GPU device nodes, kubelet's socket
 #: directory), the node-setup agent (``/proc/sys``, kernel modules, containerd) and the DRA kubelet plugin
-#: (GPU device nodes for sharing changes, kubelet's plugin directories with Bidirectional propagation).
-DEFAULT_PRIVILEGED_ROLES = ("device-plugin", "gpu-setup", "dra-kubelet-plugin")
-#: Agent roles that may mount host paths: the three above plus the labeller (NFD's features.d).
-DEFAULT_HOST_PATH_ROLES = ("device-plugin", "gpu-labeller", "gpu-setup", "dra-kubelet-plugin")
+#: (GPU device nodes for sharing changes, kubelet's plugin directories with Bidirectional propagation) and
+#: the MIG manager (``/dev/nvidia-caps`` for MIG changes, the host's nvidia-smi reset and its journal).
+DEFAULT_PRIVILEGED_ROLES = ("device-plugin", "gpu-setup", "dra-kubelet-plugin", "mig-manager")
+#: Agent roles that may mount host paths: the four above plus the labeller (NFD's features.d).
+DEFAULT_HOST_PATH_ROLES = ("device-plugin", "gpu-labeller", "gpu-setup", "dra-kubelet-plugin", "mig-manager")
 #: No agent role needs the host's PID, network or IPC namespace by default.
 DEFAULT_HOST_NAMESPACE_ROLES: tuple[str, ...] = ()
 HOST_NAMESPACES = ("hostPID", "hostNetwork", "hostIPC")

@@ -1,0 +1,175 @@
+"""The MigProfile component: the mig-parted ConfigMap, preview-time layout checks, the manager DaemonSet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from components.mig_profile import (
+    CONFIG_KEY,
+    MigProfile,
+    MigProfileArgs,
+    MigProfileError,
+    config_map,
+    daemonset,
+    mig_config,
+    rbac,
+)
+from nvgpu import labels
+from nvgpu.catalogue import H100_80GB
+from nvgpu.migparted import MigConfigSpec, load_config_text, validate_for_model
+from nvgpu.nodelabels import mig_config_name
+from nvgpu.stackconfig import NodeGroup, StackConfig, load_stack_config
+from preview.engine import install_mocks, run_in_engine
+
+IMAGE = {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "0.1.0"}
+
+
+def stack(groups: list[dict[str, Any]], node_setup: str = "deckhouse") -> StackConfig:
+    return load_stack_config({
+        "cluster": {"kubernetesVersion": "1.34", "nodeSetup": node_setup, "agentImage": IMAGE},
+        "nodeGroups": groups,
+    })
+
+
+H100_CUSTOM = {
+    "name": "h100", "nodeGroup": "ng-h100",
+    "gpu": {"sharing": "MIG", "model": "H100-80GB", "mig": {"partedConfig": "custom", "customConfigs": [
+        {"index": 0, "slices": [{"profile": "3g.40gb"}, {"profile": "1g.10gb", "count": 4}]},
+        {"index": 1, "slices": [{"profile": "7g.80gb"}]},
+    ]}},
+}
+GROUPS = [
+    H100_CUSTOM,
+    {"name": "a100", "nodeGroup": "ng-a100", "gpu": {"sharing": "MIG", "model": "A100-40GB",
+                                                    "mig": {"partedConfig": "all-1g.5gb"}}},
+    {"name": "l4", "nodeGroup": "ng-l4", "gpu": {"sharing": "TimeSlicing", "model": "L4"}},
+    {"name": "any", "nodeGroup": "ng-any", "gpu": {"sharing": "Exclusive"}},
+]
+
+
+def test_config_holds_standard_sets_and_group_layouts() -> None:
+    cfg = stack(GROUPS)
+    mig = mig_config(cfg.node_groups)
+    h100 = cfg.node_groups[0]
+    name = mig_config_name(h100)
+    assert name.startswith("custom-h100-")
+    assert [layout for _, layout in validate_for_model(mig, name, H100_80GB)] == [
+        {"3g.40gb": 1, "1g.10gb": 4}, {"7g.80gb": 1}]
+    assert mig.mig_configs[name][0].devices == [0] and mig.mig_configs[name][0].device_filter
+    assert {"all-disabled", "all-enabled", "all-balanced", "all-1g.5gb", "all-7g.141gb"} <= set(mig.mig_configs)
+    # The ConfigMap carries exactly this config, in mig-parted's own format.
+    cm = config_map("nvidia-gpu", mig)
+    assert load_config_text(cm["data"][CONFIG_KEY]) == mig
+
+
+def _mig_group(**mig: Any) -> dict[str, Any]:
+    return {"name": "g", "nodeGroup": "ng-g", "gpu": {"sharing": "MIG", "model": "H100-80GB", "mig": mig}}
+
+
+def test_extra_configs_are_validated_against_the_declared_model() -> None:
+    groups = stack([_mig_group(partedConfig="all-balanced")]).node_groups
+    ok = {"ops-mixed": [MigConfigSpec(device_filter="0x233010DE", devices="all", mig_enabled=True,
+                                      mig_devices={"4g.40gb": 1, "3g.40gb": 1})]}
+    assert "ops-mixed" in mig_config(groups, ok).mig_configs
+    # A group selecting an extra config that does not fit its model fails at preview time.
+    bad = {"all-4g": [MigConfigSpec(devices=[2], mig_enabled=True, mig_devices={"4g.40gb": 2})]}
+    g = groups[0].model_copy(update={"gpu": groups[0].gpu.model_copy(
+        update={"mig": groups[0].gpu.effective_mig.model_copy(update={"parted_config": "all-4g"})})})
+    with pytest.raises(MigProfileError) as e:
+        mig_config([g], bad)
+    message = str(e.value)
+    assert "node group 'g'" in message and "GPU 2" in message and "4g.40gb" in message
+    assert "exceeds the 1 instance(s) a H100-80GB can hold" in message
+
+
+def test_a_layout_named_for_another_model_fails() -> None:
+    groups = stack([_mig_group(partedConfig="all-balanced")]).node_groups
+    g = groups[0].model_copy(update={"gpu": groups[0].gpu.model_copy(
+        update={"mig": groups[0].gpu.effective_mig.model_copy(update={"parted_config": "all-1g.5gb"})})})
+    with pytest.raises(MigProfileError, match="has no entry for the H100-80GB"):
+        mig_config([g])
+
+
+def _nodegroup_layout(group: NodeGroup, profile: str, count: int) -> NodeGroup:
+    mig = group.gpu.effective_mig
+    bad = mig.model_copy(update={"custom_configs": [mig.custom_configs[0].model_copy(update={
+        "slices": [mig.custom_configs[0].slices[0].model_copy(update={"profile": profile, "count": count})]})]})
+    return group.model_copy(update={"gpu": group.gpu.model_copy(update={"mig": bad})})
+
+
+@pytest.mark.parametrize(
+    ("profile", "count", "why"),
+    [("1g.5gb", 1, "profile '1g.5gb' is unknown for H100-80GB"),
+     ("2g.20gb", 4, "4 x 2g.20gb exceeds the 3 instance(s)"),
+     ("3g.40gb", 3, "exceeds the 2 instance(s)")],
+)
+def test_unplaceable_custom_layouts_name_gpu_profile_and_why(profile: str, count: int, why: str) -> None:
+    # Built past the stack-config checks on purpose: the component must not trust its caller.
+    group = _nodegroup_layout(stack([H100_CUSTOM]).node_groups[0], profile, count)
+    with pytest.raises(MigProfileError) as e:
+        mig_config([group])
+    assert "node group 'h100'" in str(e.value) and "GPU 0" in str(e.value) and why in str(e.value)
+
+
+def test_daemonset_targets_mig_capable_groups_with_a_mig_label() -> None:
+    cfg = stack(GROUPS)
+    groups = [g for g in cfg.node_groups if g.name != "l4"]
+    ds = daemonset("nvidia-gpu", cfg.cluster, groups)
+    spec = ds["spec"]["template"]["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"][0]["values"] for t in terms] == [["ng-h100"], ["ng-a100"], ["ng-any"]]
+    for t in terms:
+        assert {"key": labels.GPU_SETUP_COMPLETE, "operator": "Exists"} in t["matchExpressions"]
+        assert {"key": labels.MIG_CONFIG, "operator": "Exists"} in t["matchExpressions"]
+    assert {"key": "mig-reconfigure", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    (c,) = spec["containers"]
+    assert c["args"][-2:] == ["--drain", "deckhouse"]
+    assert c["lifecycle"]["preStop"]["exec"]["command"][-3:] == ["--pre-stop", "--timeout", "100"]
+    assert spec["terminationGracePeriodSeconds"] > 100
+    assert ds["metadata"]["labels"]["app.kubernetes.io/component"] == "mig-manager"
+    other = daemonset("nvidia-gpu", stack(GROUPS, node_setup="daemonset").cluster, groups)
+    assert other["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "cordon"
+
+
+def test_rbac_is_least_privilege() -> None:
+    sa, role, binding = rbac("nvidia-gpu")
+    verbs = {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]}
+    assert (("pods/eviction",), ("create",)) in verbs
+    assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in role["rules"])
+    assert not any("secrets" in r["resources"] for r in role["rules"])
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": "nvidia-gpu"}]
+
+
+def test_component_under_the_mock_engine() -> None:
+    monitor = install_mocks("nvidia-gpu", "test")
+    cfg = stack(GROUPS)
+    run_in_engine(lambda: MigProfile("mig", MigProfileArgs(cluster=cfg.cluster, groups=cfg.node_groups)))
+    resources = {r.name: r for r in monitor.recorded_resources()}
+    comp = resources["mig"]
+    assert comp.type_token == "nvidia-gpu:index:MigProfile" and comp.is_component
+    children = {n for n, r in resources.items() if r.parent_urn == comp.urn}
+    assert children == {"mig-sa", "mig-role", "mig-binding", "mig-config", "mig-manager"}
+    manager = resources["mig-manager"]
+    assert resources["mig-config"].urn in manager.dependencies
+    data = yaml.safe_load(resources["mig-config"].inputs["data"][CONFIG_KEY])
+    assert data["version"] == "v1" and mig_config_name(cfg.node_groups[0]) in data["mig-configs"]
+
+
+def test_no_mig_capable_group_no_manager() -> None:
+    monitor = install_mocks("nvidia-gpu", "test")
+    cfg = stack([GROUPS[2]])
+    run_in_engine(lambda: MigProfile("mig", MigProfileArgs(cluster=cfg.cluster, groups=cfg.node_groups)))
+    assert [r.name for r in monitor.recorded_resources()] == ["mig"]
+
+
+def test_invalid_layout_registers_nothing() -> None:
+    monitor = install_mocks("nvidia-gpu", "test")
+    cfg = stack([H100_CUSTOM])
+    bad = _nodegroup_layout(cfg.node_groups[0], "7g.80gb", 2)
+    with pytest.raises(Exception, match="exceeds the 1 instance"):
+        run_in_engine(lambda: MigProfile("mig", MigProfileArgs(cluster=cfg.cluster, groups=[bad])))
+    assert [r for r in monitor.recorded_resources() if r.custom] == []
