@@ -16,6 +16,7 @@ import pulumi_kubernetes as k8s
 
 from components.dra_stack import DraStack, DraStackArgs
 from components.manifests.deckhouse import NodeScript
+from components.mig_profile import MigProfile, MigProfileArgs
 from components.node_group import GpuNodeGroup, GpuNodeGroupArgs
 from components.platform import GpuPlatform, GpuPlatformArgs
 from nvgpu.stackconfig import (
@@ -34,6 +35,7 @@ class Stack:
     platform: GpuPlatform
     node_groups: dict[str, GpuNodeGroup]
     dra: DraStack | None = None
+    mig: MigProfile | None = None
 
 
 def decode_config_value(raw: Any) -> Any:
@@ -85,9 +87,12 @@ def build_stack(config: StackConfig) -> Stack:
     if dra_groups:
         dra = DraStack(f"{cluster.namespace}-dra", DraStackArgs(cluster=cluster, groups=dra_groups,
                                                                 platform=platform.refs), with_provider)
+    # Stack-wide: the MIG manager must outlive a group's MIG setting to roll its nodes back.
+    mig = MigProfile(f"{cluster.namespace}-mig", MigProfileArgs(cluster=cluster, groups=config.node_groups,
+                                                               depends_on=platform.refs.dependencies), with_provider)
     pulumi.export("namespace", platform.namespace)
     pulumi.export("nodeGroups", sorted(groups))
-    return Stack(provider=provider, platform=platform, node_groups=groups, dra=dra)
+    return Stack(provider=provider, platform=platform, node_groups=groups, dra=dra, mig=mig)
 
 
 __all__ = ["CONFIG_NAMESPACE", "Stack", "build_stack", "runtime_config_values"]
