@@ -8,8 +8,11 @@ from collections.abc import Callable
 import grpc
 import pytest
 
+from node_agent.deviceplugin import config
 from node_agent.deviceplugin.allocate import CDI_KIND
 from node_agent.deviceplugin.health import HealthPolicy
+from node_agent.deviceplugin.metrics import PluginMetrics
+from node_agent.deviceplugin.plugin import NodePlugins
 from tests.deviceplugin.builders import FakeHost, machine
 from tests.deviceplugin.conftest import Running
 
@@ -212,13 +215,21 @@ def test_registration_refused_is_fatal(run_plugin: Callable[..., Running], host:
 
 def test_reload_rebuilds_with_new_config(run_plugin: Callable[..., Running], host: FakeHost) -> None:
     node = machine("l4x2", host)
-    texts = ["", TIME_SLICING]
-    r = run_plugin(node, build=None)
+    texts = [""]
+    metrics = PluginMetrics()
+
+    def build() -> NodePlugins:
+        return NodePlugins(node, config.load(texts[-1]), host, metrics=metrics, policy=HealthPolicy())
+
+    r = run_plugin(node, build=build)
     r.kubelet.wait_registered({"nvidia.com/gpu"})
-    del texts
+    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 2)
+    texts.append(RENAMED)
     t = time.monotonic()
     r.supervisor.request_reload("sighup")
-    r.kubelet.wait_registered({"nvidia.com/gpu"}, timeout=1.0, after=t)
+    r.kubelet.wait_registered({"nvidia.com/gpu.shared"}, timeout=1.0, after=t)
+    r.kubelet.wait_devices("nvidia.com/gpu.shared", lambda d: len(d) == 8)
+    assert not (r.kubelet.dir / "nvidia-gpu.sock").exists()
 
 
 def test_fail_on_init_error(run_plugin: Callable[..., Running], host: FakeHost) -> None:
