@@ -15,6 +15,7 @@ import pulumi
 
 from components.manifests import deckhouse, workloads
 from components.manifests.deckhouse import NodeScript
+from components.manifests.platform import AgentRole
 from components.manifests.workloads import GroupContext
 from components.platform import PlatformRefs
 from components.register import register, register_patch
@@ -45,7 +46,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
         group, cluster, refs = args.group, args.cluster, args.platform
         deckhouse_backend = cluster.node_setup is NodeSetupBackend.DECKHOUSE
         ctx = GroupContext(namespace=refs.namespace, cluster=cluster, group=group, label_flow=not deckhouse_backend)
-        after_platform = pulumi.ResourceOptions(parent=self, depends_on=list(refs.dependencies))
+
+        def runs_as(role: AgentRole, *extra: pulumi.Resource) -> pulumi.ResourceOptions:
+            return pulumi.ResourceOptions(parent=self, depends_on=[*refs.needs(role), *extra])
 
         self.node_setup = []
         if deckhouse_backend:
@@ -67,22 +70,24 @@ class GpuNodeGroup(pulumi.ComponentResource):
                     )
                 )
         else:
-            self.node_setup.append(register(f"{name}-setup", workloads.setup_daemonset(ctx), after_platform))
+            self.node_setup.append(
+                register(f"{name}-setup", workloads.setup_daemonset(ctx), runs_as(AgentRole.NODE_SETUP))
+            )
 
-        self.labeller = register(f"{name}-labeller", workloads.labeller_daemonset(ctx), after_platform)
+        self.labeller = register(f"{name}-labeller", workloads.labeller_daemonset(ctx), runs_as(AgentRole.LABELLER))
 
         self.sharing = None
         self.device_plugin = None
         if args.allocation_mode is AllocationMode.DEVICE_PLUGIN:
             self.sharing = SharingPolicy(
                 f"{name}-sharing",
-                SharingPolicyArgs(namespace=refs.namespace, group=group, depends_on=refs.dependencies),
+                SharingPolicyArgs(namespace=refs.namespace, group=group, depends_on=(refs.namespace_resource,)),
                 pulumi.ResourceOptions(parent=self),
             )
             self.device_plugin = register(
                 f"{name}-device-plugin",
                 workloads.device_plugin_daemonset(ctx),
-                pulumi.ResourceOptions(parent=self, depends_on=[*refs.dependencies, self.sharing]),
+                runs_as(AgentRole.DEVICE_PLUGIN, self.sharing.config_map),
             )
 
         self.register_outputs(

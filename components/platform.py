@@ -25,7 +25,15 @@ class PlatformRefs:
 
     namespace: str
     service_accounts: dict[AgentRole, str]
+    #: Everything the platform created (for consumers that need all of it in place).
     dependencies: tuple[pulumi.Resource, ...]
+    namespace_resource: pulumi.Resource
+    #: Per role, what its pods need before they can start: the ServiceAccount and its binding.
+    role_resources: dict[AgentRole, tuple[pulumi.Resource, ...]]
+
+    def needs(self, role: AgentRole) -> list[pulumi.Resource]:
+        """What a workload running as ``role`` must wait for: the namespace and the role's identity."""
+        return [self.namespace_resource, *self.role_resources[role]]
 
 
 class GpuPlatform(pulumi.ComponentResource):
@@ -40,6 +48,7 @@ class GpuPlatform(pulumi.ComponentResource):
         ns = register(f"{name}-ns", manifests.namespace(ns_name, cluster.kubernetes_version), child)
         in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
         deps: list[pulumi.Resource] = [ns]
+        per_role: dict[AgentRole, tuple[pulumi.Resource, ...]] = {}
         roles = manifests.roles_for_backend(cluster.node_setup is NodeSetupBackend.DAEMONSET)
         for role in roles:
             sa = register(f"{name}-{role.value}-sa", manifests.service_account(ns_name, role), in_ns)
@@ -50,11 +59,14 @@ class GpuPlatform(pulumi.ComponentResource):
                 pulumi.ResourceOptions(parent=self, depends_on=[sa, cr]),
             )
             deps += [sa, cr, crb]
+            per_role[role] = (sa, crb)
         self.namespace = pulumi.Output.from_input(ns_name)
         self.service_accounts = {role.value: role.value for role in roles}
         self.refs = PlatformRefs(
             namespace=ns_name,
             service_accounts={role: role.value for role in roles},
             dependencies=tuple(deps),
+            namespace_resource=ns,
+            role_resources=per_role,
         )
         self.register_outputs({"namespace": self.namespace, "serviceAccounts": self.service_accounts})

@@ -1,67 +1,47 @@
-"""Turns a manifest dict into the matching pulumi_kubernetes resource, so components stay declarative.
+"""Registers a manifest dict as the Kubernetes provider resource for its kind, so components stay declarative.
 
-Typed classes are used for built-in kinds (their type tokens are what policies match on, e.g.
-``kubernetes:apps/v1:DaemonSet``); any other kind is a ``CustomResource``, and partial objects
-applied with server-side apply are ``CustomResourcePatch``. Object names always come from the
-manifest, never from Pulumi's auto-naming, so the preview's files equal what ``pulumi up`` sends.
+Every object is registered under the provider's own type token, ``kubernetes:<apiVersion>:<kind>``
+(``...Patch`` for server-side-apply patches), with the manifest as its properties: exactly what
+pulumi_kubernetes' typed classes and ``apiextensions.CustomResource`` send to the engine, and what the
+policies match on. The typed classes are not used because they re-translate every nested key of
+inputs that are already in Kubernetes' camelCase shape, which doubled the registration cost in
+``bench/bench_preview.py``; the preview validates the same objects against the real OpenAPI schemas,
+a stronger check than the typed classes' signatures. Object names always come from the manifest,
+never from Pulumi's auto-naming, so the preview's files equal what ``pulumi up`` sends.
 """
 
 from __future__ import annotations
 
-import re
+from importlib.metadata import version
 from typing import Any
 
 import pulumi
-import pulumi_kubernetes as k8s
 
 from components.manifests import Manifest
 
-_TYPED: dict[tuple[str, str], Any] = {
-    ("v1", "Namespace"): k8s.core.v1.Namespace,
-    ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
-    ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
-    ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
-    ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
-    ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSet,
-}
-
-_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+#: Pins the provider plugin like pulumi_kubernetes' own classes do (used when no explicit provider is given).
+PROVIDER_VERSION = version("pulumi-kubernetes")
 
 
-def _kwargs(manifest: Manifest) -> dict[str, Any]:
-    """Top-level fields as the typed classes' snake_case keyword arguments (``roleRef`` → ``role_ref``)."""
-    return {
-        _CAMEL.sub("_", key).lower(): value
-        for key, value in manifest.items()
-        if key not in ("apiVersion", "kind")
-    }
+class KubernetesObject(pulumi.CustomResource):
+    """One Kubernetes API object (or a server-side-apply patch of one) managed by the Kubernetes provider."""
+
+    def __init__(self, name: str, manifest: Manifest, opts: pulumi.ResourceOptions, *, patch: bool = False) -> None:
+        if "apiVersion" not in manifest or "kind" not in manifest:
+            raise ValueError(f"{name}: a manifest needs apiVersion and kind")
+        token = f"kubernetes:{manifest['apiVersion']}:{manifest['kind']}{'Patch' if patch else ''}"
+        props: dict[str, Any] = dict(manifest)
+        super().__init__(token, name, props, pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+            version=PROVIDER_VERSION)))
 
 
 def register(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
     """Register ``manifest`` as a whole object; named objects are deleted before a replacement is created."""
-    opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(delete_before_replace=True))
-    key = (manifest["apiVersion"], manifest["kind"])
-    cls = _TYPED.get(key)
-    if cls is not None:
-        resource: pulumi.CustomResource = cls(name, opts=opts, **_kwargs(manifest))
-        return resource
-    extra = set(manifest) - {"apiVersion", "kind", "metadata", "spec"}
-    if extra:
-        raise ValueError(f"{key[1]} {name}: custom resources carry only metadata and spec, not {sorted(extra)}")
-    return k8s.apiextensions.CustomResource(
-        name, api_version=key[0], kind=key[1], metadata=manifest.get("metadata"), spec=manifest.get("spec"), opts=opts
+    return KubernetesObject(
+        name, manifest, pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(delete_before_replace=True))
     )
 
 
 def register_patch(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
     """Server-side-apply only the fields in ``manifest`` onto an object someone else owns."""
-    return k8s.apiextensions.CustomResourcePatch(
-        name,
-        api_version=manifest["apiVersion"],
-        kind=manifest["kind"],
-        metadata=manifest.get("metadata"),
-        spec=manifest.get("spec"),
-        opts=opts,
-    )
+    return KubernetesObject(name, manifest, opts, patch=True)

@@ -13,8 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from components.manifests import yamltext
 from preview.model import PreviewResult, RecordedResource, RenderedManifest
 
 STEP = "render"
@@ -75,7 +74,7 @@ def render_manifests(resources: tuple[RecordedResource, ...]) -> tuple[RenderedM
 
 
 def manifest_text(manifest: RenderedManifest) -> str:
-    body = yaml.safe_dump(manifest.object, sort_keys=False, default_flow_style=False, width=120)
+    body = yamltext.dump(manifest.object)
     return (_PATCH_HEADER if manifest.patch else "") + "---\n" + body
 
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from components.manifests import Manifest
+from components.manifests import Manifest, yamltext
 from components.manifests.meta import app_labels, group_object_name
 from nvgpu.stackconfig import Mps, NodeGroup, Sharing, TimeSlicing
 
@@ -65,7 +63,7 @@ def device_plugin_config(group: NodeGroup, mode: Sharing) -> dict[str, Any]:
 def render_named_configs(group: NodeGroup) -> dict[str, str]:
     """``{mode: YAML text}`` for every sharing mode, in a stable order (the ConfigMap's ``data``)."""
     return {
-        mode.value: yaml.safe_dump(device_plugin_config(group, mode), sort_keys=False, default_flow_style=False)
+        mode.value: yamltext.dump(device_plugin_config(group, mode))
         for mode in Sharing
     }
 
