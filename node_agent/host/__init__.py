@@ -1,0 +1,25 @@
+"""The host layer: the only code that touches host paths, always through a ``HostRoot``.
+
+``root`` (files, atomic writes, commands with timeouts), ``proc`` (driver version, modules, GPU
+minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA nodes).
+"""
+
+from node_agent.host.pci import PciDevice, normalize_address, nvidia_gpus, read_device
+from node_agent.host.proc import DriverVersionError, gpu_minors, loaded_modules, read_driver_version
+from node_agent.host.root import CommandNotFound, CommandResult, CommandTimeout, HostError, HostRoot
+
+__all__ = [
+    "CommandNotFound",
+    "CommandResult",
+    "CommandTimeout",
+    "DriverVersionError",
+    "HostError",
+    "HostRoot",
+    "PciDevice",
+    "gpu_minors",
+    "loaded_modules",
+    "normalize_address",
+    "nvidia_gpus",
+    "read_device",
+    "read_driver_version",
+]

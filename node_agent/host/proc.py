@@ -1,0 +1,52 @@
+"""Driver facts the kernel publishes under /proc: driver version, loaded modules, GPU minors."""
+
+from __future__ import annotations
+
+import re
+
+from node_agent.host.root import HostError, HostRoot
+from nvgpu.nodescripts.facts import DRIVER_VERSION_FILE, NVIDIA_GPUS_PROC_DIR, PROC_MODULES
+
+# "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024"
+# "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.90.07  Release Build  (...)"
+DRIVER_VERSION_RE = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)\s")
+
+
+class DriverVersionError(HostError):
+    """The driver version file is absent (``missing``) or not in a known format."""
+
+    def __init__(self, message: str, missing: bool) -> None:
+        super().__init__(message, DRIVER_VERSION_FILE)
+        self.missing = missing
+
+
+def read_driver_version(host: HostRoot) -> str:
+    text = host.read_text_or_none(DRIVER_VERSION_FILE)
+    if text is None:
+        raise DriverVersionError(f"{DRIVER_VERSION_FILE} is missing: the NVIDIA kernel driver is not loaded",
+                                 missing=True)
+    m = DRIVER_VERSION_RE.search(text + " ")
+    if not m:
+        first = text.strip().splitlines()[0] if text.strip() else "(empty)"
+        raise DriverVersionError(
+            f"{DRIVER_VERSION_FILE}: cannot find a driver version in {first!r} "
+            "(expected 'NVRM version: ... Kernel Module  MAJOR.MINOR[.PATCH]  ...')",
+            missing=False,
+        )
+    return m.group(1)
+
+
+def loaded_modules(host: HostRoot) -> frozenset[str]:
+    text = host.read_text(PROC_MODULES)
+    return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
+
+
+def gpu_minors(host: HostRoot) -> dict[str, int]:
+    """Bus ID (``0000:07:00.0``) → device minor, from ``/proc/driver/nvidia/gpus/*/information``."""
+    out: dict[str, int] = {}
+    for bus in host.listdir(NVIDIA_GPUS_PROC_DIR):
+        text = host.read_text_or_none(f"{NVIDIA_GPUS_PROC_DIR}/{bus}/information") or ""
+        m = re.search(r"^Device Minor:\s*(\d+)", text, re.MULTILINE)
+        if m:
+            out[bus.lower()] = int(m.group(1))
+    return out

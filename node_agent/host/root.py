@@ -1,0 +1,238 @@
+"""``HostRoot``: the one door to the host's files and commands.
+
+Every read or write of ``/proc``, ``/sys``, ``/dev``, ``/etc``, ``/run`` or ``/var`` goes through a
+``HostRoot``, which joins host-absolute paths under its root: ``/`` on a node, ``/host`` in the
+DaemonSet container, a ``tmp_path`` tree in tests. Writes to regular files are atomic (temp file,
+fsync, rename, fsync of the directory) and skipped when the content is already right, so
+re-running a command changes nothing. Kernel files (sysfs, procfs) are written in place, since
+rename does not exist there.
+
+Commands run either directly (resolved inside the root's ``bin``/``sbin`` dirs, never from the
+agent's own PATH when the root is not ``/``, so tests stay hermetic; ``HOST_ROOT`` is exported for
+fake tools) or through ``chroot <root>`` (the DaemonSet with the host mounted at ``/host``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from nvgpu.nodescripts.facts import STATE_DIR
+
+ExecMode = Literal["direct", "chroot"]
+_BIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+class HostError(Exception):
+    """A host file or command could not be read, written or run; the message names the path."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class CommandNotFound(HostError):
+    pass
+
+
+class CommandTimeout(HostError):
+    pass
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class HostRoot:
+    def __init__(self, root: str | Path = "/", *, exec_mode: ExecMode = "direct") -> None:
+        self.root = Path(root).resolve()
+        self.exec_mode: ExecMode = exec_mode
+
+    def __repr__(self) -> str:
+        return f"HostRoot({str(self.root)!r}, exec_mode={self.exec_mode!r})"
+
+    @property
+    def is_real_root(self) -> bool:
+        return self.root == Path("/")
+
+    # -- paths -------------------------------------------------------------------------------
+    def path(self, host_path: str) -> Path:
+        """The local path of a host-absolute path; ``..`` may not climb out of the root."""
+        pure = PurePosixPath(host_path)
+        if not pure.is_absolute():
+            raise HostError(f"host path {host_path!r} must be absolute", host_path)
+        if ".." in pure.parts:
+            raise HostError(f"host path {host_path!r} may not contain '..'", host_path)
+        return self.root.joinpath(*pure.parts[1:])
+
+    def exists(self, host_path: str) -> bool:
+        return self.path(host_path).exists()
+
+    def is_dir(self, host_path: str) -> bool:
+        return self.path(host_path).is_dir()
+
+    def listdir(self, host_path: str) -> list[str]:
+        """Sorted entry names; an absent directory is empty."""
+        try:
+            return sorted(os.listdir(self.path(host_path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise HostError(f"cannot list {host_path}: {e.strerror}", host_path) from e
+
+    def readlink_name(self, host_path: str) -> str | None:
+        """The last component of a symlink's target (sysfs ``driver`` links), None if absent."""
+        try:
+            return PurePosixPath(os.readlink(self.path(host_path))).name
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise HostError(f"cannot read link {host_path}: {e.strerror}", host_path) from e
+
+    # -- reading -----------------------------------------------------------------------------
+    def read_bytes(self, host_path: str) -> bytes:
+        try:
+            return self.path(host_path).read_bytes()
+        except OSError as e:
+            raise HostError(f"cannot read {host_path}: {e.strerror or e}", host_path) from e
+
+    def read_text(self, host_path: str) -> str:
+        data = self.read_bytes(host_path)
+        try:
+            return data.decode()
+        except UnicodeDecodeError as e:
+            raise HostError(f"{host_path} is not UTF-8 text", host_path) from e
+
+    def read_text_or_none(self, host_path: str) -> str | None:
+        """The file's text, or None when it does not exist (other errors still raise)."""
+        if not self.path(host_path).exists():
+            return None
+        return self.read_text(host_path)
+
+    # -- writing -----------------------------------------------------------------------------
+    def write_atomic(self, host_path: str, data: bytes | str, mode: int = 0o644) -> bool:
+        """Replace a regular file atomically; returns False (and writes nothing) if already identical."""
+        payload = data.encode() if isinstance(data, str) else data
+        target = self.path(host_path)
+        with contextlib.suppress(OSError):
+            if target.is_file() and target.read_bytes() == payload and (target.stat().st_mode & 0o777) == mode:
+                return False
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(payload)
+                    f.flush()
+                    os.fchmod(f.fileno(), mode)
+                    os.fsync(f.fileno())
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            self._fsync_dir(target.parent)
+        except OSError as e:
+            raise HostError(f"cannot write {host_path}: {e.strerror or e}", host_path) from e
+        return True
+
+    @staticmethod
+    def _fsync_dir(directory: Path) -> None:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write_kernel(self, host_path: str, text: str) -> None:
+        """Write a sysfs/procfs attribute in place (the file must exist; nothing is created)."""
+        try:
+            fd = os.open(self.path(host_path), os.O_WRONLY | os.O_TRUNC)
+        except OSError as e:
+            raise HostError(f"cannot open {host_path} for writing: {e.strerror}", host_path) from e
+        try:
+            os.write(fd, text.encode())
+        except OSError as e:
+            raise HostError(f"kernel refused {text.strip()!r} for {host_path}: {e.strerror}", host_path) from e
+        finally:
+            os.close(fd)
+
+    def remove(self, host_path: str) -> bool:
+        """Delete a file; False if it was not there."""
+        try:
+            self.path(host_path).unlink()
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise HostError(f"cannot remove {host_path}: {e.strerror}", host_path) from e
+        self._fsync_dir(self.path(host_path).parent)
+        return True
+
+    # -- agent state -------------------------------------------------------------------------
+    @property
+    def state_dir(self) -> str:
+        return STATE_DIR
+
+    def state_path(self, *parts: str) -> str:
+        """A host path inside the agent's state directory."""
+        return str(PurePosixPath(STATE_DIR, *parts))
+
+    # -- commands ----------------------------------------------------------------------------
+    def which(self, command: str) -> str | None:
+        """The host path of ``command`` inside the root, or None."""
+        if "/" in command:
+            return command if self.path(command).is_file() else None
+        for d in _BIN_DIRS:
+            candidate = f"{d}/{command}"
+            local = self.path(candidate)
+            if local.is_file() and os.access(local, os.X_OK):
+                return candidate
+        return None
+
+    def run(self, argv: Sequence[str], *, timeout_s: float, kill_after_s: float = 5.0,
+            stdin: str | None = None) -> CommandResult:
+        """Run a host command, bounded like ``timeout -k kill_after timeout``; raises on timeout/absence."""
+        found = self.which(argv[0])
+        if found is None:
+            raise CommandNotFound(f"command {argv[0]!r} not found on the host", argv[0])
+        if self.exec_mode == "chroot" and not self.is_real_root:
+            cmd = ["chroot", str(self.root), found, *argv[1:]]
+        else:
+            cmd = [str(self.path(found)), *argv[1:]]
+        env = dict(os.environ)
+        env["HOST_ROOT"] = "" if self.is_real_root else str(self.root)
+        env.setdefault("LC_ALL", "C")
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                    start_new_session=True)
+        except OSError as e:
+            raise HostError(f"cannot run {argv[0]}: {e.strerror}", argv[0]) from e
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.communicate(timeout=kill_after_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+            raise CommandTimeout(f"{argv[0]} did not finish within {timeout_s:g}s", argv[0]) from None
+        return CommandResult(tuple(argv), proc.returncode, out, err)

@@ -1,0 +1,78 @@
+"""A fake ``nvidia-smi`` over a simulated machine, for the bash scripts' side of the parity tests.
+
+Fake host roots put a two-line ``/usr/bin/nvidia-smi`` in place that runs this module, so a script
+that shells out to ``nvidia-smi`` sees the same GPUs, driver and faults as the agent does through
+NVML. It goes through the NVML facade itself, so both paths read one source. Only the forms the
+scripts use are implemented: ``-L`` and ``--query-gpu=<fields> --format=csv,noheader[,nounits]``;
+anything else exits 2 like nvidia-smi does for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from node_agent.nvml import DeviceLost, NvmlBackend, NvmlError, NvmlUnavailable, open_nvml
+
+FIELDS = ("index", "name", "uuid", "pci.bus_id", "driver_version", "compute_cap", "memory.total")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nvidia-smi", add_help=False)
+    parser.add_argument("--machine", required=True)
+    parser.add_argument("--state", type=Path)
+    parser.add_argument("-L", "--list-gpus", action="store_true")
+    parser.add_argument("--query-gpu")
+    parser.add_argument("--format")
+    args, rest = parser.parse_known_args(argv)
+    if rest or not (args.list_gpus or args.query_gpu):
+        print(f"Invalid combination of input arguments: {' '.join(rest)}", file=sys.stderr)
+        return 2
+    backend = NvmlBackend("simulated", args.machine, args.state)
+    try:
+        with open_nvml(backend, timeout_s=10.0) as nvml:
+            driver = nvml.driver().driver_version
+            inv = nvml.inventory()
+    except NvmlUnavailable:
+        print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+              "Make sure that the latest NVIDIA driver is installed and running.")
+        return 9
+    except NvmlError as e:
+        print(f"Unknown Error: {e}", file=sys.stderr)
+        return 15
+    for lost in inv.lost:
+        print(f"Unable to determine the device handle for GPU{lost.index}: {lost.reason}", file=sys.stderr)
+    if args.list_gpus:
+        for g in inv.gpus:
+            print(f"GPU {g.index}: {g.name} (UUID: {g.uuid})")
+        return 15 if inv.lost else 0
+    fields = [f.strip() for f in (args.query_gpu or "").split(",")]
+    unknown = [f for f in fields if f not in FIELDS]
+    if unknown or not (args.format or "").startswith("csv"):
+        print(f'Field "{unknown[0] if unknown else args.format}" is not a valid field to query.', file=sys.stderr)
+        return 2
+    units = "nounits" not in (args.format or "")
+    header = "noheader" not in (args.format or "")
+    if header:
+        print(", ".join(fields))
+    for g in inv.gpus:
+        values = {
+            "index": str(g.index),
+            "name": g.name,
+            "uuid": g.uuid,
+            "pci.bus_id": g.pci_bus_id,
+            "driver_version": driver,
+            "compute_cap": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+            "memory.total": f"{g.memory_mib} MiB" if units else str(g.memory_mib),
+        }
+        print(", ".join(values[f] for f in fields))
+    return 15 if inv.lost else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except DeviceLost as e:
+        print(str(e), file=sys.stderr)
+        sys.exit(15)

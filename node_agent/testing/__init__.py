@@ -1,0 +1,1 @@
+"""Test support shipped with the agent: fake host roots for simulated machines (tests, bench, demos)."""

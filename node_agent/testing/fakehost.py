@@ -1,0 +1,242 @@
+"""Build fake host roots: a directory tree shaped like a GPU node's /proc, /sys, /dev, /etc.
+
+The tree matches a simulated machine (same bus IDs, minors, driver version) and carries fake
+``nvidia-smi`` (backed by the same simulated state file), ``modprobe``, ``kubectl`` and
+``systemctl`` tools, so the bash scripts and the agent can be run against the same host and must
+agree. Options produce the bad nodes the tests need: no GPU, old driver, missing modules, no IOMMU,
+containerd 1.x or 2.x layouts, Deckhouse-managed or plain containerd.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import node_agent
+from node_agent.host.pci import normalize_address
+from node_agent.nvml.sim import SimulatedMachine, get_machine
+
+#: Where a fake root keeps its simulated NVML state (the CLI looks here by default).
+SIM_STATE_DIR = "/run/nvidia-gpu-agent/nvml-sim"
+DEFAULT_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
+
+CONTAINERD_V1_CONFIG = """\
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+oom_score = -999
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.9"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes]
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+          runtime_type = "io.containerd.runc.v2"
+          [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+            SystemdCgroup = true
+    [plugins."io.containerd.grpc.v1.cri".registry]
+      config_path = "/etc/containerd/registry.d"
+"""
+
+CONTAINERD_V2_CONFIG = """\
+version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = false
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = "runc"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  SystemdCgroup = true
+"""
+
+
+def driver_version_text(version: str) -> str:
+    return (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
+            "(dvs-builder@U16-I3-B03-4-3)  Thu Jul 18 22:18:41 UTC 2024\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+
+
+@dataclass
+class FakeHost:
+    root: Path
+    machine: SimulatedMachine | None
+    bin_dir: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nvml_spec(self) -> str:
+        return f"simulated:{self.machine.spec.name}" if self.machine else "simulated:t4x1"
+
+    def env(self, **more: str) -> dict[str, str]:
+        """Environment for running the bash scripts against this root."""
+        env = dict(os.environ)
+        env["PATH"] = f"{self.bin_dir}:{self.root / 'usr/sbin'}:{env.get('PATH', '/usr/bin:/bin')}"
+        env["NVIDIA_GPU_ROOT"] = str(self.root)
+        env["NODE_NAME"] = "gpu-node-1"
+        env.update(more)
+        return env
+
+    def path(self, host_path: str) -> Path:
+        return self.root / host_path.lstrip("/")
+
+    def snapshot(self, host_dir: str = "/etc") -> dict[str, bytes]:
+        """Every file under a host dir, by relative path (for byte-for-byte comparisons)."""
+        base = self.path(host_dir)
+        out: dict[str, bytes] = {}
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and not p.is_symlink():
+                out[str(p.relative_to(base))] = p.read_bytes()
+        return out
+
+    def log(self, tool: str) -> list[str]:
+        p = self.path(f"/var/log/fake-{tool}.log")
+        return p.read_text().splitlines() if p.exists() else []
+
+
+def _write(root: Path, host_path: str, text: str, mode: int = 0o644) -> None:
+    p = root / host_path.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    p.chmod(mode)
+
+
+def _link(root: Path, host_path: str, target: str) -> None:
+    p = root / host_path.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.is_symlink() or p.exists():
+        p.unlink()
+    p.symlink_to(target)
+
+
+def build_fake_host(
+    root: Path,
+    machine: str | None = "dgx-h100",
+    *,
+    containerd: Literal[1, 2] | None = 1,
+    deckhouse: bool = True,
+    driver_loaded: bool = True,
+    driver_version: str | None = None,
+    driver_text: str | None = None,
+    modules: Iterable[str] = DEFAULT_MODULES,
+    device_nodes: bool = True,
+    iommu: bool = True,
+    nvidia_container_runtime: bool = True,
+    nvidia_smi: bool = True,
+    bpf_jit_harden: str = "2",
+) -> FakeHost:
+    root.mkdir(parents=True, exist_ok=True)
+    bin_dir = root / "usr/bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    modules = tuple(modules)
+    sim: SimulatedMachine | None = None
+
+    # Ordinary PCI devices every server has, so GPU detection has something to skip.
+    nic = "0000:00:1f.6"
+    _write(root, f"/sys/bus/pci/devices/{nic}/vendor", "0x8086\n")
+    _write(root, f"/sys/bus/pci/devices/{nic}/device", "0x15fa\n")
+    _write(root, f"/sys/bus/pci/devices/{nic}/class", "0x020000\n")
+    for drv in ("nvidia", "vfio-pci", "e1000e"):
+        for attr in ("bind", "unbind", "new_id"):
+            _write(root, f"/sys/bus/pci/drivers/{drv}/{attr}", "")
+    _write(root, "/sys/bus/pci/drivers_probe", "")
+    _link(root, f"/sys/bus/pci/devices/{nic}/driver", "../../../bus/pci/drivers/e1000e")
+    if iommu:
+        (root / "sys/kernel/iommu_groups/0/devices").mkdir(parents=True, exist_ok=True)
+    else:
+        (root / "sys/kernel/iommu_groups").mkdir(parents=True, exist_ok=True)
+
+    proc_modules = ["e1000e 327680 0 - Live 0x0000000000000000"]
+    if machine is not None:
+        spec = get_machine(machine)
+        sim = SimulatedMachine(spec.name, root / SIM_STATE_DIR.lstrip("/") / f"{spec.name}.json")
+        version = driver_version or spec.driver_version
+        if driver_version:
+            sim.set_driver_version(driver_version)
+        _write(root, "/sys/class/dmi/id/product_name", spec.dmi_product + "\n")
+        for i, bus in enumerate(spec.bus_ids):
+            addr = normalize_address(bus)
+            base = f"/sys/bus/pci/devices/{addr}"
+            _write(root, f"{base}/vendor", "0x10de\n")
+            _write(root, f"{base}/device", f"0x{spec.pci_device_id:04x}\n")
+            _write(root, f"{base}/class", "0x030200\n")
+            _write(root, f"{base}/numa_node", f"{spec.numa_nodes[i]}\n")
+            _write(root, f"{base}/driver_override", "(null)\n")
+            if driver_loaded:
+                _link(root, f"{base}/driver", "../../../bus/pci/drivers/nvidia")
+            if iommu:
+                group = 10 + i
+                (root / f"sys/kernel/iommu_groups/{group}/devices/{addr}").mkdir(parents=True, exist_ok=True)
+                _link(root, f"{base}/iommu_group", f"../../../kernel/iommu_groups/{group}")
+            if driver_loaded:
+                _write(root, f"/proc/driver/nvidia/gpus/{addr}/information",
+                       f"Model: \t\t {spec.product_name}\nIRQ:   \t\t {100 + i}\nGPU UUID: \t {spec.gpu_uuid(i)}\n"
+                       f"Bus Type: \t PCIe\nBus Location: \t {addr}\nDevice Minor: \t {i}\nGPU Excluded:\t No\n")
+            if device_nodes and driver_loaded:
+                _write(root, f"/dev/nvidia{i}", "")
+        if driver_loaded:
+            _write(root, "/proc/driver/nvidia/version", driver_text or driver_version_text(version))
+            if device_nodes:
+                for node in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
+                    _write(root, f"/dev/{node}", "")
+            proc_modules += [f"{m} 1234567 0 - Live 0x0000000000000000" for m in modules]
+            for m in modules:
+                (root / f"sys/module/{m}").mkdir(parents=True, exist_ok=True)
+        else:
+            sim.fail_init("driver-not-loaded")
+        if nvidia_smi:
+            state = root / SIM_STATE_DIR.lstrip("/") / f"{spec.name}.json"
+            repo = Path(node_agent.__file__).resolve().parent.parent
+            _write(root, "/usr/bin/nvidia-smi",
+                   f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+                   f'-m node_agent.nvml.sim.smi --machine {spec.name} --state "{state}" "$@"\n', 0o755)
+    _write(root, "/proc/modules", "\n".join(proc_modules) + "\n")
+    _write(root, "/proc/sys/net/core/bpf_jit_harden", bpf_jit_harden + "\n")
+
+    if containerd is not None:
+        _write(root, "/etc/containerd/config.toml", CONTAINERD_V1_CONFIG if containerd == 1 else CONTAINERD_V2_CONFIG)
+        if deckhouse:
+            _write(root, "/etc/containerd/deckhouse.toml", CONTAINERD_V1_CONFIG if containerd == 1
+                   else CONTAINERD_V2_CONFIG)
+            (root / ("etc/containerd/conf.d" if containerd == 1 else "etc/containerd/conf2.d")).mkdir(
+                parents=True, exist_ok=True)
+    _write(root, "/etc/sysctl.d/99-sysctl.conf", "# distribution defaults\nnet.core.bpf_jit_harden = 2\n")
+    _write(root, "/etc/kubernetes/kubelet.conf", "apiVersion: v1\nkind: Config\n")
+    _write(root, "/etc/hostname", "gpu-node-1\n")
+    if nvidia_container_runtime:
+        _write(root, "/usr/bin/nvidia-container-runtime", "#!/bin/sh\nexit 0\n", 0o755)
+
+    logs = root / "var/log"
+    logs.mkdir(parents=True, exist_ok=True)
+    for tool in ("kubectl", "systemctl"):
+        _write(root, f"/usr/bin/{tool}", f'#!/bin/sh\necho "$*" >>"{logs}/fake-{tool}.log"\n', 0o755)
+    _write(root, "/usr/sbin/modprobe",
+           "#!/bin/sh\n# fake modprobe: marks each module loaded in this root\n"
+           'for m in "$@"; do\n  case "$m" in -*) continue ;; esac\n'
+           f'  mkdir -p "{root}/sys/module/$m"\n'
+           f'  echo "$m 16384 0 - Live 0x0000000000000000" >>"{root}/proc/modules"\n'
+           f'  echo "$m" >>"{logs}/fake-modprobe.log"\n'
+           "done\n", 0o755)
+    return FakeHost(root=root, machine=sim, bin_dir=bin_dir)

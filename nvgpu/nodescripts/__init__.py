@@ -1,0 +1,32 @@
+"""Node-setup scripts for Deckhouse ``NodeGroupConfiguration`` resources, and the facts they share
+with the node agent's Python path.
+
+API (for the components)::
+
+    from nvgpu.nodescripts import NodeScript, render_node_scripts
+
+    scripts: list[NodeScript] = render_node_scripts(vfio=dra_mode)
+    for s in scripts:  # frozen dataclass: name, weight, content
+        NodeGroupConfiguration(name=f"{group}-{s.name}", spec={"weight": s.weight,
+            "content": s.content, "nodeGroups": [group], "bundles": ["*"]})
+
+* ``gpu-check.sh`` (weight 25): the node check. Silent success without an NVIDIA GPU; otherwise it
+  checks the driver version (catalogue minima), kernel modules, device nodes, ``nvidia-smi`` (each
+  call bounded by ``timeout -k 5 15``) and compute capability, writes its verdict to
+  ``/var/lib/nvidia-gpu-agent/check.verdict`` and prints ``nvidia-gpu-check verdict=… reasons=…``.
+  It exits 0 (it must not block bashible) unless rendered with ``strict_check=True``.
+* ``gpu-runtime.sh`` (31): the containerd drop-in (nvidia runtime, ``enable_cdi``, CDI spec dirs)
+  in ``conf.d`` (containerd 1.x) or ``conf2.d`` (2.x), before bashible merges them (step 032).
+* ``gpu-vfio.sh`` (35, only with ``vfio=True`` for DRA mode): VFIO modules, IOMMU check, label
+  ``node.deckhouse.io/gpu-vfio-ready``.
+* ``gpu-sysctl.sh`` (40): ``net.core.bpf_jit_harden=1`` drop-in and live value (the previous value
+  is kept in the agent state dir for rollback), then sets ``node.deckhouse.io/gpu-setup-complete``
+  when the check said ok and the runtime is ready, and removes it otherwise.
+
+``root_prefix`` (default ``""``) is the default of ``$NVIDIA_GPU_ROOT``, which prefixes every host
+path; ``check_phase="all"`` makes the check also require a ready runtime. Commands come from PATH.
+"""
+
+from nvgpu.nodescripts.render import WEIGHTS, NodeScript, render_node_scripts
+
+__all__ = ["WEIGHTS", "NodeScript", "render_node_scripts"]

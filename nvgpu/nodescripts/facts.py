@@ -1,0 +1,75 @@
+"""Node-setup facts shared by the bash NodeGroupConfiguration scripts and the agent's Python path.
+
+Both paths must reach the same verdicts on the same host, so every path, threshold, module name and
+reason code they use is defined once, here (GPU-model facts stay in ``nvgpu.catalogue``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+#: The agent's own state (rollback copies, verdicts) lives here on the host, never in /etc.
+STATE_DIR = "/var/lib/nvidia-gpu-agent"
+#: Written by the check (script or agent): one ``key=value`` per line, read by the final step.
+CHECK_VERDICT_FILE = f"{STATE_DIR}/check.verdict"
+
+DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
+NVIDIA_GPUS_PROC_DIR = "/proc/driver/nvidia/gpus"
+PROC_MODULES = "/proc/modules"
+PCI_DEVICES_DIR = "/sys/bus/pci/devices"
+IOMMU_GROUPS_DIR = "/sys/kernel/iommu_groups"
+NVIDIACTL = "/dev/nvidiactl"
+REQUIRED_MODULES = ("nvidia", "nvidia_uvm")
+VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
+VFIO_DRIVER = "vfio-pci"
+#: PCI class prefixes of GPUs: 0x0300 VGA controller, 0x0302 3D controller.
+GPU_PCI_CLASSES = ("0x0300", "0x0302")
+
+NVIDIA_SMI = "nvidia-smi"
+#: Deckhouse bounds every nvidia-smi call with ``timeout -k 5 15``; the agent uses the same budget.
+NVIDIA_SMI_TIMEOUT_S = 15
+NVIDIA_SMI_KILL_AFTER_S = 5
+NVIDIA_CONTAINER_RUNTIME = "/usr/bin/nvidia-container-runtime"
+
+CONTAINERD_DIR = "/etc/containerd"
+CONTAINERD_CONFIG = f"{CONTAINERD_DIR}/config.toml"
+#: Present on Deckhouse nodes: bashible merges conf.d (containerd 1.x) / conf2.d (2.x) into config.toml.
+DECKHOUSE_CONTAINERD_BASE = f"{CONTAINERD_DIR}/deckhouse.toml"
+DECKHOUSE_DROPIN_DIRS = {2: f"{CONTAINERD_DIR}/conf.d", 3: f"{CONTAINERD_DIR}/conf2.d"}
+#: Elsewhere, containerd's own ``imports`` pulls drop-ins from here.
+CONTAINERD_IMPORT_DIR = f"{CONTAINERD_DIR}/conf.d"
+RUNTIME_DROPIN_NAME = "nvidia-gpu.toml"
+#: containerd config ``version`` → the CRI plugin table holding runtimes and CDI settings.
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+NVIDIA_RUNTIME_NAME = "nvidia"
+
+SYSCTL_DROPIN = "/etc/sysctl.d/99-nvidia-gpu.conf"
+#: The NVIDIA container toolkit needs bpf_jit_harden below 2 (nvidia-container-toolkit#117).
+SYSCTLS = {"net.core.bpf_jit_harden": "1"}
+
+
+class Verdict(StrEnum):
+    OK = "ok"
+    NO_GPU = "no-gpu"  #: silent success: nothing to do on this node
+    UNUSABLE = "unusable"  #: a GPU is present but cannot be offered to pods
+
+
+class Reason(StrEnum):
+    """Why a GPU node is unusable; the same codes come out of the script and the agent."""
+
+    DRIVER_MISSING = "driver-missing"
+    DRIVER_UNPARSEABLE = "driver-unparseable"
+    DRIVER_TOO_OLD = "driver-too-old"
+    MODULE_MISSING = "module-missing"
+    DEVICE_NODE_MISSING = "device-node-missing"
+    NVML_FAILED = "nvml-failed"
+    NO_GPUS_LISTED = "no-gpus-listed"
+    COMPUTE_TOO_OLD = "compute-too-old"
+    MODEL_UNKNOWN = "model-unknown"
+    RUNTIME_NOT_READY = "runtime-not-ready"
+    PROC_UNREADABLE = "proc-unreadable"
+
+
+def sysctl_proc_path(name: str) -> str:
+    return "/proc/sys/" + name.replace(".", "/")

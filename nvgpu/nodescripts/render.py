@@ -1,0 +1,122 @@
+"""Render the Deckhouse NodeGroupConfiguration scripts from the catalogue and the shared facts."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from nvgpu import catalogue, labels
+from nvgpu.nodescripts import facts, templates
+from nvgpu.nodescripts.content import HEADER, render_dropin, sysctl_dropin
+
+#: NodeGroupConfiguration weights. Bashible runs NGC scripts and its own steps in weight order:
+#: the drop-in must land before step 032 (configure containerd) merges conf.d into config.toml,
+#: and the final gate (gpu-sysctl.sh, which sets gpu-setup-complete) runs after it.
+_DEFAULT_RUNTIME_LINE = f'default_runtime_name = "{facts.NVIDIA_RUNTIME_NAME}"'
+WEIGHTS = {"gpu-check.sh": 25, "gpu-runtime.sh": 31, "gpu-vfio.sh": 35, "gpu-sysctl.sh": 40}
+
+
+@dataclass(frozen=True)
+class NodeScript:
+    name: str  #: file name, also the NodeGroupConfiguration's ``metadata.name`` suffix
+    weight: int  #: ``spec.weight``
+    content: str  #: ``spec.content`` (a bash script)
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key not in values:
+            raise KeyError(f"template marker @@{key}@@ has no value")
+        return values[key]
+
+    return re.sub(r"@@([A-Z0-9_]+)@@", sub, template)
+
+
+def _model_cases() -> str:
+    lines = []
+    for model in catalogue.MODELS:
+        names = " | ".join(f'"{n}"' for n in model.product_names)
+        lines.append(f"    {names}) echo {model.effective_min_driver} ;;")
+    return "\n".join(lines)
+
+
+def _common(root_prefix: str) -> dict[str, str]:
+    major, minor = catalogue.MIN_COMPUTE_CAPABILITY
+    return {
+        "ROOT": root_prefix.rstrip("/"),
+        "STATE_DIR": facts.STATE_DIR,
+        "VERDICT_FILE": facts.CHECK_VERDICT_FILE,
+        "PCI_DIR": facts.PCI_DEVICES_DIR,
+        "NVIDIA_VENDOR": f"0x{catalogue.NVIDIA_PCI_VENDOR:04x}",
+        "CLASS_TEST": " || ".join(f'"$class" == {c}*' for c in facts.GPU_PCI_CLASSES),
+        "CONTAINERD_CONFIG": facts.CONTAINERD_CONFIG,
+        "CONF_D": facts.DECKHOUSE_DROPIN_DIRS[2],
+        "CONF2_D": facts.DECKHOUSE_DROPIN_DIRS[3],
+        "CRI2": facts.CRI_PLUGIN[2],
+        "CRI3": facts.CRI_PLUGIN[3],
+        "CRI2_RE": re.escape(facts.CRI_PLUGIN[2]),
+        "CRI3_RE": re.escape(facts.CRI_PLUGIN[3]),
+        "RUNTIME": facts.NVIDIA_RUNTIME_NAME,
+        "NCR": facts.NVIDIA_CONTAINER_RUNTIME,
+        "SETUP_LABEL": labels.GPU_SETUP_COMPLETE,
+        "VFIO_LABEL": labels.GPU_VFIO_READY,
+        "GLOBAL_MIN_DRIVER": catalogue.GLOBAL_MIN_DRIVER,
+        "MIN_COMPUTE": str(major * 100 + minor),
+        "MIN_COMPUTE_TEXT": f"{major}.{minor}",
+        "MODEL_CASES": _model_cases(),
+        "DRIVER_FILE": facts.DRIVER_VERSION_FILE,
+        "PROC_MODULES": facts.PROC_MODULES,
+        "REQUIRED_MODULES": " ".join(facts.REQUIRED_MODULES),
+        "VFIO_MODULES": " ".join(facts.VFIO_MODULES),
+        "IOMMU_DIR": facts.IOMMU_GROUPS_DIR,
+        "NVIDIACTL": facts.NVIDIACTL,
+        "GPUS_PROC_DIR": facts.NVIDIA_GPUS_PROC_DIR,
+        "SMI": facts.NVIDIA_SMI,
+        "SMI_TIMEOUT": str(facts.NVIDIA_SMI_TIMEOUT_S),
+        "SMI_KILL": str(facts.NVIDIA_SMI_KILL_AFTER_S),
+        "DECKHOUSE_BASE": facts.DECKHOUSE_CONTAINERD_BASE,
+        "DROPIN_NAME": facts.RUNTIME_DROPIN_NAME,
+        "HEADER": HEADER,
+        "DROPIN_DEFAULT": render_dropin("${cri}", "${systemd}", _DEFAULT_RUNTIME_LINE),
+        "DROPIN_NO_DEFAULT": render_dropin("${cri}", "${systemd}", ""),
+        "SYSCTL_DROPIN": facts.SYSCTL_DROPIN,
+        "SYSCTL_CONTENT": sysctl_dropin(),
+        "SYSCTL_APPLY": "\n".join(f"apply_live {n} {v}" for n, v in facts.SYSCTLS.items()),
+    }
+
+
+_PURPOSES = {
+    "gpu-check.sh": "decide whether this node's NVIDIA GPUs are usable (driver, modules, devices, NVML)",
+    "gpu-runtime.sh": "enable the nvidia runtime and CDI in containerd through a drop-in",
+    "gpu-vfio.sh": "load the VFIO modules, check the IOMMU and label the node gpu-vfio-ready",
+    "gpu-sysctl.sh": "apply the sysctls the NVIDIA toolkit needs, then gate gpu-setup-complete",
+}
+
+
+def render_node_scripts(
+    *,
+    vfio: bool = False,
+    root_prefix: str = "",
+    check_phase: Literal["host", "all"] = "host",
+    strict_check: bool = False,
+) -> list[NodeScript]:
+    """Render the node-setup scripts, in weight order."""
+    t = templates
+    body = {
+        "gpu-check.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME_READY + t.CHECK,
+        "gpu-runtime.sh": t.HEAD + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME,
+        "gpu-sysctl.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.NODE_LABEL + t.HAS_GPU + t.CONTAINERD_VERSION
+        + t.RUNTIME_READY + t.SYSCTL,
+    }
+    if vfio:
+        body["gpu-vfio.sh"] = t.HEAD + t.NODE_LABEL + t.HAS_GPU + t.VFIO
+    values = _common(root_prefix)
+    values["PHASE"] = check_phase
+    values["STRICT"] = "true" if strict_check else "false"
+    scripts = []
+    for name, tmpl in body.items():
+        vals = dict(values, NAME=name, PURPOSE=_PURPOSES[name])
+        scripts.append(NodeScript(name=name, weight=WEIGHTS[name], content=_fill(tmpl, vals)))
+    return sorted(scripts, key=lambda s: s.weight)

@@ -1,0 +1,380 @@
+"""Bash templates of the node-setup scripts; ``render.py`` fills the ``@@NAME@@`` markers.
+
+Kept as plain text (not f-strings) so the bash reads as bash. Every host path is prefixed with
+``$ROOT``; commands (nvidia-smi, modprobe, kubectl) come from PATH, which tests point at fakes.
+"""
+
+from __future__ import annotations
+
+HEAD = r"""#!/usr/bin/env bash
+# @@NAME@@: @@PURPOSE@@
+# Rendered by nvgpu.nodescripts from the GPU catalogue; do not edit by hand.
+# NVIDIA_GPU_ROOT (default "@@ROOT@@") prefixes every host path.
+set -Eeuo pipefail
+
+ROOT="${NVIDIA_GPU_ROOT-@@ROOT@@}"
+ROOT="${ROOT%/}"
+# shellcheck disable=SC2317  # fallbacks outside bashible; not every script logs at every level
+if ! declare -F bb-log-info >/dev/null; then
+  bb-log-info() { echo "INFO: $*" >&2; }
+  bb-log-warning() { echo "WARNING: $*" >&2; }
+  bb-log-error() { echo "ERROR: $*" >&2; }
+fi
+
+"""
+
+STATE = r"""STATE_DIR="${ROOT}@@STATE_DIR@@"
+VERDICT_FILE="${ROOT}@@VERDICT_FILE@@"
+
+"""
+
+WRITE_FILE = r"""# write_file PATH < content: replace PATH atomically unless identical; prints changed|unchanged.
+write_file() {
+  local target="$1" tmp
+  mkdir -p "$(dirname "$target")"
+  tmp="$(mktemp "$(dirname "$target")/.$(basename "$target").XXXXXX")"
+  cat >"$tmp"
+  if [[ -f "$target" ]] && cmp -s "$tmp" "$target"; then
+    rm -f "$tmp"
+    echo unchanged
+    return 0
+  fi
+  chmod 0644 "$tmp"
+  sync "$tmp" 2>/dev/null || true
+  mv -f "$tmp" "$target"
+  echo changed
+}
+
+"""
+
+NODE_LABEL = r"""node_name() {
+  if declare -F bb-d8-node-name >/dev/null; then
+    bb-d8-node-name
+  else
+    echo "${NODE_NAME:-$(hostname)}"
+  fi
+}
+
+# node_label KEY VALUE: set a label on this node ("-" as VALUE removes it).
+node_label() {
+  local key="$1" value="$2" arg
+  if [[ "$value" == "-" ]]; then arg="${key}-"; else arg="${key}=${value}"; fi
+  if ! command -v kubectl >/dev/null 2>&1; then
+    bb-log-warning "kubectl not found: cannot apply ${arg} to the node"
+    return 0
+  fi
+  kubectl --kubeconfig "${ROOT}/etc/kubernetes/kubelet.conf" label node "$(node_name)" --overwrite "$arg" >/dev/null
+}
+
+"""
+
+HAS_GPU = r"""# has_nvidia_gpu: an NVIDIA VGA or 3D controller is on the PCI bus.
+has_nvidia_gpu() {
+  local dev vendor class
+  for dev in "${ROOT}@@PCI_DIR@@"/*; do
+    [[ -r "${dev}/vendor" && -r "${dev}/class" ]] || continue
+    vendor="$(<"${dev}/vendor")"
+    class="$(<"${dev}/class")"
+    if [[ "$vendor" == "@@NVIDIA_VENDOR@@" ]] && [[ @@CLASS_TEST@@ ]]; then
+      return 0
+    fi
+  done
+  return 1
+}
+
+"""
+
+CONTAINERD_VERSION = r"""# containerd_version: config schema version (2 = containerd 1.x, 3 = 2.x); 0 without a config.
+containerd_version() {
+  local cfg="${ROOT}@@CONTAINERD_CONFIG@@" v
+  if [[ ! -f "$cfg" ]]; then
+    echo 0
+    return 0
+  fi
+  v="$(sed -nE 's/^[[:space:]]*version[[:space:]]*=[[:space:]]*([0-9]+)[[:space:]]*(#.*)?$/\1/p' "$cfg" | head -n1)"
+  echo "${v:-1}"
+}
+
+"""
+
+RUNTIME_READY = r"""# containerd_files VERSION: config.toml and the drop-ins merged into it for that layout.
+containerd_files() {
+  local f dir
+  [[ -f "${ROOT}@@CONTAINERD_CONFIG@@" ]] && echo "${ROOT}@@CONTAINERD_CONFIG@@"
+  if [[ "$1" == 3 ]]; then dir="${ROOT}@@CONF2_D@@"; else dir="${ROOT}@@CONF_D@@"; fi
+  for f in "$dir"/*.toml; do
+    if [[ -f "$f" ]]; then echo "$f"; fi
+  done
+  return 0
+}
+
+# runtime_ready: containerd has the nvidia runtime (and its binary) or CDI enabled.
+runtime_ready() {
+  local version cri files=()
+  version="$(containerd_version)"
+  case "$version" in
+    2) cri="@@CRI2_RE@@" ;;
+    3) cri="@@CRI3_RE@@" ;;
+    *) return 1 ;;
+  esac
+  mapfile -t files < <(containerd_files "$version")
+  [[ ${#files[@]} -gt 0 ]] || return 1
+  local table="^[[:space:]]*\\[plugins\\.[\"']${cri}[\"']\\.containerd\\.runtimes\\.@@RUNTIME@@\\][[:space:]]*$"
+  if grep -Eq "$table" "${files[@]}" && [[ -x "${ROOT}@@NCR@@" ]]; then
+    return 0
+  fi
+  if grep -Eq '^[[:space:]]*enable_cdi[[:space:]]*=[[:space:]]*true' "${files[@]}"; then
+    return 0
+  fi
+  if [[ "$version" == 3 ]] && ! grep -Eq '^[[:space:]]*enable_cdi[[:space:]]*=[[:space:]]*false' "${files[@]}"; then
+    return 0
+  fi
+  return 1
+}
+"""
+
+CHECK = r"""
+PHASE="${NVIDIA_GPU_CHECK_PHASE:-@@PHASE@@}"
+STRICT="${NVIDIA_GPU_CHECK_STRICT:-@@STRICT@@}"
+GLOBAL_MIN_DRIVER="@@GLOBAL_MIN_DRIVER@@"
+MIN_COMPUTE=@@MIN_COMPUTE@@
+reasons=()
+
+fail() {
+  reasons+=("$1")
+  bb-log-error "nvidia-gpu check: $1: $2"
+}
+
+# version_to_int 550.54.15 -> 550054015 (a missing patch counts as 0).
+version_to_int() {
+  local major minor patch
+  IFS=. read -r major minor patch <<<"$1"
+  echo $((10#${major} * 1000000 + 10#${minor} * 1000 + 10#${patch:-0}))
+}
+
+# model_min_driver NAME: the catalogue's minimum driver for an nvidia-smi product name.
+model_min_driver() {
+  case "$1" in
+@@MODEL_CASES@@
+    *) return 1 ;;
+  esac
+}
+
+finish() {
+  local verdict="$1" csv=""
+  if [[ ${#reasons[@]} -gt 0 ]]; then
+    csv="$(printf '%s\n' "${reasons[@]}" | sort -u | paste -sd, -)"
+  fi
+  mkdir -p "$STATE_DIR"
+  printf 'verdict=%s\nreasons=%s\ndriver=%s\n' "$verdict" "$csv" "${driver:-}" | write_file "$VERDICT_FILE" >/dev/null
+  echo "nvidia-gpu-check verdict=${verdict} reasons=${csv}"
+  if [[ "$verdict" == unusable && "$STRICT" == true ]]; then
+    exit 1
+  fi
+  exit 0
+}
+
+driver=""
+if ! has_nvidia_gpu; then
+  bb-log-info "nvidia-gpu check: no NVIDIA GPU on this node"
+  finish no-gpu
+fi
+
+version_file="${ROOT}@@DRIVER_FILE@@"
+if [[ ! -e "$version_file" ]]; then
+  fail driver-missing "${version_file#"$ROOT"} is missing: the NVIDIA kernel driver is not loaded"
+elif ! first_line="$(head -n1 "$version_file" 2>/dev/null)"; then
+  fail proc-unreadable "cannot read ${version_file#"$ROOT"}"
+else
+  driver="$(printf '%s \n' "$first_line" \
+    | sed -nE 's/.*Kernel Module( for [^[:space:]]+)?[[:space:]]+([0-9]+\.[0-9]+(\.[0-9]+)?)[[:space:]].*/\2/p')"
+  if [[ -z "$driver" ]]; then
+    fail driver-unparseable "cannot find a driver version in '${first_line}'"
+  fi
+fi
+
+modules_file="${ROOT}@@PROC_MODULES@@"
+if ! modules="$(cat "$modules_file" 2>/dev/null)"; then
+  fail proc-unreadable "cannot read ${modules_file#"$ROOT"}"
+else
+  for module in @@REQUIRED_MODULES@@; do
+    if ! grep -q "^${module} " <<<"$modules"; then
+      fail module-missing "kernel module ${module} is not loaded"
+    fi
+  done
+fi
+
+if [[ ! -e "${ROOT}@@NVIDIACTL@@" ]]; then
+  fail device-node-missing "@@NVIDIACTL@@ is missing"
+fi
+for info in "${ROOT}@@GPUS_PROC_DIR@@"/*/information; do
+  [[ -f "$info" ]] || continue
+  minor="$(sed -nE 's/^Device Minor:[[:space:]]*([0-9]+).*/\1/p' "$info")"
+  if [[ -n "$minor" && ! -e "${ROOT}/dev/nvidia${minor}" ]]; then
+    fail device-node-missing "/dev/nvidia${minor} is missing"
+  fi
+done
+
+if ! command -v @@SMI@@ >/dev/null 2>&1; then
+  fail nvml-failed "@@SMI@@ not found"
+elif ! smi_out="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ \
+  @@SMI@@ --query-gpu=name,compute_cap --format=csv,noheader 2>&1)"; then
+  fail nvml-failed "@@SMI@@ failed: ${smi_out}"
+else
+  count=0
+  min_driver="$GLOBAL_MIN_DRIVER"
+  while IFS=, read -r name cc; do
+    name="${name#"${name%%[![:space:]]*}"}"
+    name="${name%"${name##*[![:space:]]}"}"
+    cc="${cc//[[:space:]]/}"
+    [[ -n "$name" ]] || continue
+    count=$((count + 1))
+    if model_min="$(model_min_driver "$name")"; then
+      if (($(version_to_int "$model_min") > $(version_to_int "$min_driver"))); then
+        min_driver="$model_min"
+      fi
+    else
+      fail model-unknown "GPU model '${name}' is not in the catalogue"
+    fi
+    if [[ ! "$cc" =~ ^[0-9]+\.[0-9]+$ ]] || ((10#${cc%%.*} * 100 + 10#${cc#*.} < MIN_COMPUTE)); then
+      fail compute-too-old "GPU '${name}' has compute capability ${cc}, below @@MIN_COMPUTE_TEXT@@"
+    fi
+  done <<<"$smi_out"
+  if ((count == 0)); then
+    fail no-gpus-listed "@@SMI@@ lists no GPU"
+  fi
+  if [[ -n "$driver" ]] && (($(version_to_int "$driver") < $(version_to_int "$min_driver"))); then
+    fail driver-too-old "driver ${driver} is older than the required ${min_driver}"
+  fi
+fi
+
+if [[ "$PHASE" == all ]] && ! runtime_ready; then
+  fail runtime-not-ready "containerd has neither the nvidia runtime nor CDI enabled"
+fi
+
+if [[ ${#reasons[@]} -gt 0 ]]; then
+  finish unusable
+fi
+finish ok
+"""
+
+RUNTIME = r"""
+if ! has_nvidia_gpu; then
+  bb-log-info "nvidia-gpu runtime: no NVIDIA GPU on this node, containerd left alone"
+  exit 0
+fi
+
+version="$(containerd_version)"
+case "$version" in
+  2) cri="@@CRI2@@" dir="${ROOT}@@CONF_D@@" ;;
+  3) cri="@@CRI3@@" dir="${ROOT}@@CONF2_D@@" ;;
+  0)
+    bb-log-error "nvidia-gpu runtime: @@CONTAINERD_CONFIG@@ is missing"
+    exit 1
+    ;;
+  *)
+    bb-log-error "nvidia-gpu runtime: unsupported containerd config version ${version} (expected 2 or 3)"
+    exit 1
+    ;;
+esac
+if [[ ! -f "${ROOT}@@DECKHOUSE_BASE@@" ]]; then
+  bb-log-error "nvidia-gpu runtime: @@DECKHOUSE_BASE@@ is missing: containerd is not managed by Deckhouse here"
+  exit 1
+fi
+
+target="${dir}/@@DROPIN_NAME@@"
+if [[ -f "$target" ]] && [[ "$(head -n1 "$target")" != "@@HEADER@@" ]]; then
+  bb-log-error "nvidia-gpu runtime: ${target#"$ROOT"} exists and is not ours; not overwriting it"
+  exit 1
+fi
+
+systemd=false
+if grep -Eq '^[[:space:]]*SystemdCgroup[[:space:]]*=[[:space:]]*true' "${ROOT}@@CONTAINERD_CONFIG@@"; then
+  systemd=true
+fi
+
+if [[ -x "${ROOT}@@NCR@@" ]]; then
+  result="$(write_file "$target" <<EOF
+@@DROPIN_DEFAULT@@EOF
+)"
+else
+  bb-log-warning "nvidia-gpu runtime: @@NCR@@ is missing; runc stays the default runtime"
+  result="$(write_file "$target" <<EOF
+@@DROPIN_NO_DEFAULT@@EOF
+)"
+fi
+bb-log-info "nvidia-gpu runtime: ${target#"$ROOT"} ${result}"
+echo "nvidia-gpu-runtime containerd=${version} dropin=${target#"$ROOT"} result=${result}"
+"""
+
+SYSCTL = r"""
+if ! has_nvidia_gpu; then
+  node_label "@@SETUP_LABEL@@" -
+  bb-log-info "nvidia-gpu sysctl: no NVIDIA GPU on this node"
+  exit 0
+fi
+
+result="$(write_file "${ROOT}@@SYSCTL_DROPIN@@" <<'EOF'
+@@SYSCTL_CONTENT@@EOF
+)"
+bb-log-info "nvidia-gpu sysctl: @@SYSCTL_DROPIN@@ ${result}"
+
+mkdir -p "$STATE_DIR"
+previous="${STATE_DIR}/sysctl.previous"
+apply_live() {
+  local name="$1" want="$2" path current
+  path="${ROOT}/proc/sys/${name//.//}"
+  if [[ ! -f "$path" ]]; then
+    bb-log-warning "nvidia-gpu sysctl: ${name} does not exist on this kernel"
+    return 0
+  fi
+  current="$(<"$path")"
+  if ! grep -q "^${name}=" "$previous" 2>/dev/null; then
+    echo "${name}=${current}" >>"$previous"
+  fi
+  if [[ "$current" != "$want" ]]; then
+    echo "$want" >"$path"
+  fi
+}
+@@SYSCTL_APPLY@@
+
+verdict="$(sed -n 's/^verdict=//p' "$VERDICT_FILE" 2>/dev/null || true)"
+if [[ "$verdict" == ok ]] && runtime_ready; then
+  node_label "@@SETUP_LABEL@@" ""
+  echo "nvidia-gpu-setup complete=true"
+else
+  node_label "@@SETUP_LABEL@@" -
+  bb-log-error "nvidia-gpu sysctl: GPU node not ready (check verdict: ${verdict:-none}); @@SETUP_LABEL@@ removed"
+  echo "nvidia-gpu-setup complete=false verdict=${verdict:-none}"
+fi
+"""
+
+VFIO = r"""
+if ! has_nvidia_gpu; then
+  node_label "@@VFIO_LABEL@@" -
+  exit 0
+fi
+
+problems=()
+for module in @@VFIO_MODULES@@; do
+  if [[ ! -d "${ROOT}/sys/module/${module}" ]]; then
+    if ! modprobe "$module" >/dev/null 2>&1 || [[ ! -d "${ROOT}/sys/module/${module}" ]]; then
+      problems+=("module-missing:${module}")
+    fi
+  fi
+done
+groups=("${ROOT}@@IOMMU_DIR@@"/*)
+if [[ ! -e "${groups[0]}" ]]; then
+  problems+=("iommu-off")
+fi
+
+if [[ ${#problems[@]} -eq 0 ]]; then
+  node_label "@@VFIO_LABEL@@" "true"
+  echo "nvidia-gpu-vfio ready=true problems="
+else
+  node_label "@@VFIO_LABEL@@" -
+  csv="$(printf '%s\n' "${problems[@]}" | paste -sd, -)"
+  bb-log-error "nvidia-gpu vfio: not ready: ${csv}"
+  echo "nvidia-gpu-vfio ready=false problems=${csv}"
+fi
+"""
