@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import pytest
+from pydantic import BaseModel
 
 from nvgpu.stackconfig import (
     AllocationMode,
     NodeSetupBackend,
     Sharing,
+    StackConfig,
     StackConfigError,
     load_stack_config,
     load_stack_file,
@@ -119,3 +121,31 @@ def test_prod_stack_is_generic_with_a_digest_pinned_image() -> None:
     assert cfg.cluster.node_setup is NodeSetupBackend.DAEMONSET
     assert cfg.cluster.agent_image.digest is not None and "@sha256:" in cfg.cluster.agent_image.ref
     assert all(g.node_selector is not None for g in cfg.node_groups)
+
+
+def _key_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    paths = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{info.alias or name}"
+        paths.append(path)
+        annotation = info.annotation
+        is_list = get_origin(annotation) is list
+        for sub in _models_in(annotation):
+            paths += _key_paths(sub, f"{path}{'[]' if is_list else ''}.")
+    return paths
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def test_readme_config_reference_covers_every_key() -> None:
+    readme = (ROOT / "README.md").read_text()
+    paths = _key_paths(StackConfig)
+    # Objects are documented through their keys; lists of objects get a row of their own too.
+    leaves = [p for p in paths if not any(q.startswith((f"{p}.", f"{p}[].")) for q in paths)]
+    lists = [p for p in paths if any(q.startswith(f"{p}[].") for q in paths) and p != "nodeGroups"]
+    missing = [p for p in leaves + lists if f"`{p}`" not in readme]
+    assert missing == [], f"README's config reference lacks: {missing}"
