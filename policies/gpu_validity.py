@@ -394,6 +394,11 @@ def overlapping_groups(resources: Sequence[Resource], values: Mapping[str, Any])
         spec = pod_spec(r.kind, r.props)
         if group and spec is not None:
             claims.setdefault(group, []).append((r.title, node_selection(spec), r.urn))
+    for name, group_claims in claims.items():  # a group's DaemonSets usually share one selection
+        distinct: dict[NodeSelection, tuple[str, NodeSelection, str | None]] = {}
+        for claim in group_claims:
+            distinct.setdefault(claim[1], claim)
+        claims[name] = list(distinct.values())
     out = []
     names = sorted(claims)
     for i, a in enumerate(names):
@@ -554,7 +559,7 @@ def _validate_time_slicing(args: ResourceValidationArgs, report: ReportViolation
 def _validate_mps(args: ResourceValidationArgs, report: ReportViolation) -> None:
     kind = _kind(args)
     if kind is not None:
-        limit = as_int(args.get_config().get("maxReplicas")) or MPS_MAX_CLIENTS
+        limit = as_int(args.get_config().get("mpsMaxReplicas")) or MPS_MAX_CLIENTS
         _report_all(report, mps_problems(kind, args.props, min(limit, MPS_MAX_CLIENTS)))
 
 
@@ -630,18 +635,12 @@ POLICIES: list[ResourceValidationPolicy | StackValidationPolicy] = [
         enforcement_level=MANDATORY,
     ),
     ResourceValidationPolicy(
-        name="time-slicing-replicas",
-        description="Time-slicing replicas must be at least 2; the device plugin refuses fewer.",
-        validate=_validate_time_slicing,
-        enforcement_level=MANDATORY,
-    ),
-    ResourceValidationPolicy(
-        name="mps-sharing-valid",
-        description=f"MPS needs 2 to {MPS_MAX_CLIENTS} clients per GPU and cannot be combined with MIG.",
-        validate=_validate_mps,
+        name="sharing-parameters-valid",
+        description=f"Time-slicing needs at least 2 replicas; MPS 2 to {MPS_MAX_CLIENTS} clients per GPU and no MIG.",
+        validate=[_validate_time_slicing, _validate_mps],
         enforcement_level=MANDATORY,
         config_schema=PolicyConfigSchema(
-            properties={"maxReplicas": {
+            properties={"mpsMaxReplicas": {
                 "type": "integer", "minimum": 2, "maximum": MPS_MAX_CLIENTS, "default": MPS_MAX_CLIENTS,
                 "description": "Most MPS clients per GPU this stack allows.",
             }},
@@ -681,15 +680,10 @@ POLICIES: list[ResourceValidationPolicy | StackValidationPolicy] = [
         enforcement_level=MANDATORY,
     ),
     ResourceValidationPolicy(
-        name="gpu-daemonset-tolerates-taint",
-        description=f"GPU DaemonSets must tolerate the {labels.GPU_TAINT_KEY} taint or they never run on GPU nodes.",
-        validate=_validate_taint,
-        enforcement_level=MANDATORY,
-    ),
-    ResourceValidationPolicy(
-        name="gpu-daemonset-waits-for-setup",
-        description=f"GPU DaemonSets must run only on nodes labelled {labels.GPU_SETUP_COMPLETE}.",
-        validate=_validate_setup_gate,
+        name="gpu-daemonset-scheduling",
+        description=f"GPU DaemonSets must tolerate the {labels.GPU_TAINT_KEY} taint and run only on nodes labelled "
+                    f"{labels.GPU_SETUP_COMPLETE}.",
+        validate=[_validate_taint, _validate_setup_gate],
         enforcement_level=MANDATORY,
         config_schema=PolicyConfigSchema(
             properties={"setupRoles": {

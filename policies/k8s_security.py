@@ -219,12 +219,12 @@ def _run(args: ResourceValidationArgs, report: ReportViolation, rule: Any, *extr
 
 
 def _validate_privileged(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    roles = _strings(args.get_config().get("allowedRoles"), DEFAULT_PRIVILEGED_ROLES)
+    roles = _strings(args.get_config().get("privilegedRoles"), DEFAULT_PRIVILEGED_ROLES)
     _run(args, report, privileged_problems, roles)
 
 
 def _validate_host_path(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    roles = _strings(args.get_config().get("allowedRoles"), DEFAULT_HOST_PATH_ROLES)
+    roles = _strings(args.get_config().get("hostPathRoles"), DEFAULT_HOST_PATH_ROLES)
     _run(args, report, host_path_problems, roles)
 
 
@@ -269,27 +269,15 @@ _RESOURCE_NAMES = {"type": "array", "items": {"type": "string", "enum": ["cpu", 
 
 POLICIES: list[ResourceValidationPolicy] = [
     ResourceValidationPolicy(
-        name="no-privileged-containers",
-        description="Only allow-listed agent roles may run privileged containers or add SYS_ADMIN.",
-        validate=_validate_privileged,
+        name="host-access-allow-listed",
+        description="Privileged containers, hostPath volumes and host namespaces only for allow-listed agent roles.",
+        validate=[_validate_privileged, _validate_host_path, _validate_host_namespaces],
         enforcement_level=EnforcementLevel.MANDATORY,
-        config_schema=PolicyConfigSchema({"allowedRoles": _roles_schema(DEFAULT_PRIVILEGED_ROLES, "to be privileged")}),
-    ),
-    ResourceValidationPolicy(
-        name="no-host-path-volumes",
-        description="Only allow-listed agent roles may mount host paths.",
-        validate=_validate_host_path,
-        enforcement_level=EnforcementLevel.MANDATORY,
-        config_schema=PolicyConfigSchema({"allowedRoles": _roles_schema(DEFAULT_HOST_PATH_ROLES, "hostPath volumes")}),
-    ),
-    ResourceValidationPolicy(
-        name="host-namespaces-allow-listed",
-        description="hostPID, hostNetwork and hostIPC only for the agent roles allow-listed for each.",
-        validate=_validate_host_namespaces,
-        enforcement_level=EnforcementLevel.MANDATORY,
-        config_schema=PolicyConfigSchema(
-            {field: _roles_schema(DEFAULT_HOST_NAMESPACE_ROLES, field) for field in HOST_NAMESPACES}
-        ),
+        config_schema=PolicyConfigSchema({
+            "privilegedRoles": _roles_schema(DEFAULT_PRIVILEGED_ROLES, "privileged containers or SYS_ADMIN"),
+            "hostPathRoles": _roles_schema(DEFAULT_HOST_PATH_ROLES, "hostPath volumes"),
+            **{field: _roles_schema(DEFAULT_HOST_NAMESPACE_ROLES, f"{field}: true") for field in HOST_NAMESPACES},
+        }),
     ),
     ResourceValidationPolicy(
         name="pinned-images",
@@ -311,15 +299,9 @@ POLICIES: list[ResourceValidationPolicy] = [
         }),
     ),
     ResourceValidationPolicy(
-        name="rbac-no-wildcards",
-        description="RBAC rules must name their API groups, resources and verbs; no wildcards.",
-        validate=_validate_rbac_wildcards,
-        enforcement_level=EnforcementLevel.MANDATORY,
-    ),
-    ResourceValidationPolicy(
-        name="rbac-no-secrets",
-        description="RBAC rules must not grant access to Secrets.",
-        validate=_validate_rbac_secrets,
+        name="rbac-least-privilege",
+        description="RBAC rules must name their groups, resources and verbs (no wildcards) and never reach Secrets.",
+        validate=[_validate_rbac_wildcards, _validate_rbac_secrets],
         enforcement_level=EnforcementLevel.MANDATORY,
     ),
     ResourceValidationPolicy(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from policies.manifests import as_list, as_map, as_str
@@ -87,25 +88,59 @@ def label_selection(match_labels: Mapping[str, Any], match_expressions: Iterable
     return NodeSelection((term,) if term else ())
 
 
-def _term_satisfiable(reqs: Iterable[Requirement]) -> bool:
-    by_key: dict[str, list[Requirement]] = {}
-    for r in reqs:
-        by_key.setdefault(r.key, []).append(r)
-    for group in by_key.values():
-        present = any(r.operator in ("In", "Exists", "Gt", "Lt") for r in group)
-        absent = any(r.operator == "DoesNotExist" for r in group)
-        if present and absent:
-            return False
-        allowed: frozenset[str] | None = None
-        for r in group:
-            if r.operator == "In":
-                allowed = r.values if allowed is None else allowed & r.values
-        if allowed is None:
-            continue
-        for r in group:
-            if r.operator == "NotIn":
-                allowed = allowed - r.values
-        if not allowed:
+@dataclass(frozen=True)
+class _KeyDemand:
+    """Everything one side demands of one label key, folded together."""
+
+    present: bool = False  #: In, Exists, Gt or Lt
+    absent: bool = False  #: DoesNotExist
+    allowed: frozenset[str] | None = None  #: intersection of In sets (None: any value)
+    excluded: frozenset[str] = frozenset()  #: union of NotIn sets
+
+    def combine(self, other: _KeyDemand) -> _KeyDemand | None:
+        """Both demands at once, or ``None`` when no label value satisfies them."""
+        allowed = self.allowed if other.allowed is None else (
+            other.allowed if self.allowed is None else self.allowed & other.allowed)
+        out = _KeyDemand(self.present or other.present, self.absent or other.absent, allowed,
+                         self.excluded | other.excluded)
+        if out.present and out.absent:
+            return None
+        if out.allowed is not None and not out.allowed - out.excluded:
+            return None
+        return out
+
+
+def _demand(r: Requirement) -> _KeyDemand:
+    if r.operator == "In":
+        return _KeyDemand(present=True, allowed=r.values)
+    if r.operator == "NotIn":
+        return _KeyDemand(excluded=r.values)
+    if r.operator == "DoesNotExist":
+        return _KeyDemand(absent=True)
+    return _KeyDemand(present=True)  # Exists, Gt, Lt (numeric bounds are not compared)
+
+
+@lru_cache(maxsize=8192)
+def _canonical(term: Term) -> dict[str, _KeyDemand] | None:
+    """One demand per key, or ``None`` when the term contradicts itself."""
+    out: dict[str, _KeyDemand] = {}
+    for r in term:
+        current = out.get(r.key)
+        demand = _demand(r) if current is None else current.combine(_demand(r))
+        if demand is None:
+            return None
+        out[r.key] = demand
+    return out
+
+
+def _compatible(a: Term, b: Term) -> bool:
+    ca, cb = _canonical(a), _canonical(b)
+    if ca is None or cb is None:
+        return False
+    small, large = (ca, cb) if len(ca) <= len(cb) else (cb, ca)
+    for key, demand in small.items():
+        other = large.get(key)
+        if other is not None and demand.combine(other) is None:
             return False
     return True
 
@@ -114,4 +149,4 @@ def overlap(a: NodeSelection, b: NodeSelection) -> bool:
     """Whether some node could match both selections."""
     a_terms = a.terms or ((),)
     b_terms = b.terms or ((),)
-    return any(_term_satisfiable(ta + tb) for ta in a_terms for tb in b_terms)
+    return any(_compatible(ta, tb) for ta in a_terms for tb in b_terms)

@@ -129,7 +129,7 @@ def test_selected_defined_config_must_fit_the_groups_gpu() -> None:
     )]
 
 
-# ------------------------------------------------------------------ time-slicing-replicas / mps-sharing-valid
+# ------------------------------------------------------------------ sharing-parameters-valid
 
 
 def _dp_config(mode: str, replicas: object, mig_strategy: str = "none", **resource: object) -> dict[str, object]:
@@ -138,39 +138,39 @@ def _dp_config(mode: str, replicas: object, mig_strategy: str = "none", **resour
 
 
 def test_time_slicing_replicas_of_two_or_more_pass() -> None:
-    assert check("time-slicing-replicas", CM_TYPE, config_map({"TimeSlicing": _dp_config("timeSlicing", 2.0)})) == []
+    assert check("sharing-parameters-valid", CM_TYPE, config_map({"TimeSlicing": _dp_config("timeSlicing", 2.0)})) == []
 
 
 @pytest.mark.parametrize("replicas", [1, 0, "4", 2.5])
 def test_time_slicing_replicas_out_of_range(replicas: object) -> None:
     cm = config_map({"TimeSlicing": _dp_config("timeSlicing", replicas)})
-    assert check("time-slicing-replicas", CM_TYPE, cm) == [
+    assert check("sharing-parameters-valid", CM_TYPE, cm) == [
         f"data[TimeSlicing] sharing.timeSlicing.resources[0] (nvidia.com/gpu): replicas must be an integer >= 2 "
         f"(got {replicas!r})"
     ]
 
 
 def test_mps_within_limits_passes() -> None:
-    assert check("mps-sharing-valid", CM_TYPE, config_map({"MPS": _dp_config("mps", 48)})) == []
+    assert check("sharing-parameters-valid", CM_TYPE, config_map({"MPS": _dp_config("mps", 48)})) == []
 
 
 def test_mps_replicas_beyond_what_mps_supports() -> None:
     cm = config_map({"MPS": _dp_config("mps", 49)})
-    assert check("mps-sharing-valid", CM_TYPE, cm) == [
+    assert check("sharing-parameters-valid", CM_TYPE, cm) == [
         "data[MPS] sharing.mps.resources[0] (nvidia.com/gpu): replicas must be an integer from 2 to 48 (got 49)"
     ]
 
 
 def test_mps_limit_from_policy_config() -> None:
     cm = config_map({"MPS": _dp_config("mps", 16)})
-    assert check("mps-sharing-valid", CM_TYPE, cm, {"maxReplicas": 8}) == [
+    assert check("sharing-parameters-valid", CM_TYPE, cm, {"mpsMaxReplicas": 8}) == [
         "data[MPS] sharing.mps.resources[0] (nvidia.com/gpu): replicas must be an integer from 2 to 8 (got 16)"
     ]
 
 
 def test_mps_with_mig() -> None:
     cm = config_map({"MPS": _dp_config("mps", 4, mig_strategy="mixed", devices=["0:1"])})
-    assert check("mps-sharing-valid", CM_TYPE, cm) == [
+    assert check("sharing-parameters-valid", CM_TYPE, cm) == [
         "data[MPS]: sharing.mps cannot be combined with flags.migStrategy 'mixed' "
         "(the device plugin refuses MPS on MIG devices)",
         "data[MPS] sharing.mps.resources[0] (nvidia.com/gpu): MPS cannot share MIG devices",
@@ -290,35 +290,35 @@ def test_groups_whose_config_selectors_overlap(monkeypatch: pytest.MonkeyPatch) 
     )]
 
 
-# ------------------------------------------------------------------ gpu-daemonset-tolerates-taint / waits-for-setup
+# ------------------------------------------------------------------ gpu-daemonset-scheduling
 
 
 def test_gpu_daemonset_tolerating_the_taint_passes() -> None:
-    assert check("gpu-daemonset-tolerates-taint", DS_TYPE, daemonset()) == []
+    assert check("gpu-daemonset-scheduling", DS_TYPE, daemonset()) == []
     exact = daemonset(tolerations=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
-    assert check("gpu-daemonset-tolerates-taint", DS_TYPE, exact) == []
+    assert check("gpu-daemonset-scheduling", DS_TYPE, exact) == []
 
 
 def test_gpu_daemonset_without_the_toleration() -> None:
     ds = daemonset(tolerations=[{"key": "nvidia.com/gpu", "value": "other", "effect": "NoSchedule"}])
-    assert check("gpu-daemonset-tolerates-taint", DS_TYPE, ds) == [
+    assert check("gpu-daemonset-scheduling", DS_TYPE, ds) == [
         "DaemonSet 'device-plugin-h100' does not tolerate the GPU taint nvidia.com/gpu=present:NoSchedule"
     ]
 
 
 def test_non_gpu_daemonsets_are_not_judged() -> None:
     ds = daemonset("log-shipper", role="logs", group=None, terms=[], tolerations=[])
-    assert check("gpu-daemonset-tolerates-taint", DS_TYPE, ds) == []
-    assert check("gpu-daemonset-waits-for-setup", DS_TYPE, ds) == []
+    assert check("gpu-daemonset-scheduling", DS_TYPE, ds) == []
+    assert check("gpu-daemonset-scheduling", DS_TYPE, ds) == []
 
 
 def test_gpu_daemonset_gated_on_setup_complete_passes() -> None:
-    assert check("gpu-daemonset-waits-for-setup", DS_TYPE, daemonset()) == []
+    assert check("gpu-daemonset-scheduling", DS_TYPE, daemonset()) == []
 
 
 def test_gpu_daemonset_without_the_setup_gate() -> None:
     ds = daemonset(terms=gpu_terms("h100", gate=False))
-    assert check("gpu-daemonset-waits-for-setup", DS_TYPE, ds) == [
+    assert check("gpu-daemonset-scheduling", DS_TYPE, ds) == [
         "DaemonSet 'device-plugin-h100' does not wait for node setup: every node selector term must require "
         "node.deckhouse.io/gpu-setup-complete (it selects {node.deckhouse.io/group=h100})"
     ]
@@ -326,8 +326,8 @@ def test_gpu_daemonset_without_the_setup_gate() -> None:
 
 def test_setup_role_is_exempt_from_the_gate_and_configurable() -> None:
     setup = daemonset("gpu-setup-h100", role="gpu-setup", terms=gpu_terms("h100", gate=False))
-    assert check("gpu-daemonset-waits-for-setup", DS_TYPE, setup) == []
-    assert len(check("gpu-daemonset-waits-for-setup", DS_TYPE, setup, {"setupRoles": []})) == 1
+    assert check("gpu-daemonset-scheduling", DS_TYPE, setup) == []
+    assert len(check("gpu-daemonset-scheduling", DS_TYPE, setup, {"setupRoles": []})) == 1
 
 
 # ------------------------------------------------------------------ driver-meets-gpu-minimum

@@ -7,19 +7,19 @@ from policy_fixtures import DS_TYPE, NS_TYPE, ROLE_TYPE, check, cluster_role, co
 
 from policies.k8s_security import image_problem
 
-# ------------------------------------------------------------------ no-privileged-containers
+# ------------------------------------------------------------------ host-access-allow-listed: privileged
 
 
 def test_privileged_allowed_for_allow_listed_roles() -> None:
     ds = daemonset(containers=[container(securityContext={"privileged": True})])
-    assert check("no-privileged-containers", DS_TYPE, ds) == []
+    assert check("host-access-allow-listed", DS_TYPE, ds) == []
 
 
 def test_privileged_container_outside_the_allow_list() -> None:
     ds = daemonset("exporter", role="exporter",
                    containers=[container("exporter", securityContext={"privileged": True,
                                                                        "capabilities": {"add": ["SYS_ADMIN"]}})])
-    assert check("no-privileged-containers", DS_TYPE, ds) == [
+    assert check("host-access-allow-listed", DS_TYPE, ds) == [
         "DaemonSet 'exporter' (role 'exporter'): container 'exporter' is privileged",
         "DaemonSet 'exporter' (role 'exporter'): container 'exporter' adds capability SYS_ADMIN",
     ]
@@ -27,41 +27,41 @@ def test_privileged_container_outside_the_allow_list() -> None:
 
 def test_privileged_allow_list_from_policy_config() -> None:
     ds = daemonset(containers=[container(securityContext={"privileged": True})])
-    assert check("no-privileged-containers", DS_TYPE, ds, {"allowedRoles": ["gpu-setup"]}) == [
+    assert check("host-access-allow-listed", DS_TYPE, ds, {"privilegedRoles": ["gpu-setup"]}) == [
         "DaemonSet 'device-plugin-h100' (role 'device-plugin'): container 'agent' is privileged"
     ]
 
 
-# ------------------------------------------------------------------ no-host-path-volumes
+# ------------------------------------------------------------------ host-access-allow-listed: hostPath
 
 
 def test_host_path_for_allow_listed_role_passes() -> None:
     ds = daemonset(volumes=[{"name": "dp", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}])
-    assert check("no-host-path-volumes", DS_TYPE, ds) == []
+    assert check("host-access-allow-listed", DS_TYPE, ds) == []
 
 
 def test_host_path_outside_the_allow_list() -> None:
     ds = daemonset("exporter", role="exporter", volumes=[{"name": "root", "hostPath": {"path": "/"}},
                                                          {"name": "tmp", "emptyDir": {}}])
-    assert check("no-host-path-volumes", DS_TYPE, ds) == [
+    assert check("host-access-allow-listed", DS_TYPE, ds) == [
         "DaemonSet 'exporter' (role 'exporter'): volume 'root' mounts host path /"
     ]
 
 
-# ------------------------------------------------------------------ host-namespaces-allow-listed
+# ------------------------------------------------------------------ host-access-allow-listed: host namespaces
 
 
 def test_host_namespaces_off_pass() -> None:
-    assert check("host-namespaces-allow-listed", DS_TYPE, daemonset(hostPID=False)) == []
+    assert check("host-access-allow-listed", DS_TYPE, daemonset(hostPID=False)) == []
 
 
 def test_host_namespaces_need_the_allow_list() -> None:
     ds = daemonset("mig-manager", role="mig-manager", hostPID=True, hostNetwork=True)
-    assert check("host-namespaces-allow-listed", DS_TYPE, ds) == [
+    assert check("host-access-allow-listed", DS_TYPE, ds) == [
         "DaemonSet 'mig-manager' (role 'mig-manager') sets hostPID: true",
         "DaemonSet 'mig-manager' (role 'mig-manager') sets hostNetwork: true",
     ]
-    assert check("host-namespaces-allow-listed", DS_TYPE, ds, {"hostPID": ["mig-manager"]}) == [
+    assert check("host-access-allow-listed", DS_TYPE, ds, {"hostPID": ["mig-manager"]}) == [
         "DaemonSet 'mig-manager' (role 'mig-manager') sets hostNetwork: true",
     ]
 
@@ -115,7 +115,7 @@ def test_container_without_limits() -> None:
                  {"requests": ["cpu"], "limits": []}) == []
 
 
-# ------------------------------------------------------------------ rbac-no-wildcards / rbac-no-secrets
+# ------------------------------------------------------------------ rbac-least-privilege
 
 
 READ_NODES = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
@@ -123,13 +123,13 @@ READ_NODES = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"
 
 def test_spelled_out_rbac_passes() -> None:
     role = cluster_role([READ_NODES])
-    assert check("rbac-no-wildcards", ROLE_TYPE, role) == []
-    assert check("rbac-no-secrets", ROLE_TYPE, role) == []
+    assert check("rbac-least-privilege", ROLE_TYPE, role) == []
+    assert check("rbac-least-privilege", ROLE_TYPE, role) == []
 
 
 def test_rbac_wildcards() -> None:
     role = cluster_role([READ_NODES, {"apiGroups": ["apps"], "resources": ["*"], "verbs": ["get", "*"]}])
-    assert check("rbac-no-wildcards", ROLE_TYPE, role) == [
+    assert check("rbac-least-privilege", ROLE_TYPE, role) == [
         "ClusterRole 'reader' rules[1].resources has a wildcard: *",
         "ClusterRole 'reader' rules[1].verbs has a wildcard: get, *",
     ]
@@ -137,11 +137,24 @@ def test_rbac_wildcards() -> None:
 
 def test_rbac_secrets_access() -> None:
     role = cluster_role([{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get"]},
-                         {"apiGroups": ["*"], "resources": ["*"], "verbs": ["list"]},
-                         {"apiGroups": ["apps"], "resources": ["*"], "verbs": ["list"]}])
-    assert check("rbac-no-secrets", ROLE_TYPE, role) == [
+                         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list"]},
+                         {"apiGroups": [""], "resources": ["secrets/proxy"], "verbs": ["get"]}])
+    assert check("rbac-least-privilege", ROLE_TYPE, role) == [
         "ClusterRole 'reader' rules[0] grants access to secrets",
-        "ClusterRole 'reader' rules[1] grants access to secrets",
+        "ClusterRole 'reader' rules[2] grants access to secrets",
+    ]
+
+
+def test_rbac_wildcard_group_reaches_secrets_too() -> None:
+    role = cluster_role([{"apiGroups": ["*"], "resources": ["pods"], "verbs": ["list"]}])
+    assert check("rbac-least-privilege", ROLE_TYPE, role) == [
+        "ClusterRole 'reader' rules[0].apiGroups has a wildcard: *",
+    ]
+    role = cluster_role([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["list"]}])
+    assert check("rbac-least-privilege", ROLE_TYPE, role) == [
+        "ClusterRole 'reader' rules[0].apiGroups has a wildcard: *",
+        "ClusterRole 'reader' rules[0].resources has a wildcard: *",
+        "ClusterRole 'reader' rules[0] grants access to secrets",
     ]
 
 

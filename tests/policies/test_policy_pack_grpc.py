@@ -54,18 +54,18 @@ def test_pack_serves_every_policy_with_its_level_and_schema(pack: PackProcess) -
         assert served[p.name].enforcement_level == (p.enforcement_level.value if p.enforcement_level else "advisory")
         assert served[p.name].description == p.description
     assert served["node-groups-disjoint"].stack_policy and not served["pinned-images"].stack_policy
-    assert served["mps-sharing-valid"].config_schema["maxReplicas"]["maximum"] == 48
+    assert served["sharing-parameters-valid"].config_schema["mpsMaxReplicas"]["maximum"] == 48
     assert pack.start_seconds < 10
 
 
 def test_analyze_reports_the_violation_as_the_cli_receives_it(pack: PackProcess) -> None:
     diags = pack.analyze(AnalyzerResource(DS_TYPE, EXPORTER_URN, "exporter", EXPORTER))
     assert diags == [Diagnostic(
-        policy_name="no-privileged-containers",
+        policy_name="host-access-allow-listed",
         pack_name="nvidia-gpu",
         pack_version="0.1.0",
-        description="Only allow-listed agent roles may run privileged containers or add SYS_ADMIN.",
-        message="Only allow-listed agent roles may run privileged containers or add SYS_ADMIN.\n"
+        description="Privileged containers, hostPath volumes and host namespaces only for allow-listed agent roles.",
+        message="Privileged containers, hostPath volumes and host namespaces only for allow-listed agent roles.\n"
                 "DaemonSet 'exporter' (role 'exporter'): container 'exporter' is privileged",
         enforcement_level="mandatory",
         urn=EXPORTER_URN,
@@ -112,7 +112,8 @@ def test_analyze_stack_sees_the_stack_config_from_the_environment() -> None:
 
 
 def test_configure_sets_levels_and_properties_like_policy_pack_config(pack: PackProcess) -> None:
-    pack.configure({"all": "advisory", "mps-sharing-valid": {"maxReplicas": 8}, "no-privileged-containers": "disabled"})
+    pack.configure({"all": "advisory", "sharing-parameters-valid": {"mpsMaxReplicas": 8},
+                    "host-access-allow-listed": "disabled"})
     (mps,) = pack.analyze(_mps(16))
     assert mps.enforcement_level == "advisory"
     assert mps.message.endswith("replicas must be an integer from 2 to 8 (got 16)")
@@ -120,20 +121,20 @@ def test_configure_sets_levels_and_properties_like_policy_pack_config(pack: Pack
 
 
 def test_policy_without_a_level_in_config_keeps_its_default(pack: PackProcess) -> None:
-    pack.configure({"mps-sharing-valid": {"maxReplicas": 8}})
+    pack.configure({"sharing-parameters-valid": {"mpsMaxReplicas": 8}})
     (mps,) = pack.analyze(_mps(16))
     assert mps.enforcement_level == "mandatory"
 
 
 def test_configure_rejects_what_the_cli_would(pack: PackProcess) -> None:
     with pytest.raises(PolicyConfigError) as err:
-        pack.configure({"no-such-policy": "advisory", "mps-sharing-valid": {"maxReplicas": 100, "typo": 1},
-                        "pinned-images": "loud"})
+        pack.configure({"no-such-policy": "advisory", "pinned-images": "loud",
+                        "sharing-parameters-valid": {"mpsMaxReplicas": 100, "typo": 1}})
     assert err.value.problems[0].startswith("no-such-policy: no policy of that name in nvidia-gpu; policies: ")
     assert err.value.problems[1:] == [
-        "mps-sharing-valid.maxReplicas: 100 is greater than the maximum of 48",
-        "mps-sharing-valid: Additional properties are not allowed ('typo' was unexpected)",
         "pinned-images: enforcement level 'loud' is not one of advisory, mandatory, remediate, disabled",
+        "sharing-parameters-valid.mpsMaxReplicas: 100 is greater than the maximum of 48",
+        "sharing-parameters-valid: Additional properties are not allowed ('typo' was unexpected)",
     ]
 
 

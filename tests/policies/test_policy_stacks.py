@@ -82,7 +82,7 @@ def test_a_broken_device_plugin_is_caught_through_the_pack(recorded: dict[str, P
     resources[i] = AnalyzerResource(resources[i].type, resources[i].urn, resources[i].name, props)
     run = run_pack(resources, StackContext(result.project, "dev", result.engine_config))
     assert [(d.policy_name, d.resource_name, d.message.splitlines()[-1]) for d in run.mandatory] == [(
-        "gpu-daemonset-tolerates-taint",
+        "gpu-daemonset-scheduling",
         "h100-mig-device-plugin",
         "DaemonSet 'device-plugin-h100-mig' does not tolerate the GPU taint nvidia.com/gpu=present:NoSchedule",
     )]
@@ -100,9 +100,9 @@ def test_preview_step_turns_mandatory_violations_into_problems(
     preview_step.run(result)
     assert result.problems == [Problem(
         "policies", "kubernetes:apps/v1:DaemonSet: exporter",
-        "no-privileged-containers: DaemonSet 'exporter' (role 'exporter'): container 'exporter' is privileged",
+        "host-access-allow-listed: DaemonSet 'exporter' (role 'exporter'): container 'exporter' is privileged",
     )]
     out = capsys.readouterr().out
     assert out.startswith("Policies:\n    ❌ nvidia-gpu@v0.1.0 (local: policies)\n"
-                          "        - [mandatory]  no-privileged-containers  (kubernetes:apps/v1:DaemonSet: exporter)\n")
+                          "        - [mandatory]  host-access-allow-listed  (kubernetes:apps/v1:DaemonSet: exporter)\n")
     assert out.endswith("Policy violations: 1 mandatory, 0 advisory\n")
