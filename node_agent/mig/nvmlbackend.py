@@ -9,7 +9,6 @@ like a real GPU, refuses while processes hold the GPU or a reset is blocked).
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,30 +31,24 @@ class GpuResetter(Protocol):
         ...
 
 
-Runner = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
-
-
-def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+#: Runs a host command with a timeout; returns the exit status and the command's message.
+Runner = Callable[[list[str], float], tuple[int, str]]
 
 
 @dataclass
 class NvidiaSmiReset:
-    """``nvidia-smi -r -i <bus,...>`` (what mig-parted does), bounded by a timeout."""
+    """``nvidia-smi -r -i <bus,...>`` (what mig-parted does), run on the host, bounded by a timeout."""
 
+    run: Runner
     nvidia_smi: str = "nvidia-smi"
-    run: Runner = _run
     timeout_s: float = RESET_TIMEOUT_S
 
     def reset(self, gpus: Sequence[GpuInfo]) -> None:
         argv = [self.nvidia_smi, "-r", "-i", ",".join(g.bus_id for g in gpus)]
-        try:
-            result = self.run(argv, self.timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise ResetUnavailable(f"{' '.join(argv)}: {e}") from e
-        if result.returncode != 0:
-            detail = (result.stderr or result.stdout).strip().splitlines()
-            raise ResetUnavailable(f"{' '.join(argv)} exited {result.returncode}: {detail[-1] if detail else ''}")
+        code, message = self.run(argv, self.timeout_s)
+        if code != 0:
+            detail = message.strip().splitlines()
+            raise ResetUnavailable(f"{' '.join(argv)} exited {code}: {detail[-1] if detail else ''}")
 
 
 @dataclass

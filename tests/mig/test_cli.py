@@ -1,0 +1,135 @@
+"""The CLI: ``mig plan|apply|assert`` on simulated machines, and ``mig-manager`` against a fake API server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from node_agent.mig.cli import main
+from node_agent.mig.kube import KubeNodeApi, NodePatch, Taint
+from node_agent.nvml import NvmlBackend, open_nvml
+from node_agent.nvml.sim import SimulatedMachine
+from nvgpu import labels
+from nvgpu.migparted import build_config
+from tests.mig.kmock_server import api, kmock_server, kubeconfig
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "mig.yaml"
+    path.write_text(build_config().to_yaml())
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, object]]:
+    code = main(["--json", *argv])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def test_plan_apply_assert(tmp_path: Path, config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "a100.json"
+    common = ["--nvml", "simulated:dgx-a100-40gb", "mig"]
+    opts = ["--config", str(config_file), "--name", "all-balanced", "--nvml-state", str(state)]
+    code, doc = run(capsys, *common, "plan", *opts)
+    assert code == 0
+    gpu0 = doc["gpus"][0]  # type: ignore[index]
+    assert gpu0["instances"] == [{"profile": "2g.10gb", "start": 0}, {"profile": "1g.5gb", "start": 2},
+                                 {"profile": "1g.5gb", "start": 3}, {"profile": "3g.20gb", "start": 4}]
+    assert run(capsys, *common, "assert", *opts)[0] == 1
+    code, doc = run(capsys, *common, "apply", *opts)
+    assert code == 0 and doc["changed"] == list(range(8))
+    assert run(capsys, *common, "assert", *opts)[0] == 0
+    with open_nvml(NvmlBackend("simulated", "dgx-a100-40gb", state)) as nvml:
+        assert sorted(d.profile for d in nvml.gpu(7).mig_devices) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
+    assert run(capsys, *common, "apply", *opts)[1]["changed"] == []  # idempotent
+
+
+def test_text_plan(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--nvml", "simulated:a30x4", "mig", "plan", "--config", str(config_file), "--name", "all-2g.12gb"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "GPU 3 (A30-24GB): MIG enabled: 2g.12gb@0, 2g.12gb@2" in out
+
+
+@pytest.mark.parametrize(
+    ("machine", "name", "why"),
+    [("dgx-h100", "all-9g.99gb", "unknown MIG config"),
+     ("dgx-h100", "all-1g.5gb", "selects none of this node's GPUs"),
+     ("l4x2", "all-balanced", "selects none")],
+)
+def test_bad_input_exits_2(config_file: Path, capsys: pytest.CaptureFixture[str], machine: str, name: str,
+                           why: str) -> None:
+    code, doc = run(capsys, "--nvml", f"simulated:{machine}", "mig", "apply", "--config", str(config_file),
+                    "--name", name)
+    assert code == 2 and why in str(doc["error"])
+
+
+def test_unreadable_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: true\n")
+    code, doc = run(capsys, "--nvml", "simulated:dgx-h100", "mig", "plan", "--config", str(bad), "--name", "x")
+    assert code == 2 and "mig-devices is required" in str(doc["error"])
+
+
+def test_apply_needing_a_reset_that_fails_exits_3_and_restores(tmp_path: Path, config_file: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "h200.json"
+    sim = SimulatedMachine("hgx-h200", state)
+    sim.block_reset(2)
+    code, doc = run(capsys, "--nvml", "simulated:hgx-h200", "mig", "apply", "--config", str(config_file),
+                    "--name", "all-7g.141gb", "--nvml-state", str(state))
+    assert code == 3 and "a reboot is needed" in str(doc["error"])
+    assert all(not g.mig_current and not g.mig_pending for g in sim.state.gpus)
+
+
+def test_node_api_over_http() -> None:
+    with kmock_server() as url:
+        core = client.CoreV1Api(api(url))
+        core.create_node({"metadata": {"name": "n1", "labels": {"a": "b"}}})
+        core.create_namespaced_pod("ml", {"metadata": {"name": "train", "namespace": "ml"}, "spec": {
+            "nodeName": "n1", "containers": [{"name": "c", "image": "i", "resources": {
+                "limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}})
+        core.create_namespaced_pod("ml", {"metadata": {"name": "elsewhere", "namespace": "ml"}, "spec": {
+            "nodeName": "n2", "containers": [{"name": "c", "image": "i"}]}})
+        node = KubeNodeApi(api(url), "n1")
+        view = node.patch_node(NodePatch(labels={"a": None, "c": "d"}, annotations={labels.DRAINING: "x"},
+                                         taints=(Taint("mig-reconfigure", "true", "NoSchedule"),), unschedulable=True))
+        assert view.labels == {"c": "d"} and view.annotations == {labels.DRAINING: "x"}
+        assert view.taints == (Taint("mig-reconfigure", "true", "NoSchedule"),) and view.unschedulable
+        (pod,) = node.pods_on_node()
+        assert pod.ref == "ml/train" and pod.gpu_requests == ("nvidia.com/mig-1g.10gb",)
+        node.evict("ml", "gone")  # no such pod: not an error
+        node.delete_pod("ml", "train")
+        assert node.pods_on_node() == ()
+        node.event(view, "MigReconfigured", "done", warning=False)
+        assert node.calls == 6
+
+
+def test_manager_once_against_the_fake_api_server(tmp_path: Path, config_file: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "h100.json"
+    with kmock_server() as url:
+        core = client.CoreV1Api(api(url))
+        core.create_node({"metadata": {"name": "gpu-1", "labels": {
+            labels.MIG_CONFIG: "all-1g.20gb", labels.DEVICE_GPU_CONFIG: "MIG", labels.MIG_CAPABLE: "true"}}})
+        # kmock answers 404 for a resource it has never stored: give it one pod, on another node.
+        core.create_namespaced_pod("web", {"metadata": {"name": "web", "namespace": "web"}, "spec": {
+            "nodeName": "cpu-1", "containers": [{"name": "c", "image": "i"}]}})
+        argv = ["--nvml", "simulated:dgx-h100", "--node-name", "gpu-1", "--host-root", str(tmp_path / "host"),
+                "--kubeconfig", str(kubeconfig(url, tmp_path / "kubeconfig")), "mig-manager", "--once",
+                "--drain", "cordon", "--config", str(config_file), "--nvml-state", str(state)]
+        code, doc = run(capsys, *argv)
+        assert (code, doc.get("action")) == (0, "idle"), doc
+        node = core.read_node("gpu-1")
+        assert node.metadata.labels[labels.MIG_CONFIG_STATE] == "success"
+        assert not node.spec.taints and not node.spec.unschedulable
+        assert not any(k.startswith(labels.GPU_DEPLOY_PREFIX) for k in node.metadata.labels)
+        events = core.list_namespaced_event("default").items
+        assert [e.reason for e in events] == ["MigReconfigured"]
+    with open_nvml(NvmlBackend("simulated", "dgx-h100", state)) as nvml:
+        assert all(sorted(d.profile for d in g.mig_devices) == ["1g.20gb"] * 4 for g in nvml.gpus())
+    assert not (tmp_path / "host/var/lib/nvidia-gpu-agent/mig/journal.json").exists()
