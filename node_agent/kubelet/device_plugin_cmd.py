@@ -1,0 +1,226 @@
+"""``python -m node_agent device-plugin``: run the kubelet device plugin on this node.
+
+Flags keep NVIDIA's names (``--mig-strategy``, ``--device-list-strategy``, ...) and beat the
+environment variables NVIDIA reads, which beat the config file. The config is either one file
+(``--config-file``) or a directory of named configs (``--config-dir``, the components' ConfigMap)
+chosen by the node label ``nvidia.com/device-plugin.config`` and switched live. SIGHUP reloads,
+SIGTERM/SIGINT stop cleanly (sockets removed). Exit status 1 means a permanent failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from node_agent import nvml
+from node_agent.deviceplugin import config
+from node_agent.deviceplugin.health import HealthPolicy
+from node_agent.deviceplugin.hostfiles import HostRootFiles
+from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
+from node_agent.deviceplugin.named import DEFAULT_FALLBACKS
+from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigWatcher, InClusterNodeLabel, LabelSource
+from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
+from node_agent.deviceplugin.plugin import NodePlugins
+from node_agent.host import HostRoot
+from node_agent.kubelet.api import DEVICE_PLUGIN_PATH
+from node_agent.kubelet.lifecycle import Supervisor
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_PORT = 9445
+
+_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _bool(text: str) -> bool:
+    try:
+        return _BOOL[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("device plugin (NVIDIA-compatible flags; unset flags fall back to env, then file)")
+    g.add_argument("--mig-strategy", choices=[s.value for s in config.MigStrategy])
+    g.add_argument("--fail-on-init-error", type=_bool, metavar="BOOL")
+    g.add_argument("--pass-device-specs", type=_bool, metavar="BOOL")
+    g.add_argument("--device-list-strategy", metavar="LIST",
+                   help="comma list of envvar, volume-mounts, cdi-annotations, cdi-cri")
+    g.add_argument("--device-id-strategy", choices=[s.value for s in config.DeviceIdStrategy])
+    g.add_argument("--nvidia-driver-root")
+    g.add_argument("--nvidia-dev-root")
+    g.add_argument("--mps-root")
+    g.add_argument("--cdi-annotation-prefix")
+    g.add_argument("--nvidia-ctk-path")
+    g.add_argument("--container-driver-root")
+    g.add_argument("--shared-devices-allocation-policy", choices=[s.value for s in config.AllocationPolicy])
+    g.add_argument("--config-file", type=Path, default=_env_path("CONFIG_FILE"))
+    g.add_argument("--config-dir", type=Path, default=_env_path("CONFIG_FILE_SRCDIR"),
+                   help="directory of named configs (one file per name), chosen by the node label")
+    g.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
+    g.add_argument("--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES", ",".join(DEFAULT_FALLBACKS)))
+    g.add_argument("--config-poll-interval", type=float, default=5.0, metavar="SECONDS")
+    g.add_argument("--socket-dir", type=Path, default=Path(DEVICE_PLUGIN_PATH),
+                   help="kubelet's device-plugins directory, as mounted in this container")
+    g.add_argument("--metrics-address", default="0.0.0.0")
+    g.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="0 disables the endpoint")
+    g.add_argument("--recovery-quiet-period", type=float, default=60.0, metavar="SECONDS",
+                   help="an unhealthy device that stays quiet and passes re-checks this long turns Healthy")
+    g.add_argument("--recheck-interval", type=float, default=5.0, metavar="SECONDS")
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def cli_overrides(args: argparse.Namespace) -> config.Overrides:
+    fields = ("mig_strategy", "fail_on_init_error", "pass_device_specs", "device_list_strategy",
+              "device_id_strategy", "nvidia_driver_root", "nvidia_dev_root", "mps_root", "cdi_annotation_prefix",
+              "nvidia_ctk_path", "container_driver_root", "shared_devices_allocation_policy")
+    values: dict[str, Any] = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+    try:
+        return config.Overrides.model_validate(values)
+    except Exception as e:
+        raise config.ConfigError([str(e)], "flags") from e
+
+
+class PluginProcess:
+    """Everything one ``device-plugin`` process holds: NVML session, selector, supervisor, endpoints."""
+
+    def __init__(self, args: argparse.Namespace, env: Mapping[str, str], session: nvml.NvmlSession | None,
+                 nvml_error: str, labels: LabelSource | None):
+        self.args = args
+        self.env = dict(env)
+        self.session = session
+        self.nvml_error = nvml_error
+        self.host = HostRootFiles(HostRoot(getattr(args, "host_root", None) or "/"))
+        self.metrics = PluginMetrics()
+        self.overrides = cli_overrides(args)
+        self.selector = ConfigSelector(args.config_file, args.config_dir, labels, args.default_config,
+                                       [s.strip() for s in args.fallback_strategies.split(",") if s.strip()])
+        self.settings = self._load()[0]
+        self.supervisor = Supervisor(args.socket_dir, self.build, self.metrics,
+                                     fail_on_init_error=lambda: self.settings.fail_on_init_error)
+        self.watcher = ConfigWatcher(self.selector, self.supervisor.request_reload, args.config_poll_interval)
+        self._node: NvmlNodeDevices | None = None
+
+    def _load(self) -> tuple[config.Settings, Any, str | None]:
+        sel, text = self.selector.read()
+        settings = config.load(text, self.env, self.overrides, source=f"config {sel.name or '(none)'}")
+        return settings, sel, text
+
+    def build(self) -> NodePlugins:
+        try:
+            settings, sel, text = self._load()
+        except config.ConfigError as e:
+            log.error("event=config-invalid action=keep-previous error=%s", e)
+            settings, sel, text = self.settings, self.selector.current, None
+        else:
+            self.watcher.remember(sel, text)
+        self.settings = settings
+        log.info("event=config name=%s settings=%s", getattr(sel, "name", None), config.dump_settings(settings))
+        if self.session is None:
+            raise RuntimeError(f"NVML is not available: {self.nvml_error}")
+        if self._node is not None:
+            self._node.close()
+        self._node = NvmlNodeDevices(self.session)
+        policy = HealthPolicy.from_env(self.env, self.args.recovery_quiet_period, self.args.recheck_interval)
+        return NodePlugins(self._node, settings, self.host, metrics=self.metrics, policy=policy)
+
+    def close(self) -> None:
+        self.watcher.stop()
+        if self._node is not None:
+            self._node.close()
+
+
+@contextlib.contextmanager
+def _nvml(backend: str | nvml.NvmlBackend) -> Iterator[tuple[nvml.NvmlSession | None, str]]:
+    try:
+        with nvml.open_nvml(backend) as session:
+            yield session, ""
+    except nvml.NvmlUnavailable as e:
+        yield None, str(e)
+
+
+def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    labels: LabelSource | None = None
+    node_name = getattr(args, "node_name", None) or env.get("NODE_NAME")
+    if args.config_dir is not None and node_name:
+        try:
+            labels = InClusterNodeLabel(node_name)
+        except OSError as e:
+            log.warning("event=node-label-unavailable error=%s action=use-default-config", e)
+    backend: str | nvml.NvmlBackend = getattr(args, "nvml", None) or "real"
+    state_file = getattr(args, "nvml_state_file", None)
+    if isinstance(backend, str) and state_file is not None:
+        backend = nvml.NvmlBackend.parse(backend, Path(state_file))
+    with _nvml(backend) as (session, nvml_error):
+        try:
+            proc = PluginProcess(args, env, session, nvml_error, labels)
+        except config.ConfigError as e:
+            log.error("event=fatal error=%s", e)
+            print(str(e))
+            return 1
+        status = None
+        if args.metrics_port:
+            status = StatusServer(proc.metrics, proc.supervisor.live, proc.supervisor.ready,
+                                  args.metrics_address, args.metrics_port)
+            status.start()
+        previous = _install_signals(proc.supervisor)
+        if args.config_dir is not None:
+            proc.watcher.start()
+        try:
+            return proc.supervisor.run()
+        finally:
+            _restore_signals(previous)
+            proc.close()
+            if status is not None:
+                status.stop()
+
+
+def _install_signals(sup: Supervisor) -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        log.info("event=signal signal=%s action=stop", signal.Signals(signum).name)
+        sup.request_stop()
+
+    def reload(signum: int, frame: FrameType | None) -> None:
+        log.info("event=signal signal=SIGHUP action=reload")
+        sup.request_reload("sighup")
+
+    previous: dict[int, Any] = {}
+    for sig, fn in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (signal.SIGQUIT, stop), (signal.SIGHUP, reload)):
+        previous[sig] = signal.signal(sig, fn)
+    return previous
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="device-plugin", description=__doc__.splitlines()[0])
+    p.add_argument("--host-root", default="/")
+    p.add_argument("--nvml", default="real")
+    p.add_argument("--nvml-state-file", type=Path, help="simulated NVML: state shared with fault injectors")
+    p.add_argument("--node-name")
+    add_arguments(p)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""The ``device-plugin`` command as a process: signals, config reloads, failOnInitError, label switching."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from node_agent.kubelet import device_plugin_cmd
+from node_agent.testing.fakehost import SIM_STATE_DIR, build_fake_host
+from tests.deviceplugin.kubelet_standin import KubeletStandIn
+
+ROOT = Path(__file__).resolve().parents[2]
+TS = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
+      "    resources:\n    - name: gpu\n      replicas: 2\n")
+
+
+def _start(tmp_path: Path, sock_dir: Path, *extra: str, machine: str = "l4x2") -> tuple[subprocess.Popen[str], Path]:
+    host = build_fake_host(tmp_path / "host", machine)
+    state = host.root / SIM_STATE_DIR.lstrip("/") / f"{machine}.json"
+    cmd = [sys.executable, "-m", "node_agent.kubelet.device_plugin_cmd", "--nvml", f"simulated:{machine}",
+           "--nvml-state-file", str(state), "--host-root", str(host.root), "--socket-dir", str(sock_dir),
+           "--metrics-port", "0", *extra]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("CONFIG_FILE", None)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, state
+
+
+@pytest.mark.slow
+def test_sighup_reloads_and_sigterm_removes_sockets(tmp_path: Path, sock_dir: Path) -> None:
+    kubelet = KubeletStandIn(sock_dir)
+    kubelet.start()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("version: v1\n")
+    proc, _ = _start(tmp_path, sock_dir, "--config-file", str(cfg))
+    try:
+        kubelet.wait_registered({"nvidia.com/gpu"}, timeout=20)
+        cfg.write_text(TS)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGHUP)
+        kubelet.wait_registered({"nvidia.com/gpu.shared"}, timeout=5, after=t)
+        kubelet.wait_devices("nvidia.com/gpu.shared", lambda d: len(d) == 4)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert not list(sock_dir.glob("nvidia-*.sock"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        kubelet.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail", [True, False])
+def test_nvml_init_failure_and_fail_on_init_error(tmp_path: Path, sock_dir: Path, fail: bool) -> None:
+    from node_agent.nvml.sim import SimulatedMachine
+
+    host = build_fake_host(tmp_path / "host", "t4x1")
+    SimulatedMachine("t4x1", host.root / SIM_STATE_DIR.lstrip("/") / "t4x1.json").fail_init()
+    proc, _ = _start(tmp_path, sock_dir, "--fail-on-init-error", str(fail).lower(), machine="t4x1")
+    try:
+        if fail:
+            out, _ = proc.communicate(timeout=20)
+            assert proc.returncode == 1
+            assert "NVML" in out
+        else:
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(1.5)  # stays up, advertising nothing
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_invalid_config_fails_loudly_naming_the_field(tmp_path: Path, sock_dir: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("version: v1\nflags:\n  migStrategy: sometimes\n")
+    p = argparse.ArgumentParser()
+    device_plugin_cmd.add_arguments(p)
+    args = p.parse_args(["--config-file", str(cfg), "--socket-dir", str(sock_dir), "--metrics-port", "0"])
+    args.nvml = "simulated:t4x1"
+    args.host_root = str(build_fake_host(tmp_path / "host", "t4x1").root)
+    assert device_plugin_cmd.run(args, env={}) == 1
+
+
+def test_node_label_switches_config_live(tmp_path: Path, sock_dir: Path) -> None:
+    configs = tmp_path / "available"
+    configs.mkdir()
+    (configs / "default").write_text("version: v1\n")
+    (configs / "shared").write_text(TS)
+    host = build_fake_host(tmp_path / "host", "l4x2")
+
+    class Labels:
+        value: str | None = None
+
+        def label(self) -> str | None:
+            return self.value
+
+    labels = Labels()
+    p = argparse.ArgumentParser()
+    device_plugin_cmd.add_arguments(p)
+    args = p.parse_args(["--config-dir", str(configs), "--socket-dir", str(sock_dir), "--metrics-port", "0",
+                         "--config-poll-interval", "0.05"])
+    args.host_root = str(host.root)
+    kubelet = KubeletStandIn(sock_dir)
+    kubelet.start()
+    from node_agent import nvml
+
+    with nvml.open_nvml(nvml.NvmlBackend.parse("simulated:l4x2")) as session:
+        proc = device_plugin_cmd.PluginProcess(args, {}, session, "", labels)
+        t = threading.Thread(target=proc.supervisor.run, daemon=True)
+        t.start()
+        proc.watcher.start()
+        try:
+            kubelet.wait_registered({"nvidia.com/gpu"})
+            labels.value = "shared"
+            start = time.monotonic()
+            kubelet.wait_registered({"nvidia.com/gpu.shared"}, timeout=3, after=start)
+            kubelet.wait_devices("nvidia.com/gpu.shared", lambda d: len(d) == 4)
+            assert proc.metrics.render().count(b"nvidia_gpu_device_plugin_restarts_total{cause=\"config-changed\"}")
+        finally:
+            proc.supervisor.request_stop()
+            t.join(10)
+            proc.close()
+            kubelet.stop()
