@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import pulumi
 
 from components.manifests import deckhouse, workloads
-from components.manifests.deckhouse import NodeScript
 from components.manifests.platform import AgentRole
 from components.manifests.workloads import GroupContext
 from components.platform import PlatformRefs
 from components.register import register, register_patch
 from components.sharing_policy import SharingPolicy, SharingPolicyArgs
+from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend
 
 TYPE = "nvidia-gpu:index:GpuNodeGroup"

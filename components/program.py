@@ -15,10 +15,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.dra_stack import DraStack, DraStackArgs
-from components.manifests.deckhouse import NodeScript
 from components.mig_profile import MigProfile, MigProfileArgs
 from components.node_group import GpuNodeGroup, GpuNodeGroupArgs
 from components.platform import GpuPlatform, GpuPlatformArgs
+from nvgpu.nodescripts import NodeScript, render_node_scripts
 from nvgpu.stackconfig import (
     CONFIG_NAMESPACE,
     AllocationMode,
@@ -54,10 +54,13 @@ def runtime_config_values(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def node_scripts(config: StackConfig, group: NodeGroup) -> tuple[NodeScript, ...]:
-    """The bashible steps for a group on the deckhouse backend (none elsewhere: the setup DaemonSet runs)."""
+    """The bashible steps for a group on the deckhouse backend (none elsewhere: the setup DaemonSet runs).
+
+    DRA groups also get ``gpu-vfio.sh`` (VFIO modules and the IOMMU check for passthrough devices).
+    """
     if config.cluster.node_setup is not NodeSetupBackend.DECKHOUSE:
         return ()
-    return ()  # wired to nvgpu.nodescripts once it lands
+    return tuple(render_node_scripts(vfio=config.allocation_mode(group) is AllocationMode.DRA))
 
 
 def build_stack(config: StackConfig) -> Stack:

@@ -9,26 +9,16 @@ here (``extraTaints``). The scripts run through bashible in ``weight`` order on 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from components.manifests import Manifest
 from components.manifests.meta import app_labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
+from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import NodeGroup
 
 NODE_GROUP_API = "deckhouse.io/v1"
 NGC_API = "deckhouse.io/v1alpha1"
 #: SSA patches of a NodeGroup another controller (or a person) also edits must win on our fields.
 PATCH_FORCE = {"pulumi.com/patchForce": "true"}
-
-
-@dataclass(frozen=True)
-class NodeScript:
-    """One bashible step: ``gpu-check.sh`` and friends, content rendered by ``nvgpu.nodescripts``."""
-
-    name: str
-    weight: int
-    content: str
 
 
 def node_group_patch(group: NodeGroup) -> Manifest:

@@ -11,12 +11,12 @@ import pytest
 import yaml
 from component_helpers import Engine, by_name, engine, group, of_kind, stack_config
 
-from components.manifests.deckhouse import NodeScript
 from components.node_group import GpuNodeGroup, GpuNodeGroupArgs
 from components.platform import GpuPlatform, GpuPlatformArgs
-from components.program import build_stack, decode_config_value, runtime_config_values
+from components.program import build_stack, decode_config_value, node_scripts, runtime_config_values
 from components.sharing_policy import SharingPolicy, SharingPolicyArgs
 from nvgpu import labels
+from nvgpu.nodescripts import WEIGHTS, NodeScript
 from nvgpu.stackconfig import AllocationMode, StackConfig
 
 __all__ = ["engine"]  # the fixture, imported for pytest
@@ -166,3 +166,21 @@ def test_invalid_config_in_main_fails_before_registering(engine: Engine) -> None
 def test_engine_config_values_are_decoded(raw: Any, value: Any) -> None:
     assert decode_config_value(raw) == value
     assert runtime_config_values({"nvidia-gpu:x": raw, "kubernetes:context": "c"}) == {"x": value}
+
+
+def test_build_stack_renders_the_node_scripts_for_deckhouse_groups(engine: Engine) -> None:
+    cfg = stack_config([group("a"), {**group("d"), "allocationMode": "dra"}])
+    resources = engine.run(lambda: build_stack(cfg))
+    ngcs = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in of_kind(resources, "NodeGroupConfiguration")}
+    expected = {f"nvidia-gpu-a-{n}" for n in ("gpu-check.sh", "gpu-runtime.sh", "gpu-sysctl.sh")}
+    assert expected <= set(ngcs)
+    assert "nvidia-gpu-d-gpu-vfio.sh" in ngcs and "nvidia-gpu-a-gpu-vfio.sh" not in ngcs
+    for name, spec in ngcs.items():
+        script = name.split("-", 3)[-1]
+        assert spec["weight"] == WEIGHTS[script]
+        assert spec["content"].startswith("#!/usr/bin/env bash")
+
+
+def test_daemonset_backend_renders_no_node_scripts() -> None:
+    cfg = stack_config([{"name": "g", "nodeSelector": {"matchLabels": {"a": "b"}}}], node_setup="daemonset")
+    assert node_scripts(cfg, cfg.node_groups[0]) == ()

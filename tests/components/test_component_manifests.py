@@ -10,11 +10,11 @@ import yaml
 from component_helpers import group, stack_config
 
 from components.manifests import deckhouse, platform, scheduling, sharing, workloads
-from components.manifests.deckhouse import NodeScript
 from components.manifests.platform import AgentRole
 from components.manifests.workloads import GroupContext
 from nvgpu import labels
 from nvgpu.nodelabels import custom_mig_config_name, desired_node_labels, mig_config_name
+from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import Mig, Sharing
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
