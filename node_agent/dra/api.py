@@ -45,6 +45,12 @@ class DraApi(Protocol):
 
     def delete_slice(self, name: str) -> None: ...
 
+    def list_driver_slices(self, driver: str) -> list[dict[str, Any]]: ...
+
+    def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def patch_config_map(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
+
 
 def _json(resp: Any) -> Any:
     return json.loads(resp.data or b"null")
@@ -97,3 +103,23 @@ class KubeDraApi:
     def delete_slice(self, name: str) -> None:
         self._call(f"delete ResourceSlice {name}", self._resource.delete_resource_slice, name,
                    _request_timeout=self._timeout)
+
+    def list_driver_slices(self, driver: str) -> list[dict[str, Any]]:
+        data = _json(self._call("list ResourceSlices", self._resource.list_resource_slice,
+                                field_selector=f"spec.driver={driver}", _request_timeout=self._timeout))
+        return [s for s in (data or {}).get("items") or [] if s.get("spec", {}).get("driver") == driver]
+
+    def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = _json(self._call(f"get ConfigMap {namespace}/{name}",
+                                                    self._core.read_namespaced_config_map, name, namespace,
+                                                    _request_timeout=self._timeout))
+        except ApiError as e:
+            if e.not_found:
+                return None
+            raise
+        return data
+
+    def patch_config_map(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self._call(f"patch ConfigMap {namespace}/{name}", self._core.patch_namespaced_config_map, name, namespace,
+                   body, _content_type=MERGE_PATCH, _request_timeout=self._timeout)

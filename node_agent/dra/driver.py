@@ -70,6 +70,8 @@ class DraDriver:
         self._published: list[Allocatable] | None = None
         self._dirty = True
         self._inv_lock = threading.Lock()
+        #: Set on uninstall: the pool has been withdrawn and must not be published again.
+        self.withdrawn = threading.Event()
         # Claim reads run here so a stalled API server cannot hold a kubelet call past its deadline
         # (the HTTP client retries on its own; the abandoned read finishes in the background).
         self._fetchers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="dra-claim-read")
@@ -89,7 +91,7 @@ class DraDriver:
         with self._inv_lock:
             changed = devices != self._published
             self._devices = {d.name: d for d in devices}
-            if not changed and not self._dirty:
+            if (not changed and not self._dirty) or self.withdrawn.is_set():
                 return None
         try:
             pub = self.publisher.publish(devices)
@@ -101,6 +103,11 @@ class DraDriver:
             self._published = devices
             self._dirty = False
         return pub
+
+    def withdraw(self) -> int:
+        """Stop publishing and delete this node's slices (uninstall)."""
+        self.withdrawn.set()
+        return self.publisher.withdraw()
 
     def start(self) -> Publication | None:
         """Recover the journal, then publish: the pool appears only once prepare is safe to serve."""

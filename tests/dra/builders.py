@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
+from node_agent.dra.nvml_source import architecture_name
 from nvgpu import catalogue
 
 DRIVER = "gpu.nvidia.com"
@@ -18,7 +19,7 @@ NODE = "gpu-node-1"
 def full_gpu(minor: int = 0, model: catalogue.GpuModel = catalogue.H100_80GB, **kw: Any) -> GpuInfo:
     return GpuInfo(
         index=minor, minor=minor, uuid=f"GPU-{uuidlib.UUID(int=0xA000 + minor)}", product_name=model.product_names[0],
-        brand="Nvidia", architecture=model.architecture.replace("-", ""), compute_capability=model.compute_capability,
+        brand="Nvidia", architecture=architecture_name(model.architecture), compute_capability=model.compute_capability,
         memory_bytes=model.memory_mib * 2**20, pci_bus_id=f"0000:{0x18 + minor:02x}:00.0", **kw,
     )
 

@@ -32,7 +32,7 @@ def test_full_gpu_attributes_match_nvidia_driver() -> None:
         "uuid": {"string": dev.uuid},
         "productName": {"string": "NVIDIA H100 80GB HBM3"},
         "brand": {"string": "Nvidia"},
-        "architecture": {"string": "hopper"},
+        "architecture": {"string": "Hopper"},
         "cudaComputeCapability": {"version": "9.0.0"},
         "driverVersion": {"version": "550.54.15"},
         "cudaDriverVersion": {"version": "12.4.0"},

@@ -1,0 +1,93 @@
+"""Uninstall: withdraw this node's ResourceSlices when the stack's uninstall marker is deleted.
+
+The ``DraStack`` component creates a ConfigMap that depends on every other DRA object, so Pulumi deletes
+it first on uninstall. Every running plugin adds the :data:`FINALIZER` to it; when the marker gets a
+``deletionTimestamp``, each plugin stops publishing and deletes its node's slices, and any plugin removes
+the finalizer once no slice of the driver is left anywhere (or the grace period has passed, so a dead
+node cannot block ``pulumi destroy`` forever). Only then does Pulumi delete the DaemonSet, the RBAC and
+the DeviceClasses, so no ResourceSlice outlives the driver that could serve it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from enum import StrEnum
+
+from node_agent.dra.api import ApiError, DraApi
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "gpu.nvidia-gpu.io/dra-slices-cleanup"
+#: After this long since the marker's deletion, the finalizer goes even if some node's slices remain.
+GRACE_SECONDS = 60.0
+
+
+class MarkerState(StrEnum):
+    ABSENT = "absent"
+    ARMED = "armed"
+    UNINSTALLING = "uninstalling"
+    RELEASED = "released"
+
+
+def _deleted_since(meta: dict[str, object], now: float) -> float | None:
+    stamp = meta.get("deletionTimestamp")
+    if not stamp:
+        return None
+    try:
+        when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+    return max(now - when, 0.0)
+
+
+class UninstallWatcher:
+    def __init__(self, api: DraApi, *, driver: str, marker: str, withdraw: Callable[[], int],
+                 grace: float = GRACE_SECONDS, wall_clock: Callable[[], float] = time.time) -> None:
+        namespace, _, name = marker.partition("/")
+        if not namespace or not name:
+            raise ValueError(f"uninstall marker {marker!r} must be <namespace>/<name>")
+        self._api = api
+        self._driver = driver
+        self._ns, self._name = namespace, name
+        self._withdraw = withdraw
+        self._grace = grace
+        self._now = wall_clock
+        self.uninstalling = threading.Event()
+
+    def check(self) -> MarkerState:
+        """One reconciliation step (the loop calls it every few seconds)."""
+        cm = self._api.get_config_map(self._ns, self._name)
+        if cm is None:
+            return MarkerState.ABSENT
+        meta = cm.get("metadata") or {}
+        finalizers = list(meta.get("finalizers") or [])
+        since = _deleted_since(meta, self._now())
+        if since is None:
+            if FINALIZER not in finalizers:
+                self._api.patch_config_map(self._ns, self._name, {"metadata": {"finalizers": [*finalizers, FINALIZER]}})
+            return MarkerState.ARMED
+        if not self.uninstalling.is_set():
+            self.uninstalling.set()
+            gone = self._withdraw()
+            log.info("event=uninstall-slices-withdrawn driver=%s slices=%d", self._driver, gone)
+        remaining = self._api.list_driver_slices(self._driver)
+        if FINALIZER in finalizers and (not remaining or since >= self._grace):
+            if remaining:
+                log.warning("event=uninstall-grace-expired slices_left=%d", len(remaining))
+            self._api.patch_config_map(self._ns, self._name,
+                                       {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER]}})
+            return MarkerState.RELEASED
+        return MarkerState.UNINSTALLING
+
+    def run(self, stop: threading.Event, interval: float = 5.0) -> None:
+        while True:
+            try:
+                self.check()
+            except ApiError as e:
+                log.warning("event=uninstall-check-failed error=%s", e)
+            if stop.wait(interval):
+                return

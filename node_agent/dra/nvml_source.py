@@ -1,0 +1,152 @@
+"""The production :class:`~node_agent.dra.devices.InventorySource`: NVML for the GPUs bound to the nvidia
+driver (and their MIG devices), sysfs for the GPUs bound to ``vfio-pci``.
+
+One NVML session stays open for the driver's lifetime (NVML init costs tens of milliseconds on real
+hardware; polling opens none). A GPU that NVML reports lost, or that times out, stays in the inventory
+marked ``gpu-lost``, so the driver withdraws or taints it instead of silently forgetting it. MIG access
+needs the ``/dev/nvidia-caps/nvidia-cap<N>`` nodes named in ``/proc/driver/nvidia-caps/mig-minors``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import replace
+from typing import Any
+
+from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
+from node_agent.host.pci import nvidia_gpus
+from node_agent.host.root import HostError, HostRoot
+from node_agent.nvml import NvmlError
+from node_agent.nvml.session import NvmlBackend, NvmlSession, open_nvml
+from node_agent.nvml.types import Gpu
+from node_agent.nvml.types import Inventory as NvmlInventory
+from nvgpu import catalogue
+
+log = logging.getLogger(__name__)
+
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
+VFIO_DRIVER = "vfio-pci"
+
+#: go-nvlib's architecture names, which NVIDIA's DRA driver publishes (``device.attributes[...].architecture``).
+_ARCHITECTURES = {
+    "kepler": "Kepler", "maxwell": "Maxwell", "pascal": "Pascal", "volta": "Volta", "turing": "Turing",
+    "ampere": "Ampere", "ada-lovelace": "Ada Lovelace", "hopper": "Hopper", "blackwell": "Blackwell",
+    "rubin": "Rubin",
+}
+
+
+def architecture_name(arch: str) -> str:
+    return _ARCHITECTURES.get(arch, arch.title())
+
+
+def brand_name(product: str) -> str:
+    """NVML's brand as NVIDIA's driver spells it: data-center parts report ``Nvidia``, older ones ``Tesla``."""
+    return "Tesla" if product.startswith("Tesla") else "Nvidia"
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """``gpu0/gi1/access 12`` lines to ``{"gpu0/gi1/access": 12}``."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+class NvmlInventorySource:
+    def __init__(self, backend: NvmlBackend | str, host: HostRoot, timeout_s: float = 5.0) -> None:
+        self._backend = backend
+        self._host = host
+        self._timeout = timeout_s
+        self._stack = contextlib.ExitStack()
+        self._session: NvmlSession | None = None
+        self._lock = threading.Lock()
+        #: Last healthy view of each GPU by index, so a GPU that falls off the bus can still be named
+        #: (withdrawn, or tainted ``gpu-lost``) instead of silently vanishing.
+        self._last: dict[int, GpuInfo] = {}
+
+    def _open(self) -> NvmlSession:
+        if self._session is None:
+            self._session = self._stack.enter_context(open_nvml(self._backend, timeout_s=self._timeout))
+        return self._session
+
+    def close(self) -> None:
+        with self._lock:
+            self._stack.close()
+            self._session = None
+
+    def snapshot(self) -> Inventory:
+        with self._lock:
+            try:
+                session = self._open()
+                driver = session.driver()
+                nvml_inv = session.inventory()
+                profiles = {g.index: {p.id: p for p in session.gpu_instance_profiles(g.index)}
+                            for g in nvml_inv.gpus if g.mig_enabled}
+            except NvmlError as e:
+                # NVML gone (driver unloaded or upgraded): reopen on the next poll, publish VFIO GPUs only.
+                log.warning("event=nvml-unavailable error=%s", e)
+                self._stack.close()
+                self._session = None
+                return Inventory(driver_version="0.0.0", cuda_driver_version="0.0", vfio=self._vfio())
+        cuda = f"{driver.cuda_driver_version[0]}.{driver.cuda_driver_version[1]}"
+        gpus, migs = self._gpus(nvml_inv, profiles)
+        return Inventory(driver_version=driver.driver_version, cuda_driver_version=cuda, gpus=gpus, migs=migs,
+                         vfio=self._vfio())
+
+    def _gpus(self, inv: NvmlInventory, profiles: dict[int, dict[int, Any]]
+              ) -> tuple[tuple[GpuInfo, ...], tuple[MigInfo, ...]]:
+        minors = parse_mig_minors(self._host.read_text_or_none(MIG_MINORS) or "")
+        gpus: list[GpuInfo] = []
+        migs: list[MigInfo] = []
+        for g in inv.gpus:
+            self._last[g.index] = self._gpu(g)
+            gpus.append(self._last[g.index])
+            for m in g.mig_devices:
+                p = profiles.get(g.index, {}).get(m.gi_profile_id)
+                caps = tuple(f"/dev/nvidia-caps/nvidia-cap{minors[k]}" for k in (
+                    f"gpu{g.minor}/gi{m.gi_id}/access", f"gpu{g.minor}/gi{m.gi_id}/ci{m.ci_id}/access") if k in minors)
+                migs.append(MigInfo(
+                    parent_uuid=g.uuid, parent_minor=g.minor, uuid=m.uuid, profile=m.profile,
+                    profile_id=m.gi_profile_id, placement_start=m.placement.start, placement_size=m.placement.size,
+                    memory_bytes=m.memory_mib * 2**20, multiprocessors=m.multiprocessors, gi_id=m.gi_id,
+                    ci_id=m.ci_id, cap_device_nodes=caps,
+                    copy_engines=p.copy_engines if p else 0, decoders=p.decoders if p else 0,
+                    encoders=p.encoders if p else 0, jpeg_engines=p.jpegs if p else 0, ofa_engines=p.ofas if p else 0,
+                ))
+        for lost in inv.lost:
+            log.warning("event=gpu-lost index=%d reason=%s", lost.index, lost.reason)
+            known = self._last.get(lost.index)
+            if known is not None:
+                gpus.append(replace(known, unhealthy="gpu-lost"))
+        return tuple(gpus), tuple(migs)
+
+    @staticmethod
+    def _gpu(g: Gpu) -> GpuInfo:
+        return GpuInfo(
+            index=g.index, minor=g.minor, uuid=g.uuid, product_name=g.name, brand=brand_name(g.name),
+            architecture=architecture_name(g.architecture), compute_capability=g.compute_capability,
+            memory_bytes=g.memory_mib * 2**20, pci_bus_id=g.sysfs_bus_id, mig_enabled=g.mig_enabled,
+        )
+
+    def _vfio(self) -> tuple[VfioInfo, ...]:
+        try:
+            devices = [d for d in nvidia_gpus(self._host) if d.driver == VFIO_DRIVER and d.iommu_group is not None]
+        except HostError as e:
+            log.warning("event=pci-scan-failed error=%s", e)
+            return ()
+        iommufd = self._host.exists("/dev/iommu")
+        out = []
+        for i, d in enumerate(sorted(devices, key=lambda d: d.address)):
+            model = catalogue.model_by_pci_device(d.device)
+            assert d.iommu_group is not None
+            out.append(VfioInfo(
+                index=i, pci_bus_id=d.address, iommu_group=d.iommu_group, device_id=d.device, vendor_id=d.vendor,
+                product_name=model.product_names[0] if model else f"NVIDIA GPU 0x{d.device:04x}",
+                memory_bytes=(model.memory_mib if model else 0) * 2**20, uuid=f"PCI-{d.address}",
+                numa_node=d.numa_node if d.numa_node is not None else -1, iommufd=iommufd,
+            ))
+        return tuple(out)

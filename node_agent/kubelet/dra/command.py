@@ -1,0 +1,107 @@
+"""``python -m node_agent dra-driver``: run the DRA kubelet plugin on this node until SIGTERM.
+
+Startup order: recover the checkpoint (roll back half-done prepares), publish this node's pool, serve
+the DRA socket, then the registration socket (the kubelet only calls a plugin that is ready). Background
+loops: inventory polling (republish within one interval of any change) and the uninstall watcher.
+SIGTERM stops serving and removes the sockets; the slices stay (the kubelet wipes them 30 s after the
+plugin disappears, and a restarted plugin finds them unchanged without bumping the generation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from kubernetes import client, config
+
+from node_agent.dra.api import KubeDraApi
+from node_agent.dra.cleanup import UninstallWatcher
+from node_agent.dra.devices import HealthAction
+from node_agent.dra.driver import DEFAULT_STATE_DIR, DraDriver, DriverSettings
+from node_agent.dra.nvml_source import NvmlInventorySource
+from node_agent.dra.sharing import NvidiaSmiSharing
+from node_agent.host.root import HostRoot
+from node_agent.kubelet.dra.server import PLUGINS_DIR, REGISTRY_DIR, PluginServer
+
+log = logging.getLogger(__name__)
+
+COMMAND = "dra-driver"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--driver-name", default="gpu.nvidia.com", help="DRA driver name (default: %(default)s)")
+    p.add_argument("--health-action", choices=[a.value for a in HealthAction], default=HealthAction.WITHDRAW.value,
+                   help="unhealthy GPUs are withdrawn from the slices, or tainted (needs DRADeviceTaints)")
+    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="checkpoint and lock directory on the host")
+    p.add_argument("--plugins-dir", default=PLUGINS_DIR, help="kubelet's plugin socket directory")
+    p.add_argument("--registry-dir", default=REGISTRY_DIR, help="kubelet's plugin registration directory")
+    p.add_argument("--poll-interval", type=float, default=0.5, help="inventory poll interval, seconds")
+    p.add_argument("--uninstall-marker", default="", metavar="NAMESPACE/NAME",
+                   help="ConfigMap whose deletion makes the plugin withdraw its ResourceSlices")
+
+
+def register(subparsers: Any) -> None:
+    """Hook for the agent CLI: adds the ``dra-driver`` sub-command."""
+    p = subparsers.add_parser(COMMAND, help="run the DRA kubelet plugin (ResourceSlices, prepare/unprepare)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    if kubeconfig:
+        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        return api
+    config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; reads the agent's global options (host root, NVML, node, kubeconfig)."""
+    host = HostRoot(getattr(args, "host_root", "/") or "/")
+    node = getattr(args, "node_name", None) or os.environ.get("NODE_NAME", "")
+    settings = DriverSettings(driver=args.driver_name, node=node, state_dir=args.state_dir,
+                              health=HealthAction(args.health_action), poll_interval=args.poll_interval)
+    api = KubeDraApi(api_client(getattr(args, "kubeconfig", None)))
+    source = NvmlInventorySource(getattr(args, "nvml", "real") or "real", host)
+    driver = DraDriver(settings, api=api, source=source, host=host, backend=NvidiaSmiSharing(host))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    driver.start()
+    server = PluginServer(driver, host, plugins_dir=args.plugins_dir, registry_dir=args.registry_dir)
+    server.start()
+    loops = [threading.Thread(target=driver.run_inventory_loop, args=(stop,), name="dra-inventory", daemon=True)]
+    if args.uninstall_marker:
+        watcher = UninstallWatcher(api, driver=settings.driver, marker=args.uninstall_marker, withdraw=driver.withdraw)
+        loops.append(threading.Thread(target=watcher.run, args=(stop,), name="dra-uninstall", daemon=True))
+    for t in loops:
+        t.start()
+    log.info("event=dra-driver-running driver=%s node=%s", settings.driver, node)
+    stop.wait()
+    server.stop()
+    for t in loops:
+        t.join(timeout=5)
+    driver.close()
+    source.close()
+    log.info("event=dra-driver-stopped driver=%s node=%s", settings.driver, node)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m node_agent.kubelet.dra.command``) with the agent's global options."""
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
+    p.add_argument("--host-root", default="/")
+    p.add_argument("--nvml", default="real", help="real | simulated:<machine>")
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
+    p.add_argument("--kubeconfig", default=None)
+    add_arguments(p)
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"), format="%(asctime)s %(levelname)s %(message)s")
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""The agent-side wiring: the NVML inventory source on simulated machines, the uninstall watcher against
+the fake API server, and the ``dra-driver`` command as a real process registered by the kubelet stand-in."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from node_agent.dra.api import KubeDraApi
+from node_agent.dra.cleanup import FINALIZER, MarkerState, UninstallWatcher
+from node_agent.dra.devices import HealthAction, allocatable_devices
+from node_agent.dra.nvml_source import NvmlInventorySource, parse_mig_minors
+from node_agent.host.root import HostRoot
+from node_agent.nvml.session import NvmlBackend, open_nvml
+from node_agent.nvml.sim import SimulatedMachine
+from tests.dra.builders import DRIVER, NODE, claim
+from tests.dra.conftest import Env
+from tests.dra.kmock_server import FakeApiServer
+from tests.dra.kubelet_standin import KubeletStandIn
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_dgx_h100_inventory(host_root: Path) -> None:
+    source = NvmlInventorySource("simulated:dgx-h100", HostRoot(host_root))
+    try:
+        inv = source.snapshot()
+    finally:
+        source.close()
+    devices = allocatable_devices(inv)
+    assert [d.name for d in devices] == [f"gpu-{i}" for i in range(8)]
+    attrs = devices[0].attributes
+    assert attrs["architecture"].value == "Hopper" and attrs["brand"].value == "Nvidia"
+    assert attrs["driverVersion"].to_api() == {"version": "550.90.7"}
+    assert devices[0].capacity["memory"] == 81559 * 2**20
+
+
+def test_mig_devices_and_lost_gpu_on_a_simulated_a100(host_root: Path, tmp_path: Path) -> None:
+    backend = NvmlBackend.parse("simulated:dgx-a100-80gb", state_file=tmp_path / "sim.json")
+    with open_nvml(backend) as nvml:
+        nvml.set_mig_mode(1, True)
+        for profile_id in (9, 14, 19):  # 3g.40gb, 2g.20gb, 1g.10gb
+            gi = nvml.create_gpu_instance(1, profile_id)
+            nvml.create_compute_instance(1, gi.id)
+    minors = host_root / "proc/driver/nvidia-caps/mig-minors"
+    minors.parent.mkdir(parents=True)
+    minors.write_text("gpu1/gi1/access 21\ngpu1/gi1/ci0/access 22\ngpu1/gi2/access 30\n")
+    source = NvmlInventorySource(backend, HostRoot(host_root))
+    try:
+        devices = allocatable_devices(source.snapshot())
+        names = [d.name for d in devices]
+        assert "gpu-1" not in names and "gpu-1-mig-3g40gb-9-0" in names
+        mig = next(d for d in devices if d.name == "gpu-1-mig-3g40gb-9-0")
+        assert mig.device_nodes == ("/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22")
+        assert mig.capacity["copyEngines"] >= 1
+        SimulatedMachine("dgx-a100-80gb", tmp_path / "sim.json").lose_gpu(3)
+        inv = source.snapshot()
+        assert [g.minor for g in inv.gpus if g.unhealthy == "gpu-lost"] == [3]
+        assert "gpu-3" not in [d.name for d in allocatable_devices(inv)]
+        tainted = {d.name: d for d in allocatable_devices(inv, DRIVER, HealthAction.TAINT)}
+        assert tainted["gpu-3"].taints[0].key == "gpu.nvidia.com/gpu-lost"
+    finally:
+        source.close()
+
+
+def test_parse_mig_minors_ignores_noise() -> None:
+    assert parse_mig_minors("config 1\ngpu0/gi2/access 12\nbad line here\n") == {"config": 1, "gpu0/gi2/access": 12}
+
+
+def _marker(server: FakeApiServer, **meta: object) -> None:
+    core = client.CoreV1Api(server.api_client())
+    core.create_namespaced_config_map("nvidia-gpu", {"metadata": {"name": "dra-uninstall-marker", **meta}})
+
+
+def test_uninstall_marker_withdraws_slices_then_releases(env: Env) -> None:
+    env.driver.start()
+    assert env.server.slices()
+    watcher = UninstallWatcher(kube_api(env), driver=DRIVER, marker="nvidia-gpu/dra-uninstall-marker",
+                               withdraw=env.driver.withdraw)
+    assert watcher.check() is MarkerState.ABSENT
+    _marker(env.server)
+    assert watcher.check() is MarkerState.ARMED
+    core = client.CoreV1Api(env.server.api_client())
+    assert core.read_namespaced_config_map("dra-uninstall-marker", "nvidia-gpu").metadata.finalizers == [FINALIZER]
+    core.delete_namespaced_config_map("dra-uninstall-marker", "nvidia-gpu")  # finalizer holds it
+    assert watcher.check() is MarkerState.RELEASED
+    assert env.server.slices() == []
+    assert env.driver.refresh() is None  # never republished after uninstall
+    with pytest.raises(client.ApiException):
+        core.read_namespaced_config_map("dra-uninstall-marker", "nvidia-gpu")
+
+
+def test_uninstall_grace_period_releases_despite_other_nodes_slices(env: Env) -> None:
+    env.driver.start()
+    other = dict(env.server.slices()[0])
+    other["metadata"] = {"name": "other-node-slice"}
+    other["spec"] = {**other["spec"], "nodeName": "other-node", "pool": {**other["spec"]["pool"], "name": "other"}}
+    client.ResourceV1Api(env.server.api_client()).create_resource_slice(other)
+    clock = [1_000_000_000.0]
+    watcher = UninstallWatcher(kube_api(env), driver=DRIVER, marker="nvidia-gpu/dra-uninstall-marker",
+                               withdraw=env.driver.withdraw, grace=60, wall_clock=lambda: clock[0])
+    _marker(env.server, finalizers=[FINALIZER], deletionTimestamp="2001-09-09T01:46:40Z")
+    assert watcher.check() is MarkerState.UNINSTALLING  # other node's slice still there
+    clock[0] += 61
+    assert watcher.check() is MarkerState.RELEASED
+
+
+def kube_api(env: Env) -> KubeDraApi:
+    return KubeDraApi(env.server.api_client())
+
+
+@pytest.mark.slow
+def test_dra_driver_command_serves_until_sigterm(host_root: Path, api_server: FakeApiServer, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+        f"clusters: [{{name: t, cluster: {{server: '{api_server.url.rstrip('/')}'}}}}]\n"
+        "users: [{name: t, user: {}}]\ncontexts: [{name: t, context: {cluster: t, user: t}}]\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node_agent.kubelet.dra.command", "--host-root", str(host_root),
+         "--nvml", "simulated:dgx-h100", "--node-name", NODE, "--kubeconfig", str(kubeconfig)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE)
+    kubelet = KubeletStandIn(host_root)
+    try:
+        kubelet.register(timeout=20)
+        assert len(api_server.slices()[0]["spec"]["devices"]) == 8
+        body = claim("cli", "uid-cli", [("gpu", "gpu-7")])
+        client.ResourceV1Api(api_server.api_client()).create_namespaced_resource_claim("team-a", body)
+        resp = kubelet.prepare(DRIVER, [("team-a", "cli", "uid-cli")])
+        assert resp.claims["uid-cli"].error == ""
+        assert (host_root / "var/run/cdi/k8s.gpu.nvidia.com-claim_uid-cli.json").exists()
+    finally:
+        kubelet.close()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err.decode()
+    # SIGTERM removed both sockets: the kubelet deregisters the plugin.
+    assert not list((host_root / "var/lib/kubelet/plugins_registry").glob("*.sock"))
+    assert not list((host_root / "var/lib/kubelet/plugins").rglob("*.sock"))
