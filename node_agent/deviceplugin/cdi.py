@@ -34,6 +34,35 @@ def _node(path: str, dev_root: str) -> dict[str, Any]:
     return {"path": path, "hostPath": _host(dev_root, path), "permissions": "rw"}
 
 
+#: Where distributions put the driver's user-space libraries (relative to the driver root).
+DRIVER_LIB_DIRS: tuple[str, ...] = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+                                    "/usr/lib")
+#: The compute and utility libraries a CUDA container needs (nvidia-container-toolkit's "compute,utility").
+DRIVER_LIBS: tuple[str, ...] = ("libcuda.so", "libcudadebugger.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so",
+                                "libnvidia-nvvm.so", "libnvidia-gpucomp.so", "libnvidia-allocator.so",
+                                "libnvidia-cfg.so", "libnvidia-opencl.so")
+DRIVER_BINS: tuple[str, ...] = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
+                                "nvidia-cuda-mps-server")
+
+
+def driver_files(host: HostFiles, driver_root: str, driver_version: str) -> list[str]:
+    """The driver's versioned libraries and tools under ``driver_root``, as host-absolute paths from that
+    root (what a CDI spec mounts when the container runtime is not NVIDIA's)."""
+    found: list[str] = []
+    for d in DRIVER_LIB_DIRS:
+        names = set(host.listdir(_host(driver_root, d)))
+        for lib in DRIVER_LIBS:
+            name = f"{lib}.{driver_version}"
+            if name in names:
+                found.append(f"{d}/{name}")
+        if found:
+            break  # one library directory per driver install
+    for b in DRIVER_BINS:
+        if host.exists(_host(driver_root, f"/usr/bin/{b}")):
+            found.append(f"/usr/bin/{b}")
+    return found
+
+
 def build_spec(resources: Sequence[Resource], settings: Settings, host: HostFiles,
                driver_mounts: Sequence[str] = ()) -> dict[str, Any]:
     """The spec document: devices named by UUID and index, control nodes and driver mounts shared."""
@@ -58,10 +87,14 @@ def build_spec(resources: Sequence[Resource], settings: Settings, host: HostFile
             {"hostPath": _host(driver_root, m), "containerPath": m, "options": ["ro", "nosuid", "nodev", "bind"]}
             for m in driver_mounts
         ]
+        # Refresh the container's linker cache so the mounted libraries resolve (what nvidia-ctk's
+        # generated specs do); the folders are those the libraries were mounted into.
+        folders = sorted({m.rsplit("/", 1)[0] for m in driver_mounts if ".so." in m})
+    if driver_mounts and host.exists(settings.nvidia_ctk_path):
         common["hooks"] = [{
             "hookName": "createContainer",
             "path": settings.nvidia_ctk_path,
-            "args": ["nvidia-ctk", "hook", "update-ldcache"],
+            "args": ["nvidia-ctk", "hook", "update-ldcache", *(a for f in folders for a in ("--folder", f))],
         }]
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices, "containerEdits": common}
 

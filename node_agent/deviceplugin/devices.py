@@ -117,6 +117,10 @@ class HostFiles(Protocol):
 
     def exists(self, path: str) -> bool: ...
 
+    def listdir(self, path: str) -> list[str]:
+        """Sorted entry names; an absent directory is empty."""
+        ...
+
     def write_text(self, path: str, text: str) -> bool:
         """Write atomically; ``False`` when the content was already identical."""
         ...

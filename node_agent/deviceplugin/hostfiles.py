@@ -26,6 +26,12 @@ class HostRootFiles:
         except HostError:
             return False
 
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return self.root.listdir(path)
+        except HostError:
+            return []
+
     def write_text(self, path: str, text: str) -> bool:
         return self.root.write_atomic(path, text)
 

@@ -21,12 +21,18 @@ from types import FrameType
 from typing import Any
 
 from node_agent import nvml
-from node_agent.deviceplugin import config
+from node_agent.deviceplugin import cdi, config
 from node_agent.deviceplugin.health import HealthPolicy
 from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
 from node_agent.deviceplugin.named import DEFAULT_FALLBACKS
-from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigWatcher, InClusterNodeLabel, LabelSource
+from node_agent.deviceplugin.nodelabel import (
+    CONFIG_LABEL,
+    ConfigSelector,
+    ConfigWatcher,
+    InClusterNodeLabel,
+    LabelSource,
+)
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.host import HostRoot
@@ -35,7 +41,8 @@ from node_agent.kubelet.lifecycle import Supervisor
 
 log = logging.getLogger(__name__)
 
-DEFAULT_METRICS_PORT = 9445
+#: Matches the components' DaemonSet (``components/manifests/workloads.py``).
+DEFAULT_METRICS_PORT = 9401
 
 _BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -65,6 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--config-file", type=Path, default=_env_path("CONFIG_FILE"))
     g.add_argument("--config-dir", type=Path, default=_env_path("CONFIG_FILE_SRCDIR"),
                    help="directory of named configs (one file per name), chosen by the node label")
+    g.add_argument("--config-label", default=os.environ.get("CONFIG_LABEL") or CONFIG_LABEL,
+                   help=f"node label naming the config in --config-dir (default {CONFIG_LABEL})")
     g.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
     g.add_argument("--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES", ",".join(DEFAULT_FALLBACKS)))
     g.add_argument("--config-poll-interval", type=float, default=5.0, metavar="SECONDS")
@@ -134,7 +143,13 @@ class PluginProcess:
             self._node.close()
         self._node = NvmlNodeDevices(self.session)
         policy = HealthPolicy.from_env(self.env, self.args.recovery_quiet_period, self.args.recheck_interval)
-        return NodePlugins(self._node, settings, self.host, metrics=self.metrics, policy=policy)
+        mounts: list[str] = []
+        if settings.uses_cdi:
+            version = self.session.driver().driver_version
+            mounts = cdi.driver_files(self.host, settings.nvidia_driver_root, version)
+            log.info("event=cdi-driver-files count=%d driver=%s", len(mounts), version)
+        return NodePlugins(self._node, settings, self.host, metrics=self.metrics, policy=policy,
+                           driver_mounts=mounts)
 
     def close(self) -> None:
         self.watcher.stop()
@@ -157,7 +172,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     node_name = getattr(args, "node_name", None) or env.get("NODE_NAME")
     if args.config_dir is not None and node_name:
         try:
-            labels = InClusterNodeLabel(node_name)
+            labels = InClusterNodeLabel(node_name, args.config_label)
         except OSError as e:
             log.warning("event=node-label-unavailable error=%s action=use-default-config", e)
     backend: str | nvml.NvmlBackend = getattr(args, "nvml", None) or "real"

@@ -36,6 +36,10 @@ class FakeHost:
     def exists(self, path: str) -> bool:
         return self.path(path).exists()
 
+    def listdir(self, path: str) -> list[str]:
+        p = self.path(path)
+        return sorted(os.listdir(p)) if p.is_dir() else []
+
     def write_text(self, path: str, text: str) -> bool:
         target = self.path(path)
         if target.exists() and target.read_text() == text:

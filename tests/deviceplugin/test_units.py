@@ -183,15 +183,22 @@ def test_cdi_spec_validates_against_the_schema(host: FakeHost, mig: bool) -> Non
     node = machine("dgx-a100-40gb", host, mig=["3g.20gb", "3g.20gb"] if mig else None)
     s = config.load("flags:\n  migStrategy: mixed\n  plugin: {deviceListStrategy: cdi-cri}\nimex: {channelIDs: [0]}\n")
     resources = build_resources(node.gpu_list, s, host)
-    changed = cdi.write_specs(resources, s, host, driver_mounts=["/usr/lib/x86_64-linux-gnu/libcuda.so.1"])
+    for f in ("libcuda.so.550.90.07", "libnvidia-ml.so.550.90.07", "libnvidia-ml.so.1", "libcuda.so.535.1"):
+        host.put(f"/usr/lib64/{f}", "")
+    host.put("/usr/bin/nvidia-smi", "")
+    host.put("/usr/bin/nvidia-ctk", "")
+    mounts = cdi.driver_files(host, "/", "550.90.07")
+    assert mounts == ["/usr/lib64/libcuda.so.550.90.07", "/usr/lib64/libnvidia-ml.so.550.90.07", "/usr/bin/nvidia-smi"]
+    changed = cdi.write_specs(resources, s, host, driver_mounts=mounts)
     assert cdi.SPEC_FILE in changed
-    assert cdi.write_specs(resources, s, host, driver_mounts=["/usr/lib/x86_64-linux-gnu/libcuda.so.1"]) == []
+    assert cdi.write_specs(resources, s, host, driver_mounts=mounts) == []
     validator = _cdi_validator()
     for path in (cdi.SPEC_FILE, cdi.IMEX_SPEC_FILE):
         doc = yaml.safe_load(host.read_text(path) or "")
         errors = list(validator.iter_errors(doc))
         assert not errors, errors[0].message
     spec = yaml.safe_load(host.read_text(cdi.SPEC_FILE) or "")
+    assert spec["containerEdits"]["hooks"][0]["args"][-2:] == ["--folder", "/usr/lib64"]
     names = {d["name"] for d in spec["devices"]}
     assert {r.devices[0].uuid for r in resources} <= names and ("0:0" in names) is mig
     bad = dict(spec, devices=[{"name": "x"}])
