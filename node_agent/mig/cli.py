@@ -8,8 +8,10 @@
 * ``apply``: apply it now (mode, reset, layout), putting the previous layout back if NVML fails;
 * ``assert``: exit 0 when the GPUs already match, 1 with the differences otherwise.
 
-Exit codes: 0 success; 1 not applied / failed (reason printed); 2 bad input (config file, config name,
-GPU model); 3 a reboot is needed for the mode change (``apply``). ``--json`` prints one JSON document.
+Exit codes (the agent's, see :mod:`node_agent.cli`): 0 success; 1 not applied / failed (reason printed);
+2 bad input on the command line (unreadable config file, unknown config name, a layout for another GPU
+model); 4 Kubernetes API error; 5 refused: the mode change needs a GPU reset the driver refuses (a
+reboot is needed). ``--json`` prints one JSON document.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from nvgpu.migparted import MigPartedConfig, MigPartedError, load_config_text
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REBOOT = 0, 1, 2, 3
+#: The agent's exit codes (``node_agent.exitcodes``): OK, FAILED, USAGE, KUBE, REFUSED.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_KUBE, EXIT_REBOOT = 0, 1, 2, 4, 5
 
 
 # --- shared plumbing ----------------------------------------------------------------------------------
@@ -51,7 +54,8 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REBOOT = 0, 1, 2, 3
 
 def _host(args: argparse.Namespace) -> HostRoot:
     root = getattr(args, "host_root", None) or "/"
-    return HostRoot(root, exec_mode="direct" if root == "/" else "chroot")
+    chroot = (getattr(args, "host_exec", None) or ("direct" if root == "/" else "chroot")) == "chroot"
+    return HostRoot(root, exec_mode="chroot" if chroot else "direct")
 
 
 def load_config(path: Path) -> MigPartedConfig:
@@ -65,7 +69,8 @@ def load_config(path: Path) -> MigPartedConfig:
 @contextlib.contextmanager
 def open_backend(args: argparse.Namespace) -> Iterator[MigBackend]:
     """The NVML facade (real or simulated) wrapped as the MIG manager's backend, with its GPU reset."""
-    state = getattr(args, "nvml_state", None)
+    raw_state = getattr(args, "nvml_state", None)
+    state = Path(raw_state) if raw_state else None
     backend = NvmlBackend.parse(getattr(args, "nvml", None) or "real", state)
     resetter: GpuResetter
     if backend.kind == "simulated":
@@ -96,7 +101,6 @@ def add_mig_arguments(p: argparse.ArgumentParser) -> None:
         s = sub.add_parser(name, help=text)
         s.add_argument("--config", type=Path, required=True, help="mig-parted config file (version: v1)")
         s.add_argument("--name", required=True, help="the named config, e.g. all-1g.10gb")
-        s.add_argument("--nvml-state", type=Path, help="state file of a simulated machine (tests)")
         s.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
 
 
@@ -196,8 +200,6 @@ def add_manager_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--approval-timeout", type=float, metavar="SECONDS", help="default: wait forever")
     p.add_argument("--drain-timeout", type=float, default=1800.0, metavar="SECONDS")
     p.add_argument("--clients-timeout", type=float, default=300.0, metavar="SECONDS")
-    p.add_argument("--kubeconfig", default=argparse.SUPPRESS)
-    p.add_argument("--nvml-state", type=Path, help="state file of a simulated machine (tests)")
     p.add_argument("--once", action="store_true", help="converge as far as possible, then exit (tests)")
     p.add_argument("--pre-stop", action="store_true", help="the preStop hook: finish or abort, restore the node")
     p.add_argument("--timeout", type=float, default=100.0, metavar="SECONDS", help="--pre-stop: wait this long")
@@ -242,7 +244,9 @@ def run_manager(args: argparse.Namespace) -> int:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
             return EXIT_OK
-    except (KubeError, JournalError, MigHardwareError, NvmlError) as e:
+    except KubeError as e:
+        return _fail(args, EXIT_KUBE, str(e))
+    except (JournalError, MigHardwareError, NvmlError) as e:
         return _fail(args, EXIT_FAILED, str(e))
 
 
@@ -276,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-root", default="/")
     p.add_argument("--nvml", default="real")
     p.add_argument("--node-name")
+    p.add_argument("--nvml-state")
     p.add_argument("--kubeconfig")
     p.add_argument("--json", action="store_true")
     register(p.add_subparsers(dest="command", required=True))

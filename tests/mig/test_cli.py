@@ -32,8 +32,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, 
 
 def test_plan_apply_assert(tmp_path: Path, config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     state = tmp_path / "a100.json"
-    common = ["--nvml", "simulated:dgx-a100-40gb", "mig"]
-    opts = ["--config", str(config_file), "--name", "all-balanced", "--nvml-state", str(state)]
+    common = ["--nvml", "simulated:dgx-a100-40gb", "--nvml-state", str(state), "mig"]
+    opts = ["--config", str(config_file), "--name", "all-balanced"]
     code, doc = run(capsys, *common, "plan", *opts)
     assert code == 0
     gpu0 = doc["gpus"][0]  # type: ignore[index]
@@ -80,9 +80,9 @@ def test_apply_needing_a_reset_that_fails_exits_3_and_restores(tmp_path: Path, c
     state = tmp_path / "h200.json"
     sim = SimulatedMachine("hgx-h200", state)
     sim.block_reset(2)
-    code, doc = run(capsys, "--nvml", "simulated:hgx-h200", "mig", "apply", "--config", str(config_file),
-                    "--name", "all-7g.141gb", "--nvml-state", str(state))
-    assert code == 3 and "a reboot is needed" in str(doc["error"])
+    code, doc = run(capsys, "--nvml", "simulated:hgx-h200", "--nvml-state", str(state), "mig", "apply",
+                    "--config", str(config_file), "--name", "all-7g.141gb")
+    assert code == 5 and "a reboot is needed" in str(doc["error"])
     assert all(not g.mig_current and not g.mig_pending for g in sim.state.gpus)
 
 
@@ -119,9 +119,9 @@ def test_manager_once_against_the_fake_api_server(tmp_path: Path, config_file: P
         # kmock answers 404 for a resource it has never stored: give it one pod, on another node.
         core.create_namespaced_pod("web", {"metadata": {"name": "web", "namespace": "web"}, "spec": {
             "nodeName": "cpu-1", "containers": [{"name": "c", "image": "i"}]}})
-        argv = ["--nvml", "simulated:dgx-h100", "--node-name", "gpu-1", "--host-root", str(tmp_path / "host"),
-                "--kubeconfig", str(kubeconfig(url, tmp_path / "kubeconfig")), "mig-manager", "--once",
-                "--drain", "cordon", "--config", str(config_file), "--nvml-state", str(state)]
+        argv = ["--nvml", "simulated:dgx-h100", "--nvml-state", str(state), "--node-name", "gpu-1",
+                "--host-root", str(tmp_path / "host"), "--kubeconfig", str(kubeconfig(url, tmp_path / "kubeconfig")),
+                "mig-manager", "--once", "--drain", "cordon", "--config", str(config_file)]
         code, doc = run(capsys, *argv)
         assert (code, doc.get("action")) == (0, "idle"), doc
         node = core.read_node("gpu-1")
