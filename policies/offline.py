@@ -3,7 +3,8 @@
 Reads the resources the offline preview recorded (``out/<stack>/plan.json``) and the stack file, starts
 the real pack process through :mod:`policies.analyzer_client` (``Analyze`` per resource, then
 ``AnalyzeStack``), prints the ``Policies:`` section like ``pulumi preview`` and exits 1 when a mandatory
-policy is violated. ``--policy-pack-config`` takes the same JSON file as the CLI's flag.
+policy is violated. ``--policy-pack-config`` takes the same JSON file as the CLI's flag; by default the
+project's own ``policies/config.json`` (what CI passes the CLI) is used.
 
 Exit status: 0 clean or advisory only, 1 mandatory violations, 2 bad input or a pack that fails to start.
 """
@@ -32,6 +33,9 @@ from policies.analyzer_client import (
     StackContext,
 )
 from policies.report import format_policies, summary_line
+
+#: The project's policy config: CI passes it to the CLI (``policyPackConfigs``) and the offline runs use it.
+PROJECT_CONFIG = PACK_DIR / "config.json"
 
 
 @dataclass(frozen=True)
@@ -104,14 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack-file", type=Path, default=None,
                         help="Pulumi.<stack>.yaml whose config the pack sees (default: next to Pulumi.yaml)")
     parser.add_argument("--policy-pack", type=Path, default=PACK_DIR, help="policy pack directory")
-    parser.add_argument("--policy-pack-config", type=Path, default=None, help="JSON policy config, as for the CLI")
+    parser.add_argument("--policy-pack-config", type=Path, default=PROJECT_CONFIG,
+                        help="JSON policy config, as for the CLI (default: policies/config.json)")
     args = parser.parse_args(argv)
     try:
         plan = json.loads(args.plan.read_text())
         project, stack = str(plan["project"]), str(plan["stack"])
         stack_file = args.stack_file or Path(f"Pulumi.{stack}.yaml")
         config = stack_file_config(stack_file) if stack_file.is_file() else {}
-        policy_config = load_policy_config(args.policy_pack_config) if args.policy_pack_config else {}
+        policy_config = load_policy_config(args.policy_pack_config)
         run = run_pack(resources_from_plan(plan), StackContext(project, stack, config), policy_config,
                        args.policy_pack)
     except (OSError, ValueError, KeyError, PackError) as e:

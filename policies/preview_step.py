@@ -1,15 +1,16 @@
 """The offline preview's policy step: every recorded resource through the real pack, as ``pulumi preview`` does.
 
 :func:`run` is a :class:`preview.pipeline.Step`: it hands the resources the preview recorded (type
-token, URN, name, parent, inputs) and the stack's engine config to :func:`policies.offline.run_pack`,
-prints the ``Policies:`` section, and turns every mandatory violation into a preview problem so
+token, URN, name, parent, inputs), the stack's engine config and the project's policy config
+(``policies/config.json``, the file CI passes the CLI) to :func:`policies.offline.run_pack`, prints the
+``Policies:`` section, and turns every mandatory violation into a preview problem so
 ``make preview`` fails on it. Advisory violations are printed and do not fail the preview.
 """
 
 from __future__ import annotations
 
 from policies.analyzer_client import PACK_DIR, AnalyzerResource, PackError, PolicyConfigError, StackContext
-from policies.offline import run_pack, source_label
+from policies.offline import PROJECT_CONFIG, load_policy_config, run_pack, source_label
 from policies.report import format_policies, stack_resource_label, summary_line
 from preview.model import PreviewResult, Problem
 
@@ -23,8 +24,8 @@ def run(result: PreviewResult) -> None:
     ]
     stack = StackContext(result.project, result.stack, dict(result.engine_config))
     try:
-        policy_run = run_pack(resources, stack)
-    except (PackError, PolicyConfigError) as e:
+        policy_run = run_pack(resources, stack, load_policy_config(PROJECT_CONFIG))
+    except (OSError, ValueError, PackError, PolicyConfigError) as e:
         result.problems.append(Problem(STEP, str(PACK_DIR), str(e)))
         return
     print(format_policies(policy_run.info, policy_run.diagnostics, source=source_label(PACK_DIR),

@@ -17,7 +17,7 @@ from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
 
 from policies import preview_step
 from policies.analyzer_client import AnalyzerResource, StackContext
-from policies.offline import run_pack
+from policies.offline import PROJECT_CONFIG, load_policy_config, main, run_pack
 from policies.pack import POLICIES
 from preview import engine, stackfile
 from preview.model import PreviewResult, Problem, RecordedResource
@@ -68,7 +68,8 @@ def test_shipped_stack_passes_every_policy_in_process(
 @pytest.mark.parametrize("stack", STACKS)
 def test_shipped_stack_passes_through_the_pack(stack: str, recorded: dict[str, PreviewResult]) -> None:
     result = recorded[stack]
-    run = run_pack(_analyzer_resources(result), StackContext(result.project, stack, result.engine_config))
+    run = run_pack(_analyzer_resources(result), StackContext(result.project, stack, result.engine_config),
+                   load_policy_config(PROJECT_CONFIG))
     assert run.diagnostics == ()
     assert run.resources == len(result.resources)
 
@@ -106,3 +107,46 @@ def test_preview_step_turns_mandatory_violations_into_problems(
     assert out.startswith("Policies:\n    ❌ nvidia-gpu@v0.1.0 (local: policies)\n"
                           "        - [mandatory]  host-access-allow-listed  (kubernetes:apps/v1:DaemonSet: exporter)\n")
     assert out.endswith("Policy violations: 1 mandatory, 0 advisory\n")
+
+
+def _write_plan(result: PreviewResult, path: Path) -> None:
+    path.write_text(json.dumps({"project": result.project, "stack": result.stack,
+                                "resources": [r.as_json() for r in result.resources]}))
+
+
+def test_offline_command_on_a_clean_plan(
+    recorded: dict[str, PreviewResult], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = tmp_path / "plan.json"
+    _write_plan(recorded["dev"], plan)
+    assert main(["--plan", str(plan), "--stack-file", str(ROOT / "Pulumi.dev.yaml")]) == 0
+    assert capsys.readouterr().out == (
+        "Policies:\n    ✅ nvidia-gpu@v0.1.0 (local: policies)\nPolicy violations: 0 mandatory, 0 advisory\n"
+    )
+
+
+def test_offline_command_fails_on_mandatory_violations(
+    recorded: dict[str, PreviewResult], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = tmp_path / "plan.json"
+    _write_plan(recorded["prod"], plan)
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"host-access-allow-listed": {"privilegedRoles": []}}))
+    code = main(["--plan", str(plan), "--stack-file", str(ROOT / "Pulumi.prod.yaml"), "--policy-pack-config",
+                 str(config)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "    ❌ nvidia-gpu@v0.1.0 (local: policies)\n" in out
+    assert "- [mandatory]  host-access-allow-listed  (kubernetes:apps/v1:DaemonSet: " in out
+    assert "container 'device-plugin' is privileged" in out
+
+
+def test_offline_command_rejects_a_bad_config(
+    recorded: dict[str, PreviewResult], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = tmp_path / "plan.json"
+    _write_plan(recorded["dev"], plan)
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"pinned-images": {"requireDigest": "yes"}}))
+    assert main(["--plan", str(plan), "--policy-pack-config", str(config)]) == 2
+    assert "pinned-images.requireDigest: 'yes' is not of type 'boolean'" in capsys.readouterr().err
