@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
@@ -26,6 +27,7 @@ from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.dra.sharing import NvidiaSmiSharing
 from node_agent.host.root import HostRoot
 from node_agent.kubelet.dra.server import PLUGINS_DIR, REGISTRY_DIR, PluginServer
+from node_agent.nvml.session import NvmlBackend
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    """Hook for the agent CLI: adds the ``dra-driver`` sub-command."""
+    """Hook for the agent CLI (``node_agent.commands``): adds the ``dra-driver`` sub-command."""
     p = subparsers.add_parser(COMMAND, help="run the DRA kubelet plugin (ResourceSlices, prepare/unprepare)")
     add_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(run=run)
 
 
 def api_client(kubeconfig: str | None) -> client.ApiClient:
@@ -66,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     settings = DriverSettings(driver=args.driver_name, node=node, state_dir=args.state_dir,
                               health=HealthAction(args.health_action), poll_interval=args.poll_interval)
     api = KubeDraApi(api_client(getattr(args, "kubeconfig", None)))
-    source = NvmlInventorySource(getattr(args, "nvml", "real") or "real", host)
+    state = getattr(args, "nvml_state", None)
+    backend = NvmlBackend.parse(getattr(args, "nvml", "real") or "real", state_file=Path(state) if state else None)
+    source = NvmlInventorySource(backend, host)
     driver = DraDriver(settings, api=api, source=source, host=host, backend=NvidiaSmiSharing(host))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -96,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
     p.add_argument("--host-root", default="/")
     p.add_argument("--nvml", default="real", help="real | simulated:<machine>")
+    p.add_argument("--nvml-state", default=None, help="simulated machines: state file shared with tests")
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
     p.add_argument("--kubeconfig", default=None)
     add_arguments(p)
