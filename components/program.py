@@ -15,6 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.dra_stack import DraStack, DraStackArgs
+from components.manifests import dra
 from components.mig_profile import MigProfile, MigProfileArgs
 from components.node_group import GpuNodeGroup, GpuNodeGroupArgs
 from components.platform import GpuPlatform, GpuPlatformArgs
@@ -56,11 +57,14 @@ def runtime_config_values(config: Mapping[str, Any]) -> dict[str, Any]:
 def node_scripts(config: StackConfig, group: NodeGroup) -> tuple[NodeScript, ...]:
     """The bashible steps for a group on the deckhouse backend (none elsewhere: the setup DaemonSet runs).
 
-    DRA groups also get ``gpu-vfio.sh`` (VFIO modules and the IOMMU check for passthrough devices).
+    DRA groups that allow passthrough also get ``gpu-iommu.sh`` (IOMMU kernel parameters) and
+    ``gpu-vfio.sh`` (VFIO modules and the IOMMU check).
     """
     if config.cluster.node_setup is not NodeSetupBackend.DECKHOUSE:
         return ()
-    return tuple(render_node_scripts(vfio=config.allocation_mode(group) is AllocationMode.DRA))
+    passthrough = config.allocation_mode(group) is AllocationMode.DRA and group.passthrough
+    scripts = render_node_scripts(vfio=passthrough)
+    return (*scripts, dra.iommu_script()) if passthrough else tuple(scripts)
 
 
 def build_stack(config: StackConfig) -> Stack:

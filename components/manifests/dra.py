@@ -12,11 +12,13 @@ beside DRA groups it would let the scheduler satisfy ``nvidia.com/gpu`` limits f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from components.manifests import Manifest
 from components.manifests.meta import app_labels, cluster_object_name, group_object_name, selector_labels
 from components.manifests.scheduling import node_affinity, tolerations
+from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import ClaimQuota, Cluster, NodeGroup
 
 RESOURCE_API = "resource.k8s.io/v1"
@@ -34,6 +36,8 @@ CDI_DIR = "/var/run/cdi"
 AGENT_STATE_DIR = "/var/lib/nvidia-gpu-agent"
 MPS_DIR = "/run/nvidia-gpu-agent"
 AGENT = ["python", "-m", "node_agent"]
+#: Runs just before gpu-vfio.sh (35): the kernel parameters must be in place before the IOMMU check.
+IOMMU_SCRIPT_WEIGHT = 34
 
 
 @dataclass(frozen=True)
@@ -271,3 +275,9 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
             },
         },
     }
+
+
+def iommu_script() -> NodeScript:
+    """``gpu-iommu.sh``: IOMMU kernel parameters for passthrough groups (Deckhouse backend)."""
+    content = resources.files("components.manifests").joinpath("gpu-iommu.sh").read_text()
+    return NodeScript(name="gpu-iommu.sh", weight=IOMMU_SCRIPT_WEIGHT, content=content)

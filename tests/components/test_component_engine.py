@@ -169,15 +169,16 @@ def test_engine_config_values_are_decoded(raw: Any, value: Any) -> None:
 
 
 def test_build_stack_renders_the_node_scripts_for_deckhouse_groups(engine: Engine) -> None:
-    cfg = stack_config([group("a"), {**group("d"), "allocationMode": "dra"}])
+    cfg = stack_config([group("a"), {**group("d"), "allocationMode": "dra", "passthrough": True}])
     resources = engine.run(lambda: build_stack(cfg))
     ngcs = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in of_kind(resources, "NodeGroupConfiguration")}
     expected = {f"nvidia-gpu-a-{n}" for n in ("gpu-check.sh", "gpu-runtime.sh", "gpu-sysctl.sh")}
     assert expected <= set(ngcs)
     assert "nvidia-gpu-d-gpu-vfio.sh" in ngcs and "nvidia-gpu-a-gpu-vfio.sh" not in ngcs
+    assert ngcs["nvidia-gpu-d-gpu-iommu.sh"]["weight"] == 34 and "nvidia-gpu-a-gpu-iommu.sh" not in ngcs
     for name, spec in ngcs.items():
         script = name.split("-", 3)[-1]
-        assert spec["weight"] == WEIGHTS[script]
+        assert spec["weight"] == WEIGHTS.get(script, 34)
         assert spec["content"].startswith("#!/usr/bin/env bash")
 
 
