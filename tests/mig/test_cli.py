@@ -109,6 +109,14 @@ def test_node_api_over_http() -> None:
         assert node.calls == 6
 
 
+def test_watch_returns_on_a_node_event() -> None:
+    with kmock_server() as url:
+        client.CoreV1Api(api(url)).create_node({"metadata": {"name": "n1"}})
+        node = KubeNodeApi(api(url), "n1")
+        node.wait_for_change("", 5)  # the watch delivers the Node and returns (no sleep until the timeout)
+        assert node.calls == 1
+
+
 def test_manager_once_against_the_fake_api_server(tmp_path: Path, config_file: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     state = tmp_path / "h100.json"

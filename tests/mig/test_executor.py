@@ -272,6 +272,16 @@ def test_unreadable_journal_returns_the_node_and_reports() -> None:
     assert_returned_to_service(rig.node, "success")
 
 
+def test_journal_from_a_newer_agent_is_not_guessed_at() -> None:
+    rig = mig_node(Rig(FakeBackend.of("A100-40GB", count=1)), "all-7g.40gb")
+    rig.node.on_wait = []
+    rig.manager().run_until_blocked()
+    rig.files.data[rig.journal.path] = b'{"version": 9, "config": "x", "phase": "teleport"}'
+    rig.converge()
+    assert "has version 9; this agent reads up to 1" in rig.node.events[-1][1]
+    assert_returned_to_service(rig.node, "failed")
+
+
 def test_api_errors_are_retried_from_the_journal() -> None:
     rig = mig_node(Rig(FakeBackend.of("A100-40GB", count=1)), "all-7g.40gb")
     rig.node.fail_patches = 1
