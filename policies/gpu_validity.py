@@ -540,14 +540,13 @@ def _report_violations(report: ReportViolation, violations: Iterable[Violation])
         report(v.message, v.urn)
 
 
-def _validate_mig_config(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    kind = _kind(args)
-    if kind is not None:
-        _report_all(report, mig_config_problems(kind, args.props))
-
-
-def _validate_mig_selection(args: StackValidationArgs, report: ReportViolation) -> None:
-    _report_violations(report, mig_selection_problems(_stack_resources(args), stack_facts.config_values()))
+def _validate_mig_configs(args: StackValidationArgs, report: ReportViolation) -> None:
+    """Both MIG rules: every mig-parted ConfigMap on its own, then every config choice against them."""
+    resources = _stack_resources(args)
+    for r in resources:
+        for message in mig_config_problems(r.kind, r.props):
+            report(message, r.urn)
+    _report_violations(report, mig_selection_problems(resources, stack_facts.config_values()))
 
 
 def _validate_time_slicing(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -563,13 +562,23 @@ def _validate_mps(args: ResourceValidationArgs, report: ReportViolation) -> None
         _report_all(report, mps_problems(kind, args.props, min(limit, MPS_MAX_CLIENTS)))
 
 
-def _validate_dra_version(args: StackValidationArgs, report: ReportViolation) -> None:
+def _stack_driver_name() -> str:
+    values = stack_facts.config_values()
+    dra = as_map(as_map(values.get("cluster")).get("dra"))
+    return as_str(dra.get("driverName")) or DraSettings().driver_name
+
+
+def _validate_dra(args: StackValidationArgs, report: ReportViolation) -> None:
+    """Both DRA rules: DeviceClass CEL per object, then API versions against the stack's Kubernetes."""
     config = args.get_config()
     resources = _stack_resources(args)
-    values = stack_facts.config_values()
+    drivers = [d for d in as_list(config.get("driverNames")) if isinstance(d, str)] or [_stack_driver_name()]
+    for r in resources:
+        for message in device_class_problems(r.kind, r.props, drivers):
+            report(message, r.urn)
     declared = as_str(config.get("kubernetesVersion"))
     minor = stack_facts.parse_minor(declared) if declared else None
-    version = stack_facts.kubernetes_version(((r.type, r.props) for r in resources), values)
+    version = stack_facts.kubernetes_version(((r.type, r.props) for r in resources), stack_facts.config_values())
     if version is None and minor is not None:
         version = stack_facts.KubernetesVersion(minor, "policy config kubernetesVersion")
     if version is None:
@@ -579,20 +588,6 @@ def _validate_dra_version(args: StackValidationArgs, report: ReportViolation) ->
     gates = [g for g in as_list(config.get("featureGates")) if isinstance(g, str)]
     runtime = [g for g in as_list(config.get("runtimeConfig")) if isinstance(g, str)]
     _report_violations(report, dra_version_problems(resources, version, gates, runtime))
-
-
-def _stack_driver_name() -> str:
-    values = stack_facts.config_values()
-    dra = as_map(as_map(values.get("cluster")).get("dra"))
-    return as_str(dra.get("driverName")) or DraSettings().driver_name
-
-
-def _validate_device_class(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    kind = _kind(args)
-    if kind is None:
-        return
-    configured = [d for d in as_list(args.get_config().get("driverNames")) if isinstance(d, str)]
-    _report_all(report, device_class_problems(kind, args.props, configured or [_stack_driver_name()]))
 
 
 def _validate_node_groups(args: StackValidationArgs, report: ReportViolation) -> None:
@@ -622,16 +617,11 @@ _STRINGS = {"type": "array", "items": {"type": "string"}}
 MANDATORY = EnforcementLevel.MANDATORY
 
 POLICIES: list[ResourceValidationPolicy | StackValidationPolicy] = [
-    ResourceValidationPolicy(
-        name="mig-config-fits-gpu",
-        description="mig-parted configs must fit the GPU they target (known profiles, instance limits, placement).",
-        validate=_validate_mig_config,
-        enforcement_level=MANDATORY,
-    ),
     StackValidationPolicy(
-        name="mig-config-selection-valid",
-        description=f"Every {labels.MIG_CONFIG} choice must name a mig-parted config that fits the group's GPU.",
-        validate=_validate_mig_selection,
+        name="mig-config-fits-gpu",
+        description=f"mig-parted configs and every {labels.MIG_CONFIG} choice must fit the GPU they target "
+                    "(known profiles, instance limits, placement).",
+        validate=_validate_mig_configs,
         enforcement_level=MANDATORY,
     ),
     ResourceValidationPolicy(
@@ -647,9 +637,10 @@ POLICIES: list[ResourceValidationPolicy | StackValidationPolicy] = [
         ),
     ),
     StackValidationPolicy(
-        name="dra-api-available",
-        description=f"DRA objects need {DRA_GROUP}/v1 (Kubernetes 1.{DRA_GA_MINOR}+) or the beta API with its gates.",
-        validate=_validate_dra_version,
+        name="dra-objects-valid",
+        description=f"DRA objects need {DRA_GROUP}/v1 (Kubernetes 1.{DRA_GA_MINOR}+) or the beta API with its gates; "
+                    "DeviceClass CEL must test device.driver.",
+        validate=_validate_dra,
         enforcement_level=MANDATORY,
         config_schema=PolicyConfigSchema(
             properties={
@@ -659,18 +650,10 @@ POLICIES: list[ResourceValidationPolicy | StackValidationPolicy] = [
                 },
                 "featureGates": {**_STRINGS, "description": "Feature gates enabled on the cluster."},
                 "runtimeConfig": {**_STRINGS, "description": "API versions enabled with --runtime-config."},
+                "driverNames": {
+                    **_STRINGS, "description": "DRA driver names a DeviceClass may select (default: the stack's).",
+                },
             },
-        ),
-    ),
-    ResourceValidationPolicy(
-        name="device-class-selects-driver",
-        description="DeviceClass CEL selectors must test device.driver, or they claim other vendors' devices.",
-        validate=_validate_device_class,
-        enforcement_level=MANDATORY,
-        config_schema=PolicyConfigSchema(
-            properties={"driverNames": {
-                **_STRINGS, "description": "DRA driver names a DeviceClass may select (default: the stack's).",
-            }},
         ),
     ),
     StackValidationPolicy(

@@ -27,14 +27,30 @@ from nvgpu import labels
 from policies.gpu_validity import GPU_MODEL_KEY
 
 H100 = {GPU_MODEL_KEY: "H100-80GB"}
+NVIDIA = 'device.driver == "gpu.nvidia.com"'
 
 
-# ------------------------------------------------------------------ mig-config-fits-gpu
+def mig_messages(cm: dict[str, object]) -> list[str]:
+    """The MIG policy on one ConfigMap: messages, each reported against that ConfigMap."""
+    out = check_stack("mig-config-fits-gpu", [(CM_TYPE, cm)])
+    assert {urn for _, urn in out} <= {"urn:0"}
+    return [m for m, _ in out]
+
+
+def dc_messages(dc: dict[str, object]) -> list[str]:
+    """The DRA policy on one DeviceClass in a Kubernetes 1.34 stack."""
+    ns = namespace(labels_={"pod-security.kubernetes.io/enforce-version": "v1.34"})
+    out = check_stack("dra-objects-valid", [(NS_TYPE, ns), (DEVICE_CLASS_TYPE, dc)])
+    assert {urn for _, urn in out} <= {"urn:1"}
+    return [m for m, _ in out]
+
+
+# ------------------------------------------------------------------ mig-config-fits-gpu: ConfigMaps
 
 
 def test_mig_config_that_fits_passes() -> None:
     cm = config_map({"config.yaml": mig_doc({"all-1g.10gb": [mig_entry({"1g.10gb": 7})]})}, labels_=H100)
-    assert check("mig-config-fits-gpu", CM_TYPE, cm) == []
+    assert mig_messages(cm) == []
 
 
 @pytest.mark.parametrize(
@@ -49,13 +65,13 @@ def test_mig_config_that_fits_passes() -> None:
 )
 def test_mig_config_that_does_not_fit_the_declared_model(devices: dict[str, int], problem: str) -> None:
     cm = config_map({"config.yaml": mig_doc({"mine": [mig_entry(devices)]})}, labels_=H100)
-    assert check("mig-config-fits-gpu", CM_TYPE, cm) == [f"data[config.yaml]: MIG config 'mine': every GPU: {problem}"]
+    assert mig_messages(cm) == [f"data[config.yaml]: MIG config 'mine': every GPU: {problem}"]
 
 
 def test_mig_config_checked_against_the_models_its_device_filter_names() -> None:
     a30 = "0x20B710DE"
     cm = config_map({"c": mig_doc({"all-1g.6gb": [mig_entry({"1g.6gb": 5}, **{"device-filter": a30})]})})
-    assert check("mig-config-fits-gpu", CM_TYPE, cm) == [
+    assert mig_messages(cm) == [
         "data[c]: MIG config 'all-1g.6gb': every GPU: 5 x 1g.6gb exceeds the 4 instance(s) a A30-24GB can hold"
     ]
 
@@ -63,12 +79,12 @@ def test_mig_config_checked_against_the_models_its_device_filter_names() -> None
 def test_mig_config_for_gpus_outside_the_catalogue_is_left_to_mig_parted() -> None:
     b200 = "0x290110DE"
     cm = config_map({"c": mig_doc({"all-1g.23gb": [mig_entry({"1g.23gb": 7}, **{"device-filter": b200})]})})
-    assert check("mig-config-fits-gpu", CM_TYPE, cm) == []
+    assert mig_messages(cm) == []
 
 
 def test_mig_config_without_a_model_still_needs_known_profiles() -> None:
     cm = config_map({"c": mig_doc({"odd": [mig_entry({"1g.11gb": 1})], "ok": [mig_entry({"1g.10gb": 2})]})})
-    assert check("mig-config-fits-gpu", CM_TYPE, cm) == [
+    assert mig_messages(cm) == [
         "data[c]: MIG config 'odd': profile '1g.11gb' is not a MIG profile of any catalogue GPU"
     ]
 
@@ -76,15 +92,15 @@ def test_mig_config_without_a_model_still_needs_known_profiles() -> None:
 def test_mig_config_that_does_not_parse() -> None:
     cm = config_map({"c": {"version": "v1", "mig-configs": {"x": [{"devices": "all", "mig-enabled": False,
                                                                      "mig-devices": {"1g.10gb": 1}}]}}})
-    (problem,) = check("mig-config-fits-gpu", CM_TYPE, cm)
+    (problem,) = mig_messages(cm)
     assert problem.startswith("data[c]: mig-configs.x.0: ")
 
 
 def test_other_config_maps_are_ignored() -> None:
-    assert check("mig-config-fits-gpu", CM_TYPE, config_map({"k": "plain text", "j": {"a": 1}})) == []
+    assert mig_messages(config_map({"k": "plain text", "j": {"a": 1}})) == []
 
 
-# ------------------------------------------------------------------ mig-config-selection-valid
+# ------------------------------------------------------------------ mig-config-fits-gpu: selections
 
 
 def _group_config() -> str:
@@ -95,13 +111,13 @@ def _group_config() -> str:
 def test_selection_of_a_standard_config_that_fits_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PULUMI_CONFIG", _group_config())
     ng = node_group_patch("gpu-h100", {labels.MIG_CONFIG: "all-1g.10gb", labels.NODE_GROUP: "h100-mig"})
-    assert check_stack("mig-config-selection-valid", [(NODE_GROUP_PATCH_TYPE, ng)]) == []
+    assert check_stack("mig-config-fits-gpu", [(NODE_GROUP_PATCH_TYPE, ng)]) == []
 
 
 def test_selection_of_a_config_the_gpu_does_not_have(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PULUMI_CONFIG", _group_config())
     ng = node_group_patch("gpu-h100", {labels.MIG_CONFIG: "all-1g.5gb", labels.NODE_GROUP: "h100-mig"})
-    assert check_stack("mig-config-selection-valid", [(NODE_GROUP_PATCH_TYPE, ng)]) == [(
+    assert check_stack("mig-config-fits-gpu", [(NODE_GROUP_PATCH_TYPE, ng)]) == [(
         "NodeGroup 'gpu-h100' spec.nodeTemplate.labels: nvidia.com/mig.config=all-1g.5gb: "
         "not a config mig-parted generates for the H100-80GB",
         "urn:0",
@@ -112,7 +128,7 @@ def test_selection_must_name_a_config_the_stack_defines() -> None:
     cm = config_map({"c": mig_doc({"custom-a": [mig_entry({"1g.10gb": 2})]})})
     ds = daemonset("labeller-h100", role="gpu-labeller",
                    containers=[container(args=["labels", "--node-label", f"{labels.MIG_CONFIG}=custom-b"])])
-    assert check_stack("mig-config-selection-valid", [(CM_TYPE, cm), (DS_TYPE, ds)]) == [(
+    assert check_stack("mig-config-fits-gpu", [(CM_TYPE, cm), (DS_TYPE, ds)]) == [(
         "DaemonSet 'nvidia-gpu/labeller-h100' container 'agent' --node-label: nvidia.com/mig.config=custom-b: "
         "no mig-parted config of that name; the stack defines: custom-a",
         "urn:1",
@@ -122,7 +138,7 @@ def test_selection_must_name_a_config_the_stack_defines() -> None:
 def test_selected_defined_config_must_fit_the_groups_gpu() -> None:
     cm = config_map({"c": mig_doc({"custom-a": [mig_entry({"7g.80gb": 2})]})})
     ng = node_group_patch("gpu-h100", {labels.MIG_CONFIG: "custom-a", GPU_MODEL_KEY: "H100-80GB"})
-    assert check_stack("mig-config-selection-valid", [(CM_TYPE, cm), (NODE_GROUP_PATCH_TYPE, ng)]) == [(
+    assert check_stack("mig-config-fits-gpu", [(CM_TYPE, cm), (NODE_GROUP_PATCH_TYPE, ng)]) == [(
         "NodeGroup 'gpu-h100' spec.nodeTemplate.labels: nvidia.com/mig.config=custom-a: MIG config 'custom-a': "
         "every GPU: 2 x 7g.80gb exceeds the 1 instance(s) a H100-80GB can hold",
         "urn:1",
@@ -177,7 +193,7 @@ def test_mps_with_mig() -> None:
     ]
 
 
-# ------------------------------------------------------------------ dra-api-available
+# ------------------------------------------------------------------ dra-objects-valid: API versions
 
 
 def _ns(version: str) -> dict[str, object]:
@@ -186,12 +202,12 @@ def _ns(version: str) -> dict[str, object]:
 
 def test_dra_v1_on_kubernetes_1_34_passes() -> None:
     resources = [(NS_TYPE, _ns("1.34")), (DEVICE_CLASS_TYPE, device_class('device.driver == "gpu.nvidia.com"'))]
-    assert check_stack("dra-api-available", resources) == []
+    assert check_stack("dra-objects-valid", resources) == []
 
 
 def test_dra_v1_on_kubernetes_1_33_fails_with_the_version_source() -> None:
     resources = [(NS_TYPE, _ns("1.33")), (DEVICE_CLASS_TYPE, device_class('device.driver == "gpu.nvidia.com"'))]
-    assert check_stack("dra-api-available", resources) == [(
+    assert check_stack("dra-objects-valid", resources) == [(
         "DeviceClass 'gpu.nvidia.com' uses resource.k8s.io/v1, served from Kubernetes 1.34; the cluster is "
         "Kubernetes 1.33 (Namespace 'nvidia-gpu' pod-security.kubernetes.io/enforce-version)",
         "urn:1",
@@ -201,8 +217,8 @@ def test_dra_v1_on_kubernetes_1_33_fails_with_the_version_source() -> None:
 def test_dra_version_from_the_stack_config_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PULUMI_CONFIG", pulumi_config({"cluster": {"kubernetesVersion": "1.32"}}))
     resources = [(NS_TYPE, _ns("1.34")), ("kubernetes:resource.k8s.io/v1beta2:DeviceClass",
-                                          device_class("true", api="resource.k8s.io/v1beta2"))]
-    assert check_stack("dra-api-available", resources) == [(
+                                          device_class(NVIDIA, api="resource.k8s.io/v1beta2"))]
+    assert check_stack("dra-objects-valid", resources) == [(
         "DeviceClass 'gpu.nvidia.com' uses resource.k8s.io/v1beta2, served from Kubernetes 1.33; the cluster is "
         "Kubernetes 1.32 (nvidia-gpu:cluster.kubernetesVersion)",
         "urn:1",
@@ -210,24 +226,24 @@ def test_dra_version_from_the_stack_config_wins(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_dra_beta_needs_the_feature_gate_setup() -> None:
-    beta = ("kubernetes:resource.k8s.io/v1beta1:DeviceClass", device_class("true", api="resource.k8s.io/v1beta1"))
+    beta = ("kubernetes:resource.k8s.io/v1beta1:DeviceClass", device_class(NVIDIA, api="resource.k8s.io/v1beta1"))
     resources = [(NS_TYPE, _ns("1.32")), beta]
-    assert check_stack("dra-api-available", resources) == [(
+    assert check_stack("dra-objects-valid", resources) == [(
         "DeviceClass 'gpu.nvidia.com' uses resource.k8s.io/v1beta1 on Kubernetes 1.32 (Namespace 'nvidia-gpu' "
         "pod-security.kubernetes.io/enforce-version) without the DynamicResourceAllocation feature gate and "
         "--runtime-config=resource.k8s.io/v1beta1=true (declare them in this policy's featureGates and runtimeConfig)",
         "urn:1",
     )]
     gates = {"featureGates": ["DynamicResourceAllocation"], "runtimeConfig": ["resource.k8s.io/v1beta1"]}
-    assert check_stack("dra-api-available", resources, gates) == []
+    assert check_stack("dra-objects-valid", resources, gates) == []
 
 
-# ------------------------------------------------------------------ device-class-selects-driver
+# ------------------------------------------------------------------ dra-objects-valid: DeviceClass CEL
 
 
 def test_device_class_pinning_the_driver_passes() -> None:
     dc = device_class('device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "gpu"')
-    assert check("device-class-selects-driver", DEVICE_CLASS_TYPE, dc) == []
+    assert dc_messages(dc) == []
 
 
 @pytest.mark.parametrize(
@@ -242,7 +258,7 @@ def test_device_class_pinning_the_driver_passes() -> None:
 )
 def test_device_class_without_the_driver(expressions: tuple[str, ...], problem: str) -> None:
     sep = "" if problem.startswith(":") else " "
-    assert check("device-class-selects-driver", DEVICE_CLASS_TYPE, device_class(*expressions)) == [
+    assert dc_messages(device_class(*expressions)) == [
         f"DeviceClass 'gpu.nvidia.com'{sep}{problem}"
     ]
 
@@ -250,7 +266,7 @@ def test_device_class_without_the_driver(expressions: tuple[str, ...], problem: 
 def test_device_class_driver_name_from_the_stack_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PULUMI_CONFIG", pulumi_config({"cluster": {"dra": {"driverName": "gpu.example.com"}}}))
     dc = device_class('device.driver == "gpu.nvidia.com"')
-    assert check("device-class-selects-driver", DEVICE_CLASS_TYPE, dc) == [
+    assert dc_messages(dc) == [
         "DeviceClass 'gpu.nvidia.com' selects driver gpu.nvidia.com, not gpu.example.com"
     ]
 

@@ -111,6 +111,18 @@ def test_analyze_stack_sees_the_stack_config_from_the_environment() -> None:
     )
 
 
+def test_dra_version_unknown_still_reports_device_class_cel(pack: PackProcess) -> None:
+    dc = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu"},
+          "spec": {"selectors": [{"cel": {"expression": "true"}}]}}
+    urn = "urn:pulumi:dev::nvidia-gpu::kubernetes:resource.k8s.io/v1:DeviceClass::gpu"
+    diags = pack.analyze_stack([AnalyzerResource("kubernetes:resource.k8s.io/v1:DeviceClass", urn, "gpu", dc)])
+    assert [(d.policy_name, d.message.splitlines()[-1], d.urn) for d in diags] == [(
+        "dra-objects-valid",
+        "DeviceClass 'gpu': no CEL selector tests device.driver; add device.driver == \"gpu.nvidia.com\"",
+        urn,
+    )]
+
+
 def test_configure_sets_levels_and_properties_like_policy_pack_config(pack: PackProcess) -> None:
     pack.configure({"all": "advisory", "sharing-parameters-valid": {"mpsMaxReplicas": 8},
                     "host-access-allow-listed": "disabled"})
