@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +21,8 @@ from components.mig_profile import (
 from nvgpu import labels
 from nvgpu.catalogue import H100_80GB
 from nvgpu.migparted import MigConfigSpec, load_config_text, validate_for_model
-from nvgpu.nodelabels import mig_config_name
-from nvgpu.stackconfig import NodeGroup, StackConfig, load_stack_config
+from nvgpu.nodelabels import desired_node_labels, mig_config_name
+from nvgpu.stackconfig import NodeGroup, Sharing, StackConfig, load_stack_config, load_stack_file
 from preview.engine import install_mocks, run_in_engine
 
 IMAGE = {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "0.1.0"}
@@ -173,3 +174,16 @@ def test_invalid_layout_registers_nothing() -> None:
     with pytest.raises(Exception, match="exceeds the 1 instance"):
         run_in_engine(lambda: MigProfile("mig", MigProfileArgs(cluster=cfg.cluster, groups=[bad])))
     assert [r for r in monitor.recorded_resources() if r.custom] == []
+
+
+@pytest.mark.parametrize("stack_file", ["Pulumi.dev.yaml", "Pulumi.prod.yaml"])
+def test_every_group_label_names_a_config_the_manager_has(stack_file: str) -> None:
+    """The labels flow and the ConfigMap agree: ``nvidia.com/mig.config`` always names a known config."""
+    cfg = load_stack_file(Path(__file__).resolve().parents[2] / stack_file)
+    mig = mig_config(cfg.node_groups)
+    for g in cfg.node_groups:
+        node_labels = desired_node_labels(g)
+        assert node_labels[labels.MIG_CONFIG] in mig.mig_configs, g.name
+        assert node_labels[labels.DEVICE_GPU_CONFIG] == g.gpu.sharing.value
+        if g.gpu.sharing is not Sharing.MIG:
+            assert node_labels[labels.MIG_CONFIG] == "all-disabled"  # a group that leaves MIG rolls back
