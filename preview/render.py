@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from pathlib import Path
 from typing import Any
 
 from components.manifests import yamltext
@@ -96,13 +95,20 @@ def write(result: PreviewResult) -> None:
     if manifests_dir.exists():
         shutil.rmtree(manifests_dir)
     manifests_dir.mkdir(parents=True)
-    for m in result.manifests:
-        (manifests_dir / m.filename).write_text(manifest_text(m))
-    _write_json(result.out_dir / "plan.json", plan(result))
+    files = [(manifests_dir / m.filename, manifest_text(m)) for m in result.manifests]
+    files.append((result.out_dir / "plan.json", plan_text(plan(result))))
+    for path, text in files:
+        path.write_text(text)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+def plan_text(data: dict[str, Any]) -> str:
+    """JSON with one resource (and one manifest) per line: diffable, and written by the C encoder."""
+    head = {k: v for k, v in data.items() if k not in ("resources", "manifests")}
+    lines = ["{"] + [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    for key in ("resources", "manifests"):
+        items = ",\n".join(f"    {json.dumps(item, separators=(', ', ': '))}" for item in data[key])
+        lines.append(f'  "{key}": [\n{items}\n  ]' + ("," if key == "resources" else ""))
+    return "\n".join(lines) + "\n}\n"
 
 
 def run(result: PreviewResult) -> None:
