@@ -23,13 +23,19 @@ from components.manifests import Manifest
 PROVIDER_VERSION = version("pulumi-kubernetes")
 
 
+def type_token(api_version: str, kind: str, *, patch: bool = False) -> str:
+    """The provider's token: the core group is spelled ``core/v1`` (``kubernetes:core/v1:Namespace``)."""
+    group_version = f"core/{api_version}" if "/" not in api_version else api_version
+    return f"kubernetes:{group_version}:{kind}{'Patch' if patch else ''}"
+
+
 class KubernetesObject(pulumi.CustomResource):
     """One Kubernetes API object (or a server-side-apply patch of one) managed by the Kubernetes provider."""
 
     def __init__(self, name: str, manifest: Manifest, opts: pulumi.ResourceOptions, *, patch: bool = False) -> None:
         if "apiVersion" not in manifest or "kind" not in manifest:
             raise ValueError(f"{name}: a manifest needs apiVersion and kind")
-        token = f"kubernetes:{manifest['apiVersion']}:{manifest['kind']}{'Patch' if patch else ''}"
+        token = type_token(manifest["apiVersion"], manifest["kind"], patch=patch)
         props: dict[str, Any] = dict(manifest)
         super().__init__(token, name, props, pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
             version=PROVIDER_VERSION)))
