@@ -50,6 +50,7 @@ DEFAULT_CLIENT_LABELS: tuple[tuple[str, str], ...] = (
     ("app", "nvidia-dcgm"),
     ("app.kubernetes.io/name", "device-plugin"),
     ("app.kubernetes.io/name", "gpu-labeller"),
+    ("app.kubernetes.io/name", "dra-kubelet-plugin"),
 )
 #: Actions after which the loop blocks until something changes.
 BLOCKING = frozenset({Act.IDLE, Act.WAIT, Act.EXIT, Act.REBOOT})
