@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 #: XIDs NVIDIA's plugin never treats as device failures (they are caused by applications).
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
+#: Longest single wait for an NVML event (bounds how long stopping the monitor takes).
+WAIT_SLICE_S = 0.1
 ENABLE_ENV = "DP_ENABLE_HEALTHCHECKS"
 
 
@@ -227,8 +229,9 @@ class HealthMonitor:
             self._next_recheck = self._clock() + self.policy.recheck_interval_s
 
     def _run(self) -> None:
+        # Short waits: an event still returns at once, and stop() never waits long for the thread.
         while not self._stop.is_set():
-            self.step(min(0.5, self.policy.recheck_interval_s))
+            self.step(min(WAIT_SLICE_S, self.policy.recheck_interval_s))
 
     def start(self) -> None:
         if not self.policy.checks_enabled:

@@ -65,10 +65,12 @@ class ResourceServer:
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
         self._server = server
+        # Confirm with a real call, like NVIDIA's blocking dial but stronger: the servicer answers.
         with grpc.insecure_channel(f"unix://{self.socket_path}") as ch:
             try:
-                grpc.channel_ready_future(ch).result(timeout=CONFIRM_TIMEOUT_S)
-            except grpc.FutureTimeoutError as e:
+                grpc_api.DevicePluginStub(ch).GetDevicePluginOptions(pb.Empty(), timeout=CONFIRM_TIMEOUT_S,
+                                                                     wait_for_ready=True)
+            except grpc.RpcError as e:
                 raise TransientError(f"{self.plugin.name}: own socket {self.socket_path} does not answer") from e
         log.info("event=serving resource=%s socket=%s", self.plugin.name, self.socket_path)
 
@@ -95,7 +97,7 @@ class ResourceServer:
     def stop(self) -> None:
         self.plugin.stop()
         if self._server is not None:
-            self._server.stop(grace=0.2).wait(2)
+            self._server.stop(grace=0.05).wait(2)
             self._server = None
         self.socket_path.unlink(missing_ok=True)
         self.registered = False
