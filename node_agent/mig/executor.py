@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -109,7 +110,8 @@ class MigManager:
     _node: NodeView | None = None
     _rebooted: bool = False
     _gpus: tuple[GpuInfo, ...] | None = None
-    history: list[Action] = field(default_factory=list)
+    #: The latest actions (bounded: the DaemonSet loop runs for months).
+    history: deque[Action] = field(default_factory=lambda: deque(maxlen=256))
 
     def __post_init__(self) -> None:
         self.store = JournalStore(self.files, self.journal_path)
@@ -240,7 +242,8 @@ class MigManager:
             action = self.step()
             if action.act in BLOCKING:
                 return action
-        raise RuntimeError(f"MIG manager took {self.settings.max_steps} actions without settling: {self.history[-5:]}")
+        last = list(self.history)[-5:]
+        raise RuntimeError(f"MIG manager took {self.settings.max_steps} actions without settling: {last}")
 
     def run(self) -> None:
         """The DaemonSet loop: converge, then wait for the Node to change; returns when stopped."""
@@ -512,7 +515,3 @@ class MigManager:
 _IN_FLIGHT = frozenset({Phase.MODE, Phase.LAYOUT, Phase.VERIFY, Phase.ROLLBACK})
 
 
-
-@contextlib.contextmanager
-def no_lock() -> Iterator[None]:
-    yield

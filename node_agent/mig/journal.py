@@ -102,7 +102,6 @@ class Journal(_Lenient):
     attempts: int = 0  #: destructive attempts started in the current phase (crash loop guard)
     outcome: Outcome | None = None
     reason: str = ""
-    reboot_requested: bool = False
     clients_stopped: bool = False  #: GPU client pods were deleted (the taint keeps them from coming back)
 
     def advance(self, phase: Phase, now: float, **changes: object) -> Journal:
@@ -136,7 +135,6 @@ class JournalFiles(Protocol):
 class JournalStore:
     files: JournalFiles
     path: str = JOURNAL_PATH
-    writes: int = 0
 
     def load(self) -> Journal | None:
         raw = self.files.read_bytes(self.path)
@@ -157,7 +155,6 @@ class JournalStore:
 
     def save(self, journal: Journal) -> None:
         self.files.write_atomic(self.path, journal.model_dump_json(indent=1).encode())
-        self.writes += 1
 
     def clear(self) -> None:
         self.files.remove(self.path)
