@@ -104,6 +104,13 @@ class HostRoot:
         except OSError as e:
             raise HostError(f"cannot read link {host_path}: {e.strerror}", host_path) from e
 
+    def readlink(self, host_path: str) -> str | None:
+        """A symlink's target as stored (not resolved), None if it is not a link."""
+        try:
+            return os.readlink(self.path(host_path))
+        except (FileNotFoundError, NotADirectoryError, OSError):
+            return None
+
     # -- reading -----------------------------------------------------------------------------
     def read_bytes(self, host_path: str) -> bytes:
         try:

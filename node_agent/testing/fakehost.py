@@ -18,10 +18,9 @@ from typing import Literal
 
 import node_agent
 from node_agent.host.pci import normalize_address
+from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
 from node_agent.nvml.sim import SimulatedMachine, get_machine
 
-#: Where a fake root keeps its simulated NVML state (the CLI looks here by default).
-SIM_STATE_DIR = "/run/nvidia-gpu-agent/nvml-sim"
 DEFAULT_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 
 CONTAINERD_V1_CONFIG = """\

@@ -25,7 +25,12 @@ from node_agent.nvml.sim.state import (
     SimStore,
 )
 
+#: Under a host root that is not ``/``, the CLI keeps a simulated machine's state here, so separate
+#: agent processes against the same root see the same machine.
+DEFAULT_STATE_DIR = "/run/nvidia-gpu-agent/nvml-sim"
+
 __all__ = [
+    "DEFAULT_STATE_DIR",
     "MACHINES",
     "MACHINE_NAMES",
     "FakeNvmlLibrary",

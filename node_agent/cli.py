@@ -1,0 +1,85 @@
+"""``python -m node_agent [global options] <command> ...``: the node agent's command line.
+
+Global options (before the command)::
+
+    --host-root PATH        host filesystem root (default /; /host in the DaemonSet)
+    --host-exec MODE        run host commands directly or via chroot (default: direct for /, chroot otherwise)
+    --nvml SPEC             real | simulated:<machine> (default real)
+    --nvml-state PATH       simulated machine state file (default under the host root's /run)
+    --node-name NAME        this node (default $NODE_NAME)
+    --kubeconfig PATH       kubeconfig (default: in-cluster config, then ~/.kube/config)
+    --json                  print one JSON document instead of text
+    --log-level LEVEL       warning by default; logs go to stderr as key=value
+
+Exit codes (every command)::
+
+    0  OK, or nothing to do (no GPU on this node)
+    1  not OK: GPU present but unusable, setup failed (reason printed)
+    2  bad command line
+    3  bad input on the host (malformed containerd config, unreadable /proc entry, unknown driver
+       version format, GPU model missing from the catalogue); the host is left as it was
+    4  Kubernetes API error
+    5  refused: the GPU is in use, a file in the way is not ours, or safety cannot be confirmed
+
+Commands come from ``node_agent.commands``; only the chosen command's module is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from node_agent import exitcodes
+from node_agent.commands import COMMANDS
+from node_agent.context import UsageError
+
+
+def _globals(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host-root", default="/", metavar="PATH")
+    parser.add_argument("--host-exec", choices=("direct", "chroot"), default=None)
+    parser.add_argument("--nvml", default="real", metavar="SPEC", help="real | simulated:<machine>")
+    parser.add_argument("--nvml-state", default=None, metavar="PATH")
+    parser.add_argument("--node-name", default=None)
+    parser.add_argument("--kubeconfig", default=None, metavar="PATH")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+
+
+def build_parser(selected: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m node_agent", description=(__doc__ or "").splitlines()[0],
+                                     epilog="exit codes: 0 ok, 1 not ok, 2 usage, 3 bad host input, "
+                                            "4 Kubernetes API, 5 refused")
+    _globals(parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
+    chosen_module = next((c.module for c in COMMANDS if c.name == selected), None)
+    for command in COMMANDS:
+        if command.module == chosen_module:
+            continue
+        sub.add_parser(command.name, help=command.help)
+    if chosen_module is not None:
+        importlib.import_module(chosen_module).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    _globals(pre)
+    pre.add_argument("command", nargs="?")
+    known, _ = pre.parse_known_args(args_list)
+    parser = build_parser(known.command)
+    args = parser.parse_args(args_list)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    run = getattr(args, "run", None)
+    if run is None:
+        parser.error(f"command {args.command!r} is not available")
+    try:
+        code: int = run(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return exitcodes.USAGE
+    return code

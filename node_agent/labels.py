@@ -1,0 +1,165 @@
+"""``labels``: GPU feature-discovery labels, as an NFD local feature file and (``--patch-node``) on the Node.
+
+One run (or, with ``--loop``, one run every ``--interval`` seconds until SIGTERM): read the GPUs
+through NVML, compute the labels (``node_agent.gfd``), replace the feature file
+(``/etc/kubernetes/node-feature-discovery/features.d/gfd``, atomically, only when it changed) and,
+when asked, merge-patch the Node: set what changed and delete ``nvidia.com/*`` labels we own that
+no longer apply. A node without an NVIDIA GPU gets only the timestamp and ``vgpu.present=false``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from node_agent import exitcodes, gfd
+from node_agent.context import AgentContext
+from node_agent.host import HostError, nvidia_gpus
+from node_agent.nvml import GpuInstanceProfile, NvmlError
+from nvgpu import labels as label_names
+
+log = logging.getLogger(__name__)
+FEATURE_FILE = f"{label_names.NFD_FEATURES_DIR}/gfd"
+DMI_PRODUCT = "/sys/class/dmi/id/product_name"
+
+
+@dataclass(frozen=True)
+class LabelRun:
+    labels: dict[str, str]
+    file_changed: bool
+    node_changes: dict[str, str | None]
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"labels": self.labels, "fileChanged": self.file_changed, "nodeChanges": self.node_changes,
+                "warnings": list(self.warnings)}
+
+
+def collect(ctx: AgentContext, args: argparse.Namespace) -> tuple[dict[str, str], tuple[str, ...]]:
+    host = ctx.host
+    on_bus = nvidia_gpus(host)
+    classes = {d.pci_class[:6] for d in on_bus}
+    mode = "compute" if classes == {"0x0302"} else "graphics" if classes == {"0x0300"} else "unknown"
+    settings = gfd.LabelSettings(
+        mig_strategy=args.mig_strategy, replicas=args.replicas, sharing_strategy=args.sharing_strategy,
+        machine=(host.read_text_or_none(DMI_PRODUCT) or "").strip() or None, gpu_mode=mode,
+        timestamp=None if args.no_timestamp else int(time.time()),
+    )
+    if not on_bus:
+        return gfd.compute_labels([], None, {}, settings), ()
+    with ctx.nvml() as nvml:
+        inventory = nvml.inventory()
+        driver = nvml.driver()
+        profiles: dict[int, tuple[GpuInstanceProfile, ...]] = {
+            g.index: nvml.gpu_instance_profiles(g.index) for g in inventory.gpus if g.mig_enabled}
+    warnings = tuple(f"GPU {lost.index} left out: {lost.reason}" for lost in inventory.lost)
+    return gfd.compute_labels(inventory.gpus, driver, profiles, settings), warnings
+
+
+def label_once(ctx: AgentContext, args: argparse.Namespace) -> LabelRun:
+    labels, warnings = collect(ctx, args)
+    changed = False
+    if not args.no_output_file:
+        changed = ctx.host.write_atomic(args.output_file, gfd.feature_file(labels))
+    changes: dict[str, str | None] = {}
+    if args.patch_node:
+        node = ctx.require_node_name()
+        api = ctx.node_api()
+        changes = gfd.label_changes(api.labels(node), labels)
+        if changes:
+            api.patch_labels(node, changes)
+    return LabelRun(labels, changed, changes, warnings)
+
+
+def _text(r: LabelRun) -> str:
+    lines = [f"{k}={v}" for k, v in sorted(r.labels.items())]
+    lines.append(f"# feature file {'updated' if r.file_changed else 'unchanged'}; "
+                 f"{len(r.node_changes)} node label change(s)")
+    lines += [f"# warning: {w}" for w in r.warnings]
+    return "\n".join(lines)
+
+
+class _NoKube(Exception):
+    """Stands in for KubeError when the Node is not patched (the kubernetes client stays unloaded)."""
+
+
+def _kube_error(patch_node: bool) -> type[Exception]:
+    if not patch_node:
+        return _NoKube
+    from node_agent.kube import KubeError
+
+    return KubeError
+
+
+def run(args: argparse.Namespace) -> int:
+    kube_error = _kube_error(args.patch_node)
+    if args.replicas < 1:
+        from node_agent.context import UsageError
+
+        raise UsageError(f"--replicas must be at least 1 (got {args.replicas})")
+    ctx = AgentContext.from_args(args)
+    if not args.loop:
+        try:
+            result = label_once(ctx, args)
+        except NvmlError as e:
+            ctx.emit({"error": f"NVML: {e}"}, f"error: NVML: {e}")
+            return exitcodes.FAILED
+        except HostError as e:
+            ctx.emit({"error": str(e)}, f"error: {e}")
+            return exitcodes.HOST_INPUT
+        except kube_error as e:
+            ctx.emit({"error": str(e)}, f"error: {e}")
+            return exitcodes.KUBE
+        ctx.emit(result.to_dict(), _text(result))
+        return exitcodes.OK
+    stop = threading.Event()
+    previous = _on_signals(stop)
+    try:
+        done = 0
+        while not stop.is_set():
+            try:
+                result = label_once(ctx, args)
+                log.info("labelled labels=%d file_changed=%s node_changes=%d", len(result.labels),
+                         result.file_changed, len(result.node_changes))
+            except (NvmlError, HostError, kube_error) as e:
+                log.warning("labelling failed error=%r", str(e))
+            done += 1
+            if args.iterations and done >= args.iterations:
+                break
+            stop.wait(args.interval)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return exitcodes.OK
+
+
+def _on_signals(stop: threading.Event) -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("labels", help="GPU feature-discovery labels: NFD feature file and Node labels",
+                              description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--mig-strategy", choices=("none", "single", "mixed"), default="none")
+    p.add_argument("--replicas", type=int, default=1, help="time-slicing/MPS replicas per GPU (1 = not shared)")
+    p.add_argument("--sharing-strategy", choices=("time-slicing", "mps"), default="time-slicing")
+    p.add_argument("--output-file", default=FEATURE_FILE, metavar="HOST_PATH")
+    p.add_argument("--no-output-file", action="store_true", help="do not write the NFD feature file")
+    p.add_argument("--no-timestamp", action="store_true", help="omit nvidia.com/gfd.timestamp")
+    p.add_argument("--patch-node", action="store_true", help="also set the labels on the Node")
+    p.add_argument("--loop", action="store_true", help="re-label every --interval seconds until SIGTERM")
+    p.add_argument("--interval", type=float, default=60.0)
+    p.add_argument("--iterations", type=int, default=0, help="with --loop: stop after N runs (0 = never)")
+    p.set_defaults(run=run)

@@ -1,0 +1,304 @@
+"""``runtime apply|rollback``: containerd with the nvidia runtime and CDI, as a drop-in.
+
+Layouts, chosen from ``/etc/containerd/config.toml``'s ``version``: 2 (containerd 1.x, CRI plugin
+``io.containerd.grpc.v1.cri``) and 3 (containerd 2.x, ``io.containerd.cri.v1.runtime``).
+
+* Deckhouse nodes (``/etc/containerd/deckhouse.toml`` present): the drop-in goes to ``conf.d``
+  (1.x) or ``conf2.d`` (2.x) and bashible merges it; the file is byte-identical to what
+  ``gpu-runtime.sh`` writes.
+* Elsewhere: the drop-in goes to ``/etc/containerd/conf.d`` and ``config.toml`` gets an ``imports``
+  entry for it if it has none. containerd 1.x replaces a whole plugin section from an import
+  (containerd#5837), so on 1.x the drop-in carries a copy of the CRI section plus our keys, as
+  NVIDIA's toolkit installer does; 2.x merges sections, so there it carries only our keys.
+
+Apply is idempotent (nothing is written when the files are already right) and atomic per file;
+every file is recorded in the rollback journal first, so ``rollback`` restores ``/etc`` byte for
+byte. A malformed config is reported and nothing is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import fnmatch
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from node_agent import exitcodes
+from node_agent.context import AgentContext
+from node_agent.host import CommandNotFound, HostError, HostRoot, nvidia_gpus
+from node_agent.host.root import CommandTimeout
+from node_agent.journal import Journal
+from node_agent.tomlwrite import dumps
+from nvgpu.nodescripts import facts
+from nvgpu.nodescripts.content import HEADER, dropin_for
+
+RESTART_TIMEOUT_S = 120
+
+
+class ContainerdConfigError(HostError):
+    """containerd's config is missing, malformed or of an unsupported version."""
+
+
+class NotOurs(HostError):
+    """A file where our drop-in goes exists and was not written by us."""
+
+
+@dataclass(frozen=True)
+class ContainerdConfig:
+    version: int
+    doc: dict[str, Any]
+    text: str
+    deckhouse: bool
+
+    @property
+    def cri_plugin(self) -> str:
+        return facts.CRI_PLUGIN[self.version]
+
+    @property
+    def dropin_dir(self) -> str:
+        return facts.DECKHOUSE_DROPIN_DIRS[self.version] if self.deckhouse else facts.CONTAINERD_IMPORT_DIR
+
+    @property
+    def dropin_path(self) -> str:
+        return f"{self.dropin_dir}/{facts.RUNTIME_DROPIN_NAME}"
+
+
+def load_config(host: HostRoot) -> ContainerdConfig:
+    text = host.read_text_or_none(facts.CONTAINERD_CONFIG)
+    if text is None:
+        raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG} is missing: is containerd installed?",
+                                    facts.CONTAINERD_CONFIG)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG} is not valid TOML: {e}", facts.CONTAINERD_CONFIG) from e
+    version = doc.get("version", 1)
+    if version not in facts.CRI_PLUGIN:
+        raise ContainerdConfigError(
+            f"{facts.CONTAINERD_CONFIG}: config version {version!r} is not supported; "
+            "expected 2 (containerd 1.x) or 3 (containerd 2.x)", facts.CONTAINERD_CONFIG)
+    return ContainerdConfig(int(version), doc, text, host.exists(facts.DECKHOUSE_CONTAINERD_BASE))
+
+
+def _dig(doc: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(k)
+    return doc
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _dropin_files(host: HostRoot, cfg: ContainerdConfig) -> list[str]:
+    if cfg.deckhouse:
+        d = cfg.dropin_dir
+        return [f"{d}/{n}" for n in host.listdir(d) if n.endswith(".toml")]
+    out: list[str] = []
+    for pattern in cfg.doc.get("imports", []) or []:
+        if not isinstance(pattern, str) or not pattern.startswith("/"):
+            continue
+        parent = pattern.rsplit("/", 1)[0] or "/"
+        out += [f"{parent}/{n}" for n in host.listdir(parent) if fnmatch.fnmatch(f"{parent}/{n}", pattern)]
+    return sorted(set(out))
+
+
+def effective_config(host: HostRoot, cfg: ContainerdConfig) -> dict[str, Any]:
+    """config.toml with its drop-ins merged in (what containerd will run with)."""
+    doc = cfg.doc
+    for path in _dropin_files(host, cfg):
+        try:
+            doc = _merge(doc, tomllib.loads(host.read_text(path)))
+        except tomllib.TOMLDecodeError as e:
+            raise ContainerdConfigError(f"{path} is not valid TOML: {e}", path) from e
+    return doc
+
+
+@dataclass(frozen=True)
+class RuntimeStatus:
+    ready: bool
+    detail: str
+    version: int | None = None
+
+
+def runtime_status(host: HostRoot) -> RuntimeStatus:
+    """Ready when containerd has the nvidia runtime (whose binary exists) or CDI enabled."""
+    try:
+        cfg = load_config(host)
+        eff = effective_config(host, cfg)
+    except ContainerdConfigError as e:
+        return RuntimeStatus(False, str(e))
+    cri = _dig(eff, "plugins", cfg.cri_plugin) or {}
+    binary = _dig(cri, "containerd", "runtimes", facts.NVIDIA_RUNTIME_NAME, "options", "BinaryName")
+    if isinstance(binary, str) and binary.startswith("/") and host.which(binary):
+        return RuntimeStatus(True, f"nvidia runtime configured ({binary})", cfg.version)
+    if cri.get("enable_cdi", cfg.version == 3) is True:
+        return RuntimeStatus(True, "CDI enabled", cfg.version)
+    return RuntimeStatus(False, "containerd has neither the nvidia runtime nor CDI enabled", cfg.version)
+
+
+def _nvidia_runtime_present(host: HostRoot) -> bool:
+    local = host.path(facts.NVIDIA_CONTAINER_RUNTIME)
+    return local.is_file() and os.access(local, os.X_OK)
+
+
+def render_dropin(host: HostRoot, cfg: ContainerdConfig) -> str:
+    systemd = _dig(cfg.doc, "plugins", cfg.cri_plugin, "containerd", "runtimes", "runc", "options",
+                   "SystemdCgroup") is True
+    nvidia_default = _nvidia_runtime_present(host)
+    ours = dropin_for(cfg.version, systemd, nvidia_default)
+    if cfg.deckhouse or cfg.version == 3:
+        return ours
+    # containerd 1.x imports replace whole plugin sections: carry the existing CRI section along.
+    section = copy.deepcopy(_dig(cfg.doc, "plugins", cfg.cri_plugin) or {})
+    merged = _merge(section, tomllib.loads(ours)["plugins"][cfg.cri_plugin])
+    return HEADER + "\n" + dumps({"plugins": {cfg.cri_plugin: merged}})
+
+
+_IMPORTS_RE = re.compile(r"^imports\s*=\s*\[.*?\][ \t]*(#[^\n]*)?$", re.MULTILINE | re.DOTALL)
+
+
+def with_import(cfg: ContainerdConfig, pattern: str) -> str | None:
+    """config.toml text that imports ``pattern`` (None when it already does)."""
+    imports = cfg.doc.get("imports", []) or []
+    target = f"{facts.CONTAINERD_IMPORT_DIR}/{facts.RUNTIME_DROPIN_NAME}"
+    if any(isinstance(p, str) and fnmatch.fnmatch(target, p) for p in imports):
+        return None
+    line = "imports = [" + ", ".join(f'"{p}"' for p in [*imports, pattern]) + "]"
+    first_table = re.search(r"^\s*\[", cfg.text, re.MULTILINE)
+    head_end = first_table.start() if first_table else len(cfg.text)
+    m = _IMPORTS_RE.search(cfg.text, 0, head_end)
+    if "imports" in cfg.doc:
+        if m is None:
+            raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG}: cannot locate the top-level imports line to "
+                                        f"add {pattern!r}; add it by hand", facts.CONTAINERD_CONFIG)
+        text = cfg.text[: m.start()] + line + cfg.text[m.end():]
+    else:
+        v = re.search(r"^version\s*=.*$", cfg.text[:head_end], re.MULTILINE)
+        at = v.end() + 1 if v else 0
+        text = cfg.text[:at] + line + "\n" + cfg.text[at:]
+    new_doc = tomllib.loads(text)
+    if {k: v for k, v in new_doc.items() if k != "imports"} != {k: v for k, v in cfg.doc.items() if k != "imports"}:
+        raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG}: adding imports would change other settings; "
+                                    "add it by hand", facts.CONTAINERD_CONFIG)
+    return text
+
+
+@dataclass
+class RuntimeResult:
+    skipped: str | None = None
+    containerd_version: int | None = None
+    changed: list[str] = field(default_factory=list)
+    restarted: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"skipped": self.skipped, "containerdConfigVersion": self.containerd_version,
+                "changed": self.changed, "restarted": self.restarted, "notes": self.notes}
+
+
+def _check_ours(host: HostRoot, path: str) -> str | None:
+    existing = host.read_text_or_none(path)
+    if existing is not None and not existing.startswith(HEADER):
+        raise NotOurs(f"{path} exists and was not written by nvidia-gpu; not overwriting it", path)
+    return existing
+
+
+def restart_containerd(host: HostRoot, result: RuntimeResult) -> None:
+    try:
+        run = host.run(["systemctl", "restart", "containerd"], timeout_s=RESTART_TIMEOUT_S)
+    except CommandNotFound:
+        result.notes.append("systemctl not found: restart containerd to apply the change")
+        return
+    except CommandTimeout as e:
+        result.notes.append(str(e))
+        return
+    result.restarted = run.ok
+    if not run.ok:
+        result.notes.append(f"systemctl restart containerd failed: {run.stderr.strip()}")
+
+
+def apply_runtime(host: HostRoot, *, restart: bool = True) -> RuntimeResult:
+    if not nvidia_gpus(host):
+        return RuntimeResult(skipped="no-gpu")
+    cfg = load_config(host)
+    effective_config(host, cfg)  # refuse early when a drop-in is malformed
+    result = RuntimeResult(containerd_version=cfg.version)
+    dropin = render_dropin(host, cfg)
+    tomllib.loads(dropin)
+    existing = _check_ours(host, cfg.dropin_path)
+    new_config = None if cfg.deckhouse else with_import(cfg, f"{facts.CONTAINERD_IMPORT_DIR}/*.toml")
+    if not _nvidia_runtime_present(host):
+        result.notes.append(f"{facts.NVIDIA_CONTAINER_RUNTIME} is missing: runc stays the default runtime")
+    journal = Journal(host, "runtime")
+    if existing != dropin:
+        journal.record(cfg.dropin_path)
+        host.write_atomic(cfg.dropin_path, dropin)
+        result.changed.append(cfg.dropin_path)
+    if new_config is not None:
+        journal.record(facts.CONTAINERD_CONFIG)
+        host.write_atomic(facts.CONTAINERD_CONFIG, new_config, mode=host.path(facts.CONTAINERD_CONFIG).stat().st_mode
+                          & 0o777)
+        result.changed.append(facts.CONTAINERD_CONFIG)
+    if result.changed and restart:
+        restart_containerd(host, result)
+    return result
+
+
+def rollback_runtime(host: HostRoot, *, restart: bool = True) -> RuntimeResult:
+    """Undo ``apply``: restore journaled files, and remove our drop-ins a script wrote without a journal."""
+    result = RuntimeResult()
+    result.changed = Journal(host, "runtime").restore()
+    for d in {*facts.DECKHOUSE_DROPIN_DIRS.values(), facts.CONTAINERD_IMPORT_DIR}:
+        path = f"{d}/{facts.RUNTIME_DROPIN_NAME}"
+        text = host.read_text_or_none(path)
+        if text is not None and text.startswith(HEADER) and host.remove(path):
+            result.changed.append(path)
+    if result.changed and restart:
+        restart_containerd(host, result)
+    return result
+
+
+def _text(action: str, result: RuntimeResult) -> str:
+    if result.skipped:
+        return f"runtime {action}: nothing to do ({result.skipped})"
+    lines = [f"runtime {action}: " + (", ".join(result.changed) + " changed" if result.changed else "no change")]
+    if result.restarted:
+        lines.append("containerd restarted")
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = AgentContext.from_args(args)
+    restart = not args.no_restart
+    try:
+        if args.action == "apply":
+            result = apply_runtime(ctx.host, restart=restart)
+        else:
+            result = rollback_runtime(ctx.host, restart=restart)
+    except NotOurs as e:
+        ctx.emit({"error": str(e)}, f"error: {e}")
+        return exitcodes.REFUSED
+    except HostError as e:
+        ctx.emit({"error": str(e)}, f"error: {e}")
+        return exitcodes.HOST_INPUT
+    ctx.emit(result.to_dict(), _text(args.action, result))
+    return exitcodes.OK
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("runtime", help="containerd: enable the nvidia runtime and CDI, or roll back",
+                              description=(__doc__ or "").splitlines()[0])
+    p.add_argument("action", choices=("apply", "rollback"))
+    p.add_argument("--no-restart", action="store_true", help="do not restart containerd after a change")
+    p.set_defaults(run=run)

@@ -1,0 +1,175 @@
+"""``setup`` and ``teardown``: the node-setup flow, the Python twin of the Deckhouse scripts.
+
+``setup``: check (host phase) → runtime apply → runtime ready? → sysctl apply → (``--dra``) VFIO
+prepare → label ``node.deckhouse.io/gpu-setup-complete`` (and ``gpu-vfio-ready``). The first failing
+step stops the flow, removes the label(s) and reports the reason; a node without a GPU gets the
+labels removed and exits 0. ``teardown`` (GPU turned off for the node) removes the labels, rolls
+back the runtime drop-in and the sysctl change, and leaves ``/etc`` as it was before setup.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from node_agent import exitcodes
+from node_agent.check import record_verdict, run_check
+from node_agent.context import AgentContext
+from node_agent.host import HostError
+from node_agent.runtime import NotOurs as RuntimeNotOurs
+from node_agent.runtime import apply_runtime, rollback_runtime, runtime_status
+from node_agent.sysctl import NotOurs as SysctlNotOurs
+from node_agent.sysctl import apply_sysctl, rollback_sysctl
+from node_agent.vfio import prepare as vfio_prepare
+from nvgpu import labels
+from nvgpu.nodescripts.facts import Verdict
+
+
+@dataclass
+class Step:
+    name: str
+    ok: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass
+class FlowResult:
+    action: str
+    complete: bool = False
+    steps: list[Step] = field(default_factory=list)
+    label_changes: dict[str, str | None] = field(default_factory=dict)
+    code: int = exitcodes.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "complete": self.complete, "steps": [s.to_dict() for s in self.steps],
+                "labelChanges": self.label_changes, "exitCode": self.code}
+
+    def fail(self, name: str, detail: str, code: int = exitcodes.FAILED) -> FlowResult:
+        self.steps.append(Step(name, False, detail))
+        self.code = code
+        return self
+
+
+def _setup_steps(ctx: AgentContext, dra: bool, restart: bool) -> FlowResult:
+    host = ctx.host
+    result = FlowResult("setup")
+    report = run_check(host, ctx.nvml, phase="host")
+    try:
+        record_verdict(host, report)
+    except HostError as e:
+        return result.fail("check", str(e), exitcodes.HOST_INPUT)
+    if report.verdict is Verdict.NO_GPU:
+        result.steps.append(Step("check", True, "no NVIDIA GPU on this node: nothing to set up"))
+        return result
+    if report.verdict is Verdict.UNUSABLE:
+        return result.fail("check", "; ".join(f"{f.reason.value}: {f.message}" for f in report.findings))
+    result.steps.append(Step("check", True, f"{len(report.gpus)} GPU(s), driver {report.driver_version}"))
+    try:
+        rt = apply_runtime(host, restart=restart)
+    except RuntimeNotOurs as e:
+        return result.fail("runtime", str(e), exitcodes.REFUSED)
+    except HostError as e:
+        return result.fail("runtime", str(e), exitcodes.HOST_INPUT)
+    status = runtime_status(host)
+    if not status.ready:
+        return result.fail("runtime", status.detail)
+    result.steps.append(Step("runtime", True, f"{status.detail}; changed: {', '.join(rt.changed) or 'nothing'}"))
+    try:
+        sc = apply_sysctl(host)
+    except SysctlNotOurs as e:
+        return result.fail("sysctl", str(e), exitcodes.REFUSED)
+    except HostError as e:
+        return result.fail("sysctl", str(e), exitcodes.HOST_INPUT)
+    result.steps.append(Step("sysctl", True, f"changed: {', '.join(sc.changed_files) or 'nothing'}"))
+    if dra:
+        try:
+            vfio = vfio_prepare(host)
+        except HostError as e:
+            return result.fail("vfio", str(e))
+        if not vfio.ready:
+            return result.fail("vfio", ", ".join(vfio.problems))
+        result.steps.append(Step("vfio", True, "modules loaded, IOMMU on"))
+    result.complete = True
+    return result
+
+
+def setup(ctx: AgentContext, *, dra: bool, restart: bool, patch_node: bool) -> FlowResult:
+    result = _setup_steps(ctx, dra, restart)
+    wanted: dict[str, str | None] = {labels.GPU_SETUP_COMPLETE: "" if result.complete else None}
+    if dra or not result.complete:
+        wanted[labels.GPU_VFIO_READY] = "true" if (dra and result.complete) else None
+    _patch(ctx, result, wanted, patch_node)
+    return result
+
+
+def teardown(ctx: AgentContext, *, restart: bool, patch_node: bool) -> FlowResult:
+    result = FlowResult("teardown")
+    _patch(ctx, result, {labels.GPU_SETUP_COMPLETE: None, labels.GPU_VFIO_READY: None}, patch_node)
+    if result.code != exitcodes.OK:
+        return result
+    try:
+        rt = rollback_runtime(ctx.host, restart=restart)
+        result.steps.append(Step("runtime", True, f"restored: {', '.join(rt.changed) or 'nothing'}"))
+        sc = rollback_sysctl(ctx.host)
+        result.steps.append(Step("sysctl", True, f"restored: {', '.join(sc.changed_files) or 'nothing'}; live: "
+                                 + (", ".join(f"{k}={v}" for k, v in sc.live.items()) or "unchanged")))
+    except HostError as e:
+        return result.fail("rollback", str(e), exitcodes.HOST_INPUT)
+    result.complete = True
+    return result
+
+
+def _patch(ctx: AgentContext, result: FlowResult, wanted: dict[str, str | None], patch_node: bool) -> None:
+    if not patch_node:
+        return
+    from node_agent.kube import KubeError
+
+    try:
+        node = ctx.require_node_name()
+        api = ctx.node_api()
+        current = api.labels(node)
+        changes = {k: v for k, v in wanted.items() if current.get(k) != v and not (v is None and k not in current)}
+        if changes:
+            api.patch_labels(node, changes)
+        result.label_changes = changes
+    except KubeError as e:
+        result.fail("node-labels", str(e), exitcodes.KUBE)
+        result.complete = False
+
+
+def _text(r: FlowResult) -> str:
+    lines = [f"{r.action}: {'complete' if r.complete else 'FAILED' if r.code else 'nothing to do'}"]
+    lines += [f"  {'ok  ' if s.ok else 'FAIL'} {s.name}: {s.detail}" for s in r.steps]
+    lines += [f"  label {k}{'-' if v is None else '=' + v}" for k, v in r.label_changes.items()]
+    return "\n".join(lines)
+
+
+def run_setup(args: argparse.Namespace) -> int:
+    ctx = AgentContext.from_args(args)
+    result = setup(ctx, dra=args.dra, restart=not args.no_restart, patch_node=not args.no_patch_node)
+    ctx.emit(result.to_dict(), _text(result))
+    return result.code
+
+
+def run_teardown(args: argparse.Namespace) -> int:
+    ctx = AgentContext.from_args(args)
+    result = teardown(ctx, restart=not args.no_restart, patch_node=not args.no_patch_node)
+    ctx.emit(result.to_dict(), _text(result))
+    return result.code
+
+
+def register(subparsers: Any) -> None:
+    for name, handler, help_text in (
+        ("setup", run_setup, "check, runtime, sysctl (and vfio), then mark the node ready"),
+        ("teardown", run_teardown, "undo setup: remove the label, the runtime drop-in, the sysctl"),
+    ):
+        p = subparsers.add_parser(name, help=help_text, description=(__doc__ or "").splitlines()[0])
+        if name == "setup":
+            p.add_argument("--dra", action="store_true", help="DRA mode: also prepare VFIO")
+        p.add_argument("--no-restart", action="store_true", help="do not restart containerd")
+        p.add_argument("--no-patch-node", action="store_true", help="do not touch the Node's labels")
+        p.set_defaults(run=handler)

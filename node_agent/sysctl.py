@@ -1,0 +1,129 @@
+"""``sysctl apply|rollback``: ``net.core.bpf_jit_harden=1`` through our own ``/etc/sysctl.d`` drop-in,
+applied live. The Python twin of the sysctl half of ``gpu-sysctl.sh``.
+
+The live value before our first apply is kept in ``/var/lib/nvidia-gpu-agent/sysctl.previous``
+(``name=value`` lines, the same file the script writes), and the drop-in is journaled, so rollback
+puts both the live value and ``/etc`` back as they were.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from node_agent import exitcodes
+from node_agent.context import AgentContext
+from node_agent.host import HostError, HostRoot, nvidia_gpus
+from node_agent.journal import Journal
+from nvgpu.nodescripts import facts
+from nvgpu.nodescripts.content import HEADER, sysctl_dropin
+
+PREVIOUS_FILE = f"{facts.STATE_DIR}/sysctl.previous"
+
+
+class NotOurs(HostError):
+    pass
+
+
+@dataclass
+class SysctlResult:
+    skipped: str | None = None
+    changed_files: list[str] = field(default_factory=list)
+    live: dict[str, str] = field(default_factory=dict)  #: name → value written now
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"skipped": self.skipped, "changedFiles": self.changed_files, "live": self.live, "notes": self.notes}
+
+
+def _previous(host: HostRoot) -> dict[str, str]:
+    text = host.read_text_or_none(PREVIOUS_FILE) or ""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name not in out:
+            out[name.strip()] = value.strip()
+    return out
+
+
+def apply_sysctl(host: HostRoot) -> SysctlResult:
+    if not nvidia_gpus(host):
+        return SysctlResult(skipped="no-gpu")
+    result = SysctlResult()
+    existing = host.read_text_or_none(facts.SYSCTL_DROPIN)
+    if existing is not None and not existing.startswith(HEADER):
+        raise NotOurs(f"{facts.SYSCTL_DROPIN} exists and was not written by nvidia-gpu; not overwriting it",
+                      facts.SYSCTL_DROPIN)
+    current: dict[str, str] = {}
+    for name in facts.SYSCTLS:
+        path = facts.sysctl_proc_path(name)
+        text = host.read_text_or_none(path)
+        if text is None:
+            result.notes.append(f"{name} does not exist on this kernel")
+        else:
+            current[name] = text.strip()
+    content = sysctl_dropin()
+    if existing != content:
+        Journal(host, "sysctl").record(facts.SYSCTL_DROPIN)
+        host.write_atomic(facts.SYSCTL_DROPIN, content)
+        result.changed_files.append(facts.SYSCTL_DROPIN)
+    previous = _previous(host)
+    missing = {n: v for n, v in current.items() if n not in previous}
+    if missing:
+        text = host.read_text_or_none(PREVIOUS_FILE) or ""
+        host.write_atomic(PREVIOUS_FILE, text + "".join(f"{n}={v}\n" for n, v in missing.items()))
+    for name, value in current.items():
+        want = facts.SYSCTLS[name]
+        if value != want:
+            host.write_kernel(facts.sysctl_proc_path(name), want + "\n")
+            result.live[name] = want
+    return result
+
+
+def rollback_sysctl(host: HostRoot) -> SysctlResult:
+    result = SysctlResult()
+    result.changed_files = Journal(host, "sysctl").restore()
+    text = host.read_text_or_none(facts.SYSCTL_DROPIN)
+    if text is not None and text.startswith(HEADER) and host.remove(facts.SYSCTL_DROPIN):
+        result.changed_files.append(facts.SYSCTL_DROPIN)
+    for name, value in _previous(host).items():
+        path = facts.sysctl_proc_path(name)
+        live = host.read_text_or_none(path)
+        if live is None:
+            result.notes.append(f"{name} does not exist on this kernel; previous value {value} not restored")
+            continue
+        if live.strip() != value:
+            host.write_kernel(path, value + "\n")
+            result.live[name] = value
+    host.remove(PREVIOUS_FILE)
+    return result
+
+
+def _text(action: str, r: SysctlResult) -> str:
+    if r.skipped:
+        return f"sysctl {action}: nothing to do ({r.skipped})"
+    parts = [f"{f} changed" for f in r.changed_files] + [f"{n}={v} (live)" for n, v in r.live.items()]
+    return "\n".join([f"sysctl {action}: " + (", ".join(parts) if parts else "no change")]
+                     + [f"note: {n}" for n in r.notes])
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = AgentContext.from_args(args)
+    try:
+        result = apply_sysctl(ctx.host) if args.action == "apply" else rollback_sysctl(ctx.host)
+    except NotOurs as e:
+        ctx.emit({"error": str(e)}, f"error: {e}")
+        return exitcodes.REFUSED
+    except HostError as e:
+        ctx.emit({"error": str(e)}, f"error: {e}")
+        return exitcodes.HOST_INPUT
+    ctx.emit(result.to_dict(), _text(args.action, result))
+    return exitcodes.OK
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("sysctl", help="apply or roll back the sysctls the NVIDIA toolkit needs",
+                              description=(__doc__ or "").splitlines()[0])
+    p.add_argument("action", choices=("apply", "rollback"))
+    p.set_defaults(run=run)
