@@ -26,6 +26,7 @@ import pulumi
 from components.manifests import Manifest
 from components.manifests.meta import app_labels, cluster_object_name, selector_labels
 from components.manifests.scheduling import node_selector_terms, tolerations
+from components.manifests.workloads import AGENT, HOST_ROOT
 from components.register import register
 from nvgpu import catalogue, labels
 from nvgpu.migparted import (
@@ -47,8 +48,6 @@ COMPONENT = "mig-manager"
 CONFIG_COMPONENT = "mig-parted-config"
 CONFIG_DIR = "/etc/nvidia-gpu/mig"
 CONFIG_KEY = "config.yaml"
-HOST_ROOT = "/host"
-AGENT = ["python", "-m", "node_agent"]
 #: The preStop hook waits for a GPU change in flight; the grace period must cover it.
 PRE_STOP_TIMEOUT_S = 100
 TERMINATION_GRACE_S = 120

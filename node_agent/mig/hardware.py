@@ -83,6 +83,14 @@ class PlacedInstance:
     start: int
 
 
+def count_profiles(instances: Sequence[PlacedInstance]) -> dict[str, int]:
+    """``{profile: instances}``: what mig-parted compares (placements may differ)."""
+    out: dict[str, int] = {}
+    for i in instances:
+        out[i.profile] = out.get(i.profile, 0) + 1
+    return out
+
+
 @dataclass(frozen=True)
 class GpuState:
     """What one GPU looks like now (or looked like before a change, in the journal)."""
@@ -95,10 +103,7 @@ class GpuState:
 
     @property
     def profile_counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for i in self.instances:
-            out[i.profile] = out.get(i.profile, 0) + 1
-        return out
+        return count_profiles(self.instances)
 
 
 def profile_by_id(model: GpuModel | None, profile_id: int) -> MigProfile | None:

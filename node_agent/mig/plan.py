@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from node_agent.mig.hardware import GpuInfo, GpuState, PlacedInstance
+from node_agent.mig.hardware import GpuInfo, GpuState, PlacedInstance, count_profiles
 from nvgpu.mig import MigLayoutError, place_layout
 from nvgpu.migparted import MigConfigSpec, MigPartedConfig, MigPartedError
 
@@ -31,10 +31,7 @@ class GpuTarget:
 
     @property
     def profile_counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for i in self.instances:
-            out[i.profile] = out.get(i.profile, 0) + 1
-        return out
+        return count_profiles(self.instances)
 
 
 @dataclass(frozen=True)
