@@ -137,9 +137,8 @@ def main() -> int:
     kserver.start()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     plugin = subprocess.Popen(
-        [sys.executable, "-m", "node_agent.kubelet.device_plugin_cmd", "--nvml", f"simulated:{MACHINE}",
-         "--nvml-state-file", str(state), "--host-root", str(tmp / "host"), "--socket-dir", str(sock_dir),
-         "--metrics-port", "0"],
+        [sys.executable, "-m", "node_agent", "--nvml", f"simulated:{MACHINE}", "--nvml-state", str(state),
+         "--host-root", str(tmp / "host"), "device-plugin", "--socket-dir", str(sock_dir), "--metrics-port", "0"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     floor_sock = str(tmp / "floor.sock")

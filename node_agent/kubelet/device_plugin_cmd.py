@@ -1,5 +1,8 @@
 """``python -m node_agent device-plugin``: run the kubelet device plugin on this node.
 
+Registered in ``node_agent.commands``; the agent's global options give the host root
+(``--host-root``), the NVML backend (``--nvml``, ``--nvml-state``) and the node name.
+
 Flags keep NVIDIA's names (``--mig-strategy``, ``--device-list-strategy``, ...) and beat the
 environment variables NVIDIA reads, which beat the config file. The config is either one file
 (``--config-file``) or a directory of named configs (``--config-dir``, the components' ConfigMap)
@@ -14,13 +17,15 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from node_agent import nvml
+from node_agent import exitcodes, nvml
+from node_agent.context import AgentContext
 from node_agent.deviceplugin import cdi, config
 from node_agent.deviceplugin.health import HealthPolicy
 from node_agent.deviceplugin.hostfiles import HostRootFiles
@@ -106,12 +111,12 @@ class PluginProcess:
     """Everything one ``device-plugin`` process holds: NVML session, selector, supervisor, endpoints."""
 
     def __init__(self, args: argparse.Namespace, env: Mapping[str, str], session: nvml.NvmlSession | None,
-                 nvml_error: str, labels: LabelSource | None):
+                 nvml_error: str, labels: LabelSource | None, *, host: HostRoot | None = None):
         self.args = args
         self.env = dict(env)
         self.session = session
         self.nvml_error = nvml_error
-        self.host = HostRootFiles(HostRoot(getattr(args, "host_root", None) or "/"))
+        self.host = HostRootFiles(host or HostRoot(getattr(args, "host_root", None) or "/"))
         self.metrics = PluginMetrics()
         self.overrides = cli_overrides(args)
         self.selector = ConfigSelector(args.config_file, args.config_dir, labels, args.default_config,
@@ -166,26 +171,32 @@ def _nvml(backend: str | nvml.NvmlBackend) -> Iterator[tuple[nvml.NvmlSession | 
         yield None, str(e)
 
 
+def register(subparsers: Any) -> None:
+    """Hook for the agent CLI (``node_agent.commands``): adds the ``device-plugin`` sub-command."""
+    p = subparsers.add_parser("device-plugin", help="run the kubelet device plugin (nvidia.com/gpu, MIG, sharing)")
+    add_arguments(p)
+    p.set_defaults(run=run)
+
+
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT. Exit 0 after a requested stop, 1 after a permanent failure,
+    3 for an invalid config file, environment or flag (the problem names the field)."""
     env = os.environ if env is None else env
+    ctx = AgentContext.from_args(args)
     labels: LabelSource | None = None
-    node_name = getattr(args, "node_name", None) or env.get("NODE_NAME")
+    node_name = ctx.node_name or env.get("NODE_NAME")
     if args.config_dir is not None and node_name:
         try:
             labels = InClusterNodeLabel(node_name, args.config_label)
         except OSError as e:
             log.warning("event=node-label-unavailable error=%s action=use-default-config", e)
-    backend: str | nvml.NvmlBackend = getattr(args, "nvml", None) or "real"
-    state_file = getattr(args, "nvml_state_file", None)
-    if isinstance(backend, str) and state_file is not None:
-        backend = nvml.NvmlBackend.parse(backend, Path(state_file))
-    with _nvml(backend) as (session, nvml_error):
+    with _nvml(ctx.nvml_backend) as (session, nvml_error):
         try:
-            proc = PluginProcess(args, env, session, nvml_error, labels)
+            proc = PluginProcess(args, env, session, nvml_error, labels, host=ctx.host)
         except config.ConfigError as e:
             log.error("event=fatal error=%s", e)
-            print(str(e))
-            return 1
+            print(str(e), file=sys.stderr)
+            return exitcodes.HOST_INPUT
         status = None
         if args.metrics_port:
             status = StatusServer(proc.metrics, proc.supervisor.live, proc.supervisor.ready,
@@ -225,17 +236,3 @@ def _restore_signals(previous: dict[int, Any]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
 
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="device-plugin", description=__doc__.splitlines()[0])
-    p.add_argument("--host-root", default="/")
-    p.add_argument("--nvml", default="real")
-    p.add_argument("--nvml-state-file", type=Path, help="simulated NVML: state shared with fault injectors")
-    p.add_argument("--node-name")
-    add_arguments(p)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -25,8 +25,8 @@ TS = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
 def _start(tmp_path: Path, sock_dir: Path, *extra: str, machine: str = "l4x2") -> tuple[subprocess.Popen[str], Path]:
     host = build_fake_host(tmp_path / "host", machine)
     state = host.root / SIM_STATE_DIR.lstrip("/") / f"{machine}.json"
-    cmd = [sys.executable, "-m", "node_agent.kubelet.device_plugin_cmd", "--nvml", f"simulated:{machine}",
-           "--nvml-state-file", str(state), "--host-root", str(host.root), "--socket-dir", str(sock_dir),
+    cmd = [sys.executable, "-m", "node_agent", "--nvml", f"simulated:{machine}", "--nvml-state", str(state),
+           "--host-root", str(host.root), "--log-level", "info", "device-plugin", "--socket-dir", str(sock_dir),
            "--metrics-port", "0", *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("CONFIG_FILE", None)
@@ -94,7 +94,7 @@ def test_invalid_config_fails_loudly_naming_the_field(tmp_path: Path, sock_dir: 
     args = p.parse_args(["--config-file", str(cfg), "--socket-dir", str(sock_dir), "--metrics-port", "0"])
     args.nvml = "simulated:t4x1"
     args.host_root = str(build_fake_host(tmp_path / "host", "t4x1").root)
-    assert device_plugin_cmd.run(args, env={}) == 1
+    assert device_plugin_cmd.run(args, env={}) == 3
 
 
 def test_node_label_switches_config_live(tmp_path: Path, sock_dir: Path) -> None:
