@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,21 @@ def test_manager_once_against_the_fake_api_server(tmp_path: Path, config_file: P
     with open_nvml(NvmlBackend("simulated", "dgx-h100", state)) as nvml:
         assert all(sorted(d.profile for d in g.mig_devices) == ["1g.20gb"] * 4 for g in nvml.gpus())
     assert not (tmp_path / "host/var/lib/nvidia-gpu-agent/mig/journal.json").exists()
+
+
+def test_through_the_agent_cli_in_separate_processes(tmp_path: Path) -> None:
+    """``python -m node_agent mig ...`` as an operator runs it: apply in one process, assert in another."""
+    nvidia_file = Path(__file__).with_name("nvidia-mig-parted-config-default.yaml")  # NVIDIA's, unchanged
+    base = [sys.executable, "-m", "node_agent", "--nvml", "simulated:hgx-h200", "--nvml-state",
+            str(tmp_path / "h200.json"), "--json", "mig"]
+    opts = ["--config", str(nvidia_file), "--name", "all-balanced"]
+
+    def agent(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *argv, *opts], capture_output=True, text=True, timeout=60, check=False)
+
+    assert agent("assert").returncode == 1
+    applied = agent("apply")
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout)["changed"] == list(range(8))
+    checked = agent("assert")
+    assert checked.returncode == 0 and json.loads(checked.stdout)["ok"] is True
