@@ -128,9 +128,13 @@ def _daemonset(
     *,
     require_setup_complete: bool,
     update_strategy: dict[str, Any],
+    pod_annotations: dict[str, str] | None = None,
 ) -> Manifest:
     group = ctx.group
     meta_labels = app_labels(component, group.name, node_group=group.name, version=ctx.version)
+    pod_meta: dict[str, Any] = {"labels": meta_labels}
+    if pod_annotations:
+        pod_meta["annotations"] = pod_annotations
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -143,7 +147,7 @@ def _daemonset(
             "selector": {"matchLabels": selector_labels(component, group.name)},
             "updateStrategy": update_strategy,
             "template": {
-                "metadata": {"labels": meta_labels},
+                "metadata": pod_meta,
                 "spec": {
                     "serviceAccountName": role.value,
                     "automountServiceAccountToken": True,
@@ -198,7 +202,18 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         ],
     }
     return _daemonset(ctx, component, AgentRole.DEVICE_PLUGIN, pod_spec, require_setup_complete=True,
-                      update_strategy=_ROLLING)
+                      update_strategy=_ROLLING, pod_annotations=scrape_annotations(ctx))
+
+
+def scrape_annotations(ctx: GroupContext) -> dict[str, str]:
+    """``prometheus.io/*`` annotations for annotation-based scrapers, when the stack turns monitoring on."""
+    if not ctx.cluster.monitoring.enabled:
+        return {}
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(DEVICE_PLUGIN_METRICS_PORT),
+        "prometheus.io/path": "/metrics",
+    }
 
 
 def labeller_args(ctx: GroupContext) -> list[str]:

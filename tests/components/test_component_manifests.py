@@ -218,6 +218,14 @@ def test_device_plugin_runs_the_agent_with_the_groups_configs() -> None:
     assert "livenessProbe" in c and "startupProbe" in c
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_device_plugin_is_scraped_only_with_monitoring_on(enabled: bool) -> None:
+    cfg = stack_config([group()], monitoring={"enabled": enabled})
+    ctx = GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0], label_flow=False)
+    annotations = workloads.device_plugin_daemonset(ctx)["spec"]["template"]["metadata"].get("annotations", {})
+    assert (annotations.get("prometheus.io/port") == str(workloads.DEVICE_PLUGIN_METRICS_PORT)) is enabled
+
+
 def test_labeller_applies_flow_labels_only_off_deckhouse() -> None:
     deck = workloads.labeller_args(_ctx([group(sharing="TimeSlicing")]))
     assert "--node-label" not in deck
