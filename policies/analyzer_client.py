@@ -3,7 +3,8 @@
 The CLI's legacy shim for Python packs starts ``<python> -u -m pulumi.policy <engineAddr> .`` in the pack
 directory (with the pack's ``virtualenv`` when PulumiPolicy.yaml names one), passes the stack config in
 ``PULUMI_CONFIG`` plus ``PULUMI_PROJECT``/``PULUMI_STACK``/``PULUMI_DRY_RUN``, reads the port the pack
-prints on its first stdout line, and then calls ``GetAnalyzerInfo``, ``Configure`` (only when policy
+prints on its first stdout line, and then calls ``Handshake`` (tolerating UNIMPLEMENTED),
+``ConfigureStack``, ``GetAnalyzerInfo``, ``Configure`` (only when policy
 config is given, with every policy's enforcement level resolved the way the CLI resolves
 ``--policy-pack-config``), ``Analyze`` once per resource and ``AnalyzeStack`` once with all of them.
 :class:`PackProcess` does the same, so the offline preview and the tests exercise the real pack
@@ -287,7 +288,14 @@ class PackProcess:
             f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)]
         )
         self._stub = analyzer_pb2_grpc.AnalyzerStub(self._channel)
-        self.info = self._analyzer_info()
+        try:
+            self._handshake()
+            self._configure_stack()
+            self.info = self._analyzer_info()
+        except grpc.RpcError as e:
+            stderr = self._stderr_text()
+            self.close()
+            raise PackError(f"policy pack {self.pack_dir} broke the analyzer protocol: {e}\n{stderr}") from e
         self.start_seconds = time.perf_counter() - began
         log.debug("policy pack started pack=%s version=%s port=%s seconds=%.3f",
                   self.info.name, self.info.version, port, self.start_seconds)
@@ -330,6 +338,33 @@ class PackProcess:
         if self._stub is None:
             raise PackError("policy pack is not running")
         return self._stub
+
+    def _handshake(self) -> None:
+        """The CLI's first call; packs that predate it answer UNIMPLEMENTED, which the CLI tolerates."""
+        request = analyzer_pb2.AnalyzerHandshakeRequest(
+            engine_address=OFFLINE_ENGINE_ADDRESS, root_directory=str(self.pack_dir),
+            program_directory=str(self.pack_dir),
+        )
+        try:
+            self.stub.Handshake(request, timeout=self.start_timeout, wait_for_ready=True)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+                raise
+
+    def _configure_stack(self) -> None:
+        """Stack, project, organization and config, as the CLI sends them before any analysis."""
+        if self.stack is None:
+            return
+        env = self.stack.environment()
+        config = struct_pb2.Struct()
+        config.update(json.loads(env.get("PULUMI_CONFIG", "{}")))
+        self.stub.ConfigureStack(
+            analyzer_pb2.AnalyzerStackConfigureRequest(
+                stack=self.stack.stack, project=self.stack.project, organization=self.stack.organization,
+                dry_run=self.stack.dry_run, config=config,
+            ),
+            timeout=self.call_timeout,
+        )
 
     def _analyzer_info(self) -> PackInfo:
         resp = self.stub.GetAnalyzerInfo(empty_pb2.Empty(), timeout=self.start_timeout, wait_for_ready=True)
