@@ -300,10 +300,11 @@ class MigManager:
         elif act is Act.BEGIN:
             assert o.desired is not None
             originals: dict[str, str | None] = {}
+            # Values left behind by a wedged or journal-less manager are not worth restoring.
+            stale = {labels.PAUSED_FOR_MIG_CHANGE, MigState.PENDING.value, MigState.REBOOTING.value}
             for key in (*DEPLOY_LABELS, labels.MIG_CONFIG_STATE):
                 value = node.labels.get(key)
-                # A value left behind by a wedged manager is not worth restoring.
-                originals[key] = None if value == labels.PAUSED_FOR_MIG_CHANGE else value
+                originals[key] = None if value in stale else value
             self._save(
                 Journal(
                     config=o.desired,

@@ -198,11 +198,15 @@ def test_rollback_to_all_disabled_then_labels_cleared() -> None:
 
 
 def test_leftover_paused_labels_from_a_wedged_manager_are_cleared() -> None:
-    rig = mig_node(Rig(FakeBackend.of("A30-24GB", count=1)), "all-4g.24gb")
+    rig = mig_node(Rig(FakeBackend.of("A30-24GB", count=1)), "all-4g.24gb", **{labels.MIG_CONFIG_STATE: "pending"})
     for key in DEPLOY_LABELS:
         rig.node.labels[key] = labels.PAUSED_FOR_MIG_CHANGE
+    rig.node.on_wait = []
+    rig.manager().run_until_blocked()
+    del rig.node.labels[labels.MIG_CONFIG]  # abort: nothing stale is put back
     rig.converge()
     assert not any(k in rig.node.labels for k in DEPLOY_LABELS)
+    assert labels.MIG_CONFIG_STATE not in rig.node.labels
 
 
 def test_label_removed_while_waiting_aborts_and_restores() -> None:
