@@ -2,9 +2,10 @@
 
 :func:`run` is a :class:`preview.pipeline.Step`: it hands the resources the preview recorded (type
 token, URN, name, parent, inputs), the stack's engine config and the project's policy config
-(``policies/config.json``, the file CI passes the CLI) to :func:`policies.offline.run_pack`, prints the
-``Policies:`` section, and turns every mandatory violation into a preview problem so
-``make preview`` fails on it. Advisory violations are printed and do not fail the preview.
+(``policies/config.json``, the file CI passes the CLI) to :func:`policies.offline.run_pack`, adds the
+``Policies:`` section to the preview's report (printed after the resource tree), and turns every
+mandatory violation into a preview problem so ``make preview`` fails on it. Advisory violations are
+reported and do not fail the preview.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ def run(result: PreviewResult) -> None:
     except (OSError, ValueError, PackError, PolicyConfigError) as e:
         result.problems.append(Problem(STEP, str(PACK_DIR), str(e)))
         return
-    print(format_policies(policy_run.info, policy_run.diagnostics, source=source_label(PACK_DIR),
-                          project=result.project, stack=result.stack))
-    print(summary_line(policy_run.diagnostics))
+    section = format_policies(policy_run.info, policy_run.diagnostics, source=source_label(PACK_DIR),
+                              project=result.project, stack=result.stack)
+    result.report_sections.append(f"{section}\n{summary_line(policy_run.diagnostics)}")
     for d in policy_run.mandatory:
         subject = f"{d.resource_type}: {d.resource_name}" if d.resource_type else stack_resource_label(
             result.project, result.stack)

@@ -118,6 +118,9 @@ class PreviewResult:
     manifests: tuple[RenderedManifest, ...] = ()
     problems: list[Problem] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    #: Blocks of text later steps add to the terminal report, printed after the resource tree (like
+    #: ``pulumi preview``'s ``Policies:`` section).
+    report_sections: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -53,6 +53,8 @@ def tree_lines(result: PreviewResult) -> list[str]:
 def summary_lines(result: PreviewResult) -> list[str]:
     lines = [f"Previewing update ({result.stack}) offline, under the Pulumi mock engine:", ""]
     lines += tree_lines(result)
+    for section in result.report_sections:
+        lines += ["", *section.splitlines()]
     kinds = Counter(_kind(r) for r in result.resources)
     groups = Counter(node_group_of(result, r) or "(cluster-wide)" for r in result.resources)
     lines += ["", "Resources:", f"    + {len(result.resources)} to create", "", "By kind:"]

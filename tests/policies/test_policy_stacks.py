@@ -89,9 +89,7 @@ def test_a_broken_device_plugin_is_caught_through_the_pack(recorded: dict[str, P
     )]
 
 
-def test_preview_step_turns_mandatory_violations_into_problems(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_preview_step_turns_mandatory_violations_into_problems(tmp_path: Path) -> None:
     privileged = container("exporter", securityContext={"privileged": True})
     ds = daemonset("exporter", role="exporter", containers=[privileged])
     urn = "urn:pulumi:dev::nvidia-gpu::kubernetes:apps/v1:DaemonSet::exporter"
@@ -103,10 +101,10 @@ def test_preview_step_turns_mandatory_violations_into_problems(
         "policies", "kubernetes:apps/v1:DaemonSet: exporter",
         "host-access-allow-listed: DaemonSet 'exporter' (role 'exporter'): container 'exporter' is privileged",
     )]
-    out = capsys.readouterr().out
+    (out,) = result.report_sections
     assert out.startswith("Policies:\n    ❌ nvidia-gpu@v0.1.0 (local: policies)\n"
                           "        - [mandatory]  host-access-allow-listed  (kubernetes:apps/v1:DaemonSet: exporter)\n")
-    assert out.endswith("Policy violations: 1 mandatory, 0 advisory\n")
+    assert out.endswith("Policy violations: 1 mandatory, 0 advisory")
 
 
 def _write_plan(result: PreviewResult, path: Path) -> None:
