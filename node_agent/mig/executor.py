@@ -57,6 +57,10 @@ DEFAULT_CLIENT_LABELS: tuple[tuple[str, str], ...] = (
 BLOCKING = frozenset({Act.IDLE, Act.WAIT, Act.EXIT, Act.REBOOT})
 
 
+class NotSettling(RuntimeError):
+    """Too many actions in a row without blocking: something keeps undoing what the manager does."""
+
+
 class Rebooter(Protocol):
     def reboot(self) -> None: ...
 
@@ -242,8 +246,8 @@ class MigManager:
             action = self.step()
             if action.act in BLOCKING:
                 return action
-        last = list(self.history)[-5:]
-        raise RuntimeError(f"MIG manager took {self.settings.max_steps} actions without settling: {last}")
+        last = [a.act.value for a in list(self.history)[-5:]]
+        raise NotSettling(f"MIG manager took {self.settings.max_steps} actions without settling: {last}")
 
     def run(self) -> None:
         """The DaemonSet loop: converge, then wait for the Node to change; returns when stopped."""
@@ -251,12 +255,12 @@ class MigManager:
         while True:
             try:
                 action = self.run_until_blocked()
-            except (KubeError, MigHardwareError, JournalError) as e:
-                # Transient: the journal still says where we are; the next round resumes from it.
+            except (KubeError, MigHardwareError, JournalError, NotSettling) as e:
+                # Transient (or someone fighting over the Node): the journal still says where we are;
+                # the next round resumes from it after a pause.
                 log.warning("event=mig-step-failed error=%s", e)
                 self._node = None
-                if self.stop.wait(self.settings.busy_wait_s):
-                    continue
+                self.stop.wait(self.settings.busy_wait_s)
                 continue
             if action.act is Act.EXIT:
                 return

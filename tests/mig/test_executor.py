@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from node_agent.mig.executor import DEPLOY_LABELS, RECONFIGURE_TAINT, STOP_MARKER
+from node_agent.mig.executor import DEPLOY_LABELS, RECONFIGURE_TAINT, STOP_MARKER, NotSettling
 from node_agent.mig.hardware import InstanceInfo
 from node_agent.mig.journal import Outcome, Phase
+from node_agent.mig.kube import NodePatch, NodeView
 from node_agent.mig.machine import DrainMode, Timeouts
 from nvgpu import labels
 from nvgpu.migparted import MigConfigSpec, build_config
@@ -284,6 +287,19 @@ def test_journal_from_a_newer_agent_is_not_guessed_at() -> None:
     rig.converge()
     assert "has version 9; this agent reads up to 1" in rig.node.events[-1][1]
     assert_returned_to_service(rig.node, "failed")
+
+
+def test_a_controller_undoing_the_taint_does_not_spin_forever() -> None:
+    class Stubborn(FakeNode):
+        def patch_node(self, patch: NodePatch) -> NodeView:
+            view = super().patch_node(patch)
+            self.taints = []  # another controller strips every taint at once
+            return replace(view, taints=())
+
+    rig = mig_node(Rig(FakeBackend.of("A100-40GB", count=1)), "all-7g.40gb")
+    rig.node = Stubborn(labels=dict(rig.node.labels))
+    with pytest.raises(NotSettling, match="pause"):
+        rig.manager().run_until_blocked()
 
 
 def test_api_errors_are_retried_from_the_journal() -> None:
