@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from policies.analyzer_client import PackInfo, PolicyInfo, reconcile_config
+from policies.analyzer_client import PackInfo, PackManifest, PolicyInfo, reconcile_config
 from policies.offline import PROJECT_CONFIG, load_policy_config
 from policies.pack import PACK_NAME, POLICIES
 
@@ -57,3 +58,29 @@ def test_previews_cover_every_shipped_stack_offline_and_with_pulumi() -> None:
     deploy = _workflows()["deploy.yml"]["jobs"]
     assert sorted(j["with"]["stack"] for j in deploy.values() if "with" in j) == stacks
     assert deploy["up-prod"]["needs"] == "up-dev"
+
+
+def _pins(path: Path) -> dict[str, str]:
+    out = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if "==" in line:
+            name, _, version = line.partition("==")
+            out[name.strip().lower()] = version.strip()
+    return out
+
+
+def test_pack_requirements_pin_what_the_project_pins() -> None:
+    pack = _pins(ROOT / "policies" / "requirements.txt")
+    project = _pins(ROOT / "requirements.txt")
+    assert pack and {name: project.get(name) for name in pack} == pack
+    assert "-e .." in (ROOT / "policies" / "requirements.txt").read_text().splitlines()
+
+
+def test_pack_runs_in_its_own_virtualenv_when_present(tmp_path: Path) -> None:
+    (tmp_path / "PulumiPolicy.yaml").write_text("runtime:\n  name: python\n  options:\n    virtualenv: venv\n")
+    manifest = PackManifest.load(tmp_path)
+    assert manifest.python(tmp_path) == sys.executable  # no venv yet: the CLI would fail, offline falls back
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
+    assert manifest.python(tmp_path) == str(tmp_path / "venv" / "bin" / "python")
