@@ -161,7 +161,7 @@ def build_fake_host(
         for attr in ("bind", "unbind", "new_id"):
             _write(root, f"/sys/bus/pci/drivers/{drv}/{attr}", "")
     _write(root, "/sys/bus/pci/drivers_probe", "")
-    _link(root, f"/sys/bus/pci/devices/{nic}/driver", "../../../bus/pci/drivers/e1000e")
+    _link(root, f"/sys/bus/pci/devices/{nic}/driver", "../../drivers/e1000e")
     if iommu:
         (root / "sys/kernel/iommu_groups/0/devices").mkdir(parents=True, exist_ok=True)
     else:
@@ -184,11 +184,11 @@ def build_fake_host(
             _write(root, f"{base}/numa_node", f"{spec.numa_nodes[i]}\n")
             _write(root, f"{base}/driver_override", "(null)\n")
             if driver_loaded:
-                _link(root, f"{base}/driver", "../../../bus/pci/drivers/nvidia")
+                _link(root, f"{base}/driver", "../../drivers/nvidia")
             if iommu:
                 group = 10 + i
                 (root / f"sys/kernel/iommu_groups/{group}/devices/{addr}").mkdir(parents=True, exist_ok=True)
-                _link(root, f"{base}/iommu_group", f"../../../kernel/iommu_groups/{group}")
+                _link(root, f"{base}/iommu_group", f"../../../../kernel/iommu_groups/{group}")
             if driver_loaded:
                 _write(root, f"/proc/driver/nvidia/gpus/{addr}/information",
                        f"Model: \t\t {spec.product_name}\nIRQ:   \t\t {100 + i}\nGPU UUID: \t {spec.gpu_uuid(i)}\n"

@@ -35,4 +35,4 @@ class FakeKernelHostRoot(HostRoot):
         if link.is_symlink():
             link.unlink()
         if driver is not None:
-            link.symlink_to(f"../../../bus/pci/drivers/{driver}")
+            link.symlink_to(f"../../drivers/{driver}")

@@ -635,7 +635,8 @@ class FakeNvmlLibrary:
                     raise _Ret(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
             elif not starts:
                 raise _Ret(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-            chosen = start if start is not None else starts[0]
+            # Like NVML, fill from the end: the first 3g lands at 4:4, the first 1g at 6:1.
+            chosen = start if start is not None else starts[-1]
             taken = {gi.id for gi in g.instances}
             mig = self._model.mig
             assert mig is not None

@@ -1,0 +1,81 @@
+"""``setup`` / ``teardown``: the whole node-setup flow, with the Node label on a fake API server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent_testkit import ApiServer, Cli
+
+from node_agent.testing.fakehost import build_fake_host
+
+SETUP = "node.deckhouse.io/gpu-setup-complete"
+VFIO = "node.deckhouse.io/gpu-vfio-ready"
+
+
+def test_setup_then_teardown(tmp_path: Path, cli: Cli, api_server: ApiServer) -> None:
+    host = build_fake_host(tmp_path, "dgx-h100", containerd=2, deckhouse=False)
+    etc_before = host.snapshot("/etc")
+    kube = {"node": "gpu-node-1", "kubeconfig": api_server.kubeconfig}
+    code, doc = cli(host.root, "simulated:dgx-h100", "setup", **kube)
+    assert (code, doc["complete"]) == (0, True), doc
+    assert [s["name"] for s in doc["steps"]] == ["check", "runtime", "sysctl"]
+    assert api_server.labels("gpu-node-1")[SETUP] == ""
+    assert host.path("/proc/sys/net/core/bpf_jit_harden").read_text() == "1\n"
+    code, doc = cli(host.root, "simulated:dgx-h100", "setup", **kube)
+    assert (code, doc["labelChanges"]) == (0, {})
+    code, doc = cli(host.root, "simulated:dgx-h100", "teardown", **kube)
+    assert (code, doc["complete"]) == (0, True), doc
+    assert SETUP not in api_server.labels("gpu-node-1")
+    assert host.snapshot("/etc") == etc_before
+    assert host.path("/proc/sys/net/core/bpf_jit_harden").read_text() == "2\n"
+    assert host.log("systemctl") == ["restart containerd", "restart containerd"]
+
+
+def test_failed_check_removes_the_label(tmp_path: Path, cli: Cli, api_server: ApiServer) -> None:
+    api_server.set_labels("gpu-node-1", {SETUP: ""})
+    host = build_fake_host(tmp_path, "t4x1", driver_version="440.33.01")
+    etc_before = host.snapshot("/etc")
+    code, doc = cli(host.root, "simulated:t4x1", "setup", node="gpu-node-1", kubeconfig=api_server.kubeconfig)
+    assert (code, doc["complete"]) == (1, False)
+    assert doc["steps"][-1]["name"] == "check" and "driver-too-old" in doc["steps"][-1]["detail"]
+    assert SETUP not in api_server.labels("gpu-node-1")
+    assert host.snapshot("/etc") == etc_before
+
+
+def test_dra_setup_adds_vfio(tmp_path: Path, cli: Cli, api_server: ApiServer) -> None:
+    host = build_fake_host(tmp_path / "on", "a30x4")
+    kube = {"node": "gpu-node-1", "kubeconfig": api_server.kubeconfig}
+    code, doc = cli(host.root, "simulated:a30x4", "setup", "--dra", **kube)
+    assert code == 0 and doc["steps"][-1]["name"] == "vfio"
+    assert (api_server.labels("gpu-node-1")[SETUP], api_server.labels("gpu-node-1")[VFIO]) == ("", "true")
+    off = build_fake_host(tmp_path / "off", "a30x4", iommu=False)
+    code, doc = cli(off.root, "simulated:a30x4", "setup", "--dra", **kube)
+    assert (code, doc["steps"][-1]["detail"]) == (1, "iommu-off")
+    labels = api_server.labels("gpu-node-1")
+    assert SETUP not in labels and VFIO not in labels
+
+
+def test_no_gpu_node(tmp_path: Path, cli: Cli) -> None:
+    host = build_fake_host(tmp_path, None)
+    before = host.snapshot("/etc")
+    code, doc = cli(host.root, "simulated:t4x1", "setup", "--no-patch-node")
+    assert (code, doc["complete"]) == (0, False)
+    assert doc["steps"][0]["detail"] == "no NVIDIA GPU on this node: nothing to set up"
+    assert host.snapshot("/etc") == before
+
+
+def test_foreign_file_stops_setup_with_refused(tmp_path: Path, cli: Cli) -> None:
+    host = build_fake_host(tmp_path, "l4x2")
+    host.path("/etc/sysctl.d/99-nvidia-gpu.conf").write_text("kernel.foo = 1\n")
+    code, doc = cli(host.root, "simulated:l4x2", "setup", "--no-patch-node", "--no-restart")
+    assert code == 5 and doc["steps"][-1]["name"] == "sysctl"
+
+
+def test_kube_error_is_exit_4(tmp_path: Path, cli: Cli) -> None:
+    host = build_fake_host(tmp_path, "l4x2")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text('{"apiVersion": "v1", "kind": "Config", "current-context": "x", "clusters": [{"name": "x", '
+                          '"cluster": {"server": "http://127.0.0.1:9"}}], "users": [{"name": "x", "user": {}}], '
+                          '"contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}')
+    code, doc = cli(host.root, "simulated:l4x2", "teardown", node="gpu-node-1", kubeconfig=kubeconfig)
+    assert code == 4 and doc["steps"][-1]["name"] == "node-labels"
