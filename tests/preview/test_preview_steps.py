@@ -12,7 +12,7 @@ from preview import crds, render, stackfile
 from preview.engine import normalise
 from preview.model import PreviewResult, RecordedResource, RenderedManifest
 from preview.pipeline import DEFAULT_STEPS, Step, new_result, run_steps
-from preview.validate import validate_manifest
+from preview.validate import inline_refs, validate_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,3 +139,30 @@ def test_secrets_in_our_namespace_are_refused(tmp_path: Path, value: str) -> Non
     result = run_steps(new_result(tmp_path, "s", tmp_path / "out"))
     assert [str(p) for p in result.problems] == [
         "[config] nvidia-gpu:cluster: is a secret, which the offline preview cannot decrypt"]
+
+
+def test_deep_errors_survive_reference_inlining() -> None:
+    ds = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "d", "namespace": "n"},
+        "spec": {
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "image": "i", "imagePullPolicyy": "Always",
+                                         "resources": {"limits": {"cpu": []}}}]},
+            },
+        },
+    }
+    problems = validate_manifest(_manifest(ds), "1.34")
+    assert any(p.startswith("spec.template.spec.containers[0]:") and "'imagePullPolicyy'" in p for p in problems)
+    assert any(p.startswith("spec.template.spec.containers[0].resources.limits.cpu:") for p in problems)
+
+
+def test_inline_refs_keeps_recursive_references() -> None:
+    defs = {"Node": {"type": "object", "properties": {"child": {"$ref": "/x#/$defs/Node"}}},
+            "Leaf": {"type": "string"}}
+    out = inline_refs({"properties": {"n": {"$ref": "/x#/$defs/Node"}, "l": {"$ref": "/x#/$defs/Leaf"}}}, defs, {})
+    assert out["properties"]["l"] == {"type": "string"}
+    assert out["properties"]["n"]["properties"]["child"] == {"$ref": "/x#/$defs/Node"}
