@@ -175,6 +175,19 @@ def node_label_args(container: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def node_label_sets(kind: Kind, props: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Labels an object puts on nodes, with where they sit: a Deckhouse NodeGroup's node template, a Node's
+    own labels, or the ``--node-label`` arguments of the agent's labeller containers."""
+    if kind.kind == "NodeGroup" and kind.group == "deckhouse.io":
+        template = as_map(as_map(props.get("spec")).get("nodeTemplate"))
+        return [("spec.nodeTemplate.labels", as_map(template.get("labels")))]
+    if kind.kind == "Node":
+        return [("metadata.labels", labels_of(props))]
+    if kind.kind == "DaemonSet":
+        return [(f"{c.where} --node-label", node_label_args(c.spec)) for c in containers(pod_spec(kind, props) or {})]
+    return []
+
+
 def _mig_selections(resources: Sequence[Resource], values: Mapping[str, Any]) -> list[MigSelection]:
     """Where the stack sets node labels: Deckhouse node templates, Node objects and the labeller's args."""
     group_models = {
@@ -183,16 +196,7 @@ def _mig_selections(resources: Sequence[Resource], values: Mapping[str, Any]) ->
     }
     out: list[MigSelection] = []
     for r in resources:
-        chosen: list[tuple[str, Mapping[str, Any]]] = []
-        if r.kind.kind == "NodeGroup" and r.kind.group == "deckhouse.io":
-            template = as_map(as_map(r.props.get("spec")).get("nodeTemplate"))
-            chosen.append(("spec.nodeTemplate.labels", as_map(template.get("labels"))))
-        elif r.kind.kind == "Node":
-            chosen.append(("metadata.labels", labels_of(r.props)))
-        elif r.kind.kind == "DaemonSet":
-            for c in containers(pod_spec(r.kind, r.props) or {}):
-                chosen.append((f"{c.where} --node-label", node_label_args(c.spec)))
-        for where, lbls in chosen:
+        for where, lbls in node_label_sets(r.kind, r.props):
             value = as_str(lbls.get(labels.MIG_CONFIG))
             if not value:
                 continue
@@ -303,6 +307,17 @@ def mps_problems(kind: Kind, props: Mapping[str, Any], max_replicas: int = MPS_M
             if name.removeprefix("nvidia.com/").startswith("mig-") or mig_devices:
                 problems.append(f"{where}: MPS cannot share MIG devices")
     return problems
+
+
+def mps_on_mig_label_problems(kind: Kind, props: Mapping[str, Any]) -> list[str]:
+    """Nodes labelled for MPS sharing must not also be asked to carve MIG instances."""
+    out = []
+    for where, lbls in node_label_sets(kind, props):
+        mode, mig = as_str(lbls.get(labels.DEVICE_GPU_CONFIG)), as_str(lbls.get(labels.MIG_CONFIG))
+        if mode == "MPS" and mig and mig != migparted.ALL_DISABLED:
+            out.append(f"{kind.kind} {name_of(props)!r} {where}: {labels.DEVICE_GPU_CONFIG}=MPS with "
+                       f"{labels.MIG_CONFIG}={mig}: MPS cannot share MIG devices")
+    return out
 
 
 # ---------------------------------------------------------------- DRA
@@ -562,6 +577,12 @@ def _validate_mps(args: ResourceValidationArgs, report: ReportViolation) -> None
         _report_all(report, mps_problems(kind, args.props, min(limit, MPS_MAX_CLIENTS)))
 
 
+def _validate_mps_on_mig(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    kind = _kind(args)
+    if kind is not None:
+        _report_all(report, mps_on_mig_label_problems(kind, args.props))
+
+
 def _stack_driver_name() -> str:
     values = stack_facts.config_values()
     dra = as_map(as_map(values.get("cluster")).get("dra"))
@@ -627,7 +648,7 @@ POLICIES: list[ResourceValidationPolicy | StackValidationPolicy] = [
     ResourceValidationPolicy(
         name="sharing-parameters-valid",
         description=f"Time-slicing needs at least 2 replicas; MPS 2 to {MPS_MAX_CLIENTS} clients per GPU and no MIG.",
-        validate=[_validate_time_slicing, _validate_mps],
+        validate=[_validate_time_slicing, _validate_mps, _validate_mps_on_mig],
         enforcement_level=MANDATORY,
         config_schema=PolicyConfigSchema(
             properties={"mpsMaxReplicas": {

@@ -193,6 +193,25 @@ def test_mps_with_mig() -> None:
     ]
 
 
+def test_mps_nodes_without_mig_pass() -> None:
+    ng = node_group_patch("gpu-a30", {labels.DEVICE_GPU_CONFIG: "MPS", labels.MIG_CONFIG: "all-disabled"})
+    assert check("sharing-parameters-valid", NODE_GROUP_PATCH_TYPE, ng) == []
+
+
+def test_mps_nodes_asked_to_carve_mig_instances() -> None:
+    ng = node_group_patch("gpu-a30", {labels.DEVICE_GPU_CONFIG: "MPS", labels.MIG_CONFIG: "all-1g.6gb"})
+    assert check("sharing-parameters-valid", NODE_GROUP_PATCH_TYPE, ng) == [
+        "NodeGroup 'gpu-a30' spec.nodeTemplate.labels: node.deckhouse.io/device-gpu.config=MPS with "
+        "nvidia.com/mig.config=all-1g.6gb: MPS cannot share MIG devices"
+    ]
+    args = ["labels", "--node-label", f"{labels.DEVICE_GPU_CONFIG}=MPS", f"--node-label={labels.MIG_CONFIG}=custom-x"]
+    ds = daemonset("labeller-a30", role="gpu-labeller", containers=[container("labeller", args=args)])
+    assert check("sharing-parameters-valid", DS_TYPE, ds) == [
+        "DaemonSet 'labeller-a30' container 'labeller' --node-label: node.deckhouse.io/device-gpu.config=MPS with "
+        "nvidia.com/mig.config=custom-x: MPS cannot share MIG devices"
+    ]
+
+
 # ------------------------------------------------------------------ dra-objects-valid: API versions
 
 
