@@ -114,6 +114,9 @@ class MigManager:
     _node: NodeView | None = None
     _rebooted: bool = False
     _gpus: tuple[GpuInfo, ...] | None = None
+    #: The GPUs compared with a config, kept between the steps of one round: within a round only the
+    #: manager's own GPU actions change the hardware, and those drop it (every round starts afresh).
+    _target: tuple[str | None, Target] | None = None
     #: The latest actions (bounded: the DaemonSet loop runs for months).
     history: deque[Action] = field(default_factory=lambda: deque(maxlen=256))
 
@@ -169,7 +172,10 @@ class MigManager:
         node = self._read_node()
         journal = self._load_journal(node)
         desired = node.labels.get(labels.MIG_CONFIG) or None
-        target = self.target(journal.config if journal is not None else desired)
+        name = journal.config if journal is not None else desired
+        if self._target is None or self._target[0] != name:
+            self._target = (name, self.target(name))
+        target = self._target[1]
         pods: tuple[PodView, ...] = ()
         busy: tuple[str, ...] = ()
         if journal is not None and journal.phase in (Phase.DRAINING, Phase.CLIENTS):
@@ -237,11 +243,14 @@ class MigManager:
             action = decide(obs)
             log.debug("event=mig-decision act=%s reason=%r", action.act.value, action.reason)
             self.history.append(action)
+            if action.act in _CHANGES_GPUS:
+                self._target = None
             self._perform(action, obs, target)
             return action
 
     def run_until_blocked(self) -> Action:
         """Take actions until one blocks (idle, waiting, rebooting) or the manager may exit."""
+        self._target = None
         for _ in range(self.settings.max_steps):
             action = self.step()
             if action.act in BLOCKING:
@@ -506,6 +515,7 @@ class MigManager:
                 self.history.append(action)
                 if action.act in BLOCKING:
                     return outcome
+                self._target = None
                 self._perform(action, obs, target)
         return outcome
 
@@ -515,6 +525,9 @@ class MigManager:
         except JournalError:
             return None
 
+
+#: Actions after which the GPUs must be read again.
+_CHANGES_GPUS = frozenset({Act.APPLY_MODE, Act.APPLY_LAYOUT, Act.ROLLBACK, Act.REBOOT, Act.RESTORE})
 
 #: Phases the preStop path lets the running manager finish (GPU changes and their rollback).
 _IN_FLIGHT = frozenset({Phase.MODE, Phase.LAYOUT, Phase.VERIFY, Phase.ROLLBACK})
