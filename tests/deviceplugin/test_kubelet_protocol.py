@@ -244,3 +244,34 @@ def test_fail_on_init_error(run_plugin: Callable[..., Running], host: FakeHost) 
     time.sleep(0.3)
     assert r2.thread.is_alive() and r2.supervisor.ready() and not r2.supervisor.servers
     assert r2.stop() == 0
+
+
+def test_status_endpoints(run_plugin: Callable[..., Running], host: FakeHost) -> None:
+    import urllib.error
+    import urllib.request
+
+    from node_agent.deviceplugin.metrics import StatusServer
+
+    r = run_plugin(machine("l4x2", host), kubelet=False)
+    status = StatusServer(r.metrics, r.supervisor.live, r.supervisor.ready, "127.0.0.1", 0)
+    status.start()
+    base = f"http://127.0.0.1:{status.port}"
+    try:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{base}/readyz", timeout=5)
+        assert e.value.code == 503
+        e.value.close()
+        r.kubelet.start()
+        r.kubelet.wait_registered({"nvidia.com/gpu"}, timeout=3)
+        r.kubelet.allocate("nvidia.com/gpu", [machine("l4x2", host).gpu_list[0].uuid])
+        with urllib.request.urlopen(f"{base}/readyz", timeout=5) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        assert 'nvidia_gpu_device_plugin_registered{resource="nvidia.com/gpu"} 1.0' in text
+        assert 'nvidia_gpu_device_plugin_allocations_total{resource="nvidia.com/gpu"} 1.0' in text
+        assert 'nvidia_gpu_device_plugin_devices{health="Healthy",resource="nvidia.com/gpu"} 2.0' in text
+    finally:
+        status.stop()

@@ -11,11 +11,14 @@ import pytest
 from node_agent import nvml
 from node_agent.deviceplugin import config
 from node_agent.deviceplugin.health import HealthPolicy
+from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.deviceplugin.preferred import best_set, set_score
+from node_agent.host import HostRoot
 from node_agent.nvml.sim import MACHINE_NAMES, SimulatedMachine
+from node_agent.testing.fakehost import build_fake_host
 from tests.deviceplugin.builders import FakeHost
 from tests.deviceplugin.conftest import Running
 
@@ -37,25 +40,57 @@ def sim(tmp_path: Path) -> Iterator[Callable[[str], tuple[SimulatedMachine, nvml
         cm.__exit__(None, None, None)
 
 
+SPECS = "flags: {plugin: {passDeviceSpecs: true}}\n"
+MODES = {
+    "exclusive": (SPECS, 1),
+    "time-slicing": (SPECS + "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}", 4),
+    "mps": (SPECS + "sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}", 2),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", MACHINE_NAMES)
-def test_every_simulated_machine_serves_kubelet(run_plugin: Callable[..., Running], host: FakeHost,
-                                                sim: Callable[[str], tuple[SimulatedMachine, nvml.NvmlSession]],
-                                                name: str) -> None:
-    machine, session = sim(name)
-    node = NvmlNodeDevices(session)
+def test_every_simulated_machine_and_sharing_mode(run_plugin: Callable[..., Running], tmp_path: Path,
+                                                  name: str, mode: str) -> None:
+    fake = build_fake_host(tmp_path / "root", name)
+    assert fake.machine is not None
+    machine = fake.machine
+    host = HostRootFiles(HostRoot(fake.root))  # the production adapter over a fake host root
+    text, replicas = MODES[mode]
     metrics = PluginMetrics()
+    with nvml.open_nvml(nvml.NvmlBackend.parse(f"simulated:{name}", machine.store.path)) as session:
+        node = NvmlNodeDevices(session)
 
-    def build() -> NodePlugins:
-        return NodePlugins(node, config.load(""), host, metrics=metrics,
-                           policy=HealthPolicy(recovery_quiet_s=3600, recheck_interval_s=3600))
+        def build() -> NodePlugins:
+            return NodePlugins(node, config.load(text), host, metrics=metrics,
+                               policy=HealthPolicy(recovery_quiet_s=3600, recheck_interval_s=3600))
 
-    r = run_plugin(node, build=build)
+        r = run_plugin(node, build=build)
+        try:
+            _exercise(r, node, machine, replicas)
+        finally:
+            r.stop()
+            node.close()
+
+
+def _exercise(r: Running, node: NvmlNodeDevices, machine: SimulatedMachine, replicas: int) -> None:
     r.kubelet.wait_registered({"nvidia.com/gpu"})
     n = machine.spec.gpu_count
-    ep = r.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == n)
-    assert set(ep.devices) == {machine.spec.gpu_uuid(i) for i in range(n)}
-    assert {tuple(v) for v in ep.topology.values()} <= {(x,) for x in machine.spec.numa_nodes}
-    if n >= 4:
+    ep = r.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == n * replicas)
+    uuids = {machine.spec.gpu_uuid(i) for i in range(n)}
+    assert {i.split("::")[0] for i in ep.devices} == uuids
+    # NUMA from the host's sysfs, per device.
+    for i in range(n):
+        assert ep.topology[next(d for d in ep.devices if d.startswith(machine.spec.gpu_uuid(i)))] == [
+            machine.spec.numa_nodes[i]]
+    first = sorted(ep.devices)[0]
+    c = r.kubelet.allocate("nvidia.com/gpu", [first]).container_responses[0]
+    assert c.envs["NVIDIA_VISIBLE_DEVICES"] == first.split("::")[0]
+    # Device specs: the control nodes the fake host has, then the GPU's own node.
+    assert [d.host_path for d in c.devices] == [
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+        f"/dev/nvidia{next(g.minor for g in node.gpus() if g.uuid == first.split('::')[0])}"]
+    if replicas == 1 and n >= 4:
         ids = sorted(ep.devices)
         chosen = r.kubelet.preferred("nvidia.com/gpu", ids, [], 4)
         gpus = {g.uuid: g for g in node.gpus()}
@@ -69,13 +104,15 @@ def test_every_simulated_machine_serves_kubelet(run_plugin: Callable[..., Runnin
     # An XID from the simulator reaches the stream; a lost GPU turns Unhealthy.
     machine.inject_xid(0, 48)
     t0 = time.monotonic()
-    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: d[machine.spec.gpu_uuid(0)] == "Unhealthy", timeout=2)
+    u0 = machine.spec.gpu_uuid(0)
+    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: all(h == "Unhealthy" for i, h in d.items() if i.startswith(u0)),
+                           timeout=2)
     assert time.monotonic() - t0 < 0.5
     if n > 1:
         machine.lose_gpu(n - 1)
-        r.kubelet.wait_devices("nvidia.com/gpu", lambda d: d[machine.spec.gpu_uuid(n - 1)] == "Unhealthy", timeout=2)
-    assert r.stop() == 0
-    node.close()
+        u = machine.spec.gpu_uuid(n - 1)
+        r.kubelet.wait_devices("nvidia.com/gpu", lambda d: all(h == "Unhealthy" for i, h in d.items()
+                                                               if i.startswith(u)), timeout=2)
 
 
 def test_simulated_mig_mixed(run_plugin: Callable[..., Running], host: FakeHost,
