@@ -20,6 +20,12 @@ DRAINED = "update.node.deckhouse.io/drained"
 # This project's own labels
 NODE_GROUP = "gpu.nvidia-gpu.io/node-group"  #: the stack's node group a node belongs to
 ALLOCATION_MODE = "gpu.nvidia-gpu.io/allocation-mode"  #: devicePlugin | dra
+#: Label or annotation on an object declaring the catalogue model its node group runs (policies read it).
+GPU_MODEL = "gpu.nvidia-gpu.io/gpu-model"
+#: Label or annotation declaring the NVIDIA driver on a node group's nodes (checked against the model's minimum).
+DRIVER_VERSION = "gpu.nvidia-gpu.io/driver-version"
+#: Annotation on the stack Namespace naming the cluster's Kubernetes version (policies' fallback signal).
+KUBERNETES_VERSION = "gpu.nvidia-gpu.io/kubernetes-version"
 
 # NVIDIA
 MIG_CONFIG = "nvidia.com/mig.config"

@@ -48,10 +48,8 @@ from policies.manifests import (
 )
 from policies.node_selection import NodeSelection, label_selection, node_selection, overlap
 
-#: Metadata (label or annotation) naming the catalogue model a group's objects are for.
-GPU_MODEL_KEY = "gpu.nvidia-gpu.io/gpu-model"
-#: Metadata (label or annotation) declaring the NVIDIA driver installed on a group's nodes.
-DRIVER_VERSION_KEY = "gpu.nvidia-gpu.io/driver-version"
+GPU_MODEL_KEY = labels.GPU_MODEL
+DRIVER_VERSION_KEY = labels.DRIVER_VERSION
 DRA_GROUP = "resource.k8s.io"
 #: First Kubernetes minor serving each DRA API version (v1 on by default; the betas need gates).
 DRA_API_SINCE = {"resource.k8s.io/v1": DRA_GA_MINOR, "resource.k8s.io/v1beta2": 33, "resource.k8s.io/v1beta1": 32}

@@ -23,10 +23,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nvgpu import labels
 from nvgpu.stackconfig import CONFIG_NAMESPACE
 from policies.manifests import annotations_of, as_list, as_map, as_str, kind_of, labels_of, name_of
 
-KUBERNETES_VERSION_KEY = "gpu.nvidia-gpu.io/kubernetes-version"
+KUBERNETES_VERSION_KEY = labels.KUBERNETES_VERSION
 PSA_ENFORCE_VERSION = "pod-security.kubernetes.io/enforce-version"
 _VERSION = re.compile(r"^v?1\.(\d+)(?:\.\d+)?$")
 
