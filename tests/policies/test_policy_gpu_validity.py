@@ -233,6 +233,17 @@ def test_dra_v1_on_kubernetes_1_33_fails_with_the_version_source() -> None:
     )]
 
 
+def test_dra_version_from_the_namespace_annotation() -> None:
+    ns = namespace()
+    ns["metadata"]["annotations"] = {labels.KUBERNETES_VERSION: "1.33"}
+    resources = [(NS_TYPE, ns), (DEVICE_CLASS_TYPE, device_class(NVIDIA))]
+    assert check_stack("dra-objects-valid", resources) == [(
+        "DeviceClass 'gpu.nvidia.com' uses resource.k8s.io/v1, served from Kubernetes 1.34; the cluster is "
+        "Kubernetes 1.33 (Namespace 'nvidia-gpu' gpu.nvidia-gpu.io/kubernetes-version)",
+        "urn:1",
+    )]
+
+
 def test_dra_version_from_the_stack_config_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PULUMI_CONFIG", pulumi_config({"cluster": {"kubernetesVersion": "1.32"}}))
     resources = [(NS_TYPE, _ns("1.34")), ("kubernetes:resource.k8s.io/v1beta2:DeviceClass",
