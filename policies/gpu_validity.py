@@ -3,7 +3,7 @@
 Each rule is a pure function over camelCase manifests (or, for rules that span objects, over the
 stack's resources) that returns violation messages; the ``Policy`` objects at the bottom only read
 their config and report. GPU facts (models, MIG profiles, placements, driver minima) come from
-:mod:`nvgpu.catalogue` and :mod:`nvgpu.mig`; sharing limits from :mod:`nvgpu.stackconfig`.
+:mod:`nvgpu.catalogue`, :mod:`nvgpu.mig` and :mod:`nvgpu.migparted`; sharing limits from :mod:`nvgpu.stackconfig`.
 """
 
 from __future__ import annotations
