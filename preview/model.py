@@ -6,6 +6,7 @@ These are the contract between steps: the policy-analysis step reads ``PreviewRe
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,8 @@ class PreviewResult:
     manifests: tuple[RenderedManifest, ...] = ()
     problems: list[Problem] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    #: I/O a step left running (file writes); the pipeline waits for all of it before returning.
+    background: list[Future[None]] = field(default_factory=list)
     #: Blocks of text later steps add to the terminal report, printed after the resource tree (like
     #: ``pulumi preview``'s ``Policies:`` section).
     report_sections: list[str] = field(default_factory=list)

@@ -48,12 +48,19 @@ def new_result(project_dir: Path, stack: str, out_dir: Path | None = None) -> Pr
 
 
 def run_steps(result: PreviewResult, steps: Sequence[Step] = DEFAULT_STEPS) -> PreviewResult:
-    for step in steps:
+    try:
+        for step in steps:
+            start = time.perf_counter()
+            step.run(result)
+            result.timings_ms[step.name] = (time.perf_counter() - start) * 1000
+            if step.stop_on_problems and result.problems:
+                break
+    finally:
         start = time.perf_counter()
-        step.run(result)
-        result.timings_ms[step.name] = (time.perf_counter() - start) * 1000
-        if step.stop_on_problems and result.problems:
-            break
+        for pending in result.background:
+            pending.result()  # a failed write raises here, after the steps
+        result.background.clear()
+        result.timings_ms["io-wait"] = (time.perf_counter() - start) * 1000
     return result
 
 

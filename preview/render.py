@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from components.manifests import yamltext
 from preview.model import PreviewResult, RecordedResource, RenderedManifest
 
 STEP = "render"
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preview-write")
 
 _RANK: dict[str, int] = {
     "Namespace": 0,
@@ -90,13 +93,22 @@ def plan(result: PreviewResult) -> dict[str, Any]:
 
 
 def write(result: PreviewResult) -> None:
-    """Replace ``out/<stack>/`` with this run's files (stale manifests from an earlier run would mislead)."""
+    """Replace ``out/<stack>/`` with this run's files (stale manifests from an earlier run would mislead).
+
+    The texts are built here; writing them is left to a background thread (file creation waits on the
+    disk and releases the GIL) so validation and policy analysis run meanwhile. The pipeline waits for
+    the writes before it returns.
+    """
     manifests_dir = result.out_dir / "manifests"
     if manifests_dir.exists():
         shutil.rmtree(manifests_dir)
     manifests_dir.mkdir(parents=True)
     files = [(manifests_dir / m.filename, manifest_text(m)) for m in result.manifests]
     files.append((result.out_dir / "plan.json", plan_text(plan(result))))
+    result.background.append(_WRITER.submit(_write_all, files))
+
+
+def _write_all(files: list[tuple[Path, str]]) -> None:
     for path, text in files:
         path.write_text(text)
 
