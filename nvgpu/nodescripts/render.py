@@ -47,7 +47,7 @@ def _common(root_prefix: str) -> dict[str, str]:
     return {
         "ROOT": root_prefix.rstrip("/"),
         "STATE_DIR": facts.STATE_DIR,
-        "VERDICT_FILE": facts.CHECK_VERDICT_FILE,
+        "VERDICT_FILE": facts.CHECK_VERDICT_FILE.removeprefix(facts.STATE_DIR),
         "PCI_DIR": facts.PCI_DEVICES_DIR,
         "NVIDIA_VENDOR": f"0x{catalogue.NVIDIA_PCI_VENDOR:04x}",
         "CLASS_TEST": " || ".join(f'"$class" == {c}*' for c in facts.GPU_PCI_CLASSES),
@@ -106,7 +106,7 @@ def render_node_scripts(
     t = templates
     body = {
         "gpu-check.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME_READY + t.CHECK,
-        "gpu-runtime.sh": t.HEAD + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME,
+        "gpu-runtime.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME,
         "gpu-sysctl.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.NODE_LABEL + t.HAS_GPU + t.CONTAINERD_VERSION
         + t.RUNTIME_READY + t.SYSCTL,
     }

@@ -24,7 +24,7 @@ fi
 """
 
 STATE = r"""STATE_DIR="${ROOT}@@STATE_DIR@@"
-VERDICT_FILE="${ROOT}@@VERDICT_FILE@@"
+VERDICT_FILE="${STATE_DIR}@@VERDICT_FILE@@"
 
 """
 
@@ -263,6 +263,10 @@ if ! has_nvidia_gpu; then
   bb-log-info "nvidia-gpu runtime: no NVIDIA GPU on this node, containerd left alone"
   exit 0
 fi
+if grep -qx 'verdict=unusable' "$VERDICT_FILE" 2>/dev/null; then
+  bb-log-error "nvidia-gpu runtime: the GPU check failed, containerd left alone (see gpu-check.sh)"
+  exit 0
+fi
 
 version="$(containerd_version)"
 case "$version" in
@@ -314,6 +318,14 @@ if ! has_nvidia_gpu; then
   exit 0
 fi
 
+verdict="$(sed -n 's/^verdict=//p' "$VERDICT_FILE" 2>/dev/null || true)"
+if [[ "$verdict" == unusable ]]; then
+  node_label "@@SETUP_LABEL@@" -
+  bb-log-error "nvidia-gpu sysctl: the GPU check failed; @@SETUP_LABEL@@ removed, sysctls left alone"
+  echo "nvidia-gpu-setup complete=false verdict=unusable"
+  exit 0
+fi
+
 result="$(write_file "${ROOT}@@SYSCTL_DROPIN@@" <<'EOF'
 @@SYSCTL_CONTENT@@EOF
 )"
@@ -338,7 +350,6 @@ apply_live() {
 }
 @@SYSCTL_APPLY@@
 
-verdict="$(sed -n 's/^verdict=//p' "$VERDICT_FILE" 2>/dev/null || true)"
 if [[ "$verdict" == ok ]] && runtime_ready; then
   node_label "@@SETUP_LABEL@@" ""
   echo "nvidia-gpu-setup complete=true"

@@ -1,0 +1,146 @@
+"""Parity: the bash NodeGroupConfiguration scripts and the agent's Python path reach the same verdicts
+on the same fake hosts, and write byte-identical files.
+
+How the scripts see GPUs without a GPU: each fake root carries an ``nvidia-smi`` that runs
+``node_agent.nvml.sim.smi`` over the same simulated state file the agent's NVML reads, so a fault
+injected into the simulated machine (lost GPU, init failure, old driver, odd model) reaches both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from nodescript_helpers import RunScript, summary
+
+from node_agent.cli import main
+from node_agent.testing.fakehost import FakeHost, build_fake_host
+
+Scenario = Callable[[Path], FakeHost]
+
+
+def _compute_52(root: Path) -> FakeHost:
+    host = build_fake_host(root, "t4x1")
+    assert host.machine is not None
+    host.machine.override_gpu(0, name="Tesla M60", compute_capability=(5, 2))
+    return host
+
+
+def _lost_gpu(root: Path) -> FakeHost:
+    host = build_fake_host(root, "dgx-a100-40gb")
+    assert host.machine is not None
+    host.machine.lose_gpu(3)
+    return host
+
+
+def _nvml_broken(root: Path) -> FakeHost:
+    host = build_fake_host(root, "l4x2")
+    assert host.machine is not None
+    host.machine.fail_init("lib-rm-version-mismatch")
+    return host
+
+
+def _in_use(root: Path) -> FakeHost:
+    from node_agent.nvml.sim.state import SimProcess
+
+    host = build_fake_host(root, "a30x4")
+    assert host.machine is not None
+    host.machine.set_processes(2, [SimProcess(pid=4242, used_mib=512)])
+    return host
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "no-gpu": lambda r: build_fake_host(r, None),
+    "good-dgx-h100-containerd1": lambda r: build_fake_host(r, "dgx-h100", containerd=1),
+    "good-hgx-h200-containerd2": lambda r: build_fake_host(r, "hgx-h200", containerd=2),
+    "old-driver": lambda r: build_fake_host(r, "hgx-h200", driver_version="535.161.08"),
+    "driver-below-floor": lambda r: build_fake_host(r, "t4x1", driver_version="418.67"),
+    "compute-5.2": _compute_52,
+    "modules-missing": lambda r: build_fake_host(r, "l4x2", modules=("nvidia_modeset",)),
+    "device-nodes-missing": lambda r: build_fake_host(r, "a30x4", device_nodes=False),
+    "driver-not-loaded": lambda r: build_fake_host(r, "dgx-a100-80gb", driver_loaded=False),
+    "driver-unparseable": lambda r: build_fake_host(r, "l4x2", driver_text="NVRM version: who knows\n"),
+    "two-part-driver": lambda r: build_fake_host(
+        r, "l4x2", driver_text="NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.67  Tue Mar 12 2024\n"),
+    "nvml-broken": _nvml_broken,
+    "lost-gpu": _lost_gpu,
+    "gpu-in-use": _in_use,
+    "iommu-off": lambda r: build_fake_host(r, "a30x4", iommu=False),
+    "no-nvidia-runtime-containerd2": lambda r: build_fake_host(r, "l4x2", containerd=2,
+                                                               nvidia_container_runtime=False),
+}
+
+
+def _agent(host: FakeHost, *args: str) -> int:
+    nvml = host.nvml_spec
+    return main(["--host-root", str(host.root), "--host-exec", "direct", "--nvml", nvml, "--json", *args])
+
+
+def _agent_json(host: FakeHost, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, object]]:
+    import json
+
+    capsys.readouterr()
+    code = _agent(host, *args)
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_check_verdicts_agree(scenario: str, tmp_path: Path, run_script: RunScript,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    host = SCENARIOS[scenario](tmp_path)
+    for phase in ("host", "all"):
+        script = summary(run_script(host, "gpu-check.sh", NVIDIA_GPU_CHECK_PHASE=phase).stdout, "nvidia-gpu-check")
+        script_file = host.path("/var/lib/nvidia-gpu-agent/check.verdict").read_text()
+        code, doc = _agent_json(host, capsys, "check", "--phase", phase)
+        agent_file = host.path("/var/lib/nvidia-gpu-agent/check.verdict").read_text()
+        assert (doc["verdict"], ",".join(doc["reasons"])) == (script["verdict"], script["reasons"]), (phase, doc)
+        assert agent_file == script_file
+        assert code == (1 if doc["verdict"] == "unusable" else 0)
+
+
+@pytest.mark.parametrize("scenario", ["good-dgx-h100-containerd1", "good-hgx-h200-containerd2",
+                                      "no-nvidia-runtime-containerd2", "no-gpu", "old-driver"])
+def test_setup_writes_identical_files(scenario: str, tmp_path: Path, run_script: RunScript,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    by_script = SCENARIOS[scenario](tmp_path / "script")
+    by_agent = SCENARIOS[scenario](tmp_path / "agent")
+    for name in ("gpu-check.sh", "gpu-runtime.sh", "gpu-sysctl.sh"):
+        run_script(by_script, name)
+    script_complete = summary(run_script(by_script, "gpu-sysctl.sh").stdout, "nvidia-gpu-setup")["complete"] \
+        if scenario != "no-gpu" else "false"
+    _, doc = _agent_json(by_agent, capsys, "setup", "--no-patch-node", "--no-restart")
+    assert str(doc["complete"]).lower() == script_complete
+    etc_script, etc_agent = by_script.snapshot("/etc"), by_agent.snapshot("/etc")
+    assert etc_agent == etc_script
+    for path in ("/proc/sys/net/core/bpf_jit_harden", "/var/lib/nvidia-gpu-agent/sysctl.previous"):
+        a, s = by_agent.path(path), by_script.path(path)
+        assert (a.read_text() if a.exists() else None) == (s.read_text() if s.exists() else None), path
+
+
+@pytest.mark.parametrize("scenario", ["good-dgx-h100-containerd1", "iommu-off", "no-gpu"])
+def test_vfio_readiness_agrees(scenario: str, tmp_path: Path, run_script: RunScript,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    by_script = SCENARIOS[scenario](tmp_path / "script")
+    by_agent = SCENARIOS[scenario](tmp_path / "agent")
+    script = summary(run_script(by_script, "gpu-vfio.sh").stdout, "nvidia-gpu-vfio") if scenario != "no-gpu" else None
+    _, doc = _agent_json(by_agent, capsys, "vfio", "prepare")
+    if script is None:
+        assert doc["gpus"] == []
+        return
+    assert (str(doc["ready"]).lower(), ",".join(doc["problems"])) == (script["ready"], script["problems"])
+    assert by_agent.log("modprobe") == by_script.log("modprobe")
+
+
+def test_teardown_after_script_setup_restores_etc(tmp_path: Path, run_script: RunScript,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Nodes set up by the scripts can be torn down by the agent: /etc and the live sysctl come back."""
+    host = SCENARIOS["good-hgx-h200-containerd2"](tmp_path)
+    before = host.snapshot("/etc")
+    for name in ("gpu-check.sh", "gpu-runtime.sh", "gpu-sysctl.sh"):
+        run_script(host, name)
+    assert host.snapshot("/etc") != before
+    code, _ = _agent_json(host, capsys, "teardown", "--no-patch-node", "--no-restart")
+    assert code == 0
+    assert host.snapshot("/etc") == before
+    assert host.path("/proc/sys/net/core/bpf_jit_harden").read_text() == "2\n"
