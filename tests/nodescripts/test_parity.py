@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nodescript_helpers import RunScript, summary
@@ -77,7 +78,7 @@ def _agent(host: FakeHost, *args: str) -> int:
     return main(["--host-root", str(host.root), "--host-exec", "direct", "--nvml", nvml, "--json", *args])
 
 
-def _agent_json(host: FakeHost, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, object]]:
+def _agent_json(host: FakeHost, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
     import json
 
     capsys.readouterr()
