@@ -20,6 +20,8 @@ DRAINED = "update.node.deckhouse.io/drained"
 # This project's own labels
 NODE_GROUP = "gpu.nvidia-gpu.io/node-group"  #: the stack's node group a node belongs to
 ALLOCATION_MODE = "gpu.nvidia-gpu.io/allocation-mode"  #: devicePlugin | dra
+#: Annotation: why the last MIG reconfiguration failed (set with state ``failed``, removed on success).
+MIG_FAILURE_REASON = "gpu.nvidia-gpu.io/mig-failure-reason"
 #: Label or annotation on an object declaring the catalogue model its node group runs (policies read it).
 GPU_MODEL = "gpu.nvidia-gpu.io/gpu-model"
 #: Label or annotation declaring the NVIDIA driver on a node group's nodes (checked against the model's minimum).

@@ -114,6 +114,13 @@ def test_nvml_error_mid_apply_rolls_back_to_previous_layout() -> None:
     reason, message, _ = rig.node.events[-1]
     assert reason == "MigReconfigureFailed"
     assert "Insufficient Resources" in message and "previous layout restored" in message
+    assert "Insufficient Resources" in rig.node.annotations[labels.MIG_FAILURE_REASON]
+    # The operator fixes the cause and asks for a retry: success clears the reason.
+    backend.fail_on = {}
+    del rig.node.labels[labels.MIG_CONFIG_STATE]
+    rig.converge()
+    assert labels.MIG_FAILURE_REASON not in rig.node.annotations
+    assert [backend.layout(i) for i in range(2)] == [{"1g.5gb": 7}] * 2
 
 
 def test_reset_impossible_without_reboot_fails_and_restores_mode() -> None:
@@ -158,6 +165,7 @@ def test_bad_inputs_fail_with_event_and_touch_nothing() -> None:
         assert rig.converge() == ["reject", "idle"]
         assert rig.node.labels[labels.MIG_CONFIG_STATE] == "failed"
         assert why in rig.node.events[0][1] and rig.node.events[0][0] == "MigConfigRejected"
+        assert why in rig.node.annotations[labels.MIG_FAILURE_REASON]
         assert rig.node.taints == [] and rig.backend.calls == {} and rig.journal.load() is None
         assert rig.converge() == ["idle"]  # a restarted manager does not report it again
 

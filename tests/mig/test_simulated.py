@@ -43,7 +43,9 @@ def simulated(machine: str, state: Path) -> Iterator[tuple[SimulatedMachine, Nvm
 def returned(node: FakeNode, state: str) -> None:
     assert node.labels.get(labels.MIG_CONFIG_STATE) == state
     assert all(node.labels.get(k) != labels.PAUSED_FOR_MIG_CHANGE for k in DEPLOY_LABELS)
-    assert RECONFIGURE_TAINT not in node.taints and not node.annotations and not node.unschedulable
+    assert RECONFIGURE_TAINT not in node.taints and not node.unschedulable
+    assert set(node.annotations) <= {labels.MIG_FAILURE_REASON}
+    assert (labels.MIG_FAILURE_REASON in node.annotations) == (state == "failed")
 
 
 @pytest.mark.parametrize(("machine", "config", "profiles"), CASES, ids=[c[0] for c in CASES])
