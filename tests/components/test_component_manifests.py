@@ -17,7 +17,7 @@ from nvgpu.nodelabels import custom_mig_config_name, desired_node_labels, mig_co
 from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import Mig, Sharing
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def _ctx(groups: list[dict[str, Any]], node_setup: str = "deckhouse") -> GroupContext:
