@@ -135,11 +135,22 @@ class DraDriver:
         for ref in refs:
             try:
                 deadline.check(f"claim {ref} was read")
+                started = self._clock()
                 raw = self._read_claim(ref, deadline)
-                known = set(self.devices()) | self.state.recorded_devices(ref.uid)
-                claim = parse_claim(raw, ref, driver=self.settings.driver, pool=self.settings.node, known_devices=known)
+                read = self._clock()
+                known = set(self.devices())
+                try:
+                    claim = parse_claim(raw, ref, driver=self.settings.driver, pool=self.settings.node,
+                                        known_devices=known)
+                except ClaimError:
+                    # A device withdrawn since this claim was prepared (unhealthy, reconfigured) is still
+                    # this claim's: an idempotent re-prepare must return it, so read the journal then.
+                    claim = parse_claim(raw, ref, driver=self.settings.driver, pool=self.settings.node,
+                                        known_devices=known | self.state.recorded_devices(ref.uid))
                 devices = self.state.prepare(claim, deadline)
                 out[ref.uid] = PrepareOutcome(devices=tuple(devices))
+                log.debug("event=prepare-timing claim=%s read_ms=%.2f prepare_ms=%.2f", ref,
+                          (read - started) * 1e3, (self._clock() - read) * 1e3)
             except (ApiError, ClaimError, PrepareError, LockTimeout) as e:
                 msg = f"claim {ref}: not found" if isinstance(e, ApiError) and e.not_found else str(e)
                 log.warning("event=prepare-refused claim=%s uid=%s error=%s", ref, ref.uid, msg)

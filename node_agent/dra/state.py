@@ -134,8 +134,12 @@ class DeviceState:
             groups = self._sharing_groups(claim, devices)
             deadline.check("changing the host")
             record, per_device = self._plan(claim, devices, groups)
-            data.prepared_claims[uid] = record
-            self._store.save(data)
+            if record.sharing:
+                # Journal the intent before the first host change, so a crash mid-way is rolled back. A
+                # claim without sharing changes only writes its CDI spec, and a spec nobody records is
+                # removed on the next start, so it needs no PrepareStarted entry (one journal write saved).
+                data.prepared_claims[uid] = record
+                self._store.save(data)
             try:
                 for (_cfg_key, (gsharing, gdevices)), applied in zip(groups.items(), record.sharing, strict=True):
                     deadline.check("applying sharing")
@@ -145,10 +149,11 @@ class DeviceState:
             except Exception as e:
                 log.error("event=prepare-failed claim=%s uid=%s error=%s", claim.ref, uid, e)
                 self._rollback(uid, record)
-                del data.prepared_claims[uid]
-                self._store.save(data)
+                if data.prepared_claims.pop(uid, None) is not None:
+                    self._store.save(data)
                 raise PrepareError(f"claim {claim.ref}: {e}") from e
             record.state = ClaimState.PREPARE_COMPLETED
+            data.prepared_claims[uid] = record
             self._store.save(data)
             log.info("event=claim-prepared claim=%s uid=%s devices=%s", claim.ref, uid,
                      ",".join(d.device for d in record.devices))
