@@ -26,7 +26,7 @@ from typing import Any
 
 from node_agent import exitcodes, nvml
 from node_agent.context import AgentContext
-from node_agent.deviceplugin import cdi, config
+from node_agent.deviceplugin import cdi, config, mps
 from node_agent.deviceplugin.health import HealthPolicy
 from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
@@ -89,6 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recovery-quiet-period", type=float, default=60.0, metavar="SECONDS",
                    help="an unhealthy device that stays quiet and passes re-checks this long turns Healthy")
     g.add_argument("--recheck-interval", type=float, default=5.0, metavar="SECONDS")
+    g.add_argument("--mps-daemon", type=_bool, default=True, metavar="BOOL",
+                   help="run the MPS control daemon for MPS-shared resources (default true)")
 
 
 def _env_path(name: str) -> Path | None:
@@ -116,7 +118,9 @@ class PluginProcess:
         self.env = dict(env)
         self.session = session
         self.nvml_error = nvml_error
-        self.host = HostRootFiles(host or HostRoot(getattr(args, "host_root", None) or "/"))
+        root = host or HostRoot(getattr(args, "host_root", None) or "/")
+        self.host = HostRootFiles(root)
+        self.mps = mps.MpsDaemons(root, self.host)
         self.metrics = PluginMetrics()
         self.overrides = cli_overrides(args)
         self.selector = ConfigSelector(args.config_file, args.config_dir, labels, args.default_config,
@@ -153,11 +157,15 @@ class PluginProcess:
             version = self.session.driver().driver_version
             mounts = cdi.driver_files(self.host, settings.nvidia_driver_root, version)
             log.info("event=cdi-driver-files count=%d driver=%s", len(mounts), version)
-        return NodePlugins(self._node, settings, self.host, metrics=self.metrics, policy=policy,
-                           driver_mounts=mounts)
+        plugins = NodePlugins(self._node, settings, self.host, metrics=self.metrics, policy=policy,
+                              driver_mounts=mounts)
+        if self.args.mps_daemon:
+            self.mps.ensure(mps.plan(plugins.resources, settings))
+        return plugins
 
     def close(self) -> None:
         self.watcher.stop()
+        self.mps.stop()
         if self._node is not None:
             self._node.close()
 

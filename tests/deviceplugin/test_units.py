@@ -310,3 +310,64 @@ def test_mig_xid_with_instance_ids_marks_one_mig_device(host: FakeHost) -> None:
 def test_full_gpu_builder_is_plain() -> None:
     g = full_gpu(3, catalogue.T4)
     assert g.minor == 3 and not g.mig_enabled
+
+
+# -- MPS daemons ------------------------------------------------------------------------------------------------
+class _Result:
+    def __init__(self, code: int, err: str = ""):
+        self.returncode = code
+        self.stderr = err
+
+
+class _Runner:
+    def __init__(self, running: bool = False):
+        self.calls: list[tuple[list[str], str | None]] = []
+        self.running = running
+
+    def run(self, argv: object, *, timeout_s: float, kill_after_s: float = 5.0, stdin: str | None = None) -> _Result:
+        args = list(argv)  # type: ignore[call-overload]
+        self.calls.append((args, stdin))
+        if args[-1] == "-d":
+            self.running = True
+            return _Result(0)
+        if stdin == "quit\n":
+            was, self.running = self.running, False
+            return _Result(0 if was else 1, "" if was else "Cannot find MPS control daemon process")
+        return _Result(0 if self.running else 1, "" if self.running else "Cannot find MPS control daemon process")
+
+
+def test_mps_daemon_plan_start_adopt_and_stop(host: FakeHost) -> None:
+    from node_agent.deviceplugin import mps
+
+    node = machine("a30x4", host)
+    s = config.load(_shipped("nvidia-device-plugin-config-mps.yaml"))
+    resources = build_resources(node.gpu_list, s, host)
+    (d,) = mps.plan(resources, s)
+    assert d.pipe_dir == "/run/nvidia/mps/nvidia.com/gpu/pipe" and d.log_dir == "/run/nvidia/mps/nvidia.com/gpu/log"
+    assert d.visible == tuple(g.uuid for g in node.gpu_list) and d.active_thread_percentage == 10
+    assert d.defaults().splitlines() == ["set_default_active_thread_percentage 10"] + [
+        f"set_default_device_pinned_mem_limit {i} {catalogue.A30_24GB.memory_mib // 10}M" for i in range(4)]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps/nvidia.com/gpu/pipe" in d.start_argv()
+
+    runner = _Runner()
+    daemons = mps.MpsDaemons(runner, host)
+    daemons.ensure([d])
+    assert [c[0][-1] for c in runner.calls] == ["nvidia-cuda-mps-control", "-d", "nvidia-cuda-mps-control"]
+    assert runner.calls[-1][1] == d.defaults()
+    assert host.exists("/run/nvidia/mps/nvidia.com/gpu/log/plugin-settings.json")
+    runner.calls.clear()
+    daemons.ensure([d])  # unchanged plan: nothing to do (a plugin restart keeps the daemon)
+    assert runner.calls == []
+    adopted = mps.MpsDaemons(runner, host)  # a new agent process finds the daemon serving
+    adopted.ensure([d])
+    assert [c[1] for c in runner.calls] == [d.defaults()]
+    runner.calls.clear()
+    daemons.ensure([])  # MPS switched off: the daemon quits
+    assert runner.calls == [(d.control_argv(), "quit\n")] and not runner.running
+
+    class Broken:
+        def run(self, argv: object, **kwargs: object) -> _Result:
+            return _Result(1, "no driver")
+
+    with pytest.raises(mps.MpsError, match="no driver"):
+        mps.MpsDaemons(Broken(), host).ensure([d])
