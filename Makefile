@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 
-.PHONY: venv preview test unit lint policy-test bench clean
+.PHONY: venv preview test unit lint policy-test bench clean proto
 
 $(VENV)/.installed: requirements.txt requirements-agent.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ venv: $(VENV)/.installed
 ## The main job: render and validate the stack offline (no Pulumi CLI, no cluster).
 preview: venv
 	$(PY) -m preview --stack $(STACK)
+
+## gRPC stubs for the kubelet protocols (also generated on first import; the agent image runs this at build time).
+proto: venv
+	$(PY) -m node_agent.kubelet.codegen
+	$(PY) -m node_agent.kubelet.dra.protos
 
 ## Everything CI runs.
 test: venv lint unit
