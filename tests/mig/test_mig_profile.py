@@ -18,6 +18,7 @@ from components.mig_profile import (
     mig_config,
     rbac,
 )
+from node_agent.cli import build_parser
 from nvgpu import labels
 from nvgpu.catalogue import H100_80GB
 from nvgpu.migparted import MigConfigSpec, load_config_text, validate_for_model
@@ -187,3 +188,16 @@ def test_every_group_label_names_a_config_the_manager_has(stack_file: str) -> No
         assert node_labels[labels.DEVICE_GPU_CONFIG] == g.gpu.sharing.value
         if g.gpu.sharing is not Sharing.MIG:
             assert node_labels[labels.MIG_CONFIG] == "all-disabled"  # a group that leaves MIG rolls back
+
+
+def test_daemonset_commands_parse_with_the_agent_cli() -> None:
+    """The container args and the preStop command are accepted by ``python -m node_agent``'s parser."""
+    cfg = stack(GROUPS)
+    (c,) = daemonset("nvidia-gpu", cfg.cluster, cfg.node_groups)["spec"]["template"]["spec"]["containers"]
+    main_args = build_parser("mig-manager").parse_args(c["args"])
+    assert (main_args.host_root, main_args.drain, main_args.pre_stop) == ("/host", "deckhouse", False)
+    assert str(main_args.config) == "/etc/nvidia-gpu/mig/config.yaml"
+    pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[:3] == ["python", "-m", "node_agent"]
+    stop_args = build_parser("mig-manager").parse_args(pre_stop[3:])
+    assert stop_args.pre_stop and stop_args.timeout == 100
