@@ -185,6 +185,21 @@ def rbac_secret_problems(kind: Kind, props: Mapping[str, Any]) -> list[str]:
     return out
 
 
+#: Built-in ClusterRoles whose rules carry wildcards or Secrets access; binding them bypasses the rule checks.
+BROAD_BUILTIN_ROLES = ("cluster-admin", "admin", "edit")
+
+
+def rbac_binding_problems(kind: Kind, props: Mapping[str, Any]) -> list[str]:
+    """Bindings must not hand out the built-in roles that reach everything (or Secrets)."""
+    if kind.group != RBAC_GROUP or kind.kind not in ("RoleBinding", "ClusterRoleBinding"):
+        return []
+    ref = as_map(props.get("roleRef"))
+    role = as_str(ref.get("name")) or ""
+    if as_str(ref.get("kind")) == "ClusterRole" and (role in BROAD_BUILTIN_ROLES or role.startswith("system:")):
+        return [f"{kind.kind} {name_of(props)!r} binds the built-in ClusterRole {role!r} (wildcards or Secrets)"]
+    return []
+
+
 def pod_security_problems(
     kind: Kind, props: Mapping[str, Any], modes: Sequence[str] = DEFAULT_PSA_MODES, levels: Sequence[str] = PSA_LEVELS
 ) -> list[str]:
@@ -253,6 +268,10 @@ def _validate_rbac_secrets(args: ResourceValidationArgs, report: ReportViolation
     _run(args, report, rbac_secret_problems)
 
 
+def _validate_rbac_bindings(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    _run(args, report, rbac_binding_problems)
+
+
 def _validate_pod_security(args: ResourceValidationArgs, report: ReportViolation) -> None:
     config = args.get_config()
     modes = _strings(config.get("modes"), DEFAULT_PSA_MODES)
@@ -301,7 +320,7 @@ POLICIES: list[ResourceValidationPolicy] = [
     ResourceValidationPolicy(
         name="rbac-least-privilege",
         description="RBAC rules must name their groups, resources and verbs (no wildcards) and never reach Secrets.",
-        validate=[_validate_rbac_wildcards, _validate_rbac_secrets],
+        validate=[_validate_rbac_wildcards, _validate_rbac_secrets, _validate_rbac_bindings],
         enforcement_level=EnforcementLevel.MANDATORY,
     ),
     ResourceValidationPolicy(

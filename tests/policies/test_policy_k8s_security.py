@@ -7,6 +7,8 @@ from policy_fixtures import DS_TYPE, NS_TYPE, ROLE_TYPE, check, cluster_role, co
 
 from policies.k8s_security import image_problem
 
+BINDING_TYPE = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding"
+
 # ------------------------------------------------------------------ host-access-allow-listed: privileged
 
 
@@ -155,6 +157,23 @@ def test_rbac_wildcard_group_reaches_secrets_too() -> None:
         "ClusterRole 'reader' rules[0].apiGroups has a wildcard: *",
         "ClusterRole 'reader' rules[0].resources has a wildcard: *",
         "ClusterRole 'reader' rules[0] grants access to secrets",
+    ]
+
+
+def _binding(role: str) -> dict[str, object]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "b"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": "nvidia-gpu"}]}
+
+
+def test_binding_to_the_stacks_own_role_passes() -> None:
+    assert check("rbac-least-privilege", BINDING_TYPE, _binding("nvidia-gpu-device-plugin")) == []
+
+
+@pytest.mark.parametrize("role", ["cluster-admin", "edit", "system:controller:node-controller"])
+def test_binding_to_broad_builtin_roles(role: str) -> None:
+    assert check("rbac-least-privilege", BINDING_TYPE, _binding(role)) == [
+        f"ClusterRoleBinding 'b' binds the built-in ClusterRole {role!r} (wildcards or Secrets)"
     ]
 
 
