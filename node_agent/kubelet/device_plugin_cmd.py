@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -113,11 +113,13 @@ class PluginProcess:
     """Everything one ``device-plugin`` process holds: NVML session, selector, supervisor, endpoints."""
 
     def __init__(self, args: argparse.Namespace, env: Mapping[str, str], session: nvml.NvmlSession | None,
-                 nvml_error: str, labels: LabelSource | None, *, host: HostRoot | None = None):
+                 labels: LabelSource | None, *, host: HostRoot | None = None,
+                 backend: nvml.NvmlBackend | None = None):
         self.args = args
         self.env = dict(env)
         self.session = session
-        self.nvml_error = nvml_error
+        self._backend = backend
+        self._stack = contextlib.ExitStack()
         root = host or HostRoot(getattr(args, "host_root", None) or "/")
         self.host = HostRootFiles(root)
         self.mps = mps.MpsDaemons(root, self.host)
@@ -147,7 +149,12 @@ class PluginProcess:
         self.settings = settings
         log.info("event=config name=%s settings=%s", getattr(sel, "name", None), config.dump_settings(settings))
         if self.session is None:
-            raise RuntimeError(f"NVML is not available: {self.nvml_error}")
+            if self._backend is None:
+                raise RuntimeError("NVML is not available")
+            try:  # opened on first use and retried on every restart until the driver is there
+                self.session = self._stack.enter_context(nvml.open_nvml(self._backend))
+            except nvml.NvmlUnavailable as e:
+                raise RuntimeError(f"NVML is not available: {e}") from e
         if self._node is not None:
             self._node.close()
         self._node = NvmlNodeDevices(self.session)
@@ -168,15 +175,8 @@ class PluginProcess:
         self.mps.stop()
         if self._node is not None:
             self._node.close()
-
-
-@contextlib.contextmanager
-def _nvml(backend: str | nvml.NvmlBackend) -> Iterator[tuple[nvml.NvmlSession | None, str]]:
-    try:
-        with nvml.open_nvml(backend) as session:
-            yield session, ""
-    except nvml.NvmlUnavailable as e:
-        yield None, str(e)
+            self._node = None
+        self._stack.close()
 
 
 def register(subparsers: Any) -> None:
@@ -198,28 +198,27 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
             labels = InClusterNodeLabel(node_name, args.config_label)
         except OSError as e:
             log.warning("event=node-label-unavailable error=%s action=use-default-config", e)
-    with _nvml(ctx.nvml_backend) as (session, nvml_error):
-        try:
-            proc = PluginProcess(args, env, session, nvml_error, labels, host=ctx.host)
-        except config.ConfigError as e:
-            log.error("event=fatal error=%s", e)
-            print(str(e), file=sys.stderr)
-            return exitcodes.HOST_INPUT
-        status = None
-        if args.metrics_port:
-            status = StatusServer(proc.metrics, proc.supervisor.live, proc.supervisor.ready,
-                                  args.metrics_address, args.metrics_port)
-            status.start()
-        previous = _install_signals(proc.supervisor)
-        if args.config_dir is not None:
-            proc.watcher.start()
-        try:
-            return proc.supervisor.run()
-        finally:
-            _restore_signals(previous)
-            proc.close()
-            if status is not None:
-                status.stop()
+    try:
+        proc = PluginProcess(args, env, None, labels, host=ctx.host, backend=ctx.nvml_backend)
+    except config.ConfigError as e:
+        log.error("event=fatal error=%s", e)
+        print(str(e), file=sys.stderr)
+        return exitcodes.HOST_INPUT
+    status = None
+    if args.metrics_port:
+        status = StatusServer(proc.metrics, proc.supervisor.live, proc.supervisor.ready,
+                              args.metrics_address, args.metrics_port)
+        status.start()
+    previous = _install_signals(proc.supervisor)
+    if args.config_dir is not None:
+        proc.watcher.start()
+    try:
+        return proc.supervisor.run()
+    finally:
+        _restore_signals(previous)
+        proc.close()
+        if status is not None:
+            status.stop()
 
 
 def _install_signals(sup: Supervisor) -> dict[int, Any]:

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 CONFIRM_TIMEOUT_S = 5.0
 REGISTER_TIMEOUT_S = 5.0
 MAX_RETRY_S = 30.0
+#: With failOnInitError off, a failed init is retried this often (NVIDIA's plugin waits 30 s too).
+INIT_RETRY_S = 30.0
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
@@ -117,13 +119,15 @@ class Supervisor:
 
     def __init__(self, socket_dir: Path, build: Callable[[], NodePlugins], metrics: PluginMetrics, *,
                  fail_on_init_error: Callable[[], bool] = lambda: True, use_inotify: bool = True,
-                 clock: Callable[[], float] = time.monotonic):
+                 init_retry_s: float = INIT_RETRY_S, clock: Callable[[], float] = time.monotonic):
         self.socket_dir = socket_dir
         self.kubelet_socket = socket_dir / KUBELET_SOCKET_NAME
         self._build = build
         self.metrics = metrics
         self._fail_on_init_error = fail_on_init_error
         self._use_inotify = use_inotify
+        self._init_retry_s = init_retry_s
+        self._init_retry_at = 0.0
         self._clock = clock
         self.events: queue.Queue[str] = queue.Queue()
         self.state = SupervisorState()
@@ -158,7 +162,9 @@ class Supervisor:
             self.state.build_error = str(e)
             if self._fail_on_init_error():
                 raise PermanentError(f"device plugin init failed: {e}") from e
-            log.error("event=init-failed error=%s fail_on_init_error=false action=advertise-nothing", e)
+            log.error("event=init-failed error=%s fail_on_init_error=false action=advertise-nothing retry_in_s=%.0f",
+                      e, self._init_retry_s)
+            self._init_retry_at = self._clock() + self._init_retry_s
             self.plugins, self.servers = None, []
             self.state.started = True
             self.state.registered = True  # nothing to register: ready, but empty
@@ -228,6 +234,11 @@ class Supervisor:
                     watcher.watch_names(self._watched())
                     next_retry = self._clock() + retry_s
                     retry_s = min(retry_s * 2, MAX_RETRY_S)
+                if self.state.build_error and self.plugins is None and self._clock() >= self._init_retry_at:
+                    log.info("event=init-retry")
+                    with self._lock:
+                        self._stop_all()
+                    continue
                 cause = self._wait(watcher, 0.5 if self.state.registered else max(0.05, next_retry - self._clock()))
                 if cause is None:
                     continue

@@ -50,7 +50,8 @@ def run_plugin(sock_dir: Path, host: FakeHost) -> Iterator[Callable[..., Running
 
     def start(node: FakeNode, text: str = "", env: dict[str, str] | None = None, *,
               policy: HealthPolicy | None = None, kubelet: bool = True,
-              build: Callable[[], NodePlugins] | None = None, use_inotify: bool = True) -> Running:
+              build: Callable[[], NodePlugins] | None = None, use_inotify: bool = True,
+              init_retry_s: float = 30.0) -> Running:
         metrics = PluginMetrics()
         holder: dict[str, config.Settings] = {}
 
@@ -65,7 +66,7 @@ def run_plugin(sock_dir: Path, host: FakeHost) -> Iterator[Callable[..., Running
             k.start()
         sup = Supervisor(sock_dir, build or default_build, metrics,
                          fail_on_init_error=lambda: config.load(text, env or {}).fail_on_init_error,
-                         use_inotify=use_inotify)
+                         use_inotify=use_inotify, init_retry_s=init_retry_s)
         result: list[int] = []
         t = threading.Thread(target=lambda: result.append(sup.run()), daemon=True)
         t.start()

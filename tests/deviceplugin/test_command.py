@@ -121,7 +121,7 @@ def test_node_label_switches_config_live(tmp_path: Path, sock_dir: Path) -> None
     from node_agent import nvml
 
     with nvml.open_nvml(nvml.NvmlBackend.parse("simulated:l4x2")) as session:
-        proc = device_plugin_cmd.PluginProcess(args, {}, session, "", labels)
+        proc = device_plugin_cmd.PluginProcess(args, {}, session, labels)
         t = threading.Thread(target=proc.supervisor.run, daemon=True)
         t.start()
         proc.watcher.start()
