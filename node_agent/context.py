@@ -80,6 +80,18 @@ class AgentContext:
 
         return NodeApi.connect(self.kubeconfig)
 
+    def fail(self, error: Exception, **extra: Any) -> int:
+        """Report an error the way every command does and return its exit code."""
+        from node_agent import exitcodes
+        from node_agent.host import HostError, Refused
+
+        refused = isinstance(error, Refused)
+        self.emit({"error": str(error), **({"refused": True} if refused else {}), **extra},
+                  f"{'refused' if refused else 'error'}: {error}")
+        if refused:
+            return exitcodes.REFUSED
+        return exitcodes.HOST_INPUT if isinstance(error, HostError) else exitcodes.FAILED
+
     def emit(self, doc: dict[str, Any], text: str) -> None:
         """Print the command's result: JSON with ``--json``, the human text otherwise."""
         if self.json:

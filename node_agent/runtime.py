@@ -29,7 +29,7 @@ from typing import Any
 
 from node_agent import exitcodes
 from node_agent.context import AgentContext
-from node_agent.host import CommandNotFound, HostError, HostRoot, nvidia_gpus
+from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, nvidia_gpus
 from node_agent.host.root import CommandTimeout
 from node_agent.journal import Journal
 from node_agent.tomlwrite import dumps
@@ -41,10 +41,6 @@ RESTART_TIMEOUT_S = 120
 
 class ContainerdConfigError(HostError):
     """containerd's config is missing, malformed or of an unsupported version."""
-
-
-class NotOurs(HostError):
-    """A file where our drop-in goes exists and was not written by us."""
 
 
 @dataclass(frozen=True)
@@ -286,12 +282,8 @@ def run(args: argparse.Namespace) -> int:
             result = apply_runtime(ctx.host, restart=restart)
         else:
             result = rollback_runtime(ctx.host, restart=restart)
-    except NotOurs as e:
-        ctx.emit({"error": str(e)}, f"error: {e}")
-        return exitcodes.REFUSED
     except HostError as e:
-        ctx.emit({"error": str(e)}, f"error: {e}")
-        return exitcodes.HOST_INPUT
+        return ctx.fail(e)
     ctx.emit(result.to_dict(), _text(args.action, result))
     return exitcodes.OK
 

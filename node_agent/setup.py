@@ -16,10 +16,8 @@ from typing import Any
 from node_agent import exitcodes
 from node_agent.check import record_verdict, run_check
 from node_agent.context import AgentContext
-from node_agent.host import HostError
-from node_agent.runtime import NotOurs as RuntimeNotOurs
+from node_agent.host import HostError, Refused
 from node_agent.runtime import apply_runtime, rollback_runtime, runtime_status
-from node_agent.sysctl import NotOurs as SysctlNotOurs
 from node_agent.sysctl import apply_sysctl, rollback_sysctl
 from node_agent.vfio import prepare as vfio_prepare
 from nvgpu import labels
@@ -70,7 +68,7 @@ def _setup_steps(ctx: AgentContext, dra: bool, restart: bool) -> FlowResult:
     result.steps.append(Step("check", True, f"{len(report.gpus)} GPU(s), driver {report.driver_version}"))
     try:
         rt = apply_runtime(host, restart=restart)
-    except RuntimeNotOurs as e:
+    except Refused as e:
         return result.fail("runtime", str(e), exitcodes.REFUSED)
     except HostError as e:
         return result.fail("runtime", str(e), exitcodes.HOST_INPUT)
@@ -80,7 +78,7 @@ def _setup_steps(ctx: AgentContext, dra: bool, restart: bool) -> FlowResult:
     result.steps.append(Step("runtime", True, f"{status.detail}; changed: {', '.join(rt.changed) or 'nothing'}"))
     try:
         sc = apply_sysctl(host)
-    except SysctlNotOurs as e:
+    except Refused as e:
         return result.fail("sysctl", str(e), exitcodes.REFUSED)
     except HostError as e:
         return result.fail("sysctl", str(e), exitcodes.HOST_INPUT)

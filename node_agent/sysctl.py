@@ -14,16 +14,12 @@ from typing import Any
 
 from node_agent import exitcodes
 from node_agent.context import AgentContext
-from node_agent.host import HostError, HostRoot, nvidia_gpus
+from node_agent.host import HostError, HostRoot, NotOurs, nvidia_gpus
 from node_agent.journal import Journal
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER, sysctl_dropin
 
 PREVIOUS_FILE = f"{facts.STATE_DIR}/sysctl.previous"
-
-
-class NotOurs(HostError):
-    pass
 
 
 @dataclass
@@ -112,12 +108,8 @@ def run(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
     try:
         result = apply_sysctl(ctx.host) if args.action == "apply" else rollback_sysctl(ctx.host)
-    except NotOurs as e:
-        ctx.emit({"error": str(e)}, f"error: {e}")
-        return exitcodes.REFUSED
     except HostError as e:
-        ctx.emit({"error": str(e)}, f"error: {e}")
-        return exitcodes.HOST_INPUT
+        return ctx.fail(e)
     ctx.emit(result.to_dict(), _text(args.action, result))
     return exitcodes.OK
 

@@ -17,6 +17,7 @@ from typing import Any
 from node_agent import exitcodes
 from node_agent.context import AgentContext, UsageError
 from node_agent.host import CommandNotFound, HostError, HostRoot, PciDevice, normalize_address, nvidia_gpus, read_device
+from node_agent.host import Refused as HostRefused
 from node_agent.host.root import CommandTimeout
 from node_agent.nvml import NvmlError, normalize_bus_id
 from nvgpu import labels
@@ -26,7 +27,7 @@ MODPROBE_TIMEOUT_S = 30
 NVIDIA_DRIVER = "nvidia"
 
 
-class Refused(Exception):
+class Refused(HostRefused):
     """The GPU is in use (or that cannot be ruled out); nothing was changed."""
 
 
@@ -159,12 +160,8 @@ def run(args: argparse.Namespace) -> int:
             ctx.emit({"address": dev.address, "driver": dev.driver}, f"{dev.address}: driver {dev.driver}")
             return exitcodes.OK
         status = prepare(ctx.host) if args.action == "prepare" else vfio_status(ctx.host)
-    except Refused as e:
-        ctx.emit({"error": str(e), "refused": True}, f"refused: {e}")
-        return exitcodes.REFUSED
     except HostError as e:
-        ctx.emit({"error": str(e)}, f"error: {e}")
-        return exitcodes.HOST_INPUT
+        return ctx.fail(e)
     if args.action == "prepare" and args.patch_node:
         from node_agent.kube import KubeError
 

@@ -6,7 +6,15 @@ minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA nodes).
 
 from node_agent.host.pci import PciDevice, normalize_address, nvidia_gpus, read_device
 from node_agent.host.proc import DriverVersionError, gpu_minors, loaded_modules, read_driver_version
-from node_agent.host.root import CommandNotFound, CommandResult, CommandTimeout, HostError, HostRoot
+from node_agent.host.root import (
+    CommandNotFound,
+    CommandResult,
+    CommandTimeout,
+    HostError,
+    HostRoot,
+    NotOurs,
+    Refused,
+)
 
 __all__ = [
     "CommandNotFound",
@@ -15,7 +23,9 @@ __all__ = [
     "DriverVersionError",
     "HostError",
     "HostRoot",
+    "NotOurs",
     "PciDevice",
+    "Refused",
     "gpu_minors",
     "loaded_modules",
     "normalize_address",

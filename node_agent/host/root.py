@@ -38,6 +38,14 @@ class HostError(Exception):
         self.path = path
 
 
+class Refused(HostError):
+    """The agent will not act: the GPU is in use, or a file in the way is not ours. Nothing changed."""
+
+
+class NotOurs(Refused):
+    """A file where the agent writes exists and was not written by the agent."""
+
+
 class CommandNotFound(HostError):
     pass
 
