@@ -53,9 +53,12 @@ def best_set(n: int, score: Callable[[int, int], int], required: Sequence[int], 
              candidates: Sequence[int] | None = None) -> tuple[int, ...]:
     """The highest-scoring ``size``-subset of ``range(n)`` (or ``candidates``) containing ``required``.
 
-    Exact branch and bound: the bound adds, for the ``k`` picks still to make, the ``k`` largest gains
-    against the set so far plus ``k(k-1)/2`` times the largest pair score among the remaining
-    candidates. Ties are broken by the smaller cut (links to the unchosen), then by lower indices.
+    Exact branch and bound. The score bound adds, for the ``k`` picks still to make, the ``k`` largest
+    gains against the set so far plus ``k(k-1)/2`` times the largest pair score among the remaining
+    candidates. Among sets of the best score the one with the smallest cut (links to the GPUs left
+    behind) wins; for a fixed size the cut is the members' total link weight minus twice the score, so
+    it is bounded by the ``k`` smallest weights still available, which also prunes symmetric
+    topologies (every NVSwitch pair alike) instead of visiting every tie.
     """
     pool = list(range(n)) if candidates is None else list(candidates)
     req = list(dict.fromkeys(required))
@@ -64,46 +67,48 @@ def best_set(n: int, score: Callable[[int, int], int], required: Sequence[int], 
     if need < 0 or need > len(free):
         raise ValueError("size out of range")
     w = [[score(a, b) if a != b else 0 for b in range(n)] for a in range(n)]
-    base = sum(w[a][b] for i, a in enumerate(req) for b in req[i + 1:])
-    # Visit strong candidates first so the first complete set is already good.
-    strength = {c: sum(w[c][r] for r in req) * 1000 + sum(w[c][o] for o in free) for c in free}
-    free.sort(key=lambda c: (-strength[c], c))
     pool_all = req + free
+    weight = {c: sum(w[c][o] for o in pool_all) for c in pool_all}
+    base = sum(w[a][b] for i, a in enumerate(req) for b in req[i + 1:])
+    base_weight = sum(weight[r] for r in req)
+    # Visit strong candidates first so the first complete set is already good.
+    strength = {c: sum(w[c][r] for r in req) * 1000 + weight[c] for c in free}
+    free.sort(key=lambda c: (-strength[c], c))
 
-    def cut(chosen: Sequence[int]) -> int:
-        inside = set(chosen)
-        return sum(w[a][b] for a in chosen for b in pool_all if b not in inside)
+    best_score = -1
+    best_weight = 0
+    best: tuple[int, ...] = ()
 
-    best: list[tuple[int, int, tuple[int, ...]]] = []  # (score, -cut, sorted set)
-
-    gain0 = {c: sum(w[c][r] for r in req) for c in free}
-
-    def rec(start: int, chosen: list[int], sc: int, gains: dict[int, int]) -> None:
+    def rec(start: int, chosen: list[int], sc: int, wsum: int, gains: dict[int, int]) -> None:
+        nonlocal best_score, best_weight, best
         k = need - len(chosen)
         if k == 0:
-            full = tuple(sorted(req + chosen))
-            key = (sc, -cut(full), full)
-            if not best or (key[0], key[1]) > (best[0][0], best[0][1]) or (
-                    (key[0], key[1]) == (best[0][0], best[0][1]) and full < best[0][2]):
-                best[:] = [key]
+            cut = wsum - 2 * sc
+            if sc > best_score or (sc == best_score and cut < best_weight - 2 * best_score):
+                best_score, best_weight, best = sc, wsum, tuple(sorted(req + chosen))
             return
         rest = free[start:]
         if len(rest) < k:
             return
-        if best:
+        if best_score >= 0:
             top = sorted((gains[c] for c in rest), reverse=True)[:k]
             max_pair = max((w[a][b] for i, a in enumerate(rest) for b in rest[i + 1:]), default=0)
-            if sc + sum(top) + max_pair * k * (k - 1) // 2 < best[0][0]:
+            bound = sc + sum(top) + max_pair * k * (k - 1) // 2
+            if bound < best_score:
                 return
+            if bound == best_score:
+                lightest = sum(sorted(weight[c] for c in rest)[:k])
+                if wsum + lightest - 2 * best_score >= best_weight - 2 * best_score:
+                    return
         for i in range(start, len(free) - k + 1):
             c = free[i]
             new_gains = {o: g + w[o][c] for o, g in gains.items()}
             chosen.append(c)
-            rec(i + 1, chosen, sc + gains[c], new_gains)
+            rec(i + 1, chosen, sc + gains[c], wsum + weight[c], new_gains)
             chosen.pop()
 
-    rec(0, [], base, gain0)
-    return best[0][2]
+    rec(0, [], base, base_weight, {c: sum(w[c][r] for r in req) for c in free})
+    return best
 
 
 def set_score(members: Sequence[int], score: Callable[[int, int], int]) -> int:

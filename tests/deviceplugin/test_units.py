@@ -371,3 +371,20 @@ def test_mps_daemon_plan_start_adopt_and_stop(host: FakeHost) -> None:
 
     with pytest.raises(mps.MpsError, match="no driver"):
         mps.MpsDaemons(Broken(), host).ensure([d])
+
+
+def test_ties_keep_well_connected_groups_together() -> None:
+    strong = {(0, 1), (1, 2), (2, 3)}
+
+    def score(a: int, b: int) -> int:
+        return 100 if (min(a, b), max(a, b)) in strong else 10
+
+    # {0,1}, {1,2} and {2,3} all score 100; taking {1,2} would strand 0 and 3 apart.
+    assert best_set(4, score, [], 2) in ((0, 1), (2, 3))
+    assert best_set(4, score, [3], 2) == (2, 3)
+
+
+def test_best_set_prunes_symmetric_topologies() -> None:
+    t = time.perf_counter()
+    assert len(best_set(16, lambda a, b: 1200, [], 8)) == 8
+    assert time.perf_counter() - t < 0.5
