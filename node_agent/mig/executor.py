@@ -206,6 +206,7 @@ class MigManager:
             drain=self.settings.drain,
             stopping=self._stopping(),
             failed_config=self._failed_config(),
+            failure_reason=node.annotations.get(labels.MIG_FAILURE_REASON),
             labels_cleared=self.files.read_bytes(CLEARED_MARKER) is not None,
             timeouts=self.settings.timeouts,
         )
@@ -305,9 +306,8 @@ class MigManager:
             self._patch(NodePatch(labels={labels.MIG_CONFIG_STATE: MigState.SUCCESS.value}))
         elif act is Act.REJECT:
             self._patch(NodePatch(labels={labels.MIG_CONFIG_STATE: MigState.FAILED.value},
-                                  annotations={labels.MIG_FAILURE_REASON: _annotation(a.reason)}))
+                                  annotations={labels.MIG_FAILURE_REASON: a.reason}))
             self._event(node, "MigConfigRejected", a.reason, warning=True)
-            self.files.write_atomic(FAILED_MARKER, (o.desired or "").encode())
         elif act is Act.CLEAR_LABELS:
             self._patch(NodePatch(labels={labels.MIG_CONFIG: None, labels.MIG_CONFIG_STATE: None}))
             self.files.write_atomic(CLEARED_MARKER, b"all-disabled\n")
@@ -471,8 +471,8 @@ class MigManager:
             taints = tuple(t for t in node.taints if t.key != RECONFIGURE_TAINT.key)
         annotations: dict[str, str | None] = {k: None for k in DRAIN_ANNOTATIONS if k in node.annotations}
         if j.outcome is Outcome.FAILED:
-            annotations[labels.MIG_FAILURE_REASON] = _annotation(f"{j.config}: {j.reason}")
-        elif j.outcome is Outcome.SUCCESS and labels.MIG_FAILURE_REASON in node.annotations:
+            annotations[labels.MIG_FAILURE_REASON] = f"MIG config {j.config!r}: {j.reason}"
+        elif labels.MIG_FAILURE_REASON in node.annotations:
             annotations[labels.MIG_FAILURE_REASON] = None
         uncordon = False if node.unschedulable and not j.was_unschedulable else None
         self._patch(NodePatch(labels=new_labels, annotations=annotations, taints=taints, unschedulable=uncordon))
@@ -529,11 +529,6 @@ class MigManager:
             return self.store.load()
         except JournalError:
             return None
-
-
-def _annotation(text: str) -> str:
-    """Annotation values have no hard limit, but keep a reason readable in ``kubectl describe``."""
-    return text if len(text) <= 1024 else text[:1021] + "..."
 
 
 #: Actions after which the GPUs must be read again.

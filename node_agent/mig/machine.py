@@ -104,6 +104,9 @@ class Observation:
     #: The config whose last attempt failed (kept on the host): not retried until the label changes or
     #: an operator deletes the state label, so a bad layout cannot disrupt the node over and over.
     failed_config: str | None = None
+    #: The failure reason on the Node (annotation): a rejection is reported once per reason, and retried
+    #: by itself once the config becomes usable (a rejection disrupted nothing).
+    failure_reason: str | None = None
     #: This node's MIG labels were already cleared after a rollback; if a node template puts
     #: ``all-disabled`` back, leave it (clearing again would fight the template forever).
     labels_cleared: bool = False
@@ -138,6 +141,8 @@ def _without_journal(o: Observation) -> Action:
         return Action(Act.IDLE, f"MIG config {o.desired!r} failed; delete {labels.MIG_CONFIG_STATE} to retry")
     reason = _input_problem(o)
     if reason:
+        if o.state == MigState.FAILED and o.failure_reason == reason:
+            return Action(Act.IDLE, reason)
         return Action(Act.REJECT, reason)
     return Action(Act.BEGIN, f"MIG config {o.desired!r} differs from the GPUs' layout")
 

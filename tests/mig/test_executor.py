@@ -168,6 +168,14 @@ def test_bad_inputs_fail_with_event_and_touch_nothing() -> None:
         assert why in rig.node.annotations[labels.MIG_FAILURE_REASON]
         assert rig.node.taints == [] and rig.backend.calls == {} and rig.journal.load() is None
         assert rig.converge() == ["idle"]  # a restarted manager does not report it again
+    # A rejection disrupted nothing: once the operator ships the missing layout, the node converges by itself.
+    rig = mig_node(Rig(FakeBackend.of("H100-80GB", count=2)), "big-one")
+    assert rig.converge() == ["reject", "idle"]
+    rig.config = build_config(None, {"big-one": [MigConfigSpec(devices="all", mig_enabled=True,
+                                                               mig_devices={"7g.80gb": 1})]})
+    rig.converge()
+    assert_returned_to_service(rig.node, "success")
+    assert labels.MIG_FAILURE_REASON not in rig.node.annotations
 
 
 def test_not_mig_capable_node_is_refused() -> None:
