@@ -20,6 +20,7 @@ import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -251,6 +252,7 @@ class PackProcess:
         self.call_timeout = call_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
+        self._drain: threading.Thread | None = None
         self._channel: grpc.Channel | None = None
         self._stub: analyzer_pb2_grpc.AnalyzerStub | None = None
         self.info: PackInfo | None = None
@@ -284,6 +286,9 @@ class PackProcess:
             stderr=self._stderr,
         )
         port = self._read_port()
+        # Keep reading stdout as the CLI does (it logs plugin output): a pack that prints must never block.
+        self._drain = threading.Thread(target=self._drain_stdout, name="policy-pack-stdout", daemon=True)
+        self._drain.start()
         self._channel = grpc.insecure_channel(
             f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)]
         )
@@ -332,6 +337,17 @@ class PackProcess:
         except ValueError:
             self.close()
             raise PackError(f"policy pack {self.pack_dir} printed {text!r} instead of its port") from None
+
+    def _drain_stdout(self) -> None:
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            return
+        fd = proc.stdout.fileno()
+        try:
+            while chunk := os.read(fd, 65536):
+                log.debug("policy pack stdout=%r", chunk.decode(errors="replace"))
+        except OSError:
+            return  # closed by close()
 
     @property
     def stub(self) -> analyzer_pb2_grpc.AnalyzerStub:
@@ -457,6 +473,9 @@ class PackProcess:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            if self._drain is not None:
+                self._drain.join(timeout=5)
+                self._drain = None
             if proc.stdout is not None:
                 proc.stdout.close()
         if self._stderr is not None:

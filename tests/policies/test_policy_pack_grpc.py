@@ -159,6 +159,28 @@ def test_pack_that_fails_to_start_reports_its_stderr(tmp_path: Path) -> None:
     assert "broken pack: no policies" in str(err.value)
 
 
+_NOISY_PACK = """
+import sys
+from pulumi_policy import PolicyPack, ResourceValidationPolicy
+
+def noisy(args, report):
+    sys.stdout.write("x" * 200_000 + "\\n")
+    sys.stdout.flush()
+    report("seen " + args.name)
+
+PolicyPack("noisy", [ResourceValidationPolicy("noisy", "Prints a lot.", noisy)])
+"""
+
+
+def test_a_pack_that_prints_a_lot_never_blocks(tmp_path: Path) -> None:
+    (tmp_path / "PulumiPolicy.yaml").write_text("runtime: python\nversion: 0.0.2\n")
+    (tmp_path / "__main__.py").write_text(_NOISY_PACK)
+    with PackProcess(tmp_path, call_timeout=20) as pack:
+        resources = [AnalyzerResource("t:m:R", f"urn:{i}", f"r{i}", {}) for i in range(3)]
+        messages = [d.message for r in resources for d in pack.analyze(r)]
+    assert messages == ["Prints a lot.\nseen r0", "Prints a lot.\nseen r1", "Prints a lot.\nseen r2"]
+
+
 def test_pack_manifest_is_required(tmp_path: Path) -> None:
     with pytest.raises(PackError, match="failed to load Pulumi policy project"):
         PackProcess(tmp_path)
