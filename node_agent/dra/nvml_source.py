@@ -5,6 +5,10 @@ One NVML session stays open for the driver's lifetime (NVML init costs tens of m
 hardware; polling opens none). A GPU that NVML reports lost, or that times out, stays in the inventory
 marked ``gpu-lost``, so the driver withdraws or taints it instead of silently forgetting it. MIG access
 needs the ``/dev/nvidia-caps/nvidia-cap<N>`` nodes named in ``/proc/driver/nvidia-caps/mig-minors``.
+
+Health: critical XID events (NVIDIA's application-error XIDs are ignored, the same set as the device
+plugin) mark the whole GPU ``xid`` (with its MIG devices) until ``xid_quiet_s`` passes without another one;
+unlike NVIDIA's driver, which keeps the taint until the plugin restarts, a GPU that stays quiet comes back.
 """
 
 from __future__ import annotations
@@ -12,15 +16,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from node_agent.deviceplugin.health import DEFAULT_IGNORED_XIDS
 from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
 from node_agent.host.pci import nvidia_gpus
 from node_agent.host.root import HostError, HostRoot
 from node_agent.nvml import NvmlError
-from node_agent.nvml.session import NvmlBackend, NvmlSession, open_nvml
-from node_agent.nvml.types import Gpu
+from node_agent.nvml.session import EventWatcher, NvmlBackend, NvmlSession, open_nvml
+from node_agent.nvml.types import EventKind, Gpu
 from node_agent.nvml.types import Inventory as NvmlInventory
 from nvgpu import catalogue
 
@@ -57,8 +64,14 @@ def parse_mig_minors(text: str) -> dict[str, int]:
 
 
 class NvmlInventorySource:
-    def __init__(self, backend: NvmlBackend | str, host: HostRoot, timeout_s: float = 5.0) -> None:
+    def __init__(self, backend: NvmlBackend | str, host: HostRoot, timeout_s: float = 5.0, *,
+                 xid_quiet_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._backend = backend
+        self._xid_quiet = xid_quiet_s
+        self._clock = clock
+        self._watcher: EventWatcher | None = None
+        #: GPU index -> (last critical XID, when it arrived).
+        self._xids: dict[int, tuple[int, float]] = {}
         self._host = host
         self._timeout = timeout_s
         self._stack = contextlib.ExitStack()
@@ -71,12 +84,26 @@ class NvmlInventorySource:
     def _open(self) -> NvmlSession:
         if self._session is None:
             self._session = self._stack.enter_context(open_nvml(self._backend, timeout_s=self._timeout))
+            self._watcher = self._stack.enter_context(self._session.watch_events(kinds=(EventKind.XID,)))
         return self._session
+
+    def _drain_xids(self) -> None:
+        assert self._watcher is not None
+        while (event := self._watcher.wait(0)) is not None:
+            if event.kind is EventKind.XID and event.data not in DEFAULT_IGNORED_XIDS and event.gpu_index >= 0:
+                log.warning("event=gpu-xid index=%d xid=%d", event.gpu_index, event.data)
+                self._xids[event.gpu_index] = (event.data, self._clock())
+        now = self._clock()
+        for index, (_xid, when) in list(self._xids.items()):
+            if now - when >= self._xid_quiet:
+                log.info("event=gpu-xid-cleared index=%d quiet_s=%.0f", index, self._xid_quiet)
+                del self._xids[index]
 
     def close(self) -> None:
         with self._lock:
             self._stack.close()
             self._session = None
+            self._watcher = None
 
     def snapshot(self) -> Inventory:
         with self._lock:
@@ -84,6 +111,7 @@ class NvmlInventorySource:
                 session = self._open()
                 driver = session.driver()
                 nvml_inv = session.inventory()
+                self._drain_xids()
                 profiles = {g.index: {p.id: p for p in session.gpu_instance_profiles(g.index)}
                             for g in nvml_inv.gpus if g.mig_enabled}
             except NvmlError as e:
@@ -91,6 +119,7 @@ class NvmlInventorySource:
                 log.warning("event=nvml-unavailable error=%s", e)
                 self._stack.close()
                 self._session = None
+                self._watcher = None
                 return Inventory(driver_version="0.0.0", cuda_driver_version="0.0", vfio=self._vfio())
         cuda = f"{driver.cuda_driver_version[0]}.{driver.cuda_driver_version[1]}"
         gpus, migs = self._gpus(nvml_inv, profiles)
@@ -104,7 +133,8 @@ class NvmlInventorySource:
         migs: list[MigInfo] = []
         for g in inv.gpus:
             self._last[g.index] = self._gpu(g)
-            gpus.append(self._last[g.index])
+            xid = self._xids.get(g.index)
+            gpus.append(replace(self._last[g.index], unhealthy="xid", xid=xid[0]) if xid else self._last[g.index])
             for m in g.mig_devices:
                 p = profiles.get(g.index, {}).get(m.gi_profile_id)
                 caps = tuple(f"/dev/nvidia-caps/nvidia-cap{minors[k]}" for k in (

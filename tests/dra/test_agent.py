@@ -146,3 +146,23 @@ def test_dra_driver_command_serves_until_sigterm(host_root: Path, api_server: Fa
     # SIGTERM removed both sockets: the kubelet deregisters the plugin.
     assert not list((host_root / "var/lib/kubelet/plugins_registry").glob("*.sock"))
     assert not list((host_root / "var/lib/kubelet/plugins").rglob("*.sock"))
+
+
+def test_critical_xid_withdraws_a_gpu_until_it_stays_quiet(host_root: Path, tmp_path: Path) -> None:
+    backend = NvmlBackend.parse("simulated:dgx-h100", state_file=tmp_path / "sim.json")
+    clock = [0.0]
+    source = NvmlInventorySource(backend, HostRoot(host_root), xid_quiet_s=60, clock=lambda: clock[0])
+    machine = SimulatedMachine("dgx-h100", tmp_path / "sim.json")
+    try:
+        source.snapshot()
+        machine.inject_xid(2, 13)  # an application error: ignored, as NVIDIA does
+        machine.inject_xid(5, 48)  # double-bit ECC: critical
+        inv = source.snapshot()
+        assert [(g.minor, g.xid) for g in inv.gpus if g.unhealthy] == [(5, 48)]
+        assert "gpu-5" not in [d.name for d in allocatable_devices(inv)]
+        [tainted] = [d for d in allocatable_devices(inv, DRIVER, HealthAction.TAINT) if d.name == "gpu-5"]
+        assert tainted.to_api()["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}]
+        clock[0] += 61
+        assert not [g for g in source.snapshot().gpus if g.unhealthy]
+    finally:
+        source.close()
