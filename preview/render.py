@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from components.manifests import yamltext
+from nvgpu import yamltext
 from preview.model import PreviewResult, RecordedResource, RenderedManifest
 
 STEP = "render"

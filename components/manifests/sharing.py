@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.manifests import Manifest, yamltext
+from components.manifests import Manifest
 from components.manifests.meta import app_labels, group_object_name
+from nvgpu import yamltext
 from nvgpu.stackconfig import Mps, NodeGroup, Sharing, TimeSlicing
 
 CONFIG_VERSION = "v1"

@@ -1,10 +1,11 @@
 """A small, fast YAML emitter for JSON-shaped data (dicts, lists, strings, numbers, booleans, null).
 
-Manifests and device-plugin configs are plain data, and PyYAML's Python representer cost more than
-registering the objects did (``bench/bench_preview.py``). This writes block-style YAML in PyYAML's
-default layout, quotes a string only when YAML would read it as something else (decided by PyYAML's
-own implicit resolvers), and writes multi-line strings (scripts, embedded configs) as literal blocks
-so they stay readable. Output always loads back with ``yaml.safe_load`` to the same data.
+Manifests, device-plugin configs and mig-parted configs are plain data, and PyYAML's Python
+representer cost more than registering the objects did (``bench/bench_preview.py``). This writes
+block-style YAML in PyYAML's default layout, quotes a string only when a YAML reader would take it
+for something else (PyYAML's own implicit resolvers, plus YAML 1.2 numbers for Go readers), and
+writes multi-line strings (scripts, embedded configs) as literal blocks so they stay readable.
+Output always loads back with ``yaml.safe_load`` to the same data. No Pulumi here: the agent may use it.
 """
 
 from __future__ import annotations

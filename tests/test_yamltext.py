@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from components.manifests.yamltext import dump, scalar_text
+from nvgpu.yamltext import dump, scalar_text
 
 TRICKY = [
     "", "true", "yes", "on", "null", "~", "1.0", "0.1.0", "50m", "1e3", "0x1F", "0o17", "1:20", "2026-11-30", "+1",
