@@ -8,11 +8,13 @@ journal lives under the agent state directory on the host (``/var/lib/nvidia-gpu
 survives pod restarts and, with the boot ID, tells a reboot apart from a crash.
 
 The file is the agent's own: it is read leniently (unknown keys ignored, a future version refused
-with a clear message) and written atomically through :class:`JournalFiles`.
+with a clear message), carries a checksum (an edited or damaged journal is never acted on: the node is
+given back and the failure reported) and is written atomically through :class:`JournalFiles`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from enum import StrEnum
@@ -111,6 +113,11 @@ class Journal(_Lenient):
         return tuple(g.state() for g in self.previous)
 
 
+def _checksum(data: dict[str, object]) -> str:
+    """sha256 of the canonical JSON of the journal's fields (everything but the checksum itself)."""
+    return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 class JournalError(RuntimeError):
     """The journal exists but cannot be used; the manager refuses to guess and reports it."""
 
@@ -148,13 +155,20 @@ class JournalStore:
             raise JournalError(
                 f"MIG journal {self.path} has version {data['version']}; this agent reads up to {JOURNAL_VERSION}"
             )
+        if not isinstance(data, dict):
+            raise JournalError(f"MIG journal {self.path} is not a JSON object")
+        checksum = data.pop("checksum", None)
+        if checksum != _checksum(data):
+            raise JournalError(f"MIG journal {self.path} fails its checksum (edited or damaged)")
         try:
             return Journal.model_validate(data)
         except ValidationError as e:
             raise JournalError(f"MIG journal {self.path} is unreadable: {e.errors(include_url=False)[0]['msg']}") from e
 
     def save(self, journal: Journal) -> None:
-        self.files.write_atomic(self.path, journal.model_dump_json(indent=1).encode())
+        data = journal.model_dump(mode="json")
+        doc = {"checksum": _checksum(data), **data}
+        self.files.write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True).encode())
 
     def clear(self) -> None:
         self.files.remove(self.path)

@@ -295,6 +295,18 @@ def test_unreadable_journal_returns_the_node_and_reports() -> None:
     assert_returned_to_service(rig.node, "success")
 
 
+def test_edited_journal_fails_its_checksum() -> None:
+    rig = mig_node(Rig(FakeBackend.of("A100-40GB", count=1)), "all-7g.40gb")
+    rig.node.on_wait = []
+    rig.manager().run_until_blocked()
+    path = rig.journal.path
+    rig.files.data[path] = rig.files.data[path].replace(b'"approval"', b'"layout"')
+    rig.converge()
+    assert "fails its checksum" in rig.node.events[-1][1]
+    assert_returned_to_service(rig.node, "failed")
+    assert rig.backend.calls == {}  # the edited phase was not acted on
+
+
 def test_journal_from_a_newer_agent_is_not_guessed_at() -> None:
     rig = mig_node(Rig(FakeBackend.of("A100-40GB", count=1)), "all-7g.40gb")
     rig.node.on_wait = []
