@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from node_agent.deviceplugin.devices import MIG_MINORS_PATH, parse_mig_minors
 from node_agent.deviceplugin.health import DEFAULT_IGNORED_XIDS
 from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
 from node_agent.host.pci import nvidia_gpus
@@ -33,7 +34,6 @@ from nvgpu import catalogue
 
 log = logging.getLogger(__name__)
 
-MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 VFIO_DRIVER = "vfio-pci"
 
 #: go-nvlib's architecture names, which NVIDIA's DRA driver publishes (``device.attributes[...].architecture``).
@@ -51,16 +51,6 @@ def architecture_name(arch: str) -> str:
 def brand_name(product: str) -> str:
     """NVML's brand as NVIDIA's driver spells it: data-center parts report ``Nvidia``, older ones ``Tesla``."""
     return "Tesla" if product.startswith("Tesla") else "Nvidia"
-
-
-def parse_mig_minors(text: str) -> dict[str, int]:
-    """``gpu0/gi1/access 12`` lines to ``{"gpu0/gi1/access": 12}``."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
 
 
 class NvmlInventorySource:
@@ -128,7 +118,7 @@ class NvmlInventorySource:
 
     def _gpus(self, inv: NvmlInventory, profiles: dict[int, dict[int, Any]]
               ) -> tuple[tuple[GpuInfo, ...], tuple[MigInfo, ...]]:
-        minors = parse_mig_minors(self._host.read_text_or_none(MIG_MINORS) or "")
+        minors = parse_mig_minors(self._host.read_text_or_none(MIG_MINORS_PATH) or "")
         gpus: list[GpuInfo] = []
         migs: list[MigInfo] = []
         for g in inv.gpus:

@@ -15,7 +15,7 @@ from kubernetes import client
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.cleanup import FINALIZER, MarkerState, UninstallWatcher
 from node_agent.dra.devices import HealthAction, allocatable_devices
-from node_agent.dra.nvml_source import NvmlInventorySource, parse_mig_minors
+from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.nvml.session import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
@@ -70,10 +70,6 @@ def test_mig_devices_and_lost_gpu_on_a_simulated_a100(host_root: Path, tmp_path:
         assert tainted["gpu-3"].taints[0].key == "gpu.nvidia.com/gpu-lost"
     finally:
         source.close()
-
-
-def test_parse_mig_minors_ignores_noise() -> None:
-    assert parse_mig_minors("config 1\ngpu0/gi2/access 12\nbad line here\n") == {"config": 1, "gpu0/gi2/access": 12}
 
 
 def _marker(server: FakeApiServer, **meta: object) -> None:
