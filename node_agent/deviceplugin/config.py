@@ -444,6 +444,8 @@ def resolve(cfg: ConfigFile, env: Overrides | None = None, cli: Overrides | None
     if "nvidia_dev_root" not in values:
         values["nvidia_dev_root"] = values.get("nvidia_driver_root", defaults.nvidia_driver_root)
     settings = replace(defaults, **values)
+    if cfg.resources is not None and (cfg.resources.gpus or cfg.resources.mig):
+        log.warning("event=config-ignored field=resources reason=renaming-disabled-upstream")
     problems: list[str] = []
     sharing = _sharing(cfg, settings.mig_strategy, problems)
     if sharing.strategy is SharingStrategy.MPS and not settings.mps_root:

@@ -23,6 +23,7 @@ from node_agent.deviceplugin.devices import (
     numa_node,
     parse_mig_minors,
 )
+from nvgpu.catalogue import MIN_COMPUTE_CAPABILITY
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +152,14 @@ def strip_replica(device_id: str) -> str:
 
 
 def build_resources(gpus: Sequence[Gpu], settings: Settings, host: HostFiles) -> tuple[Resource, ...]:
-    """Every resource this node advertises, sorted by name."""
-    base = _base_resources(gpus, settings.mig_strategy, host)
+    """Every resource this node advertises, sorted by name (GPUs older than the catalogue's minimum
+    compute capability are left out)."""
+    usable = [g for g in gpus if g.compute_capability >= MIN_COMPUTE_CAPABILITY]
+    for g in gpus:
+        if g.compute_capability < MIN_COMPUTE_CAPABILITY:
+            log.warning("event=gpu-unsupported index=%d uuid=%s compute_capability=%d.%d minimum=%d.%d", g.index,
+                        g.uuid, *g.compute_capability, *MIN_COMPUTE_CAPABILITY)
+    base = _base_resources(usable, settings.mig_strategy, host)
     sharing = settings.sharing
     out: dict[str, Resource] = {}
     for name, devices in base.items():

@@ -388,3 +388,12 @@ def test_best_set_prunes_symmetric_topologies() -> None:
     t = time.perf_counter()
     assert len(best_set(16, lambda a, b: 1200, [], 8)) == 8
     assert time.perf_counter() - t < 0.5
+
+
+def test_gpus_below_the_minimum_compute_capability_are_not_advertised(host: FakeHost) -> None:
+    from dataclasses import replace
+
+    node = machine("l4x2", host)
+    old = replace(node.gpu_list[1], compute_capability=(5, 2))
+    (r,) = build_resources([node.gpu_list[0], old], config.load(""), host)
+    assert [d.id for d in r.devices] == [node.gpu_list[0].uuid]
