@@ -28,6 +28,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("labels", "node_agent.labels", "GPU feature-discovery labels: NFD feature file and Node labels"),
     Command("setup", "node_agent.setup", "check, runtime, sysctl (and vfio), then mark the node ready"),
     Command("teardown", "node_agent.setup", "undo setup: remove the label, the runtime drop-in, the sysctl"),
+    Command("sim", "node_agent.simctl", "inspect a simulated machine or inject faults into it"),
     Command("mig-manager", "node_agent.mig.cli", "converge this node's MIG layout to its label"),
     Command("mig", "node_agent.mig.cli", "plan, apply or assert a MIG layout (no Kubernetes)"),
     Command("dra-driver", "node_agent.kubelet.dra.command", "run the DRA kubelet plugin (ResourceSlices, claims)"),
