@@ -37,18 +37,23 @@ class LabelSource(Protocol):
 class InClusterNodeLabel:
     """GET /api/v1/nodes/<name> with the pod's service account token."""
 
-    def __init__(self, node_name: str, key: str = CONFIG_LABEL, timeout_s: float = 10.0):
-        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise OSError("not running in a cluster (KUBERNETES_SERVICE_HOST is unset)")
-        self.url = f"https://{host}:{port}/api/v1/nodes/{node_name}"
+    def __init__(self, node_name: str, key: str = CONFIG_LABEL, timeout_s: float = 10.0, *,
+                 server: str | None = None, account_dir: Path = SERVICE_ACCOUNT):
+        if server is None:
+            host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+            port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            if not host:
+                raise OSError("not running in a cluster (KUBERNETES_SERVICE_HOST is unset)")
+            server = f"https://{host}:{port}"
+        self.url = f"{server}/api/v1/nodes/{node_name}"
         self.key = key
         self.timeout_s = timeout_s
-        self._ctx = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
+        self.account_dir = account_dir
+        ca = account_dir / "ca.crt"
+        self._ctx = ssl.create_default_context(cafile=str(ca)) if server.startswith("https") else None
 
     def label(self) -> str | None:
-        token = (SERVICE_ACCOUNT / "token").read_text().strip()  # re-read: projected tokens rotate
+        token = (self.account_dir / "token").read_text().strip()  # re-read: projected tokens rotate
         req = urllib.request.Request(self.url, headers={"Authorization": f"Bearer {token}",
                                                         "Accept": "application/json"})
         with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ctx) as resp:

@@ -397,3 +397,40 @@ def test_gpus_below_the_minimum_compute_capability_are_not_advertised(host: Fake
     old = replace(node.gpu_list[1], compute_capability=(5, 2))
     (r,) = build_resources([node.gpu_list[0], old], config.load(""), host)
     assert [d.id for d in r.devices] == [node.gpu_list[0].uuid]
+
+
+def test_in_cluster_node_label_reads_the_own_node(tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from node_agent.deviceplugin.nodelabel import InClusterNodeLabel
+
+    seen: list[tuple[str, str | None]] = []
+    labels = {"nvidia.com/device-plugin.config": "MPS"}
+
+    class Api(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization")))
+            body = json.dumps({"kind": "Node", "metadata": {"name": "gpu-1", "labels": labels}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "token").write_text("t0k3n\n")
+        src = InClusterNodeLabel("gpu-1", server=f"http://127.0.0.1:{server.server_address[1]}",
+                                 account_dir=tmp_path)
+        assert src.label() == "MPS"
+        assert seen == [("/api/v1/nodes/gpu-1", "Bearer t0k3n")]
+        labels.clear()
+        assert src.label() is None
+    finally:
+        server.shutdown()
+        server.server_close()
