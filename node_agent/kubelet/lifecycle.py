@@ -173,8 +173,12 @@ class Supervisor:
         self.plugins = plugins
         plugins.start()
         self.servers = [ResourceServer(p, self.socket_dir) for p in plugins.plugins]
-        for s in self.servers:
-            s.start()
+        try:
+            for s in self.servers:
+                s.start()
+        except BaseException:
+            self._stop_all()  # nothing half-started is left behind for the retry
+            raise
         self.state.started = True
         self._register_all()
 

@@ -285,3 +285,30 @@ def test_status_endpoints(run_plugin: Callable[..., Running], host: FakeHost) ->
         assert 'nvidia_gpu_device_plugin_devices{health="Healthy",resource="nvidia.com/gpu"} 2.0' in text
     finally:
         status.stop()
+
+
+def test_half_started_servers_are_cleaned_up_before_retry(run_plugin: Callable[..., Running], host: FakeHost,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from node_agent.kubelet import lifecycle
+
+    real_start = lifecycle.ResourceServer.start
+    calls: list[str] = []
+    servers: list[lifecycle.ResourceServer] = []
+
+    def flaky(self: lifecycle.ResourceServer) -> None:
+        calls.append(self.plugin.name)
+        servers.append(self)
+        if len(calls) == 2:  # the second resource's socket does not answer, once
+            raise lifecycle.TransientError(f"{self.plugin.name}: own socket does not answer")
+        real_start(self)
+
+    monkeypatch.setattr(lifecycle.ResourceServer, "start", flaky)
+    node = machine("dgx-a100-40gb", host, mig=["3g.20gb", "1g.5gb"])
+    r = run_plugin(node, "flags: {migStrategy: mixed}\n")
+    r.kubelet.wait_registered({"nvidia.com/mig-3g.20gb", "nvidia.com/mig-1g.5gb"}, timeout=5)
+    assert len(calls) == 4
+    assert {p.name for p in r.kubelet.dir.glob("nvidia-*.sock")} == {"nvidia-mig-3g.20gb.sock",
+                                                                    "nvidia-mig-1g.5gb.sock"}
+    assert len(r.supervisor.servers) == 2
+    # The first attempt's server that did start was stopped, not leaked.
+    assert servers[0] not in r.supervisor.servers and servers[0]._server is None
