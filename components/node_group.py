@@ -19,6 +19,7 @@ from components.manifests.workloads import GroupContext
 from components.platform import PlatformRefs
 from components.register import register, register_patch
 from components.sharing_policy import SharingPolicy, SharingPolicyArgs
+from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend
 
@@ -45,7 +46,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         group, cluster, refs = args.group, args.cluster, args.platform
         deckhouse_backend = cluster.node_setup is NodeSetupBackend.DECKHOUSE
-        ctx = GroupContext(namespace=refs.namespace, cluster=cluster, group=group, label_flow=not deckhouse_backend)
+        ctx = GroupContext(namespace=refs.namespace, cluster=cluster, group=group)
 
         def runs_as(role: AgentRole, *extra: pulumi.Resource) -> pulumi.ResourceOptions:
             return pulumi.ResourceOptions(parent=self, depends_on=[*refs.needs(role), *extra])
@@ -90,9 +91,15 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 runs_as(AgentRole.DEVICE_PLUGIN, self.sharing.config_map),
             )
 
+        #: What the group's nodes must carry; on the daemonset backend the cluster's node provisioning
+        #: (node pool labels and taints) applies these, on Deckhouse the node template above does.
+        self.node_labels = desired_node_labels(group)
+        self.node_taints = [t.as_dict() for t in desired_node_taints(group)]
         self.register_outputs(
             {
                 "nodeGroup": group.name,
+                "nodeLabels": self.node_labels,
+                "nodeTaints": self.node_taints,
                 "sharing": group.gpu.sharing.value,
                 "allocationMode": args.allocation_mode.value,
                 "deviceConfigMap": self.sharing.config_map_name if self.sharing else None,

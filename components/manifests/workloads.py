@@ -22,8 +22,7 @@ from components.manifests.platform import AgentRole
 from components.manifests.scheduling import node_affinity, tolerations
 from components.manifests.sharing import MPS_ROOT, config_map_name
 from nvgpu import labels
-from nvgpu.nodelabels import desired_node_labels, desired_node_taints
-from nvgpu.stackconfig import Cluster, NodeGroup
+from nvgpu.stackconfig import Cluster, NodeGroup, Sharing
 
 AGENT = ["python", "-m", "node_agent"]
 #: Where the named device-plugin configs are mounted in the plugin container.
@@ -35,7 +34,8 @@ AGENT_STATE_DIR = "/var/lib/nvidia-gpu-agent"
 #: The setup agent sees the whole host under this path (``--host-root``), never at ``/``.
 HOST_ROOT = "/host"
 LABEL_INTERVAL_SECONDS = 60
-SETUP_INTERVAL_SECONDS = 300
+#: The setup pod's main process: wait for SIGTERM and exit (as PID 1 it must handle SIGTERM itself).
+HOLD_SCRIPT = "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); signal.pause()"
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,6 @@ class GroupContext:
     namespace: str
     cluster: Cluster
     group: NodeGroup
-    #: The daemonset backend: the labeller also applies the Deckhouse-flow labels and taints itself.
-    label_flow: bool
 
     @property
     def image(self) -> str:
@@ -217,13 +215,15 @@ def scrape_annotations(ctx: GroupContext) -> dict[str, str]:
 
 
 def labeller_args(ctx: GroupContext) -> list[str]:
-    args = ["labels", "--loop", "--interval", str(LABEL_INTERVAL_SECONDS), "--patch-node"]
-    if ctx.label_flow:
-        for key, value in desired_node_labels(ctx.group).items():
-            args += ["--node-label", f"{key}={value}"]
-        for taint in desired_node_taints(ctx.group):
-            args += ["--node-taint", f"{taint.key}={taint.value}:{taint.effect}"]
-    return args
+    """``labels`` with the group's sharing, so the GFD labels (``.replicas``, ``.sharing-strategy``) match."""
+    gpu = ctx.group.gpu
+    mig_strategy = gpu.effective_mig.strategy.value if gpu.sharing is Sharing.MIG else "none"
+    return [
+        "labels", "--loop", "--interval", str(LABEL_INTERVAL_SECONDS), "--patch-node",
+        "--mig-strategy", mig_strategy,
+        "--replicas", str(gpu.replicas),
+        "--sharing-strategy", "mps" if gpu.sharing is Sharing.MPS else "time-slicing",
+    ]
 
 
 def labeller_daemonset(ctx: GroupContext) -> Manifest:
@@ -249,34 +249,33 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
 def setup_daemonset(ctx: GroupContext) -> Manifest:
     """Node setup for clusters without Deckhouse.
 
-    The init container runs ``setup`` once (check, runtime, sysctl, then the setup-complete label), so a
-    node that cannot be prepared shows ``Init:Error`` with the reason; the main container repeats it
-    every few minutes to repair drift and to drop the label if the GPU becomes unusable.
+    The init container runs ``setup`` (check, runtime, sysctl, then the setup-complete label), so a
+    node that cannot be prepared shows ``Init:Error`` with the reason and the gate stays closed. The
+    main container only holds the pod (exiting on SIGTERM) so that its ``preStop`` hook can undo
+    the setup when the pod goes away.
 
     Teardown story: ``updateStrategy: OnDelete`` makes a pod's deletion mean "this node leaves the
     group" (the node no longer matches, the group or the stack is removed, or an operator deletes the
-    pod on purpose), and only then the ``preStop`` hook runs ``teardown``: the label, the containerd
-    drop-in and the sysctl change are rolled back. A new image therefore rolls out node by node, when
-    an operator deletes each pod, never as a surprise restart of containerd across the fleet.
+    pod on purpose), and only then ``preStop`` runs ``teardown``: the label, the containerd drop-in
+    and the sysctl change are rolled back. A new image therefore rolls out node by node, when an
+    operator deletes each pod, never as a surprise restart of containerd across the fleet.
     """
     component = AgentRole.NODE_SETUP.value
     base = ["--host-root", HOST_ROOT]
     # Privileged: the agent writes /proc/sys, loads kernel modules and restarts containerd through the
-    # host's systemd (reached via the host root mount, so hostPID is not needed).
-    init = _container(ctx, f"{component}-once", AgentRole.NODE_SETUP, [*base, "setup"], _PRIVILEGED)
-    main = _container(
-        ctx, component, AgentRole.NODE_SETUP, [*base, "setup", "--loop", "--interval", str(SETUP_INTERVAL_SECONDS)],
-        _PRIVILEGED,
-    )
-    main["lifecycle"] = {"preStop": {"exec": {"command": [*AGENT, *base, "teardown"]}}}
+    # host's systemd (reached via the host root mount and chroot, so hostPID is not needed).
+    init = _container(ctx, component, AgentRole.NODE_SETUP, [*base, "setup"], _PRIVILEGED)
+    hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, [], _PRIVILEGED)
+    hold["command"] = ["python", "-c", HOLD_SCRIPT]
+    hold["lifecycle"] = {"preStop": {"exec": {"command": [*AGENT, *base, "teardown"]}}}
     mounts = [_mount("host-root", HOST_ROOT), _TMP_MOUNT]
     init["volumeMounts"] = list(mounts)
-    main["volumeMounts"] = list(mounts)
+    hold["volumeMounts"] = list(mounts)
     pod_spec = {
         "hostPID": False,
         "terminationGracePeriodSeconds": 120,
         "initContainers": [init],
-        "containers": [main],
+        "containers": [hold],
         "volumes": [_host_path("host-root", "/", "Directory"), dict(_TMP_VOLUME)],
     }
     return _daemonset(ctx, component, AgentRole.NODE_SETUP, pod_spec, require_setup_complete=False,

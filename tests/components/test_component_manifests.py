@@ -22,7 +22,7 @@ DATA = Path(__file__).resolve().parent / "data"
 
 def _ctx(groups: list[dict[str, Any]], node_setup: str = "deckhouse") -> GroupContext:
     cfg = stack_config(groups, node_setup=node_setup)
-    return GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0], label_flow=node_setup == "daemonset")
+    return GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
 
 
 #: Only the device plugin (host devices, kubelet sockets) and node setup (/proc/sys, containerd) are privileged.
@@ -195,7 +195,7 @@ def test_every_container_is_pinned_bounded_and_locked_down(node_setup: str) -> N
         assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
         for c in _containers(ds):
             assert c["image"] == "registry.example.com/nvidia-gpu-agent:0.1.0"
-            assert c["command"] == ["python", "-m", "node_agent"]
+            assert c["command"] in (["python", "-m", "node_agent"], ["python", "-c", workloads.HOLD_SCRIPT])
             assert set(c["resources"]) == {"requests", "limits"}
             assert c["securityContext"]["readOnlyRootFilesystem"] is True
             privileged = c["securityContext"].get("privileged", False)
@@ -221,19 +221,26 @@ def test_device_plugin_runs_the_agent_with_the_groups_configs() -> None:
 @pytest.mark.parametrize("enabled", [True, False])
 def test_device_plugin_is_scraped_only_with_monitoring_on(enabled: bool) -> None:
     cfg = stack_config([group()], monitoring={"enabled": enabled})
-    ctx = GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0], label_flow=False)
+    ctx = GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
     annotations = workloads.device_plugin_daemonset(ctx)["spec"]["template"]["metadata"].get("annotations", {})
     assert (annotations.get("prometheus.io/port") == str(workloads.DEVICE_PLUGIN_METRICS_PORT)) is enabled
 
 
-def test_labeller_applies_flow_labels_only_off_deckhouse() -> None:
-    deck = workloads.labeller_args(_ctx([group(sharing="TimeSlicing")]))
-    assert "--node-label" not in deck
-    selected = {"name": "g", "nodeSelector": {"matchLabels": {"a": "b"}}, "gpu": {"sharing": "TimeSlicing"}}
-    generic = workloads.labeller_args(_ctx([selected], "daemonset"))
-    assert "--node-label" in generic
-    assert f"{labels.DEVICE_GPU_CONFIG}=TimeSlicing" in generic
-    assert "nvidia.com/gpu=present:NoSchedule" in generic
+@pytest.mark.parametrize(
+    ("gpu", "expected"),
+    [
+        ({"sharing": "Exclusive"}, ["--mig-strategy", "none", "--replicas", "1", "--sharing-strategy", "time-slicing"]),
+        ({"sharing": "TimeSlicing", "timeSlicing": {"partitionCount": 8}},
+         ["--mig-strategy", "none", "--replicas", "8", "--sharing-strategy", "time-slicing"]),
+        ({"sharing": "MPS"}, ["--mig-strategy", "none", "--replicas", "4", "--sharing-strategy", "mps"]),
+        ({"sharing": "MIG", "mig": {"strategy": "single"}},
+         ["--mig-strategy", "single", "--replicas", "1", "--sharing-strategy", "time-slicing"]),
+    ],
+)
+def test_labeller_labels_with_the_groups_sharing(gpu: dict[str, Any], expected: list[str]) -> None:
+    args = workloads.labeller_args(_ctx([{"name": "g", "nodeGroup": "ng", "gpu": gpu}]))
+    assert args[:5] == ["labels", "--loop", "--interval", "60", "--patch-node"]
+    assert args[5:] == expected
 
 
 def test_setup_daemonset_runs_before_the_gate_and_tears_down_on_delete() -> None:
@@ -243,7 +250,10 @@ def test_setup_daemonset_runs_before_the_gate_and_tears_down_on_delete() -> None
     assert all(e["key"] != labels.GPU_SETUP_COMPLETE for e in exprs["matchExpressions"])
     assert pod["hostPID"] is False
     assert pod["initContainers"][0]["args"] == ["--host-root", "/host", "setup"]
-    assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1] == "teardown"
+    hold = pod["containers"][0]
+    assert hold["lifecycle"]["preStop"]["exec"]["command"] == [
+        "python", "-m", "node_agent", "--host-root", "/host", "teardown"]
+    assert hold["command"][:2] == ["python", "-c"] and "SIGTERM" in hold["command"][2]
     assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
 
