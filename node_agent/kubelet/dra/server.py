@@ -161,11 +161,15 @@ class PluginServer:
 
     def _start_registration(self) -> None:
         self.registration.registered = False
-        self._reg = _serve(self._reg_socket, 2)
+        # Bind under a hidden name and rename once serving: the kubelet's watcher dials a socket as soon
+        # as it appears, and a socket that exists but does not accept yet is refused.
+        staging = self._reg_socket.with_name(f".{self._reg_socket.name}.starting")
+        self._reg = _serve(staging, 2)
         reg_grpc.add_RegistrationServicer_to_server(
             _RegistrationServicer(self.driver.settings.driver, self.endpoint, self.registration), self._reg)
-        self._reg.add_insecure_port(f"unix://{self._reg_socket}")
+        self._reg.add_insecure_port(f"unix://{staging}")
         self._reg.start()
+        os.replace(staging, self._reg_socket)
         log.info("event=serving dra_socket=%s registration_socket=%s", self.endpoint, self.registration_endpoint)
 
     def _watch_loop(self, interval: float) -> None:
