@@ -105,8 +105,6 @@ def main() -> int:
         cmd = [sys.executable, "-m", "node_agent", "--host-root", str(root), "--nvml", "simulated:dgx-h100",
                "--node-name", NODE, "--kubeconfig", str(kubeconfig(server, root)), "--log-level",
                os.environ.get("BENCH_LOG", "warning"), "dra-driver"]
-        if not (ROOT / "node_agent" / "cli.py").exists():
-            cmd = [sys.executable, "-m", "node_agent.kubelet.dra.command", *cmd[3:-1]]
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
         try:

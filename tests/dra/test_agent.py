@@ -122,8 +122,8 @@ def test_dra_driver_command_serves_until_sigterm(host_root: Path, api_server: Fa
         f"clusters: [{{name: t, cluster: {{server: '{api_server.url.rstrip('/')}'}}}}]\n"
         "users: [{name: t, user: {}}]\ncontexts: [{name: t, context: {cluster: t, user: t}}]\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "node_agent.kubelet.dra.command", "--host-root", str(host_root),
-         "--nvml", "simulated:dgx-h100", "--node-name", NODE, "--kubeconfig", str(kubeconfig)],
+        [sys.executable, "-m", "node_agent", "--host-root", str(host_root), "--nvml", "simulated:dgx-h100",
+         "--node-name", NODE, "--kubeconfig", str(kubeconfig), "dra-driver", "--poll-interval", "0.2"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE)
     kubelet = KubeletStandIn(host_root)
     try:

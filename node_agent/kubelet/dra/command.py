@@ -11,23 +11,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 
+from node_agent.context import AgentContext
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.cleanup import UninstallWatcher
 from node_agent.dra.devices import HealthAction
 from node_agent.dra.driver import DEFAULT_STATE_DIR, DraDriver, DriverSettings
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.dra.sharing import NvidiaSmiSharing
-from node_agent.host.root import HostRoot
 from node_agent.kubelet.dra.server import PLUGINS_DIR, REGISTRY_DIR, PluginServer
-from node_agent.nvml.session import NvmlBackend
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +51,7 @@ def register(subparsers: Any) -> None:
 
 
 def api_client(kubeconfig: str | None) -> client.ApiClient:
+    """In-cluster credentials in the DaemonSet; a kubeconfig for tests and development."""
     if kubeconfig:
         api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
         return api
@@ -63,14 +61,12 @@ def api_client(kubeconfig: str | None) -> client.ApiClient:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; reads the agent's global options (host root, NVML, node, kubeconfig)."""
-    host = HostRoot(getattr(args, "host_root", "/") or "/")
-    node = getattr(args, "node_name", None) or os.environ.get("NODE_NAME", "")
+    ctx = AgentContext.from_args(args)
+    host, node = ctx.host, ctx.require_node_name()
     settings = DriverSettings(driver=args.driver_name, node=node, state_dir=args.state_dir,
                               health=HealthAction(args.health_action), poll_interval=args.poll_interval)
-    api = KubeDraApi(api_client(getattr(args, "kubeconfig", None)))
-    state = getattr(args, "nvml_state", None)
-    backend = NvmlBackend.parse(getattr(args, "nvml", "real") or "real", state_file=Path(state) if state else None)
-    source = NvmlInventorySource(backend, host)
+    api = KubeDraApi(api_client(str(ctx.kubeconfig) if ctx.kubeconfig else None))
+    source = NvmlInventorySource(ctx.nvml_backend, host)
     driver = DraDriver(settings, api=api, source=source, host=host, backend=NvidiaSmiSharing(host))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -93,20 +89,3 @@ def run(args: argparse.Namespace) -> int:
     source.close()
     log.info("event=dra-driver-stopped driver=%s node=%s", settings.driver, node)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m node_agent.kubelet.dra.command``) with the agent's global options."""
-    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
-    p.add_argument("--host-root", default="/")
-    p.add_argument("--nvml", default="real", help="real | simulated:<machine>")
-    p.add_argument("--nvml-state", default=None, help="simulated machines: state file shared with tests")
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
-    p.add_argument("--kubeconfig", default=None)
-    add_arguments(p)
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"), format="%(asctime)s %(levelname)s %(message)s")
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
