@@ -264,7 +264,9 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     base = ["--host-root", HOST_ROOT]
     # Privileged: the agent writes /proc/sys, loads kernel modules and restarts containerd through the
     # host's systemd (reached via the host root mount and chroot, so hostPID is not needed).
-    init = _container(ctx, component, AgentRole.NODE_SETUP, [*base, "setup"], _PRIVILEGED)
+    # Passthrough groups (DRA, vfio.gpu.nvidia.com) also get VFIO prepared: modules and the IOMMU check.
+    setup = [*base, "setup", *(["--dra"] if ctx.group.passthrough else [])]
+    init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
     hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, [], _PRIVILEGED)
     hold["command"] = ["python", "-c", HOLD_SCRIPT]
     hold["lifecycle"] = {"preStop": {"exec": {"command": [*AGENT, *base, "teardown"]}}}
