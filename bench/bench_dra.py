@@ -35,7 +35,7 @@ from node_agent.dra.api import KubeDraApi  # noqa: E402
 from node_agent.dra.driver import DraDriver, DriverSettings  # noqa: E402
 from node_agent.dra.nvml_source import NvmlInventorySource  # noqa: E402
 from node_agent.host.root import HostRoot  # noqa: E402
-from tests.dra.builders import DRIVER, NODE, RecordingSharing, claim  # noqa: E402
+from tests.dra.builders import DRIVER, NODE, RecordingSharing, claim, machine, populate_dev  # noqa: E402
 from tests.dra.kubelet_standin import KubeletStandIn  # noqa: E402
 
 ITERATIONS = int(os.environ.get("BENCH_ITERATIONS", "300"))
@@ -51,6 +51,7 @@ def new_root() -> Path:
     boot = root / "proc/sys/kernel/random/boot_id"
     boot.parent.mkdir(parents=True)
     boot.write_text("bench-boot\n")
+    populate_dev(root, machine(gpus=8))  # /dev/nvidia0..7 and the control nodes of a DGX H100
     return root
 
 

@@ -29,7 +29,8 @@ CDI_DIR = "/var/run/cdi"
 CDI_CLASS = "claim"
 CLAIM_ANNOTATION = "nvidia-gpu.io/claim"
 DEVICES_ANNOTATION = "nvidia-gpu.io/devices"
-#: Control nodes every CUDA container needs, whichever GPU it gets.
+#: Control nodes every CUDA container needs, whichever GPU it gets; the first is required, the UVM nodes
+#: appear when ``nvidia-uvm`` is loaded and are included when present (a missing node fails the container).
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
@@ -110,7 +111,17 @@ def _node(path: str) -> DeviceNode:
     return DeviceNode(path=path, host_path=path, permissions="rw")
 
 
-def build_spec(driver: str, claim_uid: str, claim: str, devices: Sequence[ClaimDevice]) -> CdiSpec:
+def missing_device_nodes(host: HostPaths, devices: Sequence[ClaimDevice]) -> list[str]:
+    """Nodes the claim needs that are not on the host yet (driver still loading). Prepare refuses then,
+    instead of writing a spec without them that runtimes would cache (NVIDIA's driver issue #1380)."""
+    needed = [n for cd in devices for n in cd.device.device_nodes]
+    if any(cd.device.kind is not DeviceKind.VFIO for cd in devices):
+        needed.append(CONTROL_NODES[0])
+    return [n for n in dict.fromkeys(needed) if not host.path(n).exists()]
+
+
+def build_spec(driver: str, claim_uid: str, claim: str, devices: Sequence[ClaimDevice],
+               control_nodes: Sequence[str] = CONTROL_NODES) -> CdiSpec:
     out = []
     for cd in devices:
         d = cd.device
@@ -124,7 +135,7 @@ def build_spec(driver: str, claim_uid: str, claim: str, devices: Sequence[ClaimD
         )))
     needs_control = any(cd.device.kind is not DeviceKind.VFIO for cd in devices)
     common = ContainerEdits(
-        env=["NVIDIA_DRIVER_CAPABILITIES=compute,utility"], device_nodes=[_node(p) for p in CONTROL_NODES],
+        env=["NVIDIA_DRIVER_CAPABILITIES=compute,utility"], device_nodes=[_node(p) for p in control_nodes],
     ) if needs_control else None
     annotations = {
         CLAIM_ANNOTATION: claim,

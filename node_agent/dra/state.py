@@ -134,6 +134,10 @@ class DeviceState:
             groups = self._sharing_groups(claim, devices)
             deadline.check("changing the host")
             record, per_device = self._plan(claim, devices, groups)
+            missing = cdi.missing_device_nodes(self._host, per_device)
+            if missing:
+                raise PrepareError(f"claim {claim.ref}: device nodes not on the host yet: {', '.join(missing)} "
+                                   "(is the NVIDIA driver loaded?); the kubelet will retry")
             if record.sharing:
                 # Journal the intent before the first host change, so a crash mid-way is rolled back. A
                 # claim without sharing changes only writes its CDI spec, and a spec nobody records is
@@ -144,7 +148,8 @@ class DeviceState:
                 for (_cfg_key, (gsharing, gdevices)), applied in zip(groups.items(), record.sharing, strict=True):
                     deadline.check("applying sharing")
                     sharing.apply(self._backend, self._host, uid, record=applied, sharing=gsharing, devices=gdevices)
-                spec = cdi.build_spec(self.driver, uid, str(claim.ref), per_device)
+                control = [n for n in cdi.CONTROL_NODES if self._host.path(n).exists()]
+                spec = cdi.build_spec(self.driver, uid, str(claim.ref), per_device, control)
                 cdi.write_spec(self._host, self.driver, uid, spec)
             except Exception as e:
                 log.error("event=prepare-failed claim=%s uid=%s error=%s", claim.ref, uid, e)

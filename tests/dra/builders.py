@@ -6,6 +6,7 @@ import threading
 import uuid as uuidlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
@@ -134,3 +135,16 @@ def gpu_config(source: str, requests: Sequence[str], sharing: dict[str, Any] | N
     if sharing is not None:
         params["sharing"] = sharing
     return {"source": source, "requests": list(requests), "opaque": {"driver": driver, "parameters": params}}
+
+
+def populate_dev(root: Path, inventory: Inventory, *, uvm: bool = True) -> None:
+    """Create the device nodes (as plain files) the node's devices need under a fake host root."""
+    from node_agent.dra.devices import allocatable_devices
+
+    nodes = ["/dev/nvidiactl", *(["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] if uvm else [])]
+    nodes += [n for d in allocatable_devices(inventory) for n in d.device_nodes]
+    nodes += [f"/dev/nvidia{g.minor}" for g in inventory.gpus]
+    for n in nodes:
+        path = root / n.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()

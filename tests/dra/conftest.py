@@ -14,7 +14,7 @@ import pytest
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.hostfs import RootedPaths
-from tests.dra.builders import DRIVER, NODE, FakeSource, RecordingSharing, machine
+from tests.dra.builders import DRIVER, NODE, FakeSource, RecordingSharing, machine, populate_dev
 from tests.dra.kmock_server import FakeApiServer, fake_api_server
 
 BOOT_ID = "11111111-2222-3333-4444-555555555555"
@@ -60,5 +60,6 @@ def make_driver(root: Path, server: FakeApiServer, source: FakeSource, sharing: 
 @pytest.fixture
 def env(host_root: Path, api_server: FakeApiServer) -> Env:
     source = FakeSource(machine(gpus=2, mig_on=(1,), vfio=1))
+    populate_dev(host_root, source.snapshot())
     sharing = RecordingSharing()
     return Env(host_root, api_server, source, sharing, make_driver(host_root, api_server, source, sharing))

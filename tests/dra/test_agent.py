@@ -19,7 +19,7 @@ from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.nvml.session import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
-from tests.dra.builders import DRIVER, NODE, claim
+from tests.dra.builders import DRIVER, NODE, claim, machine, populate_dev
 from tests.dra.conftest import Env
 from tests.dra.kmock_server import FakeApiServer
 from tests.dra.kubelet_standin import KubeletStandIn
@@ -121,6 +121,7 @@ def test_dra_driver_command_serves_until_sigterm(host_root: Path, api_server: Fa
         "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
         f"clusters: [{{name: t, cluster: {{server: '{api_server.url.rstrip('/')}'}}}}]\n"
         "users: [{name: t, user: {}}]\ncontexts: [{name: t, context: {cluster: t, user: t}}]\n")
+    populate_dev(host_root, machine(gpus=8))
     proc = subprocess.Popen(
         [sys.executable, "-m", "node_agent", "--host-root", str(host_root), "--nvml", "simulated:dgx-h100",
          "--node-name", NODE, "--kubeconfig", str(kubeconfig), "dra-driver", "--poll-interval", "0.2"],

@@ -333,3 +333,18 @@ def test_driver_requires_node_name(env: Env) -> None:
     with pytest.raises(ValueError, match="node name"):
         DraDriver(type(env.driver.settings)(node=""), api=env.driver._api, source=env.source,
                   host=RootedPaths(env.root), backend=env.sharing)
+
+
+def test_missing_device_nodes_refuse_instead_of_caching_an_incomplete_spec(
+        env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+    _, kubelet = plugin
+    (env.root / "dev/nvidia0").unlink()
+    (env.root / "dev/nvidia-uvm-tools").unlink()
+    ref = put_claim(env, claim("early", "uid-early", [("gpu", "gpu-0")]))
+    error = kubelet.prepare(DRIVER, [ref]).claims["uid-early"].error
+    assert "device nodes not on the host yet: /dev/nvidia0" in error
+    assert not spec_file(env, "uid-early").exists() and checkpoint(env) == {}
+    (env.root / "dev/nvidia0").touch()  # the driver finished loading; the kubelet retries
+    assert kubelet.prepare(DRIVER, [ref]).claims["uid-early"].error == ""
+    common = json.loads(spec_file(env, "uid-early").read_text())["containerEdits"]["deviceNodes"]
+    assert [n["path"] for n in common] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]  # absent UVM tools node left out
