@@ -226,6 +226,12 @@ def restart_containerd(host: HostRoot, result: RuntimeResult) -> None:
 def apply_runtime(host: HostRoot, *, restart: bool = True) -> RuntimeResult:
     if not nvidia_gpus(host):
         return RuntimeResult(skipped="no-gpu")
+    effective_config(host, load_config(host))  # bad input is refused before anything (even a lock) is written
+    with host.lock("runtime"):
+        return _apply_runtime(host, restart)
+
+
+def _apply_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
     cfg = load_config(host)
     effective_config(host, cfg)  # refuse early when a drop-in is malformed
     result = RuntimeResult(containerd_version=cfg.version)
@@ -252,6 +258,11 @@ def apply_runtime(host: HostRoot, *, restart: bool = True) -> RuntimeResult:
 
 def rollback_runtime(host: HostRoot, *, restart: bool = True) -> RuntimeResult:
     """Undo ``apply``: restore journaled files, and remove our drop-ins a script wrote without a journal."""
+    with host.lock("runtime"):
+        return _rollback_runtime(host, restart)
+
+
+def _rollback_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
     result = RuntimeResult()
     result.changed = Journal(host, "runtime").restore()
     for d in {*facts.DECKHOUSE_DROPIN_DIRS.values(), facts.CONTAINERD_IMPORT_DIR}:

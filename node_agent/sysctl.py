@@ -46,6 +46,11 @@ def _previous(host: HostRoot) -> dict[str, str]:
 def apply_sysctl(host: HostRoot) -> SysctlResult:
     if not nvidia_gpus(host):
         return SysctlResult(skipped="no-gpu")
+    with host.lock("sysctl"):
+        return _apply_sysctl(host)
+
+
+def _apply_sysctl(host: HostRoot) -> SysctlResult:
     result = SysctlResult()
     existing = host.read_text_or_none(facts.SYSCTL_DROPIN)
     if existing is not None and not existing.startswith(HEADER):
@@ -78,6 +83,11 @@ def apply_sysctl(host: HostRoot) -> SysctlResult:
 
 
 def rollback_sysctl(host: HostRoot) -> SysctlResult:
+    with host.lock("sysctl"):
+        return _rollback_sysctl(host)
+
+
+def _rollback_sysctl(host: HostRoot) -> SysctlResult:
     result = SysctlResult()
     result.changed_files = Journal(host, "sysctl").restore()
     text = host.read_text_or_none(facts.SYSCTL_DROPIN)

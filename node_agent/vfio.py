@@ -101,6 +101,16 @@ def _switch(host: HostRoot, dev: PciDevice, override: str) -> PciDevice:
 
 
 def bind(ctx: AgentContext, address: str) -> PciDevice:
+    with ctx.host.lock("vfio"):
+        return _bind(ctx, address)
+
+
+def unbind(ctx: AgentContext, address: str) -> PciDevice:
+    with ctx.host.lock("vfio"):
+        return _unbind(ctx, address)
+
+
+def _bind(ctx: AgentContext, address: str) -> PciDevice:
     host = ctx.host
     dev = read_device(host, address)
     if not dev.is_nvidia_gpu:
@@ -122,7 +132,7 @@ def bind(ctx: AgentContext, address: str) -> PciDevice:
     return after
 
 
-def unbind(ctx: AgentContext, address: str) -> PciDevice:
+def _unbind(ctx: AgentContext, address: str) -> PciDevice:
     host = ctx.host
     dev = read_device(host, address)
     if not dev.is_nvidia_gpu:

@@ -15,11 +15,13 @@ fake tools) or through ``chroot <root>`` (the DaemonSet with the host mounted at
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -206,6 +208,29 @@ class HostRoot:
     def state_path(self, *parts: str) -> str:
         """A host path inside the agent's state directory."""
         return str(PurePosixPath(STATE_DIR, *parts))
+
+    @contextlib.contextmanager
+    def lock(self, name: str, timeout_s: float = 60.0) -> Iterator[None]:
+        """Hold ``<state dir>/<name>.lock`` (flock) so two agent processes never change the same thing at once."""
+        path = self.path(self.state_path(f"{name}.lock"))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise HostError(f"cannot open lock {path}: {e.strerror}", str(path)) from e
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise HostError(f"another agent process holds {self.state_path(name + '.lock')}") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)
 
     # -- commands ----------------------------------------------------------------------------
     def which(self, command: str) -> str | None:

@@ -123,3 +123,14 @@ def test_modules_minors_and_pci(tmp_path: Path) -> None:
         read_device(host, "0000:99:00.0")
     with pytest.raises(ValueError, match="DOMAIN:BUS"):
         normalize_address("07:00")
+
+
+def test_state_lock_excludes_a_second_holder(tmp_path: Path) -> None:
+    host = HostRoot(tmp_path)
+    with host.lock("runtime"), pytest.raises(HostError, match="another agent process"):
+        other = HostRoot(tmp_path)
+        with other.lock("runtime", timeout_s=0.1):
+            pass
+    with host.lock("runtime", timeout_s=0.1):
+        pass
+    assert (tmp_path / "var/lib/nvidia-gpu-agent/runtime.lock").exists()
