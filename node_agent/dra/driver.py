@@ -44,6 +44,9 @@ class DriverSettings:
     health: HealthAction = HealthAction.WITHDRAW
     #: Seconds between inventory polls; republishing happens within one interval of a change.
     poll_interval: float = 0.5
+    #: Seconds between checks that the API server still holds this pool's slices (the kubelet deletes a
+    #: node's slices when it starts, and 30 s after a driver becomes unreachable); costs one list call.
+    resync_interval: float = 30.0
     #: The driver's own budget for one kubelet call, whatever deadline the kubelet sets.
     call_budget: float = 40.0
     #: Answer this long before the caller's gRPC deadline, so the answer still arrives.
@@ -114,9 +117,18 @@ class DraDriver:
         self.state.startup()
         return self.refresh()
 
+    def resync(self) -> None:
+        """Check the published slices against the API server at the next refresh (after a kubelet restart
+        re-registered the plugin, or periodically)."""
+        self._dirty = True
+
     def run_inventory_loop(self, stop: threading.Event) -> None:
         """The named background loop; a failure in one tick is logged and retried on the next."""
+        last_resync = self._clock()
         while not stop.wait(self.settings.poll_interval):
+            if self._clock() - last_resync >= self.settings.resync_interval:
+                last_resync = self._clock()
+                self.resync()
             try:
                 self.refresh()
             except Exception:

@@ -348,3 +348,25 @@ def test_missing_device_nodes_refuse_instead_of_caching_an_incomplete_spec(
     assert kubelet.prepare(DRIVER, [ref]).claims["uid-early"].error == ""
     common = json.loads(spec_file(env, "uid-early").read_text())["containerEdits"]["deviceNodes"]
     assert [n["path"] for n in common] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]  # absent UVM tools node left out
+
+
+def test_kubelet_restart_wiping_slices_gets_them_republished(env: Env, plugin: tuple[PluginServer, KubeletStandIn]
+                                                             ) -> None:
+    from kubernetes import client
+
+    stop = threading.Event()
+    loop = threading.Thread(target=env.driver.run_inventory_loop, args=(stop,), daemon=True)
+    env.driver.settings = type(env.driver.settings)(**{**env.driver.settings.__dict__, "poll_interval": 0.02})
+    loop.start()
+    try:
+        api = client.ResourceV1Api(env.server.api_client())
+        for s in env.server.slices():  # what a starting kubelet does to its node's slices
+            api.delete_resource_slice(s["metadata"]["name"])
+        KubeletStandIn(env.root).register()  # ... before it re-registers the plugin
+        end = time.monotonic() + 2
+        while not env.server.slices() and time.monotonic() < end:
+            time.sleep(0.01)
+        assert len(env.server.slices()[0]["spec"]["devices"]) == 6
+    finally:
+        stop.set()
+        loop.join(5)

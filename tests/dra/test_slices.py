@@ -165,3 +165,12 @@ def test_withdraw_deletes_this_nodes_slices(env: Env) -> None:
     env.driver.start()
     assert env.driver.publisher.withdraw() == 1
     assert env.server.slices() == []
+
+
+def test_resync_restores_slices_deleted_behind_the_drivers_back(env: Env) -> None:
+    env.driver.start()
+    assert env.driver.publisher.withdraw() == 1  # e.g. the kubelet's 30 s wipe while the plugin hung
+    assert env.driver.refresh() is None  # nothing changed locally: no API call at all
+    env.driver.resync()
+    pub = env.driver.refresh()
+    assert pub is not None and pub.changed and len(env.server.slices()) == 1

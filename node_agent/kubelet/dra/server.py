@@ -104,9 +104,10 @@ class RegistrationState:
 
 
 class _RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
-    def __init__(self, driver_name: str, endpoint: str, state: RegistrationState) -> None:
-        self._info = reg_pb.PluginInfo(type=PLUGIN_TYPE, name=driver_name, endpoint=endpoint,
+    def __init__(self, driver: DraDriver, endpoint: str, state: RegistrationState) -> None:
+        self._info = reg_pb.PluginInfo(type=PLUGIN_TYPE, name=driver.settings.driver, endpoint=endpoint,
                                        supported_versions=list(SUPPORTED_VERSIONS))
+        self._driver = driver
         self._state = state
 
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC name)
@@ -117,6 +118,8 @@ class _RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc
         self._state.error = str(request.error)
         if self._state.registered:
             log.info("event=registered driver=%s", self._info.name)
+            # A (re)starting kubelet deletes this node's slices: check them on the next inventory tick.
+            self._driver.resync()
         else:
             log.error("event=registration-failed driver=%s error=%s", self._info.name, request.error)
         self._state.event.set()
@@ -166,7 +169,7 @@ class PluginServer:
         staging = self._reg_socket.with_name(f".{self._reg_socket.name}.starting")
         self._reg = _serve(staging, 2)
         reg_grpc.add_RegistrationServicer_to_server(
-            _RegistrationServicer(self.driver.settings.driver, self.endpoint, self.registration), self._reg)
+            _RegistrationServicer(self.driver, self.endpoint, self.registration), self._reg)
         self._reg.add_insecure_port(f"unix://{staging}")
         self._reg.start()
         os.replace(staging, self._reg_socket)
