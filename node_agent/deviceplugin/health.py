@@ -86,7 +86,10 @@ class _State:
 
 @dataclass
 class HealthBoard:
-    """Health per physical device UUID (GPU or MIG), with a change counter streams can wait on."""
+    """Health per physical device UUID (GPU or MIG), with a change counter streams can wait on.
+
+    One board lives as long as the process: a kubelet restart or a reload rebuilds the plugins but
+    must not turn a failed GPU Healthy again (only passing re-checks do)."""
 
     clock: Callable[[], float] = time.monotonic
     _states: dict[str, _State] = field(default_factory=dict)
@@ -96,7 +99,8 @@ class HealthBoard:
     _listeners: list[Transition] = field(default_factory=list)
 
     def add_listener(self, fn: Transition) -> None:
-        self._listeners.append(fn)
+        if fn not in self._listeners:  # a board outlives plugin generations; each adds its listener once
+            self._listeners.append(fn)
 
     @property
     def version(self) -> int:

@@ -138,7 +138,7 @@ class NodePlugins:
                 if a.index < b.index:
                     s = node.link(a, b).score
                     scores[(a.index, b.index)] = scores[(b.index, a.index)] = s
-        self.board = board or HealthBoard()
+        self.board = HealthBoard() if board is None else board
         self.board.add_listener(metrics.on_transition)
         self.plugins = [ResourcePlugin(r, settings, self.board, pair_scores=scores, host=host, metrics=metrics)
                         for r in self.resources]

@@ -27,7 +27,7 @@ from typing import Any
 from node_agent import exitcodes, nvml
 from node_agent.context import AgentContext
 from node_agent.deviceplugin import cdi, config, mps
-from node_agent.deviceplugin.health import HealthPolicy
+from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
 from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
 from node_agent.deviceplugin.named import DEFAULT_FALLBACKS
@@ -124,6 +124,7 @@ class PluginProcess:
         self.host = HostRootFiles(root)
         self.mps = mps.MpsDaemons(root, self.host)
         self.metrics = PluginMetrics()
+        self.board = HealthBoard()  # outlives plugin restarts: health is not reset by kubelet restarts
         self.overrides = cli_overrides(args)
         self.selector = ConfigSelector(args.config_file, args.config_dir, labels, args.default_config,
                                        [s.strip() for s in args.fallback_strategies.split(",") if s.strip()])
@@ -165,7 +166,7 @@ class PluginProcess:
             mounts = cdi.driver_files(self.host, settings.nvidia_driver_root, version)
             log.info("event=cdi-driver-files count=%d driver=%s", len(mounts), version)
         plugins = NodePlugins(self._node, settings, self.host, metrics=self.metrics, policy=policy,
-                              driver_mounts=mounts)
+                              board=self.board, driver_mounts=mounts)
         if self.args.mps_daemon:
             self.mps.ensure(mps.plan(plugins.resources, settings))
         return plugins

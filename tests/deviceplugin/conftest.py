@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from node_agent.deviceplugin import config
-from node_agent.deviceplugin.health import HealthPolicy
+from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.kubelet.lifecycle import Supervisor
@@ -53,12 +53,13 @@ def run_plugin(sock_dir: Path, host: FakeHost) -> Iterator[Callable[..., Running
               build: Callable[[], NodePlugins] | None = None, use_inotify: bool = True,
               init_retry_s: float = 30.0) -> Running:
         metrics = PluginMetrics()
+        board = HealthBoard()  # like the command: one board for the process
         holder: dict[str, config.Settings] = {}
 
         def default_build() -> NodePlugins:
             settings = config.load(text, env or {})
             holder["settings"] = settings
-            return NodePlugins(node, settings, host, metrics=metrics,
+            return NodePlugins(node, settings, host, metrics=metrics, board=board,
                                policy=policy or HealthPolicy(recovery_quiet_s=3600, recheck_interval_s=3600))
 
         k = KubeletStandIn(sock_dir)

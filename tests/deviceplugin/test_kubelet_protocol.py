@@ -184,11 +184,15 @@ def test_kubelet_restart_mid_stream_reregisters_within_1s(run_plugin: Callable[.
     r.kubelet.wait_registered({"nvidia.com/mig-1g.10gb"})
     old = r.kubelet.endpoints["nvidia.com/mig-1g.10gb"]
     r.kubelet.wait_devices("nvidia.com/mig-1g.10gb", lambda d: len(d) == 56)
+    node.xid(3, 48)  # GPU 3 fails before kubelet restarts
+    r.kubelet.wait_devices("nvidia.com/mig-1g.10gb", lambda d: list(d.values()).count("Unhealthy") == 7)
     t = r.kubelet.restart()
     r.kubelet.wait_registered({"nvidia.com/mig-1g.10gb"}, timeout=1.0, after=t)
     assert old.stream_ended.wait(2)
     ep = r.kubelet.wait_devices("nvidia.com/mig-1g.10gb", lambda d: len(d) == 56)
-    assert set(ep.devices.values()) == {"Healthy"}
+    # The restart did not hide the failure: the first list after re-registration still has it.
+    unhealthy = {i for i, h in ep.devices.items() if h == "Unhealthy"}
+    assert unhealthy == {m.uuid for m in node.gpu_list[3].migs}
     assert r.supervisor.state.restarts >= 1
 
 
