@@ -243,8 +243,7 @@ class NvmlSession:
             gi_info = r(where, pynvml.nvmlGpuInstanceGetInfo, gi)
             ci = r(where, pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id)
             ci_info = r(where, pynvml.nvmlComputeInstanceGetInfo, ci)
-            ci_profile = r(where, pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, ci_info.profileId,
-                           pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            ci_profile = self._ci_profile(where, gi, int(ci_info.profileId))
             gi_profile = profiles.get(int(gi_info.profileId))
             base = gi_profile.name if gi_profile else f"profile-{gi_info.profileId}"
             full = gi_profile is None or int(ci_profile.sliceCount) == gi_profile.slice_count
@@ -263,6 +262,18 @@ class NvmlSession:
                 name=str(r(where, pynvml.nvmlDeviceGetName, mh)),
             ))
         return tuple(out)
+
+    def _ci_profile(self, where: str, gi: Any, profile_id: int) -> Any:
+        """The compute-instance profile info whose ``id`` is ``profile_id`` (searched, not assumed = enum)."""
+        for enum in (profile_id, *range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
+            try:
+                info = self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, enum,
+                                 pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            except (NvmlNotSupported, NvmlInvalidArgument):
+                continue
+            if int(info.id) == profile_id:
+                return info
+        raise NvmlNotFound(f"{where}: no compute-instance profile with id {profile_id}")
 
     # -- topology ----------------------------------------------------------------------------
     def topology(self, indices: Iterable[int] | None = None) -> Topology:
@@ -363,13 +374,22 @@ class NvmlSession:
             return cached
         h = self._handle(index)
         out = []
+        version = 2
         for enum in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            where = f"nvmlDeviceGetGpuInstanceProfileInfo({index},{enum})"
             try:
-                info = self._run(f"nvmlDeviceGetGpuInstanceProfileInfo({index},{enum})",
-                                 pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, enum)
-            except (NvmlNotSupported, NvmlInvalidArgument):
+                info = self._run(where, pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, enum, version)
+            except NvmlNotSupported as e:
+                if e.code != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND or version == 1:
+                    continue
+                version = 1  # drivers before the V call: the v1 struct has no name; the catalogue names it
+                try:
+                    info = self._run(where, pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, enum, version)
+                except (NvmlNotSupported, NvmlInvalidArgument):
+                    continue
+            except NvmlInvalidArgument:
                 continue
-            name = info.name.decode() if isinstance(info.name, bytes) else str(info.name)
+            name = self._profile_name(index, info)
             out.append(GpuInstanceProfile(
                 profile=enum, id=int(info.id), name=name.removeprefix("MIG "),
                 slice_count=int(info.sliceCount), instance_count=int(info.instanceCount),
@@ -381,6 +401,19 @@ class NvmlSession:
         with self._lock:
             self._profiles[index] = result
         return result
+
+    def _profile_name(self, index: int, info: Any) -> str:
+        raw = getattr(info, "name", b"")
+        name = (raw.decode() if isinstance(raw, bytes) else str(raw)).removeprefix("MIG ")
+        if name:
+            return name
+        from nvgpu.catalogue import model_by_pci_device
+
+        pci = self._run(f"nvmlDeviceGetPciInfo({index})", pynvml.nvmlDeviceGetPciInfo, self._handle(index))
+        model = model_by_pci_device(int(pci.pciDeviceId) >> 16)
+        profile = next((p for p in (model.mig.profiles if model and model.mig else ()) if p.profile_id == info.id),
+                       None)
+        return profile.name if profile else f"profile-{info.id}"
 
     def possible_placements(self, index: int, profile_id: int) -> tuple[Placement, ...]:
         h = self._handle(index)

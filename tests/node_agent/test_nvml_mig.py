@@ -137,3 +137,24 @@ def test_state_file_is_shared_with_another_process(tmp_path: Path) -> None:
     assert out.stdout.strip() == "3g.71gb"
     with open_nvml(_backend(h200)) as nvml:
         assert sorted(d.profile for d in nvml.gpu(3).mig_devices) == ["1g.18gb", "3g.71gb"]
+
+
+def test_old_driver_without_the_v2_profile_call_gets_catalogue_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from node_agent.nvml.sim.lib import FakeNvmlLibrary
+
+    original = FakeNvmlLibrary.__getattr__
+
+    def without_v2(self: FakeNvmlLibrary, name: str) -> object:
+        if name == "nvmlDeviceGetGpuInstanceProfileInfoV":
+            raise AttributeError(name)
+        return original(self, name)
+
+    monkeypatch.setattr(FakeNvmlLibrary, "__getattr__", without_v2)
+    with open_nvml("simulated:dgx-a100-40gb") as nvml:
+        nvml.set_mig_mode(0, True)
+        names = {p.name for p in nvml.gpu_instance_profiles(0)}
+        gi = nvml.create_gpu_instance(0, 15)
+        nvml.create_compute_instance(0, gi.id)
+        devices = nvml.gpu(0).mig_devices
+    assert names == {"1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"}
+    assert [d.profile for d in devices] == ["1g.10gb"]
