@@ -5,6 +5,10 @@ it is tested from tables. Formats follow NVIDIA's gpu-feature-discovery (k8s-dev
 products sanitized (``NVIDIA-H100-80GB-HBM3``), memory in MiB, ``-SHARED`` for replicated GPUs,
 ``nvidia.com/mig-<profile>.*`` per profile with the ``mixed`` strategy and ``nvidia.com/gpu.*``
 overridden (or ``-MIG-INVALID``) with ``single``.
+
+Where NVIDIA's docs are silent this module decides: with ``mixed``, ``nvidia.com/gpu.*`` describes
+the GPUs whose MIG mode is off (``count=0``, ``replicas=0`` when every GPU is in MIG mode, with the
+first GPU's product and memory); MIG resources are never shared (``replicas=1``).
 """
 
 from __future__ import annotations
