@@ -30,7 +30,7 @@ from preview.pipeline import DEFAULT_STEPS, run_preview  # noqa: E402
 
 SIZES = (1, 10, 100)
 #: The preview's own steps; later steps (policy analysis) have their own benchmark.
-CORE_STEPS = tuple(s for s in DEFAULT_STEPS if s.name in ("config", "program", "render", "validate"))
+CORE_STEPS = tuple(s for s in DEFAULT_STEPS if s.name in ("config", "validate-start", "program", "render", "validate"))
 REPEATS = 3
 MODES: tuple[dict[str, Any], ...] = (
     {"model": "H100-80GB", "sharing": "MIG", "mig": {"partedConfig": "all-1g.10gb"}},

@@ -11,7 +11,7 @@ import runpy
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -86,11 +86,12 @@ class _EchoMocks(pulumi.runtime.Mocks):
 class RecordingMonitor(MockMonitor):  # type: ignore[misc]
     """The SDK's mock monitor, plus a record of each registration (serialised, so the echo is unambiguous)."""
 
-    def __init__(self) -> None:
+    def __init__(self, listeners: Sequence[Callable[[RecordedResource], None]] = ()) -> None:
         self.echo = _EchoMocks()
         super().__init__(self.echo)
         self._lock = threading.Lock()
         self.recorded: list[RecordedResource] = []
+        self.listeners = list(listeners)
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
         with self._lock:
@@ -98,20 +99,21 @@ class RecordingMonitor(MockMonitor):  # type: ignore[misc]
             response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
             if request.type == "pulumi:pulumi:Stack":
                 return response
-            self.recorded.append(
-                RecordedResource(
-                    type_token=request.type,
-                    name=request.name,
-                    urn=response.urn,
-                    parent_urn=request.parent or None,
-                    custom=bool(request.custom),
-                    provider=request.provider or None,
-                    inputs=normalise(self.echo.last_inputs),
-                    dependencies=tuple(sorted(request.dependencies)),
-                    retain_on_delete=bool(request.retainOnDelete),
-                    delete_before_replace=bool(request.deleteBeforeReplace),
-                )
+            record = RecordedResource(
+                type_token=request.type,
+                name=request.name,
+                urn=response.urn,
+                parent_urn=request.parent or None,
+                custom=bool(request.custom),
+                provider=request.provider or None,
+                inputs=normalise(self.echo.last_inputs),
+                dependencies=tuple(sorted(request.dependencies)),
+                retain_on_delete=bool(request.retainOnDelete),
+                delete_before_replace=bool(request.deleteBeforeReplace),
             )
+            self.recorded.append(record)
+            for listener in self.listeners:
+                listener(record)
             return response
 
     def recorded_resources(self) -> tuple[RecordedResource, ...]:
@@ -120,9 +122,14 @@ class RecordingMonitor(MockMonitor):  # type: ignore[misc]
             return tuple(sorted(self.recorded, key=lambda r: r.urn))
 
 
-def install_mocks(project: str, stack: str, config: dict[str, str] | None = None) -> RecordingMonitor:
+def install_mocks(
+    project: str,
+    stack: str,
+    config: dict[str, str] | None = None,
+    listeners: Sequence[Callable[[RecordedResource], None]] = (),
+) -> RecordingMonitor:
     """Point the Pulumi runtime at a fresh recording mock engine (process-global: call once per run or test)."""
-    monitor = RecordingMonitor()
+    monitor = RecordingMonitor(listeners)
     pulumi.runtime.set_mocks(monitor.echo, project=project, stack=stack, preview=True, monitor=monitor)
     pulumi.runtime.set_all_config(dict(config or {}))
     return monitor
@@ -139,10 +146,14 @@ def run_in_engine(fn: Callable[[], object]) -> None:
 
 
 def run_program(
-    main: Path, project: str, stack: str, config: dict[str, str]
+    main: Path,
+    project: str,
+    stack: str,
+    config: dict[str, str],
+    listeners: Sequence[Callable[[RecordedResource], None]] = (),
 ) -> tuple[tuple[RecordedResource, ...], BaseException | None]:
     """Run ``main`` like ``pulumi preview`` would; return the registrations and the program's error, if any."""
-    monitor = install_mocks(project, stack, config)
+    monitor = install_mocks(project, stack, config, listeners)
     project_dir = str(main.parent)
     if project_dir not in sys.path:
         sys.path.insert(0, project_dir)
@@ -156,7 +167,7 @@ def run_program(
 
 def run(result: PreviewResult) -> None:
     resources, error = run_program(
-        result.project_dir / "__main__.py", result.project, result.stack, result.engine_config
+        result.project_dir / "__main__.py", result.project, result.stack, result.engine_config, result.listeners
     )
     result.resources = resources
     if error is not None:

@@ -6,15 +6,20 @@ These are the contract between steps: the policy-analysis step reads ``PreviewRe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nvgpu.stackconfig import StackConfig
 
 PROVIDER_PREFIX = "pulumi:providers:"
 KUBERNETES_PREFIX = "kubernetes:"
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,10 @@ class PreviewResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     #: I/O a step left running (file writes); the pipeline waits for all of it before returning.
     background: list[Future[None]] = field(default_factory=list)
+    #: Called with each resource as the program registers it (a step may start work early).
+    listeners: list[Callable[[RecordedResource], None]] = field(default_factory=list)
+    #: Work a step hands to a later one (the background validator); closed when the pipeline ends.
+    handoff: dict[str, Closeable] = field(default_factory=dict)
     #: Blocks of text later steps add to the terminal report, printed after the resource tree (like
     #: ``pulumi preview``'s ``Policies:`` section).
     report_sections: list[str] = field(default_factory=list)

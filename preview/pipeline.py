@@ -28,6 +28,8 @@ class Step:
 
 DEFAULT_STEPS: tuple[Step, ...] = (
     Step(stackfile.STEP, stackfile.load),
+    # Large stacks: a second process validates each object while the program still registers others.
+    Step("validate-start", validate.start),
     Step(engine.STEP, engine.run),
     Step(render.STEP, render.run),
     Step(validate.STEP, validate.run, stop_on_problems=False),
@@ -60,6 +62,9 @@ def run_steps(result: PreviewResult, steps: Sequence[Step] = DEFAULT_STEPS) -> P
         for pending in result.background:
             pending.result()  # a failed write raises here, after the steps
         result.background.clear()
+        for handed in result.handoff.values():
+            handed.close()
+        result.handoff.clear()
         result.timings_ms["io-wait"] = (time.perf_counter() - start) * 1000
     return result
 

@@ -3,13 +3,17 @@
 Built-in kinds use kubernetes-validate's ``-strict`` schemas for the stack's minor version (unknown
 fields are errors); custom resources use their CRD's schema (:mod:`preview.crds`). Schemas are loaded
 once and compiled validators are reused, so a manifest costs well under a millisecond; every error of
-a manifest is reported, not just the first, each with its JSON path.
+a manifest is reported, not just the first, each with its JSON path. For large stacks
+(:data:`PARALLEL_MIN_GROUPS`) the ``validate-start`` step starts a worker process that validates each
+object as the program registers it, on another core; ``validate`` then only collects the answers.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 from functools import cache
+from multiprocessing.queues import Queue
 from typing import Any
 
 import jsonschema
@@ -17,7 +21,8 @@ import kubernetes_validate.utils as kv
 from referencing import Registry, Resource
 
 from preview import crds
-from preview.model import PreviewResult, Problem, RenderedManifest
+from preview.model import PreviewResult, Problem, RecordedResource, RenderedManifest
+from preview.render import manifest_object
 
 STEP = "validate"
 
@@ -104,24 +109,97 @@ def _errors(validator: jsonschema.protocols.Validator, obj: dict[str, Any]) -> l
     return [f"{_path(e)}: {e.message}" for e in errors]
 
 
-def validate_manifest(manifest: RenderedManifest, kubernetes_version: str) -> list[str]:
-    """Problems with one manifest (empty when it is valid)."""
-    validator = crds.validator(manifest.api_version, manifest.kind, manifest.patch)
+def validate_object(obj: dict[str, Any], kubernetes_version: str, patch: bool = False) -> list[str]:
+    """Problems with one Kubernetes object (empty when it is valid)."""
+    api_version, kind = str(obj.get("apiVersion")), str(obj.get("kind"))
+    validator = crds.validator(api_version, kind, patch)
     if validator is None:
-        if manifest.patch:
-            return [f"no CRD for {manifest.api_version} {manifest.kind} to validate the patch against"]
-        validator = builtin_validator(kubernetes_version, manifest.api_version, manifest.kind)
+        if patch:
+            return [f"no CRD for {api_version} {kind} to validate the patch against"]
+        validator = builtin_validator(kubernetes_version, api_version, kind)
     if validator is None:
         return [
-            f"no schema for {manifest.api_version} {manifest.kind} in Kubernetes {kubernetes_version} "
+            f"no schema for {api_version} {kind} in Kubernetes {kubernetes_version} "
             "and no vendored CRD (preview/crds/)"
         ]
-    return _errors(validator, manifest.object)
+    return _errors(validator, obj)
+
+
+def validate_manifest(manifest: RenderedManifest, kubernetes_version: str) -> list[str]:
+    return validate_object(manifest.object, kubernetes_version, manifest.patch)
+
+
+#: From this many node groups on, a second process validates objects while the program registers them
+#: (starting it costs about as much as validating a hundred objects in process).
+PARALLEL_MIN_GROUPS = 16
+_HANDOFF = "validator"
+
+
+def _serve(inbox: Queue[Any], outbox: Queue[Any], kubernetes_version: str) -> None:
+    """The worker process: validate ``(urn, object, patch)`` items until ``None`` arrives."""
+    while (item := inbox.get()) is not None:
+        urn, obj, patch = item
+        outbox.put((urn, validate_object(obj, kubernetes_version, patch)))
+    outbox.put(None)
+
+
+class BackgroundValidator:
+    """Validates objects in a spawned process (a second core) while the main process keeps working."""
+
+    def __init__(self, kubernetes_version: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._inbox: Queue[Any] = ctx.Queue()
+        self._outbox: Queue[Any] = ctx.Queue()
+        self._process = ctx.Process(
+            target=_serve, args=(self._inbox, self._outbox, kubernetes_version), name="preview-validate", daemon=True
+        )
+        self._process.start()
+        self._closed = False
+
+    def submit(self, urn: str, obj: dict[str, Any], patch: bool) -> None:
+        self._inbox.put((urn, obj, patch))
+
+    def results(self, timeout_s: float = 300.0) -> dict[str, list[str]]:
+        """Every submitted object's problems, by URN; ends the worker."""
+        self._inbox.put(None)
+        self._closed = True
+        out: dict[str, list[str]] = {}
+        while (item := self._outbox.get(timeout=timeout_s)) is not None:
+            out[item[0]] = item[1]
+        self._process.join(timeout=timeout_s)
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            self._inbox.put(None)
+            self._closed = True
+        self._process.join(timeout=5)
+        if self._process.is_alive():
+            self._process.terminate()
+
+
+def start(result: PreviewResult) -> None:
+    """Before the program runs: for a large stack, start the worker and feed it every object as it is registered."""
+    if result.config is None or len(result.config.node_groups) < PARALLEL_MIN_GROUPS:
+        return
+    worker = BackgroundValidator(result.config.cluster.kubernetes_version)
+    result.handoff[_HANDOFF] = worker
+
+    def feed(resource: RecordedResource) -> None:
+        if resource.is_kubernetes_object:
+            worker.submit(resource.urn, manifest_object(resource), resource.is_patch)
+
+    result.listeners.append(feed)
 
 
 def run(result: PreviewResult) -> None:
     assert result.config is not None
     version = result.config.cluster.kubernetes_version
+    worker = result.handoff.pop(_HANDOFF, None)
+    done = worker.results() if isinstance(worker, BackgroundValidator) else {}
     for manifest in result.manifests:
-        for message in validate_manifest(manifest, version):
+        messages = done.get(manifest.resource.urn)
+        if messages is None:
+            messages = validate_manifest(manifest, version)
+        for message in messages:
             result.problems.append(Problem(STEP, f"manifests/{manifest.filename}", message))

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from preview import crds, render, stackfile
+from preview import crds, render, stackfile, validate
 from preview.engine import normalise
 from preview.model import PreviewResult, RecordedResource, RenderedManifest
 from preview.pipeline import DEFAULT_STEPS, Step, new_result, run_steps
-from preview.validate import inline_refs, validate_manifest
+from preview.validate import BackgroundValidator, inline_refs, validate_manifest, validate_object
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -166,3 +166,31 @@ def test_inline_refs_keeps_recursive_references() -> None:
     out = inline_refs({"properties": {"n": {"$ref": "/x#/$defs/Node"}, "l": {"$ref": "/x#/$defs/Leaf"}}}, defs, {})
     assert out["properties"]["l"] == {"type": "string"}
     assert out["properties"]["n"]["properties"]["child"] == {"$ref": "/x#/$defs/Node"}
+
+
+def test_background_validator_gives_the_same_answers_as_in_process() -> None:
+    bad = copy.deepcopy(CONFIG_MAP)
+    bad["dta"] = {}
+    worker = BackgroundValidator("1.34")
+    try:
+        worker.submit("good", CONFIG_MAP, False)
+        worker.submit("bad", bad, False)
+        worker.submit("patch", NODE_GROUP_PATCH, True)
+        results = worker.results(timeout_s=60)
+    finally:
+        worker.close()
+    assert results == {
+        "good": [],
+        "bad": validate_object(bad, "1.34"),
+        "patch": [],
+    }
+    assert results["bad"]
+
+
+def test_large_stacks_validate_while_the_program_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(validate, "PARALLEL_MIN_GROUPS", 1)
+    steps = [s for s in DEFAULT_STEPS if s.name in ("config", "validate-start", "program", "render", "validate")]
+    result = run_steps(new_result(ROOT, "dev", tmp_path), steps)
+    assert result.ok, result.problems
+    assert result.listeners, "the worker should have been fed by the program step"
+    assert result.handoff == {}
