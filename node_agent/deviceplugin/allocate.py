@@ -71,9 +71,10 @@ def validate_request(resource: Resource, ids: Sequence[str]) -> list[PluginDevic
     if len(set(ids)) != len(ids):
         raise AllocationError(f"invalid allocation request for '{resource.name}': duplicate device IDs")
     if resource.fail_requests_greater_than_one and len(ids) > 1 and any(d.replica is not None for d in devices):
+        # NVIDIA's exact text: kubelet shows it as "Allocate failed due to rpc error: code = Unknown
+        # desc = request for 'nvidia.com/gpu: 2' too large: ..." in the UnexpectedAdmissionError event.
         raise AllocationError(
-            f"invalid allocation request for {resource.name!r}: invalid request: "
-            "maximum request size for shared resources is 1"
+            f"request for '{resource.name}: {len(ids)}' too large: maximum request size for shared resources is 1"
         )
     return devices
 

@@ -75,8 +75,9 @@ class DevicePluginServicer(grpc_api.DevicePluginServicer):  # type: ignore[misc]
         try:
             allocations = self.plugin.allocate([list(r.devices_ids) for r in request.container_requests])
         except AllocationError as e:
+            # UNKNOWN, as NVIDIA's Go plugin answers: the pod event then reads exactly as users know it.
             log.warning("event=allocate-rejected resource=%s error=%s", self.plugin.name, e)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(grpc.StatusCode.UNKNOWN, str(e))
         return pb.AllocateResponse(container_responses=[allocation_message(a) for a in allocations])
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:  # noqa: N802

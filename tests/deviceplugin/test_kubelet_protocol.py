@@ -107,12 +107,14 @@ def test_malformed_requests_are_rejected_with_nvidia_wording(run_plugin: Callabl
     r.kubelet.wait_registered({"nvidia.com/gpu"})
     with pytest.raises(grpc.RpcError) as e:
         r.kubelet.allocate("nvidia.com/gpu", ["GPU-not-there"])
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.code() == grpc.StatusCode.UNKNOWN
     assert e.value.details() == "invalid allocation request for 'nvidia.com/gpu': unknown device: GPU-not-there"
     u = node.gpu_list[0].uuid
     with pytest.raises(grpc.RpcError) as e:
         r.kubelet.allocate("nvidia.com/gpu", [f"{u}::0", f"{u}::1"])
-    assert "maximum request size for shared resources is 1" in e.value.details()
+    assert e.value.code() == grpc.StatusCode.UNKNOWN
+    assert e.value.details() == ("request for 'nvidia.com/gpu: 2' too large: "
+                                 "maximum request size for shared resources is 1")
     with pytest.raises(grpc.RpcError) as e:
         r.kubelet.preferred("nvidia.com/gpu", [f"{u}::0"], ["nope"], 1)
     assert "unknown device: nope" in e.value.details()
