@@ -63,6 +63,15 @@ def driver_files(host: HostFiles, driver_root: str, driver_version: str) -> list
     return found
 
 
+def discovery_root(host: HostFiles, settings: Settings) -> str:
+    """Where to look for the driver's files: ``containerDriverRoot`` when the host's driver root is
+    mounted there (as NVIDIA's DaemonSet does, at ``/driver-root``), else ``nvidiaDriverRoot``. The spec
+    always names the files by their host path under ``nvidiaDriverRoot``."""
+    if host.listdir(settings.container_driver_root):
+        return settings.container_driver_root
+    return settings.nvidia_driver_root
+
+
 def build_spec(resources: Sequence[Resource], settings: Settings, host: HostFiles,
                driver_mounts: Sequence[str] = ()) -> dict[str, Any]:
     """The spec document: devices named by UUID and index, control nodes and driver mounts shared."""

@@ -163,7 +163,7 @@ class PluginProcess:
         mounts: list[str] = []
         if settings.uses_cdi:
             version = self.session.driver().driver_version
-            mounts = cdi.driver_files(self.host, settings.nvidia_driver_root, version)
+            mounts = cdi.driver_files(self.host, cdi.discovery_root(self.host, settings), version)
             log.info("event=cdi-driver-files count=%d driver=%s", len(mounts), version)
         plugins = NodePlugins(self._node, settings, self.host, metrics=self.metrics, policy=policy,
                               board=self.board, driver_mounts=mounts)

@@ -187,6 +187,10 @@ def test_cdi_spec_validates_against_the_schema(host: FakeHost, mig: bool) -> Non
         host.put(f"/usr/lib64/{f}", "")
     host.put("/usr/bin/nvidia-smi", "")
     host.put("/usr/bin/nvidia-ctk", "")
+    assert cdi.discovery_root(host, s) == "/"
+    host.put("/driver-root/usr/lib64/libcuda.so.550.90.07", "")
+    assert cdi.discovery_root(host, s) == "/driver-root"
+    assert cdi.driver_files(host, "/driver-root", "550.90.07") == ["/usr/lib64/libcuda.so.550.90.07"]
     mounts = cdi.driver_files(host, "/", "550.90.07")
     assert mounts == ["/usr/lib64/libcuda.so.550.90.07", "/usr/lib64/libnvidia-ml.so.550.90.07", "/usr/bin/nvidia-smi"]
     changed = cdi.write_specs(resources, s, host, driver_mounts=mounts)
