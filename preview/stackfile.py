@@ -16,6 +16,8 @@ from nvgpu.stackconfig import CONFIG_NAMESPACE, StackConfigError, load_stack_con
 from preview.model import PreviewResult, Problem
 
 STEP = "config"
+#: libyaml's parser when PyYAML has it (same safe semantics, several times faster on large stacks).
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def project_name(project_dir: Path) -> str:
@@ -39,7 +41,7 @@ def engine_config(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
 
 def load(result: PreviewResult) -> None:
     try:
-        doc = yaml.safe_load(result.stack_file.read_text()) or {}
+        doc = yaml.load(result.stack_file.read_text(), Loader=_LOADER) or {}
     except (OSError, yaml.YAMLError) as e:
         result.problems.append(Problem(STEP, str(result.stack_file), f"cannot read stack file: {e}"))
         return
