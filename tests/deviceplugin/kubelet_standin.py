@@ -113,8 +113,8 @@ class KubeletStandIn:
             for p in self.dir.glob("*.sock"):
                 p.unlink(missing_ok=True)
 
-    def restart(self) -> float:
-        self.stop()
+    def restart(self, wipe: bool = True) -> float:
+        self.stop(wipe)
         with self._lock:
             self.endpoints.clear()
         self.start()

@@ -198,6 +198,17 @@ def test_kubelet_restart_mid_stream_reregisters_within_1s(run_plugin: Callable[.
     assert r.supervisor.state.restarts >= 1
 
 
+def test_kubelet_restart_keeping_plugin_sockets_reregisters(run_plugin: Callable[..., Running],
+                                                            host: FakeHost) -> None:
+    r = run_plugin(machine("a30x4", host), TIME_SLICING)
+    r.kubelet.wait_registered({"nvidia.com/gpu"})
+    t = r.kubelet.restart(wipe=False)  # only kubelet.sock is recreated
+    r.kubelet.wait_registered({"nvidia.com/gpu"}, timeout=1.0, after=t)
+    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 16)
+    time.sleep(0.3)  # no second, spurious restart follows
+    assert sum(1 for *_, when in r.kubelet.registrations if when >= t) == 1
+
+
 def test_plugin_started_before_kubelet_registers_when_it_appears(run_plugin: Callable[..., Running],
                                                                   host: FakeHost) -> None:
     r = run_plugin(machine("t4x1", host), kubelet=False)
