@@ -88,12 +88,18 @@ class DraDriver:
         with self._inv_lock:
             return dict(self._devices)
 
-    def refresh(self) -> Publication | None:
-        """Take a snapshot and publish it if it differs from the last publication."""
+    def _snapshot(self) -> list[Allocatable]:
         devices = allocatable_devices(self._source.snapshot(), self.settings.driver, self.settings.health)
         with self._inv_lock:
-            changed = devices != self._published
             self._devices = {d.name: d for d in devices}
+        return devices
+
+    def refresh(self, devices: list[Allocatable] | None = None) -> Publication | None:
+        """Take a snapshot (unless given) and publish it if it differs from the last publication."""
+        if devices is None:
+            devices = self._snapshot()
+        with self._inv_lock:
+            changed = devices != self._published
             if (not changed and not self._dirty) or self.withdrawn.is_set():
                 return None
         try:
@@ -113,9 +119,11 @@ class DraDriver:
         return self.publisher.withdraw()
 
     def start(self) -> Publication | None:
-        """Recover the journal, then publish: the pool appears only once prepare is safe to serve."""
+        """Inventory, then journal recovery (which matches recorded devices against the inventory), then
+        publication: the pool appears only once prepare is safe to serve."""
+        devices = self._snapshot()
         self.state.startup()
-        return self.refresh()
+        return self.refresh(devices)
 
     def resync(self) -> None:
         """Check the published slices against the API server at the next refresh (after a kubelet restart

@@ -86,8 +86,22 @@ class DeviceState:
         loaded = self._store.load(lambda: cdi.scan_specs(self._host, self.driver), self.pool)
         if loaded.recovery in (Recovery.CORRUPTED, Recovery.REBOOT):
             self.last_recovery = loaded
+            if loaded.recovery is Recovery.CORRUPTED:
+                self._complete_rebuilt(loaded.data)
             self._store.save(loaded.data)
         return loaded.data
+
+    def _complete_rebuilt(self, data: CheckpointData) -> None:
+        """A journal rebuilt from CDI specs knows device names only: fill in what the overlap checks use
+        (kind, UUIDs, CDI IDs) from the devices this node publishes."""
+        known = self._devices()
+        for uid, claim in data.prepared_claims.items():
+            for d in claim.devices:
+                dev = known.get(d.device)
+                if dev is not None and not d.physical_uuid:
+                    d.kind, d.uuid, d.physical_uuid = dev.kind.value, dev.uuid, dev.physical_uuid
+                if not d.cdi_device_ids:
+                    d.cdi_device_ids = [cdi.device_id(self.driver, uid, d.device)]
 
     def snapshot(self) -> CheckpointData:
         """The journal as it is on disk (read-only use: status, tests, the background cleanup)."""
@@ -129,6 +143,10 @@ class DeviceState:
                 del data.prepared_claims[uid]
                 self._store.save(data)
             known = self._devices()
+            gone = [r.device for r in claim.results if r.device not in known]
+            if gone:
+                raise PrepareError(f"claim {claim.ref}: device {', '.join(gone)} is not available on this node now "
+                                   "(withdrawn as unhealthy, or reconfigured)")
             devices = [(r, known[r.device]) for r in claim.results]
             self._refuse_overlaps(claim, devices, data)
             groups = self._sharing_groups(claim, devices)

@@ -278,6 +278,9 @@ def test_corrupted_checkpoint_is_reported_and_rebuilt(env: Env, caplog: pytest.L
         driver.start()
     assert "event=checkpoint-corrupted" in caplog.text
     assert path.with_name("checkpoint.json.corrupt").exists()
+    [rebuilt] = checkpoint(env)["uid-k"]["devices"]  # type: ignore[index]
+    assert rebuilt["physicalUUID"] == env.source.snapshot().gpus[0].uuid
+    assert rebuilt["cdiDeviceIDs"] == ["k8s.gpu.nvidia.com/claim=uid-k-gpu-0"]
     # Rebuilt from the claim's CDI spec: the device stays protected against double allocation ...
     other = put_claim(env, claim("thief", "uid-t", [("gpu", "gpu-0")]))
     assert "already prepared" in driver.prepare([ClaimRef(*other)])["uid-t"].error
