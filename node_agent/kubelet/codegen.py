@@ -34,18 +34,19 @@ class CodegenError(RuntimeError):
     """The stubs are missing or stale and could not be generated."""
 
 
-def _outputs(stem: str) -> tuple[Path, ...]:
-    return (PACKAGE_DIR / f"{stem}_pb2.py", PACKAGE_DIR / f"{stem}_pb2_grpc.py", PACKAGE_DIR / f"{stem}_pb2.pyi")
+def _outputs(stem: str, directory: Path = PACKAGE_DIR) -> tuple[Path, ...]:
+    return (directory / f"{stem}_pb2.py", directory / f"{stem}_pb2_grpc.py", directory / f"{stem}_pb2.pyi")
 
 
-def is_stale(stem: str) -> bool:
-    proto = PACKAGE_DIR / f"{stem}.proto"
+def is_stale(stem: str, directory: Path = PACKAGE_DIR) -> bool:
+    proto = directory / f"{stem}.proto"
     src_mtime = proto.stat().st_mtime
-    return any(not out.exists() or out.stat().st_mtime < src_mtime for out in _outputs(stem))
+    return any(not out.exists() or out.stat().st_mtime < src_mtime for out in _outputs(stem, directory))
 
 
-def generate(stem: str) -> None:
-    """Run protoc for one ``.proto`` file of this package (atomically replaces the three outputs)."""
+def generate(stem: str, directory: Path = PACKAGE_DIR) -> None:
+    """Run protoc for one ``.proto`` file of this package, or of a sub-package ``directory`` such as
+    ``kubelet/dra`` (atomically replaces the three outputs)."""
     try:
         from grpc_tools import protoc
     except ImportError as e:
@@ -53,30 +54,31 @@ def generate(stem: str) -> None:
             f"stubs for {stem}.proto are missing or stale and grpcio-tools is not installed; "
             "run `make proto` where grpcio-tools is available"
         ) from e
-    rel = (PACKAGE_DIR / f"{stem}.proto").relative_to(SOURCE_ROOT)
-    with tempfile.TemporaryDirectory(dir=PACKAGE_DIR, prefix=".codegen-") as tmp:
+    rel = (directory / f"{stem}.proto").relative_to(SOURCE_ROOT)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".codegen-") as tmp:
         args = ["grpc_tools.protoc", f"-I{SOURCE_ROOT}", f"--python_out={tmp}", f"--grpc_python_out={tmp}",
                 f"--pyi_out={tmp}", str(rel)]
         rc = protoc.main(args)
         if rc != 0:
             raise CodegenError(f"protoc failed for {rel} (exit {rc})")
         generated = Path(tmp) / rel.parent
-        for out in _outputs(stem):
+        for out in _outputs(stem, directory):
             os.replace(generated / out.name, out)
     log.info("event=stubs-generated proto=%s", rel)
 
 
-def ensure(stem: str) -> None:
+def ensure(stem: str, directory: Path = PACKAGE_DIR) -> None:
     with _lock:
-        if is_stale(stem):
-            generate(stem)
+        if is_stale(stem, directory):
+            generate(stem, directory)
 
 
-def load(stem: str) -> tuple[ModuleType, ModuleType]:
+def load(stem: str, directory: Path = PACKAGE_DIR) -> tuple[ModuleType, ModuleType]:
     """Return ``(<stem>_pb2, <stem>_pb2_grpc)``, generating them first when needed."""
-    ensure(stem)
+    ensure(stem, directory)
     importlib.invalidate_caches()
-    return (importlib.import_module(f"{PACKAGE}.{stem}_pb2"), importlib.import_module(f"{PACKAGE}.{stem}_pb2_grpc"))
+    package = ".".join(directory.relative_to(SOURCE_ROOT).parts)
+    return (importlib.import_module(f"{package}.{stem}_pb2"), importlib.import_module(f"{package}.{stem}_pb2_grpc"))
 
 
 def main() -> int:
