@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from preview import crds, render, stackfile, validate
+from preview import crds, render, stackfile, summary, validate
 from preview.engine import normalise
 from preview.model import PreviewResult, RecordedResource, RenderedManifest
 from preview.pipeline import DEFAULT_STEPS, Step, new_result, run_steps
@@ -194,3 +194,18 @@ def test_large_stacks_validate_while_the_program_runs(tmp_path: Path, monkeypatc
     assert result.ok, result.problems
     assert result.listeners, "the worker should have been fed by the program step"
     assert result.handoff == {}
+
+
+def test_summary_counts_per_kind_and_per_node_group(tmp_path: Path) -> None:
+    steps = [s for s in DEFAULT_STEPS if s.name in ("config", "program", "render")]
+    result = run_steps(new_result(ROOT, "prod", tmp_path), steps)
+    lines = summary.summary_lines(result)
+    text = "\n".join(lines)
+    assert f"    + {len(result.resources)} to create" in lines
+    assert " +   pulumi:pulumi:Stack" in text and "├─ nvidia-gpu:index:GpuNodeGroup" in text
+    by_group = lines[lines.index("By node group:") + 1:]
+    counted = {line.split()[1]: int(line.split()[0]) for line in by_group if line.startswith("    ") and line.strip()}
+    assert {"h100-train", "l4-inference", "a100-mig", "(cluster-wide)"} <= set(counted)
+    assert sum(counted.values()) == len(result.resources)
+    kinds = lines[lines.index("By kind:") + 1: lines.index("By node group:") - 1]
+    assert any(line.split()[-1] == "DaemonSet" for line in kinds)
