@@ -16,9 +16,11 @@ def _kind(resource: RecordedResource) -> str:
     return resource.type_token
 
 
-def node_group_of(result: PreviewResult, resource: RecordedResource) -> str | None:
+def node_group_of(
+    result: PreviewResult, resource: RecordedResource, by_urn: dict[str, RecordedResource] | None = None
+) -> str | None:
     """The stack node group a resource belongs to (its nearest GpuNodeGroup ancestor), if any."""
-    by_urn = {r.urn: r for r in result.resources}
+    by_urn = by_urn if by_urn is not None else {r.urn: r for r in result.resources}
     current: RecordedResource | None = resource
     while current is not None:
         if current.type_token == NODE_GROUP_TYPE:
@@ -56,7 +58,8 @@ def summary_lines(result: PreviewResult) -> list[str]:
     for section in result.report_sections:
         lines += ["", *section.splitlines()]
     kinds = Counter(_kind(r) for r in result.resources)
-    groups = Counter(node_group_of(result, r) or "(cluster-wide)" for r in result.resources)
+    by_urn = {r.urn: r for r in result.resources}
+    groups = Counter(node_group_of(result, r, by_urn) or "(cluster-wide)" for r in result.resources)
     lines += ["", "Resources:", f"    + {len(result.resources)} to create", "", "By kind:"]
     lines += [f"    {count:>4}  {kind}" for kind, count in sorted(kinds.items())]
     lines += ["", "By node group:"]
