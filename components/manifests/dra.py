@@ -76,12 +76,13 @@ def service_account(namespace: str) -> Manifest:
 
 
 #: Exactly what the plugin calls: publish its slices, read the claims it prepares, read its Node's UID
-#: (owner reference on the slices).
+#: (owner reference on the slices), and record Events on its Node (checkpoint recovery).
 CLUSTER_RULES: tuple[dict[str, list[str]], ...] = (
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
      "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
 
 

@@ -11,6 +11,8 @@ plugin's budget. Errors become :class:`ApiError` with the HTTP status kept.
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -53,6 +55,8 @@ class DraApi(Protocol):
     def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
     def patch_config_map(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
+
+    def node_event(self, node: str, node_uid: str, *, reason: str, message: str, warning: bool) -> None: ...
 
 
 def _json(resp: Any) -> Any:
@@ -142,3 +146,16 @@ class KubeDraApi:
     def patch_config_map(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         self._core(f"patch ConfigMap {namespace}/{name}", "PATCH",
                    f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}", body)
+
+    def node_event(self, node: str, node_uid: str, *, reason: str, message: str, warning: bool) -> None:
+        """Record a core/v1 Event on the Node, so ``kubectl describe node`` shows what the driver did."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{node}.{reason.lower()}.{time.time_ns():x}"[:253], "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid},
+            "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
+            "source": {"component": "nvidia-gpu-dra-driver", "host": node},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        self._core(f"create Event {reason} on Node {node}", "POST", "/api/v1/namespaces/default/events", body)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from node_agent.dra.api import ApiError, DraApi
+from node_agent.dra.checkpoint import Recovery
 from node_agent.dra.claims import ClaimError, ClaimRef, parse_claim
 from node_agent.dra.devices import Allocatable, HealthAction, InventorySource, allocatable_devices
 from node_agent.dra.hostfs import HostPaths, LockTimeout
@@ -123,7 +124,24 @@ class DraDriver:
         publication: the pool appears only once prepare is safe to serve."""
         devices = self._snapshot()
         self.state.startup()
+        self._report_recovery()
         return self.refresh(devices)
+
+    def _report_recovery(self) -> None:
+        loaded = self.state.last_recovery
+        if loaded is None or loaded.recovery not in (Recovery.CORRUPTED, Recovery.REBOOT):
+            return
+        corrupted = loaded.recovery is Recovery.CORRUPTED
+        reason = "DRACheckpointCorrupted" if corrupted else "DRACheckpointDiscarded"
+        message = (f"DRA driver {self.settings.driver}: checkpoint unreadable ({loaded.detail}); rebuilt "
+                   f"{len(loaded.data.prepared_claims)} prepared claim(s) from the CDI specs on the node"
+                   if corrupted else f"DRA driver {self.settings.driver}: node rebooted ({loaded.detail}); "
+                   "prepared claims from the previous boot were discarded and will be prepared again")
+        node = self.publisher.node_ref()
+        try:
+            self._api.node_event(node.name, node.uid, reason=reason, message=message, warning=corrupted)
+        except ApiError as e:
+            log.warning("event=node-event-failed reason=%s error=%s", reason, e)
 
     def resync(self) -> None:
         """Check the published slices against the API server at the next refresh (after a kubelet restart

@@ -35,6 +35,10 @@ class SlicePublisher:
         self._node: NodeRef | None = None
         self._lock = threading.Lock()
 
+    def node_ref(self) -> NodeRef:
+        with self._lock:
+            return self._node_ref()
+
     def _node_ref(self) -> NodeRef:
         if self._node is None:
             try:

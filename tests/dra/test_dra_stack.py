@@ -41,6 +41,7 @@ def test_rbac_is_exactly_what_the_plugin_calls() -> None:
          "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
     assert all("*" not in v for r in rules for v in (*r["verbs"], *r["resources"], *r["apiGroups"]))
     [marker] = dra.marker_role("ns")["rules"]

@@ -259,6 +259,8 @@ def test_reboot_discards_the_checkpoint(env: Env) -> None:
     driver = env.new_driver()
     driver.start()
     assert driver.state.last_recovery is not None and driver.state.last_recovery.recovery.value == "reboot"
+    reasons = [o.raw["reason"] for (r, _ns, _n), o in env.server.emulator.objects.items() if r.plural == "events"]
+    assert reasons == ["DRACheckpointDiscarded"]
     assert checkpoint(env) == {}
     # Prepared again from scratch instead of trusting a PrepareCompleted from the previous boot.
     assert driver.prepare([ClaimRef(*ref)])["uid-r"].error == ""
@@ -277,6 +279,10 @@ def test_corrupted_checkpoint_is_reported_and_rebuilt(env: Env, caplog: pytest.L
     with caplog.at_level("ERROR"):
         driver.start()
     assert "event=checkpoint-corrupted" in caplog.text
+    [event] = [o.raw for (r, _ns, _n), o in env.server.emulator.objects.items() if r.plural == "events"]
+    assert (event["reason"], event["type"], event["involvedObject"]["name"]) == (
+        "DRACheckpointCorrupted", "Warning", NODE)
+    assert "rebuilt 1 prepared claim(s)" in event["message"]
     assert path.with_name("checkpoint.json.corrupt").exists()
     [rebuilt] = checkpoint(env)["uid-k"]["devices"]  # type: ignore[index]
     assert rebuilt["physicalUUID"] == env.source.snapshot().gpus[0].uuid
