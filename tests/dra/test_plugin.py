@@ -379,3 +379,19 @@ def test_kubelet_restart_wiping_slices_gets_them_republished(env: Env, plugin: t
     finally:
         stop.set()
         loop.join(5)
+
+
+def test_claim_with_several_devices_and_one_mps_daemon(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+    _, kubelet = plugin
+    ref = put_claim(env, claim("multi", "uid-multi", [("train", "gpu-0"), ("infer", MIG_1G)], configs=[
+        gpu_config("FromClaim", ["train"], {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 30}}),
+    ]))
+    entry = kubelet.prepare(DRIVER, [ref]).claims["uid-multi"]
+    assert entry.error == ""
+    assert {(tuple(d.request_names), d.device_name) for d in entry.devices} == {(("train",), "gpu-0"),
+                                                                               (("infer",), MIG_1G)}
+    assert [c[0] for c in env.sharing.calls] == ["compute-mode", "start-mps"]  # MPS only for the train GPU
+    spec = json.loads(spec_file(env, "uid-multi").read_text())
+    envs = {d["name"]: d["containerEdits"].get("env", []) for d in spec["devices"]}
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30" in envs["uid-multi-gpu-0"]
+    assert not any(e.startswith("CUDA_MPS") for e in envs[f"uid-multi-{MIG_1G}"])
