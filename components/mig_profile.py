@@ -171,7 +171,8 @@ def _tolerations(groups: Sequence[NodeGroup]) -> list[dict[str, Any]]:
 
 def manager_args(cluster: Cluster) -> list[str]:
     drain = "deckhouse" if cluster.node_setup is NodeSetupBackend.DECKHOUSE else "cordon"
-    return ["--host-root", HOST_ROOT, "mig-manager", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", "--drain", drain]
+    args = ["--host-root", HOST_ROOT, "mig-manager", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", "--drain", drain]
+    return [*args, "--allow-reboot"] if cluster.mig.allow_reboot else args
 
 
 def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> Manifest:

@@ -97,9 +97,16 @@ class AgentImage(_Model):
 
 
 class Monitoring(_Model):
+    #: ``prometheus.io/*`` scrape annotations on the device-plugin pods.
     enabled: bool = True
-    #: Emit a monitoring.coreos.com PodMonitor (needs the Prometheus operator CRDs).
-    pod_monitor: bool = False
+
+
+class MigManagerSettings(_Model):
+    """The stack-wide MIG manager (one DaemonSet for every MIG-capable group, so the settings are cluster-wide)."""
+
+    #: Reboot the node when a MIG mode change needs a GPU reset that fails (the manager's ``--allow-reboot``);
+    #: off, such a change is rolled back and reported as failed.
+    allow_reboot: bool = False
 
 
 #: DeviceClasses the DRA stack publishes (NVIDIA's names, so claims written for its driver keep working).
@@ -158,6 +165,7 @@ class Cluster(_Model):
     monitoring: Monitoring = Monitoring()
     priority_class_name: str = "system-node-critical"
     dra: DraSettings = DraSettings()
+    mig: MigManagerSettings = MigManagerSettings()
     #: The kubeconfig context the stack's Kubernetes provider uses (default: the current context).
     kube_context: str | None = None
 
