@@ -20,7 +20,7 @@ from components.manifests import Manifest
 from components.manifests.meta import app_labels, group_object_name, selector_labels
 from components.manifests.platform import AgentRole
 from components.manifests.scheduling import node_affinity, tolerations
-from components.manifests.sharing import MPS_ROOT, config_map_name
+from components.manifests.sharing import MPS_ROOT, config_map_name, device_plugin_config
 from nvgpu import labels
 from nvgpu.stackconfig import Cluster, NodeGroup, Sharing
 
@@ -162,23 +162,51 @@ def _daemonset(
 _ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
 
 
+#: The device plugin's ``containerDriverRoot`` default: where its CDI spec generation looks for the driver.
+CONTAINER_DRIVER_ROOT = "/driver-root"
+#: The host driver root the plugin's ``nvidiaDriverRoot`` defaults to (drivers installed on the host).
+HOST_DRIVER_ROOT = "/"
+CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
+
+
+def uses_cdi(configs: list[dict[str, Any]]) -> bool:
+    """Whether any device-plugin config asks for a CDI device-list strategy (then CDI specs are generated)."""
+    for doc in configs:
+        strategy = doc.get("flags", {}).get("plugin", {}).get("deviceListStrategy", [])
+        if CDI_STRATEGIES & set([strategy] if isinstance(strategy, str) else strategy):
+            return True
+    return False
+
+
 def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
     component = AgentRole.DEVICE_PLUGIN.value
+    group = ctx.group
     args = [
         "device-plugin",
         "--config-dir", DEVICE_PLUGIN_CONFIG_DIR,
         "--config-label", labels.DEVICE_GPU_CONFIG,
-        "--default-config", ctx.group.gpu.sharing.value,
+        "--default-config", group.gpu.sharing.value,
         "--metrics-port", str(DEVICE_PLUGIN_METRICS_PORT),
     ]
     # Privileged: NVML and the device specs handed to kubelet need every /dev/nvidia* node, and the
     # plugin's sockets live in kubelet's root-owned device-plugins directory (see the module docstring).
     container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, _PRIVILEGED)
+    # The NVIDIA runtime injects the driver's NVML and CUDA libraries (the MPS daemon needs compute).
+    container["env"] += [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+    ]
     container["ports"] = [{"name": "metrics", "containerPort": DEVICE_PLUGIN_METRICS_PORT, "protocol": "TCP"}]
-    probe = {"tcpSocket": {"port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 2}
-    container["startupProbe"] = {**probe, "failureThreshold": 30}
-    container["livenessProbe"] = {**probe, "failureThreshold": 3}
-    container["volumeMounts"] = [
+    # /healthz: the supervisor loop is alive; /readyz: every resource is registered with kubelet
+    # (node_agent.deviceplugin.metrics). Startup waits for the first registration, readiness follows it.
+    def probe(path: str, failures: int) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 2,
+                "failureThreshold": failures}
+
+    container["startupProbe"] = probe("/readyz", 30)
+    container["readinessProbe"] = probe("/readyz", 3)
+    container["livenessProbe"] = probe("/healthz", 3)
+    mounts = [
         _mount("device-plugins", KUBELET_DEVICE_PLUGINS),
         _mount("dev", "/dev"),
         _mount("cdi", CDI_DIR),
@@ -187,18 +215,26 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _mount("config", DEVICE_PLUGIN_CONFIG_DIR, read_only=True),
         _TMP_MOUNT,
     ]
-    pod_spec = {
-        "containers": [container],
-        "volumes": [
-            _host_path("device-plugins", KUBELET_DEVICE_PLUGINS, "Directory"),
-            _host_path("dev", "/dev", "Directory"),
-            _host_path("cdi", CDI_DIR, "DirectoryOrCreate"),
-            _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
-            _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
-            {"name": "config", "configMap": {"name": config_map_name(ctx.group)}},
-            dict(_TMP_VOLUME),
-        ],
-    }
+    volumes = [
+        _host_path("device-plugins", KUBELET_DEVICE_PLUGINS, "Directory"),
+        _host_path("dev", "/dev", "Directory"),
+        _host_path("cdi", CDI_DIR, "DirectoryOrCreate"),
+        _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
+        _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
+        {"name": "config", "configMap": {"name": config_map_name(group)}},
+        dict(_TMP_VOLUME),
+    ]
+    if group.gpu.sharing is Sharing.MPS:
+        # The MPS control daemon runs in this container; its shared memory must be the host directory
+        # that Allocate mounts at /dev/shm in every client (<mpsRoot>/shm).
+        mounts.append(_mount("mps-shm", "/dev/shm"))
+        volumes.append(_host_path("mps-shm", f"{MPS_ROOT}/shm", "DirectoryOrCreate"))
+    if uses_cdi([device_plugin_config(group, mode) for mode in Sharing]):
+        # CDI specs list the driver's files; the plugin discovers them under containerDriverRoot.
+        mounts.append(_mount("driver-root", CONTAINER_DRIVER_ROOT, read_only=True))
+        volumes.append(_host_path("driver-root", HOST_DRIVER_ROOT, "Directory"))
+    container["volumeMounts"] = mounts
+    pod_spec = {"containers": [container], "volumes": volumes}
     return _daemonset(ctx, component, AgentRole.DEVICE_PLUGIN, pod_spec, require_setup_complete=True,
                       update_strategy=_ROLLING, pod_annotations=scrape_annotations(ctx))
 

@@ -7,14 +7,22 @@ with ``node_agent.cli.build_parser`` for every node group of both shipped stacks
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from components.manifests import workloads
+from components.manifests.sharing import render_named_configs
 from components.manifests.workloads import GroupContext
 from node_agent.cli import build_parser
+from node_agent.deviceplugin.allocate import Mount
+from node_agent.deviceplugin.config import Settings
+from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
+from node_agent.kubelet.device_plugin_cmd import DEFAULT_METRICS_PORT
 from nvgpu.stackconfig import NodeSetupBackend, load_stack_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,3 +73,84 @@ def test_labeller_arguments_reach_the_labels_command() -> None:
     group = next(g for g in cfg.node_groups if g.gpu.sharing.value == "TimeSlicing")
     args = _parse(workloads.labeller_args(GroupContext(cfg.cluster.namespace, cfg.cluster, group)))
     assert (args.loop, args.patch_node, args.replicas, args.sharing_strategy) == (True, True, 8, "time-slicing")
+
+
+def _plugin_container(ds: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    pod = ds["spec"]["template"]["spec"]
+    return pod["containers"][0], {v["name"]: v for v in pod["volumes"]}
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=lambda p: p.name)
+def test_device_plugin_pod_gives_the_plugin_what_it_uses(stack: Path) -> None:
+    """Env for the NVIDIA runtime, probes on the plugin's own endpoints, the MPS shm the clients share."""
+
+    cfg = load_stack_file(stack)
+    for group in cfg.node_groups:
+        ds = workloads.device_plugin_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, group))
+        container, volumes = _plugin_container(ds)
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "compute,utility")
+        args = _parse(container["args"])
+        assert args.metrics_port == DEFAULT_METRICS_PORT == container["ports"][0]["containerPort"]
+        probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+        assert {k: (p["path"], p["port"]) for k, p in probes.items()} == {
+            "startupProbe": ("/readyz", "metrics"), "readinessProbe": ("/readyz", "metrics"),
+            "livenessProbe": ("/healthz", "metrics")}
+        assert all("tcpSocket" not in container[k] for k in probes)
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        if group.gpu.sharing.value == "MPS":
+            # Allocate mounts <mpsRoot>/shm at /dev/shm in clients; the daemon must see the same directory.
+            mps_root = yaml.safe_load(render_named_configs(group)["MPS"])["flags"]["mpsRoot"]
+            assert Mount("/dev/shm", f"{mps_root}/shm").host_path == volumes[mounts["/dev/shm"]["name"]][
+                "hostPath"]["path"]
+        else:
+            assert "/dev/shm" not in mounts
+        assert Settings().container_driver_root not in mounts  # the shipped configs list devices by envvar
+
+
+def test_device_plugin_status_endpoints_answer_the_probe_paths() -> None:
+    """The probe paths are the plugin's real endpoints: 200 when live and registered, 503 when not."""
+
+    cfg = load_stack_file(STACKS[0])
+    container, _ = _plugin_container(workloads.device_plugin_daemonset(
+        GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])))
+    paths = {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+    state = {"live": True, "ready": False}
+    server = StatusServer(PluginMetrics(), lambda: state["live"], lambda: state["ready"], host="127.0.0.1")
+    server.start()
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        assert {k: status(p) for k, p in paths.items()} == {
+            "startupProbe": 503, "readinessProbe": 503, "livenessProbe": 200}
+        state["ready"] = True
+        assert {status(p) for p in paths.values()} == {200}
+    finally:
+        server.stop()
+
+
+def test_cdi_device_lists_mount_the_driver_root_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
+
+    cfg = load_stack_file(STACKS[0])
+    group = cfg.node_groups[0]
+    plain = workloads.device_plugin_config
+
+    def with_cdi(g: Any, mode: Any) -> dict[str, Any]:
+        doc = plain(g, mode)
+        doc["flags"]["plugin"]["deviceListStrategy"] = ["cdi-cri"]
+        return doc
+
+    monkeypatch.setattr(workloads, "device_plugin_config", with_cdi)
+    container, volumes = _plugin_container(workloads.device_plugin_daemonset(
+        GroupContext(cfg.cluster.namespace, cfg.cluster, group)))
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == Settings().container_driver_root)
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["hostPath"]["path"] == Settings().nvidia_driver_root
+    assert workloads.uses_cdi([{"flags": {"plugin": {"deviceListStrategy": "cdi-annotations"}}}])
+    assert not workloads.uses_cdi([{"flags": {"plugin": {"deviceListStrategy": ["envvar", "volume-mounts"]}}}])
