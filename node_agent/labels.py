@@ -5,6 +5,11 @@ through NVML, compute the labels (``node_agent.gfd``), replace the feature file
 (``/etc/kubernetes/node-feature-discovery/features.d/gfd``, atomically, only when it changed) and,
 when asked, merge-patch the Node: set what changed and delete ``nvidia.com/*`` labels we own that
 no longer apply. A node without an NVIDIA GPU gets only the timestamp and ``vgpu.present=false``.
+
+With ``--patch-node`` the same patch also carries the node group's own labels and taints
+(``--node-label KEY=VALUE``, ``--node-taint KEY=VALUE:EFFECT``; rules in ``node_agent.nodeconfig``),
+which is how they reach nodes on clusters without Deckhouse node templates. Those are applied even
+when NVML fails, so a broken GPU never leaves a node untainted.
 """
 
 from __future__ import annotations
@@ -19,14 +24,17 @@ from types import FrameType
 from typing import Any
 
 from node_agent import exitcodes, gfd
-from node_agent.context import AgentContext
+from node_agent.context import AgentContext, UsageError
 from node_agent.host import HostError, nvidia_gpus
+from node_agent.nodeconfig import NodeConfigError, NodePlan, Requested, plan
 from node_agent.nvml import GpuInstanceProfile, NvmlError
 from nvgpu import labels as label_names
 
 log = logging.getLogger(__name__)
 FEATURE_FILE = f"{label_names.NFD_FEATURES_DIR}/gfd"
 DMI_PRODUCT = "/sys/class/dmi/id/product_name"
+#: Re-reads after a 409 (the Node changed between read and patch) before the run reports the conflict.
+CONFLICT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -35,9 +43,12 @@ class LabelRun:
     file_changed: bool
     node_changes: dict[str, str | None]
     warnings: tuple[str, ...] = ()
+    #: The Node's new taint list when this run changed it.
+    node_taints: tuple[dict[str, Any], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"labels": self.labels, "fileChanged": self.file_changed, "nodeChanges": self.node_changes,
+                "nodeTaints": None if self.node_taints is None else list(self.node_taints),
                 "warnings": list(self.warnings)}
 
 
@@ -62,25 +73,63 @@ def collect(ctx: AgentContext, args: argparse.Namespace) -> tuple[dict[str, str]
     return gfd.compute_labels(inventory.gpus, driver, profiles, settings), warnings
 
 
-def label_once(ctx: AgentContext, args: argparse.Namespace) -> LabelRun:
-    labels, warnings = collect(ctx, args)
+def label_once(ctx: AgentContext, args: argparse.Namespace, want: Requested) -> LabelRun:
+    failure: NvmlError | HostError | None = None
+    try:
+        labels, warnings = collect(ctx, args)
+    except (NvmlError, HostError) as e:
+        if not args.patch_node:
+            raise
+        # The group's labels and taints do not depend on the GPUs: apply them anyway, then report.
+        labels, warnings, failure = {}, (), e
     changed = False
-    if not args.no_output_file:
+    if failure is None and not args.no_output_file:
         changed = ctx.host.write_atomic(args.output_file, gfd.feature_file(labels))
     changes: dict[str, str | None] = {}
+    taints: tuple[dict[str, Any], ...] | None = None
     if args.patch_node:
-        node = ctx.require_node_name()
-        api = ctx.node_api()
-        changes = gfd.label_changes(api.labels(node), labels)
-        if changes:
-            api.patch_labels(node, changes)
-    return LabelRun(labels, changed, changes, warnings)
+        changes, taints = patch_node(ctx, want, None if failure else labels)
+    if failure is not None:
+        log.warning("node labels applied without GPU labels changes=%d error=%r", len(changes), str(failure))
+        raise failure
+    return LabelRun(labels, changed, changes, warnings, taints)
+
+
+def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | None
+               ) -> tuple[dict[str, str | None], tuple[dict[str, Any], ...] | None]:
+    """One merge patch of the Node: GFD label changes (unless ``gpu_labels`` is None) plus the node config.
+
+    Retried from a fresh read when the taint list changed underneath (409 on the resourceVersion).
+    """
+    from node_agent.kube import KubeError
+    from node_agent.nodepatch import apply_plan, snapshot
+
+    node = ctx.require_node_name()
+    api = ctx.node_api()
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        snap = snapshot(api, node)
+        config = plan(snap, want)
+        label_patch = gfd.label_changes(snap.labels, gpu_labels) if gpu_labels is not None else {}
+        label_patch |= config.labels
+        full = NodePlan(label_patch, config.annotations, config.taints)
+        if full.empty:
+            return {}, None
+        try:
+            apply_plan(api, node, full, snap.resource_version if full.taints is not None else "")
+        except KubeError as e:
+            if e.status != 409 or attempt == CONFLICT_ATTEMPTS:
+                raise
+            log.info("node changed while patching, re-reading node=%s attempt=%d", node, attempt)
+            continue
+        return label_patch, full.taints
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _text(r: LabelRun) -> str:
     lines = [f"{k}={v}" for k, v in sorted(r.labels.items())]
     lines.append(f"# feature file {'updated' if r.file_changed else 'unchanged'}; "
-                 f"{len(r.node_changes)} node label change(s)")
+                 f"{len(r.node_changes)} node label change(s)"
+                 + ("" if r.node_taints is None else f"; taints now {len(r.node_taints)}"))
     lines += [f"# warning: {w}" for w in r.warnings]
     return "\n".join(lines)
 
@@ -100,13 +149,18 @@ def _kube_error(patch_node: bool) -> type[Exception]:
 def run(args: argparse.Namespace) -> int:
     kube_error = _kube_error(args.patch_node)
     if args.replicas < 1:
-        from node_agent.context import UsageError
-
         raise UsageError(f"--replicas must be at least 1 (got {args.replicas})")
+    if (args.node_label or args.node_taint) and not args.patch_node:
+        flag = "--node-label" if args.node_label else "--node-taint"
+        raise UsageError(f"{flag} needs --patch-node (the labels and taints go onto the Node)")
+    try:
+        want = Requested.from_flags(args.node_label, args.node_taint)
+    except NodeConfigError as e:
+        raise UsageError(str(e)) from e
     ctx = AgentContext.from_args(args)
     if not args.loop:
         try:
-            result = label_once(ctx, args)
+            result = label_once(ctx, args, want)
         except NvmlError as e:
             ctx.emit({"error": f"NVML: {e}"}, f"error: NVML: {e}")
             return exitcodes.FAILED
@@ -124,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         done = 0
         while not stop.is_set():
             try:
-                result = label_once(ctx, args)
+                result = label_once(ctx, args, want)
                 log.info("labelled labels=%d file_changed=%s node_changes=%d", len(result.labels),
                          result.file_changed, len(result.node_changes))
             except (NvmlError, HostError, kube_error) as e:
@@ -159,6 +213,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-output-file", action="store_true", help="do not write the NFD feature file")
     p.add_argument("--no-timestamp", action="store_true", help="omit nvidia.com/gfd.timestamp")
     p.add_argument("--patch-node", action="store_true", help="also set the labels on the Node")
+    p.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --patch-node: a node-group label to keep on the Node (repeatable)")
+    p.add_argument("--node-taint", action="append", default=[], metavar="KEY=VALUE:EFFECT",
+                   help="with --patch-node: a node-group taint to keep on the Node (repeatable; KEY:EFFECT "
+                        "for an empty value)")
     p.add_argument("--loop", action="store_true", help="re-label every --interval seconds until SIGTERM")
     p.add_argument("--interval", type=float, default=60.0)
     p.add_argument("--iterations", type=int, default=0, help="with --loop: stop after N runs (0 = never)")

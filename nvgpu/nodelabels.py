@@ -9,24 +9,12 @@ the group does not use MIG, so a stale MIG layout is torn down).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from nvgpu import labels
 from nvgpu.migparted import CustomGpuLayout, CustomSlice, custom_config_name
 from nvgpu.stackconfig import Mig, NodeGroup, Sharing
+from nvgpu.taints import NodeTaint
 
-
-@dataclass(frozen=True)
-class NodeTaint:
-    key: str
-    value: str
-    effect: str
-
-    def as_dict(self) -> dict[str, str]:
-        out = {"key": self.key, "effect": self.effect}
-        if self.value:
-            out["value"] = self.value
-        return out
+__all__ = ["NodeTaint", "custom_mig_config_name", "desired_node_labels", "desired_node_taints", "mig_config_name"]
 
 
 def custom_mig_config_name(group_name: str, mig: Mig) -> str:
