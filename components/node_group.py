@@ -91,8 +91,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 runs_as(AgentRole.DEVICE_PLUGIN, self.sharing.config_map),
             )
 
-        #: What the group's nodes must carry; on the daemonset backend the cluster's node provisioning
-        #: (node pool labels and taints) applies these, on Deckhouse the node template above does.
+        #: What the group's nodes must carry: on Deckhouse the node template above applies it, on the
+        #: daemonset backend the labeller does (``workloads.labeller_args``); both read ``nvgpu.nodelabels``.
         self.node_labels = desired_node_labels(group)
         self.node_taints = [t.as_dict() for t in desired_node_taints(group)]
         self.register_outputs(

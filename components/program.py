@@ -99,7 +99,7 @@ def build_stack(config: StackConfig) -> Stack:
                                                                depends_on=platform.refs.dependencies), with_provider)
     pulumi.export("namespace", platform.namespace)
     pulumi.export("nodeGroups", sorted(groups))
-    # Labels and taints per group, for the node provisioning of clusters without Deckhouse node templates.
+    # Labels and taints per group (the labeller applies them off Deckhouse; provisioning can set them earlier).
     pulumi.export("nodeTemplates", {n: {"labels": g.node_labels, "taints": g.node_taints} for n, g in groups.items()})
     return Stack(provider=provider, platform=platform, node_groups=groups, dra=dra, mig=mig)
 

@@ -40,13 +40,15 @@ class Rule:
 
 _READ_NODES = Rule(("",), ("nodes",), ("get", "list", "watch"))
 _PATCH_NODES = Rule(("",), ("nodes",), ("get", "list", "watch", "patch"))
+#: The labeller reads and merge-patches its own Node (labels, taints, its ownership annotations), nothing else.
+_PATCH_OWN_NODE = Rule(("",), ("nodes",), ("get", "patch"))
 _EVENTS = Rule(("", "events.k8s.io"), ("events",), ("create", "patch"))
 
 #: The device plugin reads its own Node to pick the named sharing config from the node label.
 #: The labeller and the setup agent patch labels (and the setup-complete label) onto their own Node.
 ROLE_RULES: dict[AgentRole, tuple[Rule, ...]] = {
     AgentRole.DEVICE_PLUGIN: (_READ_NODES, _EVENTS),
-    AgentRole.LABELLER: (_PATCH_NODES, _EVENTS),
+    AgentRole.LABELLER: (_PATCH_OWN_NODE,),
     AgentRole.NODE_SETUP: (_PATCH_NODES, _EVENTS),
 }
 

@@ -22,7 +22,8 @@ from components.manifests.platform import AgentRole
 from components.manifests.scheduling import node_affinity, tolerations
 from components.manifests.sharing import MPS_ROOT, config_map_name, device_plugin_config
 from nvgpu import labels
-from nvgpu.stackconfig import Cluster, NodeGroup, Sharing
+from nvgpu.nodelabels import desired_node_labels, desired_node_taints
+from nvgpu.stackconfig import Cluster, NodeGroup, NodeSetupBackend, Sharing
 
 AGENT = ["python", "-m", "node_agent"]
 #: Where the named device-plugin configs are mounted in the plugin container.
@@ -251,15 +252,26 @@ def scrape_annotations(ctx: GroupContext) -> dict[str, str]:
 
 
 def labeller_args(ctx: GroupContext) -> list[str]:
-    """``labels`` with the group's sharing, so the GFD labels (``.replicas``, ``.sharing-strategy``) match."""
+    """``labels`` with the group's sharing, so the GFD labels (``.replicas``, ``.sharing-strategy``) match.
+
+    On the daemonset backend there is no NodeGroup node template, so the labeller also keeps the group's
+    own labels and taints on each node (``--node-label``/``--node-taint``, from ``nvgpu.nodelabels``, the
+    same source the Deckhouse node template uses).
+    """
     gpu = ctx.group.gpu
     mig_strategy = gpu.effective_mig.strategy.value if gpu.sharing is Sharing.MIG else "none"
-    return [
+    args = [
         "labels", "--loop", "--interval", str(LABEL_INTERVAL_SECONDS), "--patch-node",
         "--mig-strategy", mig_strategy,
         "--replicas", str(gpu.replicas),
         "--sharing-strategy", "mps" if gpu.sharing is Sharing.MPS else "time-slicing",
     ]
+    if ctx.cluster.node_setup is NodeSetupBackend.DAEMONSET:
+        for key, value in desired_node_labels(ctx.group).items():
+            args += ["--node-label", f"{key}={value}"]
+        for taint in desired_node_taints(ctx.group):
+            args += ["--node-taint", taint.flag()]
+    return args
 
 
 def labeller_daemonset(ctx: GroupContext) -> Manifest:
@@ -271,6 +283,12 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
     ]
     # No probe: the loop has no endpoint, and a wedged loop only delays labels the setup gate already guards.
+    # Gated on gpu-setup-complete like the other GPU pods, also on the daemonset backend where it applies the
+    # group's labels and taints: node setup (check, runtime, sysctl, VFIO) reads none of them, their readers
+    # (the device plugin, which falls back to the group's own sharing config, and the MIG manager) wait for
+    # setup themselves, and the labeller needs the NVIDIA runtime that setup configures. Nodes that must
+    # never take other pods before then get the GPU taint at provisioning too (stack output nodeTemplates);
+    # the labeller then leaves that taint alone, as it is not the one that set it.
     container["volumeMounts"] = [_mount("features", labels.NFD_FEATURES_DIR), _TMP_MOUNT]
     pod_spec = {
         # Root (for the root-owned features.d directory) but with no capabilities and no escalation.
