@@ -151,19 +151,6 @@ def numa_node(host: HostFiles, gpu: Gpu) -> int | None:
     return node if node >= 0 else None
 
 
-MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"
-
-
-def parse_mig_minors(text: str) -> dict[str, int]:
-    """``gpu0/gi1/access 12`` lines → ``{"gpu0/gi1/access": 12}`` (also ``config`` and ``monitor``)."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
-
-
 CONTROL_DEVICES: tuple[str, ...] = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 

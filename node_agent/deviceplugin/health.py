@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from node_agent.deviceplugin.devices import WHOLE_GPU, Gpu, HealthEvent, HealthEventKind, NodeDevices
+from node_agent.nvml.xid import APPLICATION_XIDS
 
 log = logging.getLogger(__name__)
 
 #: XIDs NVIDIA's plugin never treats as device failures (they are caused by applications).
-DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+DEFAULT_IGNORED_XIDS: frozenset[int] = APPLICATION_XIDS
 DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
 #: Longest single wait for an NVML event (bounds how long stopping the monitor takes).
 WAIT_SLICE_S = 0.1
@@ -122,7 +123,12 @@ class HealthBoard:
             return 0.0 if s is None else s.last_bad
 
     def mark(self, uuids: Iterable[str], healthy: bool, reason: str) -> list[str]:
-        """Set health; returns the UUIDs that changed. Bad marks always refresh ``last_bad``."""
+        """Set health; returns the UUIDs that changed. Bad marks always refresh ``last_bad``.
+
+        Listeners (the transition metrics) run under the board's lock, before waiters are woken: no
+        stream or reader can see a new health before it is recorded (kubelet seeing a device turn
+        Healthy while ``/metrics`` does not count the transition yet was a race). They must be quick
+        and never wait on another thread."""
         changed: list[str] = []
         now = self.clock()
         with self._cond:
@@ -134,13 +140,13 @@ class HealthBoard:
                     s.healthy = healthy
                     s.reason = reason
                     changed.append(u)
+            for u in changed:
+                log.warning("event=health-transition device=%s healthy=%s reason=%s", u, healthy, reason)
+                for fn in self._listeners:
+                    fn(u, healthy, reason)
             if changed:
                 self._version += 1
                 self._cond.notify_all()
-        for u in changed:
-            log.warning("event=health-transition device=%s healthy=%s reason=%s", u, healthy, reason)
-            for fn in self._listeners:
-                fn(u, healthy, reason)
         return changed
 
     def wait_change(self, seen: int, timeout_s: float) -> int:

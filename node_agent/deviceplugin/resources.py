@@ -14,15 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from node_agent.deviceplugin.config import MigStrategy, Settings, SharingStrategy
-from node_agent.deviceplugin.devices import (
-    MIG_MINORS_PATH,
-    DeviceError,
-    Gpu,
-    HostFiles,
-    MigDevice,
-    numa_node,
-    parse_mig_minors,
-)
+from node_agent.deviceplugin.devices import DeviceError, Gpu, HostFiles, MigDevice, numa_node
+from node_agent.host.proc import MIG_MINORS_PATH, parse_mig_minors
 from nvgpu.catalogue import MIN_COMPUTE_CAPABILITY
 
 log = logging.getLogger(__name__)

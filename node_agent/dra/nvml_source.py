@@ -21,15 +21,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from node_agent.deviceplugin.devices import MIG_MINORS_PATH, parse_mig_minors
-from node_agent.deviceplugin.health import DEFAULT_IGNORED_XIDS
 from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
 from node_agent.host.pci import nvidia_gpus
+from node_agent.host.proc import MIG_MINORS_PATH, parse_mig_minors
 from node_agent.host.root import HostError, HostRoot
 from node_agent.nvml import NvmlError
 from node_agent.nvml.session import EventWatcher, NvmlBackend, NvmlSession, open_nvml
 from node_agent.nvml.types import EventKind, Gpu
 from node_agent.nvml.types import Inventory as NvmlInventory
+from node_agent.nvml.xid import is_application_xid
 from nvgpu import catalogue
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class NvmlInventorySource:
     def _drain_xids(self) -> None:
         assert self._watcher is not None
         while (event := self._watcher.wait(0)) is not None:
-            if event.kind is EventKind.XID and event.data not in DEFAULT_IGNORED_XIDS and event.gpu_index >= 0:
+            if event.kind is EventKind.XID and not is_application_xid(event.data) and event.gpu_index >= 0:
                 log.warning("event=gpu-xid index=%d xid=%d", event.gpu_index, event.data)
                 self._xids[event.gpu_index] = (event.data, self._clock())
         now = self._clock()

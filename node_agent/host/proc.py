@@ -1,4 +1,4 @@
-"""Driver facts the kernel publishes under /proc: driver version, loaded modules, GPU minors."""
+"""Driver facts the kernel publishes under /proc: driver version, loaded modules, GPU minors, MIG capability minors."""
 
 from __future__ import annotations
 
@@ -49,4 +49,18 @@ def gpu_minors(host: HostRoot) -> dict[str, int]:
         m = re.search(r"^Device Minor:\s*(\d+)", text, re.MULTILINE)
         if m:
             out[bus.lower()] = int(m.group(1))
+    return out
+
+
+#: Minor numbers of the MIG capability device nodes (``/dev/nvidia-caps/nvidia-cap<N>``).
+MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """``gpu0/gi1/access 12`` lines → ``{"gpu0/gi1/access": 12}`` (also ``config`` and ``monitor``)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
     return out

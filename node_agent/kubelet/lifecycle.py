@@ -34,10 +34,17 @@ from node_agent.kubelet.servicer import DevicePluginServicer
 log = logging.getLogger(__name__)
 
 CONFIRM_TIMEOUT_S = 5.0
+#: One confirm attempt; between attempts the socket's existence is checked again.
+CONFIRM_ATTEMPT_S = 0.25
 REGISTER_TIMEOUT_S = 5.0
 MAX_RETRY_S = 30.0
 #: With failOnInitError off, a failed init is retried this often (NVIDIA's plugin waits 30 s too).
 INIT_RETRY_S = 30.0
+#: Unix sockets on this node: reconnect every 100-250 ms while waiting for ready. gRPC's default backoff
+#: (1 s, 1.6 s, 2.6 s, ...) held a registration for seconds after a restarting kubelet's new socket
+#: appeared, so a refusal (or success) arrived late on a busy node.
+_LOCAL_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                          ("grpc.max_reconnect_backoff_ms", 250)]
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
@@ -67,14 +74,30 @@ class ResourceServer:
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
         self._server = server
-        # Confirm with a real call, like NVIDIA's blocking dial but stronger: the servicer answers.
-        with grpc.insecure_channel(f"unix://{self.socket_path}") as ch:
-            try:
-                grpc_api.DevicePluginStub(ch).GetDevicePluginOptions(pb.Empty(), timeout=CONFIRM_TIMEOUT_S,
-                                                                     wait_for_ready=True)
-            except grpc.RpcError as e:
-                raise TransientError(f"{self.plugin.name}: own socket {self.socket_path} does not answer") from e
+        self._confirm()
         log.info("event=serving resource=%s socket=%s", self.plugin.name, self.socket_path)
+
+    def _confirm(self) -> None:
+        """Confirm with a real call, like NVIDIA's blocking dial but stronger: the servicer answers.
+
+        Short attempts, each checking the socket still exists: a restarting kubelet may delete it
+        right after we created it, and waiting out the whole confirm timeout on a socket nobody can
+        reach delayed the restart (and a refused registration) by seconds."""
+        deadline = time.monotonic() + CONFIRM_TIMEOUT_S
+        with grpc.insecure_channel(f"unix://{self.socket_path}", options=_LOCAL_CHANNEL_OPTIONS) as ch:
+            stub = grpc_api.DevicePluginStub(ch)
+            while True:
+                if not self.socket_path.exists():
+                    raise TransientError(f"{self.plugin.name}: own socket {self.socket_path} was removed")
+                left = deadline - time.monotonic()
+                try:
+                    stub.GetDevicePluginOptions(pb.Empty(), timeout=max(0.01, min(CONFIRM_ATTEMPT_S, left)),
+                                                wait_for_ready=True)
+                    return
+                except grpc.RpcError as e:
+                    if left <= CONFIRM_ATTEMPT_S:
+                        raise TransientError(
+                            f"{self.plugin.name}: own socket {self.socket_path} does not answer") from e
 
     def register(self, kubelet_socket: Path) -> None:
         o = self.plugin.options()
@@ -85,7 +108,7 @@ class ResourceServer:
         )
         if not kubelet_socket.exists():
             raise TransientError(f"kubelet socket {kubelet_socket} does not exist")
-        with grpc.insecure_channel(f"unix://{kubelet_socket}") as ch:
+        with grpc.insecure_channel(f"unix://{kubelet_socket}", options=_LOCAL_CHANNEL_OPTIONS) as ch:
             try:
                 grpc_api.RegistrationStub(ch).Register(req, timeout=REGISTER_TIMEOUT_S, wait_for_ready=True)
             except grpc.RpcError as e:

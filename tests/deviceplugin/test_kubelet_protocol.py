@@ -168,12 +168,13 @@ def test_recovery_after_quiet_period(run_plugin: Callable[..., Running], host: F
     node = machine("l4x2", host)
     r = run_plugin(node, policy=HealthPolicy(recovery_quiet_s=0.3, recheck_interval_s=0.05))
     r.kubelet.wait_registered({"nvidia.com/gpu"})
+    # Timed from the XID itself, not from when the stand-in saw Unhealthy (that can lag on a busy machine).
+    t = time.monotonic()
     node.xid(0, 79)
     u = node.gpu_list[0].uuid
     r.kubelet.wait_devices("nvidia.com/gpu", lambda d: d.get(u) == "Unhealthy")
-    t = time.monotonic()
-    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: d.get(u) == "Healthy", timeout=3)
-    assert time.monotonic() - t >= 0.25
+    r.kubelet.wait_devices("nvidia.com/gpu", lambda d: d.get(u) == "Healthy", timeout=10)
+    assert time.monotonic() - t >= 0.3
     metrics = r.metrics.render().decode()
     assert 'to="Healthy"' in metrics and 'to="Unhealthy"' in metrics
 
@@ -225,7 +226,8 @@ def test_registration_refused_is_fatal(run_plugin: Callable[..., Running], host:
     r.kubelet.stop()
     r.kubelet._reject = lambda req: f"resource {req.resource_name} is already registered"
     r.kubelet.start()
-    r.thread.join(5)
+    # Generous: a registration caught mid-restart is retried with backoff before the refusal arrives.
+    r.thread.join(30)
     assert r.result == [1]
     assert not list(r.kubelet.dir.glob("nvidia-*.sock"))
 

@@ -146,7 +146,9 @@ def test_simulated_mig_mixed(run_plugin: Callable[..., Running], host: FakeHost,
     machine.inject_xid(0, 48, gi_id=mig.gi_id, ci_id=mig.ci_id)
     ep = r.kubelet.wait_devices("nvidia.com/mig-1g.5gb", lambda d: d[str(mig.uuid)] == "Unhealthy")
     assert sorted(ep.devices.values()) == ["Healthy", "Unhealthy"]
-    assert r.kubelet.endpoints["nvidia.com/mig-3g.20gb"].devices
-    c = r.kubelet.allocate("nvidia.com/mig-3g.20gb", list(r.kubelet.endpoints["nvidia.com/mig-3g.20gb"].devices))
+    # Registered is not listed yet: the stand-in's ListAndWatch may still be on its way on a busy machine.
+    big = r.kubelet.wait_devices("nvidia.com/mig-3g.20gb", lambda d: len(d) == 1)
+    assert list(big.devices.values()) == ["Healthy"]
+    c = r.kubelet.allocate("nvidia.com/mig-3g.20gb", list(big.devices))
     assert c.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
     node.close()
