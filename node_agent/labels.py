@@ -179,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
         while not stop.is_set():
             try:
                 result = label_once(ctx, args, want)
-                log.info("labelled labels=%d file_changed=%s node_changes=%d", len(result.labels),
-                         result.file_changed, len(result.node_changes))
+                log.info("labelled labels=%d file_changed=%s node_changes=%d taints_changed=%s", len(result.labels),
+                         result.file_changed, len(result.node_changes), result.node_taints is not None)
             except (NvmlError, HostError, kube_error) as e:
                 log.warning("labelling failed error=%r", str(e))
             done += 1

@@ -29,8 +29,12 @@ from nvgpu.taints import NodeTaint
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-#: Labels other parts of the agent own: node setup's gate labels (the labeller must never fake them).
+#: Labels other parts of the agent own: node setup's gate labels (the labeller must never fake them) and the
+#: MIG manager's state and ``nvidia.com/gpu.deploy.*`` pause labels (pinning them would fight a reconfiguration).
 RESERVED_LABELS = frozenset({names.GPU_SETUP_COMPLETE, names.GPU_VFIO_READY, names.MIG_CONFIG_STATE})
+RESERVED_LABEL_PREFIXES = (names.GPU_DEPLOY_PREFIX,)
+#: The MIG manager sets and clears this taint around a reconfiguration.
+RESERVED_TAINTS = frozenset({names.MIG_RECONFIGURE_TAINT_KEY})
 
 
 class NodeConfigError(ValueError):
@@ -58,7 +62,7 @@ def parse_label(text: str) -> tuple[str, str]:
     """``KEY=VALUE`` (the value may be empty) into a checked pair."""
     key, eq, value = text.partition("=")
     problem = "expected KEY=VALUE" if not eq else _key_problem(key) or _value_problem(value)
-    if problem is None and key in RESERVED_LABELS:
+    if problem is None and (key in RESERVED_LABELS or key.startswith(RESERVED_LABEL_PREFIXES)):
         problem = f"{key} is set by node setup or the MIG manager, not the labeller"
     if problem is None and gfd.owned(key):
         problem = f"{key} is a feature-discovery label the labeller computes from the GPUs"
@@ -75,6 +79,8 @@ def parse_taint(text: str) -> NodeTaint:
         problem: str | None = "expected KEY=VALUE:EFFECT or KEY:EFFECT"
     elif effect not in TAINT_EFFECTS:
         problem = f"effect {effect!r} is not one of {', '.join(TAINT_EFFECTS)}"
+    elif key in RESERVED_TAINTS:
+        problem = f"{key} is set and cleared by the MIG manager, not the labeller"
     else:
         problem = _key_problem(key) or _value_problem(value)
     if problem:

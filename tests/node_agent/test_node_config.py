@@ -66,6 +66,7 @@ def test_good_labels(text: str, pair: tuple[str, str]) -> None:
     (f"team={'v' * 64}", "value must be empty or at most 63 characters"),
     ("node.deckhouse.io/gpu-setup-complete=", "set by node setup or the MIG manager"),
     ("nvidia.com/gpu.product=fake", "feature-discovery label"),
+    ("nvidia.com/gpu.deploy.device-plugin=true", "set by node setup or the MIG manager"),
 ])
 def test_bad_labels_name_the_flag_and_value(text: str, problem: str) -> None:
     with pytest.raises(NodeConfigError) as err:
@@ -88,6 +89,7 @@ def test_good_taints_round_trip(text: str, taint: NodeTaint) -> None:
      "effect 'NoScheduleX' is not one of NoSchedule, PreferNoSchedule, NoExecute"),
     ("=present:NoSchedule", "name must be 1 to 63 characters"),
     ("gpu=bad value:NoSchedule", "value must be empty"),
+    ("mig-reconfigure=true:NoSchedule", "set and cleared by the MIG manager"),
 ])
 def test_bad_taints_name_the_flag_and_value(text: str, problem: str) -> None:
     with pytest.raises(NodeConfigError) as err:
