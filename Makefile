@@ -33,6 +33,7 @@ unit: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy nvgpu node_agent components preview policies
+	$(VENV)/bin/lint-imports
 
 policy-test: venv
 	$(PY) -m pytest -q tests/policies

@@ -23,10 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from node_agent.kubeclient import KubeError
 from node_agent.mig import apply
 from node_agent.mig.hardware import GpuInfo, MigBackend, MigHardwareError, ResetUnavailable, snapshot
 from node_agent.mig.journal import JOURNAL_PATH, Journal, JournalError, JournalGpu, JournalStore, Outcome, Phase
-from node_agent.mig.kube import KubeError, NodeApi, NodePatch, NodeView, PodView, Taint
+from node_agent.mig.kube import NodeApi, NodePatch, NodeView, PodView, Taint
 from node_agent.mig.machine import Act, Action, DrainMode, MigState, Observation, TargetKind, Timeouts, decide
 from node_agent.mig.plan import NodePlan, PlanError, diff, plan
 from nvgpu import labels

@@ -18,21 +18,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+
+from node_agent.kubeclient import KubeError
 
 log = logging.getLogger(__name__)
 
 EVENT_NAMESPACE = "default"  #: Node events live in ``default``, as kubelet's do
 COMPONENT = "nvidia-gpu-mig-manager"
-
-
-class KubeError(RuntimeError):
-    """An API call failed; ``status`` is the HTTP status when there was one."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -125,18 +119,6 @@ class NodeApi(Protocol):
     def wait_for_change(self, resource_version: str, timeout_s: float) -> None:
         """Block until the Node changes or ``timeout_s`` passes (a watch, or a sleep in fakes)."""
         ...
-
-
-def api_client(kubeconfig: str | None) -> client.ApiClient:
-    """A client from ``kubeconfig``, or the pod's in-cluster ServiceAccount when None."""
-    try:
-        if kubeconfig:
-            api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-            return api
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return client.ApiClient()
-    except (config.ConfigException, OSError) as e:
-        raise KubeError(f"no Kubernetes access ({kubeconfig or 'in-cluster'}): {e}") from e
 
 
 def _node_view(obj: Any) -> NodeView:

@@ -11,8 +11,9 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from node_agent.kubeclient import KubeError
 from node_agent.mig.hardware import GpuInfo, InstanceInfo, MigHardwareError, ResetUnavailable
-from node_agent.mig.kube import KubeError, NodePatch, NodeView, PodView, Taint
+from node_agent.mig.kube import NodePatch, NodeView, PodView, Taint
 from nvgpu import catalogue
 from nvgpu.catalogue import GpuModel, MigProfile
 

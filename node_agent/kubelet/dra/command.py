@@ -15,8 +15,6 @@ import signal
 import threading
 from typing import Any
 
-from kubernetes import client, config
-
 from node_agent.context import AgentContext
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.cleanup import UninstallWatcher
@@ -24,6 +22,7 @@ from node_agent.dra.devices import HealthAction
 from node_agent.dra.driver import DEFAULT_STATE_DIR, DraDriver, DriverSettings
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.dra.sharing import NvidiaSmiSharing
+from node_agent.kubeclient import api_client
 from node_agent.kubelet.dra.server import PLUGINS_DIR, REGISTRY_DIR, PluginServer
 
 log = logging.getLogger(__name__)
@@ -48,15 +47,6 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(COMMAND, help="run the DRA kubelet plugin (ResourceSlices, prepare/unprepare)")
     add_arguments(p)
     p.set_defaults(run=run)
-
-
-def api_client(kubeconfig: str | None) -> client.ApiClient:
-    """In-cluster credentials in the DaemonSet; a kubeconfig for tests and development."""
-    if kubeconfig:
-        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-        return api
-    config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
 
 
 def run(args: argparse.Namespace) -> int:
