@@ -7,8 +7,9 @@ requests and limits, and a securityContext that is privileged only where the hos
   hands to kubelet) and root-owned host sockets under ``/var/lib/kubelet/device-plugins``;
 * the setup agent writes ``/proc/sys``, loads kernel modules and rewrites the containerd config on the host.
 
-The labeller only reads NVML through the NVIDIA runtime's injected devices and writes one feature file,
-so it runs unprivileged with a read-only root filesystem and no capabilities.
+The labeller only reads NVML through the NVIDIA runtime's injected devices, writes one feature file and
+merge-patches its own Node through the API, so it runs unprivileged with a read-only root filesystem and
+no capabilities.
 """
 
 from __future__ import annotations
