@@ -22,6 +22,15 @@ MPS = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu
 RENAMED = TIME_SLICING.replace("timeSlicing:\n", "timeSlicing:\n    renameByDefault: true\n")
 
 
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``check`` until true: kubelet's view (the stand-in) can run ahead of the plugin's own state."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        time.sleep(0.01)
+
 @pytest.mark.parametrize("name", MACHINES)
 @pytest.mark.parametrize("mode", ["exclusive", "time-slicing", "mps", "renamed"])
 def test_machine_and_sharing_mode(run_plugin: Callable[..., Running], host: FakeHost, name: str, mode: str) -> None:
@@ -218,7 +227,8 @@ def test_plugin_started_before_kubelet_registers_when_it_appears(run_plugin: Cal
     t = time.monotonic()
     r.kubelet.start()
     r.kubelet.wait_registered({"nvidia.com/gpu"}, timeout=1.0, after=t)
-    assert r.supervisor.ready()
+    # The stand-in records the registration before the plugin has read kubelet's answer.
+    wait_until(r.supervisor.ready, what="supervisor ready")
 
 
 def test_registration_refused_is_fatal(run_plugin: Callable[..., Running], host: FakeHost) -> None:
@@ -292,7 +302,9 @@ def test_status_endpoints(run_plugin: Callable[..., Running], host: FakeHost) ->
         e.value.close()
         r.kubelet.start()
         r.kubelet.wait_registered({"nvidia.com/gpu"}, timeout=3)
+        r.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 2)
         r.kubelet.allocate("nvidia.com/gpu", [machine("l4x2", host).gpu_list[0].uuid])
+        wait_until(r.supervisor.ready, what="supervisor ready")  # kubelet's answer may still be on its way
         with urllib.request.urlopen(f"{base}/readyz", timeout=5) as resp:
             assert resp.status == 200
         with urllib.request.urlopen(f"{base}/healthz", timeout=5) as resp:
