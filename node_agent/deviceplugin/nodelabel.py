@@ -1,11 +1,11 @@
 """Reads this node's device-plugin config label and notices when the chosen config changes.
 
 The node label ``nvidia.com/device-plugin.config`` names one of the configs mounted from the
-components' ConfigMap. :class:`ConfigWatcher` polls the label (one GET of the own Node through the
-in-cluster API, with the pod's service account) and the mounted files, and asks for a reload when
-the selection or its content changes, which is NVIDIA's config-manager sidecar folded into the
-plugin. A plain ``urllib`` request keeps the plugin's memory small (the kubernetes client alone
-costs about 18 MiB).
+components' ConfigMap. :class:`ConfigWatcher` checks the selection and the mounted files every few
+seconds, and at once when the label watch (``node_agent.deviceplugin.nodewatch``) reports a change,
+and asks for a reload when the selection or its content changes, which is NVIDIA's config-manager
+sidecar folded into the plugin. Plain ``urllib`` requests with the pod's service account keep the
+plugin's memory small (the kubernetes client alone costs about 18 MiB).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import os
 import ssl
 import threading
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from node_agent.deviceplugin.named import DEFAULT_FALLBACKS, NamedConfigError, Selection, available_configs, select
 
@@ -34,32 +34,49 @@ class LabelSource(Protocol):
         ...
 
 
-class InClusterNodeLabel:
-    """GET /api/v1/nodes/<name> with the pod's service account token."""
+class ApiEndpoint:
+    """The API server as the pod sees it: base URL, CA and the service-account token (re-read per request)."""
 
-    def __init__(self, node_name: str, key: str = CONFIG_LABEL, timeout_s: float = 10.0, *,
-                 server: str | None = None, account_dir: Path = SERVICE_ACCOUNT):
+    def __init__(self, server: str | None = None, account_dir: Path = SERVICE_ACCOUNT):
         if server is None:
             host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
             port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
             if not host:
                 raise OSError("not running in a cluster (KUBERNETES_SERVICE_HOST is unset)")
             server = f"https://{host}:{port}"
-        self.url = f"{server}/api/v1/nodes/{node_name}"
-        self.key = key
-        self.timeout_s = timeout_s
+        self.server = server.rstrip("/")
         self.account_dir = account_dir
         ca = account_dir / "ca.crt"
         self._ctx = ssl.create_default_context(cafile=str(ca)) if server.startswith("https") else None
 
-    def label(self) -> str | None:
+    def open(self, path: str, timeout_s: float) -> Any:
+        """GET ``path`` (with its query); the caller closes the response. HTTP errors raise ``HTTPError``."""
         token = (self.account_dir / "token").read_text().strip()  # re-read: projected tokens rotate
-        req = urllib.request.Request(self.url, headers={"Authorization": f"Bearer {token}",
-                                                        "Accept": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ctx) as resp:
+        req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {token}",
+                                                                  "Accept": "application/json"})
+        return urllib.request.urlopen(req, timeout=timeout_s, context=self._ctx)
+
+
+def node_label(node: Mapping[str, Any], key: str) -> str | None:
+    """A label's value from a Node object as JSON (``None`` when unset)."""
+    value = (node.get("metadata") or {}).get("labels", {}).get(key)
+    return str(value) if value is not None else None
+
+
+class InClusterNodeLabel:
+    """GET /api/v1/nodes/<name> with the pod's service account token."""
+
+    def __init__(self, node_name: str, key: str = CONFIG_LABEL, timeout_s: float = 10.0, *,
+                 server: str | None = None, account_dir: Path = SERVICE_ACCOUNT):
+        self.api = ApiEndpoint(server, account_dir)
+        self.path = f"/api/v1/nodes/{node_name}"
+        self.key = key
+        self.timeout_s = timeout_s
+
+    def label(self) -> str | None:
+        with self.api.open(self.path, self.timeout_s) as resp:
             node = json.load(resp)
-        value = node.get("metadata", {}).get("labels", {}).get(self.key)
-        return str(value) if value is not None else None
+        return node_label(node, self.key)
 
 
 class ConfigSelector:
@@ -106,6 +123,7 @@ class ConfigWatcher:
         self.on_change = on_change
         self.interval_s = interval_s
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="config-watch", daemon=True)
         self._seen: tuple[str | None, str | None] | None = None
 
@@ -127,8 +145,16 @@ class ConfigWatcher:
         self._seen = (sel.name, text)
         return False
 
+    def wake(self) -> None:
+        """Check now instead of at the next interval (the node label watch saw the label change)."""
+        self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             self.poll()
 
     def start(self) -> None:
@@ -136,3 +162,4 @@ class ConfigWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()

@@ -31,13 +31,8 @@ from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
 from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
 from node_agent.deviceplugin.named import DEFAULT_FALLBACKS
-from node_agent.deviceplugin.nodelabel import (
-    CONFIG_LABEL,
-    ConfigSelector,
-    ConfigWatcher,
-    InClusterNodeLabel,
-    LabelSource,
-)
+from node_agent.deviceplugin.nodelabel import CONFIG_LABEL, ConfigSelector, ConfigWatcher, LabelSource
+from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.host import HostRoot
@@ -81,7 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"node label naming the config in --config-dir (default {CONFIG_LABEL})")
     g.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
     g.add_argument("--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES", ",".join(DEFAULT_FALLBACKS)))
-    g.add_argument("--config-poll-interval", type=float, default=5.0, metavar="SECONDS")
+    g.add_argument("--config-poll-interval", type=float, default=5.0, metavar="SECONDS",
+                   help="how often the mounted config files are re-read (the node label is watched)")
     g.add_argument("--socket-dir", type=Path, default=Path(DEVICE_PLUGIN_PATH),
                    help="kubelet's device-plugins directory, as mounted in this container")
     g.add_argument("--metrics-address", default="0.0.0.0")
@@ -192,11 +188,12 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     3 for an invalid config file, environment or flag (the problem names the field)."""
     env = os.environ if env is None else env
     ctx = AgentContext.from_args(args)
-    labels: LabelSource | None = None
+    labels: NodeLabelWatch | None = None
     node_name = ctx.node_name or env.get("NODE_NAME")
     if args.config_dir is not None and node_name:
         try:
-            labels = InClusterNodeLabel(node_name, args.config_label)
+            labels = NodeLabelWatch(node_name, args.config_label,
+                                    timing=WatchTiming(relist_interval_s=args.config_poll_interval))
         except OSError as e:
             log.warning("event=node-label-unavailable error=%s action=use-default-config", e)
     try:
@@ -213,10 +210,15 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     previous = _install_signals(proc.supervisor)
     if args.config_dir is not None:
         proc.watcher.start()
+        if labels is not None:
+            labels.subscribe(proc.watcher.wake)
+            labels.start()
     try:
         return proc.supervisor.run()
     finally:
         _restore_signals(previous)
+        if labels is not None:
+            labels.stop()
         proc.close()
         if status is not None:
             status.stop()

@@ -158,3 +158,12 @@ class KubeletStandIn:
 
     def prestart(self, resource: str, ids: list[str]) -> Any:
         return self.endpoints[resource].stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=5)
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``check`` until true: kubelet's view (the stand-in) can run ahead of the plugin's own state."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        time.sleep(0.01)

@@ -15,6 +15,7 @@ from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins
 from tests.deviceplugin.builders import FakeHost, machine
 from tests.deviceplugin.conftest import Running
+from tests.deviceplugin.kubelet_standin import wait_until
 
 MACHINES = ["dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "a30x4", "l4x2", "t4x1"]
 TIME_SLICING = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
@@ -22,14 +23,6 @@ MPS = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu
 RENAMED = TIME_SLICING.replace("timeSlicing:\n", "timeSlicing:\n    renameByDefault: true\n")
 
 
-
-def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``check`` until true: kubelet's view (the stand-in) can run ahead of the plugin's own state."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        time.sleep(0.01)
 
 @pytest.mark.parametrize("name", MACHINES)
 @pytest.mark.parametrize("mode", ["exclusive", "time-slicing", "mps", "renamed"])
