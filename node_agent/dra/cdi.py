@@ -21,7 +21,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from node_agent.dra.devices import Allocatable, DeviceKind
-from node_agent.dra.hostfs import HostPaths, atomic_write, remove
+from node_agent.dra.hostfs import HostPaths, remove
+from node_agent.host.atomic import write_atomic
 
 #: 0.6.0 is the lowest version with annotations, the newest field used here.
 CDI_VERSION = "0.6.0"
@@ -147,7 +148,7 @@ def build_spec(driver: str, claim_uid: str, claim: str, devices: Sequence[ClaimD
 
 def write_spec(host: HostPaths, driver: str, claim_uid: str, spec: CdiSpec) -> str:
     path = spec_path(driver, claim_uid)
-    atomic_write(host.path(path), json.dumps(spec.to_json(), indent=2, sort_keys=True).encode())
+    write_atomic(host.path(path), json.dumps(spec.to_json(), indent=2, sort_keys=True).encode())
     return path
 
 

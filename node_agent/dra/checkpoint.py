@@ -33,7 +33,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from node_agent.dra.cdi import FoundSpec
-from node_agent.dra.hostfs import HostPaths, atomic_write
+from node_agent.dra.hostfs import HostPaths
+from node_agent.host.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -188,4 +189,4 @@ class CheckpointStore:
         data.node_boot_id = self.boot_id
         body = data.model_dump(by_alias=True, mode="json")
         doc = {"version": VERSION, "checksum": checksum(body), "data": body}
-        atomic_write(self._file, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), mode=0o600)
+        write_atomic(self._file, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), mode=0o600)

@@ -25,10 +25,11 @@ from node_agent.dra.api import ApiError, DraApi
 from node_agent.dra.checkpoint import Recovery
 from node_agent.dra.claims import ClaimError, ClaimRef, parse_claim
 from node_agent.dra.devices import Allocatable, HealthAction, InventorySource, allocatable_devices
-from node_agent.dra.hostfs import HostPaths, LockTimeout
+from node_agent.dra.hostfs import HostPaths
 from node_agent.dra.publisher import Publication, SlicePublisher
 from node_agent.dra.sharing import SharingBackend
 from node_agent.dra.state import Deadline, DeviceState, PrepareError, ResultDevice
+from node_agent.host.atomic import LockTimeout
 
 log = logging.getLogger(__name__)
 

@@ -2,17 +2,12 @@
 
 Every host path is written host-absolute (``/var/run/cdi/...``) and resolved through a :class:`HostPaths`
 root, so the agent works with the host mounted at ``/host`` in its container and under ``tmp_path`` in
-tests. Writes are atomic: temp file in the same directory, fsync, rename, fsync of the directory.
+tests. Writes are atomic and the node-wide lock is an ``flock``, both from ``node_agent.host.atomic``
+(the same code ``HostRoot`` writes and locks with).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -35,27 +30,6 @@ class RootedPaths:
         return self.root / host_path.lstrip("/")
 
 
-class LockTimeout(TimeoutError):
-    """The node-wide lock was not acquired in time (another prepare/unprepare holds it)."""
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def remove(path: Path) -> bool:
     """Delete a file; False when it was already gone."""
     try:
@@ -63,27 +37,3 @@ def remove(path: Path) -> bool:
         return True
     except FileNotFoundError:
         return False
-
-
-@contextlib.contextmanager
-def file_lock(path: Path, timeout: float, poll: float = 0.002) -> Iterator[None]:
-    """A node-wide exclusive ``flock`` on ``path``; each acquisition opens its own file description, so
-    it also excludes other threads of this process and other processes (a second plugin pod during a
-    rolling update)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise LockTimeout(f"lock {path} not acquired within {timeout:.1f}s") from None
-                time.sleep(poll)
-        yield
-    finally:
-        os.close(fd)

@@ -30,7 +30,8 @@ from node_agent.dra.checkpoint import (
 from node_agent.dra.claims import AllocatedClaim, ClaimRef, DeviceResult
 from node_agent.dra.config import ConfigError, GpuSharing, effective_sharing, resolve
 from node_agent.dra.devices import Allocatable, DeviceKind
-from node_agent.dra.hostfs import HostPaths, file_lock
+from node_agent.dra.hostfs import HostPaths
+from node_agent.host.atomic import exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class DeviceState:
 
     def snapshot(self) -> CheckpointData:
         """The journal as it is on disk (read-only use: status, tests, the background cleanup)."""
-        with file_lock(self._lock_path, self._lock_timeout):
+        with exclusive_lock(self._lock_path, self._lock_timeout):
             return self._load()
 
     def recorded_devices(self, uid: str) -> set[str]:
@@ -115,7 +116,7 @@ class DeviceState:
 
     def startup(self) -> None:
         """Before serving: roll back half-done prepares and remove claim specs nobody records."""
-        with file_lock(self._lock_path, self._lock_timeout):
+        with exclusive_lock(self._lock_path, self._lock_timeout):
             data = self._load()
             for uid, claim in list(data.prepared_claims.items()):
                 if claim.state is ClaimState.PREPARE_STARTED:
@@ -132,7 +133,7 @@ class DeviceState:
     def prepare(self, claim: AllocatedClaim, deadline: Deadline) -> list[ResultDevice]:
         uid = claim.ref.uid
         deadline.check("taking the node lock")
-        with file_lock(self._lock_path, min(self._lock_timeout, max(deadline.remaining(), 0.0))):
+        with exclusive_lock(self._lock_path, min(self._lock_timeout, max(deadline.remaining(), 0.0))):
             data = self._load()
             existing = data.prepared_claims.get(uid)
             if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
@@ -266,7 +267,7 @@ class DeviceState:
     # -- unprepare -------------------------------------------------------------------------------------
     def unprepare(self, ref: ClaimRef, deadline: Deadline) -> None:
         deadline.check("taking the node lock")
-        with file_lock(self._lock_path, min(self._lock_timeout, max(deadline.remaining(), 0.0))):
+        with exclusive_lock(self._lock_path, min(self._lock_timeout, max(deadline.remaining(), 0.0))):
             data = self._load()
             record = data.prepared_claims.get(ref.uid)
             if record is None:

@@ -15,17 +15,15 @@ fake tools) or through ``chroot <root>`` (the DaemonSet with the host mounted at
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import subprocess
-import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from node_agent.host import atomic
 from nvgpu.nodescripts.facts import STATE_DIR
 
 ExecMode = Literal["direct", "chroot"]
@@ -150,31 +148,10 @@ class HostRoot:
             if target.is_file() and target.read_bytes() == payload and (target.stat().st_mode & 0o777) == mode:
                 return False
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(payload)
-                    f.flush()
-                    os.fchmod(f.fileno(), mode)
-                    os.fsync(f.fileno())
-                os.replace(tmp, target)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
-            self._fsync_dir(target.parent)
+            atomic.write_atomic(target, payload, mode)
         except OSError as e:
             raise HostError(f"cannot write {host_path}: {e.strerror or e}", host_path) from e
         return True
-
-    @staticmethod
-    def _fsync_dir(directory: Path) -> None:
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def write_kernel(self, host_path: str, text: str) -> None:
         """Write a sysfs/procfs attribute in place (the file must exist; nothing is created)."""
@@ -197,7 +174,7 @@ class HostRoot:
             return False
         except OSError as e:
             raise HostError(f"cannot remove {host_path}: {e.strerror}", host_path) from e
-        self._fsync_dir(self.path(host_path).parent)
+        atomic.fsync_dir(self.path(host_path).parent)
         return True
 
     # -- agent state -------------------------------------------------------------------------
@@ -213,24 +190,15 @@ class HostRoot:
     def lock(self, name: str, timeout_s: float = 60.0) -> Iterator[None]:
         """Hold ``<state dir>/<name>.lock`` (flock) so two agent processes never change the same thing at once."""
         path = self.path(self.state_path(f"{name}.lock"))
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        held = contextlib.ExitStack()
+        try:  # only acquiring is translated: the caller's own errors pass through unchanged
+            held.enter_context(atomic.exclusive_lock(path, timeout_s, poll_s=0.05))
+        except atomic.LockTimeout:
+            raise HostError(f"another agent process holds {self.state_path(name + '.lock')}") from None
         except OSError as e:
             raise HostError(f"cannot open lock {path}: {e.strerror}", str(path)) from e
-        try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise HostError(f"another agent process holds {self.state_path(name + '.lock')}") from None
-                    time.sleep(0.05)
+        with held:
             yield
-        finally:
-            os.close(fd)
 
     # -- commands ----------------------------------------------------------------------------
     def which(self, command: str) -> str | None:

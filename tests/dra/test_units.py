@@ -24,8 +24,9 @@ from node_agent.dra.checkpoint import (
 )
 from node_agent.dra.config import ConfigError, GpuConfig, MigDeviceConfig, decode, parse_quantity, resolve
 from node_agent.dra.devices import DeviceKind, allocatable_devices
-from node_agent.dra.hostfs import LockTimeout, RootedPaths, file_lock
+from node_agent.dra.hostfs import RootedPaths
 from node_agent.dra.sharing import plan
+from node_agent.host.atomic import LockTimeout, exclusive_lock
 from tests.dra.builders import DRIVER, gpu_config, machine
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "deviceplugin" / "data"
@@ -166,9 +167,9 @@ def test_reboot_discards_and_peek_never_recovers(tmp_path: Path) -> None:
 
 def test_node_lock_excludes_a_second_holder(tmp_path: Path) -> None:
     lock = tmp_path / "prepare.lock"
-    with file_lock(lock, timeout=1), pytest.raises(LockTimeout), file_lock(lock, timeout=0.05):
+    with exclusive_lock(lock, timeout_s=1), pytest.raises(LockTimeout), exclusive_lock(lock, timeout_s=0.05):
         pass
-    with file_lock(lock, timeout=0.05):
+    with exclusive_lock(lock, timeout_s=0.05):
         pass
 
 
