@@ -18,26 +18,22 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from node_agent.kubeclient import KubeError, api_client
+
+#: ``KubeError`` is re-exported: the commands catch ``kube.KubeError``.
+__all__ = ["REQUEST_TIMEOUT", "KubeError", "NodeApi"]
+
 #: Bounded API calls: (connect, read) seconds.
 REQUEST_TIMEOUT = (5.0, 30.0)
 
 
-class KubeError(RuntimeError):
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def _api_client(kubeconfig: Path | None) -> client.ApiClient:
+    """``--kubeconfig`` or the pod's ServiceAccount (:func:`~node_agent.kubeclient.api_client`); outside a
+    pod without ``--kubeconfig``, the default kubeconfig, for commands run by hand."""
+    if kubeconfig is not None or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return api_client(kubeconfig)
     loader: Any = config  # the kubernetes package ships no type hints for its loaders
     try:
-        if kubeconfig is not None:
-            api: client.ApiClient = loader.new_client_from_config(config_file=str(kubeconfig))
-            return api
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            cfg = client.Configuration()
-            loader.load_incluster_config(client_configuration=cfg)
-            return client.ApiClient(cfg)
         default: client.ApiClient = loader.new_client_from_config()
         return default
     except (config.ConfigException, OSError) as e:

@@ -1,8 +1,9 @@
 """Kubernetes credentials and the one API error type for the agent's long-running services.
 
-The DRA driver and the MIG manager both build an official-client ``ApiClient`` the same way: from
-``--kubeconfig`` when given (tests, development), else from the pod's ServiceAccount (the DaemonSets).
-They share this module instead of keeping a copy each, and report failures as :class:`KubeError`.
+The DRA driver, the MIG manager and the node commands (``node_agent.kube``) build an official-client
+``ApiClient`` the same way: from ``--kubeconfig`` when given (tests, development), else from the pod's
+ServiceAccount (the DaemonSets). They share this module instead of keeping a copy each, and report
+failures as :class:`KubeError`.
 """
 
 from __future__ import annotations
