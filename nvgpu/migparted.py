@@ -41,6 +41,8 @@ _PCI_ID_RE = re.compile(r"^0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})(?::0x([0-9A-Fa-f]{
 #: Longest value of a Kubernetes label; the custom-config name must fit (Deckhouse's limit).
 _MAX_LABEL = 63
 _HASH_LEN = 8
+#: PyYAML's safe dumper, with libyaml's emitter when PyYAML was built with it (same output).
+_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class MigPartedError(ValueError):
@@ -195,7 +197,8 @@ class MigPartedConfig(BaseModel):
         }
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_yaml_dict(), sort_keys=False, default_flow_style=False)
+        # libyaml's emitter writes the same text as PyYAML's pure-Python one, about six times faster.
+        return yaml.dump(self.to_yaml_dict(), Dumper=_DUMPER, sort_keys=False, default_flow_style=False)
 
 
 def _problems(err: ValidationError, source: str) -> list[str]:

@@ -7,11 +7,13 @@ inputs. Mocked resources echo their inputs back as state, so Outputs resolve lik
 
 from __future__ import annotations
 
+import gc
 import runpy
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,46 @@ def install_mocks(
     return monitor
 
 
+#: Allocations between young-generation collections while a program runs (CPython's default is 700).
+_YOUNG_GC_THRESHOLD = 100_000
+
+
+_gc_depth = 0
+
+
+@contextmanager
+def program_gc() -> Iterator[None]:
+    """Garbage collection tuned for one preview or program run; the previous settings come back afterwards.
+
+    A run allocates several futures, Outputs and protobuf messages per property of every resource and
+    keeps most of them until the end, so with CPython's defaults the collector ran some 500 times for
+    a 100-group stack and re-scanned everything alive each time (imports and loaded schemas included):
+    a third to a half of the run, growing faster than the stack. Here what existed before the run is
+    frozen (never scanned) and young collections wait for 100,000 allocations instead of 700; cycles are
+    still collected. Nested uses (the pipeline around the program step) keep the outermost settings.
+    """
+    global _gc_depth
+    _gc_depth += 1
+    if _gc_depth > 1:
+        try:
+            yield
+        finally:
+            _gc_depth -= 1
+        return
+    threshold = gc.get_threshold()
+    freeze = gc.get_freeze_count() == 0  # someone else's frozen objects are theirs to unfreeze
+    if freeze:
+        gc.freeze()
+    gc.set_threshold(max(threshold[0], _YOUNG_GC_THRESHOLD), *threshold[1:])
+    try:
+        yield
+    finally:
+        _gc_depth -= 1
+        gc.set_threshold(*threshold)
+        if freeze:
+            gc.unfreeze()
+
+
 def run_in_engine(fn: Callable[[], object]) -> None:
     """Run ``fn`` as a Pulumi program and wait until every registration and Output has settled."""
 
@@ -142,7 +184,8 @@ def run_in_engine(fn: Callable[[], object]) -> None:
     def program() -> None:
         fn()
 
-    program()
+    with program_gc():
+        program()
 
 
 def run_program(

@@ -50,6 +50,11 @@ def new_result(project_dir: Path, stack: str, out_dir: Path | None = None) -> Pr
 
 
 def run_steps(result: PreviewResult, steps: Sequence[Step] = DEFAULT_STEPS) -> PreviewResult:
+    with engine.program_gc():
+        return _run_steps(result, steps)
+
+
+def _run_steps(result: PreviewResult, steps: Sequence[Step]) -> PreviewResult:
     try:
         for step in steps:
             start = time.perf_counter()
