@@ -7,6 +7,7 @@ import gc
 import yaml
 
 from nvgpu.migparted import MigConfigSpec, build_config
+from preview import engine
 from preview.engine import program_gc, run_in_engine
 
 
@@ -42,3 +43,33 @@ def test_run_in_engine_restores_the_collector() -> None:
     run_in_engine(lambda: seen.append(gc.get_threshold()))
     assert seen and seen[0][0] > before[0]
     assert gc.get_threshold() == before
+
+
+class _Innermost:
+    def __init__(self) -> None:
+        self.traces = (engine._SDK_STACK_TRACE(), engine.stack_trace())
+
+
+class _Middle:
+    def __init__(self) -> None:
+        self.inner = _Innermost()
+
+
+class _Outer:
+    def __init__(self) -> None:
+        self.inner = _Middle()
+
+
+def _registered_from_a_helper() -> _Outer:
+    return _Outer()
+
+
+def test_stack_trace_is_the_sdks_message() -> None:
+    sdk, ours = _registered_from_a_helper().inner.inner.traces
+    assert len(sdk.frames) > 2 and sdk == ours
+    assert sdk.frames[0].pc.uri.endswith("test_preview_speedups.py")
+
+
+def test_stack_trace_is_empty_without_three_constructors() -> None:
+    assert engine._SDK_STACK_TRACE() == engine.stack_trace()
+    assert len(engine.stack_trace().frames) == 0
