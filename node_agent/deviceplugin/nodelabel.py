@@ -10,7 +10,6 @@ plugin's memory small (the kubernetes client alone costs about 18 MiB).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import ssl
@@ -61,22 +60,6 @@ def node_label(node: Mapping[str, Any], key: str) -> str | None:
     """A label's value from a Node object as JSON (``None`` when unset)."""
     value = (node.get("metadata") or {}).get("labels", {}).get(key)
     return str(value) if value is not None else None
-
-
-class InClusterNodeLabel:
-    """GET /api/v1/nodes/<name> with the pod's service account token."""
-
-    def __init__(self, node_name: str, key: str = CONFIG_LABEL, timeout_s: float = 10.0, *,
-                 server: str | None = None, account_dir: Path = SERVICE_ACCOUNT):
-        self.api = ApiEndpoint(server, account_dir)
-        self.path = f"/api/v1/nodes/{node_name}"
-        self.key = key
-        self.timeout_s = timeout_s
-
-    def label(self) -> str | None:
-        with self.api.open(self.path, self.timeout_s) as resp:
-            node = json.load(resp)
-        return node_label(node, self.key)
 
 
 class ConfigSelector:
