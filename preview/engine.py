@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pulumi
 from pulumi.runtime import resource as sdk_resource
 from pulumi.runtime.mocks import MockMonitor, MockResourceArgs
+from pulumi.runtime.proto import source_pb2
 
 from preview.model import PreviewResult, Problem, RecordedResource
 
@@ -58,7 +60,7 @@ _SDK_STACK_TRACE = sdk_resource._get_stack_trace
 @lru_cache(maxsize=65536)
 def _stack_frame(filename: str, lineno: int | None) -> Any:
     position = sdk_resource._get_source_position_for_frame(traceback.FrameSummary(filename, lineno, "", line=""))
-    return sdk_resource.source_pb2.StackFrame(pc=position)
+    return source_pb2.StackFrame(pc=position)
 
 
 def stack_trace() -> Any:
@@ -70,7 +72,7 @@ def stack_trace() -> Any:
     cost of a registration. This walks the frames directly and keeps what the SDK keeps (file, line),
     cutting the stack at the same place: below the third ``__init__`` frame from the top.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     inits = 0
     while frame is not None:
         if frame.f_code.co_name == "__init__":
@@ -80,12 +82,12 @@ def stack_trace() -> Any:
         frame = frame.f_back
     outer = frame.f_back if frame is not None else None
     if outer is None:  # fewer than three constructors, or the third is the outermost frame
-        return sdk_resource.source_pb2.StackTrace()
+        return source_pb2.StackTrace()
     frames = []
     while outer is not None:
         frames.append(_stack_frame(outer.f_code.co_filename, outer.f_lineno))
         outer = outer.f_back
-    return sdk_resource.source_pb2.StackTrace(frames=frames)
+    return source_pb2.StackTrace(frames=frames)
 
 
 sdk_resource._get_stack_trace = stack_trace
