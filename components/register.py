@@ -32,20 +32,26 @@ def type_token(api_version: str, kind: str, *, patch: bool = False) -> str:
 class KubernetesObject(pulumi.CustomResource):
     """One Kubernetes API object (or a server-side-apply patch of one) managed by the Kubernetes provider."""
 
-    def __init__(self, name: str, manifest: Manifest, opts: pulumi.ResourceOptions, *, patch: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        manifest: Manifest,
+        opts: pulumi.ResourceOptions,
+        *,
+        patch: bool = False,
+        delete_before_replace: bool = False,
+    ) -> None:
         if "apiVersion" not in manifest or "kind" not in manifest:
             raise ValueError(f"{name}: a manifest needs apiVersion and kind")
         token = type_token(manifest["apiVersion"], manifest["kind"], patch=patch)
         props: dict[str, Any] = dict(manifest)
-        super().__init__(token, name, props, pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
-            version=PROVIDER_VERSION)))
+        ours = pulumi.ResourceOptions(version=PROVIDER_VERSION, delete_before_replace=delete_before_replace or None)
+        super().__init__(token, name, props, pulumi.ResourceOptions.merge(opts, ours))
 
 
 def register(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
     """Register ``manifest`` as a whole object; named objects are deleted before a replacement is created."""
-    return KubernetesObject(
-        name, manifest, pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(delete_before_replace=True))
-    )
+    return KubernetesObject(name, manifest, opts, delete_before_replace=True)
 
 
 def register_patch(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:

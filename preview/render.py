@@ -8,6 +8,7 @@ namespace and name, so the output is byte-identical run to run.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -109,8 +110,16 @@ def write(result: PreviewResult) -> None:
 
 
 def _write_all(files: list[tuple[Path, str]]) -> None:
+    # Straight to the file descriptor: the same bytes as ``Path.write_text`` (UTF-8, newlines as they are),
+    # without a buffered text layer per file, which was most of this thread's time for small manifests.
     for path, text in files:
-        path.write_text(text)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            data = memoryview(text.encode())
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
 
 
 def plan_text(data: dict[str, Any]) -> str:

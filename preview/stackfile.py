@@ -21,7 +21,7 @@ _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def project_name(project_dir: Path) -> str:
-    doc = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
+    doc = yaml.load((project_dir / "Pulumi.yaml").read_text(), Loader=_LOADER)
     if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
         raise ValueError(f"{project_dir / 'Pulumi.yaml'}: no project 'name'")
     return str(doc["name"])
