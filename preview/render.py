@@ -96,17 +96,22 @@ def plan(result: PreviewResult) -> dict[str, Any]:
 def write(result: PreviewResult) -> None:
     """Replace ``out/<stack>/`` with this run's files (stale manifests from an earlier run would mislead).
 
-    The texts are built here; writing them is left to a background thread (file creation waits on the
-    disk and releases the GIL) so validation and policy analysis run meanwhile. The pipeline waits for
-    the writes before it returns.
+    All of it, building the texts included, is left to a background thread, so it overlaps the later
+    steps: file creation waits on the disk and releases the GIL, and on large stacks the main thread
+    mostly waits for the validation process meanwhile. Only immutable values cross over (the rendered
+    manifests and recorded resources are frozen tuples). The pipeline waits for it before it returns.
     """
-    manifests_dir = result.out_dir / "manifests"
+    result.background.append(_WRITER.submit(_write_outputs, result.out_dir, result.manifests, plan(result)))
+
+
+def _write_outputs(out_dir: Path, manifests: tuple[RenderedManifest, ...], plan_data: dict[str, Any]) -> None:
+    manifests_dir = out_dir / "manifests"
     if manifests_dir.exists():
         shutil.rmtree(manifests_dir)
     manifests_dir.mkdir(parents=True)
-    files = [(manifests_dir / m.filename, manifest_text(m)) for m in result.manifests]
-    files.append((result.out_dir / "plan.json", plan_text(plan(result))))
-    result.background.append(_WRITER.submit(_write_all, files))
+    files = [(manifests_dir / m.filename, manifest_text(m)) for m in manifests]
+    files.append((out_dir / "plan.json", plan_text(plan_data)))
+    _write_all(files)
 
 
 def _write_all(files: list[tuple[Path, str]]) -> None:
