@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nvgpu import catalogue
+from nvgpu import catalogue, yamltext
 from nvgpu.catalogue import NVIDIA_PCI_VENDOR, GpuModel
 from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout, place_layout
 
@@ -41,8 +41,6 @@ _PCI_ID_RE = re.compile(r"^0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})(?::0x([0-9A-Fa-f]{
 #: Longest value of a Kubernetes label; the custom-config name must fit (Deckhouse's limit).
 _MAX_LABEL = 63
 _HASH_LEN = 8
-#: PyYAML's safe dumper, with libyaml's emitter when PyYAML was built with it (same output).
-_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class MigPartedError(ValueError):
@@ -197,8 +195,8 @@ class MigPartedConfig(BaseModel):
         }
 
     def to_yaml(self) -> str:
-        # libyaml's emitter writes the same text as PyYAML's pure-Python one, about six times faster.
-        return yaml.dump(self.to_yaml_dict(), Dumper=_DUMPER, sort_keys=False, default_flow_style=False)
+        # The text ``yaml.safe_dump(..., sort_keys=False)`` writes (single quotes included), several times faster.
+        return yamltext.dump(self.to_yaml_dict(), single_quotes=True)
 
 
 def _problems(err: ValidationError, source: str) -> list[str]:

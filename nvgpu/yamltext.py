@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -39,7 +40,23 @@ def scalar_text(value: str) -> str:
     return json.dumps(value)
 
 
-def _scalar(value: Any) -> str:
+_SINGLE_QUOTABLE = re.compile(r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$")
+
+
+@lru_cache(maxsize=4096)
+def single_quoted_text(value: str) -> str:
+    """Like :func:`scalar_text`, but a printable one-line string that needs quotes gets PyYAML's single quotes.
+
+    That is PyYAML's own choice for such strings, so data of that kind (mig-parted configs: names,
+    profiles, PCI IDs) comes out byte for byte as ``yaml.safe_dump(..., sort_keys=False)`` writes it.
+    """
+    text = scalar_text(value)
+    if text == value or not _SINGLE_QUOTABLE.match(value):
+        return text
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _scalar(value: Any, quote: Callable[[str], str] = scalar_text) -> str:
     if value is None:
         return "null"
     if value is True:
@@ -53,7 +70,7 @@ def _scalar(value: Any) -> str:
             raise ValueError(f"cannot write non-finite number {value!r}")
         return repr(value)
     if isinstance(value, str):
-        return scalar_text(value)
+        return quote(value)
     raise TypeError(f"cannot write {type(value).__name__} as YAML")
 
 
@@ -75,55 +92,59 @@ def _block(value: str, indent: int, out: list[str]) -> None:
     out.extend(pad + line if line else "" for line in body.split("\n"))
 
 
-def _mapping(data: dict[str, Any], indent: int, out: list[str]) -> None:
+def _mapping(data: dict[str, Any], indent: int, out: list[str], quote: Callable[[str], str]) -> None:
     pad = " " * indent
     for key, value in data.items():
-        k = scalar_text(str(key))
+        k = quote(str(key))
         if isinstance(value, dict) and value:
             out.append(f"{pad}{k}:")
-            _mapping(value, indent + 2, out)
+            _mapping(value, indent + 2, out, quote)
         elif isinstance(value, list) and value:
             out.append(f"{pad}{k}:")
-            _sequence(value, indent, out)
+            _sequence(value, indent, out, quote)
         elif isinstance(value, str) and (header := _literal(value)):
             out.append(f"{pad}{k}: {header}")
             _block(value, indent + 2, out)
         else:
-            out.append(f"{pad}{k}: {_empty_or_scalar(value)}")
+            out.append(f"{pad}{k}: {_empty_or_scalar(value, quote)}")
 
 
-def _sequence(items: list[Any], indent: int, out: list[str]) -> None:
+def _sequence(items: list[Any], indent: int, out: list[str], quote: Callable[[str], str]) -> None:
     pad = " " * indent
     for item in items:
         if isinstance(item, dict) and item:
             start = len(out)
-            _mapping(item, indent + 2, out)
+            _mapping(item, indent + 2, out, quote)
             out[start] = f"{pad}- {out[start][indent + 2:]}"
         elif isinstance(item, list) and item:
             out.append(f"{pad}-")
-            _sequence(item, indent + 2, out)
+            _sequence(item, indent + 2, out, quote)
         elif isinstance(item, str) and (header := _literal(item)):
             out.append(f"{pad}- {header}")
             _block(item, indent + 2, out)
         else:
-            out.append(f"{pad}- {_empty_or_scalar(item)}")
+            out.append(f"{pad}- {_empty_or_scalar(item, quote)}")
 
 
-def _empty_or_scalar(value: Any) -> str:
+def _empty_or_scalar(value: Any, quote: Callable[[str], str]) -> str:
     if isinstance(value, dict):
         return "{}"
     if isinstance(value, list):
         return "[]"
-    return _scalar(value)
+    return _scalar(value, quote)
 
 
-def dump(data: Any) -> str:
-    """One YAML document (no ``---``), ending with a newline."""
+def dump(data: Any, *, single_quotes: bool = False) -> str:
+    """One YAML document (no ``---``), ending with a newline.
+
+    ``single_quotes``: quote with :func:`single_quoted_text` (PyYAML's style) instead of JSON's double quotes.
+    """
+    quote = single_quoted_text if single_quotes else scalar_text
     out: list[str] = []
     if isinstance(data, dict) and data:
-        _mapping(data, 0, out)
+        _mapping(data, 0, out, quote)
     elif isinstance(data, list) and data:
-        _sequence(data, 0, out)
+        _sequence(data, 0, out, quote)
     else:
-        out.append(_empty_or_scalar(data))
+        out.append(_empty_or_scalar(data, quote))
     return "\n".join(out) + "\n"

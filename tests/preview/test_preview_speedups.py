@@ -3,21 +3,42 @@
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import yaml
 
-from nvgpu.migparted import MigConfigSpec, build_config
+from nvgpu.migparted import MigConfigSpec, MigPartedConfig, build_config, load_config_text
+from nvgpu.yamltext import single_quoted_text
 from preview import engine
 from preview.engine import program_gc, run_in_engine
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def test_mig_config_yaml_is_pure_pythons_text() -> None:
+
+def _pyyaml(cfg: MigPartedConfig) -> str:
+    return yaml.dump(cfg.to_yaml_dict(), Dumper=yaml.SafeDumper, sort_keys=False, default_flow_style=False)
+
+
+def test_mig_config_yaml_is_pyyamls_text() -> None:
     custom = {"custom-g-1234abcd": [MigConfigSpec(devices=[0, 1], mig_enabled=True, mig_devices={"1g.10gb": 7}),
                                     MigConfigSpec(devices="all", mig_enabled=False, mig_devices={})]}
     cfg = build_config(None, custom)
-    expected = yaml.dump(cfg.to_yaml_dict(), Dumper=yaml.SafeDumper, sort_keys=False, default_flow_style=False)
-    assert cfg.to_yaml() == expected
-    assert "'0x" in expected  # device filters stay single-quoted, as PyYAML writes them
+    assert cfg.to_yaml() == _pyyaml(cfg)
+    assert "'0x" in cfg.to_yaml()  # device filters stay single-quoted, as PyYAML writes them
+
+
+def test_nvidias_shipped_mig_config_is_written_as_pyyaml_writes_it() -> None:
+    cfg = load_config_text((ROOT / "tests" / "mig" / "nvidia-mig-parted-config-default.yaml").read_text())
+    assert len(cfg.mig_configs) > 10
+    assert cfg.to_yaml() == _pyyaml(cfg)
+
+
+def test_single_quoted_text_falls_back_to_double_quotes_for_what_pyyaml_would_not_single_quote() -> None:
+    assert single_quoted_text("0x20B010DE") == "'0x20B010DE'"
+    assert single_quoted_text("it's: x") == "'it''s: x'"
+    assert single_quoted_text("all") == "all"
+    assert single_quoted_text(" padded") == '" padded"'
+    assert single_quoted_text("tab\there") == '"tab\\there"'
 
 
 def test_program_gc_restores_the_collector_even_when_nested_or_failing() -> None:
