@@ -17,14 +17,16 @@ runs, interleaved and in alternating order, three things in this process:
 * **shaped**: the same registrations with their recorded parents, provider and dependencies (the SDK's
   cost for a component tree of this shape), still without any of the program's own code.
 
-Printed per size (medians over the rounds): ms per resource for each, the ratios, and the preview's
-steps; a flat per-resource cost from 1 to 100 groups means linear growth. Then the split of the
-preview into a fixed part and a part proportional to the SDK's work, the line ``preview = fixed + k x
-plain`` through the two smallest sizes (plain time, not the resource count, as the measure of work, because kinds
-differ in cost and their mix changes with size): ``k`` is the ratio at scale, ``fixed`` what every
-run pays regardless of size (stack-wide components, stack file, schema and file plumbing), next to an
-empty run of the mock engine (the part of plain that is fixed). Per-process costs (imports, loading
-schemas on first use) are paid once by a warm-up run before measuring and are reported separately.
+Printed per size (medians over the rounds): ms per resource for each, the ratios (``no-io``: the
+preview less its wait for the output files after the last step, which on a busy disk varies tenfold
+from run to run), and the preview's steps; a flat per-resource cost from 1 to 100 groups means linear
+growth. Then the split of the preview into a fixed part and a part proportional to the SDK's work:
+the line ``preview = fixed + k x plain`` through the two smallest sizes (plain time rather than the
+resource count measures the work, because kinds differ in cost and their mix changes with size).
+``k`` is the ratio without fixed costs, ``fixed`` what every run pays regardless of size (stack-wide
+components, stack file, output directory), next to an empty run of the mock engine (the part of
+plain that is fixed). Per-process costs (imports, loading schemas on first use) are paid once by a
+warm-up run before measuring and are reported separately.
 Target: preview <= 1.3x plain.
 
 Usage: ``python bench/bench_preview.py [--rounds 5] [--sizes 1,10,100] [--profile GROUPS]``;
@@ -213,14 +215,17 @@ def measure(tmp: Path, sizes: tuple[int, ...], rounds: int, empty: list[float]) 
 def report(samples: list[Samples], empty: list[float], first: tuple[float, float] | None) -> list[str]:
     med = statistics.median
     lines = [
-        f"{'groups':>6} {'resources':>9} {'preview':>8} {'plain':>8} {'ratio':>6} {'shaped':>8} {'ratio':>6}"
-        "  (ms per resource, medians; preview steps in ms)"
+        f"{'groups':>6} {'resources':>9} {'preview':>8} {'plain':>8} {'ratio':>6} {'no-io':>6} {'shaped':>8}"
+        f" {'ratio':>6}  (ms per resource, medians; preview steps in ms)"
     ]
     for s in samples:
         p, b, sh = med(s.preview), med(s.plain), med(s.shaped)
+        # The same preview runs less the time spent waiting for the output files after the last step: the
+        # writes are the preview's own work, but their cost depends on the disk (see the io-wait step).
+        p_cpu = med(run - step["io-wait"] / 1000 for run, step in zip(s.preview, s.steps, strict=True))
         steps = " ".join(f"{k}={v:.0f}" for k, v in s.median_steps().items())
         lines.append(f"{s.groups:>6} {s.resources:>9} {p / s.resources * 1000:>8.3f} {b / s.resources * 1000:>8.3f}"
-                     f" {p / b:>6.2f} {sh / s.resources * 1000:>8.3f} {p / sh:>6.2f}  {steps}")
+                     f" {p / b:>6.2f} {p_cpu / b:>6.2f} {sh / s.resources * 1000:>8.3f} {p / sh:>6.2f}  {steps}")
     head, tail = samples[0], samples[-1]
     growth = (med(tail.preview) / tail.resources) / (med(head.preview) / head.resources)
     base_growth = (med(tail.plain) / tail.resources) / (med(head.plain) / head.resources)
