@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate.utils as kv
+from jsonschema._utils import equal
 from referencing import Registry, Resource
 
 from preview import crds
@@ -104,7 +105,116 @@ def _path(error: jsonschema.ValidationError) -> str:
     return out.lstrip(".") or "(root)"
 
 
+class _Unsupported(Exception):
+    """A schema keyword :func:`quick_valid` does not implement: jsonschema decides."""
+
+
+#: Draft 2020-12 keywords :func:`quick_valid` implements exactly as jsonschema does (``format`` is an
+#: annotation there too: no format checker is configured). Any other keyword jsonschema knows defers to it.
+_QUICK = frozenset({
+    "type", "properties", "additionalProperties", "items", "required", "enum", "const", "pattern", "format",
+    "minimum", "maximum", "minItems", "maxItems", "minLength", "maxLength", "oneOf", "anyOf", "allOf",
+})
+_DEFERRED = frozenset(jsonschema.Draft202012Validator.VALIDATORS) - _QUICK
+_pattern = cache(re.compile)
+
+
+def _is_type(instance: Any, name: str) -> bool:
+    if name == "object":
+        return isinstance(instance, dict)
+    if name == "string":
+        return isinstance(instance, str)
+    if name == "array":
+        return isinstance(instance, list)
+    if name == "boolean":
+        return isinstance(instance, bool)
+    if name == "null":
+        return instance is None
+    if isinstance(instance, bool) or not isinstance(instance, int | float):
+        return False
+    if name == "number":
+        return True
+    if name == "integer":
+        return isinstance(instance, int) or instance.is_integer()
+    raise _Unsupported(name)
+
+
+def quick_valid(schema: Any, instance: Any) -> bool:
+    """Whether ``instance`` is valid under ``schema``, for the keywords of Kubernetes' schemas; fast.
+
+    jsonschema builds a validator and a reference resolver for every subschema it descends into, which
+    is most of a manifest's validation time. Valid manifests (nearly all of them) only need a yes: this
+    answers it in plain Python, and raises :class:`_Unsupported` for any keyword it does not implement,
+    so jsonschema still decides those, and still writes every error message.
+    """
+    if schema is True:
+        return True
+    if schema is False:
+        return False
+    if not isinstance(schema, dict):
+        raise _Unsupported(type(schema).__name__)
+    for key, value in schema.items():
+        if key in _DEFERRED:
+            raise _Unsupported(key)
+        if key not in _QUICK or key == "format":
+            continue
+        if key == "type":
+            names = value if isinstance(value, list) else [value]
+            if not any(_is_type(instance, name) for name in names):
+                return False
+        elif key == "properties":
+            if isinstance(instance, dict):
+                for name, sub in value.items():
+                    if name in instance and not quick_valid(sub, instance[name]):
+                        return False
+        elif key == "additionalProperties":
+            if isinstance(instance, dict):
+                known = schema.get("properties", {})
+                for name, item in instance.items():
+                    if name not in known and not quick_valid(value, item):
+                        return False
+        elif key == "items":
+            if isinstance(instance, list) and not all(quick_valid(value, item) for item in instance):
+                return False
+        elif key == "required":
+            if isinstance(instance, dict) and not all(name in instance for name in value):
+                return False
+        elif key == "enum":
+            if not any(equal(instance, option) for option in value):
+                return False
+        elif key == "const":
+            if not equal(instance, value):
+                return False
+        elif key == "pattern":
+            if isinstance(instance, str) and not _pattern(value).search(instance):
+                return False
+        elif key in ("minimum", "maximum"):
+            if _is_type(instance, "number") and (instance < value if key == "minimum" else instance > value):
+                return False
+        elif key in ("minItems", "maxItems"):
+            if isinstance(instance, list) and (len(instance) < value if key == "minItems" else len(instance) > value):
+                return False
+        elif key in ("minLength", "maxLength"):
+            if isinstance(instance, str) and (len(instance) < value if key == "minLength" else len(instance) > value):
+                return False
+        elif key == "oneOf":
+            if sum(quick_valid(sub, instance) for sub in value) != 1:
+                return False
+        elif key == "anyOf":
+            if not any(quick_valid(sub, instance) for sub in value):
+                return False
+        elif key == "allOf" and not all(quick_valid(sub, instance) for sub in value):
+            return False
+    return True
+
+
 def _errors(validator: jsonschema.protocols.Validator, obj: dict[str, Any]) -> list[str]:
+    if type(validator) is jsonschema.Draft202012Validator:
+        try:
+            if quick_valid(validator.schema, obj):
+                return []
+        except _Unsupported:
+            pass
     errors = sorted(validator.iter_errors(obj), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     return [f"{_path(e)}: {e.message}" for e in errors]
 

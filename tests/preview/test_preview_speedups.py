@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 import gc
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import yaml
 
 from nvgpu.migparted import MigConfigSpec, MigPartedConfig, build_config, load_config_text
 from nvgpu.yamltext import single_quoted_text
-from preview import engine
+from preview import engine, validate
 from preview.engine import program_gc, run_in_engine
+from preview.pipeline import DEFAULT_STEPS, run_preview
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,3 +99,47 @@ def test_stack_trace_is_the_sdks_message() -> None:
 def test_stack_trace_is_empty_without_three_constructors() -> None:
     assert engine._SDK_STACK_TRACE() == engine.stack_trace()
     assert len(engine.stack_trace().frames) == 0
+
+
+def _leaf_mutations(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(path, replacement): every leaf with a value of another type, every object with an unknown key."""
+    if isinstance(obj, dict):
+        yield (*path, "zzUnknown"), 1
+        for key, value in obj.items():
+            yield from _leaf_mutations(value, (*path, key))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            yield from _leaf_mutations(value, (*path, i))
+    else:
+        yield path, ("text" if isinstance(obj, bool | int | float) or obj is None else 7)
+
+
+def _mutated(obj: Any, path: tuple[Any, ...], value: Any) -> Any:
+    out = copy.deepcopy(obj)
+    node = out
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    return out
+
+
+def test_quick_check_agrees_with_jsonschema_on_the_stacks_manifests_and_their_mutations(tmp_path: Path) -> None:
+    result = run_preview(ROOT, "dev", tmp_path, [s for s in DEFAULT_STEPS if s.name in ("config", "program", "render")])
+    by_kind = {}
+    for m in result.manifests:
+        by_kind.setdefault((m.kind, m.patch), m)
+    checked = 0
+    for m in by_kind.values():
+        v = validate.crds.validator(m.api_version, m.kind, m.patch) or validate.builtin_validator(
+            "1.34", m.api_version, m.kind)
+        assert v is not None
+        if type(v) is not jsonschema.Draft202012Validator:
+            continue
+        for obj in [m.object] + [_mutated(m.object, p, x) for p, x in _leaf_mutations(m.object)]:
+            try:
+                quick = validate.quick_valid(v.schema, obj)
+            except validate._Unsupported:
+                continue
+            assert quick == (next(v.iter_errors(obj), None) is None), (m.filename, obj)
+            checked += 1
+    assert checked > 300
