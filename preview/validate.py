@@ -115,7 +115,12 @@ _QUICK = frozenset({
     "type", "properties", "additionalProperties", "items", "required", "enum", "const", "pattern", "format",
     "minimum", "maximum", "minItems", "maxItems", "minLength", "maxLength", "oneOf", "anyOf", "allOf",
 })
-_DEFERRED = frozenset(jsonschema.Draft202012Validator.VALIDATORS) - _QUICK
+#: Per validator class (drafts whose integers include 1.0 and whose other keywords above mean the same):
+#: the keywords that class knows and :func:`quick_valid` leaves to it.
+DEFERRED: dict[type[Any], frozenset[str]] = {
+    cls: frozenset(cls.VALIDATORS) - _QUICK
+    for cls in (jsonschema.Draft7Validator, jsonschema.Draft201909Validator, jsonschema.Draft202012Validator)
+}
 _pattern = cache(re.compile)
 
 
@@ -139,13 +144,16 @@ def _is_type(instance: Any, name: str) -> bool:
     raise _Unsupported(name)
 
 
-def quick_valid(schema: Any, instance: Any) -> bool:
+def quick_valid(
+    schema: Any, instance: Any, deferred: frozenset[str] = DEFERRED[jsonschema.Draft202012Validator]
+) -> bool:
     """Whether ``instance`` is valid under ``schema``, for the keywords of Kubernetes' schemas; fast.
 
     jsonschema builds a validator and a reference resolver for every subschema it descends into, which
     is most of a manifest's validation time. Valid manifests (nearly all of them) only need a yes: this
     answers it in plain Python, and raises :class:`_Unsupported` for any keyword it does not implement,
-    so jsonschema still decides those, and still writes every error message.
+    so jsonschema still decides those, and still writes every error message. ``deferred``: the keywords
+    the schema's draft knows that this does not implement (:data:`DEFERRED`).
     """
     if schema is True:
         return True
@@ -154,7 +162,7 @@ def quick_valid(schema: Any, instance: Any) -> bool:
     if not isinstance(schema, dict):
         raise _Unsupported(type(schema).__name__)
     for key, value in schema.items():
-        if key in _DEFERRED:
+        if key in deferred:
             raise _Unsupported(key)
         if key not in _QUICK or key == "format":
             continue
@@ -165,16 +173,16 @@ def quick_valid(schema: Any, instance: Any) -> bool:
         elif key == "properties":
             if isinstance(instance, dict):
                 for name, sub in value.items():
-                    if name in instance and not quick_valid(sub, instance[name]):
+                    if name in instance and not quick_valid(sub, instance[name], deferred):
                         return False
         elif key == "additionalProperties":
             if isinstance(instance, dict):
                 known = schema.get("properties", {})
                 for name, item in instance.items():
-                    if name not in known and not quick_valid(value, item):
+                    if name not in known and not quick_valid(value, item, deferred):
                         return False
         elif key == "items":
-            if isinstance(instance, list) and not all(quick_valid(value, item) for item in instance):
+            if isinstance(instance, list) and not all(quick_valid(value, item, deferred) for item in instance):
                 return False
         elif key == "required":
             if isinstance(instance, dict) and not all(name in instance for name in value):
@@ -198,20 +206,21 @@ def quick_valid(schema: Any, instance: Any) -> bool:
             if isinstance(instance, str) and (len(instance) < value if key == "minLength" else len(instance) > value):
                 return False
         elif key == "oneOf":
-            if sum(quick_valid(sub, instance) for sub in value) != 1:
+            if sum(quick_valid(sub, instance, deferred) for sub in value) != 1:
                 return False
         elif key == "anyOf":
-            if not any(quick_valid(sub, instance) for sub in value):
+            if not any(quick_valid(sub, instance, deferred) for sub in value):
                 return False
-        elif key == "allOf" and not all(quick_valid(sub, instance) for sub in value):
+        elif key == "allOf" and not all(quick_valid(sub, instance, deferred) for sub in value):
             return False
     return True
 
 
 def _errors(validator: jsonschema.protocols.Validator, obj: dict[str, Any]) -> list[str]:
-    if type(validator) is jsonschema.Draft202012Validator:
+    deferred = DEFERRED.get(type(validator))
+    if deferred is not None:
         try:
-            if quick_valid(validator.schema, obj):
+            if quick_valid(validator.schema, obj, deferred):
                 return []
         except _Unsupported:
             pass
