@@ -9,27 +9,15 @@ API server answers 409 if the Node changed since the read, instead of dropping a
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
-
-from node_agent.kube import REQUEST_TIMEOUT, KubeError, NodeApi
+from node_agent.kube import NodeApi
 from node_agent.nodeconfig import NodePlan, NodeSnapshot
 
 
 def snapshot(api: NodeApi, node: str) -> NodeSnapshot:
     """Labels, annotations, taints (raw) and resourceVersion of ``node``."""
-    try:
-        resp = api.core.read_node(node, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        obj = json.loads(resp.data)
-    except ApiException as e:
-        raise KubeError(f"read node {node}: {e.status} {e.reason}", e.status) from e
-    except HTTPError as e:
-        raise KubeError(f"read node {node}: {e}") from e
-    except ValueError as e:
-        raise KubeError(f"read node {node}: the API server sent no JSON object ({e})") from e
+    obj = api.read_node(node)
     meta = obj.get("metadata") or {}
     return NodeSnapshot(
         labels=dict(meta.get("labels") or {}),
@@ -55,10 +43,4 @@ def patch_body(plan: NodePlan, resource_version: str = "") -> dict[str, Any]:
 
 def apply_plan(api: NodeApi, node: str, plan: NodePlan, resource_version: str = "") -> None:
     """One merge patch; ``resource_version`` (when the API server reported one) guards the taint list."""
-    try:
-        api.core.patch_node(node, patch_body(plan, resource_version), _content_type="application/merge-patch+json",
-                            _request_timeout=REQUEST_TIMEOUT)
-    except ApiException as e:
-        raise KubeError(f"patch node {node}: {e.status} {e.reason}", e.status) from e
-    except HTTPError as e:
-        raise KubeError(f"patch node {node}: {e}") from e
+    api.patch_node(node, patch_body(plan, resource_version))
