@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-MERGE_PATCH = "application/merge-patch+json"
+from node_agent.kubeclient import MERGE_PATCH, KubeError, request_json
 
 
 class ApiError(RuntimeError):
@@ -72,21 +72,10 @@ class KubeDraApi:
         self._timeout = timeout
 
     def _core(self, what: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = MERGE_PATCH if method == "PATCH" else "application/json"
         try:
-            request = self._client.param_serialize(method=method, resource_path=path, header_params=headers,
-                                                   body=body, auth_settings=["BearerToken"])
-            resp = self._client.call_api(*request, _request_timeout=self._timeout)
-            resp.read()  # type: ignore[no-untyped-call]
-        except ApiException as e:
-            raise ApiError(f"{what}: HTTP {e.status} {e.reason}", e.status or 0) from e
-        except (HTTPError, OSError) as e:
-            raise ApiError(f"{what}: {e}") from e
-        if resp.status >= 400:
-            raise ApiError(f"{what}: HTTP {resp.status} {resp.reason}", resp.status)
-        return _json(resp)
+            return request_json(self._client, what, method, path, body, timeout=self._timeout)
+        except KubeError as e:
+            raise ApiError(str(e), e.status or 0) from e
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
