@@ -23,13 +23,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project-dir", type=Path, default=Path.cwd(), help="directory holding Pulumi.yaml")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: out/<stack>)")
     parser.add_argument("--quiet", action="store_true", help="print only problems")
+    parser.add_argument("--server-dry-run", type=Path, default=None, metavar="KUBECONFIG",
+                        help="dry-run every object against this cluster's API server (nothing is written)")
+    parser.add_argument("--context", default=None, help="kubeconfig context for --server-dry-run")
+    parser.add_argument("--no-server-dry-run", action="store_true",
+                        help="schemas and policies only: skip the dry-run on a throwaway control plane")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="level=%(levelname)s logger=%(name)s msg=%(message)s")
 
     if not (args.project_dir / f"Pulumi.{args.stack}.yaml").is_file():
         print(f"no stack file Pulumi.{args.stack}.yaml in {args.project_dir.resolve()}", file=sys.stderr)
         return 2
-    result = run_preview(args.project_dir, args.stack, args.out)
+    if args.server_dry_run is not None and not args.server_dry_run.is_file():
+        print(f"--server-dry-run: no kubeconfig at {args.server_dry_run}", file=sys.stderr)
+        return 2
+    result = run_preview(args.project_dir, args.stack, args.out,
+                         server_mode="off" if args.no_server_dry_run else "auto",
+                         server_kubeconfig=args.server_dry_run, server_context=args.context)
     if result.manifests and not args.quiet:
         print("\n".join(summary_lines(result)))
     log.info("preview stack=%s resources=%d manifests=%d problems=%d timings_ms=%s", result.stack,

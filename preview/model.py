@@ -133,6 +133,11 @@ class PreviewResult:
     #: Blocks of text later steps add to the terminal report, printed after the resource tree (like
     #: ``pulumi preview``'s ``Policies:`` section).
     report_sections: list[str] = field(default_factory=list)
+    #: The server dry-run: ``auto`` (a throwaway control plane when built), ``off``, or ``kubeconfig``
+    #: with :attr:`server_kubeconfig` (the user's cluster).
+    server_mode: str = "auto"
+    server_kubeconfig: Path | None = None
+    server_context: str | None = None
 
     @property
     def ok(self) -> bool:

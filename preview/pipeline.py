@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from policies import preview_step as policy_step
-from preview import engine, render, stackfile, validate
+from preview import engine, render, serverdryrun, stackfile, validate
 from preview.model import PreviewResult
 
 
@@ -35,6 +35,8 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     Step(validate.STEP, validate.run, stop_on_problems=False),
     # Every recorded resource through the real policy pack, as `pulumi preview --policy-pack policies` does.
     Step(policy_step.STEP, policy_step.run, stop_on_problems=False),
+    # The objects through a real kube-apiserver (dryRun=All): what schemas cannot see.
+    Step(serverdryrun.STEP, serverdryrun.run, stop_on_problems=False),
 )
 
 
@@ -75,6 +77,13 @@ def _run_steps(result: PreviewResult, steps: Sequence[Step]) -> PreviewResult:
 
 
 def run_preview(
-    project_dir: Path, stack: str, out_dir: Path | None = None, steps: Sequence[Step] = DEFAULT_STEPS
+    project_dir: Path, stack: str, out_dir: Path | None = None, steps: Sequence[Step] = DEFAULT_STEPS,
+    *, server_mode: str = "off", server_kubeconfig: Path | None = None, server_context: str | None = None,
 ) -> PreviewResult:
-    return run_steps(new_result(project_dir, stack, out_dir), steps)
+    """The preview; ``server_mode`` is ``off`` here (library callers and unit tests) and ``auto`` for
+    ``make preview`` (see :mod:`preview.serverdryrun`)."""
+    result = new_result(project_dir, stack, out_dir)
+    result.server_mode = "kubeconfig" if server_kubeconfig is not None else server_mode
+    result.server_kubeconfig = server_kubeconfig
+    result.server_context = server_context
+    return run_steps(result, steps)

@@ -1,0 +1,70 @@
+"""Run agents as the DaemonSets would: with the identity of their pod on a kwok Node.
+
+The DaemonSet controller and the scheduler put the agent's pod on the node (kwok marks it Running);
+a TokenRequest bound to that pod gives the same token the kubelet would mount into it, carrying the
+ServiceAccount, the pod and the node name (``authentication.kubernetes.io/node-name``), so RBAC and
+the stack's admission policies judge the agent exactly as in a cluster.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localcluster import Kube
+from localcluster.objects import service_account_kube, wait_for, write_kubeconfig
+
+NS = "nvidia-gpu"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def daemonset_pod(kube: Kube, daemonset: str, node: str, *, namespace: str = NS,
+                  timeout: float = 60.0) -> dict[str, Any]:
+    """The pod of ``daemonset`` on ``node`` once it is Running."""
+
+    def find() -> dict[str, Any] | None:
+        for pod in kube.list("v1", "Pod", namespace, fieldSelector=f"spec.nodeName={node}"):
+            owners = pod["metadata"].get("ownerReferences", [])
+            ours = any(o.get("kind") == "DaemonSet" and o.get("name") == daemonset for o in owners)
+            running = pod.get("status", {}).get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+            if ours and running:
+                return pod  # type: ignore[no-any-return]
+        return None
+
+    return wait_for(find, timeout=timeout, interval=0.2, what=f"{daemonset} pod Running on {node}")
+
+
+@dataclass(frozen=True)
+class AgentIdentity:
+    """The pod an agent stands in for, a connection as its ServiceAccount, and a kubeconfig file."""
+
+    pod: dict[str, Any]
+    kube: Kube
+    kubeconfig: Path
+
+    @property
+    def service_account(self) -> str:
+        return str(self.pod["spec"]["serviceAccountName"])
+
+
+def identity(kube: Kube, daemonset: str, node: str, directory: Path, *, namespace: str = NS) -> AgentIdentity:
+    """The identity of ``daemonset``'s pod on ``node``: a token bound to that pod, in a kubeconfig."""
+    pod = daemonset_pod(kube, daemonset, node, namespace=namespace)
+    sa = service_account_kube(kube, namespace, pod["spec"]["serviceAccountName"], pod=pod)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = write_kubeconfig(sa, directory / f"{daemonset}-{node}.kubeconfig", user=pod["spec"]["serviceAccountName"])
+    return AgentIdentity(pod=pod, kube=sa, kubeconfig=path)
+
+
+def agent_command(*args: str) -> list[str]:
+    """``python -m node_agent ARGS`` with this interpreter (the image's entry point)."""
+    return [sys.executable, "-m", "node_agent", *args]
+
+
+def run_agent(*args: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A one-shot agent command as a process; stdout and stderr captured."""
+    return subprocess.run(agent_command(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=env, check=False)

@@ -1,0 +1,56 @@
+"""The real control plane for the ``cluster`` tests: one per test session, on loopback.
+
+Started from the pinned binaries (``make tools``); ``make test`` and CI set
+``NVIDIA_GPU_REQUIRE_CLUSTER=1`` so that missing binaries fail the run instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localcluster import ControlPlane, Kube, ToolsMissing, tools_bin
+from localcluster.dryrun import install_crds
+from tests.cluster import stack as stack_helpers
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not cluster"` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    try:
+        bin_dir = tools_bin()
+    except ToolsMissing as e:
+        if os.environ.get("NVIDIA_GPU_REQUIRE_CLUSTER") == "1":
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+    cp = ControlPlane(directory=tmp_path_factory.mktemp("cluster"), bin_dir=bin_dir)
+    cp.start()
+    try:
+        install_crds(cp.admin(), sorted((REPO / "preview" / "crds").glob("*.deckhouse.io.yaml")))
+        print(f"\ncontrol plane up in {cp.startup_s:.1f} s at {cp.server}")
+        yield cp
+    finally:
+        cp.stop(remove=False)
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> Kube:
+    return control_plane.admin()
+
+
+@pytest.fixture(scope="session")
+def dev_stack(kube: Kube) -> stack_helpers.AppliedStack:
+    """The dev stack rendered by the preview and applied for real (Deckhouse NodeGroups in place)."""
+    return stack_helpers.apply_stack(kube, "dev")

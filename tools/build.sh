@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Builds the pinned real components the cluster tests run (see tools/*/go.mod) into a cache outside
+# the clone, keyed by each tools module's go.mod, go.sum and this script, so a warm cache costs nothing.
+# Progress goes to stderr; the last line on stdout is the directory holding every binary.
+#
+#   tools/build.sh            build what is missing, print the bin directory
+#   tools/build.sh --print    print the bin directory if every component is cached, else exit 1
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cache="${NVIDIA_GPU_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nvidia-gpu/tools}"
+export GOFLAGS="${GOFLAGS:--buildvcs=false} -mod=mod"
+export CGO_ENABLED="${CGO_ENABLED:-1}"
+print_only=0
+[ "${1:-}" = "--print" ] && print_only=1
+
+components=(kube etcd kwok mocknvml)
+
+key_of() {  # key_of NAME: a short hash of what decides the component's binaries
+  cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/build.sh" | sha256sum | cut -c1-16
+}
+
+build_one() {  # build_one NAME OUTDIR
+  local name="$1" out="$2"
+  cd "$here/$name"
+  case "$name" in
+    kube)
+      local v; v="$(awk '$1=="k8s.io/kubernetes"{print $2; exit} $2=="k8s.io/kubernetes"{print $3; exit}' go.mod)"
+      local minor; minor="$(echo "$v" | cut -d. -f2)"
+      local ld="-s -w -X k8s.io/component-base/version.gitVersion=$v -X k8s.io/component-base/version.gitMajor=1"
+      ld="$ld -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+      ld="$ld -X k8s.io/client-go/pkg/version.gitVersion=$v -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+      CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$out/" \
+        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
+        k8s.io/kubernetes/cmd/kube-controller-manager ;;
+    etcd)
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3 ;;
+    kwok)
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/kwok" sigs.k8s.io/kwok/cmd/kwok
+      # kwok ships its node and pod lifecycles as Stage objects beside the code: take the fast ones
+      # (Ready at once, pods Running) and the lease heartbeat from the pinned module.
+      local stages; stages="$(go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
+      for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+               pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+        echo "---"; cat "$stages/$f"
+      done > "$out/kwok-stages.yaml" ;;
+    mocknvml)
+      # NVIDIA's mock NVML: a cgo shared library that drives nvidia-ml-py like the real driver's.
+      go build -trimpath -buildmode=c-shared -ldflags "-s -w" -o "$out/libnvidia-ml.so.1" \
+        github.com/NVIDIA/k8s-test-infra/pkg/gpu/mocknvml
+      rm -f "$out/libnvidia-ml.so.1.h"
+      ln -sf libnvidia-ml.so.1 "$out/libnvidia-ml.so" ;;
+  esac
+}
+
+bindir_parts=()
+for name in "${components[@]}"; do
+  [ -f "$here/$name/go.mod" ] || continue
+  key="$(key_of "$name")"
+  dir="$cache/$name-$key"
+  bindir_parts+=("$name-$key")
+  if [ -f "$dir/.complete" ]; then
+    continue
+  fi
+  if [ "$print_only" = 1 ]; then
+    echo "tools: $name is not built (run make tools)" >&2
+    exit 1
+  fi
+  echo "tools: building $name ($key) into $dir ..." >&2
+  start=$(date +%s)
+  tmp="$cache/.tmp-$name-$key-$$"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  ( build_one "$name" "$tmp" ) >&2
+  touch "$tmp/.complete"
+  rm -rf "$dir"; mv "$tmp" "$dir"
+  # Older pins of this component are not used any more.
+  for old in "$cache/$name"-*; do [ "$old" = "$dir" ] || rm -rf "$old"; done
+  echo "tools: $name built in $(( $(date +%s) - start )) s" >&2
+done
+
+# One directory that names every binary: symlinks into the per-component directories.
+combined="$cache/bin-$(printf '%s\n' "${bindir_parts[@]}" | sha256sum | cut -c1-16)"
+if [ ! -f "$combined/.complete" ]; then
+  [ "$print_only" = 1 ] && { echo "tools: bin directory missing (run make tools)" >&2; exit 1; }
+  mkdir -p "$combined"
+  for part in "${bindir_parts[@]}"; do
+    for f in "$cache/$part"/*; do ln -sfn "$f" "$combined/$(basename "$f")"; done
+  done
+  touch "$combined/.complete"
+  for old in "$cache"/bin-*; do [ "$old" = "$combined" ] || rm -rf "$old"; done
+fi
+du -sh "$cache" 2>/dev/null | awk '{print "tools: cache " $1 " in '"$cache"'"}' >&2
+echo "$combined"
