@@ -42,8 +42,10 @@ class DryRunReport:
     server: str
     version: str
     checked: int = 0
-    #: ``(label, message)``: the API server refused the object, or a precondition is missing.
+    #: ``(label, message)``: the API server refused the object.
     refused: list[tuple[str, str]] = field(default_factory=list)
+    #: ``(label, message)``: something the stack needs is not in the cluster (user mode).
+    missing: list[tuple[str, str]] = field(default_factory=list)
     #: ``(label, text)``: warnings the server sent while accepting an object.
     warnings: list[tuple[str, str]] = field(default_factory=list)
     #: What had to exist first (ephemeral mode: created; user mode: found).
@@ -53,7 +55,7 @@ class DryRunReport:
 
     @property
     def ok(self) -> bool:
-        return not self.refused
+        return not self.refused and not self.missing
 
 
 def server_version(kube: Kube) -> str:
@@ -142,7 +144,7 @@ def dry_run(kube: Kube, items: Sequence[Item], *, ephemeral: bool, commit: bool 
             if ns in own_namespaces:
                 missing_ns.add(ns)
             else:
-                report.refused.append((f"Namespace {ns}",
+                report.missing.append((f"Namespace {ns}",
                                        "objects of the stack live in this namespace, which the stack does not "
                                        "create and the cluster does not have"))
     for item in items:
@@ -164,7 +166,7 @@ def dry_run(kube: Kube, items: Sequence[Item], *, ephemeral: bool, commit: bool 
             if target is None:
                 placeholder = placeholder_for(item.object) if ephemeral else None
                 if placeholder is None:
-                    report.refused.append((item.label, f"the stack patches {describe(item.object)}, which does "
+                    report.missing.append((item.label, f"the stack patches {describe(item.object)}, which does "
                                                        "not exist: a patch never creates its target"))
                     continue
                 kube.apply(placeholder, field_manager="nvidia-gpu-preconditions")

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from nvgpu import catalogue
+from nvgpu.k8snames import check_key, check_label_value
 from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout, place_layout
 
 CONFIG_NAMESPACE = "nvidia-gpu"
@@ -188,10 +189,14 @@ class Cluster(_Model):
         return int(self.kubernetes_version.split(".")[1])
 
 
+LabelKey = Annotated[str, AfterValidator(check_key)]
+LabelValue = Annotated[str, AfterValidator(check_label_value)]
+
+
 class LabelSelectorRequirement(_Model):
-    key: str
+    key: LabelKey
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = []
+    values: list[LabelValue] = []
 
     @model_validator(mode="after")
     def _values(self) -> LabelSelectorRequirement:
@@ -203,7 +208,7 @@ class LabelSelectorRequirement(_Model):
 
 
 class NodeSelector(_Model):
-    match_labels: dict[str, str] = {}
+    match_labels: dict[LabelKey, LabelValue] = {}
     match_expressions: list[LabelSelectorRequirement] = []
 
     @model_validator(mode="after")
@@ -214,8 +219,8 @@ class NodeSelector(_Model):
 
 
 class Taint(_Model):
-    key: str
-    value: str = ""
+    key: LabelKey
+    value: LabelValue = ""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 

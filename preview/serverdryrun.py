@@ -67,6 +67,8 @@ def run(result: PreviewResult) -> None:
 def _record(result: PreviewResult, report: DryRunReport, where: str) -> None:
     for label, message in report.refused:
         result.problems.append(Problem(STEP, label, f"refused by kube-apiserver {report.version}: {message}"))
+    for label, message in report.missing:
+        result.problems.append(Problem(STEP, label, f"missing in the cluster: {message}"))
     lines = [f"Server dry-run ({where}): {report.checked - len(report.refused)} of {report.checked} objects "
              f"accepted by kube-apiserver {report.version}."]
     stack_minor = result.config.cluster.kubernetes_version if result.config else None

@@ -149,3 +149,43 @@ def test_readme_config_reference_covers_every_key() -> None:
     lists = [p for p in paths if any(q.startswith(f"{p}[].") for q in paths) and p != "nodeGroups"]
     missing = [p for p in leaves + lists if f"`{p}`" not in readme]
     assert missing == [], f"README's config reference lacks: {missing}"
+
+
+# Found by the server dry-run: these passed the schemas and the config, and the real API server refused
+# every DaemonSet of the group (tolerations / node affinity break Kubernetes' name rules).
+BAD_KUBERNETES_NAMES: list[tuple[str, Any, str]] = [
+    ("nodeGroups[0].extraTaints[0].key", {"extraTaints": [{"key": "dedicated for ml", "effect": "NoSchedule"}]},
+     "'dedicated for ml' is not a valid key"),
+    ("nodeGroups[0].extraTaints[0].value", {"extraTaints": [{"key": "a", "value": "t" * 64, "effect": "NoSchedule"}]},
+     "is not a valid label value"),
+    ("nodeGroups[0].extraTaints[0].key", {"extraTaints": [{"key": "Bad_Prefix/x", "effect": "NoSchedule"}]},
+     "the prefix 'Bad_Prefix' must be a DNS subdomain"),
+    ("nodeGroups[0].nodeSelector.matchLabels", {"nodeGroup": None, "nodeSelector": {"matchLabels": {"bad key!": "x"}}},
+     "'bad key!' is not a valid key"),
+    ("nodeGroups[0].nodeSelector.matchLabels", {"nodeGroup": None, "nodeSelector": {"matchLabels": {"a": "p5 48x"}}},
+     "'p5 48x' is not a valid label value"),
+    ("nodeGroups[0].nodeSelector.matchExpressions[0].values[0]",
+     {"nodeGroup": None, "nodeSelector": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["eu west"]}]}},
+     "'eu west' is not a valid label value"),
+]
+
+
+@pytest.mark.parametrize(("path", "group", "message"), BAD_KUBERNETES_NAMES, ids=[c[0] for c in BAD_KUBERNETES_NAMES])
+def test_keys_and_values_the_api_server_refuses_are_config_errors(path: str, group: Any, message: str) -> None:
+    def mutate(v: dict[str, Any]) -> None:
+        v["cluster"]["nodeSetup"] = "daemonset"
+        v["nodeGroups"][0].update(group)
+        if v["nodeGroups"][0].get("nodeGroup") is None:
+            v["nodeGroups"][0].pop("nodeGroup", None)
+
+    problems = _problems(mutate)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"nvidia-gpu:{path}"), problems
+    assert message in problems[0]
+
+
+@pytest.mark.parametrize("key", ["dedicated", "node.kubernetes.io/instance-type", "example.com/a_b.c-d", "A1", "x"])
+def test_valid_kubernetes_keys_are_accepted(key: str) -> None:
+    values = copy.deepcopy(VALID)
+    values["nodeGroups"][0]["extraTaints"] = [{"key": key, "value": "v1.2_3-x", "effect": "NoSchedule"}]
+    load_stack_config(values)

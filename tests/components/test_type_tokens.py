@@ -41,7 +41,7 @@ def test_dev_stack_tokens_exist_in_provider(tmp_path: Path) -> None:
 
     root = Path(__file__).resolve().parents[2]
     subprocess.run(
-        [sys.executable, "-m", "preview", "--stack", "dev", "--out", str(tmp_path)],
+        [sys.executable, "-m", "preview", "--no-server-dry-run", "--stack", "dev", "--out", str(tmp_path)],
         cwd=root, check=True, capture_output=True, timeout=300,
     )
     plan = json.loads(next(tmp_path.rglob("plan.json")).read_text())

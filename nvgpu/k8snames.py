@@ -1,0 +1,55 @@
+"""Kubernetes' own rules for label keys, label values and taint keys, checked when the config is read.
+
+The real API server refuses a DaemonSet whose node affinity or tolerations break these rules (found
+by the server dry-run: ``extraTaints[].key: "dedicated for ml"`` passed the schemas and failed at
+``pulumi up``). Checking them here turns that into a config error that names the path, the value and
+the rule, before anything is rendered. The rules are apimachinery's ``IsQualifiedName`` and
+``IsValidLabelValue``.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+QUALIFIED_NAME_RULE = ("an optional DNS-subdomain prefix and '/' (at most 253 characters), then a name of at most "
+                       "63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric")
+LABEL_VALUE_RULE = ("empty, or at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with an "
+                    "alphanumeric")
+
+
+def qualified_name_problem(key: str) -> str | None:
+    """Why ``key`` is not a valid label or taint key, or None."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return f"{key!r} is not a valid key: the prefix {prefix!r} must be a DNS subdomain ({QUALIFIED_NAME_RULE})"
+    if not name or len(name) > 63 or not _NAME_PART.match(name):
+        return f"{key!r} is not a valid key: {QUALIFIED_NAME_RULE}"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why ``value`` is not a valid label value (or taint value), or None."""
+    if value == "":
+        return None
+    if len(value) > 63 or not _NAME_PART.match(value):
+        return f"{value!r} is not a valid label value: {LABEL_VALUE_RULE}"
+    return None
+
+
+def check_key(key: str) -> str:
+    """Pydantic validator: a label or taint key."""
+    problem = qualified_name_problem(key)
+    if problem:
+        raise ValueError(problem)
+    return key
+
+
+def check_label_value(value: str) -> str:
+    """Pydantic validator: a label or taint value."""
+    problem = label_value_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
