@@ -1,0 +1,54 @@
+"""``make cluster-up`` / ``cluster-down`` (``python -m localcluster``): a control plane that outlives
+the command, a working cluster-admin kubeconfig, and a clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from localcluster import ControlPlane, Kube
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localcluster", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=180, check=False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_up_status_down(control_plane: ControlPlane, tmp_path: Path) -> None:
+    del control_plane  # only for its skip/fail policy when the binaries are missing
+    state = tmp_path / "cluster"
+    up = _cli("up", "--dir", str(state))
+    assert up.returncode == 0, up.stderr
+    assert "control plane v1.34.4 up in" in up.stdout
+    pids = json.loads((state / "state.json").read_text())["pids"]
+    try:
+        assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
+        assert all(_alive(pid) for pid in pids.values()), "the processes outlive `up`"
+        kube = Kube.from_kubeconfig(state / "kubeconfig")
+        assert kube.can_i("*", "*"), "the kubeconfig is cluster-admin"
+        assert kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", "nodegroups.deckhouse.io")
+        assert (state / "kubeconfig").stat().st_mode & 0o077 == 0, "credentials are private to the user"
+
+        again = _cli("up", "--dir", str(state))
+        assert again.returncode == 0 and "already running" in again.stdout
+        status = _cli("status", "--dir", str(state))
+        assert status.returncode == 0 and "running: v1.34.4" in status.stdout
+    finally:
+        down = _cli("down", "--dir", str(state))
+    assert down.returncode == 0, down.stderr
+    assert not state.exists()
+    assert not any(_alive(pid) for pid in pids.values())
+    assert _cli("status", "--dir", str(state)).returncode == 1
