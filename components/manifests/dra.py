@@ -151,14 +151,16 @@ def admission_policy(namespace: str, driver: str) -> Manifest:
                 {"name": "slice", "expression": "request.operation == 'DELETE' ? oldObject : object"},
                 {"name": "objectNodeName", "expression": "variables.slice.spec.?nodeName.orValue('')"},
             ],
+            # ``reason: Forbidden``: a denial here is about who writes, not about the object, so the
+            # server answers 403 (without it, 422 Invalid, which reads as a malformed slice).
             "validations": [
-                {"expression": "variables.userNodeName != ''",
+                {"expression": "variables.userNodeName != ''", "reason": "Forbidden",
                  "message": "the DRA plugin's token carries no node name; it must run in a pod on a node"},
-                {"expression": "variables.userNodeName == variables.objectNodeName",
+                {"expression": "variables.userNodeName == variables.objectNodeName", "reason": "Forbidden",
                  "messageExpression": "'the DRA plugin on node ' + variables.userNodeName + ' may not write "
                                       "ResourceSlices of ' + (variables.objectNodeName == '' ? 'no node' : "
                                       "'node ' + variables.objectNodeName)"},
-                {"expression": f"variables.slice.spec.driver == '{driver}'",
+                {"expression": f"variables.slice.spec.driver == '{driver}'", "reason": "Forbidden",
                  "message": f"the DRA plugin may only write ResourceSlices of driver {driver}"},
             ],
         },
