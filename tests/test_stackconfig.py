@@ -165,7 +165,8 @@ BAD_KUBERNETES_NAMES: list[tuple[str, Any, str]] = [
     ("nodeGroups[0].nodeSelector.matchLabels", {"nodeGroup": None, "nodeSelector": {"matchLabels": {"a": "p5 48x"}}},
      "'p5 48x' is not a valid label value"),
     ("nodeGroups[0].nodeSelector.matchExpressions[0].values[0]",
-     {"nodeGroup": None, "nodeSelector": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["eu west"]}]}},
+     {"nodeGroup": None,
+      "nodeSelector": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["eu west"]}]}},
      "'eu west' is not a valid label value"),
 ]
 
