@@ -245,17 +245,20 @@ class ControlPlane:
                 tail = self.log(name).read_text(errors="replace").splitlines()[-15:]
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n" + "\n".join(tail))
 
-    def stop_component(self, name: str) -> None:
+    def stop_component(self, name: str, *, grace_s: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``: kube-apiserver 1.34 can hang for 15 s and more after
+        "HTTPServerStoppedListening" while controllers hold watches, and a test cluster has nothing
+        to drain (etcd keeps every write it acknowledged)."""
         proc = self._procs.pop(name, None)
         if proc is not None:
             proc.terminate()
             try:
-                proc.wait(15)
+                proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
         else:
-            _kill(self.pids.get(name))
+            _kill(self.pids.get(name), grace_s=grace_s)
         self.pids.pop(name, None)
 
     def restart_apiserver(self, *, down_s: float = 0.0, timeout: float = 120.0) -> float:
@@ -308,12 +311,12 @@ def _running(pid: int | None) -> bool:
     return True
 
 
-def _kill(pid: int | None) -> None:
+def _kill(pid: int | None, *, grace_s: float = 5.0) -> None:
     if not _running(pid):
         return
     assert pid is not None
     os.kill(pid, signal.SIGTERM)
-    for _ in range(150):
+    for _ in range(int(grace_s * 10)):
         if not _running(pid):
             return
         with contextlib.suppress(ChildProcessError):

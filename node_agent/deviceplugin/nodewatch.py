@@ -15,7 +15,8 @@ Failures, by kind:
 
 The last value is cached, so :meth:`NodeLabelWatch.label` costs nothing once the watch runs; each change
 calls the subscribers (the config watcher's ``wake``). Only ``urllib`` and ``json``, like the label GET,
-to keep the plugin's memory small.
+to keep the plugin's memory small. Credentials: the pod's ServiceAccount, or the agent's ``--kubeconfig``
+when it has one (:class:`~node_agent.deviceplugin.nodelabel.ApiEndpoint`).
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ class NodeLabelWatch:
     """A :class:`~node_agent.deviceplugin.nodelabel.LabelSource` kept current by a watch on the own Node."""
 
     def __init__(self, node_name: str, key: str = CONFIG_LABEL, *, server: str | None = None,
-                 account_dir: Path = SERVICE_ACCOUNT, timing: WatchTiming | None = None) -> None:
-        self.api = ApiEndpoint(server, account_dir)
+                 account_dir: Path = SERVICE_ACCOUNT, kubeconfig: Path | None = None,
+                 timing: WatchTiming | None = None) -> None:
+        self.api = ApiEndpoint(server, account_dir, kubeconfig=kubeconfig)
         self.node_name = node_name
         self.key = key
         self.timing = timing or WatchTiming()

@@ -192,7 +192,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     node_name = ctx.node_name or env.get("NODE_NAME")
     if args.config_dir is not None and node_name:
         try:
-            labels = NodeLabelWatch(node_name, args.config_label,
+            labels = NodeLabelWatch(node_name, args.config_label, kubeconfig=ctx.kubeconfig,
                                     timing=WatchTiming(relist_interval_s=args.config_poll_interval))
         except OSError as e:
             log.warning("event=node-label-unavailable error=%s action=use-default-config", e)
