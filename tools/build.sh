@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned real components the cluster tests run (see tools/*/go.mod) into a cache outside
-# the clone, keyed by each tools module's go.mod, go.sum and this script, so a warm cache costs nothing.
+# the clone, keyed by every file of each tools module and this script, so a warm cache costs nothing.
 # Progress goes to stderr; the last line on stdout is the directory holding every binary.
 #
 #   tools/build.sh            build what is missing, print the bin directory
@@ -16,7 +16,10 @@ print_only=0
 components=(kube etcd kwok mocknvml)
 
 key_of() {  # key_of NAME: a short hash of what decides the component's binaries
-  cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/build.sh" | sha256sum | cut -c1-16
+  # Every file of tools/NAME (names and contents, in a fixed order: go.mod, go.sum and any sources,
+  # such as mocknvml's) plus this script. A library built by hand inside the module is not an input.
+  ( cd "$here" && find "$1" -type f ! -name 'lib*.so*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+    sha256sum build.sh ) | sha256sum | cut -c1-16
 }
 
 build_one() {  # build_one NAME OUTDIR
@@ -44,10 +47,12 @@ build_one() {  # build_one NAME OUTDIR
         echo "---"; cat "$stages/$f"
       done > "$out/kwok-stages.yaml" ;;
     mocknvml)
-      # NVIDIA's mock NVML: a cgo shared library that drives nvidia-ml-py like the real driver's.
-      go build -trimpath -buildmode=c-shared -ldflags "-s -w" -o "$out/libnvidia-ml.so.1" \
-        github.com/NVIDIA/k8s-test-infra/pkg/gpu/mocknvml
-      rm -f "$out/libnvidia-ml.so.1.h"
+      # NVIDIA's go-nvml mock machines behind NVML's C ABI (tools/mocknvml: k8s-test-infra's mock
+      # library is refused by the module proxy): a cgo shared library nvidia-ml-py loads like the
+      # driver's. go-nvml's generated cgo code uses APIs nvml.h marks deprecated: silence those.
+      CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" \
+        go build -trimpath -buildmode=c-shared -ldflags "-s -w" -o "$out/libnvidia-ml.so.1" .
+      rm -f "$out/libnvidia-ml.so.h"  # the cgo header go build writes beside the library
       ln -sf libnvidia-ml.so.1 "$out/libnvidia-ml.so" ;;
   esac
 }

@@ -75,7 +75,7 @@ def test_mixed_strategy_labels_each_profile(tmp_path: Path, cli: Cli) -> None:
         "nvidia.com/mig-1g.10gb.sharing-strategy": "none", "nvidia.com/mig-1g.10gb.memory": "9984",
         "nvidia.com/mig-1g.10gb.multiprocessors": "16", "nvidia.com/mig-1g.10gb.slices.gi": "1",
         "nvidia.com/mig-1g.10gb.slices.ci": "1", "nvidia.com/mig-1g.10gb.engines.copy": "1",
-        "nvidia.com/mig-1g.10gb.engines.decoder": "0", "nvidia.com/mig-1g.10gb.engines.encoder": "0",
+        "nvidia.com/mig-1g.10gb.engines.decoder": "1", "nvidia.com/mig-1g.10gb.engines.encoder": "0",
         "nvidia.com/mig-1g.10gb.engines.jpeg": "0", "nvidia.com/mig-1g.10gb.engines.ofa": "0"}
     assert labels["nvidia.com/mig-3g.40gb.count"] == "2"
     assert labels["nvidia.com/mig-3g.40gb.slices.gi"] == "3"

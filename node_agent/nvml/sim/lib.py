@@ -35,7 +35,20 @@ import pynvml
 
 from node_agent.nvml.sim.machines import MachineSpec
 from node_agent.nvml.sim.state import SimComputeInstance, SimGpu, SimGpuInstance, SimState, SimStore
-from nvgpu.catalogue import CI_PROFILE_BY_SLICES, GpuModel, MigProfile, parse_driver_version
+from nvgpu.catalogue import (
+    CI_PROFILE_BY_SLICES,
+    GI_PROFILE_1_SLICE,
+    GI_PROFILE_1_SLICE_REV1,
+    GI_PROFILE_1_SLICE_REV2,
+    GI_PROFILE_2_SLICE,
+    GI_PROFILE_2_SLICE_REV1,
+    GI_PROFILE_3_SLICE,
+    GI_PROFILE_4_SLICE,
+    GI_PROFILE_7_SLICE,
+    GpuModel,
+    MigProfile,
+    parse_driver_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +146,36 @@ def _set_ptr(addr: int | None, value: int) -> None:
     _put(addr, ctypes.c_void_p, value)
 
 
-def _engines(p: MigProfile, total_memory_slices: int) -> tuple[int, int, int, int, int]:
-    """Copy engines, decoders, encoders, JPEG, OFA of a GI profile.
+#: Copy engines, decoders, encoders, JPEG and OFA engines per GPU-instance profile enum, by model:
+#: NVIDIA's MIG tables as go-nvml's mock GPUs carry them (pkg/nvml/mock/gpus, v0.13.4-1), replacing
+#: shape-based guesses that disagreed with them (copy engines per memory slice, too few NVDECs). The
+#: A100-40GB media rows agree with the MIG guide notes in shared/reference (no NVDEC on 1g.5gb; +me
+#: adds NVDEC, JPEG and OFA). A compute instance shares its GPU instance's engines.
+_AMPERE_80GB_ENGINES = {GI_PROFILE_1_SLICE: (1, 1, 0, 0, 0), GI_PROFILE_1_SLICE_REV1: (1, 1, 0, 1, 1),
+                        GI_PROFILE_1_SLICE_REV2: (1, 1, 0, 0, 0), GI_PROFILE_2_SLICE: (2, 1, 0, 0, 0),
+                        GI_PROFILE_3_SLICE: (3, 2, 0, 0, 0), GI_PROFILE_4_SLICE: (4, 2, 0, 0, 0),
+                        GI_PROFILE_7_SLICE: (7, 5, 0, 1, 1)}
+#: The mock's H100/H200 rows are the same except that its whole-GPU profile lists no JPEG and no OFA
+#: engine. H100/H200 have both, so the row keeps one of each (the Hopper rows are unverified on hardware).
+_HOPPER_ENGINES = _AMPERE_80GB_ENGINES
+_ENGINES: dict[str, dict[int, tuple[int, int, int, int, int]]] = {
+    "A100-40GB": {**_AMPERE_80GB_ENGINES, GI_PROFILE_1_SLICE: (1, 0, 0, 0, 0)},  # 1g.5gb: no NVDEC
+    "A100-80GB": _AMPERE_80GB_ENGINES,
+    "H100-80GB": _HOPPER_ENGINES,
+    "H200-141GB": _HOPPER_ENGINES,
+    "A30-24GB": {GI_PROFILE_1_SLICE: (1, 0, 0, 0, 0), GI_PROFILE_1_SLICE_REV1: (1, 1, 0, 1, 1),
+                 GI_PROFILE_2_SLICE: (2, 2, 0, 0, 0), GI_PROFILE_2_SLICE_REV1: (2, 2, 0, 1, 1),
+                 GI_PROFILE_4_SLICE: (4, 4, 0, 1, 1)},
+}
 
-    Simulation values shaped like A100/H100 (1g has no NVDEC unless +me, +me adds JPEG and OFA,
-    the full GPU has them all); real GPUs report these through the same NVML struct.
+
+def _engines(model: GpuModel, p: MigProfile) -> tuple[int, int, int, int, int]:
+    """Copy engines, decoders, encoders, JPEG, OFA of a GI profile (NVIDIA's tables, ``_ENGINES``).
+
+    A model without a table gets one copy engine per compute slice and no media engines: what
+    every table above has in common, not a claim about that GPU.
     """
-    full = p.memory_slices == total_memory_slices
-    decoders = 1 if p.media_extensions else p.compute_slices // 2 + (1 if full else 0)
-    media = 1 if (p.media_extensions or full) else 0
-    return p.memory_slices, decoders, 0, media, media
+    return _ENGINES.get(model.key, {}).get(p.gi_profile, (p.compute_slices, 0, 0, 0, 0))
 
 
 class FakeNvmlLibrary:
@@ -285,10 +318,6 @@ class FakeNvmlLibrary:
     @property
     def _model(self) -> GpuModel:
         return self.spec.model
-
-    @property
-    def _memory_slices(self) -> int:
-        return self._model.mig.memory_slices if self._model.mig else 0
 
     def _profile(self, gi_profile: int) -> MigProfile:
         mig = self._model.mig
@@ -549,20 +578,27 @@ class FakeNvmlLibrary:
         info.sliceCount = profile.compute_slices
         info.instanceCount = profile.max_instances
         info.multiprocessorCount = profile.multiprocessors
-        ce, dec, enc, jpeg, ofa = _engines(profile, self._memory_slices)
+        ce, dec, enc, jpeg, ofa = _engines(self._model, profile)
         info.copyEngineCount, info.decoderCount, info.encoderCount = ce, dec, enc
         info.jpegCount, info.ofaCount = jpeg, ofa
         info.memorySizeMB = profile.memory_mib
         if v2:
             info.name = f"MIG {profile.name}".encode()
 
-    def gi_profile_info_v1(self, handle: int | None, profile: int, out: int | None) -> None:
+    def _enum_profile(self, handle: int | None, profile: int) -> MigProfile:
+        """The GI profile for an NVML_GPU_INSTANCE_PROFILE_* value. Past the last enum value the answer
+        is INVALID_ARGUMENT, not NOT_SUPPORTED: nvml.h tells callers to enumerate profiles from 0
+        "until the API returns NVML_ERROR_INVALID_ARGUMENT" (go-nvml's mock does the same)."""
         self._gpu(handle)
-        self._fill_gi_profile(out, self._profile(profile), v2=False)
+        if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._profile(profile)
+
+    def gi_profile_info_v1(self, handle: int | None, profile: int, out: int | None) -> None:
+        self._fill_gi_profile(out, self._enum_profile(handle, profile), v2=False)
 
     def gi_profile_info_v2(self, handle: int | None, profile: int, out: int | None) -> None:
-        self._gpu(handle)
-        self._fill_gi_profile(out, self._profile(profile), v2=True)
+        self._fill_gi_profile(out, self._enum_profile(handle, profile), v2=True)
 
     def _free_starts(self, gpu: SimGpu, profile: MigProfile) -> list[int]:
         """Starts where one more instance of ``profile`` could be created right now."""
@@ -709,7 +745,9 @@ class FakeNvmlLibrary:
     def _fill_ci_profile(self, handle: int | None, ci_profile: int, eng: int, out: int | None, v2: bool) -> None:
         h, gpu = self._gpu(handle, ("gi",))
         gi = self._find_gi(gpu, h.gi)
-        if eng != 0 or out is None:
+        # nvml.h: INVALID_ARGUMENT for a bad engine profile (go-nvml's mock says NOT_SUPPORTED) and, as
+        # for GI profiles, for a profile past the enum; NOT_SUPPORTED for one this GI cannot have.
+        if eng != 0 or out is None or not 0 <= ci_profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
             raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         slices = self._ci_slices(gi, ci_profile)
         gp = self._profile(gi.profile)
@@ -719,7 +757,7 @@ class FakeNvmlLibrary:
         info.sliceCount = slices
         info.instanceCount = gp.compute_slices // slices
         info.multiprocessorCount = gp.multiprocessors * slices // gp.compute_slices
-        ce, dec, enc, jpeg, ofa = _engines(gp, self._memory_slices)
+        ce, dec, enc, jpeg, ofa = _engines(self._model, gp)
         info.sharedCopyEngineCount, info.sharedDecoderCount, info.sharedEncoderCount = ce, dec, enc
         info.sharedJpegCount, info.sharedOfaCount = jpeg, ofa
         if v2:
