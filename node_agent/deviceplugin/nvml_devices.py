@@ -64,7 +64,13 @@ class NvmlNodeDevices:
         self._pending: deque[HealthEvent] = deque()
         self._watcher: nvml.EventWatcher | None = None
         if indices:
-            self._watcher = session.watch_events(indices, (nvml.EventKind.XID,))
+            try:
+                self._watcher = session.watch_events(indices, (nvml.EventKind.XID,))
+            except nvml.NvmlNotSupported as e:
+                # No event sets on this driver: serve the GPUs with XID health checks off, as NVIDIA's
+                # plugin does ("continuing with health checks disabled"), instead of serving none.
+                log.warning("event=gpu-health-checks-disabled reason=%s", e)
+                return
             by_index = {g.index: g.uuid for g in self._gpus}
             for index, reason in self._watcher.failed.items():
                 self._pending.append(HealthEvent(HealthEventKind.GPU_LOST, by_index.get(index), detail=reason))

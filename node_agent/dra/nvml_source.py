@@ -25,7 +25,7 @@ from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
 from node_agent.host.pci import nvidia_gpus
 from node_agent.host.proc import MIG_MINORS_PATH, parse_mig_minors
 from node_agent.host.root import HostError, HostRoot
-from node_agent.nvml import NvmlError
+from node_agent.nvml import NvmlError, NvmlNotSupported
 from node_agent.nvml.session import EventWatcher, NvmlBackend, NvmlSession, open_nvml
 from node_agent.nvml.types import EventKind, Gpu
 from node_agent.nvml.types import Inventory as NvmlInventory
@@ -74,11 +74,17 @@ class NvmlInventorySource:
     def _open(self) -> NvmlSession:
         if self._session is None:
             self._session = self._stack.enter_context(open_nvml(self._backend, timeout_s=self._timeout))
-            self._watcher = self._stack.enter_context(self._session.watch_events(kinds=(EventKind.XID,)))
+            try:
+                self._watcher = self._stack.enter_context(self._session.watch_events(kinds=(EventKind.XID,)))
+            except NvmlNotSupported as e:
+                # No event sets on this driver: publish the GPUs without XID health rather than none.
+                log.warning("event=gpu-health-checks-disabled reason=%s", e)
+                self._watcher = None
         return self._session
 
     def _drain_xids(self) -> None:
-        assert self._watcher is not None
+        if self._watcher is None:
+            return
         while (event := self._watcher.wait(0)) is not None:
             if event.kind is EventKind.XID and not is_application_xid(event.data) and event.gpu_index >= 0:
                 log.warning("event=gpu-xid index=%d xid=%d", event.gpu_index, event.data)

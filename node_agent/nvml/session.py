@@ -292,8 +292,13 @@ class NvmlSession:
         pairs = []
         for n, a in enumerate(chosen):
             for b in chosen[n + 1:]:
-                level = self._run(f"nvmlDeviceGetTopologyCommonAncestor({a},{b})",
-                                  pynvml.nvmlDeviceGetTopologyCommonAncestor, self._handle(a), self._handle(b))
+                try:
+                    level = self._run(f"nvmlDeviceGetTopologyCommonAncestor({a},{b})",
+                                      pynvml.nvmlDeviceGetTopologyCommonAncestor, self._handle(a), self._handle(b))
+                except NvmlNotSupported:
+                    # Some drivers and virtual GPUs cannot tell (NVIDIA's go-nvml mock machines neither):
+                    # score the pair as the farthest apart rather than refuse to serve the node's GPUs.
+                    level = TopologyLevel.SYSTEM
                 links = direct[a].get(bus[b], 0)
                 if switched[a] and switched[b]:
                     links += min(switched[a], switched[b])
