@@ -73,6 +73,14 @@ def open_backend(args: argparse.Namespace) -> Iterator[MigBackend]:
     raw_state = getattr(args, "nvml_state", None)
     state = Path(raw_state) if raw_state else None
     backend = NvmlBackend.parse(getattr(args, "nvml", None) or "real", state)
+    host = _host(args)
+    if backend.kind == "simulated" and state is None and not host.is_real_root:
+        # As every other agent command: the simulated machine's state lives in the host root, so the
+        # manager, ``sim`` and the device plugin on the same (fake) host see the same GPUs.
+        from node_agent.nvml.sim import DEFAULT_STATE_DIR
+
+        state = host.path(f"{DEFAULT_STATE_DIR}/{backend.machine}.json")
+        backend = NvmlBackend("simulated", backend.machine, state)
     resetter: GpuResetter
     if backend.kind == "simulated":
         assert backend.machine is not None

@@ -54,6 +54,7 @@ DEFAULT_CLIENT_LABELS: tuple[tuple[str, str], ...] = (
     ("app.kubernetes.io/name", "gpu-labeller"),
     ("app.kubernetes.io/name", "dra-kubelet-plugin"),
 )
+CONFLICT = 409  #: the API server's answer to a patch whose resourceVersion precondition failed
 #: Actions after which the loop blocks until something changes.
 BLOCKING = frozenset({Act.IDLE, Act.WAIT, Act.EXIT, Act.REBOOT})
 
@@ -113,6 +114,10 @@ class MigManager:
     journal_path: str = JOURNAL_PATH
     stop: threading.Event = field(default_factory=threading.Event)
     _node: NodeView | None = None
+    #: The resourceVersion of the Node as last read or patched. The loop watches from it: ``_node`` is
+    #: dropped after a WAIT (to re-read), and a watch without a version answers at once with the
+    #: current Node, which turned every wait for approval, drain or clients into a busy loop.
+    _seen_rv: str = ""
     _rebooted: bool = False
     _gpus: tuple[GpuInfo, ...] | None = None
     #: The GPUs compared with a config, kept between the steps of one round: within a round only the
@@ -134,6 +139,7 @@ class MigManager:
     def _read_node(self) -> NodeView:
         if self._node is None:
             self._node = self.node.read_node()
+            self._seen_rv = self._node.resource_version
         return self._node
 
     def _load_journal(self, node: NodeView) -> Journal | None:
@@ -247,7 +253,15 @@ class MigManager:
             self.history.append(action)
             if action.act in _CHANGES_GPUS:
                 self._target = None
-            self._perform(action, obs, target)
+            try:
+                self._perform(action, obs, target)
+            except KubeError as e:
+                if e.status != CONFLICT:
+                    raise
+                # The Node changed since it was read (a taint patch is conditional on the version it
+                # was computed from): nothing of the step happened; read again and decide again.
+                log.info("event=node-changed-meanwhile act=%s", action.act.value)
+                self._node = None
             return action
 
     def run_until_blocked(self) -> Action:
@@ -275,7 +289,7 @@ class MigManager:
                 continue
             if action.act is Act.EXIT:
                 return
-            rv = self._node.resource_version if self._node is not None else ""
+            rv = self._seen_rv
             self._node = None
             wait = self.settings.idle_wait_s if action.act is Act.IDLE else self.settings.busy_wait_s
             if self.stop.is_set():
@@ -290,6 +304,7 @@ class MigManager:
 
     def _patch(self, patch: NodePatch) -> NodeView:
         self._node = self.node.patch_node(patch)
+        self._seen_rv = self._node.resource_version
         return self._node
 
     def _save(self, journal: Journal) -> None:
@@ -301,6 +316,10 @@ class MigManager:
         if act in (Act.IDLE, Act.WAIT, Act.EXIT):
             if act is Act.WAIT:
                 self._node = None  # someone else must act: re-read next time
+                if j is not None and j.phase is Phase.DRAINING and o.drain is DrainMode.CORDON and o.workloads:
+                    # The manager is the drainer here: retry what a PodDisruptionBudget refused (429),
+                    # as ``kubectl drain`` does, until the budget allows it or the drain times out.
+                    self._evict_workloads()
             return
         node = self._read_node()
         if act is Act.MARK_SUCCESS:
@@ -350,7 +369,7 @@ class MigManager:
                 if node.labels.get(key) != "false":
                     new_labels[key] = labels.PAUSED_FOR_MIG_CHANGE
             taints = node.taints if RECONFIGURE_TAINT in node.taints else (*node.taints, RECONFIGURE_TAINT)
-            self._patch(NodePatch(labels=new_labels, taints=tuple(taints)))
+            self._patch(NodePatch(labels=new_labels, taints=tuple(taints), resource_version=node.resource_version))
             if a.phase is not None and a.phase is not j.phase:
                 self._save(j.advance(a.phase, o.now))
         elif act is Act.REQUEST_APPROVAL:
@@ -392,6 +411,10 @@ class MigManager:
             return
         if not node.unschedulable:
             self._patch(NodePatch(unschedulable=True))
+        self._evict_workloads()
+
+    def _evict_workloads(self) -> None:
+        """Evict the GPU workloads on the node; one a PodDisruptionBudget protects stays for now."""
         for pod in self.node.pods_on_node():
             if pod.gpu_requests and not pod.daemonset and not pod.finished:
                 self.node.evict(pod.namespace, pod.name)
@@ -476,7 +499,8 @@ class MigManager:
         elif labels.MIG_FAILURE_REASON in node.annotations:
             annotations[labels.MIG_FAILURE_REASON] = None
         uncordon = False if node.unschedulable and not j.was_unschedulable else None
-        self._patch(NodePatch(labels=new_labels, annotations=annotations, taints=taints, unschedulable=uncordon))
+        self._patch(NodePatch(labels=new_labels, annotations=annotations, taints=taints, unschedulable=uncordon,
+                              resource_version=node.resource_version if taints is not None else ""))
         if j.outcome is Outcome.SUCCESS:
             self.files.remove(FAILED_MARKER)
             self._event(node, "MigReconfigured", f"MIG config {j.config!r} applied", warning=False)

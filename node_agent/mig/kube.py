@@ -7,7 +7,10 @@ benchmark's API-calls-per-reconfiguration figure.
 
 Node changes are JSON merge patches of ``metadata.labels``/``annotations`` (``None`` deletes a key),
 ``spec.taints`` (the whole list, as merge patch replaces lists) and ``spec.unschedulable``: one PATCH
-per step, no read-modify-write of labels, so a concurrent labeller's keys are never overwritten.
+per step, no read-modify-write of labels, so a concurrent labeller's keys are never overwritten. The
+taint list is the one read-modify-write: a patch carrying it also carries the ``resourceVersion`` it
+was computed from, so the API server refuses it (409) instead of dropping a taint someone else added
+meanwhile; the executor then re-reads the Node and decides again.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from node_agent.kubeclient import KubeError
+from node_agent.kubeclient import MERGE_PATCH, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +38,15 @@ class Taint:
     key: str
     value: str
     effect: str
+    #: RFC 3339, as read (the node lifecycle controller stamps its NoExecute taints). Kept so that
+    #: rewriting the whole list gives other controllers' taints back unchanged; not part of equality.
+    time_added: str = field(default="", compare=False)
 
     def to_dict(self) -> dict[str, str]:
-        return {"key": self.key, "value": self.value, "effect": self.effect}
+        out = {"key": self.key, "value": self.value, "effect": self.effect}
+        if self.time_added:
+            out["timeAdded"] = self.time_added
+        return out
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,9 @@ class NodePatch:
     annotations: Mapping[str, str | None] = field(default_factory=dict)
     taints: tuple[Taint, ...] | None = None
     unschedulable: bool | None = None
+    #: A precondition: apply only to this version of the Node (409 Conflict otherwise). Set with
+    #: ``taints``, which replace the whole list computed from that version.
+    resource_version: str = ""
 
     @property
     def empty(self) -> bool:
@@ -86,6 +99,8 @@ class NodePatch:
             meta["labels"] = dict(self.labels)
         if self.annotations:
             meta["annotations"] = dict(self.annotations)
+        if self.resource_version:
+            meta["resourceVersion"] = self.resource_version
         spec: dict[str, Any] = {}
         if self.taints is not None:
             spec["taints"] = [t.to_dict() for t in self.taints]
@@ -125,7 +140,8 @@ def _node_view(obj: Any) -> NodeView:
     meta = obj.metadata
     spec = obj.spec
     taints = tuple(
-        Taint(t.key, t.value or "", t.effect) for t in ((spec.taints if spec is not None else None) or [])
+        Taint(t.key, t.value or "", t.effect, _rfc3339(t.time_added))
+        for t in ((spec.taints if spec is not None else None) or [])
     )
     return NodeView(
         name=meta.name,
@@ -136,6 +152,15 @@ def _node_view(obj: Any) -> NodeView:
         unschedulable=bool(spec.unschedulable) if spec is not None else False,
         resource_version=meta.resource_version or "",
     )
+
+
+def _rfc3339(value: Any) -> str:
+    """The client's ``datetime`` (or a string some fakes send) back in the API's ``Time`` format."""
+    if not value:
+        return ""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(value)
 
 
 def _pod_view(pod: Any) -> PodView:
@@ -186,7 +211,10 @@ class KubeNodeApi:
     def patch_node(self, patch: NodePatch) -> NodeView:
         if patch.empty:
             return self.read_node()
-        obj = self._call(f"patch node {self.node_name}", self.core.patch_node, self.node_name, patch.body())
+        # Say so: for a dict body the client picks JSON Patch and its REST layer quietly swaps that for
+        # a strategic merge patch; the deletions by ``None`` and the whole-list taints are merge patch's.
+        obj = self._call(f"patch node {self.node_name}", self.core.patch_node, self.node_name, patch.body(),
+                         _content_type=MERGE_PATCH)
         return _node_view(obj)
 
     def pods_on_node(self) -> tuple[PodView, ...]:
@@ -206,8 +234,11 @@ class KubeNodeApi:
         except KubeError as e:
             if e.status == 404:  # already gone
                 return
-            if e.status == 429:  # a PodDisruptionBudget refuses for now; the drain wait retries
-                log.info("event=evict-refused pod=%s/%s reason=pdb", namespace, name)
+            # 429: a PodDisruptionBudget refuses for now; 409: the budget changed under the eviction.
+            # Both are "not yet": the executor's drain wait retries.
+            if e.status in (429, 409):
+                log.info("event=evict-refused pod=%s/%s reason=%s", namespace, name,
+                         "pdb" if e.status == 429 else "conflict")
                 return
             raise
 
