@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from kubernetes import client, config
+from kubernetes import client
 
 from node_agent.kubeclient import KubeError, api_client, request_json
 
@@ -33,12 +33,7 @@ def _api_client(kubeconfig: Path | None) -> client.ApiClient:
     pod without ``--kubeconfig``, the default kubeconfig, for commands run by hand."""
     if kubeconfig is not None or os.environ.get("KUBERNETES_SERVICE_HOST"):
         return api_client(kubeconfig)
-    loader: Any = config  # the kubernetes package ships no type hints for its loaders
-    try:
-        default: client.ApiClient = loader.new_client_from_config()
-        return default
-    except (config.ConfigException, OSError) as e:
-        raise KubeError(f"cannot load Kubernetes credentials: {e}") from e
+    return api_client(default_kubeconfig=True)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
+from urllib3.util.retry import Retry
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -27,18 +28,26 @@ class KubeError(RuntimeError):
         self.status = status
 
 
-def api_client(kubeconfig: str | Path | None) -> client.ApiClient:
-    """A client from ``kubeconfig``, or the pod's in-cluster ServiceAccount when None."""
+#: urllib3 retries each call up to three more times by default, so a stated timeout held per attempt:
+#: against a frozen API server a 30 s read took 120 s. One more try for a connection that could not be
+#: opened, none for a read: every caller has its own retry loop with backoff.
+RETRIES = Retry(total=1, connect=1, read=0, redirect=0, status=0, other=0)
+
+
+def api_client(kubeconfig: str | Path | None = None, *, default_kubeconfig: bool = False) -> client.ApiClient:
+    """A client from ``kubeconfig``, the default kubeconfig (``default_kubeconfig``), or else the pod's
+    in-cluster ServiceAccount; with bounded retries (:data:`RETRIES`)."""
     loader: Any = config  # the kubernetes package ships no type hints for its loaders
+    cfg = client.Configuration()
     try:
-        if kubeconfig:
-            api: client.ApiClient = loader.new_client_from_config(config_file=str(kubeconfig))
-            return api
-        cfg = client.Configuration()
-        loader.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
+        if kubeconfig or default_kubeconfig:
+            loader.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg)
+        else:
+            loader.load_incluster_config(client_configuration=cfg)
     except (config.ConfigException, OSError) as e:
         raise KubeError(f"no Kubernetes access ({kubeconfig or 'in-cluster'}): {e}") from e
+    cfg.retries = RETRIES
+    return client.ApiClient(cfg)
 
 
 def request_json(

@@ -10,8 +10,9 @@ Failures, by kind:
 * ``410 Gone`` (as the HTTP status or as an ``ERROR`` event): the version is too old; list again.
 * any other error or a dead connection (the read timeout is longer than the watch's own): back off
   (doubling, capped) and list again before watching, so a change made meanwhile is not missed.
-* ``403``/``405`` on the watch (the ServiceAccount may ``get`` but not ``watch`` nodes): fall back to
-  re-listing every ``relist_interval_s``.
+* ``403``/``405`` on the watch (the ServiceAccount may ``get`` but not ``watch`` nodes): re-list every
+  ``relist_interval_s`` and try the watch again after the failure backoff (doubling, capped), because
+  a refusal can pass (an API server just restarted, a ClusterRole being replaced).
 
 The last value is cached, so :meth:`NodeLabelWatch.label` costs nothing once the watch runs; each change
 calls the subscribers (the config watcher's ``wake``). Only ``urllib`` and ``json``, like the label GET,
@@ -26,6 +27,7 @@ import json
 import logging
 import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -56,7 +58,9 @@ class WatchTiming:
     #: First wait after a failure; it doubles up to ``backoff_max_s`` and resets once a watch delivers.
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
-    #: Seconds between re-lists when the server refuses to watch.
+    #: Seconds between re-lists when the server refuses to watch. A refused watch is tried again with
+    #: the failure backoff above (a refusal can pass: an API server whose authorizer has not synced
+    #: yet after a restart, a ClusterRole being replaced by ``pulumi up``).
     relist_interval_s: float = 5.0
 
 
@@ -180,6 +184,8 @@ class NodeLabelWatch:
         t = self.timing
         rv: str | None = None
         backoff = t.backoff_initial_s
+        watch_retry = t.backoff_initial_s  #: while refused: the wait before the next watch attempt
+        retry_at = 0.0
         while not self._stop.is_set():
             delivered = self.events
             try:
@@ -187,11 +193,16 @@ class NodeLabelWatch:
                     value, rv = self._list()
                     self._set(value)
                 if self.poll_only:
-                    rv = None
-                    self._stop.wait(t.relist_interval_s)
-                    continue
+                    now = time.monotonic()
+                    if now < retry_at:
+                        rv = None
+                        self._stop.wait(min(t.relist_interval_s, retry_at - now))
+                        continue
+                    log.info("event=node-watch-retry")
+                    self.poll_only = False
                 rv = self._watch(rv)
                 backoff = t.backoff_initial_s  # the stream ran its course: resume at once
+                watch_retry = t.backoff_initial_s
             except WatchExpired as e:
                 log.info("event=node-watch-expired action=relist detail=%s", e)
                 rv = None
@@ -202,9 +213,11 @@ class NodeLabelWatch:
                     rv = None
                     continue
                 if e.code in (403, 405) and rv is not None:
-                    log.warning("event=node-watch-refused status=%d action=relist-every interval_s=%.0f",
-                                e.code, t.relist_interval_s)
+                    log.warning("event=node-watch-refused status=%d action=relist-every interval_s=%.0f "
+                                "watch_retry_in_s=%.1f", e.code, t.relist_interval_s, watch_retry)
                     self.poll_only = True
+                    retry_at = time.monotonic() + watch_retry
+                    watch_retry = min(watch_retry * 2, t.backoff_max_s)
                     continue
                 backoff = self._back_off(f"HTTP {e.code} {e.reason}", backoff)
                 rv = None

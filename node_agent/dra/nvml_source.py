@@ -70,6 +70,11 @@ class NvmlInventorySource:
         #: Last healthy view of each GPU by index, so a GPU that falls off the bus can still be named
         #: (withdrawn, or tainted ``gpu-lost``) instead of silently vanishing.
         self._last: dict[int, GpuInfo] = {}
+        #: GPUs reported lost by the previous poll, and whether NVML was unavailable then: the inventory
+        #: is polled twice a second, so a lost GPU or a missing NVML is logged when it starts and when it
+        #: ends, not on every poll for as long as it lasts.
+        self._lost: set[int] = set()
+        self._nvml_down = False
 
     def _open(self) -> NvmlSession:
         if self._session is None:
@@ -112,11 +117,16 @@ class NvmlInventorySource:
                             for g in nvml_inv.gpus if g.mig_enabled}
             except NvmlError as e:
                 # NVML gone (driver unloaded or upgraded): reopen on the next poll, publish VFIO GPUs only.
-                log.warning("event=nvml-unavailable error=%s", e)
+                if not self._nvml_down:
+                    log.warning("event=nvml-unavailable error=%s", e)
+                self._nvml_down = True
                 self._stack.close()
                 self._session = None
                 self._watcher = None
                 return Inventory(driver_version="0.0.0", cuda_driver_version="0.0", vfio=self._vfio())
+            if self._nvml_down:
+                log.info("event=nvml-available")
+                self._nvml_down = False
         cuda = f"{driver.cuda_driver_version[0]}.{driver.cuda_driver_version[1]}"
         gpus, migs = self._gpus(nvml_inv, profiles)
         return Inventory(driver_version=driver.driver_version, cuda_driver_version=cuda, gpus=gpus, migs=migs,
@@ -144,10 +154,15 @@ class NvmlInventorySource:
                     encoders=p.encoders if p else 0, jpeg_engines=p.jpegs if p else 0, ofa_engines=p.ofas if p else 0,
                 ))
         for lost in inv.lost:
-            log.warning("event=gpu-lost index=%d reason=%s", lost.index, lost.reason)
+            if lost.index not in self._lost:
+                log.warning("event=gpu-lost index=%d reason=%s", lost.index, lost.reason)
             known = self._last.get(lost.index)
             if known is not None:
                 gpus.append(replace(known, unhealthy="gpu-lost"))
+        now_lost = {lost.index for lost in inv.lost}
+        for index in sorted(self._lost - now_lost):
+            log.info("event=gpu-back index=%d", index)
+        self._lost = now_lost
         return tuple(gpus), tuple(migs)
 
     @staticmethod

@@ -170,7 +170,9 @@ class NvmlSession:
             try:
                 gpus.append(self.gpu(index))
             except (DeviceLost, NvmlTimeout) as e:
-                log.warning("gpu unusable index=%d reason=%s", index, e)
+                # Debug only: every caller reports ``Inventory.lost`` in its own terms, and the DRA plugin
+                # polls twice a second, which made this two warnings a second per lost GPU.
+                log.debug("gpu unusable index=%d reason=%s", index, e)
                 lost.append(LostGpu(index, str(e)))
         return Inventory(tuple(gpus), tuple(lost))
 
