@@ -285,7 +285,18 @@ class MigManager:
                 # the next round resumes from it after a pause.
                 log.warning("event=mig-step-failed error=%s", e)
                 self._node = None
-                self.stop.wait(self.settings.busy_wait_s)
+                if self.stop.is_set():
+                    journal = self._peek_journal()
+                    if journal is None or journal.phase not in _IN_FLIGHT:
+                        # Stopping, and no GPU change is half done: leave now; the journal lets the next
+                        # pod resume whatever was started.
+                        log.info("event=mig-manager-stopped reason=step-failed-while-stopping")
+                        return
+                    # A GPU change is half done: keep at it, paced (a set stop event no longer makes
+                    # the pause return at once, which spun this loop at full CPU).
+                    threading.Event().wait(self.settings.busy_wait_s)
+                else:
+                    self.stop.wait(self.settings.busy_wait_s)
                 continue
             if action.act is Act.EXIT:
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NoReturn
 
 import pytest
 
@@ -351,3 +352,30 @@ def test_api_errors_are_retried_from_the_journal() -> None:
     m.run()
     assert rig.backend.layout(0) == {"7g.40gb": 1}
     assert_returned_to_service(rig.node, "success")
+
+
+def test_stop_while_the_api_server_fails_exits_instead_of_spinning() -> None:
+    """SIGTERM while every API call fails: with no GPU change in flight the manager exits at once (the
+    journal resumes the work in the next pod); before, a set stop event made every error pause return
+    at once and the loop spun at full CPU, logging a warning per turn, and never exited."""
+    import threading
+
+    from node_agent.kubeclient import KubeError
+
+    rig = Rig(FakeBackend.of("H100-80GB"))
+    calls = 0
+
+    def failing() -> NoReturn:
+        nonlocal calls
+        calls += 1
+        raise KubeError("read node gpu-node-0: connection refused")
+
+    rig.node.read_node = failing  # type: ignore[method-assign]
+    m = rig.manager()
+    m.settings = replace(m.settings, busy_wait_s=0.2)
+    m.stop.set()
+    done = threading.Thread(target=m.run, daemon=True)
+    done.start()
+    done.join(2)
+    assert not done.is_alive(), "the manager did not exit after stop"
+    assert calls <= 2
