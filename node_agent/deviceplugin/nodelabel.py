@@ -182,7 +182,17 @@ class ConfigSelector:
         if self.config_dir is None:
             path = self.config_file
             return Selection(path.name if path else None, path, "file" if path else "none")
-        return select(available_configs(self.config_dir), self._label(), self.default, self.fallbacks)
+        available = available_configs(self.config_dir)
+        label = self._label()
+        try:
+            return select(available, label, self.default, self.fallbacks)
+        except NamedConfigError as e:
+            if self.current is not None or not label or label in available:
+                raise  # running: the watcher keeps the current config and says why
+            # Starting with a label that names no config: serve the default (as if unlabelled) and
+            # say so, instead of failing to start (NVIDIA's plugin skips such a label too).
+            log.error("event=config-label-unknown label=%s action=use-default error=%s", label, e)
+            return select(available, None, self.default, self.fallbacks)
 
     def read(self) -> tuple[Selection, str | None]:
         sel = self.select()

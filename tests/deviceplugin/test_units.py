@@ -114,6 +114,13 @@ def test_named_config_selection_and_live_switch(tmp_path: Path) -> None:
     labels.value = "nope"
     assert not w.poll()  # an unknown name keeps the current config
 
+    # Starting with a label that names no config: the default (as if unlabelled), not a crash.
+    start = ConfigSelector(config_dir=d, labels=labels, default="ts")
+    s, _ = start.read()
+    assert (s.name, s.reason) == ("ts", "default")
+    with pytest.raises(NamedConfigError, match="'nope', which does not exist"):
+        start.select()  # running: the watcher keeps the current config and logs why
+
 
 # -- resources ----------------------------------------------------------------------------------------------
 def test_mig_single_rejects_mixed_profiles(host: FakeHost) -> None:
