@@ -8,7 +8,11 @@ using the same machine: the device plugin's health loop sees the XID, ``check`` 
     sim xid GPU XID [--gi N --ci N] raise an XID event (79 = fell off the bus, 48 = DBE, ...)
     sim ecc GPU single|double       raise an ECC event
     sim lose GPU | sim hang GPU     the GPU falls off the bus | stops answering
-    sim restore GPU                 undo lose/hang
+    sim restore GPU                 undo lose/hang/fail
+    sim fail GPU FUNCTION [CODE]    every call of C function FUNCTION on the GPU returns CODE
+                                    (default 999, NVML_ERROR_UNKNOWN; "none" stops failing it)
+    sim missing [FUNCTION ...]      the library lacks these C functions (none given: it has all);
+                                    an old `sim driver` also lacks the symbols newer drivers added
     sim processes GPU [PID[:MIB]..] set the processes on a GPU (none: idle)
     sim fail-init REASON|none       NVML init fails (driver-not-loaded, library-not-found, ...)
     sim driver VERSION|default      report another driver version
@@ -52,6 +56,15 @@ def _processes(specs: list[str]) -> list[SimProcess]:
     return out
 
 
+def _code(text: str) -> int | None:
+    if text == "none":
+        return None
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise UsageError(f"NVML return code {text!r}: expected a number (999 = unknown error) or none") from None
+
+
 def run(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
     m = _machine(ctx)
@@ -64,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
         m.lose_gpu(_gpu(m, args.gpu))
     elif action == "hang":
         m.hang_gpu(_gpu(m, args.gpu))
+    elif action == "fail":
+        m.fail_call(_gpu(m, args.gpu), args.function, _code(args.code))
+    elif action == "missing":
+        m.remove_functions(args.functions)
     elif action == "restore":
         m.restore_gpu(_gpu(m, args.gpu))
     elif action == "processes":
@@ -77,9 +94,11 @@ def run(args: argparse.Namespace) -> int:
     state = m.state
     doc: dict[str, Any] = state.model_dump(mode="json")
     lines = [f"{state.machine}: driver {state.driver_version or m.spec.driver_version}"
-             + (f", init fails: {state.init_error}" if state.init_error else "")]
+             + (f", init fails: {state.init_error}" if state.init_error else "")
+             + (f", lacks {', '.join(state.missing_functions)}" if state.missing_functions else "")]
     for i, g in enumerate(state.gpus):
         faults = [name for name, on in (("lost", g.lost), ("hung", g.hang)) if on]
+        faults += [f"{fn} fails ({code})" for fn, code in sorted(g.call_errors.items())]
         mig = f"mig {'on' if g.mig_current else 'off'}" + (" (pending)" if g.mig_current != g.mig_pending else "")
         lines.append(f"  GPU {i}: {mig}, {len(g.instances)} GPU instance(s), {len(g.processes)} process(es)"
                      + (f", {', '.join(faults)}" if faults else ""))
@@ -106,6 +125,12 @@ def register(subparsers: Any) -> None:
     for name, text in (("lose", "the GPU falls off the bus"), ("hang", "the GPU stops answering"),
                        ("restore", "undo lose/hang"), ("reset", "reset the GPU (pending MIG mode applies)")):
         sub.add_parser(name, help=text).add_argument("gpu", type=int)
+    fail = sub.add_parser("fail", help="make one C function fail on one GPU")
+    fail.add_argument("gpu", type=int)
+    fail.add_argument("function", help="C function name, e.g. nvmlDeviceGetMemoryInfo")
+    fail.add_argument("code", nargs="?", default="999", help="NVML return code (default 999) or none")
+    missing = sub.add_parser("missing", help="remove C functions from the simulated library")
+    missing.add_argument("functions", nargs="*", metavar="FUNCTION")
     procs = sub.add_parser("processes", help="set the processes running on a GPU")
     procs.add_argument("gpu", type=int)
     procs.add_argument("processes", nargs="*", metavar="PID[:MIB]")

@@ -73,7 +73,11 @@ class MigBackend(Protocol):
         ...
 
     def gpu_processes(self, index: int) -> Sequence[int]:
-        """PIDs of processes holding the GPU (compute and graphics)."""
+        """PIDs of processes holding the GPU (compute and graphics).
+
+        Raises :class:`MigHardwareError` when NVML cannot tell (no process-listing symbol answered,
+        GPU lost or wedged); the manager then counts the GPU as busy and changes nothing.
+        """
         ...
 
 

@@ -5,13 +5,22 @@ process, a GPU stuck in reset). A Python thread cannot be cancelled, so a call t
 *abandoned*: its worker is retired (it exits once the call finally returns) and later calls get a
 fresh worker, so one hung GPU never stalls the agent. Errors are translated to the project's own
 types here, with the ``NVMLError`` chained.
+
+A wedged GPU costs a bounded number of threads: the session runs each per-GPU call inside
+``on_gpus(index)``, and once a call to a GPU has timed out the GPU is *wedged* until that call
+returns: further calls to it wait a short grace for the hung call, then fail fast with
+``NvmlTimeout`` instead of starting another worker that would hang too. Calls outside any GPU scope
+(device count, driver version, event waits) share one key, "the driver", with the same rule. So at
+most one abandoned thread per GPU (plus one for the driver) is alive at any time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,6 +40,29 @@ from node_agent.nvml.errors import (
 )
 
 T = TypeVar("T")
+
+#: How long a call to a wedged GPU waits for the hung call to come back before failing fast.
+WEDGED_GRACE_S = 0.1
+#: The wedge key of calls made outside any GPU scope.
+_DRIVER = -1
+_scope = threading.local()
+
+
+@contextlib.contextmanager
+def on_gpus(*indices: int) -> Iterator[None]:
+    """Mark the NVML calls this thread makes inside the block as calls to these GPUs."""
+    previous: frozenset[int] = getattr(_scope, "gpus", frozenset())
+    _scope.gpus = previous | frozenset(indices)
+    try:
+        yield
+    finally:
+        _scope.gpus = previous
+
+
+def current_gpus() -> frozenset[int]:
+    """The GPUs the calling thread's NVML calls are for (empty: a driver-wide call)."""
+    gpus: frozenset[int] = getattr(_scope, "gpus", frozenset())
+    return gpus
 
 _BY_CODE: dict[int, type[NvmlError]] = {
     pynvml.NVML_ERROR_UNINITIALIZED: NvmlUnavailable,
@@ -87,6 +119,17 @@ class _Worker:
                 return
 
 
+@dataclass(frozen=True)
+class _Hung:
+    what: str
+    job: _Job
+    since: float
+
+
+def _key_name(key: int) -> str:
+    return "the NVML driver" if key == _DRIVER else f"GPU {key}"
+
+
 class CallRunner:
     """Runs NVML calls with a deadline; ``timeout_s=None`` calls inline (no thread)."""
 
@@ -94,6 +137,8 @@ class CallRunner:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._worker: _Worker | None = None
+        #: GPU index (or ``_DRIVER``) -> the call that timed out on it and has not returned yet.
+        self._hung: dict[int, _Hung] = {}
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, timeout_s: float | None = None) -> T:
         budget = timeout_s if timeout_s is not None else self.timeout_s
@@ -106,9 +151,23 @@ class CallRunner:
         except pynvml.NVMLLibraryMismatchError as e:
             raise NvmlNotSupported(f"{what}: {e}") from e
 
+    def _check_wedged(self, what: str, keys: frozenset[int], budget: float) -> None:
+        for key in sorted(keys):
+            hung = self._hung.get(key)
+            if hung is None:
+                continue
+            if hung.job.done.wait(min(budget, WEDGED_GRACE_S)):
+                del self._hung[key]
+                continue
+            raise NvmlTimeout(
+                f"{what}: {_key_name(key)} is wedged: {hung.what} has not returned after "
+                f"{time.monotonic() - hung.since:.1f}s; not calling it again until it does")
+
     def _bounded(self, what: str, fn: Callable[..., T], args: tuple[Any, ...], budget: float) -> T:
         job = _Job(fn, args)
+        keys = current_gpus() or frozenset((_DRIVER,))
         with self._lock:
+            self._check_wedged(what, keys, budget)
             if self._worker is None:
                 self._worker = _Worker()
             worker = self._worker
@@ -118,6 +177,8 @@ class CallRunner:
                 worker.retired = True
                 worker.jobs.put(None)
                 self._worker = None
+                for key in keys:
+                    self._hung[key] = _Hung(what, job, time.monotonic())
                 raise NvmlTimeout(f"{what}: no answer from NVML within {budget:g}s")
         if job.error is not None:
             raise job.error

@@ -4,7 +4,9 @@ The type says what the caller can do: ``NvmlUnavailable`` (no driver/library: tr
 having no usable GPU), ``DeviceLost`` (one GPU fell off the bus: mark it unhealthy, keep the
 others), ``NvmlTimeout`` (a call hung: same as lost for that device), ``NvmlNotSupported`` (the
 feature does not exist on this GPU), ``NvmlInUse``/``NvmlInsufficientResources`` (a MIG operation
-cannot proceed now). The original ``NVMLError`` is always chained as ``__cause__``.
+cannot proceed now). Any error other than ``NvmlUnavailable`` raised for one GPU's call is that
+GPU's alone: ``NvmlSession.inventory()`` lists the GPU as unusable with the message and keeps the
+others. The original ``NVMLError`` is always chained as ``__cause__``.
 """
 
 from __future__ import annotations

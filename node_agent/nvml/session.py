@@ -2,8 +2,12 @@
 
 ``open_nvml(backend)`` initialises NVML (real, or a simulated machine installed underneath
 nvidia-ml-py), yields an ``NvmlSession`` and always shuts NVML down again. Every call goes
-through a ``CallRunner`` so a hung GPU costs a timeout, not the agent. Per-device failures stay
-per device: ``inventory()`` reports lost GPUs next to the usable ones instead of failing.
+through a ``CallRunner`` so a hung GPU costs a timeout, not the agent (and, once wedged, fails fast
+instead of costing a thread per call). Per-device failures stay per device: ``inventory()`` reports
+a GPU whose calls fail with any NVML error (lost, hung, NVML_ERROR_UNKNOWN, ...) as unusable next
+to the usable ones instead of failing; only ``NvmlUnavailable`` (NVML itself gone) fails it all.
+``processes()`` fails closed: when no process-listing symbol answers it raises rather than report
+the GPU idle.
 """
 
 from __future__ import annotations
@@ -12,14 +16,15 @@ import contextlib
 import ctypes
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar
 
 import pynvml
 
-from node_agent.nvml.calls import CallRunner
+from node_agent.nvml.calls import CallRunner, on_gpus
 from node_agent.nvml.errors import (
     DeviceLost,
     NvmlError,
@@ -129,6 +134,78 @@ class MigControl(Protocol):
     def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None: ...
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_S = TypeVar("_S")
+
+
+def _per_gpu(method: Callable[Concatenate[_S, int, _P], _R]) -> Callable[Concatenate[_S, int, _P], _R]:
+    """Run a session method whose first argument is a GPU index inside ``on_gpus(index)``."""
+
+    @wraps(method)
+    def wrapper(self: _S, index: int, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with on_gpus(index):
+            return method(self, index, *args, **kwargs)
+
+    return wrapper
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    """``nvmlProcessInfo_v1_t``: what the unversioned process-listing symbols fill (no GI/CI ids)."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+@dataclass(frozen=True)
+class _RawProcess:
+    pid: int
+    used_bytes: int | None
+    gi_id: int
+    ci_id: int
+
+
+def _v1_processes(symbol: str) -> Callable[[Any], list[_RawProcess]]:
+    """The unversioned (v1 struct) listing, which nvidia-ml-py no longer wraps."""
+
+    def call(handle: Any) -> list[_RawProcess]:
+        fn = pynvml._nvmlGetFunctionPointer(symbol)
+        count = ctypes.c_uint(0)
+        ret = fn(handle, ctypes.byref(count), None)
+        if ret == pynvml.NVML_SUCCESS:
+            return []
+        if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise pynvml.NVMLError(ret)
+        count.value = count.value * 2 + 5
+        arr = (_ProcessInfoV1 * count.value)()
+        pynvml._nvmlCheckReturn(fn(handle, ctypes.byref(count), arr))
+        na = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+        return [_RawProcess(int(arr[i].pid), None if arr[i].usedGpuMemory == na else int(arr[i].usedGpuMemory),
+                            _WHOLE_GPU, _WHOLE_GPU) for i in range(count.value)]
+
+    return call
+
+
+def _versioned_processes(fn: Callable[[Any], Any]) -> Callable[[Any], list[_RawProcess]]:
+    def call(handle: Any) -> list[_RawProcess]:
+        return [_RawProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                            int(p.gpuInstanceId), int(p.computeInstanceId)) for p in fn(handle)]
+
+    return call
+
+
+#: Per kind of process, the listing symbols newest first: a driver older than 510.39 has no ``_v3``,
+#: one older than 450 no ``_v2``; the unversioned symbol (v1 struct) is in every driver.
+_PROCESS_LISTINGS: tuple[tuple[str, tuple[tuple[str, Callable[[Any], list[_RawProcess]]], ...]], ...] = tuple(
+    (kind, (
+        (f"{base}_v3", _versioned_processes(getattr(pynvml, f"{base}_v3"))),
+        (f"{base}_v2", _versioned_processes(getattr(pynvml, f"{base}_v2"))),
+        (base, _v1_processes(base)),
+    ))
+    for kind, base in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                       ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"))
+)
+
+
 def _addr(handle: Any) -> int:
     return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
 
@@ -153,6 +230,7 @@ class NvmlSession:
     def device_count(self) -> int:
         return int(self._run("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount))
 
+    @_per_gpu
     def _handle(self, index: int) -> Any:
         with self._lock:
             h = self._handles.get(index)
@@ -169,21 +247,26 @@ class NvmlSession:
         for index in range(self.device_count()):
             try:
                 gpus.append(self.gpu(index))
-            except (DeviceLost, NvmlTimeout) as e:
-                # Debug only: every caller reports ``Inventory.lost`` in its own terms, and the DRA plugin
-                # polls twice a second, which made this two warnings a second per lost GPU.
+            except NvmlUnavailable:
+                raise  # NVML itself is gone (uninitialised, driver unloaded): no GPU is usable
+            except NvmlError as e:
+                # Any other error is this GPU's alone (lost, hung, NVML_ERROR_UNKNOWN, ...): leave it
+                # out with the reason and keep the others. Debug only: every caller reports
+                # ``Inventory.lost`` in its own terms, and the DRA plugin polls twice a second, which
+                # made this two warnings a second per lost GPU.
                 log.debug("gpu unusable index=%d reason=%s", index, e)
                 lost.append(LostGpu(index, str(e)))
         return Inventory(tuple(gpus), tuple(lost))
 
     def gpus(self) -> tuple[Gpu, ...]:
-        """Every GPU; raises ``DeviceLost``/``NvmlTimeout`` if any is unusable (see ``inventory``)."""
+        """Every GPU; raises ``DeviceLost`` if any is unusable (see ``inventory``)."""
         inv = self.inventory()
         if inv.lost:
             first = inv.lost[0]
             raise DeviceLost(f"GPU {first.index}: {first.reason}")
         return inv.gpus
 
+    @_per_gpu
     def gpu(self, index: int) -> Gpu:
         h = self._handle(index)
         r = self._run
@@ -213,6 +296,7 @@ class NvmlSession:
             mig_devices=self._mig_devices(index, h, uuid) if mode is not None and mode.current else (),
         )
 
+    @_per_gpu
     def _numa(self, index: int, h: Any) -> int | None:
         try:
             node = int(self._run(f"nvmlDeviceGetNumaNodeId({index})", pynvml.nvmlDeviceGetNumaNodeId, h))
@@ -220,6 +304,7 @@ class NvmlSession:
             return None
         return node if node >= 0 else None
 
+    @_per_gpu
     def mig_mode(self, index: int) -> MigMode | None:
         h = self._handle(index)
         try:
@@ -228,6 +313,7 @@ class NvmlSession:
             return None
         return MigMode(current=bool(current), pending=bool(pending))
 
+    @_per_gpu
     def _mig_devices(self, index: int, h: Any, parent_uuid: GpuUuid) -> tuple[MigDevice, ...]:
         r = self._run
         profiles = {p.id: p for p in self.gpu_instance_profiles(index)}
@@ -290,16 +376,30 @@ class NvmlSession:
         direct: dict[int, dict[str, int]] = {}
         switched: dict[int, int] = {}
         for i in chosen:
-            direct[i], switched[i] = self._links(i, set(bus.values()))
+            try:
+                direct[i], switched[i] = self._links(i, set(bus.values()))
+            except NvmlUnavailable:
+                raise
+            except NvmlError as e:
+                # One GPU's NVLink state failing must not cost the other GPUs their topology.
+                log.warning("event=gpu-links-unreadable index=%d error=%s", i, e)
+                direct[i], switched[i] = {}, 0
         pairs = []
         for n, a in enumerate(chosen):
             for b in chosen[n + 1:]:
                 try:
-                    level = self._run(f"nvmlDeviceGetTopologyCommonAncestor({a},{b})",
-                                      pynvml.nvmlDeviceGetTopologyCommonAncestor, self._handle(a), self._handle(b))
+                    with on_gpus(a, b):
+                        level = self._run(f"nvmlDeviceGetTopologyCommonAncestor({a},{b})",
+                                          pynvml.nvmlDeviceGetTopologyCommonAncestor, self._handle(a),
+                                          self._handle(b))
                 except NvmlNotSupported:
                     # Some drivers and virtual GPUs cannot tell (NVIDIA's go-nvml mock machines neither):
                     # score the pair as the farthest apart rather than refuse to serve the node's GPUs.
+                    level = TopologyLevel.SYSTEM
+                except NvmlUnavailable:
+                    raise
+                except NvmlError as e:
+                    log.warning("event=gpu-topology-unreadable pair=%d,%d error=%s", a, b, e)
                     level = TopologyLevel.SYSTEM
                 links = direct[a].get(bus[b], 0)
                 if switched[a] and switched[b]:
@@ -307,10 +407,12 @@ class NvmlSession:
                 pairs.append(GpuPair(a, b, links, TopologyLevel(int(level))))
         return Topology(tuple(pairs))
 
+    @_per_gpu
     def gpu_bus_id(self, index: int) -> str:
         pci = self._run(f"nvmlDeviceGetPciInfo({index})", pynvml.nvmlDeviceGetPciInfo, self._handle(index))
         return pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
 
+    @_per_gpu
     def _links(self, index: int, gpu_buses: set[str]) -> tuple[dict[str, int], int]:
         h = self._handle(index)
         direct: dict[str, int] = {}
@@ -337,29 +439,50 @@ class NvmlSession:
         return direct, switched
 
     # -- processes ---------------------------------------------------------------------------
+    @_per_gpu
     def processes(self, index: int) -> tuple[GpuProcess, ...]:
-        """Compute and graphics processes on a GPU (the "in use" test for VFIO and MIG changes)."""
+        """Compute and graphics processes on a GPU (the "in use" test for VFIO and MIG changes).
+
+        Fails closed: each kind is listed with the newest symbol the driver has (``_v3``, ``_v2``,
+        then the unversioned one); when none answers, ``NvmlError`` "cannot tell whether GPU N is in
+        use" is raised rather than reporting the GPU idle. A GPU that does not support listing
+        graphics processes (NVML_ERROR_NOT_SUPPORTED) runs none.
+        """
         h = self._handle(index)
         seen: dict[int, GpuProcess] = {}
-        for what, fn in (("nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses),
-                         ("nvmlDeviceGetGraphicsRunningProcesses", pynvml.nvmlDeviceGetGraphicsRunningProcesses)):
-            try:
-                procs = self._run(f"{what}({index})", fn, h)
-            except NvmlNotSupported:
-                continue
+        for kind, versions in _PROCESS_LISTINGS:
+            procs: list[_RawProcess] | None = None
+            tried: list[NvmlError] = []
+            for what, fn in versions:
+                try:
+                    procs = self._run(f"{what}({index})", fn, h)
+                    break
+                except NvmlNotSupported as e:
+                    if e.code == pynvml.NVML_ERROR_NOT_SUPPORTED and kind == "graphics":
+                        procs = []
+                        break
+                    tried.append(e)
+                    if e.code != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                        break
+                except NvmlUnavailable:
+                    raise
+                except NvmlError as e:
+                    tried.append(e)
+                    break
+            if procs is None:
+                raise NvmlError(f"cannot tell whether GPU {index} is in use: no {kind}-process listing "
+                                f"answered ({'; '.join(map(str, tried))})") from (tried[-1] if tried else None)
             for p in procs:
-                used = p.usedGpuMemory
-                gi = int(p.gpuInstanceId)
-                ci = int(p.computeInstanceId)
-                seen.setdefault(int(p.pid), GpuProcess(
-                    pid=int(p.pid),
-                    used_mib=None if used is None else int(used) >> 20,
-                    gi_id=None if gi == _WHOLE_GPU else gi,
-                    ci_id=None if ci == _WHOLE_GPU else ci,
+                seen.setdefault(p.pid, GpuProcess(
+                    pid=p.pid,
+                    used_mib=None if p.used_bytes is None else p.used_bytes >> 20,
+                    gi_id=None if p.gi_id == _WHOLE_GPU else p.gi_id,
+                    ci_id=None if p.ci_id == _WHOLE_GPU else p.ci_id,
                 ))
         return tuple(seen.values())
 
     # -- MIG ---------------------------------------------------------------------------------
+    @_per_gpu
     def set_mig_mode(self, index: int, enabled: bool) -> MigMode:
         """Request MIG on/off; the returned mode shows whether it is still pending a GPU reset."""
         h = self._handle(index)
@@ -374,6 +497,7 @@ class NvmlSession:
             raise NvmlNotSupported(f"GPU {index} does not support MIG")
         return result
 
+    @_per_gpu
     def gpu_instance_profiles(self, index: int) -> tuple[GpuInstanceProfile, ...]:
         with self._lock:
             cached = self._profiles.get(index)
@@ -409,6 +533,7 @@ class NvmlSession:
             self._profiles[index] = result
         return result
 
+    @_per_gpu
     def _profile_name(self, index: int, info: Any) -> str:
         raw = getattr(info, "name", b"")
         name = (raw.decode() if isinstance(raw, bytes) else str(raw)).removeprefix("MIG ")
@@ -422,6 +547,7 @@ class NvmlSession:
                        None)
         return profile.name if profile else f"profile-{info.id}"
 
+    @_per_gpu
     def possible_placements(self, index: int, profile_id: int) -> tuple[Placement, ...]:
         h = self._handle(index)
         count = ctypes.c_uint(0)
@@ -431,15 +557,18 @@ class NvmlSession:
         self._run(where, pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, arr, ctypes.byref(count))
         return tuple(Placement(int(arr[i].start), int(arr[i].size)) for i in range(count.value))
 
+    @_per_gpu
     def remaining_capacity(self, index: int, profile_id: int) -> int:
         return int(self._run(f"nvmlDeviceGetGpuInstanceRemainingCapacity({index},{profile_id})",
                              pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity, self._handle(index), profile_id))
 
+    @_per_gpu
     def _gi_value(self, index: int, gi: Any) -> GpuInstance:
         info = self._run(f"nvmlGpuInstanceGetInfo(GPU {index})", pynvml.nvmlGpuInstanceGetInfo, gi)
         return GpuInstance(index, int(info.id), int(info.profileId),
                            Placement(int(info.placement.start), int(info.placement.size)))
 
+    @_per_gpu
     def gpu_instances(self, index: int) -> tuple[GpuInstance, ...]:
         h = self._handle(index)
         found: list[GpuInstance] = []
@@ -454,6 +583,7 @@ class NvmlSession:
             found.extend(self._gi_value(index, arr[i]) for i in range(count.value))
         return tuple(sorted(found, key=lambda g: g.id))
 
+    @_per_gpu
     def create_gpu_instance(self, index: int, profile_id: int, start: int | None = None) -> GpuInstance:
         """Create a GPU instance; ``start`` picks the placement (NVML chooses when None)."""
         h = self._handle(index)
@@ -467,14 +597,17 @@ class NvmlSession:
                            ctypes.byref(placement))
         return self._gi_value(index, gi)
 
+    @_per_gpu
     def _gi(self, index: int, gi_id: int) -> Any:
         return self._run(f"nvmlDeviceGetGpuInstanceById({index},{gi_id})", pynvml.nvmlDeviceGetGpuInstanceById,
                          self._handle(index), gi_id)
 
+    @_per_gpu
     def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
         self._run(f"destroy GPU instance {gi_id} on GPU {index}", pynvml.nvmlGpuInstanceDestroy,
                   self._gi(index, gi_id))
 
+    @_per_gpu
     def compute_instances(self, index: int, gi_id: int) -> tuple[ComputeInstance, ...]:
         gi = self._gi(index, gi_id)
         found: list[ComputeInstance] = []
@@ -493,6 +626,7 @@ class NvmlSession:
                 found.append(ComputeInstance(index, gi_id, int(ci.id), int(ci.profileId), int(ci.placement.start)))
         return tuple(sorted(found, key=lambda c: c.id))
 
+    @_per_gpu
     def create_compute_instance(self, index: int, gi_id: int, slices: int | None = None) -> ComputeInstance:
         """Create a compute instance of ``slices`` compute slices (the whole GPU instance when None)."""
         gi = self._gi(index, gi_id)
@@ -515,6 +649,7 @@ class NvmlSession:
         info = self._run(where, pynvml.nvmlComputeInstanceGetInfo, ci)
         return ComputeInstance(index, gi_id, int(info.id), int(info.profileId), int(info.placement.start))
 
+    @_per_gpu
     def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
         gi = self._gi(index, gi_id)
         where = f"destroy compute instance {ci_id} in GI {gi_id} on GPU {index}"
@@ -550,19 +685,22 @@ class EventWatcher:
         self._set = self._runner.call("nvmlEventSetCreate", pynvml.nvmlEventSetCreate)
         for index in indices:
             try:
-                h = session._handle(index)
-                uuid = GpuUuid(str(session._run(f"nvmlDeviceGetUUID({index})", pynvml.nvmlDeviceGetUUID, h)))
-                supported = int(self._runner.call(f"nvmlDeviceGetSupportedEventTypes({index})",
-                                                  pynvml.nvmlDeviceGetSupportedEventTypes, h))
-                mask = wanted & supported
-                if not mask:
-                    self.failed[index] = "GPU supports none of the requested event types"
-                    continue
-                self._runner.call(f"nvmlDeviceRegisterEvents({index})", pynvml.nvmlDeviceRegisterEvents,
-                                  h, mask, self._set)
-                self._by_handle[_addr(h)] = (index, uuid)
+                with on_gpus(index):
+                    self._register(session, index, wanted)
             except NvmlError as e:
                 self.failed[index] = str(e)
+
+    def _register(self, session: NvmlSession, index: int, wanted: int) -> None:
+        h = session._handle(index)
+        uuid = GpuUuid(str(session._run(f"nvmlDeviceGetUUID({index})", pynvml.nvmlDeviceGetUUID, h)))
+        supported = int(self._runner.call(f"nvmlDeviceGetSupportedEventTypes({index})",
+                                          pynvml.nvmlDeviceGetSupportedEventTypes, h))
+        mask = wanted & supported
+        if not mask:
+            self.failed[index] = "GPU supports none of the requested event types"
+            return
+        self._runner.call(f"nvmlDeviceRegisterEvents({index})", pynvml.nvmlDeviceRegisterEvents, h, mask, self._set)
+        self._by_handle[_addr(h)] = (index, uuid)
 
     def wait(self, timeout_s: float) -> GpuEvent | None:
         ms = max(0, int(timeout_s * 1000))

@@ -171,7 +171,10 @@ def _probe_mig(root: Path, backend: Any) -> dict[str, Any]:
         out["remaining"] = _try(lambda: s.remaining_capacity(0, one.id))
         gi = out["create"].get("ok", {}).get("id", 0)
         out["computeInstance"] = _try(lambda: dataclasses.asdict(s.create_compute_instance(0, gi)))
-        out["migDevices"] = _try(lambda: [len(g.mig_devices) for g in s.inventory().gpus])
+        out["migDevices"] = _try(lambda: [len(s.gpu(0).mig_devices)])
+        # A GPU NVML cannot fully read is left out of the inventory; the others stay.
+        inv = s.inventory()
+        out["inventory"] = {"gpus": [g.index for g in inv.gpus], "lost": [lost.index for lost in inv.lost]}
         # Compute-instance profile arguments NVML must reject (nvml.h: INVALID_ARGUMENT for both).
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
         gis = (pynvml.c_nvmlGpuInstance_t * one.instance_count)()
@@ -365,11 +368,14 @@ def test_library_exports_what_the_agent_calls(mock_bin: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code, str(mock_bin / LIBRARY), *names], capture_output=True,
                           text=True, check=True, timeout=60)
     # v1 profile calls only (the mock has no profile names), no UUID/bus-ID/MIG-parent lookups beyond
-    # the modelled ones, no v2 memory struct (the agent reads v1).
+    # the modelled ones, no v2 memory struct (the agent reads v1), only the _v3 process listings (the
+    # agent falls back to _v2 and the unversioned ones on drivers older than 510.39).
     assert set(json.loads(done.stdout)) == {
         "nvmlDeviceGetGpuInstanceProfileInfoV", "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
         "nvmlDeviceGetHandleByPciBusId_v2", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-        "nvmlDeviceGetMemoryInfo_v2"}
+        "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses"}
 
 
 def test_nvml_inventory_agrees(pair: tuple[Pair, Side, Side]) -> None:
@@ -518,6 +524,10 @@ def test_mig_mode_and_instances(pair: tuple[Pair, Side, Side]) -> None:
     assert sim.mig["computeInstance"]["ok"]["gi_id"] == 1 and sim.mig["migDevices"]["ok"][0] == 1
     for key in ("remaining", "computeInstance", "migDevices"):
         assert mock.mig[key] == {"error": "NvmlNotSupported", "code": 3}, key
+    # The mock cannot enumerate GPU 0's MIG devices (NOT_SUPPORTED): only that GPU is left out.
+    count = len(sim.probe["gpus"])
+    assert mock.mig["inventory"] == {"gpus": list(range(1, count)), "lost": [0]}
+    assert sim.mig["inventory"] == {"gpus": list(range(count)), "lost": []}
     assert mock.mig["disableWithInstances"] == {"ok": [False, False]}
     assert sim.mig["disableWithInstances"] == {"error": "NvmlInUse", "code": 19}
 

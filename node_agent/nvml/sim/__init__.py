@@ -3,8 +3,10 @@
 ``install(store)`` points ``pynvml.nvmlLib`` at a ``FakeNvmlLibrary`` (see ``lib.py`` for why the
 fake sits at the C-function level); ``uninstall()`` puts the previous library back. The
 ``SimulatedMachine`` wrapper is the test and operator handle for faults: XID/ECC events, a GPU
-that falls off the bus, a hung GPU, NVML init failure, processes holding a GPU, overridden
-driver version / name / compute capability for bad-node scenarios.
+that falls off the bus, a hung GPU, one C function failing on one GPU (``fail_call``, e.g. error
+999), functions the library lacks (``remove_functions``, and by driver version: see
+``lib.FUNCTION_SINCE``), NVML init failure, processes holding a GPU, overridden driver version /
+name / compute capability for bad-node scenarios.
 """
 
 from __future__ import annotations
@@ -111,6 +113,20 @@ class SimulatedMachine:
         with self.store.mutate() as s:
             s.gpus[index].lost = False
             s.gpus[index].hang = False
+            s.gpus[index].call_errors = {}
+
+    def fail_call(self, index: int, function: str, code: int | None = 999) -> None:
+        """Every call of C function ``function`` on this GPU returns ``code`` (None: stop failing it)."""
+        with self.store.mutate() as s:
+            if code is None:
+                s.gpus[index].call_errors.pop(function, None)
+            else:
+                s.gpus[index].call_errors[function] = code
+
+    def remove_functions(self, functions: list[str]) -> None:
+        """The library exports none of ``functions`` (an empty list: every function is back)."""
+        with self.store.mutate() as s:
+            s.missing_functions = list(functions)
 
     def hang_gpu(self, index: int, hang: bool = True) -> None:
         with self.store.mutate() as s:

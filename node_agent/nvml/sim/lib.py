@@ -77,6 +77,21 @@ _EVENT_BITS = {"xid": pynvml.nvmlEventTypeXidCriticalError,
 _SUPPORTED_EVENTS = sum(_EVENT_BITS.values())
 #: How long a "hung" GPU blocks a call before giving up on its own (keeps leaked threads bounded).
 HANG_LIMIT_S = 30.0
+#: The first driver whose libnvidia-ml.so exports the function: a simulated machine whose driver
+#: version is older lacks it (``getattr`` fails, which nvidia-ml-py reports as
+#: NVMLError_FunctionNotFound, as with a real old driver). The process-listing ``_v3`` symbols came
+#: with 510.39.01 (nvidia-settings b2f0e7f); the ``_v2`` ones with the MIG-era 450 drivers (440.33
+#: lacks them, pynvml issue #43); the unversioned ones (v1 struct) are in every driver.
+FUNCTION_SINCE: dict[str, str] = {
+    "nvmlDeviceGetComputeRunningProcesses_v3": "510.39.01",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3": "510.39.01",
+    "nvmlDeviceGetComputeRunningProcesses_v2": "450.51.05",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2": "450.51.05",
+}
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
 
 
 class _Ret(Exception):
@@ -244,6 +259,10 @@ class FakeNvmlLibrary:
             "nvmlDeviceGetTopologyCommonAncestor": ((_P, _P, _P), self.common_ancestor, _I),
             "nvmlDeviceGetComputeRunningProcesses_v3": ((_P, _P, _P), self.compute_processes, _I),
             "nvmlDeviceGetGraphicsRunningProcesses_v3": ((_P, _P, _P), self.graphics_processes, _I),
+            "nvmlDeviceGetComputeRunningProcesses_v2": ((_P, _P, _P), self.compute_processes, _I),
+            "nvmlDeviceGetGraphicsRunningProcesses_v2": ((_P, _P, _P), self.graphics_processes, _I),
+            "nvmlDeviceGetComputeRunningProcesses": ((_P, _P, _P), self.compute_processes_v1, _I),
+            "nvmlDeviceGetGraphicsRunningProcesses": ((_P, _P, _P), self.graphics_processes, _I),
             "nvmlEventSetCreate": ((_P,), self.event_set_create, _I),
             "nvmlDeviceRegisterEvents": ((_P, _ULL, _P), self.register_events, _I),
             "nvmlDeviceGetSupportedEventTypes": ((_P, _P), self.supported_events, _I),
@@ -253,7 +272,7 @@ class FakeNvmlLibrary:
 
     # -- the CDLL surface --------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name not in self._table:
+        if name.startswith("_") or name not in self._table or self._absent(name):
             raise AttributeError(name)
         with self._lock:
             fn = self._pointers.get(name)
@@ -268,6 +287,12 @@ class FakeNvmlLibrary:
             try:
                 if name not in ("nvmlInitWithFlags", "nvmlErrorString") and self._init_count == 0:
                     return int(pynvml.NVML_ERROR_UNINITIALIZED)
+                if self._absent(name):
+                    # Looked up before the driver was "downgraded" (nvidia-ml-py caches pointers).
+                    return int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+                injected = self._injected_error(name, args)
+                if injected is not None:
+                    return injected
                 result = impl(*args)
                 return pynvml.NVML_SUCCESS if restype is _I and result is None else result
             except _Ret as r:
@@ -277,6 +302,35 @@ class FakeNvmlLibrary:
                 return pynvml.NVML_ERROR_UNKNOWN if restype is _I else None
 
         return call
+
+    def _absent(self, name: str) -> bool:
+        """Whether the simulated library lacks ``name``: removed on purpose, or newer than its driver."""
+        state = self._state()
+        if name in state.missing_functions:
+            return True
+        since = FUNCTION_SINCE.get(name)
+        return since is not None and parse_driver_version(self._driver()) < parse_driver_version(since)
+
+    def _injected_error(self, name: str, args: tuple[Any, ...]) -> int | None:
+        """The return code injected for ``name`` on the GPU its first argument names (``fail_call``)."""
+        if not args or not isinstance(args[0], int):
+            return None
+        if name.startswith("nvmlDeviceGetHandleByIndex"):
+            index = args[0]
+        else:
+            try:
+                index = _decode(args[0]).gpu
+            except _Ret:
+                return None
+        state = self._state()
+        if not 0 <= index < len(state.gpus):
+            return None
+        errors = state.gpus[index].call_errors
+        if not errors:
+            return None
+        base = name.rsplit("_v", 1)[0] if name.rsplit("_v", 1)[-1].isdigit() else name
+        code = errors.get(name, errors.get(base))
+        return None if code is None else int(code)
 
     # -- state helpers -----------------------------------------------------------------------
     def _state(self) -> SimState:
@@ -913,6 +967,27 @@ class FakeNvmlLibrary:
                 pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
             arr[i].gpuInstanceId = _WHOLE_GPU if p.gi_id is None else p.gi_id
             arr[i].computeInstanceId = _WHOLE_GPU if p.ci_id is None else p.ci_id
+        n.value = len(procs)
+        return None
+
+    def compute_processes_v1(self, handle: int | None, count: int | None, out: int | None) -> int | None:
+        """The unversioned symbol: ``nvmlProcessInfo_v1_t`` (pid, usedGpuMemory), no GI/CI ids."""
+        h, gpu = self._gpu(handle, ("gpu", "mig"))
+        procs = [p for p in gpu.processes if h.kind == "gpu" or (p.gi_id, p.ci_id) == (h.gi, h.ci)]
+        if count is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        n = ctypes.c_uint.from_address(count)
+        if not procs:
+            n.value = 0
+            return None
+        if out is None or n.value < len(procs):
+            n.value = len(procs)
+            return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        arr = (_ProcessInfoV1 * len(procs)).from_address(out)
+        for i, p in enumerate(procs):
+            arr[i].pid = p.pid
+            arr[i].usedGpuMemory = (p.used_mib << 20) if p.used_mib is not None else \
+                pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
         n.value = len(procs)
         return None
 

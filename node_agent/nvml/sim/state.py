@@ -77,12 +77,18 @@ class SimGpu(_Model):
     reset_blocked: bool = False  #: a MIG mode change stays pending (clients hold the GPU)
     name: str | None = None
     compute_capability: tuple[int, int] | None = None
+    #: C function name (``nvmlDeviceGetMemoryInfo``, or with its ``_vN`` suffix) -> the NVML return
+    #: code every call of it on this GPU fails with (999 = NVML_ERROR_UNKNOWN).
+    call_errors: dict[str, int] = {}
 
 
 class SimState(_Model):
     machine: str
     driver_version: str | None = None
     init_error: InitError | None = None
+    #: C functions the simulated library does not export at all (on top of those its driver version
+    #: predates), as if an older or stripped-down libnvidia-ml.so were installed.
+    missing_functions: list[str] = []
     gpus: list[SimGpu]
     events: list[SimEvent] = []
     next_seq: int = Field(default=1, ge=1)
