@@ -4,7 +4,8 @@ Checks, in order: an NVIDIA GPU on the PCI bus (none → verdict ``no-gpu``, a s
 driver version in ``/proc/driver/nvidia/version`` (present, parseable, at least the catalogue
 minimum for every GPU model found); kernel modules ``nvidia`` and ``nvidia_uvm``; ``/dev/nvidiactl``
 and ``/dev/nvidia<minor>`` per GPU; NVML initialises and lists GPUs; each model is in the catalogue
-and has compute capability >= 6.0; and (phase ``all``) containerd has the nvidia runtime or CDI.
+and has compute capability >= 6.0; and (phase ``all``) the container runtime is ready: containerd has
+the nvidia runtime or CDI, CRI-O has the nvidia runtime (``runtimeName`` says which was found).
 Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts.Reason``.
 """
 
@@ -59,6 +60,7 @@ class CheckReport:
     required_driver: str | None = None
     gpus: tuple[GpuSummary, ...] = ()
     runtime: str | None = None
+    runtime_name: str | None = None
 
     @property
     def reasons(self) -> tuple[str, ...]:
@@ -75,6 +77,7 @@ class CheckReport:
                       "computeCapability": f"{g.compute_capability[0]}.{g.compute_capability[1]}"}
                      for g in self.gpus],
             "runtime": self.runtime,
+            "runtimeName": self.runtime_name,
         }
 
     def verdict_file(self) -> str:
@@ -151,16 +154,17 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all") -> Ch
                 r.fail(Reason.DRIVER_TOO_OLD, f"driver {driver} is older than the required {required}")
 
     runtime: str | None = None
+    runtime_name: str | None = None
     if phase == "all":
         from node_agent.runtime import runtime_status
 
         status = runtime_status(host)
-        runtime = status.detail
+        runtime, runtime_name = status.detail, status.runtime
         if not status.ready:
             r.fail(Reason.RUNTIME_NOT_READY, status.detail)
 
     verdict = Verdict.UNUSABLE if r.findings else Verdict.OK
-    return CheckReport(verdict, tuple(r.findings), driver, required, tuple(gpus), runtime)
+    return CheckReport(verdict, tuple(r.findings), driver, required, tuple(gpus), runtime, runtime_name)
 
 
 def record_verdict(host: HostRoot, report: CheckReport) -> None:
@@ -198,7 +202,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("check", help="check whether this node's GPUs are usable",
                               description=(__doc__ or "").splitlines()[0])
     p.add_argument("--phase", choices=("host", "all"), default="all",
-                   help="'host' skips the container-runtime check (setup runs it after configuring containerd)")
+                   help="'host' skips the container-runtime check (setup runs it after configuring the runtime)")
     p.add_argument("--no-record", action="store_true",
                    help=f"do not write the verdict to {facts.CHECK_VERDICT_FILE}")
     p.set_defaults(run=run)

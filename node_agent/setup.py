@@ -168,6 +168,6 @@ def register(subparsers: Any) -> None:
         p = subparsers.add_parser(name, help=help_text, description=(__doc__ or "").splitlines()[0])
         if name == "setup":
             p.add_argument("--dra", action="store_true", help="DRA mode: also prepare VFIO")
-        p.add_argument("--no-restart", action="store_true", help="do not restart containerd")
+        p.add_argument("--no-restart", action="store_true", help="do not restart containerd / CRI-O")
         p.add_argument("--no-patch-node", action="store_true", help="do not touch the Node's labels")
         p.set_defaults(run=handler)

@@ -4,6 +4,19 @@ applied live. The Python twin of the sysctl half of ``gpu-sysctl.sh``.
 The live value before our first apply is kept in ``/var/lib/nvidia-gpu-agent/sysctl.previous``
 (``name=value`` lines, the same file the script writes), and the drop-in is journaled, so rollback
 puts both the live value and ``/etc`` back as they were.
+
+The drop-in is ``/etc/sysctl.d/99-zz-nvidia-gpu.conf``. At boot systemd-sysctl reads every
+``*.conf`` of ``/etc/sysctl.d``, ``/run/sysctl.d`` and ``/usr/lib/sysctl.d`` in the lexicographic
+order of the *file name*, and a later assignment wins. Debian and Ubuntu ship
+``/etc/sysctl.d/99-sysctl.conf -> ../sysctl.conf``; the former name ``99-nvidia-gpu.conf`` sorts
+before it (``n`` < ``s``), so a distribution's ``net.core.bpf_jit_harden=2`` won again at boot.
+``99-zz-`` keeps the two-digit prefix sysctl.d(5) recommends, sorts after ``99-sysctl.conf`` and
+every other ``99-<letter>`` file a distribution ships, and still leaves an administrator a later
+name (``zz-*.conf``) to override us deliberately.
+
+Migration: apply removes a drop-in under a former name when it carries our header (only then is
+it ours; a foreign file under that name is left alone), after journaling it, so rollback puts it
+back byte for byte.
 """
 
 from __future__ import annotations
@@ -20,6 +33,10 @@ from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER, sysctl_dropin
 
 PREVIOUS_FILE = f"{facts.STATE_DIR}/sysctl.previous"
+#: Our drop-in: the same name as the Deckhouse ``gpu-sysctl.sh`` writes (one source, ``facts``).
+DROPIN = facts.SYSCTL_DROPIN
+#: Names the drop-in had before; apply migrates them (removes ours, journaled).
+FORMER_DROPINS: tuple[str, ...] = facts.SYSCTL_FORMER_DROPINS
 
 
 @dataclass
@@ -52,10 +69,9 @@ def apply_sysctl(host: HostRoot) -> SysctlResult:
 
 def _apply_sysctl(host: HostRoot) -> SysctlResult:
     result = SysctlResult()
-    existing = host.read_text_or_none(facts.SYSCTL_DROPIN)
+    existing = host.read_text_or_none(DROPIN)
     if existing is not None and not existing.startswith(HEADER):
-        raise NotOurs(f"{facts.SYSCTL_DROPIN} exists and was not written by nvidia-gpu; not overwriting it",
-                      facts.SYSCTL_DROPIN)
+        raise NotOurs(f"{DROPIN} exists and was not written by nvidia-gpu; not overwriting it", DROPIN)
     current: dict[str, str] = {}
     for name in facts.SYSCTLS:
         path = facts.sysctl_proc_path(name)
@@ -65,10 +81,21 @@ def _apply_sysctl(host: HostRoot) -> SysctlResult:
         else:
             current[name] = text.strip()
     content = sysctl_dropin()
+    journal = Journal(host, "sysctl")
     if existing != content:
-        Journal(host, "sysctl").record(facts.SYSCTL_DROPIN)
-        host.write_atomic(facts.SYSCTL_DROPIN, content)
-        result.changed_files.append(facts.SYSCTL_DROPIN)
+        journal.record(DROPIN)
+        host.write_atomic(DROPIN, content)
+        result.changed_files.append(DROPIN)
+    for former in FORMER_DROPINS:
+        text = host.read_text_or_none(former)
+        if text is None:
+            continue
+        if not text.startswith(HEADER):
+            result.notes.append(f"{former} was not written by nvidia-gpu; left alone")
+            continue
+        journal.record(former)  # the new drop-in is in place first: no window without the setting
+        if host.remove(former):
+            result.changed_files.append(former)
     previous = _previous(host)
     missing = {n: v for n, v in current.items() if n not in previous}
     if missing:
@@ -90,9 +117,11 @@ def rollback_sysctl(host: HostRoot) -> SysctlResult:
 def _rollback_sysctl(host: HostRoot) -> SysctlResult:
     result = SysctlResult()
     result.changed_files = Journal(host, "sysctl").restore()
-    text = host.read_text_or_none(facts.SYSCTL_DROPIN)
-    if text is not None and text.startswith(HEADER) and host.remove(facts.SYSCTL_DROPIN):
-        result.changed_files.append(facts.SYSCTL_DROPIN)
+    # Ours without a journal entry (journal lost): remove it too. Former names are left to the
+    # journal, which restores them when apply migrated them away.
+    text = host.read_text_or_none(DROPIN)
+    if text is not None and text.startswith(HEADER) and host.remove(DROPIN):
+        result.changed_files.append(DROPIN)
     for name, value in _previous(host).items():
         path = facts.sysctl_proc_path(name)
         live = host.read_text_or_none(path)

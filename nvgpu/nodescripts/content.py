@@ -1,5 +1,5 @@
 """File contents written on the node: the containerd drop-in (nvidia runtime and CDI, both config
-layouts) and the sysctl drop-in.
+layouts), the CRI-O drop-in and the sysctl drop-in.
 
 One function renders it for the agent (concrete values) and for the bash script (shell variables
 as values), so the two paths write byte-identical files. containerd 1.x (config ``version = 2``)
@@ -44,6 +44,28 @@ def render_dropin(cri_plugin: str, systemd_cgroup: str, default_runtime_line: st
 def dropin_for(config_version: int, systemd_cgroup: bool, nvidia_default: bool) -> str:
     default = f'default_runtime_name = "{NVIDIA_RUNTIME_NAME}"' if nvidia_default else ""
     return render_dropin(CRI_PLUGIN[config_version], "true" if systemd_cgroup else "false", default)
+
+
+def render_crio_dropin(monitor_path: str | None) -> str:
+    """The CRI-O drop-in (``/etc/crio/crio.conf.d/99-nvidia.conf``): the nvidia runtime handler, as
+    ``nvidia-ctk runtime configure --runtime=crio`` registers it, made the default (as the containerd
+    drop-in does), and the CDI spec dirs (CRI-O's defaults, spelled out as for containerd).
+    ``monitor_path`` is conmon's path (``${conmon}`` in the script) or None to let CRI-O find it.
+    Only written when the nvidia runtime binary exists: CRI-O will not start with a handler whose
+    ``runtime_path`` is missing."""
+    dirs = ", ".join(f'"{d}"' for d in CDI_SPEC_DIRS)
+    lines = [
+        HEADER,
+        "[crio.runtime]",
+        f'  default_runtime = "{NVIDIA_RUNTIME_NAME}"',
+        f"  cdi_spec_dirs = [{dirs}]",
+        f"[crio.runtime.runtimes.{NVIDIA_RUNTIME_NAME}]",
+        f'  runtime_path = "{NVIDIA_CONTAINER_RUNTIME}"',
+        '  runtime_type = "oci"',
+    ]
+    if monitor_path is not None:
+        lines.append(f'  monitor_path = "{monitor_path}"')
+    return "\n".join(lines) + "\n"
 
 
 def sysctl_dropin() -> str:

@@ -44,7 +44,24 @@ CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 NVIDIA_RUNTIME_NAME = "nvidia"
 
-SYSCTL_DROPIN = "/etc/sysctl.d/99-nvidia-gpu.conf"
+#: CRI-O: config, drop-in dir (read in lexical order after crio.conf), and where the agent looks for it.
+CRIO_DIR = "/etc/crio"
+CRIO_CONFIG = f"{CRIO_DIR}/crio.conf"
+CRIO_DROPIN_DIR = f"{CRIO_DIR}/crio.conf.d"
+#: The drop-in NVIDIA documents (``nvidia-ctk runtime configure --runtime=crio`` writes the same path).
+CRIO_DROPIN = f"{CRIO_DROPIN_DIR}/99-nvidia.conf"
+CRIO_BINARIES = ("/usr/bin/crio", "/usr/local/bin/crio")
+CRIO_SOCKETS = ("/var/run/crio/crio.sock", "/run/crio/crio.sock")
+#: conmon, CRI-O's container monitor: the first one present becomes the nvidia handler's monitor_path
+#: (without one, CRI-O looks ``conmon`` up in its PATH).
+CONMON_PATHS = ("/usr/libexec/crio/conmon", "/usr/local/libexec/crio/conmon", "/usr/bin/conmon",
+                "/usr/local/bin/conmon")
+
+#: ``99-zz-``: systemd-sysctl applies files in file-name order, a later one wins; this sorts after the
+#: distributions' ``99-sysctl.conf`` (see ``node_agent.sysctl``).
+SYSCTL_DROPIN = "/etc/sysctl.d/99-zz-nvidia-gpu.conf"
+#: Former names of the sysctl drop-in: removed when they carry our header (migration).
+SYSCTL_FORMER_DROPINS = ("/etc/sysctl.d/99-nvidia-gpu.conf",)
 #: The NVIDIA container toolkit needs bpf_jit_harden below 2 (nvidia-container-toolkit#117).
 SYSCTLS = {"net.core.bpf_jit_harden": "1"}
 

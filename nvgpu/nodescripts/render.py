@@ -8,7 +8,7 @@ from typing import Literal
 
 from nvgpu import catalogue, labels
 from nvgpu.nodescripts import facts, templates
-from nvgpu.nodescripts.content import HEADER, render_dropin, sysctl_dropin
+from nvgpu.nodescripts.content import HEADER, render_crio_dropin, render_dropin, sysctl_dropin
 
 #: NodeGroupConfiguration weights. Bashible runs NGC scripts and its own steps in weight order:
 #: the drop-in must land before step 032 (configure containerd) merges conf.d into config.toml,
@@ -81,7 +81,17 @@ def _common(root_prefix: str) -> dict[str, str]:
         "HEADER": HEADER,
         "DROPIN_DEFAULT": render_dropin("${cri}", "${systemd}", _DEFAULT_RUNTIME_LINE),
         "DROPIN_NO_DEFAULT": render_dropin("${cri}", "${systemd}", ""),
+        "CRIO_CONFIG": facts.CRIO_CONFIG,
+        "CRIO_DROPIN_DIR": facts.CRIO_DROPIN_DIR,
+        "CRIO_DROPIN": facts.CRIO_DROPIN,
+        "CRIO_BINARIES": " ".join(facts.CRIO_BINARIES),
+        "CRIO_SOCKETS": " ".join(facts.CRIO_SOCKETS),
+        "CRIO_LOOKED": ", ".join((facts.CRIO_CONFIG, facts.CRIO_DROPIN_DIR, *facts.CRIO_BINARIES, *facts.CRIO_SOCKETS)),
+        "CONMON_PATHS": " ".join(facts.CONMON_PATHS),
+        "CRIO_DROPIN_MONITOR": render_crio_dropin("${conmon}"),
+        "CRIO_DROPIN_PLAIN": render_crio_dropin(None),
         "SYSCTL_DROPIN": facts.SYSCTL_DROPIN,
+        "SYSCTL_FORMER_DROPINS": " ".join(facts.SYSCTL_FORMER_DROPINS),
         "SYSCTL_CONTENT": sysctl_dropin(),
         "SYSCTL_APPLY": "\n".join(f"apply_live {n} {v}" for n, v in facts.SYSCTLS.items()),
     }
@@ -89,7 +99,7 @@ def _common(root_prefix: str) -> dict[str, str]:
 
 _PURPOSES = {
     "gpu-check.sh": "decide whether this node's NVIDIA GPUs are usable (driver, modules, devices, NVML)",
-    "gpu-runtime.sh": "enable the nvidia runtime and CDI in containerd through a drop-in",
+    "gpu-runtime.sh": "enable the nvidia runtime and CDI in containerd (or CRI-O) through a drop-in",
     "gpu-vfio.sh": "load the VFIO modules, check the IOMMU and label the node gpu-vfio-ready",
     "gpu-sysctl.sh": "apply the sysctls the NVIDIA toolkit needs, then gate gpu-setup-complete",
 }
@@ -105,10 +115,12 @@ def render_node_scripts(
     """Render the node-setup scripts, in weight order."""
     t = templates
     body = {
-        "gpu-check.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME_READY + t.CHECK,
-        "gpu-runtime.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME,
+        "gpu-check.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME_DETECT
+        + t.RUNTIME_READY + t.CHECK,
+        "gpu-runtime.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME_DETECT
+        + t.RUNTIME,
         "gpu-sysctl.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.NODE_LABEL + t.HAS_GPU + t.CONTAINERD_VERSION
-        + t.RUNTIME_READY + t.SYSCTL,
+        + t.RUNTIME_DETECT + t.RUNTIME_READY + t.SYSCTL,
     }
     if vfio:
         body["gpu-vfio.sh"] = t.HEAD + t.NODE_LABEL + t.HAS_GPU + t.VFIO

@@ -97,7 +97,48 @@ containerd_version() {
 
 """
 
-RUNTIME_READY = r"""# containerd_files VERSION: config.toml and the drop-ins merged into it for that layout.
+RUNTIME_DETECT = r"""# crio_markers: the CRI-O paths present (config, drop-in dir, binary, socket), one a line.
+crio_markers() {
+  local p
+  if [[ -f "${ROOT}@@CRIO_CONFIG@@" ]]; then echo "@@CRIO_CONFIG@@"; fi
+  if [[ -d "${ROOT}@@CRIO_DROPIN_DIR@@" ]]; then echo "@@CRIO_DROPIN_DIR@@"; fi
+  for p in @@CRIO_BINARIES@@; do
+    if [[ -f "${ROOT}${p}" ]]; then echo "$p"; fi
+  done
+  for p in @@CRIO_SOCKETS@@; do
+    if [[ -e "${ROOT}${p}" ]]; then echo "$p"; fi
+  done
+  return 0
+}
+
+# container_runtime: containerd, crio, both or none (the agent decides from the same paths).
+container_runtime() {
+  local crio
+  crio="$(crio_markers)"
+  if [[ -e "${ROOT}@@CONTAINERD_CONFIG@@" ]]; then
+    if [[ -n "$crio" ]]; then echo both; else echo containerd; fi
+  elif [[ -n "$crio" ]]; then
+    echo crio
+  else
+    echo none
+  fi
+}
+
+"""
+
+RUNTIME_READY = r"""# crio_ready: CRI-O has the nvidia runtime handler (and its binary) in crio.conf or a drop-in.
+crio_ready() {
+  local f files=()
+  if [[ -f "${ROOT}@@CRIO_CONFIG@@" ]]; then files+=("${ROOT}@@CRIO_CONFIG@@"); fi
+  for f in "${ROOT}@@CRIO_DROPIN_DIR@@"/*; do
+    if [[ -f "$f" ]]; then files+=("$f"); fi
+  done
+  [[ ${#files[@]} -gt 0 ]] || return 1
+  grep -Eq '^[[:space:]]*\[crio\.runtime\.runtimes\.@@RUNTIME@@\][[:space:]]*$' "${files[@]}" \
+    && [[ -x "${ROOT}@@NCR@@" ]]
+}
+
+# containerd_files VERSION: config.toml and the drop-ins merged into it for that layout.
 containerd_files() {
   local f dir
   [[ -f "${ROOT}@@CONTAINERD_CONFIG@@" ]] && echo "${ROOT}@@CONTAINERD_CONFIG@@"
@@ -108,9 +149,16 @@ containerd_files() {
   return 0
 }
 
-# runtime_ready: containerd has the nvidia runtime (and its binary) or CDI enabled.
+# runtime_ready: containerd has the nvidia runtime (and its binary) or CDI enabled; CRI-O has the
+# nvidia runtime (and its binary). Both runtimes or neither: not ready.
 runtime_ready() {
-  local version cri files=()
+  local version cri files=() kind
+  kind="$(container_runtime)"
+  if [[ "$kind" == crio ]]; then
+    if crio_ready; then return 0; fi
+    return 1
+  fi
+  [[ "$kind" == containerd ]] || return 1
   version="$(containerd_version)"
   case "$version" in
     2) cri="@@CRI2_RE@@" ;;
@@ -249,7 +297,8 @@ else
 fi
 
 if [[ "$PHASE" == all ]] && ! runtime_ready; then
-  fail runtime-not-ready "containerd has neither the nvidia runtime nor CDI enabled"
+  fail runtime-not-ready "the container runtime is not ready for GPUs ($(container_runtime): containerd needs \
+the nvidia runtime or CDI, CRI-O the nvidia runtime)"
 fi
 
 if [[ ${#reasons[@]} -gt 0 ]]; then
@@ -260,11 +309,67 @@ finish ok
 
 RUNTIME = r"""
 if ! has_nvidia_gpu; then
-  bb-log-info "nvidia-gpu runtime: no NVIDIA GPU on this node, containerd left alone"
+  bb-log-info "nvidia-gpu runtime: no NVIDIA GPU on this node, the container runtime left alone"
   exit 0
 fi
 if grep -qx 'verdict=unusable' "$VERDICT_FILE" 2>/dev/null; then
-  bb-log-error "nvidia-gpu runtime: the GPU check failed, containerd left alone (see gpu-check.sh)"
+  bb-log-error "nvidia-gpu runtime: the GPU check failed, the container runtime left alone (see gpu-check.sh)"
+  exit 0
+fi
+
+kind="$(container_runtime)"
+case "$kind" in
+  both)
+    bb-log-error "nvidia-gpu runtime: both containerd (@@CONTAINERD_CONFIG@@) and CRI-O ($(crio_markers | paste -sd, - \
+      | sed 's/,/, /g')) are on this host; not guessing which one kubelet uses: remove the unused one's config"
+    exit 1
+    ;;
+  none)
+    bb-log-error "nvidia-gpu runtime: @@CONTAINERD_CONFIG@@ is missing and there is no CRI-O either \
+(looked at @@CRIO_LOOKED@@)"
+    exit 1
+    ;;
+esac
+
+if [[ "$kind" == crio ]]; then
+  # CRI-O is not managed by bashible: the drop-in is written and crio restarted here. A restart,
+  # not a reload: SIGHUP re-reads only a few options, not the runtimes table or default_runtime.
+  target="${ROOT}@@CRIO_DROPIN@@"
+  if [[ -f "$target" ]] && [[ "$(head -n1 "$target")" != "@@HEADER@@" ]]; then
+    bb-log-error "nvidia-gpu runtime: @@CRIO_DROPIN@@ exists and is not ours; not overwriting it"
+    exit 1
+  fi
+  if [[ ! -x "${ROOT}@@NCR@@" ]]; then
+    bb-log-warning "nvidia-gpu runtime: @@NCR@@ is missing; @@CRIO_DROPIN@@ not written \
+(CRI-O does not start with a runtime whose runtime_path is missing)"
+    echo "nvidia-gpu-runtime runtime=crio dropin=@@CRIO_DROPIN@@ result=skipped"
+    exit 0
+  fi
+  conmon=""
+  for p in @@CONMON_PATHS@@; do
+    if [[ -f "${ROOT}${p}" && -x "${ROOT}${p}" ]]; then
+      conmon="$p"
+      break
+    fi
+  done
+  if [[ -n "$conmon" ]]; then
+    result="$(write_file "$target" <<EOF
+@@CRIO_DROPIN_MONITOR@@EOF
+)"
+  else
+    result="$(write_file "$target" <<EOF
+@@CRIO_DROPIN_PLAIN@@EOF
+)"
+  fi
+  if [[ "$result" == changed ]]; then
+    if ! command -v systemctl >/dev/null 2>&1; then
+      bb-log-warning "nvidia-gpu runtime: systemctl not found: restart crio to apply the change"
+    elif ! systemctl restart crio; then
+      bb-log-warning "nvidia-gpu runtime: systemctl restart crio failed"
+    fi
+  fi
+  bb-log-info "nvidia-gpu runtime: @@CRIO_DROPIN@@ ${result}"
+  echo "nvidia-gpu-runtime runtime=crio dropin=@@CRIO_DROPIN@@ result=${result}"
   exit 0
 fi
 
@@ -308,7 +413,7 @@ else
 )"
 fi
 bb-log-info "nvidia-gpu runtime: ${target#"$ROOT"} ${result}"
-echo "nvidia-gpu-runtime containerd=${version} dropin=${target#"$ROOT"} result=${result}"
+echo "nvidia-gpu-runtime runtime=containerd containerd=${version} dropin=${target#"$ROOT"} result=${result}"
 """
 
 SYSCTL = r"""
@@ -330,6 +435,17 @@ result="$(write_file "${ROOT}@@SYSCTL_DROPIN@@" <<'EOF'
 @@SYSCTL_CONTENT@@EOF
 )"
 bb-log-info "nvidia-gpu sysctl: @@SYSCTL_DROPIN@@ ${result}"
+former_dropins=(@@SYSCTL_FORMER_DROPINS@@)
+for former in "${former_dropins[@]}"; do
+  if [[ ! -f "${ROOT}${former}" ]]; then
+    continue
+  elif [[ "$(head -n1 "${ROOT}${former}")" == "@@HEADER@@" ]]; then
+    rm -f "${ROOT}${former}"
+    bb-log-info "nvidia-gpu sysctl: ${former} (former name) removed"
+  else
+    bb-log-warning "nvidia-gpu sysctl: ${former} was not written by nvidia-gpu; left alone"
+  fi
+done
 
 mkdir -p "$STATE_DIR"
 previous="${STATE_DIR}/sysctl.previous"

@@ -104,7 +104,7 @@ def test_sysctl_apply_and_rollback(tmp_path: Path, cli: Cli) -> None:
     live = host.path("/proc/sys/net/core/bpf_jit_harden")
     before = host.snapshot("/etc")
     code, doc = cli(host.root, "simulated:a30x4", "sysctl", "apply")
-    assert (code, doc["changedFiles"], doc["live"]) == (0, ["/etc/sysctl.d/99-nvidia-gpu.conf"],
+    assert (code, doc["changedFiles"], doc["live"]) == (0, ["/etc/sysctl.d/99-zz-nvidia-gpu.conf"],
                                                        {"net.core.bpf_jit_harden": "1"})
     assert live.read_text() == "1\n"
     assert host.path("/etc/sysctl.d/99-sysctl.conf").read_text().endswith("= 2\n")  # not ours: untouched

@@ -66,7 +66,7 @@ def test_no_gpu_node(tmp_path: Path, cli: Cli) -> None:
 
 def test_foreign_file_stops_setup_with_refused(tmp_path: Path, cli: Cli) -> None:
     host = build_fake_host(tmp_path, "l4x2")
-    host.path("/etc/sysctl.d/99-nvidia-gpu.conf").write_text("kernel.foo = 1\n")
+    host.path("/etc/sysctl.d/99-zz-nvidia-gpu.conf").write_text("kernel.foo = 1\n")
     code, doc = cli(host.root, "simulated:l4x2", "setup", "--no-patch-node", "--no-restart")
     assert code == 5 and doc["steps"][-1]["name"] == "sysctl"
 

@@ -16,6 +16,7 @@ import pytest
 from nodescript_helpers import RunScript, summary
 
 from node_agent.cli import main
+from node_agent.testing.fakecrio import build_crio_host
 from node_agent.testing.fakehost import FakeHost, build_fake_host
 
 Scenario = Callable[[Path], FakeHost]
@@ -70,6 +71,11 @@ SCENARIOS: dict[str, Scenario] = {
     "iommu-off": lambda r: build_fake_host(r, "a30x4", iommu=False),
     "no-nvidia-runtime-containerd2": lambda r: build_fake_host(r, "l4x2", containerd=2,
                                                                nvidia_container_runtime=False),
+    "good-l4x2-crio": lambda r: build_crio_host(r, "l4x2"),
+    "crio-without-conmon": lambda r: build_crio_host(r, "a30x4", conmon=False),
+    "crio-no-nvidia-runtime": lambda r: build_crio_host(r, "l4x2", nvidia_container_runtime=False),
+    "crio-and-containerd": lambda r: build_crio_host(r, "l4x2", containerd=True),
+    "no-runtime": lambda r: build_fake_host(r, "l4x2", containerd=None),
 }
 
 
@@ -101,7 +107,8 @@ def test_check_verdicts_agree(scenario: str, tmp_path: Path, run_script: RunScri
 
 
 @pytest.mark.parametrize("scenario", ["good-dgx-h100-containerd1", "good-hgx-h200-containerd2",
-                                      "no-nvidia-runtime-containerd2", "no-gpu", "old-driver"])
+                                      "no-nvidia-runtime-containerd2", "no-gpu", "old-driver", "good-l4x2-crio",
+                                      "crio-without-conmon"])
 def test_setup_writes_identical_files(scenario: str, tmp_path: Path, run_script: RunScript,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     by_script = SCENARIOS[scenario](tmp_path / "script")
@@ -133,10 +140,11 @@ def test_vfio_readiness_agrees(scenario: str, tmp_path: Path, run_script: RunScr
     assert by_agent.log("modprobe") == by_script.log("modprobe")
 
 
-def test_teardown_after_script_setup_restores_etc(tmp_path: Path, run_script: RunScript,
+@pytest.mark.parametrize("scenario", ["good-hgx-h200-containerd2", "good-l4x2-crio"])
+def test_teardown_after_script_setup_restores_etc(scenario: str, tmp_path: Path, run_script: RunScript,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Nodes set up by the scripts can be torn down by the agent: /etc and the live sysctl come back."""
-    host = SCENARIOS["good-hgx-h200-containerd2"](tmp_path)
+    host = SCENARIOS[scenario](tmp_path)
     before = host.snapshot("/etc")
     for name in ("gpu-check.sh", "gpu-runtime.sh", "gpu-sysctl.sh"):
         run_script(host, name)

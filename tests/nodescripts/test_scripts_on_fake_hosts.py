@@ -8,6 +8,7 @@ from nodescript_helpers import RunScript, summary
 
 from node_agent.testing.fakehost import build_fake_host
 from nvgpu.nodescripts.content import dropin_for, sysctl_dropin
+from nvgpu.nodescripts.facts import SYSCTL_DROPIN
 
 
 def test_no_gpu_is_silent_success(tmp_path: Path, run_script: RunScript) -> None:
@@ -33,7 +34,7 @@ def test_full_flow_on_containerd_1(tmp_path: Path, run_script: RunScript) -> Non
     assert summary(run_script(host, "gpu-runtime.sh").stdout, "nvidia-gpu-runtime")["result"] == "unchanged"
     sysctl = run_script(host, "gpu-sysctl.sh")
     assert "complete=true" in sysctl.stdout
-    assert host.path("/etc/sysctl.d/99-nvidia-gpu.conf").read_text() == sysctl_dropin()
+    assert host.path(SYSCTL_DROPIN).read_text() == sysctl_dropin()
     assert host.path("/proc/sys/net/core/bpf_jit_harden").read_text().strip() == "1"
     assert host.path("/var/lib/nvidia-gpu-agent/sysctl.previous").read_text() == "net.core.bpf_jit_harden=2\n"
     assert host.log("kubectl")[-1].endswith("node.deckhouse.io/gpu-setup-complete=")
@@ -86,3 +87,19 @@ def test_vfio_needs_the_iommu(tmp_path: Path, run_script: RunScript) -> None:
     assert summary(run_script(off, "gpu-vfio.sh").stdout, "nvidia-gpu-vfio") == {
         "ready": "false", "problems": "iommu-off"}
     assert off.log("kubectl")[-1].endswith("node.deckhouse.io/gpu-vfio-ready-")
+
+
+def test_sysctl_migrates_the_former_dropin_name(tmp_path: Path, run_script: RunScript) -> None:
+    host = build_fake_host(tmp_path, "a30x4")
+    former = host.path("/etc/sysctl.d/99-nvidia-gpu.conf")
+    former.write_text(sysctl_dropin())
+    run_script(host, "gpu-check.sh")
+    result = run_script(host, "gpu-sysctl.sh")
+    assert result.returncode == 0, result.stderr
+    assert not former.exists() and host.path(SYSCTL_DROPIN).read_text() == sysctl_dropin()
+    foreign = build_fake_host(tmp_path / "foreign", "a30x4")
+    mine = foreign.path("/etc/sysctl.d/99-nvidia-gpu.conf")
+    mine.write_text("net.core.bpf_jit_harden = 0\n")
+    run_script(foreign, "gpu-check.sh")
+    result = run_script(foreign, "gpu-sysctl.sh")
+    assert "not written by nvidia-gpu; left alone" in result.stderr and mine.exists()
