@@ -16,10 +16,14 @@ Format (JSON, ``version`` 1)::
   ``checkpoint.json.corrupt``, and the journal is rebuilt from the claim CDI specs still on disk, so the
   plugin never crash-loops on it (NVIDIA issue #1100).
 - The driver's own files are read leniently (unknown keys ignored); only user input is strict.
+- A journal that cannot be written (read-only file system, ENOSPC, a directory that cannot be created)
+  raises :class:`CheckpointError`, whose message names the host path and the OS error: the driver turns
+  it into a per-claim error (prepare) or a clear start-up failure, never a traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -40,6 +44,17 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+class CheckpointError(RuntimeError):
+    """The journal (or its directory) cannot be read back or written; the message names the host path."""
+
+    def __init__(self, action: str, path: str, error: OSError) -> None:
+        reason = error.strerror or str(error)
+        code = errno.errorcode.get(error.errno, "") if error.errno is not None else ""
+        super().__init__(f"cannot {action} {path}: {reason}" + (f" ({code})" if code else ""))
+        self.path = path
+        self.errno = error.errno
 
 
 class ClaimState(StrEnum):
@@ -118,18 +133,33 @@ class CheckpointStore:
     def __init__(self, host: HostPaths, path: str) -> None:
         self._file = host.path(path)
         self._host = host
+        self.host_path = path
         self.boot_id = read_boot_id(host)
 
     @property
     def file(self) -> Path:
         return self._file
 
+    def ensure_directory(self) -> None:
+        """Create the journal's directory and prove it writable (start-up), or raise :class:`CheckpointError`."""
+        directory = str(Path(self.host_path).parent)
+        try:
+            self._file.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError("create the DRA checkpoint directory", directory, e) from e
+        probe = self._file.with_name(f".{self._file.name}.probe")
+        try:
+            write_atomic(probe, b"", mode=0o600)
+            probe.unlink()
+        except OSError as e:
+            raise CheckpointError("write in the DRA checkpoint directory", directory, e) from e
+
     def peek(self) -> CheckpointData | None:
         """The journal if it is readable and current, without any recovery (no lock needed: writes are
         atomic renames)."""
         try:
             raw = self._file.read_bytes()
-        except FileNotFoundError:
+        except OSError:
             return None
         if self._problem(raw) is not None:
             return None
@@ -142,6 +172,8 @@ class CheckpointStore:
             raw = self._file.read_bytes()
         except FileNotFoundError:
             return Loaded(CheckpointData(node_boot_id=self.boot_id), Recovery.MISSING)
+        except OSError as e:
+            raise CheckpointError("read the DRA checkpoint", self.host_path, e) from e
         problem = self._problem(raw)
         if problem is None:
             doc = json.loads(raw)
@@ -153,7 +185,10 @@ class CheckpointStore:
                               f"boot ID changed from {data.node_boot_id} to {self.boot_id}")
             return Loaded(data, Recovery.NONE)
         aside = self._file.with_name(self._file.name + ".corrupt")
-        os.replace(self._file, aside)
+        try:
+            os.replace(self._file, aside)
+        except OSError as e:
+            raise CheckpointError("keep the corrupted DRA checkpoint aside as", f"{self.host_path}.corrupt", e) from e
         rebuilt = CheckpointData(node_boot_id=self.boot_id)
         for spec in specs() if specs else []:
             namespace, _, name = spec.claim.partition("/")
@@ -189,4 +224,7 @@ class CheckpointStore:
         data.node_boot_id = self.boot_id
         body = data.model_dump(by_alias=True, mode="json")
         doc = {"version": VERSION, "checksum": checksum(body), "data": body}
-        write_atomic(self._file, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), mode=0o600)
+        try:
+            write_atomic(self._file, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), mode=0o600)
+        except OSError as e:
+            raise CheckpointError("write the DRA checkpoint", self.host_path, e) from e

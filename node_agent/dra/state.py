@@ -10,16 +10,18 @@ reverse; admin-access claims are exempt, as in Kubernetes. ``unprepare`` of an u
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from node_agent.dra import cdi, sharing
 from node_agent.dra.checkpoint import (
     AppliedSharing,
     CheckpointData,
+    CheckpointError,
     CheckpointStore,
     ClaimState,
     Loaded,
@@ -31,7 +33,7 @@ from node_agent.dra.claims import AllocatedClaim, ClaimRef, DeviceResult
 from node_agent.dra.config import ConfigError, GpuSharing, effective_sharing, resolve
 from node_agent.dra.devices import Allocatable, DeviceKind
 from node_agent.dra.hostfs import HostPaths
-from node_agent.host.atomic import exclusive_lock
+from node_agent.host.atomic import LockTimeout, exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +80,23 @@ class DeviceState:
         self._backend = backend
         self._devices = devices
         self._store = CheckpointStore(host, f"{state_dir}/checkpoint.json")
-        self._lock_path = host.path(f"{state_dir}/prepare.lock")
+        self._lock_host_path = f"{state_dir}/prepare.lock"
+        self._lock_path = host.path(self._lock_host_path)
         self._lock_timeout = lock_timeout
         self.last_recovery: Loaded | None = None
+
+    @contextlib.contextmanager
+    def _locked(self, timeout: float) -> Iterator[None]:
+        """The node-wide lock; a lock file that cannot be created is a :class:`CheckpointError` (naming it),
+        a lock held too long stays :class:`LockTimeout`. Errors raised inside the block pass unchanged."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(exclusive_lock(self._lock_path, timeout))
+            except LockTimeout:
+                raise
+            except OSError as e:
+                raise CheckpointError("open the DRA lock", self._lock_host_path, e) from e
+            yield
 
     # -- journal ---------------------------------------------------------------------------------------
     def _load(self) -> CheckpointData:
@@ -106,7 +122,7 @@ class DeviceState:
 
     def snapshot(self) -> CheckpointData:
         """The journal as it is on disk (read-only use: status, tests, the background cleanup)."""
-        with exclusive_lock(self._lock_path, self._lock_timeout):
+        with self._locked(self._lock_timeout):
             return self._load()
 
     def recorded_devices(self, uid: str) -> set[str]:
@@ -115,8 +131,10 @@ class DeviceState:
         return {d.device for d in claim.devices} if claim else set()
 
     def startup(self) -> None:
-        """Before serving: roll back half-done prepares and remove claim specs nobody records."""
-        with exclusive_lock(self._lock_path, self._lock_timeout):
+        """Before serving: roll back half-done prepares and remove claim specs nobody records. Raises
+        :class:`CheckpointError` when the state directory cannot be created or written."""
+        self._store.ensure_directory()
+        with self._locked(self._lock_timeout):
             data = self._load()
             for uid, claim in list(data.prepared_claims.items()):
                 if claim.state is ClaimState.PREPARE_STARTED:
@@ -131,9 +149,18 @@ class DeviceState:
 
     # -- prepare ---------------------------------------------------------------------------------------
     def prepare(self, claim: AllocatedClaim, deadline: Deadline) -> list[ResultDevice]:
+        """Prepare one claim; a journal that cannot be written fails this claim (:class:`PrepareError`
+        naming the path and the OS error) with nothing of it left applied."""
+        try:
+            return self._prepare(claim, deadline)
+        except CheckpointError as e:
+            log.error("event=checkpoint-write-failed claim=%s uid=%s error=%s", claim.ref, claim.ref.uid, e)
+            raise PrepareError(f"claim {claim.ref}: {e}; the kubelet will retry") from e
+
+    def _prepare(self, claim: AllocatedClaim, deadline: Deadline) -> list[ResultDevice]:
         uid = claim.ref.uid
         deadline.check("taking the node lock")
-        with exclusive_lock(self._lock_path, min(self._lock_timeout, max(deadline.remaining(), 0.0))):
+        with self._locked(min(self._lock_timeout, max(deadline.remaining(), 0.0))):
             data = self._load()
             existing = data.prepared_claims.get(uid)
             if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
@@ -170,15 +197,22 @@ class DeviceState:
                 control = [n for n in cdi.CONTROL_NODES if self._host.path(n).exists()]
                 spec = cdi.build_spec(self.driver, uid, str(claim.ref), per_device, control)
                 cdi.write_spec(self._host, self.driver, uid, spec)
+                record.state = ClaimState.PREPARE_COMPLETED
+                data.prepared_claims[uid] = record
+                self._store.save(data)
             except Exception as e:
                 log.error("event=prepare-failed claim=%s uid=%s error=%s", claim.ref, uid, e)
                 self._rollback(uid, record)
                 if data.prepared_claims.pop(uid, None) is not None:
-                    self._store.save(data)
-                raise PrepareError(f"claim {claim.ref}: {e}") from e
-            record.state = ClaimState.PREPARE_COMPLETED
-            data.prepared_claims[uid] = record
-            self._store.save(data)
+                    try:
+                        self._store.save(data)
+                    except CheckpointError as save_error:
+                        # The journal still says PrepareStarted (or nothing): rolled back again, harmlessly,
+                        # on the next prepare of this claim or the next start.
+                        log.error("event=checkpoint-write-failed claim=%s uid=%s error=%s", claim.ref, uid,
+                                  save_error)
+                retry = "; the kubelet will retry" if isinstance(e, CheckpointError) else ""
+                raise PrepareError(f"claim {claim.ref}: {e}{retry}") from e
             log.info("event=claim-prepared claim=%s uid=%s devices=%s", claim.ref, uid,
                      ",".join(d.device for d in record.devices))
             return self._results(record)
@@ -267,7 +301,14 @@ class DeviceState:
     # -- unprepare -------------------------------------------------------------------------------------
     def unprepare(self, ref: ClaimRef, deadline: Deadline) -> None:
         deadline.check("taking the node lock")
-        with exclusive_lock(self._lock_path, min(self._lock_timeout, max(deadline.remaining(), 0.0))):
+        try:
+            self._unprepare(ref, deadline)
+        except CheckpointError as e:
+            log.error("event=checkpoint-write-failed claim=%s uid=%s error=%s", ref, ref.uid, e)
+            raise PrepareError(f"claim {ref}: {e}; the kubelet will retry") from e
+
+    def _unprepare(self, ref: ClaimRef, deadline: Deadline) -> None:
+        with self._locked(min(self._lock_timeout, max(deadline.remaining(), 0.0))):
             data = self._load()
             record = data.prepared_claims.get(ref.uid)
             if record is None:

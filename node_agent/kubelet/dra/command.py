@@ -17,6 +17,7 @@ from typing import Any
 
 from node_agent.context import AgentContext
 from node_agent.dra.api import KubeDraApi
+from node_agent.dra.checkpoint import CheckpointError
 from node_agent.dra.cleanup import UninstallWatcher
 from node_agent.dra.devices import HealthAction
 from node_agent.dra.driver import DEFAULT_STATE_DIR, DraDriver, DriverSettings
@@ -61,7 +62,13 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    driver.start()
+    try:
+        driver.start()
+    except CheckpointError as e:  # e.g. the state directory is on a read-only file system
+        log.error("event=dra-driver-start-failed error=%s", e)
+        driver.close()
+        source.close()
+        return ctx.fail(e)
     server = PluginServer(driver, host, plugins_dir=args.plugins_dir, registry_dir=args.registry_dir)
     server.start()
     loops = [threading.Thread(target=driver.run_inventory_loop, args=(stop,), name="dra-inventory", daemon=True)]
