@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from node_agent.deviceplugin.config import DeviceIdStrategy, DeviceListStrategy, Settings, SharingStrategy
 from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles
-from node_agent.deviceplugin.resources import PluginDevice, Resource
+from node_agent.deviceplugin.resources import PluginDevice, Resource, imex_channel_path
 
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 CDI_CLASS = "gpu"
@@ -146,6 +146,7 @@ class Allocator:
             for p in d.paths:
                 if p not in paths:
                     paths.append(p)
+        paths += [imex_channel_path(c) for c in self.settings.imex_channel_ids]  # as NVIDIA's apiDeviceSpecs
         return [DeviceSpec(p, _join_root(self.settings.nvidia_dev_root, p), "rw") for p in paths]
 
     def _mps(self, devices: Sequence[PluginDevice], envs: dict[str, str], mounts: list[Mount]) -> None:

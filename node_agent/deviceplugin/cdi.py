@@ -18,7 +18,7 @@ import yaml
 from node_agent.deviceplugin.allocate import CDI_CLASS, CDI_IMEX_KIND, CDI_KIND, CDI_VENDOR
 from node_agent.deviceplugin.config import Settings
 from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles
-from node_agent.deviceplugin.resources import PluginDevice, Resource
+from node_agent.deviceplugin.resources import PluginDevice, Resource, imex_channel_path
 
 CDI_VERSION = "0.5.0"
 CDI_SPEC_DIR = "/var/run/cdi"
@@ -113,8 +113,7 @@ def build_imex_spec(settings: Settings) -> dict[str, Any] | None:
         return None
     devices = [{
         "name": str(c),
-        "containerEdits": {"deviceNodes": [_node(f"/dev/nvidia-caps-imex-channels/channel{c}",
-                                                   settings.nvidia_dev_root)]},
+        "containerEdits": {"deviceNodes": [_node(imex_channel_path(c), settings.nvidia_dev_root)]},
     } for c in settings.imex_channel_ids]
     return {"cdiVersion": CDI_VERSION, "kind": CDI_IMEX_KIND, "devices": devices}
 
@@ -133,5 +132,8 @@ def write_specs(resources: Sequence[Resource], settings: Settings, host: HostFil
         changed.append(SPEC_FILE)
     imex = build_imex_spec(settings)
     if imex is not None and host.write_text(IMEX_SPEC_FILE, render(imex)):
+        changed.append(IMEX_SPEC_FILE)
+    elif imex is None and host.exists(IMEX_SPEC_FILE):
+        host.remove(IMEX_SPEC_FILE)  # no channel (left) to offer: no stale spec naming one
         changed.append(IMEX_SPEC_FILE)
     return changed

@@ -21,7 +21,7 @@ from node_agent.deviceplugin.devices import Gpu, HostFiles, NodeDevices
 from node_agent.deviceplugin.health import HealthBoard, HealthMonitor, HealthPolicy
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.preferred import PreferenceError, Request, preferred_allocation
-from node_agent.deviceplugin.resources import Resource, build_resources
+from node_agent.deviceplugin.resources import Resource, build_resources, select_imex_channels
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ class NodePlugins:
 
     def __init__(self, node: NodeDevices, settings: Settings, host: HostFiles, *, metrics: PluginMetrics,
                  policy: HealthPolicy, board: HealthBoard | None = None, driver_mounts: Sequence[str] = ()):
+        settings = select_imex_channels(settings, host)  # only channels with a device node are offered
         self.settings = settings
         self.gpus: tuple[Gpu, ...] = tuple(node.gpus())
         self.resources = build_resources(self.gpus, settings, host)

@@ -5,13 +5,18 @@ This is NVIDIA's resource-manager step: MIG strategy (``none`` exposes MIG-enabl
 ``nvidia.com/mig-<profile>`` resource per profile), then time-slicing or MPS replicas (``<uuid>::<n>``
 IDs, ``.shared`` renaming). Each device carries its index, device nodes and NUMA node. Resources with
 no devices are left out, like NVIDIA's "No devices found" resources.
+
+IMEX channels (``imex.channelIDs``) are selected as NVIDIA's ``internal/imex.GetChannels`` does: a
+channel is used only when its device node ``/dev/nvidia-caps-imex-channels/channel<N>`` exists under
+the device root on the host; a missing one is a start-up error with ``imex.required: true`` and is
+otherwise dropped with a warning, so no container is ever handed a channel it cannot open.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from node_agent.deviceplugin.config import MigStrategy, Settings, SharingStrategy
 from node_agent.deviceplugin.devices import DeviceError, Gpu, HostFiles, MigDevice, numa_node
@@ -23,6 +28,42 @@ log = logging.getLogger(__name__)
 GPU_RESOURCE = "nvidia.com/gpu"
 REPLICA_SEPARATOR = "::"
 MAX_DEVICE_ID_LENGTH = 63
+IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
+
+
+class ImexChannelError(DeviceError):
+    """``imex.required`` is set and a configured IMEX channel has no device node on the host."""
+
+
+def imex_channel_path(channel: int) -> str:
+    """The channel's device node (container path; on the host it is under the device root)."""
+    return f"{IMEX_CHANNEL_DIR}/channel{channel}"
+
+
+def imex_channel_host_path(settings: Settings, channel: int) -> str:
+    root = settings.nvidia_dev_root
+    path = imex_channel_path(channel)
+    return path if root in ("", "/") else root.rstrip("/") + path
+
+
+def select_imex_channels(settings: Settings, host: HostFiles) -> Settings:
+    """``settings`` with only the IMEX channels whose device node exists; raises :class:`ImexChannelError`
+    when ``imex.required`` and one is missing (the plugin then does not start with this config)."""
+    present: list[int] = []
+    for channel in settings.imex_channel_ids:
+        node = imex_channel_host_path(settings, channel)
+        if host.exists(node):
+            log.info("event=imex-channel-selected channel=%d device=%s", channel, node)
+            present.append(channel)
+        elif settings.imex_required:
+            raise ImexChannelError(
+                f"imex.required is true but IMEX channel {channel} has no device node: {node} does not exist on "
+                "the host (is the nvidia-imex channel device created, e.g. NVreg_CreateImexChannel0=1?)")
+        else:
+            log.warning("event=imex-channel-ignored channel=%d device=%s reason=device-node-missing", channel, node)
+    if tuple(present) == settings.imex_channel_ids:
+        return settings
+    return replace(settings, imex_channel_ids=tuple(present))
 
 
 @dataclass(frozen=True)
