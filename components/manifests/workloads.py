@@ -61,6 +61,43 @@ RESOURCES: dict[AgentRole, Resources] = {
     AgentRole.NODE_SETUP: Resources("20m", "64Mi", "500m", "256Mi"),
 }
 
+#: MPS groups: the device plugin starts ``nvidia-cuda-mps-control -d`` itself
+#: (``node_agent.deviceplugin.mps``), and the control daemon forks ``nvidia-cuda-mps-server`` when the
+#: first client connects. Both stay in the plugin container's memory cgroup, and so do the pages of
+#: the server's shared-memory segments under ``/dev/shm`` (``<mpsRoot>/shm``; tmpfs pages are charged to
+#: the cgroup that first touches them). NVIDIA avoids this by running the daemon in its own DaemonSet,
+#: ``nvidia-device-plugin-mps-control-daemon``; here the plugin's limit is raised instead, so an MPS
+#: node cannot OOM-kill the plugin (which would also take every client's MPS server down with it).
+#:
+#: The numbers are an upper estimate, not a measurement (no GPU node was available to measure them):
+#: the server is a CUDA process that maps the driver's ``libcuda.so`` (tens of MiB resident) and holds a
+#: CUDA context on every GPU of the node, each with host-side state (pushbuffers, pinned staging memory,
+#: per-client shared memory). So: a fixed ``MPS_BASE_MIB`` for the control daemon and the server process,
+#: plus ``MPS_PER_GPU_MIB`` per GPU, sized for ``MPS_SIZED_FOR_GPUS`` GPUs (an 8-GPU HGX/DGX board, the
+#: largest machine the simulator models; a node with more GPUs needs more). Measure ``VmRSS`` of both
+#: processes plus the memcg's ``shmem`` on a loaded 8-GPU MPS node to tighten them. The request grows
+#: by the base only: the server and its per-GPU state exist only while clients run.
+MPS_BASE_MIB = 128
+MPS_PER_GPU_MIB = 64
+MPS_SIZED_FOR_GPUS = 8
+
+
+def _mib(quantity: str) -> int:
+    if not quantity.endswith("Mi"):
+        raise ValueError(f"memory quantity {quantity!r} is not in Mi")
+    return int(quantity[:-2])
+
+
+def device_plugin_resources(sharing: Sharing) -> Resources:
+    """The device plugin's requests and limits: the agent alone, plus the MPS daemons in MPS groups."""
+    base = RESOURCES[AgentRole.DEVICE_PLUGIN]
+    if sharing is not Sharing.MPS:
+        return base
+    limit = _mib(base.memory_limit) + MPS_BASE_MIB + MPS_PER_GPU_MIB * MPS_SIZED_FOR_GPUS
+    request = _mib(base.memory_request) + MPS_BASE_MIB
+    return Resources(base.cpu_request, f"{request}Mi", base.cpu_limit, f"{limit}Mi")
+
+
 _PRIVILEGED: dict[str, Any] = {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0}
 _RESTRICTED: dict[str, Any] = {
     "privileged": False,
@@ -193,6 +230,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
     # Privileged: NVML and the device specs handed to kubelet need every /dev/nvidia* node, and the
     # plugin's sockets live in kubelet's root-owned device-plugins directory (see the module docstring).
     container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, _PRIVILEGED)
+    container["resources"] = device_plugin_resources(group.gpu.sharing).as_dict()  # MPS daemons included
     # The NVIDIA runtime injects the driver's NVML and CUDA libraries (the MPS daemon needs compute).
     container["env"] += [
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},

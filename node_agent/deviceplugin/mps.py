@@ -9,6 +9,10 @@ sets; clients get the same limits in their environment and can only lower them).
 
 The daemon binary is ``nvidia-cuda-mps-control`` from the driver, run through the host layer's
 command runner (``HostRoot.run``), with its environment passed through ``env``.
+
+The daemon, and the ``nvidia-cuda-mps-server`` it forks for clients, run in the plugin container's
+memory cgroup: the DaemonSet of an MPS group gets a limit sized for them
+(``components.manifests.workloads.device_plugin_resources``).
 """
 
 from __future__ import annotations
