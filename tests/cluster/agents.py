@@ -68,3 +68,33 @@ def run_agent(*args: str, timeout: float = 60.0, env: dict[str, str] | None = No
     """A one-shot agent command as a process; stdout and stderr captured."""
     return subprocess.run(agent_command(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO,
                           env=env, check=False)
+
+
+def container_env(container: dict[str, Any], node: str) -> dict[str, str]:
+    """A rendered container's env as the kubelet gives it to a pod on ``node`` (plain values, and the
+    ``fieldRef: spec.nodeName`` the agents use for ``NODE_NAME``; any other source is refused)."""
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, var
+            env[var["name"]] = node
+    return env
+
+
+def read_node(kube: Kube, name: str) -> dict[str, Any]:
+    node: dict[str, Any] = kube.get("v1", "Node", name)
+    return node
+
+
+def node_labels(node: dict[str, Any]) -> dict[str, str]:
+    return dict(node["metadata"].get("labels") or {})
+
+
+def node_annotations(node: dict[str, Any]) -> dict[str, str]:
+    return dict(node["metadata"].get("annotations") or {})
+
+
+def node_taints(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(node["spec"].get("taints") or [])

@@ -51,7 +51,17 @@ from node_agent.nvml.sim import get_machine
 from node_agent.testing.fakehost import FakeHost, build_fake_host
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend
-from tests.cluster.agents import REPO, AgentIdentity, agent_command, identity, run_agent
+from tests.cluster.agents import (
+    REPO,
+    AgentIdentity,
+    agent_command,
+    identity,
+    node_annotations,
+    node_labels,
+    node_taints,
+    read_node,
+    run_agent,
+)
 from tests.cluster.stack import AppliedStack, rendered
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
 
@@ -180,21 +190,10 @@ def _taint(text: str) -> dict[str, str]:
     return {"key": key, "effect": effect, **({"value": value} if value else {})}
 
 
-def _node(kube: Kube, name: str) -> dict[str, Any]:
-    node: dict[str, Any] = kube.get("v1", "Node", name)
-    return node
-
-
-def _labels(node: dict[str, Any]) -> dict[str, str]:
-    return dict(node["metadata"].get("labels") or {})
-
-
-def _annotations(node: dict[str, Any]) -> dict[str, str]:
-    return dict(node["metadata"].get("annotations") or {})
-
-
-def _taints(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(node["spec"].get("taints") or [])
+_node = read_node
+_labels = node_labels
+_annotations = node_annotations
+_taints = node_taints
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ from node_agent.nvml.session import NvmlBackend
 from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
 from node_agent.testing.fakehost import build_fake_host
 from nvgpu import catalogue
-from tests.cluster.agents import REPO, AgentIdentity, agent_command, identity, run_agent
+from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, run_agent
 from tests.cluster.stack import AppliedStack
 from tests.dra.builders import RecordingSharing
 from tests.dra.kubelet_standin import KubeletStandIn
@@ -136,14 +136,7 @@ def _daemonset_command(stack: AppliedStack, node: str) -> tuple[list[str], dict[
     kubelet would for a pod on ``node``."""
     container = stack.object("DaemonSet", DAEMONSET)["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "-m", "node_agent"]
-    env: dict[str, str] = {}
-    for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = var["value"]
-        else:
-            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, var
-            env[var["name"]] = node
-    return list(container["args"]), env
+    return list(container["args"]), container_env(container, node)
 
 
 def _start_plugin(kube: Kube, stack: AppliedStack, node: str, work: Path, *, root: Path | None = None) -> Plugin:

@@ -59,7 +59,18 @@ from node_agent.nvml.sim import SimulatedMachine
 from node_agent.testing.fakehost import build_fake_host
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend
-from tests.cluster.agents import NS, REPO, AgentIdentity, agent_command, identity
+from tests.cluster.agents import (
+    NS,
+    REPO,
+    AgentIdentity,
+    agent_command,
+    container_env,
+    identity,
+    node_annotations,
+    node_labels,
+    node_taints,
+    read_node,
+)
 from tests.cluster.stack import AppliedStack, rendered
 from tests.deviceplugin.kubelet_standin import KubeletStandIn as DevicePluginKubelet
 from tests.dra.kubelet_standin import KubeletStandIn as DraKubelet
@@ -155,12 +166,7 @@ def _pod_env(container: dict[str, Any], node: str) -> dict[str, str]:
     the test runner's in-cluster variables dropped, so only ``--kubeconfig`` names the server."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
     env["PYTHONPATH"] = str(REPO)
-    for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = var["value"]
-        else:
-            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, var
-            env[var["name"]] = node
+    env.update(container_env(container, node))
     return env
 
 
@@ -176,21 +182,10 @@ def _template(stack: AppliedStack, node_group: str) -> dict[str, Any]:
     return dict(stack.object("NodeGroup", node_group)["spec"]["nodeTemplate"])
 
 
-def _node(kube: Kube, name: str) -> dict[str, Any]:
-    node: dict[str, Any] = kube.get("v1", "Node", name)
-    return node
-
-
-def _labels(node: dict[str, Any]) -> dict[str, str]:
-    return dict(node["metadata"].get("labels") or {})
-
-
-def _annotations(node: dict[str, Any]) -> dict[str, str]:
-    return dict(node["metadata"].get("annotations") or {})
-
-
-def _taints(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(node["spec"].get("taints") or [])
+_node = read_node
+_labels = node_labels
+_annotations = node_annotations
+_taints = node_taints
 
 
 def _slot(taint: dict[str, Any]) -> str:
