@@ -949,29 +949,16 @@ class FakeNvmlLibrary:
 
     # -- processes ---------------------------------------------------------------------------
     def compute_processes(self, handle: int | None, count: int | None, out: int | None) -> int | None:
-        h, gpu = self._gpu(handle, ("gpu", "mig"))
-        procs = [p for p in gpu.processes if h.kind == "gpu" or (p.gi_id, p.ci_id) == (h.gi, h.ci)]
-        if count is None:
-            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        n = ctypes.c_uint.from_address(count)
-        if not procs:
-            n.value = 0
-            return None
-        if out is None or n.value < len(procs):
-            n.value = len(procs)
-            return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        arr = (pynvml.c_nvmlProcessInfo_v3_t * len(procs)).from_address(out)
-        for i, p in enumerate(procs):
-            arr[i].pid = p.pid
-            arr[i].usedGpuMemory = (p.used_mib << 20) if p.used_mib is not None else \
-                pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
-            arr[i].gpuInstanceId = _WHOLE_GPU if p.gi_id is None else p.gi_id
-            arr[i].computeInstanceId = _WHOLE_GPU if p.ci_id is None else p.ci_id
-        n.value = len(procs)
-        return None
+        """``_v3`` and ``_v2``: ``nvmlProcessInfo_t`` with the GPU/compute-instance ids."""
+        return self._fill_processes(handle, count, out, pynvml.c_nvmlProcessInfo_v3_t, instance_ids=True)
 
     def compute_processes_v1(self, handle: int | None, count: int | None, out: int | None) -> int | None:
         """The unversioned symbol: ``nvmlProcessInfo_v1_t`` (pid, usedGpuMemory), no GI/CI ids."""
+        return self._fill_processes(handle, count, out, _ProcessInfoV1, instance_ids=False)
+
+    def _fill_processes(self, handle: int | None, count: int | None, out: int | None, struct: Any,
+                        *, instance_ids: bool) -> int | None:
+        """NVML's two-call protocol: the count alone, INSUFFICIENT_SIZE when ``out`` is too small."""
         h, gpu = self._gpu(handle, ("gpu", "mig"))
         procs = [p for p in gpu.processes if h.kind == "gpu" or (p.gi_id, p.ci_id) == (h.gi, h.ci)]
         if count is None:
@@ -983,11 +970,14 @@ class FakeNvmlLibrary:
         if out is None or n.value < len(procs):
             n.value = len(procs)
             return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        arr = (_ProcessInfoV1 * len(procs)).from_address(out)
+        arr = (struct * len(procs)).from_address(out)
         for i, p in enumerate(procs):
             arr[i].pid = p.pid
             arr[i].usedGpuMemory = (p.used_mib << 20) if p.used_mib is not None else \
                 pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+            if instance_ids:
+                arr[i].gpuInstanceId = _WHOLE_GPU if p.gi_id is None else p.gi_id
+                arr[i].computeInstanceId = _WHOLE_GPU if p.ci_id is None else p.ci_id
         n.value = len(procs)
         return None
 
