@@ -1,7 +1,8 @@
 """GPU sharing for a prepared claim: time-slicing and MPS, applied on prepare and undone on unprepare.
 
 What the opaque config asks for becomes host changes through a :class:`SharingBackend` (``nvidia-smi`` and
-``nvidia-cuda-mps-control`` with timeouts in production, a recorder in tests) plus container edits for the
+``nvidia-cuda-mps-control`` run through the host root's exec seam with timeouts, a ``RecordingExec`` under
+it in tests) plus container edits for the
 claim's CDI spec. Every change is recorded in an :class:`AppliedSharing` *before* it is made, so a prepare
 interrupted half-way can be rolled back from the checkpoint alone.
 
@@ -17,10 +18,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from node_agent.dra.cdi import SharingEdits
@@ -28,6 +28,7 @@ from node_agent.dra.checkpoint import AppliedSharing
 from node_agent.dra.config import GpuSharing, Strategy
 from node_agent.dra.devices import Allocatable, DeviceKind
 from node_agent.dra.hostfs import HostPaths
+from node_agent.host import CommandResult, HostError
 
 log = logging.getLogger(__name__)
 
@@ -49,51 +50,60 @@ class SharingBackend(Protocol):
     def stop_mps(self, claim_uid: str, pipe_dir: str) -> None: ...
 
 
-Runner = Callable[[list[str], dict[str, str], str, float], None]
+class CommandRunner(Protocol):
+    """Runs a host command through the host layer's exec seam (``node_agent.host.HostRoot`` satisfies it)."""
 
+    def path(self, host_path: str) -> Path: ...
 
-def _run(cmd: list[str], env: dict[str, str], stdin: str, timeout: float) -> None:
-    try:
-        subprocess.run(cmd, input=stdin.encode(), env={**os.environ, **env}, check=True, timeout=timeout,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    except subprocess.CalledProcessError as e:
-        raise SharingError(f"{' '.join(cmd)}: exit {e.returncode}: {e.stderr.decode(errors='replace').strip()}") from e
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise SharingError(f"{' '.join(cmd)}: {e}") from e
+    def command_path(self, host_path: str) -> str: ...
+
+    def run(self, argv: Sequence[str], *, timeout_s: float, kill_after_s: float = ..., stdin: str | None = ...,
+            env: Mapping[str, str] | None = ...) -> CommandResult: ...
 
 
 class NvidiaSmiSharing:
-    """The production backend: NVIDIA's tools, each call bounded by a timeout."""
+    """The production backend: NVIDIA's tools, each call bounded by a timeout.
 
-    def __init__(self, host: HostPaths, nvidia_smi: str = "/usr/bin/nvidia-smi",
-                 mps_control: str = "/usr/bin/nvidia-cuda-mps-control", timeout: float = 10.0,
-                 runner: Runner = _run) -> None:
+    Every command goes through ``host.run`` (``node_agent.host.exec``): the binaries are resolved inside
+    the host root (``--host-root``, ``--host-exec``), so a simulated node runs the same code with a
+    recorder, and the MPS directories are passed as the command sees them (``HostRoot.command_path``).
+    """
+
+    def __init__(self, host: CommandRunner, nvidia_smi: str = "nvidia-smi",
+                 mps_control: str = "nvidia-cuda-mps-control", timeout: float = 10.0) -> None:
         self._host = host
         self._smi = nvidia_smi
         self._mps = mps_control
         self._timeout = timeout
-        self._run = runner
+
+    def _run(self, cmd: list[str], env: dict[str, str], stdin: str) -> None:
+        try:
+            result = self._host.run(cmd, timeout_s=self._timeout, stdin=stdin or None, env=env or None)
+        except HostError as e:
+            raise SharingError(f"{' '.join(cmd)}: {e}") from e
+        if result.returncode != 0:
+            raise SharingError(f"{' '.join(cmd)}: exit {result.returncode}: {result.stderr.strip()}")
 
     def set_compute_mode(self, uuid: str, mode: str) -> None:
-        self._run([self._smi, "-i", uuid, "-c", mode], {}, "", self._timeout)
+        self._run([self._smi, "-i", uuid, "-c", mode], {}, "")
 
     def set_timeslice(self, uuid: str, level: int) -> None:
-        self._run([self._smi, "compute-policy", "-i", uuid, "--set-timeslice", str(level)], {}, "", self._timeout)
+        self._run([self._smi, "compute-policy", "-i", uuid, "--set-timeslice", str(level)], {}, "")
 
     def start_mps(self, claim_uid: str, uuids: Sequence[str], *, pipe_dir: str, log_dir: str,
                   active_thread_percentage: int | None, pinned_limits_mib: dict[int, int]) -> None:
-        env = {"CUDA_MPS_PIPE_DIRECTORY": str(self._host.path(pipe_dir)),
-               "CUDA_MPS_LOG_DIRECTORY": str(self._host.path(log_dir)), "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
-        self._run([self._mps, "-d"], env, "", self._timeout)
+        env = {"CUDA_MPS_PIPE_DIRECTORY": self._host.command_path(pipe_dir),
+               "CUDA_MPS_LOG_DIRECTORY": self._host.command_path(log_dir), "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+        self._run([self._mps, "-d"], env, "")
         commands = []
         if active_thread_percentage is not None:
             commands.append(f"set_default_active_thread_percentage {active_thread_percentage}")
         commands += [f"set_default_device_pinned_mem_limit {i} {mib}M" for i, mib in sorted(pinned_limits_mib.items())]
         if commands:
-            self._run([self._mps], env, "\n".join(commands) + "\n", self._timeout)
+            self._run([self._mps], env, "\n".join(commands) + "\n")
 
     def stop_mps(self, claim_uid: str, pipe_dir: str) -> None:
-        self._run([self._mps], {"CUDA_MPS_PIPE_DIRECTORY": str(self._host.path(pipe_dir))}, "quit\n", self._timeout)
+        self._run([self._mps], {"CUDA_MPS_PIPE_DIRECTORY": self._host.command_path(pipe_dir)}, "quit\n")
 
 
 @dataclass(frozen=True)

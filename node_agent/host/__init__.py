@@ -1,9 +1,11 @@
 """The host layer: the only code that touches host paths, always through a ``HostRoot``.
 
-``root`` (files, atomic writes, commands with timeouts), ``proc`` (driver version, modules, GPU
+``root`` (files, atomic writes, commands with timeouts), ``exec`` (the one seam every host command
+goes through: the real ``HostExec`` or a test's ``RecordingExec``), ``proc`` (driver version, modules, GPU
 minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA nodes).
 """
 
+from node_agent.host.exec import Call, Exec, HostExec, RecordingExec
 from node_agent.host.pci import PciDevice, normalize_address, nvidia_gpus, read_device
 from node_agent.host.proc import DriverVersionError, gpu_minors, loaded_modules, read_driver_version
 from node_agent.host.root import (
@@ -17,14 +19,18 @@ from node_agent.host.root import (
 )
 
 __all__ = [
+    "Call",
     "CommandNotFound",
     "CommandResult",
     "CommandTimeout",
     "DriverVersionError",
+    "Exec",
     "HostError",
+    "HostExec",
     "HostRoot",
     "NotOurs",
     "PciDevice",
+    "RecordingExec",
     "Refused",
     "gpu_minors",
     "loaded_modules",

@@ -9,21 +9,21 @@ rename does not exist there.
 
 Commands run either directly (resolved inside the root's ``bin``/``sbin`` dirs, never from the
 agent's own PATH when the root is not ``/``, so tests stay hermetic; ``HOST_ROOT`` is exported for
-fake tools) or through ``chroot <root>`` (the DaemonSet with the host mounted at ``/host``).
+fake tools) or through ``chroot <root>`` (the DaemonSet with the host mounted at ``/host``), always
+through the root's ``executor`` (``node_agent.host.exec``): tests inject a ``RecordingExec``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from node_agent.host import atomic
+from node_agent.host.exec import Exec, HostExec
 from nvgpu.nodescripts.facts import STATE_DIR
 
 ExecMode = Literal["direct", "chroot"]
@@ -67,9 +67,12 @@ class CommandResult:
 
 
 class HostRoot:
-    def __init__(self, root: str | Path = "/", *, exec_mode: ExecMode = "direct") -> None:
+    def __init__(self, root: str | Path = "/", *, exec_mode: ExecMode = "direct",
+                 executor: Exec | None = None) -> None:
         self.root = Path(root).resolve()
         self.exec_mode: ExecMode = exec_mode
+        #: Where every command goes (``node_agent.host.exec``): the real one unless a test injects one.
+        self.executor: Exec = executor if executor is not None else HostExec(self)
 
     def __repr__(self) -> str:
         return f"HostRoot({str(self.root)!r}, exec_mode={self.exec_mode!r})"
@@ -213,34 +216,16 @@ class HostRoot:
         return None
 
     def run(self, argv: Sequence[str], *, timeout_s: float, kill_after_s: float = 5.0,
-            stdin: str | None = None) -> CommandResult:
-        """Run a host command, bounded like ``timeout -k kill_after timeout``; raises on timeout/absence."""
-        found = self.which(argv[0])
-        if found is None:
-            raise CommandNotFound(f"command {argv[0]!r} not found on the host", argv[0])
-        if self.exec_mode == "chroot" and not self.is_real_root:
-            cmd = ["chroot", str(self.root), found, *argv[1:]]
-        else:
-            cmd = [str(self.path(found)), *argv[1:]]
-        env = dict(os.environ)
-        env["HOST_ROOT"] = "" if self.is_real_root else str(self.root)
-        env.setdefault("LC_ALL", "C")
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                    start_new_session=True)
-        except OSError as e:
-            raise HostError(f"cannot run {argv[0]}: {e.strerror}", argv[0]) from e
-        try:
-            out, err = proc.communicate(stdin, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.communicate(timeout=kill_after_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-            raise CommandTimeout(f"{argv[0]} did not finish within {timeout_s:g}s", argv[0]) from None
-        return CommandResult(tuple(argv), proc.returncode, out, err)
+            stdin: str | None = None, env: Mapping[str, str] | None = None) -> CommandResult:
+        """Run a host command through :attr:`executor`, bounded like ``timeout -k kill_after timeout``.
+
+        Raises on timeout/absence; ``env`` adds variables to the command's environment.
+        """
+        return self.executor.run(argv, timeout_s=timeout_s, kill_after_s=kill_after_s, stdin=stdin, env=env)
+
+    def command_path(self, host_path: str) -> str:
+        """The path a host command sees for ``host_path``: the host path itself when commands run in the
+        host's root (``/`` or ``chroot``), the local path under the root otherwise (direct mode)."""
+        if self.is_real_root or self.exec_mode == "chroot":
+            return host_path
+        return str(self.path(host_path))

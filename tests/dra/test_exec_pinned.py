@@ -1,0 +1,122 @@
+"""The DRA sharing backend's host commands, pinned by exact argv and order.
+
+The production backend (``NvidiaSmiSharing``) runs on a simulated DGX H100 through the host root's exec
+seam with a ``RecordingExec`` under it: the commands ``nvidia-smi`` and ``nvidia-cuda-mps-control`` get
+(argv, environment, control commands on stdin) are what a real node would run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node_agent.dra.api import KubeDraApi
+from node_agent.dra.claims import ClaimRef
+from node_agent.dra.driver import DraDriver, DriverSettings
+from node_agent.dra.nvml_source import NvmlInventorySource
+from node_agent.dra.sharing import NvidiaSmiSharing
+from node_agent.host import CommandResult, HostRoot, RecordingExec
+from tests.dra.builders import DRIVER, NODE, claim, gpu_config, populate_dev
+from tests.dra.kmock_server import FakeApiServer
+
+
+@dataclass
+class Node:
+    root: Path
+    server: FakeApiServer
+    exec: RecordingExec
+    driver: DraDriver
+    uuids: list[str]
+
+    def put(self, body: dict[str, Any]) -> ClaimRef:
+        from kubernetes import client
+
+        meta = body["metadata"]
+        client.ResourceV1Api(self.server.api_client()).create_namespaced_resource_claim(meta["namespace"], body)
+        return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+
+
+@pytest.fixture
+def node(host_root: Path, api_server: FakeApiServer) -> Iterator[Node]:
+    rec = RecordingExec()
+    host = HostRoot(host_root, executor=rec)
+    source = NvmlInventorySource("simulated:dgx-h100", HostRoot(host_root))
+    inventory = source.snapshot()
+    populate_dev(host_root, inventory)
+    driver = DraDriver(DriverSettings(driver=DRIVER, node=NODE), api=KubeDraApi(api_server.api_client()),
+                       source=source, host=host, backend=NvidiaSmiSharing(host))
+    driver.start()
+    try:
+        yield Node(host_root, api_server, rec, driver, [g.uuid for g in inventory.gpus])
+    finally:
+        driver.close()
+        source.close()
+
+
+@pytest.mark.parametrize(("interval", "level"), [("Default", 0), ("Short", 1), ("Medium", 2), ("Long", 3)])
+def test_time_slice_level_per_interval(node: Node, interval: str, level: int) -> None:
+    ref = node.put(claim("ts", "uid-ts", [("gpu", "gpu-2"), ("gpu", "gpu-5")], configs=[gpu_config(
+        "FromClaim", ["gpu"], {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}})]))
+    assert node.driver.prepare([ref])["uid-ts"].error == ""
+    u2, u5 = node.uuids[2], node.uuids[5]
+    assert node.exec.argvs == [
+        ["nvidia-smi", "-i", u2, "-c", "DEFAULT"],
+        ["nvidia-smi", "compute-policy", "-i", u2, "--set-timeslice", str(level)],
+        ["nvidia-smi", "-i", u5, "-c", "DEFAULT"],
+        ["nvidia-smi", "compute-policy", "-i", u5, "--set-timeslice", str(level)],
+    ]
+    assert all(c.env == {} and c.stdin is None for c in node.exec.calls)
+    node.exec.calls.clear()
+    assert node.driver.unprepare([ref]) == {"uid-ts": ""}
+    assert node.exec.argvs == [
+        ["nvidia-smi", "compute-policy", "-i", u2, "--set-timeslice", "0"],
+        ["nvidia-smi", "compute-policy", "-i", u5, "--set-timeslice", "0"],
+        ["nvidia-smi", "-i", u2, "-c", "DEFAULT"],
+        ["nvidia-smi", "-i", u5, "-c", "DEFAULT"],
+    ]
+
+
+def test_mps_start_limits_and_stop(node: Node) -> None:
+    ref = node.put(claim("mps", "uid-mps", [("gpu", "gpu-1"), ("gpu", "gpu-4")], configs=[gpu_config(
+        "FromClaim", ["gpu"], {"strategy": "MPS", "mpsConfig": {
+            "defaultActiveThreadPercentage": 25, "defaultPinnedDeviceMemoryLimit": "10Gi",
+            "defaultPerDevicePinnedMemoryLimit": {"1": "4Gi"}}})]))
+    assert node.driver.prepare([ref])["uid-mps"].error == ""
+    u1, u4 = node.uuids[1], node.uuids[4]
+    # Direct exec under a non-/ root: the daemon sees the directories under the root.
+    base = str(node.root / "run/nvidia-gpu-agent/mps/uid-mps")
+    env = {"CUDA_MPS_PIPE_DIRECTORY": f"{base}/pipe", "CUDA_MPS_LOG_DIRECTORY": f"{base}/log",
+           "CUDA_VISIBLE_DEVICES": f"{u1},{u4}"}
+    assert [(c.argv, c.env, c.stdin) for c in node.exec.calls] == [
+        (("nvidia-smi", "-i", u1, "-c", "EXCLUSIVE_PROCESS"), {}, None),
+        (("nvidia-smi", "-i", u4, "-c", "EXCLUSIVE_PROCESS"), {}, None),
+        (("nvidia-cuda-mps-control", "-d"), env, None),
+        (("nvidia-cuda-mps-control",), env, "set_default_active_thread_percentage 25\n"
+                                            "set_default_device_pinned_mem_limit 0 10240M\n"
+                                            "set_default_device_pinned_mem_limit 1 4096M\n"),
+    ]
+    node.exec.calls.clear()
+    assert node.driver.unprepare([ref]) == {"uid-mps": ""}
+    assert [(c.argv, c.env, c.stdin) for c in node.exec.calls] == [
+        (("nvidia-cuda-mps-control",), {"CUDA_MPS_PIPE_DIRECTORY": f"{base}/pipe"}, "quit\n"),
+        (("nvidia-smi", "-i", u1, "-c", "DEFAULT"), {}, None),
+        (("nvidia-smi", "-i", u4, "-c", "DEFAULT"), {}, None),
+    ]
+
+
+def test_mps_directories_are_host_paths_under_chroot(host_root: Path) -> None:
+    rec = RecordingExec()
+    NvidiaSmiSharing(HostRoot(host_root, exec_mode="chroot", executor=rec)).stop_mps("u", "/run/x/pipe")
+    assert rec.calls[0].env == {"CUDA_MPS_PIPE_DIRECTORY": "/run/x/pipe"}
+
+
+def test_a_failing_nvidia_smi_fails_the_prepare(node: Node) -> None:
+    node.exec.on("nvidia-smi", lambda c: CommandResult(c.argv, 6, "", "Unable to set the timeslice"))
+    ref = node.put(claim("ts", "uid-ts", [("gpu", "gpu-0")], configs=[gpu_config(
+        "FromClaim", ["gpu"], {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+    error = node.driver.prepare([ref])["uid-ts"].error
+    assert "exit 6" in error and "Unable to set the timeslice" in error
