@@ -26,7 +26,7 @@ import pulumi
 from components.manifests import Manifest
 from components.manifests.meta import app_labels, cluster_object_name, selector_labels
 from components.manifests.scheduling import node_selector_terms, tolerations
-from components.manifests.workloads import AGENT, HOST_ROOT
+from components.manifests.workloads import AGENT, DRIVER_ROOT_ARGS, HOST_ROOT, driver_root_mount, driver_root_volume
 from components.register import register
 from nvgpu import catalogue, labels
 from nvgpu.migparted import (
@@ -171,7 +171,8 @@ def _tolerations(groups: Sequence[NodeGroup]) -> list[dict[str, Any]]:
 
 def manager_args(cluster: Cluster) -> list[str]:
     drain = "deckhouse" if cluster.node_setup is NodeSetupBackend.DECKHOUSE else "cordon"
-    args = ["--host-root", HOST_ROOT, "mig-manager", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", "--drain", drain]
+    args = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS,
+            "mig-manager", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", "--drain", drain]
     return [*args, "--allow-reboot"] if cluster.mig.allow_reboot else args
 
 
@@ -199,10 +200,12 @@ def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> 
         "resources": RESOURCES,
         "securityContext": {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0},
         "lifecycle": {"preStop": {"exec": {"command": [
-            *AGENT, "--host-root", HOST_ROOT, "mig-manager", "--pre-stop", "--timeout", str(PRE_STOP_TIMEOUT_S),
+            *AGENT, "--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS,
+            "mig-manager", "--pre-stop", "--timeout", str(PRE_STOP_TIMEOUT_S),
         ]}}},
         "volumeMounts": [
             {"name": "host-root", "mountPath": HOST_ROOT},
+            driver_root_mount(),
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
@@ -227,6 +230,7 @@ def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> 
                     "containers": [container],
                     "volumes": [
                         {"name": "host-root", "hostPath": {"path": "/", "type": "Directory"}},
+                        driver_root_volume(cluster),
                         {"name": "config", "configMap": {"name": config_map_name(namespace)}},
                         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
                     ],

@@ -1,4 +1,5 @@
-"""``GpuPlatform``: the cluster-wide pieces every node group shares (namespace, ServiceAccounts, RBAC)."""
+"""``GpuPlatform``: the cluster-wide pieces every node group shares (namespace, ServiceAccounts, RBAC, the
+``nvidia`` RuntimeClass for users' GPU pods)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,13 @@ class GpuPlatform(pulumi.ComponentResource):
             )
             deps += [sa, cr, crb]
             per_role[role] = (sa, crb)
+        # Users' GPU pods only; the agents do not run under it (see components.manifests.platform).
+        # Not in ``deps``: no agent waits for it.
+        settings = cluster.runtime_class
+        self.runtime_class: pulumi.Resource | None = None
+        if settings.create:
+            rc = manifests.runtime_class(settings.name, ns_name)
+            self.runtime_class = register(f"{name}-runtime-class", rc, child)
         self.namespace = pulumi.Output.from_input(ns_name)
         self.service_accounts = {role.value: role.value for role in roles}
         self.refs = PlatformRefs(

@@ -3,6 +3,8 @@
 Global options (before the command)::
 
     --host-root PATH        host filesystem root (default /; /host in the DaemonSet)
+    --driver-root PATH      NVIDIA driver root as this process sees it (default $NVIDIA_DRIVER_ROOT, else /;
+                            /driver-root in the DaemonSets): --nvml real loads libnvidia-ml.so.1 from it
     --host-exec MODE        run host commands directly or via chroot (default: direct for /, chroot otherwise)
     --nvml SPEC             real | simulated:<machine> (default real)
     --nvml-state PATH       simulated machine state file (default under the host root's /run)
@@ -35,10 +37,14 @@ from collections.abc import Sequence
 from node_agent import exitcodes
 from node_agent.commands import COMMANDS
 from node_agent.context import UsageError
+from node_agent.driverroot import default_driver_root, set_driver_root
 
 
 def _globals(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host-root", default="/", metavar="PATH")
+    # Not relative to --host-root: a path in this process's filesystem (the DaemonSets mount the
+    # driver root at /driver-root and the host's / at /host).
+    parser.add_argument("--driver-root", default=default_driver_root(), metavar="PATH")
     parser.add_argument("--host-exec", choices=("direct", "chroot"), default=None)
     parser.add_argument("--nvml", default="real", metavar="SPEC", help="real | simulated:<machine>")
     parser.add_argument("--nvml-state", default=None, metavar="PATH")
@@ -74,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    set_driver_root(args.driver_root)  # what open_nvml("real") and driver_binary() use in this process
     run = getattr(args, "run", None)
     if run is None:
         parser.error(f"command {args.command!r} is not available")

@@ -1,4 +1,4 @@
-"""What every agent command gets: the host root, the NVML backend, the node name, Kubernetes access.
+"""What every agent command gets: host and driver roots, the NVML backend, the node name, Kubernetes access.
 
 Built once from the global CLI options (``AgentContext.from_args``) so commands registered by other
 modules read the same settings the same way. Kubernetes and NVML are opened lazily: ``check`` on a
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from node_agent.driverroot import DriverRoot, current_driver_root, default_driver_root
 from node_agent.host import HostRoot
 from node_agent.host.root import ExecMode
 from node_agent.nvml import NvmlBackend, NvmlSession, open_nvml
@@ -47,15 +48,16 @@ class AgentContext:
         host = (host_factory or (lambda r, m: HostRoot(r, exec_mode=m)))(root, exec_mode)
         state = getattr(args, "nvml_state", None)
         spec = getattr(args, "nvml", None) or "real"
+        driver_root = DriverRoot(Path(str(getattr(args, "driver_root", None) or default_driver_root())))
         try:
-            backend = NvmlBackend.parse(spec, Path(state) if state else None)
+            backend = NvmlBackend.parse(spec, Path(state) if state else None, driver_root.path)
         except ValueError as e:
             raise UsageError(str(e)) from e
         if backend.kind == "simulated" and backend.state_file is None and not host.is_real_root:
             from node_agent.nvml.sim import DEFAULT_STATE_DIR
 
             backend = NvmlBackend("simulated", backend.machine,
-                                  host.path(f"{DEFAULT_STATE_DIR}/{backend.machine}.json"))
+                                  host.path(f"{DEFAULT_STATE_DIR}/{backend.machine}.json"), driver_root.path)
         kubeconfig = getattr(args, "kubeconfig", None)
         return cls(
             host=host,
@@ -69,6 +71,12 @@ class AgentContext:
     def nvml(self) -> Iterator[NvmlSession]:
         with open_nvml(self.nvml_backend, timeout_s=self.nvml_timeout_s) as session:
             yield session
+
+    @property
+    def driver_root(self) -> DriverRoot:
+        """The NVIDIA driver root as this process sees it (``--driver-root``; not under the host root)."""
+        root = self.nvml_backend.driver_root
+        return DriverRoot(root) if root is not None else current_driver_root()
 
     def require_node_name(self) -> str:
         if not self.node_name:

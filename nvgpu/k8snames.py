@@ -16,6 +16,8 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 
 QUALIFIED_NAME_RULE = ("an optional DNS-subdomain prefix and '/' (at most 253 characters), then a name of at most "
                        "63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric")
+DNS_SUBDOMAIN_RULE = ("at most 253 characters: lowercase alphanumerics, '-' or '.', starting and ending with an "
+                      "alphanumeric")
 LABEL_VALUE_RULE = ("empty, or at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with an "
                     "alphanumeric")
 
@@ -53,3 +55,18 @@ def check_label_value(value: str) -> str:
     if problem:
         raise ValueError(problem)
     return value
+
+
+def dns_subdomain_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid DNS-subdomain object name (apimachinery's ``IsDNS1123Subdomain``), or None."""
+    if not name or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        return f"{name!r} is not a valid object name: {DNS_SUBDOMAIN_RULE}"
+    return None
+
+
+def check_dns_subdomain(name: str) -> str:
+    """Pydantic validator: the name of an object whose kind takes DNS-subdomain names (RuntimeClass, ...)."""
+    problem = dns_subdomain_problem(name)
+    if problem:
+        raise ValueError(problem)
+    return name

@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.alias_generators import to_camel
 
 from nvgpu import catalogue
-from nvgpu.k8snames import check_key, check_label_value
+from nvgpu.k8snames import check_dns_subdomain, check_key, check_label_value
 from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout, place_layout
 
 CONFIG_NAMESPACE = "nvidia-gpu"
@@ -157,6 +157,15 @@ class DraSettings(_Model):
         return v
 
 
+class RuntimeClassSettings(_Model):
+    """The ``node.k8s.io/v1`` RuntimeClass for the nvidia runtime the node setup registers (pods written from
+    NVIDIA's docs ask for ``runtimeClassName: nvidia``)."""
+
+    #: Off when the cluster already has one under that name (NVIDIA's GPU Operator, another stack).
+    create: bool = True
+    name: Annotated[str, AfterValidator(check_dns_subdomain)] = "nvidia"
+
+
 class Cluster(_Model):
     kubernetes_version: str
     namespace: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)] = "nvidia-gpu"
@@ -167,6 +176,11 @@ class Cluster(_Model):
     priority_class_name: str = "system-node-critical"
     dra: DraSettings = DraSettings()
     mig: MigManagerSettings = MigManagerSettings()
+    runtime_class: RuntimeClassSettings = RuntimeClassSettings()
+    #: NVIDIA driver root on the nodes (NVIDIA's ``nvidiaDriverRoot``): ``/`` for a driver installed on
+    #: the host, ``/run/nvidia/driver`` for a driver container. Every agent pod mounts it read-only at
+    #: ``/driver-root`` and loads NVML from there.
+    driver_root: str = "/"
     #: The kubeconfig context the stack's Kubernetes provider uses (default: the current context).
     kube_context: str | None = None
 
@@ -183,6 +197,14 @@ class Cluster(_Model):
                 f"supported: 1.{MIN_KUBERNETES_MINOR} to 1.{MAX_KUBERNETES_MINOR}"
             )
         return f"1.{minor}"
+
+    @field_validator("driver_root")
+    @classmethod
+    def _driver_root(cls, v: str) -> str:
+        parts = v.split("/")
+        if not v.startswith("/") or ".." in parts or any(c in v for c in "\0\n"):
+            raise ValueError("must be an absolute path without '..', e.g. / or /run/nvidia/driver")
+        return "/" + "/".join(p for p in parts if p not in ("", "."))
 
     @property
     def kubernetes_minor(self) -> int:

@@ -1,8 +1,9 @@
 """Step 3: turn recorded registrations into kubectl-applicable manifests (in apply order) and ``plan.json``.
 
-Apply order: Namespaces and CRDs, then identities and RBAC, then configuration, then workloads, then
-custom resources and patches of objects other controllers own. Inside a rank files sort by kind,
-namespace and name, so the output is byte-identical run to run.
+Apply order: Namespaces and CRDs, then cluster-wide classes (PriorityClass, RuntimeClass), then identities
+and RBAC, then configuration, then workloads, then custom resources and patches of objects other
+controllers own. Inside a rank files sort by kind, namespace and name, so the output is byte-identical
+run to run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ _RANK: dict[str, int] = {
     "Namespace": 0,
     "CustomResourceDefinition": 0,
     "PriorityClass": 1,
+    "RuntimeClass": 1,
     "ServiceAccount": 2,
     "ClusterRole": 2,
     "Role": 2,

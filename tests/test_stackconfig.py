@@ -151,6 +151,33 @@ def test_readme_config_reference_covers_every_key() -> None:
     assert missing == [], f"README's config reference lacks: {missing}"
 
 
+def test_runtime_class_defaults_and_switch() -> None:
+    rc = load_stack_config(VALID).cluster.runtime_class
+    assert rc.create is True and rc.name == "nvidia"
+    values = copy.deepcopy(VALID)
+    values["cluster"]["runtimeClass"] = {"create": False, "name": "gpu.example.com"}
+    rc = load_stack_config(values).cluster.runtime_class
+    assert rc.create is False and rc.name == "gpu.example.com"
+
+
+@pytest.mark.parametrize(
+    ("runtime_class", "path", "message"),
+    [
+        ({"name": "Nvidia"}, "cluster.runtimeClass.name", "'Nvidia' is not a valid object name: at most 253"),
+        ({"name": "nvidia_gpu"}, "cluster.runtimeClass.name", "is not a valid object name"),
+        ({"name": ""}, "cluster.runtimeClass.name", "'' is not a valid object name"),
+        ({"name": "a" * 254}, "cluster.runtimeClass.name", "is not a valid object name"),
+        ({"create": "maybe"}, "cluster.runtimeClass.create", "valid boolean"),
+        ({"handler": "runc"}, "cluster.runtimeClass.handler", "unknown key; allowed keys: create, name"),
+    ],
+)
+def test_bad_runtime_class_settings_name_the_key(runtime_class: dict[str, Any], path: str, message: str) -> None:
+    problems = _problems(lambda v: v["cluster"].update(runtimeClass=runtime_class))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"nvidia-gpu:{path}: "), problems
+    assert message in problems[0], problems
+
+
 # Found by the server dry-run: these passed the schemas and the config, and the real API server refused
 # every DaemonSet of the group (tolerations / node affinity break Kubernetes' name rules).
 BAD_KUBERNETES_NAMES: list[tuple[str, Any, str]] = [

@@ -18,6 +18,7 @@ from typing import Any
 from components.manifests import Manifest
 from components.manifests.meta import app_labels, cluster_object_name, group_object_name, selector_labels
 from components.manifests.scheduling import node_affinity, tolerations
+from components.manifests.workloads import DRIVER_ROOT_ARGS, driver_root_mount, driver_root_volume
 from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import ClaimQuota, Cluster, NodeGroup
 
@@ -208,7 +209,7 @@ def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
 
 def plugin_args(cluster: Cluster, namespace: str) -> list[str]:
     dra = cluster.dra
-    return ["dra-driver", "--driver-name", dra.driver_name, "--health-action", dra.health_action,
+    return [*DRIVER_ROOT_ARGS, "dra-driver", "--driver-name", dra.driver_name, "--health-action", dra.health_action,
             "--uninstall-marker", f"{namespace}/{UNINSTALL_MARKER}"]
 
 
@@ -225,7 +226,8 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
         "args": plugin_args(cluster, namespace),
         "env": [
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            # The NVIDIA runtime injects NVML and nvidia-smi (time-slice and compute-mode changes).
+            # NVML and nvidia-smi (time-slice and compute-mode changes) come from the driver root
+            # (--driver-root); the NVIDIA runtime may inject them too.
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
             # Few malloc arenas: the gRPC and claim-read threads would otherwise each grow their own.
@@ -242,6 +244,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
             {"name": "agent-state", "mountPath": AGENT_STATE_DIR},
             {"name": "mps", "mountPath": MPS_DIR},
             {"name": "dev", "mountPath": "/dev"},
+            driver_root_mount(),
             {"name": "tmp", "mountPath": "/tmp"},
         ],
         "livenessProbe": {"exec": {"command": ["test", "-S", f"{socket_dir}/dra.sock"]},
@@ -274,6 +277,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
                         _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
                         _host_path("mps", MPS_DIR, "DirectoryOrCreate"),
                         _host_path("dev", "/dev", "Directory"),
+                        driver_root_volume(cluster),
                         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
                     ],
                 },

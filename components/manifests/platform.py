@@ -7,6 +7,13 @@ to ignore warnings. ``audit`` is ``baseline``, so the API server's audit log mar
 uses host access, which is what a security review of this namespace wants to see.
 
 RBAC is spelled out verb by verb: no wildcards, no access to Secrets, only what each role's code calls.
+
+The RuntimeClass is for users' GPU pods (``runtimeClassName: nvidia``, as NVIDIA's docs write them): its
+handler is the runtime entry node setup registers in containerd and CRI-O, and its scheduling puts such
+pods only on GPU nodes whose setup finished, tolerating the GPU taint. A group's extra taints are not
+tolerated: they dedicate a group (``dedicated=ml``), and one cluster-wide class tolerating them would let
+every pod that asks for the nvidia runtime past every group's dedication. The agent pods do not use it:
+they load NVML from the driver root on the host and need no nvidia runtime.
 """
 
 from __future__ import annotations
@@ -16,8 +23,13 @@ from enum import StrEnum
 
 from components.manifests import Manifest
 from components.manifests.meta import app_labels, cluster_object_name
+from nvgpu import labels
+from nvgpu.nodescripts.facts import NVIDIA_RUNTIME_NAME
 
 RBAC_API = "rbac.authorization.k8s.io/v1"
+RUNTIME_CLASS_API = "node.k8s.io/v1"
+#: The value node setup gives ``node.deckhouse.io/gpu-setup-complete`` (a RuntimeClass selects on exact values).
+SETUP_COMPLETE_VALUE = ""
 
 
 class AgentRole(StrEnum):
@@ -107,3 +119,18 @@ def roles_for_backend(daemonset_setup: bool) -> tuple[AgentRole, ...]:
     if daemonset_setup:
         roles.append(AgentRole.NODE_SETUP)
     return tuple(roles)
+
+
+def runtime_class(name: str, namespace_name: str) -> Manifest:
+    """Cluster-scoped ``RuntimeClass`` ``name`` with handler ``nvidia``; admission adds its scheduling to the pods
+    that name it (a pod whose own ``nodeSelector`` contradicts it is refused)."""
+    return {
+        "apiVersion": RUNTIME_CLASS_API,
+        "kind": "RuntimeClass",
+        "metadata": {"name": name, "labels": app_labels("runtime-class", namespace_name)},
+        "handler": NVIDIA_RUNTIME_NAME,
+        "scheduling": {
+            "nodeSelector": {labels.GPU_SETUP_COMPLETE: SETUP_COMPLETE_VALUE},
+            "tolerations": [{"key": labels.GPU_TAINT_KEY, "operator": "Exists", "effect": labels.GPU_TAINT_EFFECT}],
+        },
+    }

@@ -21,7 +21,7 @@ from components.manifests import Manifest
 from components.manifests.meta import app_labels, group_object_name, selector_labels
 from components.manifests.platform import AgentRole
 from components.manifests.scheduling import node_affinity, tolerations
-from components.manifests.sharing import MPS_ROOT, config_map_name, device_plugin_config
+from components.manifests.sharing import MPS_ROOT, config_map_name
 from nvgpu import labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.stackconfig import Cluster, NodeGroup, NodeSetupBackend, Sharing
@@ -201,10 +201,24 @@ def _daemonset(
 _ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
 
 
-#: The device plugin's ``containerDriverRoot`` default: where its CDI spec generation looks for the driver.
+#: Where every agent container sees the node's driver root (``cluster.driverRoot``), read-only: the
+#: agent's ``--driver-root`` (NVML and ``nvidia-smi`` are loaded from there, so no container needs the
+#: NVIDIA runtime to inject them) and the device plugin's ``containerDriverRoot`` (CDI spec discovery).
 CONTAINER_DRIVER_ROOT = "/driver-root"
-#: The host driver root the plugin's ``nvidiaDriverRoot`` defaults to (drivers installed on the host).
+#: The default ``cluster.driverRoot`` and the plugin's ``nvidiaDriverRoot`` default (drivers installed on the host).
 HOST_DRIVER_ROOT = "/"
+DRIVER_ROOT_VOLUME = "driver-root"
+#: Global agent options (before the command) of every agent container.
+DRIVER_ROOT_ARGS = ("--driver-root", CONTAINER_DRIVER_ROOT)
+
+
+def driver_root_volume(cluster: Cluster) -> dict[str, Any]:
+    """The node's driver root as a hostPath volume (mounted by ``driver_root_mount``)."""
+    return _host_path(DRIVER_ROOT_VOLUME, cluster.driver_root, "Directory")
+
+
+def driver_root_mount() -> dict[str, Any]:
+    return _mount(DRIVER_ROOT_VOLUME, CONTAINER_DRIVER_ROOT, read_only=True)
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 
 
@@ -221,12 +235,16 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
     component = AgentRole.DEVICE_PLUGIN.value
     group = ctx.group
     args = [
+        *DRIVER_ROOT_ARGS,
         "device-plugin",
         "--config-dir", DEVICE_PLUGIN_CONFIG_DIR,
         "--config-label", labels.DEVICE_GPU_CONFIG,
         "--default-config", group.gpu.sharing.value,
         "--metrics-port", str(DEVICE_PLUGIN_METRICS_PORT),
     ]
+    if ctx.cluster.driver_root != HOST_DRIVER_ROOT:
+        # CDI specs name the driver's files by their host path under nvidiaDriverRoot.
+        args += ["--nvidia-driver-root", ctx.cluster.driver_root]
     # Privileged: NVML and the device specs handed to kubelet need every /dev/nvidia* node, and the
     # plugin's sockets live in kubelet's root-owned device-plugins directory (see the module docstring).
     container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, _PRIVILEGED)
@@ -253,6 +271,8 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _mount("mps-root", MPS_ROOT),
         _mount("agent-state", AGENT_STATE_DIR),
         _mount("config", DEVICE_PLUGIN_CONFIG_DIR, read_only=True),
+        # NVML and the driver's binaries (--driver-root); CDI specs list the driver's files found here.
+        driver_root_mount(),
         _TMP_MOUNT,
     ]
     volumes = [
@@ -262,6 +282,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
         _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
         {"name": "config", "configMap": {"name": config_map_name(group)}},
+        driver_root_volume(ctx.cluster),
         dict(_TMP_VOLUME),
     ]
     if group.gpu.sharing is Sharing.MPS:
@@ -269,10 +290,6 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         # that Allocate mounts at /dev/shm in every client (<mpsRoot>/shm).
         mounts.append(_mount("mps-shm", "/dev/shm"))
         volumes.append(_host_path("mps-shm", f"{MPS_ROOT}/shm", "DirectoryOrCreate"))
-    if uses_cdi([device_plugin_config(group, mode) for mode in Sharing]):
-        # CDI specs list the driver's files; the plugin discovers them under containerDriverRoot.
-        mounts.append(_mount("driver-root", CONTAINER_DRIVER_ROOT, read_only=True))
-        volumes.append(_host_path("driver-root", HOST_DRIVER_ROOT, "Directory"))
     container["volumeMounts"] = mounts
     pod_spec = {"containers": [container], "volumes": volumes}
     return _daemonset(ctx, component, AgentRole.DEVICE_PLUGIN, pod_spec, require_setup_complete=True,
@@ -295,11 +312,12 @@ def labeller_args(ctx: GroupContext) -> list[str]:
 
     On the daemonset backend there is no NodeGroup node template, so the labeller also keeps the group's
     own labels and taints on each node (``--node-label``/``--node-taint``, from ``nvgpu.nodelabels``, the
-    same source the Deckhouse node template uses).
+    same source the Deckhouse node template uses). NVML comes from the driver root (``--driver-root``).
     """
     gpu = ctx.group.gpu
     mig_strategy = gpu.effective_mig.strategy.value if gpu.sharing is Sharing.MIG else "none"
     args = [
+        *DRIVER_ROOT_ARGS,
         "labels", "--loop", "--interval", str(LABEL_INTERVAL_SECONDS), "--patch-node",
         "--mig-strategy", mig_strategy,
         "--replicas", str(gpu.replicas),
@@ -316,7 +334,8 @@ def labeller_args(ctx: GroupContext) -> list[str]:
 def labeller_daemonset(ctx: GroupContext) -> Manifest:
     component = AgentRole.LABELLER.value
     container = _container(ctx, component, AgentRole.LABELLER, labeller_args(ctx), _RESTRICTED)
-    # The NVIDIA runtime injects the GPUs (and only the NVML library) into this unprivileged container.
+    # The NVIDIA runtime injects the GPUs' device nodes into this unprivileged container; NVML itself comes
+    # from the read-only driver root (--driver-root), not from the runtime.
     container["env"] += [
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
@@ -328,12 +347,13 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
     # setup themselves, and the labeller needs the NVIDIA runtime that setup configures. Nodes that must
     # never take other pods before then get the GPU taint at provisioning too (stack output nodeTemplates);
     # the labeller then leaves that taint alone, as it is not the one that set it.
-    container["volumeMounts"] = [_mount("features", labels.NFD_FEATURES_DIR), _TMP_MOUNT]
+    container["volumeMounts"] = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(), _TMP_MOUNT]
     pod_spec = {
         # Root (for the root-owned features.d directory) but with no capabilities and no escalation.
         "securityContext": {"runAsUser": 0, "runAsGroup": 0},
         "containers": [container],
-        "volumes": [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"), dict(_TMP_VOLUME)],
+        "volumes": [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"),
+                    driver_root_volume(ctx.cluster), dict(_TMP_VOLUME)],
     }
     return _daemonset(ctx, component, AgentRole.LABELLER, pod_spec, require_setup_complete=True,
                       update_strategy=_ROLLING)
@@ -354,7 +374,8 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     operator deletes each pod, never as a surprise restart of containerd across the fleet.
     """
     component = AgentRole.NODE_SETUP.value
-    base = ["--host-root", HOST_ROOT]
+    # NVML from the driver root: the NVIDIA runtime this pod would otherwise need is what setup configures.
+    base = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS]
     # Privileged: the agent writes /proc/sys, loads kernel modules and restarts containerd through the
     # host's systemd (reached via the host root mount and chroot, so hostPID is not needed).
     # Passthrough groups (DRA, vfio.gpu.nvidia.com) also get VFIO prepared: modules and the IOMMU check.
@@ -363,7 +384,7 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, [], _PRIVILEGED)
     hold["command"] = ["python", "-c", HOLD_SCRIPT]
     hold["lifecycle"] = {"preStop": {"exec": {"command": [*AGENT, *base, "teardown"]}}}
-    mounts = [_mount("host-root", HOST_ROOT), _TMP_MOUNT]
+    mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(), _TMP_MOUNT]
     init["volumeMounts"] = list(mounts)
     hold["volumeMounts"] = list(mounts)
     pod_spec = {
@@ -371,7 +392,7 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
         "terminationGracePeriodSeconds": 120,
         "initContainers": [init],
         "containers": [hold],
-        "volumes": [_host_path("host-root", "/", "Directory"), dict(_TMP_VOLUME)],
+        "volumes": [_host_path("host-root", "/", "Directory"), driver_root_volume(ctx.cluster), dict(_TMP_VOLUME)],
     }
     return _daemonset(ctx, component, AgentRole.NODE_SETUP, pod_spec, require_setup_complete=False,
                       update_strategy={"type": "OnDelete"})

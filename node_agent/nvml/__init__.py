@@ -14,6 +14,9 @@ Public surface (import from ``node_agent.nvml``):
 * Frozen values from ``types`` and errors from ``errors`` (``NvmlUnavailable``, ``DeviceLost``,
   ``NvmlTimeout``, ...), each with the ``NVMLError`` chained.
 * ``node_agent.nvml.sim``: the simulated machines and their fault injection.
+* ``node_agent.nvml.loader``: ``real`` loads ``libnvidia-ml.so.1`` from the driver root
+  (``NvmlBackend.driver_root``, else the process's ``--driver-root``; see ``node_agent.driverroot``)
+  into nvidia-ml-py before ``nvmlInit``, never from the process's own library path.
 """
 
 from node_agent.nvml.errors import (

@@ -34,6 +34,7 @@ from node_agent.nvml.errors import (
     NvmlTimeout,
     NvmlUnavailable,
 )
+from node_agent.nvml.loader import load_nvml
 from node_agent.nvml.types import (
     ComputeInstance,
     DriverInfo,
@@ -82,23 +83,26 @@ _LINK_END = (NvmlNotSupported, NvmlInvalidArgument, NvmlNotFound)
 
 @dataclass(frozen=True)
 class NvmlBackend:
-    """Where NVML comes from: the host's ``libnvidia-ml.so.1`` or a simulated machine."""
+    """Where NVML comes from: the driver's ``libnvidia-ml.so.1`` or a simulated machine."""
 
     kind: Literal["real", "simulated"]
     machine: str | None = None
     #: For simulated machines: share state with other processes through this JSON file.
     state_file: Path | None = None
+    #: For ``real``: the driver root the library is loaded from, as the agent sees it
+    #: (``node_agent.driverroot``); None: the process's driver root (``--driver-root``).
+    driver_root: Path | None = None
 
     @classmethod
-    def parse(cls, text: str, state_file: Path | None = None) -> NvmlBackend:
+    def parse(cls, text: str, state_file: Path | None = None, driver_root: Path | None = None) -> NvmlBackend:
         """``real`` or ``simulated:<machine>``; raises ValueError naming the allowed values."""
         from node_agent.nvml.sim.machines import MACHINE_NAMES
 
         if text == "real":
-            return cls("real")
+            return cls("real", driver_root=driver_root)
         kind, _, machine = text.partition(":")
         if kind == "simulated" and machine in MACHINE_NAMES:
-            return cls("simulated", machine, state_file)
+            return cls("simulated", machine, state_file, driver_root)
         raise ValueError(
             f"--nvml {text!r}: expected 'real' or 'simulated:<machine>' with machine one of {', '.join(MACHINE_NAMES)}"
         )
@@ -732,7 +736,11 @@ class EventWatcher:
 @contextlib.contextmanager
 def open_nvml(backend: NvmlBackend | str = "real", *, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Iterator[
         NvmlSession]:
-    """Initialise NVML for the ``with`` block; raises ``NvmlUnavailable`` when it cannot start."""
+    """Initialise NVML for the ``with`` block; raises ``NvmlUnavailable`` when it cannot start.
+
+    ``real``: ``libnvidia-ml.so.1`` is loaded from the backend's driver root first (``loader``); a root
+    without it is ``NvmlUnavailable`` naming the paths searched.
+    """
     if isinstance(backend, str):
         backend = NvmlBackend.parse(backend)
     lib = None
@@ -741,6 +749,9 @@ def open_nvml(backend: NvmlBackend | str = "real", *, timeout_s: float | None = 
 
         assert backend.machine is not None
         lib = sim.install(sim.SimStore(backend.machine, backend.state_file))
+    else:
+        # Before nvmlInit: the library comes from the driver root, never the process's library path.
+        load_nvml(backend.driver_root)
     runner = CallRunner(timeout_s)
     try:
         try:

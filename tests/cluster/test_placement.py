@@ -140,3 +140,22 @@ def test_gpu_taint_keeps_ordinary_pods_off(kube: Kube, nodes: dict[str, dict[str
     node = wait_for(lambda: kube.get("v1", "Pod", "taint-anywhere", "default")["spec"].get("nodeName"),
                     timeout=30, what="the ordinary pod scheduled")
     assert node == f"{PREFIX}worker"
+
+
+def test_a_pod_asking_for_the_nvidia_runtime_lands_on_a_set_up_gpu_node(kube: Kube, dev_stack: AppliedStack,
+                                                                       nodes: dict[str, dict[str, Any]]) -> None:
+    """A pod as NVIDIA's docs write it (``runtimeClassName: nvidia``, no toleration, no selector) is admitted;
+    RuntimeClass admission adds the class's selector and toleration, and the scheduler puts it on a GPU
+    node whose setup finished."""
+    (rc,) = dev_stack.of_kind("RuntimeClass")
+    assert rc["metadata"]["name"] == "nvidia"
+    pod = _pod("nvidia-runtime", "", tolerate=False)
+    pod["spec"] = {"runtimeClassName": "nvidia", "containers": pod["spec"]["containers"]}
+    kube.create(pod)
+    admitted = kube.get("v1", "Pod", "nvidia-runtime", "default")["spec"]
+    assert admitted["nodeSelector"] == {SETUP: ""}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in admitted["tolerations"]
+    node = wait_for(lambda: kube.get("v1", "Pod", "nvidia-runtime", "default")["spec"].get("nodeName"),
+                    timeout=30, what="the nvidia-runtime pod scheduled")
+    assert SETUP in kube.get("v1", "Node", node)["metadata"]["labels"], node
+    assert node != f"{PREFIX}worker" and not node.endswith("-new"), node

@@ -48,7 +48,7 @@ from typing import Any
 
 import pytest
 
-from components.manifests.workloads import GroupContext, labeller_args
+from components.manifests.workloads import DRIVER_ROOT_ARGS, GroupContext, labeller_args
 from localcluster import ApiError, ControlPlane, Kube
 from localcluster.objects import kwok_node, wait_for
 from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
@@ -341,7 +341,7 @@ def _node_flags(stack: AppliedStack) -> tuple[list[str], dict[str, str], list[di
 
 def _with_interval(args: list[str], interval: str) -> list[str]:
     i = args.index("--interval")
-    assert args[:i] == ["labels", "--loop"], args
+    assert args[:i] == [*DRIVER_ROOT_ARGS, "labels", "--loop"], args
     return [*args[:i + 1], interval, *args[i + 2:]]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,3 +52,7 @@ def by_name(resources: tuple[RecordedResource, ...]) -> dict[str, RecordedResour
 
 def of_kind(resources: tuple[RecordedResource, ...], kind: str) -> list[RecordedResource]:
     return [r for r in resources if r.is_kubernetes_object and r.inputs["kind"] == kind]
+
+
+#: The shipped stack files (``Pulumi.<stack>.yaml``).
+ROOT_STACKS = sorted(Path(__file__).resolve().parents[2].glob("Pulumi.*.yaml"))

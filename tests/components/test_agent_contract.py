@@ -28,7 +28,7 @@ from nvgpu.stackconfig import NodeSetupBackend, load_stack_file
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = sorted(ROOT.glob("Pulumi.*.yaml"))
 _GLOBALS_WITH_VALUE = {"--host-root", "--host-exec", "--nvml", "--nvml-state", "--node-name", "--kubeconfig",
-                       "--log-level"}
+                       "--log-level", "--driver-root"}
 
 
 def _command_lines(ds: dict[str, Any]) -> list[list[str]]:
@@ -63,7 +63,9 @@ def test_rendered_agent_command_lines_parse(stack: Path) -> None:
         for build in builders:
             for argv in _command_lines(build(ctx)):
                 args = _parse(argv)
-                assert args.command == next(a for a in argv if not a.startswith("-") and a != workloads.HOST_ROOT)
+                assert args.command == next(a for a in argv if not a.startswith("-")
+                                            and a not in (workloads.HOST_ROOT, workloads.CONTAINER_DRIVER_ROOT))
+                assert args.driver_root == workloads.CONTAINER_DRIVER_ROOT
                 parsed += 1
     assert parsed >= 2 * len(cfg.node_groups)
 
@@ -105,7 +107,9 @@ def test_device_plugin_pod_gives_the_plugin_what_it_uses(stack: Path) -> None:
                 "hostPath"]["path"]
         else:
             assert "/dev/shm" not in mounts
-        assert Settings().container_driver_root not in mounts  # the shipped configs list devices by envvar
+        # NVML from the driver root (--driver-root), also the plugin's containerDriverRoot for CDI specs.
+        assert mounts[Settings().container_driver_root]["readOnly"] is True
+        assert args.driver_root == Settings().container_driver_root
 
 
 def test_device_plugin_status_endpoints_answer_the_probe_paths() -> None:
@@ -135,22 +139,24 @@ def test_device_plugin_status_endpoints_answer_the_probe_paths() -> None:
         server.stop()
 
 
-def test_cdi_device_lists_mount_the_driver_root_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
-
+def test_device_plugin_mounts_the_driver_root_read_only_whatever_the_device_list_strategy() -> None:
+    """CDI specs (cdi-cri, cdi-annotations) and NVML both need the driver root: it is always mounted."""
     cfg = load_stack_file(STACKS[0])
-    group = cfg.node_groups[0]
-    plain = workloads.device_plugin_config
-
-    def with_cdi(g: Any, mode: Any) -> dict[str, Any]:
-        doc = plain(g, mode)
-        doc["flags"]["plugin"]["deviceListStrategy"] = ["cdi-cri"]
-        return doc
-
-    monkeypatch.setattr(workloads, "device_plugin_config", with_cdi)
     container, volumes = _plugin_container(workloads.device_plugin_daemonset(
-        GroupContext(cfg.cluster.namespace, cfg.cluster, group)))
+        GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])))
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == Settings().container_driver_root)
     assert mount["readOnly"] is True
     assert volumes[mount["name"]]["hostPath"]["path"] == Settings().nvidia_driver_root
+    assert "--nvidia-driver-root" not in container["args"]  # the plugin's own default, /
     assert workloads.uses_cdi([{"flags": {"plugin": {"deviceListStrategy": "cdi-annotations"}}}])
     assert not workloads.uses_cdi([{"flags": {"plugin": {"deviceListStrategy": ["envvar", "volume-mounts"]}}}])
+
+
+def test_a_driver_container_root_reaches_the_mount_and_the_plugins_cdi_root() -> None:
+    cfg = load_stack_file(STACKS[0])
+    cluster = cfg.cluster.model_copy(update={"driver_root": "/run/nvidia/driver"})
+    container, volumes = _plugin_container(workloads.device_plugin_daemonset(
+        GroupContext(cluster.namespace, cluster, cfg.node_groups[0])))
+    assert volumes["driver-root"]["hostPath"] == {"path": "/run/nvidia/driver", "type": "Directory"}
+    args = _parse(container["args"])
+    assert (args.driver_root, args.nvidia_driver_root) == ("/driver-root", "/run/nvidia/driver")

@@ -39,7 +39,7 @@ def test_platform_registers_namespace_accounts_and_rbac_as_its_children(engine: 
     assert comp.type_token == "nvidia-gpu:index:GpuPlatform" and comp.is_component
     children = [r for r in resources if r.parent_urn == comp.urn]
     assert sorted(r.type_token.rsplit(":", 1)[-1] for r in children) == [
-        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Namespace",
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Namespace", "RuntimeClass",
         "ServiceAccount", "ServiceAccount",
     ]
     assert all(r.name.startswith("nvidia-gpu-") for r in children)
@@ -47,6 +47,32 @@ def test_platform_registers_namespace_accounts_and_rbac_as_its_children(engine: 
     assert ns.inputs["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     binding = by_name(resources)["nvidia-gpu-device-plugin-binding"]
     assert set(binding.dependencies) >= {by_name(resources)["nvidia-gpu-device-plugin-sa"].urn}
+
+
+def test_platform_registers_the_runtime_class_unless_switched_off(engine: Engine) -> None:
+    cfg = stack_config([group()])
+    resources = engine.run(lambda: GpuPlatform("nvidia-gpu", GpuPlatformArgs(cluster=cfg.cluster)))
+    rc = by_name(resources)["nvidia-gpu-runtime-class"]
+    assert rc.type_token == "kubernetes:node.k8s.io/v1:RuntimeClass"
+    assert rc.parent_urn == by_name(resources)["nvidia-gpu"].urn
+    assert rc.inputs["metadata"]["name"] == "nvidia" and rc.inputs["handler"] == "nvidia"
+    assert rc.inputs["scheduling"]["nodeSelector"] == {labels.GPU_SETUP_COMPLETE: ""}
+
+
+def test_runtime_class_name_is_configurable(engine: Engine) -> None:
+    cfg = stack_config([group()], runtimeClass={"name": "nvidia-gpu-stack"})
+    resources = engine.run(lambda: GpuPlatform("p", GpuPlatformArgs(cluster=cfg.cluster)))
+    (rc,) = of_kind(resources, "RuntimeClass")
+    assert rc.name == "p-runtime-class"
+    assert rc.inputs["metadata"]["name"] == "nvidia-gpu-stack" and rc.inputs["handler"] == "nvidia"
+
+
+def test_runtime_class_switched_off_is_not_registered(engine: Engine) -> None:
+    """``cluster.runtimeClass.create: false``: the cluster already has one (GPU Operator, another stack)."""
+    cfg = stack_config([group()], runtimeClass={"create": False})
+    resources = engine.run(lambda: build_stack(cfg))
+    assert of_kind(resources, "RuntimeClass") == []
+    assert of_kind(resources, "Namespace") and of_kind(resources, "DaemonSet")
 
 
 def test_daemonset_backend_adds_the_setup_role(engine: Engine) -> None:

@@ -14,7 +14,7 @@ from components.manifests.platform import AgentRole
 from components.manifests.workloads import GroupContext
 from nvgpu import labels
 from nvgpu.nodelabels import custom_mig_config_name, desired_node_labels, mig_config_name
-from nvgpu.nodescripts import NodeScript
+from nvgpu.nodescripts import NodeScript, facts
 from nvgpu.stackconfig import Mig, Sharing
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -209,7 +209,7 @@ def test_device_plugin_runs_the_agent_with_the_groups_configs() -> None:
     ctx = _ctx([group("l4", sharing="TimeSlicing")])
     ds = workloads.device_plugin_daemonset(ctx)
     (c,) = ds["spec"]["template"]["spec"]["containers"]
-    assert c["args"][:1] == ["device-plugin"]
+    assert c["args"][:3] == ["--driver-root", "/driver-root", "device-plugin"]
     assert c["args"][c["args"].index("--default-config") + 1] == "TimeSlicing"
     assert c["args"][c["args"].index("--config-label") + 1] == labels.DEVICE_GPU_CONFIG
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
@@ -239,8 +239,8 @@ def test_device_plugin_is_scraped_only_with_monitoring_on(enabled: bool) -> None
 )
 def test_labeller_labels_with_the_groups_sharing(gpu: dict[str, Any], expected: list[str]) -> None:
     args = workloads.labeller_args(_ctx([{"name": "g", "nodeGroup": "ng", "gpu": gpu}]))
-    assert args[:5] == ["labels", "--loop", "--interval", "60", "--patch-node"]
-    assert args[5:] == expected
+    assert args[:7] == ["--driver-root", "/driver-root", "labels", "--loop", "--interval", "60", "--patch-node"]
+    assert args[7:] == expected
 
 
 def test_setup_daemonset_runs_before_the_gate_and_tears_down_on_delete() -> None:
@@ -249,10 +249,10 @@ def test_setup_daemonset_runs_before_the_gate_and_tears_down_on_delete() -> None
     exprs = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert all(e["key"] != labels.GPU_SETUP_COMPLETE for e in exprs["matchExpressions"])
     assert pod["hostPID"] is False
-    assert pod["initContainers"][0]["args"] == ["--host-root", "/host", "setup"]
+    assert pod["initContainers"][0]["args"] == ["--host-root", "/host", "--driver-root", "/driver-root", "setup"]
     hold = pod["containers"][0]
     assert hold["lifecycle"]["preStop"]["exec"]["command"] == [
-        "python", "-m", "node_agent", "--host-root", "/host", "teardown"]
+        "python", "-m", "node_agent", "--host-root", "/host", "--driver-root", "/driver-root", "teardown"]
     assert hold["command"][:2] == ["python", "-c"] and "SIGTERM" in hold["command"][2]
     assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
@@ -285,3 +285,23 @@ def test_rbac_is_least_privilege(role: AgentRole) -> None:
 def test_only_the_daemonset_backend_has_a_setup_role() -> None:
     assert AgentRole.NODE_SETUP not in platform.roles_for_backend(daemonset_setup=False)
     assert AgentRole.NODE_SETUP in platform.roles_for_backend(daemonset_setup=True)
+
+
+def test_runtime_class_runs_the_nvidia_handler_on_set_up_gpu_nodes_only() -> None:
+    rc = platform.runtime_class("nvidia", "nvidia-gpu")
+    assert rc["apiVersion"] == "node.k8s.io/v1" and rc["kind"] == "RuntimeClass"
+    assert rc["metadata"]["name"] == "nvidia" and "namespace" not in rc["metadata"]
+    assert rc["metadata"]["labels"]["app.kubernetes.io/instance"] == "nvidia-gpu"
+    # The runtime entry node setup writes into containerd's and CRI-O's config.
+    assert rc["handler"] == facts.NVIDIA_RUNTIME_NAME == "nvidia"
+    # Node setup sets the gate label to "" (a RuntimeClass nodeSelector matches exact values).
+    assert rc["scheduling"]["nodeSelector"] == {labels.GPU_SETUP_COMPLETE: ""}
+    # The GPU taint, the same toleration the agent DaemonSets have; no group's extra taints, no MIG taint.
+    assert rc["scheduling"]["tolerations"] == [
+        {"key": labels.GPU_TAINT_KEY, "operator": "Exists", "effect": labels.GPU_TAINT_EFFECT}]
+    taint = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+    dedicated = stack_config([{**group(), "extraTaints": [taint]}])
+    agent_tolerations = scheduling.tolerations(dedicated.node_groups[0])
+    assert rc["scheduling"]["tolerations"] == agent_tolerations[:1] and len(agent_tolerations) == 2
+    assert "overhead" not in rc
+    assert platform.runtime_class("gpu.example.com", "ns")["metadata"]["name"] == "gpu.example.com"

@@ -78,7 +78,7 @@ def test_plugin_daemonset_mounts_and_placement() -> None:
     paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"} <= paths
     [container] = pod["containers"]
-    assert container["args"][:3] == ["dra-driver", "--driver-name", "gpu.example.com"]
+    assert container["args"][:5] == ["--driver-root", "/driver-root", "dra-driver", "--driver-name", "gpu.example.com"]
     assert {"name": "plugins", "mountPath": "/var/lib/kubelet/plugins", "mountPropagation": "Bidirectional"} in \
         container["volumeMounts"]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -143,5 +143,5 @@ def test_daemonset_backend_prepares_vfio_only_for_passthrough_groups(engine: Eng
     resources = engine.run(lambda: build_stack(cfg))
     setup = {r.inputs["metadata"]["name"]: r.inputs["spec"]["template"]["spec"]["initContainers"][0]["args"]
              for r in of_kind(resources, "DaemonSet") if r.inputs["metadata"]["name"].startswith("gpu-setup")}
-    assert setup == {"gpu-setup-vm": ["--host-root", "/host", "setup", "--dra"],
-                     "gpu-setup-ai": ["--host-root", "/host", "setup"]}
+    assert setup == {"gpu-setup-vm": ["--host-root", "/host", "--driver-root", "/driver-root", "setup", "--dra"],
+                     "gpu-setup-ai": ["--host-root", "/host", "--driver-root", "/driver-root", "setup"]}

@@ -35,8 +35,8 @@ def test_dev_stack_renders_and_validates_clean(tmp_path: Path) -> None:
     assert files[0] == "001-namespace-nvidia-gpu.yaml"
     assert [int(f[:3]) for f in files] == list(range(1, len(files) + 1))
     kinds = [yaml.safe_load(p.read_text())["kind"] for p in sorted((out / "manifests").iterdir())]
-    order = ["Namespace", "ClusterRole", "Role", "ServiceAccount", "ClusterRoleBinding", "RoleBinding", "ConfigMap",
-             "DeviceClass", "DaemonSet"]
+    order = ["Namespace", "RuntimeClass", "ClusterRole", "Role", "ServiceAccount", "ClusterRoleBinding", "RoleBinding",
+             "ConfigMap", "DeviceClass", "DaemonSet"]
     ranks = [order.index(k) if k in order else len(order) for k in kinds]
     assert ranks == sorted(ranks), f"not in apply order: {kinds}"
     assert "NodeGroup" in kinds
@@ -52,6 +52,19 @@ def test_dev_stack_renders_and_validates_clean(tmp_path: Path) -> None:
     assert all(r["parent"] in urns or r["parent"].endswith("pulumi:pulumi:Stack::nvidia-gpu-dev")
                for r in plan["resources"])
     assert len(plan["manifests"]) == len(files)
+
+    # Users' GPU pods (runtimeClassName: nvidia) get the nvidia handler, on set-up GPU nodes only.
+    assert files[1] == "002-runtimeclass-nvidia.yaml"
+    rc = yaml.safe_load((out / "manifests" / files[1]).read_text())
+    assert rc["apiVersion"] == "node.k8s.io/v1" and "namespace" not in rc["metadata"]
+    assert rc["handler"] == "nvidia"
+    assert rc["scheduling"] == {
+        "nodeSelector": {"node.deckhouse.io/gpu-setup-complete": ""},
+        "tolerations": [{"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"}],
+    }
+    (entry,) = [r for r in plan["resources"] if r["type"] == "kubernetes:node.k8s.io/v1:RuntimeClass"]
+    (platform,) = [r for r in plan["resources"] if r["type"] == "nvidia-gpu:index:GpuPlatform"]
+    assert entry["name"] == "nvidia-gpu-runtime-class" and entry["parent"] == platform["urn"]
 
 
 def test_prod_stack_renders_and_validates_clean(tmp_path: Path) -> None:
