@@ -10,6 +10,7 @@ the rule, before anything is rendered. The rules are apimachinery's ``IsQualifie
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 _NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -41,20 +42,8 @@ def label_value_problem(value: str) -> str | None:
     return None
 
 
-def check_key(key: str) -> str:
-    """Pydantic validator: a label or taint key."""
-    problem = qualified_name_problem(key)
-    if problem:
-        raise ValueError(problem)
-    return key
 
 
-def check_label_value(value: str) -> str:
-    """Pydantic validator: a label or taint value."""
-    problem = label_value_problem(value)
-    if problem:
-        raise ValueError(problem)
-    return value
 
 
 def dns_subdomain_problem(name: str) -> str | None:
@@ -64,9 +53,19 @@ def dns_subdomain_problem(name: str) -> str | None:
     return None
 
 
-def check_dns_subdomain(name: str) -> str:
-    """Pydantic validator: the name of an object whose kind takes DNS-subdomain names (RuntimeClass, ...)."""
-    problem = dns_subdomain_problem(name)
-    if problem:
-        raise ValueError(problem)
-    return name
+def _validator(problem_of: Callable[[str], str | None]) -> Callable[[str], str]:
+    """A pydantic ``AfterValidator`` raising what ``problem_of`` finds."""
+
+    def check(value: str) -> str:
+        problem = problem_of(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    return check
+
+
+#: Pydantic validators: a label or taint key, a label or taint value, a DNS-subdomain object name.
+check_key = _validator(qualified_name_problem)
+check_label_value = _validator(label_value_problem)
+check_dns_subdomain = _validator(dns_subdomain_problem)

@@ -6,15 +6,15 @@ Started from the pinned binaries (``make tools``); ``make test`` and CI set
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from localcluster import ControlPlane, Kube, ToolsMissing, tools_bin
+from localcluster import ControlPlane, Kube
 from localcluster.dryrun import install_crds
 from tests.cluster import stack as stack_helpers
+from tests.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,12 +29,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    try:
-        bin_dir = tools_bin()
-    except ToolsMissing as e:
-        if os.environ.get("NVIDIA_GPU_REQUIRE_CLUSTER") == "1":
-            pytest.fail(str(e))
-        pytest.skip(str(e))
+    bin_dir = required_bin()
     cp = ControlPlane(directory=tmp_path_factory.mktemp("cluster"), bin_dir=bin_dir)
     cp.start()
     try:

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.tools import required_bin
+
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = "libnvidia-ml.so.1"
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
@@ -25,19 +27,7 @@ LIB_DIR = "usr/lib/x86_64-linux-gnu"
 
 @pytest.fixture(scope="module")
 def mock_library() -> Path:
-    from localcluster import ToolsMissing, tools_bin
-
-    try:
-        lib = tools_bin() / LIBRARY
-    except ToolsMissing as e:
-        reason = str(e)
-    else:
-        if lib.exists():
-            return lib
-        reason = f"{lib} is missing: run tools/build.sh (make tools)"
-    if os.environ.get("NVIDIA_GPU_REQUIRE_CLUSTER") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
+    return required_bin(LIBRARY) / LIBRARY
 
 
 def _driver_root(tmp_path: Path, library: Path) -> Path:

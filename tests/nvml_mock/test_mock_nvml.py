@@ -35,6 +35,8 @@ from typing import Any
 
 import pytest
 
+from tests.tools import required_bin
+
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = "libnvidia-ml.so.1"
 MIG_1_SLICE = 0  # NVML_GPU_INSTANCE_PROFILE_1_SLICE
@@ -228,24 +230,10 @@ def _probe_errors(root: Path, backend: Any) -> dict[str, Any]:
 
 # -- running the agent --------------------------------------------------------------------------------
 
-def _missing(reason: str) -> None:
-    if os.environ.get("NVIDIA_GPU_REQUIRE_CLUSTER") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def mock_bin() -> Path:
     """The tools bin directory holding the mock ``libnvidia-ml.so.1`` (built by ``make tools``)."""
-    from localcluster import ToolsMissing, tools_bin
-
-    try:
-        bin_dir = tools_bin()
-    except ToolsMissing as e:
-        _missing(str(e))
-    if not (bin_dir / LIBRARY).exists():
-        _missing(f"{bin_dir / LIBRARY} is missing: run tools/build.sh (make tools)")
-    return bin_dir
+    return required_bin(LIBRARY)
 
 
 @dataclasses.dataclass
