@@ -7,15 +7,15 @@ and Pod Security) and persists nothing.
 
 Two modes. On a throwaway control plane (``ephemeral``) the stack's preconditions are put in place
 for real first and listed: the CRDs it needs, the stack's own namespaces (a dry-run namespace does not
-exist for the objects in it), namespaces it only references, and the objects it patches (a Deckhouse
-NodeGroup exists before the stack patches it). Against a user's cluster nothing is written: a missing
+exist for the objects in it), namespaces it only references, and the objects it patches, made by the
+caller's ``placeholder`` (the preview's makes the Deckhouse NodeGroups a stack patches). Against a user's cluster nothing is written: a missing
 precondition is itself the finding, and objects in a namespace the stack has yet to create are only
 checked once it exists.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,19 +106,22 @@ def install_crds(kube: Kube, paths: Sequence[Path]) -> list[str]:
     return names
 
 
-def placeholder_for(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """A minimal valid object for a patch target that another controller would have created."""
-    if obj.get("apiVersion", "").startswith("deckhouse.io/") and obj.get("kind") == "NodeGroup":
-        return {"apiVersion": obj["apiVersion"], "kind": "NodeGroup",
-                "metadata": {"name": obj["metadata"]["name"]}, "spec": {"nodeType": "Static"}}
+#: Makes the object a patch targets, as its owner would have created it, or None when it cannot.
+Placeholder = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+def no_placeholder(obj: dict[str, Any]) -> dict[str, Any] | None:
+    del obj
     return None
 
 
-def dry_run(kube: Kube, items: Sequence[Item], *, ephemeral: bool, commit: bool = False) -> DryRunReport:
+def dry_run(kube: Kube, items: Sequence[Item], *, ephemeral: bool, commit: bool = False,
+            placeholder: Placeholder = no_placeholder) -> DryRunReport:
     """Check ``items`` in apply order; see the module docstring for the two modes.
 
     ``commit`` (ephemeral mode only: tests that need the stack in place) applies each object for
-    real instead of dry-running it, with the same preconditions.
+    real instead of dry-running it, with the same preconditions. ``placeholder`` (ephemeral mode) creates
+    the target of a patch that does not exist yet, as its owner would (the caller knows the owners).
     """
     if commit and not ephemeral:
         raise ValueError("commit applies for real: only on a throwaway control plane")
@@ -164,13 +167,13 @@ def dry_run(kube: Kube, items: Sequence[Item], *, ephemeral: bool, commit: bool 
             target = kube.get_or_none(item.object["apiVersion"], item.object["kind"], meta.get("name", ""),
                                       meta.get("namespace") if res.namespaced else None)
             if target is None:
-                placeholder = placeholder_for(item.object) if ephemeral else None
-                if placeholder is None:
+                target = placeholder(item.object) if ephemeral else None
+                if target is None:
                     report.missing.append((item.label, f"the stack patches {describe(item.object)}, which does "
                                                        "not exist: a patch never creates its target"))
                     continue
-                kube.apply(placeholder, field_manager="nvidia-gpu-preconditions")
-                report.preconditions.append(f"{describe(placeholder)} (patched by the stack, created by its owner)")
+                kube.apply(target, field_manager="nvidia-gpu-preconditions")
+                report.preconditions.append(f"{describe(target)} (patched by the stack, created by its owner)")
         _check(kube, report, item, commit=commit)
     return report
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from localcluster import ControlPlane, Kube, ToolsMissing, tools_bin
 from localcluster.client import ApiError
@@ -55,13 +56,22 @@ def run(result: PreviewResult) -> None:
             groups = {m.api_version.split("/")[0] for m in result.manifests if "/" in m.api_version}
             install_crds(kube, [p for p in sorted(crds.CRD_DIR.glob("*.yaml"))
                                 if p.name.split(".", 1)[1].removesuffix(".yaml") in groups])
-            report = dry_run(kube, items, ephemeral=True)
+            report = dry_run(kube, items, ephemeral=True, placeholder=deckhouse_placeholder)
         except (RuntimeError, TimeoutError, ApiError, OSError) as e:
             result.problems.append(Problem(STEP, "local control plane", f"could not run the dry-run: {e}"))
             return
         finally:
             cp.stop(remove=False)
         _record(result, report, f"a throwaway control plane, up in {cp.startup_s:.1f} s")
+
+
+def deckhouse_placeholder(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The Deckhouse NodeGroup the stack patches, minimal and valid, as Deckhouse's users create it
+    before the stack runs (the stack only patches ``spec.nodeTemplate``); None for any other kind."""
+    if obj.get("apiVersion", "").startswith("deckhouse.io/") and obj.get("kind") == "NodeGroup":
+        return {"apiVersion": obj["apiVersion"], "kind": "NodeGroup",
+                "metadata": {"name": obj["metadata"]["name"]}, "spec": {"nodeType": "Static"}}
+    return None
 
 
 def _record(result: PreviewResult, report: DryRunReport, where: str) -> None:

@@ -11,6 +11,7 @@ from localcluster import Kube
 from localcluster.dryrun import DryRunReport, Item, dry_run
 from preview.model import PreviewResult
 from preview.pipeline import run_preview
+from preview.serverdryrun import deckhouse_placeholder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,6 +45,6 @@ class AppliedStack:
 
 def apply_stack(kube: Kube, stack: str) -> AppliedStack:
     its = items(stack)
-    report = dry_run(kube, its, ephemeral=True, commit=True)
+    report = dry_run(kube, its, ephemeral=True, commit=True, placeholder=deckhouse_placeholder)
     assert report.ok, "\n".join(f"{label}: {msg}" for label, msg in report.refused)
     return AppliedStack(stack, report, tuple(i.object for i in its))
