@@ -9,8 +9,8 @@ Two modes. On a throwaway control plane (``ephemeral``) the stack's precondition
 for real first and listed: the CRDs it needs, the stack's own namespaces (a dry-run namespace does not
 exist for the objects in it), namespaces it only references, and the objects it patches, made by the
 caller's ``placeholder`` (the preview's makes the Deckhouse NodeGroups a stack patches).
-Against a user's cluster nothing is written: a missing precondition is itself the finding, and objects in a namespace the stack has yet to create are only
-checked once it exists.
+Against a user's cluster nothing is written: a missing precondition is itself the finding, and
+objects in a namespace the stack has yet to create are only checked once it exists.
 """
 
 from __future__ import annotations
