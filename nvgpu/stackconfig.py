@@ -166,6 +166,13 @@ class RuntimeClassSettings(_Model):
     name: Annotated[str, AfterValidator(check_dns_subdomain)] = "nvidia"
 
 
+def _absolute(v: str, example: str) -> str:
+    parts = v.split("/")
+    if not v.startswith("/") or ".." in parts or any(c in v for c in "\0\n"):
+        raise ValueError(f"must be an absolute path without '..', {example}")
+    return "/" + "/".join(p for p in parts if p not in ("", "."))
+
+
 class Cluster(_Model):
     kubernetes_version: str
     namespace: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)] = "nvidia-gpu"
@@ -181,6 +188,11 @@ class Cluster(_Model):
     #: the host, ``/run/nvidia/driver`` for a driver container. Every agent pod mounts it read-only at
     #: ``/driver-root`` and loads NVML from there.
     driver_root: str = "/"
+    #: The NVIDIA Container Toolkit's hook program on the nodes (``nvidia-cdi-hook``, or ``nvidia-ctk`` of
+    #: toolkits before 1.16), named in the CDI specs the device plugin and the DRA plugin write so that
+    #: containers get the driver's soname links and linker cache; ``/usr/local/nvidia/toolkit/nvidia-cdi-hook``
+    #: where NVIDIA's GPU Operator installed the toolkit. The plugins use it only where they see it.
+    cdi_hook_path: str = "/usr/bin/nvidia-cdi-hook"
     #: The kubeconfig context the stack's Kubernetes provider uses (default: the current context).
     kube_context: str | None = None
 
@@ -201,10 +213,15 @@ class Cluster(_Model):
     @field_validator("driver_root")
     @classmethod
     def _driver_root(cls, v: str) -> str:
-        parts = v.split("/")
-        if not v.startswith("/") or ".." in parts or any(c in v for c in "\0\n"):
-            raise ValueError("must be an absolute path without '..', e.g. / or /run/nvidia/driver")
-        return "/" + "/".join(p for p in parts if p not in ("", "."))
+        return _absolute(v, "e.g. / or /run/nvidia/driver")
+
+    @field_validator("cdi_hook_path")
+    @classmethod
+    def _cdi_hook_path(cls, v: str) -> str:
+        path = _absolute(v, "e.g. /usr/bin/nvidia-cdi-hook")
+        if path.rsplit("/", 1)[1] not in ("nvidia-cdi-hook", "nvidia-ctk"):
+            raise ValueError(f"must name nvidia-cdi-hook or nvidia-ctk (got {v!r})")
+        return path
 
     @property
     def kubernetes_minor(self) -> int:

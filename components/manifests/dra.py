@@ -18,7 +18,14 @@ from typing import Any
 from components.manifests import Manifest
 from components.manifests.meta import app_labels, cluster_object_name, group_object_name, selector_labels
 from components.manifests.scheduling import node_affinity, tolerations
-from components.manifests.workloads import DRIVER_ROOT_ARGS, driver_root_mount, driver_root_volume
+from components.manifests.workloads import (
+    CDI_HOOK_DIR,
+    DRIVER_ROOT_ARGS,
+    cdi_hook_mount,
+    cdi_hook_volume,
+    driver_root_mount,
+    driver_root_volume,
+)
 from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import ClaimQuota, Cluster, NodeGroup
 
@@ -209,8 +216,11 @@ def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
 
 def plugin_args(cluster: Cluster, namespace: str) -> list[str]:
     dra = cluster.dra
+    # CDI specs name the driver's files under the node's driver root and run the toolkit's hook when the
+    # plugin sees it in the mounted directory.
     return [*DRIVER_ROOT_ARGS, "dra-driver", "--driver-name", dra.driver_name, "--health-action", dra.health_action,
-            "--uninstall-marker", f"{namespace}/{UNINSTALL_MARKER}"]
+            "--nvidia-driver-root", cluster.driver_root, "--cdi-hook-path", cluster.cdi_hook_path,
+            "--cdi-hook-dir", CDI_HOOK_DIR, "--uninstall-marker", f"{namespace}/{UNINSTALL_MARKER}"]
 
 
 def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Manifest:
@@ -245,6 +255,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
             {"name": "mps", "mountPath": MPS_DIR},
             {"name": "dev", "mountPath": "/dev"},
             driver_root_mount(),
+            cdi_hook_mount(),
             {"name": "tmp", "mountPath": "/tmp"},
         ],
         "livenessProbe": {"exec": {"command": ["test", "-S", f"{socket_dir}/dra.sock"]},
@@ -278,6 +289,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
                         _host_path("mps", MPS_DIR, "DirectoryOrCreate"),
                         _host_path("dev", "/dev", "Directory"),
                         driver_root_volume(cluster),
+                        cdi_hook_volume(cluster),
                         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
                     ],
                 },

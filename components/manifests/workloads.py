@@ -212,6 +212,21 @@ DRIVER_ROOT_VOLUME = "driver-root"
 DRIVER_ROOT_ARGS = ("--driver-root", CONTAINER_DRIVER_ROOT)
 
 
+#: Where the device plugin and the DRA plugin see the directory of ``cluster.cdiHookPath`` (read-only), to
+#: name the hook in their CDI specs only when it is there (a missing hook would fail every container).
+CDI_HOOK_DIR = "/run/nvidia-gpu/cdi-hook"
+CDI_HOOK_VOLUME = "cdi-hook"
+
+
+def cdi_hook_volume(cluster: Cluster) -> dict[str, Any]:
+    # DirectoryOrCreate: /usr/local/nvidia/toolkit exists only once the GPU Operator installed the toolkit.
+    return _host_path(CDI_HOOK_VOLUME, cluster.cdi_hook_path.rsplit("/", 1)[0] or "/", "DirectoryOrCreate")
+
+
+def cdi_hook_mount() -> dict[str, Any]:
+    return _mount(CDI_HOOK_VOLUME, CDI_HOOK_DIR, read_only=True)
+
+
 def driver_root_volume(cluster: Cluster) -> dict[str, Any]:
     """The node's driver root as a hostPath volume (mounted by ``driver_root_mount``)."""
     return _host_path(DRIVER_ROOT_VOLUME, cluster.driver_root, "Directory")
@@ -245,6 +260,8 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
     if ctx.cluster.driver_root != HOST_DRIVER_ROOT:
         # CDI specs name the driver's files by their host path under nvidiaDriverRoot.
         args += ["--nvidia-driver-root", ctx.cluster.driver_root]
+    # CDI specs run the toolkit's hook (nvidiaCTKPath) when the plugin sees it in the mounted directory.
+    args += ["--nvidia-ctk-path", ctx.cluster.cdi_hook_path, "--cdi-hook-dir", CDI_HOOK_DIR]
     # Privileged: NVML and the device specs handed to kubelet need every /dev/nvidia* node, and the
     # plugin's sockets live in kubelet's root-owned device-plugins directory (see the module docstring).
     container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, _PRIVILEGED)
@@ -273,6 +290,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _mount("config", DEVICE_PLUGIN_CONFIG_DIR, read_only=True),
         # NVML and the driver's binaries (--driver-root); CDI specs list the driver's files found here.
         driver_root_mount(),
+        cdi_hook_mount(),
         _TMP_MOUNT,
     ]
     volumes = [
@@ -283,6 +301,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
         {"name": "config", "configMap": {"name": config_map_name(group)}},
         driver_root_volume(ctx.cluster),
+        cdi_hook_volume(ctx.cluster),
         dict(_TMP_VOLUME),
     ]
     if group.gpu.sharing is Sharing.MPS:

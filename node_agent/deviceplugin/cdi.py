@@ -3,7 +3,9 @@
 With the ``cdi-annotations`` or ``cdi-cri`` strategies, Allocate answers with fully qualified CDI
 names and the container runtime resolves them from spec files in ``/var/run/cdi``. The plugin writes
 that file itself at every start: one device per UUID and per NVML index (so either device-ID strategy
-resolves), each with its device nodes, plus the control nodes shared by all. The document follows the
+resolves), each with its device nodes, plus the control nodes shared by all and the driver's files and
+toolkit hooks found under the driver root (``node_agent.cdi.driveredits``), so the container needs no
+NVIDIA runtime. The document follows the
 CDI JSON schema (``cncf-tags/container-device-interface`` ``schema/schema.json``), which the tests
 validate against. Writes are atomic and skipped when nothing changed.
 """
@@ -15,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from node_agent.cdi.spec import ContainerEdits
 from node_agent.deviceplugin.allocate import CDI_CLASS, CDI_IMEX_KIND, CDI_KIND, CDI_VENDOR
 from node_agent.deviceplugin.config import Settings
 from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles
@@ -34,46 +37,17 @@ def _node(path: str, dev_root: str) -> dict[str, Any]:
     return {"path": path, "hostPath": _host(dev_root, path), "permissions": "rw"}
 
 
-#: Where distributions put the driver's user-space libraries (relative to the driver root).
-DRIVER_LIB_DIRS: tuple[str, ...] = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
-                                    "/usr/lib")
-#: The compute and utility libraries a CUDA container needs (nvidia-container-toolkit's "compute,utility").
-DRIVER_LIBS: tuple[str, ...] = ("libcuda.so", "libcudadebugger.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so",
-                                "libnvidia-nvvm.so", "libnvidia-gpucomp.so", "libnvidia-allocator.so",
-                                "libnvidia-cfg.so", "libnvidia-opencl.so")
-DRIVER_BINS: tuple[str, ...] = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
-                                "nvidia-cuda-mps-server")
-
-
-def driver_files(host: HostFiles, driver_root: str, driver_version: str) -> list[str]:
-    """The driver's versioned libraries and tools under ``driver_root``, as host-absolute paths from that
-    root (what a CDI spec mounts when the container runtime is not NVIDIA's)."""
-    found: list[str] = []
-    for d in DRIVER_LIB_DIRS:
-        names = set(host.listdir(_host(driver_root, d)))
-        for lib in DRIVER_LIBS:
-            name = f"{lib}.{driver_version}"
-            if name in names:
-                found.append(f"{d}/{name}")
-        if found:
-            break  # one library directory per driver install
-    for b in DRIVER_BINS:
-        if host.exists(_host(driver_root, f"/usr/bin/{b}")):
-            found.append(f"/usr/bin/{b}")
-    return found
-
-
 def discovery_root(host: HostFiles, settings: Settings) -> str:
-    """Where to look for the driver's files: ``containerDriverRoot`` when the host's driver root is
-    mounted there (as NVIDIA's DaemonSet does, at ``/driver-root``), else ``nvidiaDriverRoot``. The spec
-    always names the files by their host path under ``nvidiaDriverRoot``."""
+    """Where the plugin sees the driver's files: ``containerDriverRoot`` when the node's driver root is
+    mounted there (as the DaemonSets do, at ``/driver-root``), else ``nvidiaDriverRoot`` (a plugin run on
+    the host). The spec always names the files by their host path under ``nvidiaDriverRoot``."""
     if host.listdir(settings.container_driver_root):
         return settings.container_driver_root
     return settings.nvidia_driver_root
 
 
 def build_spec(resources: Sequence[Resource], settings: Settings, host: HostFiles,
-               driver_mounts: Sequence[str] = ()) -> dict[str, Any]:
+               driver_edits: ContainerEdits | None = None) -> dict[str, Any]:
     """The spec document: devices named by UUID and index, control nodes and driver mounts shared."""
     dev_root = settings.nvidia_dev_root
     physical: dict[str, PluginDevice] = {}
@@ -90,21 +64,10 @@ def build_spec(resources: Sequence[Resource], settings: Settings, host: HostFile
         "env": ["NVIDIA_VISIBLE_DEVICES=void"],
         "deviceNodes": [_node(p, dev_root) for p in control],
     }
-    if driver_mounts:
-        driver_root = settings.nvidia_driver_root
-        common["mounts"] = [
-            {"hostPath": _host(driver_root, m), "containerPath": m, "options": ["ro", "nosuid", "nodev", "bind"]}
-            for m in driver_mounts
-        ]
-        # Refresh the container's linker cache so the mounted libraries resolve (what nvidia-ctk's
-        # generated specs do); the folders are those the libraries were mounted into.
-        folders = sorted({m.rsplit("/", 1)[0] for m in driver_mounts if ".so." in m})
-    if driver_mounts and host.exists(settings.nvidia_ctk_path):
-        common["hooks"] = [{
-            "hookName": "createContainer",
-            "path": settings.nvidia_ctk_path,
-            "args": ["nvidia-ctk", "hook", "update-ldcache", *(a for f in folders for a in ("--folder", f))],
-        }]
+    if driver_edits is not None:
+        # The driver's libraries, binaries and toolkit hooks (node_agent.cdi.driveredits).
+        for key, value in driver_edits.model_dump(by_alias=True, exclude_none=True).items():
+            common[key] = [*common.get(key, []), *value]
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices, "containerEdits": common}
 
 
@@ -123,12 +86,12 @@ def render(spec: dict[str, Any]) -> str:
 
 
 def write_specs(resources: Sequence[Resource], settings: Settings, host: HostFiles,
-                driver_mounts: Sequence[str] = ()) -> list[str]:
+                driver_edits: ContainerEdits | None = None) -> list[str]:
     """Write (or remove) the spec files for the current devices; returns the paths that changed."""
     changed: list[str] = []
     if not settings.uses_cdi:
         return changed
-    if host.write_text(SPEC_FILE, render(build_spec(resources, settings, host, driver_mounts))):
+    if host.write_text(SPEC_FILE, render(build_spec(resources, settings, host, driver_edits))):
         changed.append(SPEC_FILE)
     imex = build_imex_spec(settings)
     if imex is not None and host.write_text(IMEX_SPEC_FILE, render(imex)):

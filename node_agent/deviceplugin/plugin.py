@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from node_agent.cdi.spec import ContainerEdits
 from node_agent.deviceplugin.allocate import AllocationError, Allocator, ContainerAllocation
 from node_agent.deviceplugin.cdi import write_specs
 from node_agent.deviceplugin.config import Settings
@@ -128,7 +129,8 @@ class NodePlugins:
     """Every resource of the node, built from one snapshot of the devices and settings."""
 
     def __init__(self, node: NodeDevices, settings: Settings, host: HostFiles, *, metrics: PluginMetrics,
-                 policy: HealthPolicy, board: HealthBoard | None = None, driver_mounts: Sequence[str] = ()):
+                 policy: HealthPolicy, board: HealthBoard | None = None,
+                 driver_edits: ContainerEdits | None = None):
         settings = select_imex_channels(settings, host)  # only channels with a device node are offered
         self.settings = settings
         self.gpus: tuple[Gpu, ...] = tuple(node.gpus())
@@ -144,7 +146,7 @@ class NodePlugins:
         self.plugins = [ResourcePlugin(r, settings, self.board, pair_scores=scores, host=host, metrics=metrics)
                         for r in self.resources]
         self.monitor = HealthMonitor(node, self.gpus, self.board, policy)
-        self.cdi_changed = write_specs(self.resources, settings, host, driver_mounts)
+        self.cdi_changed = write_specs(self.resources, settings, host, driver_edits)
         log.info("event=plugins-built resources=%s", ",".join(f"{r.name}:{len(r.devices)}" for r in self.resources))
 
     def start(self) -> None:

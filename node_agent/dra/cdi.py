@@ -6,8 +6,10 @@ cache can never serve one claim's edits to another. The vendor is ``k8s.<driver>
 for the default driver name, as NVIDIA's driver does). The spec's annotations record the claim and its
 devices, which lets the driver rebuild its checkpoint from the spec files if the checkpoint is corrupted.
 
-Specs are built as typed models mirroring the CDI JSON schema (unknown fields are impossible by
-construction) and written atomically; the tests validate them against the upstream schema.
+Specs are built with the typed models of ``node_agent.cdi.spec`` and written atomically; the tests validate
+them against the upstream schema. The common edits carry the control nodes and, from
+``node_agent.cdi.driveredits``, the driver's libraries, binaries and toolkit hooks found under the driver
+root, so a workload needs no NVIDIA runtime.
 """
 
 from __future__ import annotations
@@ -16,62 +18,23 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from node_agent.cdi.spec import CDI_DIR, CdiDevice, CdiSpec, ContainerEdits, DeviceNode, Mount
 from node_agent.dra.devices import Allocatable, DeviceKind
 from node_agent.dra.hostfs import HostPaths, remove
 from node_agent.host.atomic import write_atomic
 
+__all__ = ["CDI_DIR", "CdiDevice", "CdiSpec", "ClaimDevice", "ContainerEdits", "DeviceNode", "Mount",
+           "SharingEdits", "build_spec", "delete_spec", "scan_specs", "write_spec"]
+
 #: 0.6.0 is the lowest version with annotations, the newest field used here.
 CDI_VERSION = "0.6.0"
-CDI_DIR = "/var/run/cdi"
 CDI_CLASS = "claim"
 CLAIM_ANNOTATION = "nvidia-gpu.io/claim"
 DEVICES_ANNOTATION = "nvidia-gpu.io/devices"
 #: Control nodes every CUDA container needs, whichever GPU it gets; the first is required, the UVM nodes
 #: appear when ``nvidia-uvm`` is loaded and are included when present (a missing node fails the container).
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class DeviceNode(_Model):
-    path: str
-    host_path: Annotated[str | None, Field(alias="hostPath")] = None
-    permissions: str | None = None
-
-
-class Mount(_Model):
-    host_path: Annotated[str, Field(alias="hostPath")]
-    container_path: Annotated[str, Field(alias="containerPath")]
-    options: list[str] | None = None
-
-
-class ContainerEdits(_Model):
-    env: list[str] | None = None
-    device_nodes: Annotated[list[DeviceNode] | None, Field(alias="deviceNodes")] = None
-    mounts: list[Mount] | None = None
-
-
-class CdiDevice(_Model):
-    name: str
-    container_edits: Annotated[ContainerEdits, Field(alias="containerEdits")]
-
-
-class CdiSpec(_Model):
-    cdi_version: Annotated[str, Field(alias="cdiVersion")]
-    kind: str
-    annotations: dict[str, str] | None = None
-    devices: Annotated[list[CdiDevice], Field(min_length=1)]
-    container_edits: Annotated[ContainerEdits | None, Field(alias="containerEdits")] = None
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = self.model_dump(by_alias=True, exclude_none=True)
-        return data
 
 
 @dataclass(frozen=True)
@@ -122,7 +85,8 @@ def missing_device_nodes(host: HostPaths, devices: Sequence[ClaimDevice]) -> lis
 
 
 def build_spec(driver: str, claim_uid: str, claim: str, devices: Sequence[ClaimDevice],
-               control_nodes: Sequence[str] = CONTROL_NODES) -> CdiSpec:
+               control_nodes: Sequence[str] = CONTROL_NODES, *,
+               driver_edits: ContainerEdits | None = None) -> CdiSpec:
     out = []
     for cd in devices:
         d = cd.device
@@ -137,7 +101,7 @@ def build_spec(driver: str, claim_uid: str, claim: str, devices: Sequence[ClaimD
     needs_control = any(cd.device.kind is not DeviceKind.VFIO for cd in devices)
     common = ContainerEdits(
         env=["NVIDIA_DRIVER_CAPABILITIES=compute,utility"], device_nodes=[_node(p) for p in control_nodes],
-    ) if needs_control else None
+    ).merged(driver_edits) if needs_control else None
     annotations = {
         CLAIM_ANNOTATION: claim,
         DEVICES_ANNOTATION: json.dumps([cd.device.name for cd in devices], separators=(",", ":")),

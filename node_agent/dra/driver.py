@@ -21,6 +21,8 @@ from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
+from node_agent.cdi.driveredits import DriverEditsSource
+from node_agent.cdi.spec import ContainerEdits
 from node_agent.dra.api import ApiError, DraApi
 from node_agent.dra.checkpoint import Recovery
 from node_agent.dra.claims import ClaimError, ClaimRef, parse_claim
@@ -64,7 +66,8 @@ class PrepareOutcome:
 
 class DraDriver:
     def __init__(self, settings: DriverSettings, *, api: DraApi, source: InventorySource, host: HostPaths,
-                 backend: SharingBackend, clock: Callable[[], float] = time.monotonic) -> None:
+                 backend: SharingBackend, clock: Callable[[], float] = time.monotonic,
+                 driver_files: DriverEditsSource | None = None) -> None:
         if not settings.node:
             raise ValueError("the DRA driver needs the node name (--node-name or NODE_NAME)")
         self.settings = settings
@@ -75,6 +78,9 @@ class DraDriver:
         self._published: list[Allocatable] | None = None
         self._dirty = True
         self._inv_lock = threading.Lock()
+        #: The running driver's version (from the last inventory): which driver files the CDI specs mount.
+        self._driver_version = ""
+        self._driver_files = driver_files
         #: Set on uninstall: the pool has been withdrawn and must not be published again.
         self.withdrawn = threading.Event()
         # Claim reads run here so a stalled API server cannot hold a kubelet call past its deadline
@@ -83,7 +89,7 @@ class DraDriver:
         self.publisher = SlicePublisher(api, settings.driver, settings.node)
         self.state = DeviceState(driver=settings.driver, pool=settings.node, host=host, backend=backend,
                                  devices=self.devices, state_dir=settings.state_dir,
-                                 lock_timeout=settings.lock_timeout)
+                                 lock_timeout=settings.lock_timeout, driver_edits=self._driver_edits)
 
     # -- inventory -------------------------------------------------------------------------------------
     def devices(self) -> Mapping[str, Allocatable]:
@@ -91,10 +97,20 @@ class DraDriver:
             return dict(self._devices)
 
     def _snapshot(self) -> list[Allocatable]:
-        devices = allocatable_devices(self._source.snapshot(), self.settings.driver, self.settings.health)
+        inventory = self._source.snapshot()
+        devices = allocatable_devices(inventory, self.settings.driver, self.settings.health)
         with self._inv_lock:
             self._devices = {d.name: d for d in devices}
+            if inventory.gpus or inventory.migs:
+                self._driver_version = inventory.driver_version
         return devices
+
+    def _driver_edits(self) -> ContainerEdits | None:
+        with self._inv_lock:
+            version = self._driver_version
+        if self._driver_files is None or not version:
+            return None
+        return self._driver_files.edits(version)
 
     def refresh(self, devices: list[Allocatable] | None = None) -> Publication | None:
         """Take a snapshot (unless given) and publish it if it differs from the last publication."""

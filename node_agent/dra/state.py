@@ -73,12 +73,15 @@ def _request_base(request: str) -> str:
 class DeviceState:
     def __init__(self, *, driver: str, pool: str, host: HostPaths, backend: sharing.SharingBackend,
                  devices: Callable[[], Mapping[str, Allocatable]], state_dir: str,
-                 lock_timeout: float = 10.0) -> None:
+                 lock_timeout: float = 10.0,
+                 driver_edits: Callable[[], cdi.ContainerEdits | None] | None = None) -> None:
         self.driver = driver
         self.pool = pool
         self._host = host
         self._backend = backend
         self._devices = devices
+        #: The driver's libraries, binaries and hooks for every spec (``node_agent.cdi.driveredits``).
+        self._driver_edits = driver_edits or (lambda: None)
         self._store = CheckpointStore(host, f"{state_dir}/checkpoint.json")
         self._lock_host_path = f"{state_dir}/prepare.lock"
         self._lock_path = host.path(self._lock_host_path)
@@ -195,7 +198,8 @@ class DeviceState:
                     deadline.check("applying sharing")
                     sharing.apply(self._backend, self._host, uid, record=applied, sharing=gsharing, devices=gdevices)
                 control = [n for n in cdi.CONTROL_NODES if self._host.path(n).exists()]
-                spec = cdi.build_spec(self.driver, uid, str(claim.ref), per_device, control)
+                spec = cdi.build_spec(self.driver, uid, str(claim.ref), per_device, control,
+                                      driver_edits=self._driver_edits())
                 cdi.write_spec(self._host, self.driver, uid, spec)
                 record.state = ClaimState.PREPARE_COMPLETED
                 data.prepared_claims[uid] = record

@@ -25,6 +25,7 @@ from types import FrameType
 from typing import Any
 
 from node_agent import exitcodes, nvml
+from node_agent.cdi.driveredits import DriverEditsSource
 from node_agent.context import AgentContext
 from node_agent.deviceplugin import cdi, config, mps
 from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
@@ -35,6 +36,7 @@ from node_agent.deviceplugin.nodelabel import CONFIG_LABEL, ConfigSelector, Conf
 from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
+from node_agent.driverroot import DriverRoot
 from node_agent.host import HostRoot
 from node_agent.kubelet.api import DEVICE_PLUGIN_PATH
 from node_agent.kubelet.lifecycle import Supervisor
@@ -84,6 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="0 disables the endpoint")
     g.add_argument("--recovery-quiet-period", type=float, default=60.0, metavar="SECONDS",
                    help="an unhealthy device that stays quiet and passes re-checks this long turns Healthy")
+    g.add_argument("--cdi-hook-dir", default=None, metavar="PATH",
+                   help="where this process sees the directory of nvidiaCTKPath (default: under --host-root)")
     g.add_argument("--recheck-interval", type=float, default=5.0, metavar="SECONDS")
     g.add_argument("--mps-daemon", type=_bool, default=True, metavar="BOOL",
                    help="run the MPS control daemon for MPS-shared resources (default true)")
@@ -129,6 +133,8 @@ class PluginProcess:
                                      fail_on_init_error=lambda: self.settings.fail_on_init_error)
         self.watcher = ConfigWatcher(self.selector, self.supervisor.request_reload, args.config_poll_interval)
         self._node: NvmlNodeDevices | None = None
+        self._edits: DriverEditsSource | None = None
+        self._edits_key: tuple[object, ...] = ()
 
     def _load(self) -> tuple[config.Settings, Any, str | None]:
         sel, text = self.selector.read()
@@ -156,16 +162,26 @@ class PluginProcess:
             self._node.close()
         self._node = NvmlNodeDevices(self.session)
         policy = HealthPolicy.from_env(self.env, self.args.recovery_quiet_period, self.args.recheck_interval)
-        mounts: list[str] = []
+        edits = None
         if settings.uses_cdi:
-            version = self.session.driver().driver_version
-            mounts = cdi.driver_files(self.host, cdi.discovery_root(self.host, settings), version)
-            log.info("event=cdi-driver-files count=%d driver=%s", len(mounts), version)
+            edits = self._driver_edits(settings).edits(self.session.driver().driver_version)
         plugins = NodePlugins(self._node, settings, self.host, metrics=self.metrics, policy=policy,
-                              board=self.board, driver_mounts=mounts)
+                              board=self.board, driver_edits=edits)
         if self.args.mps_daemon:
             self.mps.ensure(mps.plan(plugins.resources, settings))
         return plugins
+
+    def _driver_edits(self, settings: config.Settings) -> DriverEditsSource:
+        """The driver's files under ``containerDriverRoot`` (named under ``nvidiaDriverRoot``) and the hook
+        program at ``nvidiaCTKPath``, seen under ``--cdi-hook-dir`` or the host root."""
+        root = DriverRoot(self.host.root.path(cdi.discovery_root(self.host, settings)))
+        hook = settings.nvidia_ctk_path
+        hook_dir = getattr(self.args, "cdi_hook_dir", None)
+        seen = Path(hook_dir) / os.path.basename(hook) if hook_dir else self.host.root.path(hook)
+        key = (root, settings.nvidia_driver_root, hook, seen)
+        if self._edits is None or self._edits_key != key:
+            self._edits, self._edits_key = DriverEditsSource(root, settings.nvidia_driver_root, hook, seen), key
+        return self._edits
 
     def close(self) -> None:
         self.watcher.stop()

@@ -15,6 +15,8 @@ from components.program import build_stack
 from nvgpu.stackconfig import load_stack_file
 from tests.components.component_helpers import ROOT_STACKS, Engine, engine, group, of_kind, stack_config  # noqa: F401
 
+#: The agents that write CDI specs (and so look for the toolkit's hook).
+CDI_WRITERS = {"device-plugin", "dra-kubelet-plugin"}
 AGENT_COMPONENTS = {"device-plugin", "gpu-labeller", "gpu-setup", "mig-manager", "dra-kubelet-plugin"}
 
 
@@ -44,6 +46,16 @@ def _check(resources: Any, driver_root: str) -> set[str]:
             assert argv[i + 1] == "/driver-root", c["name"]
             command = next(a for a in argv if not a.startswith("-") and a not in ("/host", "/driver-root"))
             assert i < argv.index(command), f"{c['name']}: --driver-root is a global option"
+            if component in CDI_WRITERS:
+                # The toolkit hook's directory, read-only, where the CDI writers look for the hook.
+                hook = mounts[workloads.CDI_HOOK_DIR]
+                assert (hook["name"], hook.get("readOnly")) == ("cdi-hook", True), c["name"]
+                assert volumes["cdi-hook"]["hostPath"] == {"path": "/usr/bin", "type": "DirectoryOrCreate"}
+                flag = "--nvidia-ctk-path" if component == "device-plugin" else "--cdi-hook-path"
+                assert argv[argv.index(flag) + 1] == "/usr/bin/nvidia-cdi-hook", c["name"]
+                assert argv[argv.index("--cdi-hook-dir") + 1] == workloads.CDI_HOOK_DIR, c["name"]
+            else:
+                assert "cdi-hook" not in volumes, component
             seen.add(component)
     return seen
 
@@ -72,3 +84,9 @@ def test_shipped_stacks(engine: Engine, stack: Any) -> None:  # noqa: F811
 def test_driver_root_must_be_absolute(bad: str) -> None:
     with pytest.raises(Exception, match="absolute path"):
         stack_config([group()], driverRoot=bad)
+
+
+@pytest.mark.parametrize("bad", ["usr/bin/nvidia-cdi-hook", "/usr/bin/../sbin/nvidia-cdi-hook", "/usr/bin/ldconfig"])
+def test_cdi_hook_path_must_name_the_toolkits_hook(bad: str) -> None:
+    with pytest.raises(Exception, match="cdiHookPath"):
+        stack_config([group()], cdiHookPath=bad)

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from pathlib import Path
 
-import jsonschema
 import pytest
 import yaml
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT7
 
+from node_agent.cdi.driveredits import DriverEditsSource
 from node_agent.deviceplugin import cdi, config
 from node_agent.deviceplugin.allocate import AllocationError, Allocator
 from node_agent.deviceplugin.devices import DeviceError, HealthEvent, HealthEventKind
@@ -21,7 +18,10 @@ from node_agent.deviceplugin.named import NamedConfigError, available_configs, s
 from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigWatcher
 from node_agent.deviceplugin.preferred import Request, best_set, greedy_preference, set_score
 from node_agent.deviceplugin.resources import build_resources
+from node_agent.driverroot import DriverRoot
+from node_agent.testing.driverinstall import install_driver
 from nvgpu import catalogue
+from tests.cdi.schema import cdi_validator
 from tests.deviceplugin.builders import FakeHost, dgx_links, full_gpu, hybrid_cube_mesh, machine, mig_gpu
 from tests.deviceplugin.reference import exhaustive, nvidia_best_effort
 
@@ -177,39 +177,31 @@ def test_replicas_are_deduplicated_in_env(host: FakeHost) -> None:
         Allocator(r1, s1, host).allocate([f"{u}::0", f"{u}::2"])
 
 
-def _cdi_validator() -> jsonschema.Draft7Validator:
-    schema = json.loads(_shipped("cdi-schema.json"))
-    defs = json.loads(_shipped("cdi-defs.json"))
-    # The schema refers to its definitions by their upstream file name, defs.json.
-    registry = Registry().with_resource("defs.json", Resource.from_contents(defs, default_specification=DRAFT7))
-    return jsonschema.Draft7Validator(schema, registry=registry)
-
-
 @pytest.mark.parametrize("mig", [False, True])
-def test_cdi_spec_validates_against_the_schema(host: FakeHost, mig: bool) -> None:
+def test_cdi_spec_validates_against_the_schema(host: FakeHost, mig: bool, tmp_path: Path) -> None:
     node = machine("dgx-a100-40gb", host, mig=["3g.20gb", "3g.20gb"] if mig else None)
     s = config.load("flags:\n  migStrategy: mixed\n  plugin: {deviceListStrategy: cdi-cri}\nimex: {channelIDs: [0]}\n")
     resources = build_resources(node.gpu_list, s, host)
-    for f in ("libcuda.so.550.90.07", "libnvidia-ml.so.550.90.07", "libnvidia-ml.so.1", "libcuda.so.535.1"):
-        host.put(f"/usr/lib64/{f}", "")
-    host.put("/usr/bin/nvidia-smi", "")
-    host.put("/usr/bin/nvidia-ctk", "")
-    assert cdi.discovery_root(host, s) == "/"
     host.put("/driver-root/usr/lib64/libcuda.so.550.90.07", "")
     assert cdi.discovery_root(host, s) == "/driver-root"
-    assert cdi.driver_files(host, "/driver-root", "550.90.07") == ["/usr/lib64/libcuda.so.550.90.07"]
-    mounts = cdi.driver_files(host, "/", "550.90.07")
-    assert mounts == ["/usr/lib64/libcuda.so.550.90.07", "/usr/lib64/libnvidia-ml.so.550.90.07", "/usr/bin/nvidia-smi"]
-    changed = cdi.write_specs(resources, s, host, driver_mounts=mounts)
+    driver = install_driver(tmp_path / "driver", "550.90.07", layout="rhel", leftover="535.1")
+    edits = DriverEditsSource(DriverRoot(driver.root), "/", "/usr/bin/nvidia-ctk",
+                              driver.root / "usr/bin/nvidia-smi").edits("550.90.07")
+    changed = cdi.write_specs(resources, s, host, driver_edits=edits)
     assert cdi.SPEC_FILE in changed
-    assert cdi.write_specs(resources, s, host, driver_mounts=mounts) == []
-    validator = _cdi_validator()
+    assert cdi.write_specs(resources, s, host, driver_edits=edits) == []
+    validator = cdi_validator()
     for path in (cdi.SPEC_FILE, cdi.IMEX_SPEC_FILE):
         doc = yaml.safe_load(host.read_text(path) or "")
         errors = list(validator.iter_errors(doc))
         assert not errors, errors[0].message
     spec = yaml.safe_load(host.read_text(cdi.SPEC_FILE) or "")
-    assert spec["containerEdits"]["hooks"][0]["args"][-2:] == ["--folder", "/usr/lib64"]
+    hooks = spec["containerEdits"]["hooks"]
+    assert [h["args"][:3] for h in hooks] == [["nvidia-ctk", "hook", "create-symlinks"],
+                                              ["nvidia-ctk", "hook", "update-ldcache"]]
+    assert hooks[-1]["args"][-2:] == ["--folder", "/usr/lib64"]
+    mounted = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
+    assert set(driver.libraries) <= mounted and "/usr/lib64/libcuda.so.535.1" not in mounted
     names = {d["name"] for d in spec["devices"]}
     assert {r.devices[0].uuid for r in resources} <= names and ("0:0" in names) is mig
     bad = dict(spec, devices=[{"name": "x"}])

@@ -6,11 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT7
 
+from node_agent.cdi.driveredits import DriverEditsSource
 from node_agent.dra import cdi
 from node_agent.dra.checkpoint import (
     VERSION,
@@ -26,7 +24,10 @@ from node_agent.dra.config import ConfigError, GpuConfig, MigDeviceConfig, decod
 from node_agent.dra.devices import DeviceKind, allocatable_devices
 from node_agent.dra.hostfs import RootedPaths
 from node_agent.dra.sharing import plan
+from node_agent.driverroot import DriverRoot
 from node_agent.host.atomic import LockTimeout, exclusive_lock
+from node_agent.testing.driverinstall import install_driver
+from tests.cdi.schema import cdi_validator
 from tests.dra.builders import DRIVER, gpu_config, machine
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "deviceplugin" / "data"
@@ -174,16 +175,11 @@ def test_node_lock_excludes_a_second_holder(tmp_path: Path) -> None:
 
 
 # -- CDI ----------------------------------------------------------------------------------------------
-def _cdi_validator() -> jsonschema.Draft7Validator:
-    schema = json.loads((SCHEMA_DIR / "cdi-schema.json").read_text())
-    defs = json.loads((SCHEMA_DIR / "cdi-defs.json").read_text())
-    registry: Registry[Any] = Registry().with_resource(
-        "defs.json", Resource.from_contents(defs, default_specification=DRAFT7))
-    return jsonschema.Draft7Validator(schema, registry=registry)
-
-
 def test_claim_specs_validate_against_the_cdi_schema(tmp_path: Path) -> None:
-    validator = _cdi_validator()
+    validator = cdi_validator()
+    install_driver(tmp_path / "driver", "550.54.15")
+    driver_files = DriverEditsSource(DriverRoot(tmp_path / "driver"), "/run/nvidia/driver", "/usr/bin/nvidia-cdi-hook",
+                                     tmp_path / "driver/usr/bin/nvidia-smi").edits("550.54.15")
     devices = {d.name: d for d in allocatable_devices(machine(gpus=2, mig_on=(1,), vfio=1))}
     mps = decode({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {
         "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25}}})
@@ -196,12 +192,14 @@ def test_claim_specs_validate_against_the_cdi_schema(tmp_path: Path) -> None:
     ]
     host = RootedPaths(tmp_path)
     for i, case in enumerate(cases):
-        spec = cdi.build_spec(DRIVER, f"uid-{i}", "ns/claim", case)
+        spec = cdi.build_spec(DRIVER, f"uid-{i}", "ns/claim", case, driver_edits=driver_files)
         path = cdi.write_spec(host, DRIVER, f"uid-{i}", spec)
         doc = json.loads((tmp_path / path.lstrip("/")).read_text())
         errors = sorted(validator.iter_errors(doc), key=str)
         assert not errors, errors
         assert len({d["name"] for d in doc["devices"]}) == len(case)
+        # Driver files and hooks ride with the control nodes: present unless the claim is VFIO only.
+        assert ("hooks" in doc.get("containerEdits", {})) is (i != 2)
     found = cdi.scan_specs(host, DRIVER)
     assert [(f.claim_uid, f.device_names) for f in found][1] == ("uid-1", ("gpu-1-mig-1g10gb-19-6", "gpu-0"))
     assert cdi.delete_spec(host, DRIVER, "uid-0") and not cdi.delete_spec(host, DRIVER, "uid-0")

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
+from node_agent.cdi.driveredits import DEFAULT_HOOK_PATH, DriverEditsSource
 from node_agent.context import AgentContext
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.checkpoint import CheckpointError
@@ -39,6 +42,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugins-dir", default=PLUGINS_DIR, help="kubelet's plugin socket directory")
     p.add_argument("--registry-dir", default=REGISTRY_DIR, help="kubelet's plugin registration directory")
     p.add_argument("--poll-interval", type=float, default=0.5, help="inventory poll interval, seconds")
+    # CDI specs: the driver's files are found under --driver-root (as this process sees it) and named by
+    # their host path under --nvidia-driver-root; the toolkit's hook program is used when it is seen.
+    p.add_argument("--nvidia-driver-root", default=None, metavar="PATH",
+                   help="the driver root's path on the node, for CDI specs (default: --driver-root)")
+    p.add_argument("--cdi-hook-path", default=DEFAULT_HOOK_PATH, metavar="PATH",
+                   help="host path of nvidia-cdi-hook (or nvidia-ctk) named in CDI specs (default: %(default)s)")
+    p.add_argument("--cdi-hook-dir", default=None, metavar="PATH",
+                   help="where this process sees the hook's directory (default: under --host-root)")
     p.add_argument("--uninstall-marker", default="", metavar="NAMESPACE/NAME",
                    help="ConfigMap whose deletion makes the plugin withdraw its ResourceSlices")
 
@@ -50,6 +61,17 @@ def register(subparsers: Any) -> None:
     p.set_defaults(run=run)
 
 
+def driver_edits_source(args: argparse.Namespace, ctx: AgentContext) -> DriverEditsSource:
+    """Where CDI specs find the driver's files and the toolkit hook (see ``node_agent.cdi.driveredits``)."""
+    root = ctx.driver_root
+    host_root = args.nvidia_driver_root or str(root.path)
+    hook = args.cdi_hook_path or None
+    seen = None
+    if hook:
+        seen = Path(args.cdi_hook_dir) / os.path.basename(hook) if args.cdi_hook_dir else ctx.host.path(hook)
+    return DriverEditsSource(root, host_root, hook, seen)
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; reads the agent's global options (host root, NVML, node, kubeconfig)."""
     ctx = AgentContext.from_args(args)
@@ -58,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
                               health=HealthAction(args.health_action), poll_interval=args.poll_interval)
     api = KubeDraApi(api_client(str(ctx.kubeconfig) if ctx.kubeconfig else None))
     source = NvmlInventorySource(ctx.nvml_backend, host)
-    driver = DraDriver(settings, api=api, source=source, host=host, backend=NvidiaSmiSharing(host))
+    driver = DraDriver(settings, api=api, source=source, host=host, backend=NvidiaSmiSharing(host),
+                       driver_files=driver_edits_source(args, ctx))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
