@@ -13,7 +13,7 @@ export CGO_ENABLED="${CGO_ENABLED:-1}"
 print_only=0
 [ "${1:-}" = "--print" ] && print_only=1
 
-components=(kube etcd kwok mocknvml)
+components=(kube etcd kwok mocknvml pulumi pulumi-kubernetes cdi runc)
 
 key_of() {  # key_of NAME: a short hash of what decides the component's binaries
   # Every file of tools/NAME (names and contents, in a fixed order: go.mod, go.sum and any sources,
@@ -54,6 +54,51 @@ build_one() {  # build_one NAME OUTDIR
         go build -trimpath -buildmode=c-shared -ldflags "-s -w" -o "$out/libnvidia-ml.so.1" .
       rm -f "$out/libnvidia-ml.so.h"  # the cgo header go build writes beside the library
       ln -sf libnvidia-ml.so.1 "$out/libnvidia-ml.so" ;;
+    pulumi)
+      # The Pulumi CLI (pkg/v3 at the version of its go.mod: the proxy has no pkg/v3 at the venv's
+      # pulumi 3.272.0) and the Python language host the engine starts for `runtime: python`.
+      # Pulumi's own host module is refused by the proxy, so tools/pulumi/pulumi-language-python is
+      # a small one of ours; it runs programs with the pulumi-language-python-exec script of the
+      # pinned sdk/v3. The engine looks for language hosts beside the pulumi binary (symlinks
+      # resolved), so all three go into this one directory.
+      local v; v="$(go list -m -f '{{.Version}}' github.com/pulumi/pulumi/pkg/v3)"
+      local sdk; sdk="$(go list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3)"
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$v" \
+        -o "$out/pulumi" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$v" -o "$out/pulumi-language-python" \
+        ./pulumi-language-python
+      install -m 0755 "$sdk/python/cmd/pulumi-language-python-exec" "$out/" ;;
+    pulumi-kubernetes)
+      # The provider's main package embeds schema-embed.json and terraform-mapping-embed.json, which
+      # its `go generate` (generate.go, build tag ignore) writes from schema.json with the release
+      # version stamped in; the module zip has neither. So the package is copied out of the
+      # read-only module cache into a scratch copy of this module (same go.mod and go.sum, so the
+      # same dependencies), generated and built there. The proxy serves only one provider/v4
+      # pseudo-version (see go.mod); it is stamped 4.34.2, the pulumi_kubernetes Python package's
+      # version, which is the provider version that SDK asks the engine for.
+      local v=4.34.2 src="$out/.src"
+      local cmd; cmd="$(go list -m -f '{{.Dir}}' github.com/pulumi/pulumi-kubernetes/provider/v4)/cmd/pulumi-resource-kubernetes"
+      mkdir -p "$src/cmd"; cp go.mod go.sum "$src/"
+      cp -r "$cmd" "$src/cmd/"; chmod -R u+w "$src"
+      ( cd "$src/cmd/pulumi-resource-kubernetes" && VERSION="$v" go run generate.go )
+      ( cd "$src" && CGO_ENABLED=0 go build -trimpath \
+          -ldflags "-s -w -X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$v" \
+          -o "$out/pulumi-resource-kubernetes" ./cmd/pulumi-resource-kubernetes )
+      rm -rf "$src" ;;
+    cdi)
+      # What a node's runtime does with CDI names: cdi-inject (tools/cdi/main.go) applies them to an OCI
+      # spec through the CNCF container-device-interface library containerd and CRI-O use; and the NVIDIA
+      # Container Toolkit's nvidia-cdi-hook, the program the hooks in our specs run.
+      go build -trimpath -ldflags "-s -w" -o "$out/cdi-inject" .
+      local v; v="$(go list -m -f '{{.Version}}' github.com/NVIDIA/nvidia-container-toolkit)"
+      go build -trimpath -ldflags "-s -w -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=${v#v}" \
+        -o "$out/nvidia-cdi-hook" github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook ;;
+    runc)
+      # runc, the OCI runtime containerd and CRI-O start containers with, in its own module (runc 1.3
+      # and the CDI library want different runtime-spec versions). Built without the seccomp tag (no
+      # libseccomp here): the tests' containers carry no seccomp profile.
+      local v; v="$(go list -m -f '{{.Version}}' github.com/opencontainers/runc)"
+      go build -trimpath -ldflags "-s -w -X main.version=${v#v}" -o "$out/runc" github.com/opencontainers/runc ;;
   esac
 }
 

@@ -2,8 +2,9 @@
 
 Mounting ``libcuda.so.<version>`` is not enough: the container's linker looks for ``libcuda.so.1`` and
 reads its own ``ld.so.cache``. NVIDIA's generated specs fix both with hooks of the NVIDIA Container
-Toolkit, run by the runtime on the host: ``create-symlinks`` (``libcuda.so`` → ``libcuda.so.1``) and
-``update-ldcache`` (``ldconfig`` over the mounted folders, which also makes the soname links). The hook
+Toolkit, run by the runtime on the host: ``create-symlinks`` (``libcuda.so`` → ``libcuda.so.1``, and the
+soname link of a library that carries no ``DT_SONAME`` for ``ldconfig`` to read) and ``update-ldcache``
+(``ldconfig`` over the mounted folders, which also makes the soname links). The hook
 program is the host's ``nvidia-cdi-hook`` (toolkit ≥ 1.16), or ``nvidia-ctk`` with ``hook`` before the
 hook's name (older toolkits); only those two hooks are used, which every such toolkit has (newer ones,
 such as ``enable-cuda-compat``, would make an older hook binary fail every container).
@@ -74,12 +75,14 @@ def driver_edits(files: DriverFiles, driver_root: str, tool: HookTool | None) ->
         mounts.append(Mount(host_path=host_path(driver_root, path), container_path=container or path,
                             options=list(options)))
 
-    cuda_links: list[str] = []
+    links: list[str] = []  #: create-symlinks' ``target::link`` pairs
     for lib in files.libraries:
         bind(lib.path)
         directory, name = lib.path.rsplit("/", 1)
+        if lib.soname and not lib.elf_soname and lib.soname != name:
+            links.append(f"{name}::{directory}/{lib.soname}")  # ldconfig cannot know this one
         if lib.soname == "libcuda.so.1":
-            cuda_links.append(f"{directory}/libcuda.so")
+            links.append(f"libcuda.so.1::{directory}/libcuda.so")
         if tool is None and lib.soname and lib.soname != name:
             bind(lib.path, f"{directory}/{lib.soname}")
             if lib.soname == "libcuda.so.1":
@@ -91,9 +94,8 @@ def driver_edits(files: DriverFiles, driver_root: str, tool: HookTool | None) ->
     hooks: list[Hook] | None = None
     if tool is not None:
         hooks = []
-        if cuda_links:
-            hooks.append(tool.hook("create-symlinks", *(a for link in cuda_links for a in ("--link",
-                                                                                          f"libcuda.so.1::{link}"))))
+        if links:
+            hooks.append(tool.hook("create-symlinks", *(a for link in links for a in ("--link", link))))
         folders = files.library_dirs
         if folders:
             hooks.append(tool.hook("update-ldcache", *(a for d in folders for a in ("--folder", d))))

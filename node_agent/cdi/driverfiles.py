@@ -34,6 +34,9 @@ FIRMWARE_DIR = "/lib/firmware/nvidia"
 class DriverLibrary:
     path: str  #: the installed file, inside the driver root
     soname: str | None  #: the name the linker looks for (``libcuda.so.1``); None when it has none
+    #: Whether the soname is the library's own ``DT_SONAME`` (then ``ldconfig`` makes its link) or only the
+    #: name of the link beside it (then the link must be made explicitly).
+    elf_soname: bool = True
 
 
 @dataclass(frozen=True)
@@ -57,15 +60,16 @@ def _in_root(root: DriverRoot, seen: Path) -> str:
     return "/" + str(seen.relative_to(root.path))
 
 
-def _soname_of(root: DriverRoot, directory: str, name: str, real: Path, entries: list[str]) -> str | None:
+def _soname_of(root: DriverRoot, directory: str, name: str, real: Path,
+               entries: list[str]) -> tuple[str | None, bool]:
     found = soname(real)
     if found:
-        return found
+        return found, True
     # No DT_SONAME readable: the lib*.so.N link ldconfig made beside it names it.
     base = name.split(".so.", 1)[0] + ".so."
     links = [e for e in entries if e != name and e.startswith(base) and re.fullmatch(r"\d+", e[len(base):])
              and root.inside(f"{directory}/{e}") == real]
-    return min(links, key=len) if links else None
+    return (min(links, key=len) if links else None), False
 
 
 def discover(root: DriverRoot, version: str) -> DriverFiles:
@@ -83,7 +87,7 @@ def discover(root: DriverRoot, version: str) -> DriverFiles:
             continue
         real = root.inside(f"{directory}/{name}")
         if real.is_file():
-            libraries.append(DriverLibrary(_in_root(root, real), _soname_of(root, directory, name, real, entries)))
+            libraries.append(DriverLibrary(_in_root(root, real), *_soname_of(root, directory, name, real, entries)))
     binaries = tuple(_in_root(root, p) for b in BINARIES if (p := root.driver_binary(b)) is not None)
     fw_dir = root.inside(f"{FIRMWARE_DIR}/{version}")
     firmware = tuple(_in_root(root, p) for p in sorted(fw_dir.glob("gsp*.bin")) if p.is_file()) \

@@ -13,6 +13,7 @@ validate against. Writes are atomic and skipped when nothing changed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -37,13 +38,18 @@ def _node(path: str, dev_root: str) -> dict[str, Any]:
     return {"path": path, "hostPath": _host(dev_root, path), "permissions": "rw"}
 
 
-def discovery_root(host: HostFiles, settings: Settings) -> str:
+def discovery_root(settings: Settings, host_root: Path) -> Path:
     """Where the plugin sees the driver's files: ``containerDriverRoot`` when the node's driver root is
-    mounted there (as the DaemonSets do, at ``/driver-root``), else ``nvidiaDriverRoot`` (a plugin run on
-    the host). The spec always names the files by their host path under ``nvidiaDriverRoot``."""
-    if host.listdir(settings.container_driver_root):
-        return settings.container_driver_root
-    return settings.nvidia_driver_root
+    mounted there (the DaemonSets mount it at ``/driver-root``; a path of this process, not under the host
+    root), else ``nvidiaDriverRoot`` under the host root (a plugin run on the host). The spec always names
+    the files by their host path under ``nvidiaDriverRoot``."""
+    mounted = Path(settings.container_driver_root)
+    try:
+        if mounted.is_dir() and any(mounted.iterdir()):
+            return mounted
+    except OSError:
+        pass
+    return host_root / settings.nvidia_driver_root.lstrip("/")
 
 
 def build_spec(resources: Sequence[Resource], settings: Settings, host: HostFiles,

@@ -174,7 +174,7 @@ class PluginProcess:
     def _driver_edits(self, settings: config.Settings) -> DriverEditsSource:
         """The driver's files under ``containerDriverRoot`` (named under ``nvidiaDriverRoot``) and the hook
         program at ``nvidiaCTKPath``, seen under ``--cdi-hook-dir`` or the host root."""
-        root = DriverRoot(self.host.root.path(cdi.discovery_root(self.host, settings)))
+        root = DriverRoot(cdi.discovery_root(settings, self.host.root.path("/")))
         hook = settings.nvidia_ctk_path
         hook_dir = getattr(self.args, "cdi_hook_dir", None)
         seen = Path(hook_dir) / os.path.basename(hook) if hook_dir else self.host.root.path(hook)

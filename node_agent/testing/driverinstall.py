@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+import node_agent
 
 Layout = Literal["debian", "rhel"]
 LIB_DIRS: dict[str, str] = {"debian": "/usr/lib/x86_64-linux-gnu", "rhel": "/usr/lib64"}
@@ -64,9 +67,14 @@ def install_driver(root: Path, version: str, *, layout: Layout = "debian", nvml_
                    leftover: str | None = None, nvidia_smi: str | None = None) -> InstalledDriver:
     """Install driver ``version``'s files under ``root`` (see the module docstring).
 
-    ``nvidia_smi`` is the script installed as ``nvidia-smi`` (default: one that exits 0); ``leftover``
+    ``nvidia_smi`` is the script installed as ``nvidia-smi`` (default: one that exits 0, or, with
+    ``nvml_library``, ``node_agent.nvml.sim.smi`` over that library under this root); ``leftover``
     installs an older driver's ``libcuda.so.<leftover>``.
     """
+    if nvidia_smi is None and nvml_library is not None:
+        repo = Path(node_agent.__file__).resolve().parent.parent
+        nvidia_smi = (f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+                      f'-m node_agent.nvml.sim.smi --driver-root "{root}" "$@"\n')
     lib_dir = LIB_DIRS[layout]
     lib = root / lib_dir.lstrip("/")
     lib.mkdir(parents=True, exist_ok=True)
@@ -99,6 +107,8 @@ def install_driver(root: Path, version: str, *, layout: Layout = "debian", nvml_
         p = bin_dir / name
         if name == "nvidia-smi" and (p.exists() or p.is_symlink()) and nvidia_smi is None:
             continue  # keep a simulated nvidia-smi the fake host already has
+        if p.is_symlink() or p.exists():
+            p.unlink()
         p.write_text(nvidia_smi if name == "nvidia-smi" and nvidia_smi else "#!/bin/sh\nexit 0\n")
         p.chmod(0o755)
     fw = root / f"lib/firmware/nvidia/{version}"

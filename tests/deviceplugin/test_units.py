@@ -182,9 +182,11 @@ def test_cdi_spec_validates_against_the_schema(host: FakeHost, mig: bool, tmp_pa
     node = machine("dgx-a100-40gb", host, mig=["3g.20gb", "3g.20gb"] if mig else None)
     s = config.load("flags:\n  migStrategy: mixed\n  plugin: {deviceListStrategy: cdi-cri}\nimex: {channelIDs: [0]}\n")
     resources = build_resources(node.gpu_list, s, host)
-    host.put("/driver-root/usr/lib64/libcuda.so.550.90.07", "")
-    assert cdi.discovery_root(host, s) == "/driver-root"
+    assert cdi.discovery_root(s, tmp_path / "host") == tmp_path / "host"
+    mounted = config.load(f"flags: {{plugin: {{containerDriverRoot: {tmp_path / 'driver'}}}}}")
+    assert cdi.discovery_root(mounted, tmp_path / "host") == tmp_path / "host"  # nothing mounted there yet
     driver = install_driver(tmp_path / "driver", "550.90.07", layout="rhel", leftover="535.1")
+    assert cdi.discovery_root(mounted, tmp_path / "host") == driver.root
     edits = DriverEditsSource(DriverRoot(driver.root), "/", "/usr/bin/nvidia-ctk",
                               driver.root / "usr/bin/nvidia-smi").edits("550.90.07")
     changed = cdi.write_specs(resources, s, host, driver_edits=edits)

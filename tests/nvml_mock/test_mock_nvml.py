@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from tests.nvml_mock.mockhost import mock_host
 from tests.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -283,40 +284,6 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _mock_host(root: Path, probe: dict[str, Any]) -> None:
-    """A host whose PCI bus, /proc and /dev match what the mock's NVML reports (the mock models no host).
-
-    The host-side facts the mock has no model of stay absent: no NUMA node files, no DMI product.
-    """
-    from node_agent.host.pci import normalize_address
-    from node_agent.testing.fakehost import DEFAULT_MODULES, build_fake_host, driver_version_text
-
-    build_fake_host(root, None)  # the machine-independent parts: another PCI device, containerd, sysctl
-
-    def write(path: str, text: str) -> None:
-        p = root / path.lstrip("/")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-
-    for g in probe["gpus"]:
-        addr = normalize_address(g["pci_bus_id"])
-        base = f"/sys/bus/pci/devices/{addr}"
-        write(f"{base}/vendor", "0x10de\n")
-        write(f"{base}/device", f"0x{g['pci_device_id']:04x}\n")
-        write(f"{base}/class", "0x030200\n")
-        (root / base.lstrip("/") / "driver").symlink_to("../../drivers/nvidia")
-        write(f"/proc/driver/nvidia/gpus/{addr}/information",
-              f"Model: \t\t {g['name']}\nGPU UUID: \t {g['uuid']}\nBus Location: \t {addr}\n"
-              f"Device Minor: \t {g['minor']}\n")
-        write(f"/dev/nvidia{g['minor']}", "")
-    for node in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
-        write(f"/dev/{node}", "")
-    write("/proc/driver/nvidia/version", driver_version_text(probe["driver"][0]))
-    write("/proc/modules", "".join(f"{m} 1234567 0 - Live 0x0000000000000000\n" for m in DEFAULT_MODULES))
-    for m in DEFAULT_MODULES:
-        (root / "sys/module" / m).mkdir(parents=True, exist_ok=True)
-
-
 @pytest.fixture(scope="module", params=PAIRS, ids=[p.mock for p in PAIRS])
 def pair(request: pytest.FixtureRequest, mock_bin: Path, tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[Pair, Side, Side]:
@@ -328,7 +295,7 @@ def pair(request: pytest.FixtureRequest, mock_bin: Path, tmp_path_factory: pytes
     # First ask the mock what it models (on an empty root), then lay out a host that matches it.
     bare = Side("real", tmp_path_factory.mktemp(f"{p.mock}-bare"), env).run_probe("nvml")
     mock = Side("real", tmp_path_factory.mktemp(f"{p.mock}-host"), env)
-    _mock_host(mock.root, bare)
+    mock_host(mock.root, bare)
     mock.collect()
     sim_root = tmp_path_factory.mktemp(f"{p.sim}-host")
     build_fake_host(sim_root, p.sim)

@@ -1,9 +1,11 @@
-"""A fake ``nvidia-smi`` over a simulated machine, for the bash scripts' side of the parity tests.
+"""A stand-in ``nvidia-smi`` over a simulated machine or a real NVML library, for the bash scripts' side.
 
 Fake host roots put a two-line ``/usr/bin/nvidia-smi`` in place that runs this module, so a script
 that shells out to ``nvidia-smi`` sees the same GPUs, driver and faults as the agent does through
-NVML. It goes through the NVML facade itself, so both paths read one source. Only the forms the
-scripts use are implemented: ``-L`` and ``--query-gpu=<fields> --format=csv,noheader[,nounits]``;
+NVML: ``--machine M`` reads the simulated machine, ``--driver-root R`` the ``libnvidia-ml.so.1`` under
+that driver root (NVIDIA's mock library on a node laid out like a real one), as the driver's own
+``nvidia-smi`` reads the driver's NVML. It goes through the NVML facade itself, so both paths read one
+source. Only the forms the scripts use are implemented: ``-L`` and ``--query-gpu=<fields> --format=csv,noheader[,nounits]``;
 anything else exits 2 like nvidia-smi does for bad arguments.
 """
 
@@ -20,7 +22,9 @@ FIELDS = ("index", "name", "uuid", "pci.bus_id", "driver_version", "compute_cap"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nvidia-smi", add_help=False)
-    parser.add_argument("--machine", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--machine")
+    source.add_argument("--driver-root", type=Path)
     parser.add_argument("--state", type=Path)
     parser.add_argument("-L", "--list-gpus", action="store_true")
     parser.add_argument("--query-gpu")
@@ -29,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     if rest or not (args.list_gpus or args.query_gpu):
         print(f"Invalid combination of input arguments: {' '.join(rest)}", file=sys.stderr)
         return 2
-    backend = NvmlBackend("simulated", args.machine, args.state)
+    backend = (NvmlBackend("simulated", args.machine, args.state) if args.machine
+               else NvmlBackend("real", driver_root=args.driver_root))
     try:
         with open_nvml(backend, timeout_s=10.0) as nvml:
             driver = nvml.driver().driver_version
