@@ -5,8 +5,8 @@ that shells out to ``nvidia-smi`` sees the same GPUs, driver and faults as the a
 NVML: ``--machine M`` reads the simulated machine, ``--driver-root R`` the ``libnvidia-ml.so.1`` under
 that driver root (NVIDIA's mock library on a node laid out like a real one), as the driver's own
 ``nvidia-smi`` reads the driver's NVML. It goes through the NVML facade itself, so both paths read one
-source. Only the forms the scripts use are implemented: ``-L`` and ``--query-gpu=<fields> --format=csv,noheader[,nounits]``;
-anything else exits 2 like nvidia-smi does for bad arguments.
+source. Only the forms the scripts use are implemented: ``-L`` and
+``--query-gpu=<fields> --format=csv,noheader[,nounits]``; anything else exits 2 like nvidia-smi does for bad arguments.
 """
 
 from __future__ import annotations
