@@ -21,6 +21,9 @@ from components.manifests.scheduling import node_affinity, tolerations
 from components.manifests.workloads import (
     CDI_HOOK_DIR,
     DRIVER_ROOT_ARGS,
+    MPS_BASE_MIB,
+    MPS_PER_GPU_MIB,
+    MPS_SIZED_FOR_GPUS,
     cdi_hook_mount,
     cdi_hook_volume,
     driver_root_mount,
@@ -214,6 +217,10 @@ def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
     return {"name": name, "hostPath": {"path": path, "type": kind}}
 
 
+#: The plugin's own 192 MiB plus what the MPS daemons of its claims may use (``workloads.MPS_*``).
+DRA_PLUGIN_MEMORY_LIMIT_MIB = 192 + MPS_BASE_MIB + MPS_PER_GPU_MIB * MPS_SIZED_FOR_GPUS
+
+
 def plugin_args(cluster: Cluster, namespace: str) -> list[str]:
     dra = cluster.dra
     # CDI specs name the driver's files under the node's driver root and run the toolkit's hook when the
@@ -243,7 +250,11 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
             # Few malloc arenas: the gRPC and claim-read threads would otherwise each grow their own.
             {"name": "MALLOC_ARENA_MAX", "value": "2"},
         ],
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "192Mi"}},
+        # MPS claims start nvidia-cuda-mps-control in this container (NVIDIA runs a Deployment per claim):
+        # the limit leaves room for the control daemon and servers on an 8-GPU board, as the device
+        # plugin's does in MPS groups; the request is the plugin's own, MPS claims being occasional.
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                      "limits": {"cpu": "500m", "memory": f"{DRA_PLUGIN_MEMORY_LIMIT_MIB}Mi"}},
         # Privileged: compute-mode/time-slice changes and MPS daemons need the GPUs' device nodes, and the
         # sockets live in kubelet's root-owned plugin directories (Bidirectional propagation needs it too).
         "securityContext": {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0},

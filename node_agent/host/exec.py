@@ -34,24 +34,48 @@ class Exec(Protocol):
         ...
 
 
+#: The driver's own programs: the only commands looked up in the driver root (never the agent's own ``/``).
+DRIVER_TOOLS = frozenset({"nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-debugdump",
+                          "nvidia-persistenced"})
+
+
 class HostExec:
-    """The real commands: resolved inside the host root and run directly or via ``chroot``."""
+    """The real commands: resolved inside the host root and run directly or via ``chroot``.
+
+    A driver tool the host root does not have (``nvidia-smi``, ``nvidia-cuda-mps-control`` in an agent
+    container whose host root is its own ``/``, or on a node whose driver lives in a driver container)
+    comes from the driver root (``--driver-root``), run inside it with ``chroot`` as NVIDIA's MIG manager
+    runs the driver container's tools, so it finds the driver's own libraries.
+    """
 
     def __init__(self, host: HostRoot) -> None:
         self.host = host
 
-    def run(self, argv: Sequence[str], *, timeout_s: float, kill_after_s: float = 5.0, stdin: str | None = None,
-            env: Mapping[str, str] | None = None) -> CommandResult:
-        from node_agent.host.root import CommandNotFound, CommandResult, CommandTimeout, HostError
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """The argv that runs ``argv`` (see the class docstring); ``CommandNotFound`` if neither root has it."""
+        from node_agent.driverroot import current_driver_root
+        from node_agent.host.root import CommandNotFound
 
         host = self.host
         found = host.which(argv[0])
         if found is None:
-            raise CommandNotFound(f"command {argv[0]!r} not found on the host", argv[0])
+            driver = current_driver_root()
+            tool = None
+            if argv[0] in DRIVER_TOOLS and not driver.is_own_root:
+                tool = driver.driver_binary(argv[0])
+            if tool is None:
+                raise CommandNotFound(f"command {argv[0]!r} not found on the host", argv[0])
+            return ["chroot", str(driver.path), "/" + str(tool.relative_to(driver.path)), *argv[1:]]
         if host.exec_mode == "chroot" and not host.is_real_root:
-            cmd = ["chroot", str(host.root), found, *argv[1:]]
-        else:
-            cmd = [str(host.path(found)), *argv[1:]]
+            return ["chroot", str(host.root), found, *argv[1:]]
+        return [str(host.path(found)), *argv[1:]]
+
+    def run(self, argv: Sequence[str], *, timeout_s: float, kill_after_s: float = 5.0, stdin: str | None = None,
+            env: Mapping[str, str] | None = None) -> CommandResult:
+        from node_agent.host.root import CommandResult, CommandTimeout, HostError
+
+        host = self.host
+        cmd = self.command(argv)
         full_env = dict(os.environ)
         full_env["HOST_ROOT"] = "" if host.is_real_root else str(host.root)
         full_env.setdefault("LC_ALL", "C")

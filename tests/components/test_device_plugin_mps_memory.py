@@ -33,3 +33,14 @@ def test_mps_group_limit_covers_the_daemons() -> None:
 def test_other_groups_keep_the_agents_limit(sharing: str) -> None:
     assert _plugin_resources(sharing) == {"requests": {"cpu": "50m", "memory": "64Mi"},
                                           "limits": {"cpu": "500m", "memory": "192Mi"}}
+
+
+def test_dra_plugin_limit_covers_the_mps_daemons_of_its_claims() -> None:
+    """MPS claims start their control daemon in the DRA plugin's container, in any DRA group."""
+    from components.manifests import dra
+
+    cfg = stack_config([{"name": "d", "nodeGroup": "ng-d", "allocationMode": "dra"}])
+    ds = dra.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "50m", "memory": "64Mi"},
+                                      "limits": {"cpu": "500m", "memory": "832Mi"}}

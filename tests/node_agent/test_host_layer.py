@@ -134,3 +134,36 @@ def test_state_lock_excludes_a_second_holder(tmp_path: Path) -> None:
     with host.lock("runtime", timeout_s=0.1):
         pass
     assert (tmp_path / "var/lib/nvidia-gpu-agent/runtime.lock").exists()
+
+
+def test_driver_tools_come_from_the_driver_root_when_the_host_root_has_none(tmp_path: Path) -> None:
+    """The DRA plugin's container (host root = its own /) runs the driver's nvidia-smi inside the driver
+    root, the way NVIDIA's MIG manager runs a driver container's tools; a host that has it wins."""
+    from node_agent.driverroot import DriverRoot, current_driver_root, set_driver_root
+    from node_agent.host.exec import HostExec
+    from node_agent.host.root import CommandNotFound
+
+    host, driver = tmp_path / "host", tmp_path / "driver-root"
+    (driver / "usr/bin").mkdir(parents=True)
+    smi = driver / "usr/bin/nvidia-smi"
+    smi.write_text("#!/bin/sh\n")
+    smi.chmod(0o755)
+    (host / "usr/bin").mkdir(parents=True)
+    before = current_driver_root()
+    try:
+        set_driver_root(driver)
+        exe = HostExec(HostRoot(host))
+        assert exe.command(["nvidia-smi", "-i", "GPU-1", "-c", "EXCLUSIVE_PROCESS"]) == [
+            "chroot", str(driver), "/usr/bin/nvidia-smi", "-i", "GPU-1", "-c", "EXCLUSIVE_PROCESS"]
+        with pytest.raises(CommandNotFound, match="'nvidia-cuda-mps-control' not found"):
+            exe.command(["nvidia-cuda-mps-control", "-d"])
+        (host / "usr/bin/nvidia-smi").write_text("#!/bin/sh\n")
+        (host / "usr/bin/nvidia-smi").chmod(0o755)
+        assert exe.command(["nvidia-smi", "-r"]) == [str(host / "usr/bin/nvidia-smi"), "-r"]
+        with pytest.raises(CommandNotFound):
+            exe.command(["ls"])  # only the driver's own tools come from the driver root
+        set_driver_root(DriverRoot())  # the agent's own /: never a source of tools for another host root
+        with pytest.raises(CommandNotFound):
+            HostExec(HostRoot(tmp_path / "empty")).command(["nvidia-smi"])
+    finally:
+        set_driver_root(before)
