@@ -160,8 +160,10 @@ def test_driver_tools_come_from_the_driver_root_when_the_host_root_has_none(tmp_
         (host / "usr/bin/nvidia-smi").write_text("#!/bin/sh\n")
         (host / "usr/bin/nvidia-smi").chmod(0o755)
         assert exe.command(["nvidia-smi", "-r"]) == [str(host / "usr/bin/nvidia-smi"), "-r"]
+        (driver / "usr/bin/modprobe").write_text("#!/bin/sh\n")
+        (driver / "usr/bin/modprobe").chmod(0o755)
         with pytest.raises(CommandNotFound):
-            exe.command(["ls"])  # only the driver's own tools come from the driver root
+            exe.command(["modprobe", "vfio-pci"])  # only the driver's own tools come from the driver root
         set_driver_root(DriverRoot())  # the agent's own /: never a source of tools for another host root
         with pytest.raises(CommandNotFound):
             HostExec(HostRoot(tmp_path / "empty")).command(["nvidia-smi"])
