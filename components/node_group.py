@@ -17,7 +17,7 @@ from components.manifests import deckhouse, workloads
 from components.manifests.platform import AgentRole
 from components.manifests.workloads import GroupContext
 from components.platform import PlatformRefs
-from components.register import register, register_patch
+from components.register import KubernetesRead, register, register_patch
 from components.sharing_policy import SharingPolicy, SharingPolicyArgs
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import NodeScript
@@ -52,16 +52,28 @@ class GpuNodeGroup(pulumi.ComponentResource):
             return pulumi.ResourceOptions(parent=self, depends_on=[*refs.needs(role), *extra])
 
         self.node_setup = []
+        self.node_template_checked: pulumi.Output[bool] | None = None
         if deckhouse_backend:
-            # Deckhouse owns the NodeGroup: keep our template fields there even if this stack is destroyed
-            # (removing them would strip labels from running GPU nodes); delete them by editing the config.
+            # The NodeGroup is Deckhouse's (and its users'): read it first, so a missing or mistyped one
+            # fails at preview, and a node template whose taints another manager owns is refused there
+            # instead of being taken over (``taints`` is an atomic list: applying it replaces theirs).
+            assert group.node_group is not None  # the deckhouse backend requires it (stack config)
+            live = KubernetesRead(f"{name}-node-group", deckhouse.NODE_GROUP_API, "NodeGroup", group.node_group,
+                                  pulumi.ResourceOptions(parent=self))
+            ours = [t.as_dict() for t in desired_node_taints(group)]
+            manager = deckhouse.field_manager(refs.namespace)
+            checked = pulumi.Output.all(live.metadata, live.spec).apply(
+                lambda ms: deckhouse.check_node_template(group, ms[0], ms[1], ours, manager))
+            # Removed with the group or the stack: our labels and taints leave the NodeGroup, and
+            # Deckhouse takes them off its nodes.
             self.node_setup.append(
                 register_patch(
                     f"{name}-node-template",
-                    deckhouse.node_group_patch(group),
-                    pulumi.ResourceOptions(parent=self, retain_on_delete=True),
+                    deckhouse.node_group_patch(group, refs.namespace),
+                    pulumi.ResourceOptions(parent=self, depends_on=[live]),
                 )
             )
+            self.node_template_checked = checked
             for script in sorted(args.node_scripts, key=lambda s: (s.weight, s.name)):
                 self.node_setup.append(
                     register(
@@ -104,5 +116,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 "allocationMode": args.allocation_mode.value,
                 "deviceConfigMap": self.sharing.config_map_name if self.sharing else None,
                 "nodeSetup": "NodeGroupConfiguration" if deckhouse_backend else "DaemonSet",
+                # Awaited by the engine, so a refused node template fails the preview.
+                "nodeTemplateChecked": self.node_template_checked,
             }
         )

@@ -57,3 +57,19 @@ def register(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> pul
 def register_patch(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
     """Server-side-apply only the fields in ``manifest`` onto an object someone else owns."""
     return KubernetesObject(name, manifest, opts, patch=True)
+
+
+class KubernetesRead(pulumi.CustomResource):
+    """A live object read through the provider (``pulumi.ResourceOptions(id=...)``): nothing is managed.
+
+    Reading at preview makes a missing object fail there, and lets a component look at what others own
+    (``managedFields``) before it applies its own fields.
+    """
+
+    metadata: pulumi.Output[dict[str, Any]]
+    spec: pulumi.Output[dict[str, Any]]
+
+    def __init__(self, name: str, api_version: str, kind: str, object_id: str, opts: pulumi.ResourceOptions) -> None:
+        props: dict[str, Any] = {"apiVersion": api_version, "kind": kind, "metadata": None, "spec": None}
+        ours = pulumi.ResourceOptions(version=PROVIDER_VERSION, id=object_id)
+        super().__init__(type_token(api_version, kind), name, props, pulumi.ResourceOptions.merge(opts, ours))

@@ -159,6 +159,12 @@ class RecordingMonitor(MockMonitor):  # type: ignore[misc]
                 listener(record)
             return response
 
+    def ReadResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
+        """A read of a live object (``ResourceOptions(id=...)``): answered like the SDK's mock, not recorded
+        (the stack does not manage it), and under the lock, so its echo never lands on a registration."""
+        with self._lock:
+            return super().ReadResource(request)  # type: ignore[no-untyped-call]
+
     def recorded_resources(self) -> tuple[RecordedResource, ...]:
         """Everything registered so far, in URN order (registration order is not deterministic)."""
         with self._lock:

@@ -166,6 +166,7 @@ def _daemonset(
     require_setup_complete: bool,
     update_strategy: dict[str, Any],
     pod_annotations: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> Manifest:
     group = ctx.group
     meta_labels = app_labels(component, group.name, node_group=group.name, version=ctx.version)
@@ -179,6 +180,7 @@ def _daemonset(
             "name": group_object_name(component, group.name),
             "namespace": ctx.namespace,
             "labels": meta_labels,
+            **({"annotations": annotations} if annotations else {}),
         },
         "spec": {
             "selector": {"matchLabels": selector_labels(component, group.name)},
@@ -199,6 +201,8 @@ def _daemonset(
 
 
 _ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+#: pulumi-kubernetes: do not wait for this object to become ready (see ``setup_daemonset``).
+SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
 
 
 #: Where every agent container sees the node's driver root (``cluster.driverRoot``), read-only: the
@@ -413,5 +417,8 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
         "containers": [hold],
         "volumes": [_host_path("host-root", "/", "Directory"), driver_root_volume(ctx.cluster), dict(_TMP_VOLUME)],
     }
+    # The provider waits for a DaemonSet's rollout; an OnDelete one rolls only when an operator deletes
+    # pods, so a template change would hang `pulumi up` until its timeout (the provider's own docs).
+    # Progress is per node and visible (Init:Error, the setup-complete label), not a stack-wide state.
     return _daemonset(ctx, component, AgentRole.NODE_SETUP, pod_spec, require_setup_complete=False,
-                      update_strategy={"type": "OnDelete"})
+                      update_strategy={"type": "OnDelete"}, annotations=dict(SKIP_AWAIT))

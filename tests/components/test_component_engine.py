@@ -113,10 +113,12 @@ def test_node_group_per_sharing_mode(engine: Engine, gpu: dict[str, Any], replic
     else:
         assert "sharing" not in own
 
-    # The node template patch: labels for this mode, SSA patch, kept on destroy.
+    # The node template patch: labels for this mode, SSA patch under our field manager, removed on destroy,
+    # after the live NodeGroup was read (a missing one fails the preview).
     patch = names["grp-node-template"]
     assert patch.type_token == "kubernetes:deckhouse.io/v1:NodeGroupPatch"
-    assert patch.retain_on_delete
+    assert not patch.retain_on_delete
+    assert patch.inputs["metadata"]["annotations"] == {"pulumi.com/patchFieldManager": "nvidia-gpu.nvidia-gpu"}
     assert patch.inputs["spec"]["nodeTemplate"]["labels"][labels.DEVICE_GPU_CONFIG] == gpu["sharing"]
 
     # The device plugin waits for the config and for the platform, and runs only on prepared group nodes.

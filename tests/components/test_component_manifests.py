@@ -126,7 +126,7 @@ def test_custom_mig_name_ignores_order_and_fits_a_label() -> None:
 def test_node_group_patch_sets_labels_and_taints_in_the_node_template() -> None:
     taints = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]
     g = stack_config([{**group(), "extraTaints": taints}]).node_groups[0]
-    patch = deckhouse.node_group_patch(g)
+    patch = deckhouse.node_group_patch(g, "nvidia-gpu")
     assert (patch["apiVersion"], patch["kind"], patch["metadata"]["name"]) == ("deckhouse.io/v1", "NodeGroup", "ng-gpu")
     template = patch["spec"]["nodeTemplate"]
     assert template["labels"][labels.DEVICE_GPU_CONFIG] == "Exclusive"
@@ -139,7 +139,7 @@ def test_node_group_patch_sets_labels_and_taints_in_the_node_template() -> None:
 
 def test_gpu_taint_can_be_turned_off() -> None:
     g = stack_config([{**group(), "gpuTaint": False}]).node_groups[0]
-    assert deckhouse.node_group_patch(g)["spec"]["nodeTemplate"]["taints"] == []
+    assert deckhouse.node_group_patch(g, "nvidia-gpu")["spec"]["nodeTemplate"]["taints"] == []
 
 
 def test_node_group_configuration_is_scoped_to_the_group() -> None:

@@ -65,7 +65,7 @@ def test_deckhouse_backend_leaves_node_labels_to_the_node_template(engine: Engin
     resources = engine.run(lambda: _register(cfg))
     args = _labeller_args(resources, "h100")
     assert "--node-label" not in args and "--node-taint" not in args
-    template = deckhouse.node_group_patch(group)["spec"]["nodeTemplate"]
+    template = deckhouse.node_group_patch(group, "nvidia-gpu")["spec"]["nodeTemplate"]
     assert template["labels"] == desired_node_labels(group)
 
 
