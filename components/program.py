@@ -73,6 +73,9 @@ def build_stack(config: StackConfig) -> Stack:
         f"{cluster.namespace}-kubernetes",
         context=cluster.kube_context,
         enable_server_side_apply=True,
+        # The device-plugin configs are fixed-name ConfigMaps the plugins watch: a change must update
+        # them in place (the provider otherwise replaces a ConfigMap whose data changes, deleting first).
+        enable_config_map_mutable=True,
     )
     with_provider = pulumi.ResourceOptions(providers={"kubernetes": provider})
     platform = GpuPlatform(cluster.namespace, GpuPlatformArgs(cluster=cluster), with_provider)

@@ -1,0 +1,228 @@
+"""The real Pulumi engine: ``pulumi preview``, ``up``, an update, and ``destroy`` of the dev stack against a
+control plane of its own, with the pinned CLI, language host and Kubernetes provider (``make tools``).
+
+The stack runs from a copy of the project's entry files in a temporary directory (the repository's
+packages on ``PYTHONPATH``), so config changes never touch the committed ``Pulumi.dev.yaml``; state lives
+in a file backend there. The cluster is prepared as a Deckhouse user's would be: the NodeGroups exist
+(the stack only patches their node template), the tenant namespace of the claim quota exists, and kwok
+Nodes of each group have finished node setup, so every GPU DaemonSet really rolls out under the
+provider's await.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from localcluster import ApiError, ControlPlane, Kube
+from localcluster.dryrun import install_crds
+from localcluster.objects import create_kwok_node, wait_for
+from tests.cluster.agents import REPO
+from tests.cluster.stack import rendered
+from tests.tools import required_bin
+
+STACK = "dev"
+SETUP = "node.deckhouse.io/gpu-setup-complete"
+NODE_GROUPS = ("gpu-a100", "gpu-a30", "gpu-h100", "gpu-h200", "gpu-l4")
+#: What the cluster held before the stack, compared after ``destroy`` (kinds the stack creates or patches).
+KINDS = [("v1", "Namespace"), ("v1", "ConfigMap"), ("v1", "ServiceAccount"), ("v1", "ResourceQuota"),
+         ("apps/v1", "DaemonSet"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
+         ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("node.k8s.io/v1", "RuntimeClass"),
+         ("resource.k8s.io/v1", "DeviceClass"), ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
+         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
+         ("deckhouse.io/v1alpha1", "NodeGroupConfiguration"), ("deckhouse.io/v1", "NodeGroup")]
+
+
+@dataclass
+class Project:
+    """The stack's project in a temporary directory, and the CLI's environment."""
+
+    directory: Path
+    env: dict[str, str]
+
+    def pulumi(self, *args: str, timeout: float = 600.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(["pulumi", *args, "--non-interactive"], cwd=self.directory, env=self.env,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        if check:
+            assert done.returncode == 0, f"pulumi {' '.join(args)}: rc {done.returncode}\n{done.stdout[-6000:]}\n" \
+                                         f"{done.stderr[-3000:]}"
+        return done
+
+    def config_file(self) -> Path:
+        return self.directory / f"Pulumi.{STACK}.yaml"
+
+
+def _snapshot(kube: Kube) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for api, kind in KINDS:
+        for o in kube.list(api, kind):
+            meta = o["metadata"]
+            if meta["name"].startswith(("kube-", "system:", "default", "extension-apiserver")):
+                continue
+            out[f"{kind}/{meta.get('namespace', '')}/{meta['name']}"] = o.get("spec") if kind == "NodeGroup" else None
+    return out
+
+
+def _served(kube: Kube) -> bool:
+    try:
+        for api, kind in KINDS:
+            kube.list(api, kind)
+    except ApiError:
+        return False  # 429 "storage is (re)initializing" right after a CRD is established
+    return True
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of the module's own: the session's one holds the dev stack applied by the dry-run
+    harness, which a real ``pulumi up`` would collide with."""
+    cp = ControlPlane(directory=tmp_path_factory.mktemp("engine-cluster"), bin_dir=required_bin())
+    cp.start()
+    try:
+        kube = cp.admin()
+        install_crds(kube, sorted((REPO / "preview" / "crds").glob("*.deckhouse.io.yaml")))
+        wait_for(lambda: _served(kube), timeout=60, what="the Deckhouse CRDs served")
+        for ng in NODE_GROUPS:
+            kube.create({"apiVersion": "deckhouse.io/v1", "kind": "NodeGroup", "metadata": {"name": ng},
+                         "spec": {"nodeType": "Static"}})
+            create_kwok_node(kube, f"engine-{ng}", {"node.deckhouse.io/group": ng, SETUP: ""})
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "research"}})
+        yield cp
+    finally:
+        cp.stop(remove=False)
+
+
+@pytest.fixture(scope="module")
+def project(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Project:
+    bin_dir = required_bin("pulumi", "pulumi-language-python", "pulumi-resource-kubernetes")
+    work = tmp_path_factory.mktemp("engine")
+    directory = work / "project"
+    directory.mkdir()
+    meta = yaml.safe_load((REPO / "Pulumi.yaml").read_text())
+    meta["runtime"]["options"]["virtualenv"] = str(REPO / ".venv")
+    (directory / "Pulumi.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    shutil.copy(REPO / "__main__.py", directory / "__main__.py")
+    shutil.copy(REPO / f"Pulumi.{STACK}.yaml", directory / f"Pulumi.{STACK}.yaml")
+    # The stack's provider uses the kubeconfig context its config names (cluster.kubeContext: dev).
+    kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
+    kubeconfig["contexts"][0]["name"] = STACK
+    kubeconfig["current-context"] = STACK
+    (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    (work / "state").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
+    env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", PYTHONPATH=str(REPO), KUBECONFIG=str(work / "kubeconfig"),
+               PULUMI_HOME=str(work / "home"), PULUMI_BACKEND_URL=f"file://{work / 'state'}",
+               PULUMI_CONFIG_PASSPHRASE="engine-test", PULUMI_SKIP_UPDATE_CHECK="true",
+               PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION="true")
+    p = Project(directory, env)
+    p.pulumi("stack", "init", STACK)
+    return p
+
+
+@pytest.fixture(scope="module")
+def before(cluster: ControlPlane, project: Project) -> dict[str, Any]:
+    return _snapshot(cluster.admin())
+
+
+def _preview_steps(project: Project) -> list[dict[str, Any]]:
+    done = project.pulumi("preview", "--json")
+    steps: list[dict[str, Any]] = json.loads(done.stdout)["steps"]
+    return steps
+
+
+def _object_key(inputs: dict[str, Any], type_token: str) -> tuple[str, str, str]:
+    meta = inputs.get("metadata") or {}
+    return inputs.get("kind", type_token.rsplit(":", 1)[-1]), meta.get("namespace", ""), meta.get("name", "")
+
+
+def test_1_preview_lists_what_the_offline_preview_renders(project: Project, before: dict[str, Any]) -> None:
+    steps = _preview_steps(project)
+    engine = {_object_key(s["newState"]["inputs"], s["newState"]["type"]) for s in steps
+              if s["op"] == "create" and s["newState"]["type"].startswith("kubernetes:")}
+    offline = {(m.object["kind"], m.object["metadata"].get("namespace", ""), m.object["metadata"]["name"])
+               for m in rendered(STACK).manifests}
+    # The provider's check gives a patch of a custom resource it has no schema for the namespace
+    # ``default`` even when the kind is cluster-scoped (the Deckhouse NodeGroup); the server ignores it.
+    cluster_scoped = {(k, n) for k, ns, n in offline if not ns}
+    engine = {(k, "" if (k, n) in cluster_scoped and ns == "default" else ns, n) for k, ns, n in engine}
+    assert engine == offline, f"engine only: {sorted(engine - offline)}; offline only: {sorted(offline - engine)}"
+    assert {s["op"] for s in steps} <= {"create", "read", "same"}
+
+
+def test_2_up_creates_everything_and_the_daemonsets_roll_out(cluster: ControlPlane, project: Project) -> None:
+    project.pulumi("up", "--yes", "--skip-preview")
+    kube = cluster.admin()
+    daemonsets = kube.list("apps/v1", "DaemonSet", "nvidia-gpu")
+    assert daemonsets
+    scheduled = {d["metadata"]["name"]: d["status"].get("numberReady", 0) for d in daemonsets
+                 if d["status"].get("desiredNumberScheduled")}
+    # Every GPU group's agents went to its set-up kwok node and are ready: the provider's await passed.
+    assert len(scheduled) >= len(NODE_GROUPS) and all(n >= 1 for n in scheduled.values()), scheduled
+    ng = kube.get("deckhouse.io/v1", "NodeGroup", "gpu-a100")
+    managers = {m["manager"] for m in ng["metadata"]["managedFields"]}
+    assert "nvidia-gpu.nvidia-gpu" in managers, managers  # the stable field manager, not a random one
+
+
+def test_3_a_second_up_changes_nothing(project: Project) -> None:
+    project.pulumi("up", "--yes", "--expect-no-changes")
+
+
+def test_4_a_partition_count_change_updates_only_what_it_must(cluster: ControlPlane, project: Project) -> None:
+    config = yaml.safe_load(project.config_file().read_text())
+    groups = config["config"]["nvidia-gpu:nodeGroups"]
+    l4 = next(g for g in groups if g["name"] == "l4-shared")
+    l4["gpu"]["timeSlicing"]["partitionCount"] = 4
+    project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
+    steps = _preview_steps(project)
+    changed = {_object_key(s["newState"]["inputs"], s["newState"]["type"]): s["op"] for s in steps
+               if s["op"] not in ("same", "read") and s["newState"]["type"].startswith("kubernetes:")}
+    assert set(changed.values()) == {"update"}, changed  # nothing replaced
+    assert ("ConfigMap", "nvidia-gpu", "device-plugin-config-l4-shared") in changed
+    allowed = {("ConfigMap", "nvidia-gpu", "device-plugin-config-l4-shared"),
+               ("DaemonSet", "nvidia-gpu", "gpu-labeller-l4-shared"),
+               ("DaemonSet", "nvidia-gpu", "device-plugin-l4-shared")}
+    assert set(changed) <= allowed, changed
+    project.pulumi("up", "--yes", "--skip-preview")
+    data = cluster.admin().get("v1", "ConfigMap", "device-plugin-config-l4-shared", "nvidia-gpu")["data"]
+    assert "replicas: 4" in data["TimeSlicing"]
+
+
+def test_5_taints_another_manager_owns_are_refused_at_preview(cluster: ControlPlane, project: Project) -> None:
+    kube = cluster.admin()
+    taint = {"key": "team", "value": "ml", "effect": "NoSchedule"}
+    ours = kube.get("deckhouse.io/v1", "NodeGroup", "gpu-h200")["spec"]["nodeTemplate"]["taints"]
+    # Another manager (a person, GitOps) takes the atomic list over with a taint of its own.
+    kube.patch("deckhouse.io/v1", "NodeGroup", "gpu-h200", {"spec": {"nodeTemplate": {"taints": [*ours, taint]}}})
+    try:
+        done = project.pulumi("preview", check=False)
+        assert done.returncode != 0
+        out = done.stdout + done.stderr
+        assert "Deckhouse NodeGroup 'gpu-h200' has taints this stack does not declare: team=ml:NoSchedule" in out, out
+        assert "extraTaints" in out
+    finally:
+        # The other manager lets go (removes the list), and a refreshing up puts the stack's back.
+        kube.patch("deckhouse.io/v1", "NodeGroup", "gpu-h200", {"spec": {"nodeTemplate": {"taints": None}}})
+    project.pulumi("up", "--yes", "--refresh", "--skip-preview")
+    assert kube.get("deckhouse.io/v1", "NodeGroup", "gpu-h200")["spec"]["nodeTemplate"]["taints"] == ours
+
+
+def test_6_destroy_leaves_the_cluster_as_it_was(cluster: ControlPlane, project: Project,
+                                                before: dict[str, Any]) -> None:
+    project.pulumi("destroy", "--yes")
+    kube = cluster.admin()
+    wait_for(lambda: kube.get_or_none("v1", "Namespace", "nvidia-gpu") is None, timeout=60,
+             what="the stack's namespace gone")
+    after = _snapshot(kube)
+    assert after == before, {k: (before.get(k), after.get(k)) for k in set(before) | set(after)
+                             if before.get(k) != after.get(k)}
+    assert not [s for s in kube.list("resource.k8s.io/v1", "ResourceSlice")]
