@@ -112,7 +112,11 @@ def project(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> 
     meta["runtime"]["options"]["virtualenv"] = str(REPO / ".venv")
     (directory / "Pulumi.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
     shutil.copy(REPO / "__main__.py", directory / "__main__.py")
-    shutil.copy(REPO / f"Pulumi.{STACK}.yaml", directory / f"Pulumi.{STACK}.yaml")
+    # The committed stack config, without the secrets salt a developer's own `pulumi stack init` may
+    # have written into it (this test's backend and passphrase are its own).
+    config = yaml.safe_load((REPO / f"Pulumi.{STACK}.yaml").read_text())
+    config.pop("encryptionsalt", None)
+    (directory / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     # The stack's provider uses the kubeconfig context its config names (cluster.kubeContext: dev).
     kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
     kubeconfig["contexts"][0]["name"] = STACK
@@ -157,6 +161,33 @@ def test_1_preview_lists_what_the_offline_preview_renders(project: Project, befo
     engine = {(k, "" if (k, n) in cluster_scoped and ns == "default" else ns, n) for k, ns, n in engine}
     assert engine == offline, f"engine only: {sorted(engine - offline)}; offline only: {sorted(offline - engine)}"
     assert {s["op"] for s in steps} <= {"create", "read", "same"}
+
+
+def _policy_pack(project: Project) -> Path:
+    """The repository's pack, with its runtime pointed at the project's venv (the README's ``policies/venv``)."""
+    pack = project.directory.parent / "policies"
+    if not pack.exists():
+        shutil.copytree(REPO / "policies", pack, ignore=shutil.ignore_patterns("__pycache__", "venv"))
+        meta = yaml.safe_load((pack / "PulumiPolicy.yaml").read_text())
+        meta["runtime"]["options"]["virtualenv"] = str(REPO / ".venv")
+        (pack / "PulumiPolicy.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    return pack
+
+
+def test_1b_the_cli_runs_the_policy_pack(project: Project) -> None:
+    """``pulumi preview --policy-pack``: the dev stack passes CI's configuration of the pack; a stricter
+    configuration (images by digest) makes the mandatory policy stop the preview with its message."""
+    pack = _policy_pack(project)
+    done = project.pulumi("preview", "--policy-pack", str(pack), "--policy-pack-config",
+                          str(REPO / "policies/config.json"))
+    assert "nvidia-gpu@v0.1.0" in done.stdout
+    strict = json.loads((REPO / "policies/config.json").read_text())
+    strict["pinned-images"] = {"requireDigest": True}
+    (pack.parent / "strict.json").write_text(json.dumps(strict))
+    done = project.pulumi("preview", "--policy-pack", str(pack), "--policy-pack-config",
+                          str(pack.parent / "strict.json"), check=False)
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "pinned-images" in done.stdout and "mandatory" in done.stdout, done.stdout[-3000:]
 
 
 def test_2_up_creates_everything_and_the_daemonsets_roll_out(cluster: ControlPlane, project: Project) -> None:
