@@ -12,27 +12,22 @@ provider's await.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from localcluster import ApiError, ControlPlane, Kube
-from localcluster.dryrun import install_crds
-from localcluster.objects import create_kwok_node, wait_for
+from localcluster import ControlPlane, Kube
+from localcluster.objects import wait_for
 from tests.cluster.agents import REPO
+from tests.cluster.pulumi_project import NODE_GROUPS, Project, make_project, prepare_cluster
 from tests.cluster.stack import rendered
 from tests.tools import required_bin
 
 STACK = "dev"
-SETUP = "node.deckhouse.io/gpu-setup-complete"
-NODE_GROUPS = ("gpu-a100", "gpu-a30", "gpu-h100", "gpu-h200", "gpu-l4")
 #: What the cluster held before the stack, compared after ``destroy`` (kinds the stack creates or patches).
 KINDS = [("v1", "Namespace"), ("v1", "ConfigMap"), ("v1", "ServiceAccount"), ("v1", "ResourceQuota"),
          ("apps/v1", "DaemonSet"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
@@ -41,25 +36,6 @@ KINDS = [("v1", "Namespace"), ("v1", "ConfigMap"), ("v1", "ServiceAccount"), ("v
          ("resource.k8s.io/v1", "DeviceClass"), ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
          ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
          ("deckhouse.io/v1alpha1", "NodeGroupConfiguration"), ("deckhouse.io/v1", "NodeGroup")]
-
-
-@dataclass
-class Project:
-    """The stack's project in a temporary directory, and the CLI's environment."""
-
-    directory: Path
-    env: dict[str, str]
-
-    def pulumi(self, *args: str, timeout: float = 600.0, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(["pulumi", *args, "--non-interactive"], cwd=self.directory, env=self.env,
-                              capture_output=True, text=True, timeout=timeout, check=False)
-        if check:
-            assert done.returncode == 0, f"pulumi {' '.join(args)}: rc {done.returncode}\n{done.stdout[-6000:]}\n" \
-                                         f"{done.stderr[-3000:]}"
-        return done
-
-    def config_file(self) -> Path:
-        return self.directory / f"Pulumi.{STACK}.yaml"
 
 
 def _snapshot(kube: Kube) -> dict[str, Any]:
@@ -73,15 +49,6 @@ def _snapshot(kube: Kube) -> dict[str, Any]:
     return out
 
 
-def _served(kube: Kube) -> bool:
-    try:
-        for api, kind in KINDS:
-            kube.list(api, kind)
-    except ApiError:
-        return False  # 429 "storage is (re)initializing" right after a CRD is established
-    return True
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A control plane of the module's own: the session's one holds the dev stack applied by the dry-run
@@ -89,14 +56,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     cp = ControlPlane(directory=tmp_path_factory.mktemp("engine-cluster"), bin_dir=required_bin())
     cp.start()
     try:
-        kube = cp.admin()
-        install_crds(kube, sorted((REPO / "preview" / "crds").glob("*.deckhouse.io.yaml")))
-        wait_for(lambda: _served(kube), timeout=60, what="the Deckhouse CRDs served")
-        for ng in NODE_GROUPS:
-            kube.create({"apiVersion": "deckhouse.io/v1", "kind": "NodeGroup", "metadata": {"name": ng},
-                         "spec": {"nodeType": "Static"}})
-            create_kwok_node(kube, f"engine-{ng}", {"node.deckhouse.io/group": ng, SETUP: ""})
-        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "research"}})
+        prepare_cluster(cp, KINDS)
         yield cp
     finally:
         cp.stop(remove=False)
@@ -104,31 +64,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="module")
 def project(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Project:
-    bin_dir = required_bin("pulumi", "pulumi-language-python", "pulumi-resource-kubernetes")
-    work = tmp_path_factory.mktemp("engine")
-    directory = work / "project"
-    directory.mkdir()
-    meta = yaml.safe_load((REPO / "Pulumi.yaml").read_text())
-    meta["runtime"]["options"]["virtualenv"] = str(REPO / ".venv")
-    (directory / "Pulumi.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
-    shutil.copy(REPO / "__main__.py", directory / "__main__.py")
-    # The committed stack config, without the secrets salt a developer's own `pulumi stack init` may
-    # have written into it (this test's backend and passphrase are its own).
-    config = yaml.safe_load((REPO / f"Pulumi.{STACK}.yaml").read_text())
-    config.pop("encryptionsalt", None)
-    (directory / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    # The stack's provider uses the kubeconfig context its config names (cluster.kubeContext: dev).
-    kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
-    kubeconfig["contexts"][0]["name"] = STACK
-    kubeconfig["current-context"] = STACK
-    (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
-    (work / "state").mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
-    env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", PYTHONPATH=str(REPO), KUBECONFIG=str(work / "kubeconfig"),
-               PULUMI_HOME=str(work / "home"), PULUMI_BACKEND_URL=f"file://{work / 'state'}",
-               PULUMI_CONFIG_PASSPHRASE="engine-test", PULUMI_SKIP_UPDATE_CHECK="true",
-               PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION="true")
-    p = Project(directory, env)
+    p = make_project(cluster, tmp_path_factory.mktemp("engine"), STACK)
     p.pulumi("stack", "init", STACK)
     return p
 

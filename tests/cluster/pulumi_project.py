@@ -1,0 +1,98 @@
+"""The dev stack's project run by the real Pulumi CLI against a control plane prepared as a Deckhouse
+user's cluster (used by ``test_pulumi_engine.py`` and ``bench/bench_engine.py``).
+
+The project is a copy of the entry files in a temporary directory (the repository's packages on
+``PYTHONPATH``), so config changes never touch the committed ``Pulumi.<stack>.yaml``; state lives in a
+file backend there, and the CLI, language host and provider are the pinned ones (``make tools``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from localcluster import ApiError, ControlPlane, Kube
+from localcluster.dryrun import install_crds
+from localcluster.objects import create_kwok_node, wait_for
+from tests.tools import required_bin
+
+REPO = Path(__file__).resolve().parents[2]
+SETUP = "node.deckhouse.io/gpu-setup-complete"
+NODE_GROUPS = ("gpu-a100", "gpu-a30", "gpu-h100", "gpu-h200", "gpu-l4")
+
+
+@dataclass
+class Project:
+    """The stack's project in a temporary directory, and the CLI's environment."""
+
+    directory: Path
+    env: dict[str, str]
+    stack: str = "dev"
+
+    def pulumi(self, *args: str, timeout: float = 600.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(["pulumi", *args, "--non-interactive"], cwd=self.directory, env=self.env,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        if check:
+            assert done.returncode == 0, f"pulumi {' '.join(args)}: rc {done.returncode}\n{done.stdout[-6000:]}\n" \
+                                         f"{done.stderr[-3000:]}"
+        return done
+
+    def config_file(self) -> Path:
+        return self.directory / f"Pulumi.{self.stack}.yaml"
+
+
+def _served(kube: Kube, kinds: list[tuple[str, str]]) -> bool:
+    try:
+        for api, kind in kinds:
+            kube.list(api, kind)
+    except ApiError:
+        return False  # 429 "storage is (re)initializing" right after a CRD is established
+    return True
+
+
+def prepare_cluster(cp: ControlPlane, kinds: list[tuple[str, str]]) -> None:
+    """What a Deckhouse user's cluster has before the stack: the NodeGroups (the stack only patches their
+    node template), the claim quota's tenant namespace, and a set-up kwok Node per group, so that every
+    GPU DaemonSet really rolls out under the provider's await."""
+    kube = cp.admin()
+    install_crds(kube, sorted((REPO / "preview" / "crds").glob("*.deckhouse.io.yaml")))
+    wait_for(lambda: _served(kube, kinds), timeout=60, what="the Deckhouse CRDs served")
+    for ng in NODE_GROUPS:
+        kube.create({"apiVersion": "deckhouse.io/v1", "kind": "NodeGroup", "metadata": {"name": ng},
+                     "spec": {"nodeType": "Static"}})
+        create_kwok_node(kube, f"engine-{ng}", {"node.deckhouse.io/group": ng, SETUP: ""})
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "research"}})
+
+
+def make_project(cluster: ControlPlane, work: Path, stack: str = "dev") -> Project:
+    """The project under ``work`` with a CLI environment that reaches ``cluster`` through the kubeconfig
+    context the stack's config names (``cluster.kubeContext``)."""
+    bin_dir = required_bin("pulumi", "pulumi-language-python", "pulumi-resource-kubernetes")
+    directory = work / "project"
+    directory.mkdir(parents=True)
+    meta = yaml.safe_load((REPO / "Pulumi.yaml").read_text())
+    meta["runtime"]["options"]["virtualenv"] = str(REPO / ".venv")
+    (directory / "Pulumi.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    shutil.copy(REPO / "__main__.py", directory / "__main__.py")
+    # The committed stack config, without the secrets salt a developer's own `pulumi stack init` may
+    # have written into it (this project's backend and passphrase are its own).
+    config = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())
+    config.pop("encryptionsalt", None)
+    (directory / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    context = (config.get("config", {}).get("nvidia-gpu:cluster") or {}).get("kubeContext") or "admin"
+    kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
+    kubeconfig["contexts"][0]["name"] = context
+    kubeconfig["current-context"] = context
+    (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    (work / "state").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
+    env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", PYTHONPATH=str(REPO), KUBECONFIG=str(work / "kubeconfig"),
+               PULUMI_HOME=str(work / "home"), PULUMI_BACKEND_URL=f"file://{work / 'state'}",
+               PULUMI_CONFIG_PASSPHRASE="engine-test", PULUMI_SKIP_UPDATE_CHECK="true",
+               PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION="true")
+    return Project(directory, env, stack)
