@@ -12,10 +12,13 @@ never from Pulumi's auto-naming, so the preview's files equal what ``pulumi up``
 
 from __future__ import annotations
 
+from functools import cache
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import pulumi
+import pulumi_kubernetes
 
 from components.manifests import Manifest
 
@@ -27,6 +30,27 @@ def type_token(api_version: str, kind: str, *, patch: bool = False) -> str:
     """The provider's token: the core group is spelled ``core/v1`` (``kubernetes:core/v1:Namespace``)."""
     group_version = f"core/{api_version}" if "/" not in api_version else api_version
     return f"kubernetes:{group_version}:{kind}{'Patch' if patch else ''}"
+
+
+_SDK_DIR = Path(pulumi_kubernetes.__file__).parent
+
+
+@cache
+def aliases(api_version: str, kind: str, *, patch: bool = False) -> tuple[str, ...]:
+    """The type tokens of ``kind`` in its group's other API versions, as pulumi_kubernetes' typed class
+    declares them as aliases: a later move to another version keeps the resource (no delete-then-create).
+
+    Found from the SDK's files (``pulumi_kubernetes/<group>/<version>/<Kind>.py``), without importing them.
+    """
+    group, _, version = api_version.rpartition("/")
+    if group and not group.endswith(".k8s.io") and "." in group:
+        return ()  # not a Kubernetes API group (a CRD such as Deckhouse's): the SDK has no typed class
+    module = _SDK_DIR / (group.split(".")[0] if group else "core")
+    name = f"{kind}{'Patch' if patch else ''}.py"
+    if not module.is_dir():
+        return ()
+    others = sorted(d.name for d in module.iterdir() if d.is_dir() and d.name != version and (d / name).is_file())
+    return tuple(type_token(f"{group}/{v}" if group else v, kind, patch=patch) for v in others)
 
 
 class KubernetesObject(pulumi.CustomResource):
@@ -45,7 +69,9 @@ class KubernetesObject(pulumi.CustomResource):
             raise ValueError(f"{name}: a manifest needs apiVersion and kind")
         token = type_token(manifest["apiVersion"], manifest["kind"], patch=patch)
         props: dict[str, Any] = dict(manifest)
-        ours = pulumi.ResourceOptions(version=PROVIDER_VERSION, delete_before_replace=delete_before_replace or None)
+        ours = pulumi.ResourceOptions(version=PROVIDER_VERSION, delete_before_replace=delete_before_replace or None,
+                                      aliases=[pulumi.Alias(type_=t) for t in
+                                               aliases(manifest["apiVersion"], manifest["kind"], patch=patch)] or None)
         super().__init__(token, name, props, pulumi.ResourceOptions.merge(opts, ours))
 
 

@@ -183,6 +183,26 @@ def test_5_taints_another_manager_owns_are_refused_at_preview(cluster: ControlPl
     assert kube.get("deckhouse.io/v1", "NodeGroup", "gpu-h200")["spec"]["nodeTemplate"]["taints"] == ours
 
 
+def test_5b_a_removed_group_leaves_its_nodegroup_and_namespace_clean(cluster: ControlPlane, project: Project) -> None:
+    """Removing a node group deletes its agents and configs and takes our node template off its Deckhouse
+    NodeGroup (Deckhouse then takes the labels and the GPU taint off its nodes)."""
+    kube = cluster.admin()
+    assert kube.get("deckhouse.io/v1", "NodeGroup", "gpu-a30")["spec"].get("nodeTemplate")
+    config = yaml.safe_load(project.config_file().read_text())
+    config["config"]["nvidia-gpu:nodeGroups"] = [g for g in config["config"]["nvidia-gpu:nodeGroups"]
+                                                 if g["name"] != "a30-mps"]
+    project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
+    project.pulumi("up", "--yes", "--skip-preview")
+    ng = kube.get("deckhouse.io/v1", "NodeGroup", "gpu-a30")
+    assert not ng["spec"].get("nodeTemplate"), ng["spec"]
+    assert "nvidia-gpu.nvidia-gpu" not in {m["manager"] for m in ng["metadata"].get("managedFields", [])}
+    left = [o["metadata"]["name"] for api, kind in (("apps/v1", "DaemonSet"), ("v1", "ConfigMap"))
+            for o in kube.list(api, kind, "nvidia-gpu") if "a30-mps" in o["metadata"]["name"]]
+    assert not left, left
+    assert not [o for o in kube.list("deckhouse.io/v1alpha1", "NodeGroupConfiguration")
+                if "a30-mps" in o["metadata"]["name"]]
+
+
 def test_6_destroy_leaves_the_cluster_as_it_was(cluster: ControlPlane, project: Project,
                                                 before: dict[str, Any]) -> None:
     project.pulumi("destroy", "--yes")
