@@ -213,3 +213,28 @@ def test_6_destroy_leaves_the_cluster_as_it_was(cluster: ControlPlane, project: 
     assert after == before, {k: (before.get(k), after.get(k)) for k in set(before) | set(after)
                              if before.get(k) != after.get(k)}
     assert not [s for s in kube.list("resource.k8s.io/v1", "ResourceSlice")]
+
+
+def test_7_prod_stack_previews_applies_and_destroys(cluster: ControlPlane,
+                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The prod stack (daemonset backend, images by digest) on the same 1.34 control plane: the only one
+    ``make tools`` builds; prod targets 1.33, whose schemas the offline preview still checks it against.
+    Its OnDelete setup DaemonSet carries ``pulumi.com/skipAwait``, so ``up`` does not wait on it."""
+    prod = make_project(cluster, tmp_path_factory.mktemp("engine-prod"), "prod")
+    prod.pulumi("stack", "init", "prod")
+    done = prod.pulumi("preview", "--json")
+    steps = json.loads(done.stdout)["steps"]
+    engine = {_object_key(s["newState"]["inputs"], s["newState"]["type"]) for s in steps
+              if s["op"] == "create" and s["newState"]["type"].startswith("kubernetes:")}
+    offline = {(m.object["kind"], m.object["metadata"].get("namespace", ""), m.object["metadata"]["name"])
+               for m in rendered("prod").manifests}
+    assert engine == offline, f"engine only: {sorted(engine - offline)}; offline only: {sorted(offline - engine)}"
+    kube = cluster.admin()
+    before = _snapshot(kube)
+    prod.pulumi("up", "--yes", "--skip-preview")
+    setup = [d for d in kube.list("apps/v1", "DaemonSet", "gpu-system") if "setup" in d["metadata"]["name"]]
+    assert setup and all(d["metadata"]["annotations"].get("pulumi.com/skipAwait") == "true" for d in setup)
+    prod.pulumi("up", "--yes", "--expect-no-changes")
+    prod.pulumi("destroy", "--yes")
+    wait_for(lambda: kube.get_or_none("v1", "Namespace", "gpu-system") is None, timeout=60, what="gpu-system gone")
+    assert _snapshot(kube) == before
