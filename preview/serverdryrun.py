@@ -42,6 +42,8 @@ def run(result: PreviewResult) -> None:
             result.problems.append(Problem(STEP, str(result.server_kubeconfig), f"cannot dry-run there: {e}"))
             return
         _record(result, report, "your cluster (nothing written)")
+        for label, message in collisions(kube, items):
+            result.problems.append(Problem(STEP, label, message))
         return
     try:
         bin_dir = tools_bin()
@@ -63,6 +65,41 @@ def run(result: PreviewResult) -> None:
         finally:
             cp.stop(remove=False)
         _record(result, report, f"a throwaway control plane, up in {cp.startup_s:.1f} s")
+
+
+#: Field managers of this project's objects: the provider's default (``pulumi-kubernetes-<random>``), the
+#: stable one of our NodeGroup patches, and the test harness.
+OUR_MANAGERS = ("pulumi-kubernetes", "nvidia-gpu")
+
+
+def collisions(kube: Kube, items: list[Item]) -> list[tuple[str, str]]:
+    """Objects the stack would create that already exist and were not made by Pulumi or this project.
+
+    In server-side-apply mode the provider applies over an existing object instead of failing, so a
+    fixed-name object of someone else's (NVIDIA's DRA driver's DeviceClass ``gpu.nvidia.com``, a
+    RuntimeClass ``nvidia``) would silently become the stack's, and ``pulumi destroy`` would delete it.
+    """
+    found: list[tuple[str, str]] = []
+    for item in items:
+        if item.patch:
+            continue
+        obj = item.object
+        meta = obj.get("metadata", {})
+        try:
+            live = kube.get_or_none(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+        except ApiError:
+            continue  # a kind or namespace the cluster lacks: the dry-run reports it
+        if live is None:
+            continue
+        managers = sorted({m.get("manager", "?") for m in live["metadata"].get("managedFields") or []})
+        if any(m.startswith(OUR_MANAGERS) for m in managers):
+            continue
+        where = f" in namespace {meta['namespace']}" if meta.get("namespace") else ""
+        found.append((item.label, f"{obj['kind']} {meta['name']}{where} already exists, managed by "
+                                  f"{', '.join(managers) or 'an unknown manager'}: `pulumi up` would take it over "
+                                  "and `pulumi destroy` would delete it; remove it first, or turn this stack's "
+                                  "off where the stack config allows (cluster.runtimeClass.create)"))
+    return found
 
 
 def deckhouse_placeholder(obj: dict[str, Any]) -> dict[str, Any] | None:

@@ -85,6 +85,28 @@ def _object_key(inputs: dict[str, Any], type_token: str) -> tuple[str, str, str]
     return inputs.get("kind", type_token.rsplit(":", 1)[-1]), meta.get("namespace", ""), meta.get("name", "")
 
 
+def test_0_someone_elses_fixed_name_objects_are_reported_before_up(cluster: ControlPlane, project: Project,
+                                                                   before: dict[str, Any]) -> None:
+    """NVIDIA's DRA driver already installed its DeviceClass ``gpu.nvidia.com``: the provider would apply
+    over it (server-side apply upserts) and ``destroy`` would delete it, so the preview against the cluster
+    (``python -m preview --server-dry-run KUBECONFIG``) reports it first."""
+    from preview.pipeline import run_preview
+
+    kube = cluster.admin()
+    theirs = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+              "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}
+    kube.apply(theirs, field_manager="helm")
+    try:
+        result = run_preview(REPO, STACK, project.directory.parent / "preview-out",
+                             server_kubeconfig=Path(project.env["KUBECONFIG"]), server_context=STACK)
+    finally:
+        kube.delete("resource.k8s.io/v1", "DeviceClass", "gpu.nvidia.com")
+    found = [p.message for p in result.problems if "already exists" in p.message]
+    assert found == ["DeviceClass gpu.nvidia.com already exists, managed by helm: `pulumi up` would take it over "
+                     "and `pulumi destroy` would delete it; remove it first, or turn this stack's off where the "
+                     "stack config allows (cluster.runtimeClass.create)"], [str(p) for p in result.problems]
+
+
 def test_1_preview_lists_what_the_offline_preview_renders(project: Project, before: dict[str, Any]) -> None:
     steps = _preview_steps(project)
     engine = {_object_key(s["newState"]["inputs"], s["newState"]["type"]) for s in steps
@@ -181,6 +203,17 @@ def test_5_taints_another_manager_owns_are_refused_at_preview(cluster: ControlPl
         kube.patch("deckhouse.io/v1", "NodeGroup", "gpu-h200", {"spec": {"nodeTemplate": {"taints": None}}})
     project.pulumi("up", "--yes", "--refresh", "--skip-preview")
     assert kube.get("deckhouse.io/v1", "NodeGroup", "gpu-h200")["spec"]["nodeTemplate"]["taints"] == ours
+
+
+def test_5a_a_mistyped_nodegroup_fails_at_preview(project: Project) -> None:
+    text = project.config_file().read_text()
+    project.config_file().write_text(text.replace("nodeGroup: gpu-h100\n", "nodeGroup: gpu-h100x\n"))
+    try:
+        done = project.pulumi("preview", check=False)
+    finally:
+        project.config_file().write_text(text)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "gpu-h100x" in out and "does not exist" in out, out[-3000:]
 
 
 def test_5b_a_removed_group_leaves_its_nodegroup_and_namespace_clean(cluster: ControlPlane, project: Project) -> None:
