@@ -124,6 +124,9 @@ def privileged_caps() -> list[str]:
                     if line.startswith("CapBnd:"))
     return [name for bit, name in enumerate(ALL_CAPS) if bounding >> bit & 1]
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+#: Where the agent image (node_agent/Dockerfile) has the code and its virtual environment.
+IMAGE_APP = "/app"
+IMAGE_VENV = "/opt/agent"
 
 
 @dataclass(frozen=True)
@@ -184,10 +187,14 @@ class PodContainer:
             options = ["rbind", "ro"] if read_only else ["rbind"]
             mounts.append({"destination": destination, "type": "bind", "source": str(source), "options": options})
 
-        image = {"/usr", "/lib", "/lib64", "/bin", "/sbin", sys.base_prefix, str(repo)}
+        # The image: the agent's code at /app and its Python environment at /opt/agent (where the
+        # Dockerfile puts them), the interpreter the environment is built on, and the system directories.
+        image = {"/usr", "/lib", "/lib64", "/bin", "/sbin", sys.base_prefix}
         for d in sorted(image):
             if Path(d).exists():
                 bind(Path(d), d, read_only=True)
+        bind(repo, IMAGE_APP, read_only=True)
+        bind(Path(sys.prefix), IMAGE_VENV, read_only=True)
         # The image's own /etc: a copy of the few files a process reads, so that volumes can be mounted
         # under /etc as in any image (a bind of this machine's /etc would be read-only there).
         (self.rootfs / "etc").mkdir()
@@ -219,13 +226,13 @@ class PodContainer:
         security = container.get("securityContext", {})
         config = runtime.bundle(self.bundle, self.rootfs, [*container["command"], *container.get("args", [])], [])
         spec: dict[str, Any] = json.loads(config.read_text())
-        base_env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp",
-                    "PYTHONPATH": str(repo)}
+        base_env = {"PATH": f"{IMAGE_VENV}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp",
+                    "PYTHONPATH": IMAGE_APP, "PYTHONDONTWRITEBYTECODE": "1"}
         if service_account is not None:
             base_env |= {"KUBERNETES_SERVICE_HOST": service_account.host,
                          "KUBERNETES_SERVICE_PORT": str(service_account.port)}
         spec["process"]["env"] = [f"{k}={v}" for k, v in {**base_env, **env}.items()]
-        spec["process"]["cwd"] = str(repo)
+        spec["process"]["cwd"] = IMAGE_APP
         spec["process"]["user"] = {"uid": int(security.get("runAsUser", 0)), "gid": 0}
         spec["root"]["readonly"] = bool(security.get("readOnlyRootFilesystem"))
         spec["mounts"] = [m for m in spec["mounts"] if m["destination"] not in ("/sys", "/sys/fs/cgroup")] + mounts

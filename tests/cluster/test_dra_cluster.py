@@ -176,7 +176,7 @@ def _release_marker(kube: Kube, stack: AppliedStack) -> None:
     (and the uninstall test deletes it), and no plugin of this module is left to remove it."""
     marker = kube.get_or_none("v1", "ConfigMap", MARKER, NS)
     if marker is None:
-        kube.create(stack.object("ConfigMap", MARKER))
+        kube.apply(stack.object("ConfigMap", MARKER))  # as the stack made it, under the harness's manager
         return
     finalizers = marker["metadata"].get("finalizers") or []
     if FINALIZER in finalizers:
