@@ -51,7 +51,7 @@ class DraStack(pulumi.ComponentResource):
         self.device_classes = [
             register(f"{name}-class-{spec.type}", dra.device_class(ns, driver, spec), child)
             for spec in dra.DEVICE_CLASSES
-        ]
+        ] if cluster.dra.create_device_classes else []
         sa = register(f"{name}-sa", dra.service_account(ns), after_ns)
         role = register(f"{name}-role", dra.cluster_role(ns), child)
         binding = register(f"{name}-binding", dra.cluster_role_binding(ns),

@@ -146,6 +146,9 @@ class DraSettings(_Model):
     #: Unhealthy GPUs are withdrawn from the ResourceSlices, or published with a device taint (1.36+).
     health_action: Literal["withdraw", "taint"] = "withdraw"
     claim_quotas: list[ClaimQuota] = []
+    #: Off when the cluster already has the DeviceClasses (NVIDIA's DRA driver installed them): they have
+    #: fixed names, and the provider would take the existing ones over (and ``destroy`` delete them).
+    create_device_classes: bool = True
 
     @field_validator("claim_quotas")
     @classmethod

@@ -98,7 +98,8 @@ def collisions(kube: Kube, items: list[Item]) -> list[tuple[str, str]]:
         found.append((item.label, f"{obj['kind']} {meta['name']}{where} already exists, managed by "
                                   f"{', '.join(managers) or 'an unknown manager'}: `pulumi up` would take it over "
                                   "and `pulumi destroy` would delete it; remove it first, or turn this stack's "
-                                  "off where the stack config allows (cluster.runtimeClass.create)"))
+                                  "off where the stack config allows (cluster.runtimeClass.create, "
+                                  "cluster.dra.createDeviceClasses)"))
     return found
 
 

@@ -104,7 +104,8 @@ def test_0_someone_elses_fixed_name_objects_are_reported_before_up(cluster: Cont
     found = [p.message for p in result.problems if "already exists" in p.message]
     assert found == ["DeviceClass gpu.nvidia.com already exists, managed by helm: `pulumi up` would take it over "
                      "and `pulumi destroy` would delete it; remove it first, or turn this stack's off where the "
-                     "stack config allows (cluster.runtimeClass.create)"], [str(p) for p in result.problems]
+                     "stack config allows (cluster.runtimeClass.create, cluster.dra.createDeviceClasses)"], \
+        [str(p) for p in result.problems]
 
 
 def test_1_preview_lists_what_the_offline_preview_renders(project: Project, before: dict[str, Any]) -> None:

@@ -31,3 +31,4 @@ def test_the_typed_classes_aliases_are_kept(api_version: str, kind: str, module:
 def test_kinds_without_typed_classes_have_none() -> None:
     assert aliases("deckhouse.io/v1", "NodeGroup", patch=True) == ()
     assert aliases("v1", "Namespace") == ()
+
