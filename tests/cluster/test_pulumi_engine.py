@@ -152,7 +152,11 @@ def test_1b_the_cli_runs_the_policy_pack(project: Project) -> None:
 
 
 def test_2_up_creates_everything_and_the_daemonsets_roll_out(cluster: ControlPlane, project: Project) -> None:
-    project.pulumi("up", "--yes", "--skip-preview")
+    """``up`` with the policy pack: its stack policies now see what the engine sends after the apply (the
+    provider's outputs, with the server's defaults and metadata), and still pass the dev stack."""
+    done = project.pulumi("up", "--yes", "--skip-preview", "--policy-pack", str(_policy_pack(project)),
+                          "--policy-pack-config", str(REPO / "policies/config.json"))
+    assert "nvidia-gpu@v0.1.0" in done.stdout
     kube = cluster.admin()
     daemonsets = kube.list("apps/v1", "DaemonSet", "nvidia-gpu")
     assert daemonsets
