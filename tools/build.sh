@@ -62,6 +62,8 @@ build_one() {  # build_one NAME OUTDIR
       # pinned sdk/v3. The engine looks for language hosts beside the pulumi binary (symlinks
       # resolved), so all three go into this one directory.
       local v; v="$(go list -m -f '{{.Version}}' github.com/pulumi/pulumi/pkg/v3)"
+      # `go list -m` names a module's directory only once it is in the module cache (cold: empty).
+      go mod download github.com/pulumi/pulumi/sdk/v3
       local sdk; sdk="$(go list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3)"
       CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$v" \
         -o "$out/pulumi" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
@@ -77,6 +79,7 @@ build_one() {  # build_one NAME OUTDIR
       # pseudo-version (see go.mod); it is stamped 4.34.2, the pulumi_kubernetes Python package's
       # version, which is the provider version that SDK asks the engine for.
       local v=4.34.2 src="$out/.src"
+      go mod download github.com/pulumi/pulumi-kubernetes/provider/v4  # cold cache: see the pulumi branch
       local cmd; cmd="$(go list -m -f '{{.Dir}}' github.com/pulumi/pulumi-kubernetes/provider/v4)/cmd/pulumi-resource-kubernetes"
       mkdir -p "$src/cmd"; cp go.mod go.sum "$src/"
       cp -r "$cmd" "$src/cmd/"; chmod -R u+w "$src"
