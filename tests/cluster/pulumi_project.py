@@ -24,6 +24,14 @@ from tests.tools import required_bin
 REPO = Path(__file__).resolve().parents[2]
 SETUP = "node.deckhouse.io/gpu-setup-complete"
 NODE_GROUPS = ("gpu-a100", "gpu-a30", "gpu-h100", "gpu-h200", "gpu-l4")
+#: What the cluster held before the stack, compared after ``destroy`` (kinds the stack creates or patches).
+KINDS = [("v1", "Namespace"), ("v1", "ConfigMap"), ("v1", "ServiceAccount"), ("v1", "ResourceQuota"),
+         ("apps/v1", "DaemonSet"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
+         ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("node.k8s.io/v1", "RuntimeClass"),
+         ("resource.k8s.io/v1", "DeviceClass"), ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
+         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
+         ("deckhouse.io/v1alpha1", "NodeGroupConfiguration"), ("deckhouse.io/v1", "NodeGroup")]
 
 
 @dataclass
@@ -55,7 +63,7 @@ def _served(kube: Kube, kinds: list[tuple[str, str]]) -> bool:
     return True
 
 
-def prepare_cluster(cp: ControlPlane, kinds: list[tuple[str, str]]) -> None:
+def prepare_cluster(cp: ControlPlane, kinds: list[tuple[str, str]] = KINDS) -> None:
     """What a Deckhouse user's cluster has before the stack: the NodeGroups (the stack only patches their
     node template), the claim quota's tenant namespace, and a set-up kwok Node per group, so that every
     GPU DaemonSet really rolls out under the provider's await."""

@@ -25,19 +25,11 @@ import yaml
 from localcluster import ControlPlane, Kube
 from localcluster.objects import wait_for
 from tests.cluster.agents import REPO
-from tests.cluster.pulumi_project import NODE_GROUPS, Project, make_project, prepare_cluster
+from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, make_project, prepare_cluster
 from tests.cluster.stack import rendered
 from tests.tools import required_bin
 
 STACK = "dev"
-#: What the cluster held before the stack, compared after ``destroy`` (kinds the stack creates or patches).
-KINDS = [("v1", "Namespace"), ("v1", "ConfigMap"), ("v1", "ServiceAccount"), ("v1", "ResourceQuota"),
-         ("apps/v1", "DaemonSet"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
-         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
-         ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("node.k8s.io/v1", "RuntimeClass"),
-         ("resource.k8s.io/v1", "DeviceClass"), ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
-         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
-         ("deckhouse.io/v1alpha1", "NodeGroupConfiguration"), ("deckhouse.io/v1", "NodeGroup")]
 
 
 def _snapshot(kube: Kube) -> dict[str, Any]:
@@ -87,6 +79,19 @@ def _object_key(inputs: dict[str, Any], type_token: str) -> tuple[str, str, str]
     return inputs.get("kind", type_token.rsplit(":", 1)[-1]), meta.get("namespace", ""), meta.get("name", "")
 
 
+def _assert_same_objects(steps: list[dict[str, Any]], stack: str) -> None:
+    """The objects ``pulumi preview`` would create are the ones the offline preview renders for ``stack``."""
+    engine = {_object_key(s["newState"]["inputs"], s["newState"]["type"]) for s in steps
+              if s["op"] == "create" and s["newState"]["type"].startswith("kubernetes:")}
+    offline = {(m.object["kind"], m.object["metadata"].get("namespace", ""), m.object["metadata"]["name"])
+               for m in rendered(stack).manifests}
+    # The provider's check gives a patch of a custom resource it has no schema for the namespace
+    # ``default`` even when the kind is cluster-scoped (the Deckhouse NodeGroup); the server ignores it.
+    cluster_scoped = {(k, n) for k, ns, n in offline if not ns}
+    engine = {(k, "" if (k, n) in cluster_scoped and ns == "default" else ns, n) for k, ns, n in engine}
+    assert engine == offline, f"engine only: {sorted(engine - offline)}; offline only: {sorted(offline - engine)}"
+
+
 def test_0_someone_elses_fixed_name_objects_are_reported_before_up(cluster: ControlPlane, project: Project,
                                                                    before: dict[str, Any]) -> None:
     """NVIDIA's DRA driver already installed its DeviceClass ``gpu.nvidia.com``: the provider would apply
@@ -112,15 +117,7 @@ def test_0_someone_elses_fixed_name_objects_are_reported_before_up(cluster: Cont
 
 def test_1_preview_lists_what_the_offline_preview_renders(project: Project, before: dict[str, Any]) -> None:
     steps = _preview_steps(project)
-    engine = {_object_key(s["newState"]["inputs"], s["newState"]["type"]) for s in steps
-              if s["op"] == "create" and s["newState"]["type"].startswith("kubernetes:")}
-    offline = {(m.object["kind"], m.object["metadata"].get("namespace", ""), m.object["metadata"]["name"])
-               for m in rendered(STACK).manifests}
-    # The provider's check gives a patch of a custom resource it has no schema for the namespace
-    # ``default`` even when the kind is cluster-scoped (the Deckhouse NodeGroup); the server ignores it.
-    cluster_scoped = {(k, n) for k, ns, n in offline if not ns}
-    engine = {(k, "" if (k, n) in cluster_scoped and ns == "default" else ns, n) for k, ns, n in engine}
-    assert engine == offline, f"engine only: {sorted(engine - offline)}; offline only: {sorted(offline - engine)}"
+    _assert_same_objects(steps, STACK)
     assert {s["op"] for s in steps} <= {"create", "read", "same"}
 
 
@@ -308,12 +305,7 @@ def test_7_prod_stack_previews_applies_and_destroys(cluster: ControlPlane,
     prod = make_project(cluster, tmp_path_factory.mktemp("engine-prod"), "prod")
     prod.pulumi("stack", "init", "prod")
     done = prod.pulumi("preview", "--json")
-    steps = json.loads(done.stdout)["steps"]
-    engine = {_object_key(s["newState"]["inputs"], s["newState"]["type"]) for s in steps
-              if s["op"] == "create" and s["newState"]["type"].startswith("kubernetes:")}
-    offline = {(m.object["kind"], m.object["metadata"].get("namespace", ""), m.object["metadata"]["name"])
-               for m in rendered("prod").manifests}
-    assert engine == offline, f"engine only: {sorted(engine - offline)}; offline only: {sorted(offline - engine)}"
+    _assert_same_objects(json.loads(done.stdout)["steps"], "prod")
     kube = cluster.admin()
     before = _snapshot(kube)
     prod.pulumi("up", "--yes", "--skip-preview")
