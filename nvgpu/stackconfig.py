@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 from nvgpu import catalogue
 from nvgpu.k8snames import check_dns_subdomain, check_key, check_label_value
 from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout, place_layout
+from nvgpu.nodescripts import facts
 
 CONFIG_NAMESPACE = "nvidia-gpu"
 #: kubernetes-validate ships schemas for these minors; DRA's resource.k8s.io/v1 needs 1.34.
@@ -195,7 +196,7 @@ class Cluster(_Model):
     #: toolkits before 1.16), named in the CDI specs the device plugin and the DRA plugin write so that
     #: containers get the driver's soname links and linker cache; ``/usr/local/nvidia/toolkit/nvidia-cdi-hook``
     #: where NVIDIA's GPU Operator installed the toolkit. The plugins use it only where they see it.
-    cdi_hook_path: str = "/usr/bin/nvidia-cdi-hook"
+    cdi_hook_path: str = facts.CDI_HOOK_PATH
     #: The kubeconfig context the stack's Kubernetes provider uses (default: the current context).
     kube_context: str | None = None
 

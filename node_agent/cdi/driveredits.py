@@ -26,11 +26,12 @@ from pathlib import Path
 from node_agent.cdi.driverfiles import DriverFiles, discover
 from node_agent.cdi.spec import ContainerEdits, Hook, Mount
 from node_agent.driverroot import DriverRoot
+from nvgpu.nodescripts import facts
 
 log = logging.getLogger(__name__)
 
-#: The toolkit's hook program on a node with the toolkit package installed.
-DEFAULT_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
+#: The toolkit's hook program on a node with the toolkit package installed (one definition, in nvgpu).
+DEFAULT_HOOK_PATH = facts.CDI_HOOK_PATH
 _RO = ["ro", "nosuid", "nodev", "bind"]
 _SOCKET = ["ro", "nosuid", "nodev", "bind", "noexec"]
 

@@ -10,6 +10,9 @@ from enum import StrEnum
 
 #: The agent's own state (rollback copies, verdicts) lives here on the host, never in /etc.
 STATE_DIR = "/var/lib/nvidia-gpu-agent"
+#: The NVIDIA Container Toolkit's hook program where its package installs it: the default of the stack's
+#: ``cluster.cdiHookPath`` and of the DRA plugin's ``--cdi-hook-path``.
+CDI_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
 #: Written by the check (script or agent): one ``key=value`` per line, read by the final step.
 CHECK_VERDICT_FILE = f"{STATE_DIR}/check.verdict"
 
