@@ -61,6 +61,12 @@ class GpuPlatform(pulumi.ComponentResource):
             )
             deps += [sa, cr, crb]
             per_role[role] = (sa, crb)
+            if role in manifests.NAMESPACED_RULES:
+                r = register(f"{name}-{role.value}-ns-role", manifests.role(ns_name, role), in_ns)
+                rb = register(f"{name}-{role.value}-ns-binding", manifests.role_binding(ns_name, role),
+                              pulumi.ResourceOptions(parent=self, depends_on=[sa, r]))
+                deps += [r, rb]
+                per_role[role] = (sa, crb, rb)
         # Users' GPU pods only; the agents do not run under it (see components.manifests.platform).
         # Not in ``deps``: no agent waits for it.
         settings = cluster.runtime_class

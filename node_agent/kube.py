@@ -65,6 +65,18 @@ class NodeApi:
     def labels(self, node: str) -> dict[str, str]:
         return _labels(self.read_node(node))
 
+    def daemonset_retired(self, namespace: str, name: str) -> bool:
+        """Whether the DaemonSet is gone or being deleted: its group was removed or its stack destroyed
+        (the provider deletes in the foreground, so the object stays, marked, while its pods stop)."""
+        path = f"/apis/apps/v1/namespaces/{quote(namespace)}/daemonsets/{quote(name)}"
+        try:
+            obj = request_json(self.api, f"read daemonset {namespace}/{name}", "GET", path, timeout=REQUEST_TIMEOUT)
+        except KubeError as e:
+            if e.status == 404:
+                return True
+            raise
+        return isinstance(obj, dict) and bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
     def patch_labels(self, node: str, changes: Mapping[str, str | None]) -> dict[str, str]:
         """Apply label changes (``None`` deletes); returns the Node's labels afterwards."""
         if not changes:

@@ -10,6 +10,13 @@ With ``--patch-node`` the same patch also carries the node group's own labels an
 (``--node-label KEY=VALUE``, ``--node-taint KEY=VALUE:EFFECT``; rules in ``node_agent.nodeconfig``),
 which is how they reach nodes on clusters without Deckhouse node templates. Those are applied even
 when NVML fails, so a broken GPU never leaves a node untainted.
+
+Run by the stack's DaemonSet (``--daemonset NAMESPACE/NAME``), the labeller also owns the way out. It
+patches only while the Node carries ``gpu-setup-complete`` (its DaemonSet's own gate), with the Node's
+``resourceVersion`` in every patch, so a teardown that removed the gate meanwhile wins (409, re-read,
+nothing written). And on SIGTERM it asks whether that DaemonSet is gone or being deleted (its group
+was removed, its stack destroyed): then it takes off what it put on (:func:`withdraw`): the GFD
+labels, the group's labels and taints it owns, the feature file. A restart for a new image leaves them.
 """
 
 from __future__ import annotations
@@ -35,6 +42,21 @@ FEATURE_FILE = f"{label_names.NFD_FEATURES_DIR}/gfd"
 DMI_PRODUCT = "/sys/class/dmi/id/product_name"
 #: Re-reads after a 409 (the Node changed between read and patch) before the run reports the conflict.
 CONFLICT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The DaemonSet this labeller runs under (``--daemonset NAMESPACE/NAME``)."""
+
+    namespace: str
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> Owner:
+        namespace, slash, name = text.partition("/")
+        if not slash or not namespace or not name or "/" in name:
+            raise UsageError(f"--daemonset {text!r}: expected NAMESPACE/NAME")
+        return cls(namespace, name)
 
 
 @dataclass(frozen=True)
@@ -88,18 +110,20 @@ def label_once(ctx: AgentContext, args: argparse.Namespace, want: Requested) -> 
     changes: dict[str, str | None] = {}
     taints: tuple[dict[str, Any], ...] | None = None
     if args.patch_node:
-        changes, taints = patch_node(ctx, want, None if failure else labels)
+        changes, taints = patch_node(ctx, want, None if failure else labels, gated=args.daemonset is not None)
     if failure is not None:
         log.warning("node labels applied without GPU labels changes=%d error=%r", len(changes), str(failure))
         raise failure
     return LabelRun(labels, changed, changes, warnings, taints)
 
 
-def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | None
+def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | None, *, gated: bool = False
                ) -> tuple[dict[str, str | None], tuple[dict[str, Any], ...] | None]:
     """One merge patch of the Node: GFD label changes (unless ``gpu_labels`` is None) plus the node config.
 
-    Retried from a fresh read when the taint list changed underneath (409 on the resourceVersion).
+    Retried from a fresh read when the Node changed underneath (409 on the resourceVersion, sent with a
+    new taint list and, when ``gated``, always). ``gated``: write nothing unless the Node carries
+    ``gpu-setup-complete``.
     """
     from node_agent.kube import KubeError
     from node_agent.nodepatch import apply_plan, snapshot
@@ -108,6 +132,9 @@ def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | 
     api = ctx.node_api()
     for attempt in range(1, CONFLICT_ATTEMPTS + 1):
         snap = snapshot(api, node)
+        if gated and label_names.GPU_SETUP_COMPLETE not in snap.labels:
+            log.info("node setup is not complete (or was undone): not labelling node=%s", node)
+            return {}, None
         config = plan(snap, want)
         label_patch = gfd.label_changes(snap.labels, gpu_labels) if gpu_labels is not None else {}
         label_patch |= config.labels
@@ -115,7 +142,7 @@ def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | 
         if full.empty:
             return {}, None
         try:
-            apply_plan(api, node, full, snap.resource_version if full.taints is not None else "")
+            apply_plan(api, node, full, snap.resource_version if gated or full.taints is not None else "")
         except KubeError as e:
             if e.status != 409 or attempt == CONFLICT_ATTEMPTS:
                 raise
@@ -123,6 +150,27 @@ def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | 
             continue
         return label_patch, full.taints
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def withdraw(ctx: AgentContext, feature_file: str = FEATURE_FILE) -> dict[str, str | None]:
+    """Take off everything the labeller put on: the GFD labels, the node-group labels and taints it owns
+    (and their ownership annotations), and the feature file. Foreign labels and taints stay."""
+    changes, _ = patch_node(ctx, Requested(), {})
+    ctx.host.remove(feature_file)
+    return changes
+
+
+def _withdraw_if_retired(ctx: AgentContext, args: argparse.Namespace) -> None:
+    owner: Owner = args.daemonset
+    try:
+        if not ctx.node_api().daemonset_retired(owner.namespace, owner.name):
+            return
+        changes = withdraw(ctx, args.output_file)
+    except (HostError, _kube_error(True)) as e:  # the pod is stopping: report and exit
+        log.warning("could not withdraw the labels daemonset=%s/%s error=%r", owner.namespace, owner.name, str(e))
+        return
+    log.info("daemonset retired, labels withdrawn daemonset=%s/%s node_changes=%d", owner.namespace, owner.name,
+             len(changes))
 
 
 def _text(r: LabelRun) -> str:
@@ -157,6 +205,9 @@ def run(args: argparse.Namespace) -> int:
         want = Requested.from_flags(args.node_label, args.node_taint)
     except NodeConfigError as e:
         raise UsageError(str(e)) from e
+    if args.daemonset is not None and not args.patch_node:
+        raise UsageError("--daemonset needs --patch-node (it gates and withdraws the Node's labels)")
+    args.daemonset = None if args.daemonset is None else Owner.parse(args.daemonset)
     ctx = AgentContext.from_args(args)
     if not args.loop:
         try:
@@ -190,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if stop.is_set() and args.daemonset is not None:
+        _withdraw_if_retired(ctx, args)
     return exitcodes.OK
 
 
@@ -221,4 +274,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--loop", action="store_true", help="re-label every --interval seconds until SIGTERM")
     p.add_argument("--interval", type=float, default=60.0)
     p.add_argument("--iterations", type=int, default=0, help="with --loop: stop after N runs (0 = never)")
+    p.add_argument("--daemonset", metavar="NAMESPACE/NAME",
+                   help="with --patch-node: the DaemonSet this runs under; label only while the Node carries "
+                        "gpu-setup-complete, and on SIGTERM withdraw the labels if that DaemonSet is gone or "
+                        "being deleted")
     p.set_defaults(run=run)

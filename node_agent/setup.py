@@ -17,6 +17,7 @@ from node_agent import exitcodes
 from node_agent.check import record_verdict, run_check
 from node_agent.context import AgentContext
 from node_agent.host import HostError, Refused
+from node_agent.labels import withdraw as withdraw_labels
 from node_agent.runtime import apply_runtime, rollback_runtime, runtime_status
 from node_agent.sysctl import apply_sysctl, rollback_sysctl
 from node_agent.vfio import prepare as vfio_prepare
@@ -105,10 +106,21 @@ def setup(ctx: AgentContext, *, dra: bool, restart: bool, patch_node: bool) -> F
 
 
 def teardown(ctx: AgentContext, *, restart: bool, patch_node: bool) -> FlowResult:
+    """The node leaves the group: close the gate first (the labeller, gated on it, stops writing), then take
+    off the labeller's labels and taints and the feature file, then roll back the runtime and the sysctl."""
     result = FlowResult("teardown")
     _patch(ctx, result, {labels.GPU_SETUP_COMPLETE: None, labels.GPU_VFIO_READY: None}, patch_node)
     if result.code != exitcodes.OK:
         return result
+    if patch_node:
+        from node_agent.kube import KubeError
+
+        try:
+            withdrawn = withdraw_labels(ctx)
+        except (KubeError, HostError) as e:
+            return result.fail("node-labels", f"withdrawing the labeller's labels: {e}", exitcodes.KUBE)
+        result.label_changes |= withdrawn
+        result.steps.append(Step("labels", True, f"withdrawn: {len(withdrawn)} label(s)"))
     try:
         rt = rollback_runtime(ctx.host, restart=restart)
         result.steps.append(Step("runtime", True, f"restored: {', '.join(rt.changed) or 'nothing'}"))

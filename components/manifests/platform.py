@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from components.manifests import Manifest
 from components.manifests.meta import app_labels, cluster_object_name
@@ -62,6 +63,12 @@ ROLE_RULES: dict[AgentRole, tuple[Rule, ...]] = {
     AgentRole.DEVICE_PLUGIN: (_READ_NODES, _EVENTS),
     AgentRole.LABELLER: (_PATCH_OWN_NODE,),
     AgentRole.NODE_SETUP: (_PATCH_NODES, _EVENTS),
+}
+
+#: Namespaced, in the stack's namespace: the labeller reads its own DaemonSet when stopping, to tell a
+#: restart (labels stay) from its group's removal or the stack's destroy (labels withdrawn).
+NAMESPACED_RULES: dict[AgentRole, tuple[Rule, ...]] = {
+    AgentRole.LABELLER: (Rule(("apps",), ("daemonsets",), ("get",)),),
 }
 
 #: Pod Security Admission levels (see the module docstring for why enforce is privileged).
@@ -110,6 +117,30 @@ def cluster_role_binding(namespace_name: str, role: AgentRole) -> Manifest:
         "metadata": {"name": name, "labels": app_labels(role.value, namespace_name)},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": role.value, "namespace": namespace_name}],
+    }
+
+
+def _namespaced_meta(namespace_name: str, agent: AgentRole) -> dict[str, Any]:
+    return {"name": agent.value, "namespace": namespace_name, "labels": app_labels(agent.value, namespace_name)}
+
+
+def role(namespace_name: str, agent: AgentRole) -> Manifest:
+    """The ``Role`` of :data:`NAMESPACED_RULES` for ``agent`` in the stack's namespace."""
+    return {
+        "apiVersion": RBAC_API,
+        "kind": "Role",
+        "metadata": _namespaced_meta(namespace_name, agent),
+        "rules": [r.as_dict() for r in NAMESPACED_RULES[agent]],
+    }
+
+
+def role_binding(namespace_name: str, agent: AgentRole) -> Manifest:
+    return {
+        "apiVersion": RBAC_API,
+        "kind": "RoleBinding",
+        "metadata": _namespaced_meta(namespace_name, agent),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": agent.value},
+        "subjects": [{"kind": "ServiceAccount", "name": agent.value, "namespace": namespace_name}],
     }
 
 

@@ -333,6 +333,9 @@ def scrape_annotations(ctx: GroupContext) -> dict[str, str]:
 def labeller_args(ctx: GroupContext) -> list[str]:
     """``labels`` with the group's sharing, so the GFD labels (``.replicas``, ``.sharing-strategy``) match.
 
+    ``--daemonset`` names the labeller's own DaemonSet: it labels only behind that DaemonSet's setup gate and
+    withdraws its labels when the DaemonSet is deleted (``node_agent.labels``).
+
     On the daemonset backend there is no NodeGroup node template, so the labeller also keeps the group's
     own labels and taints on each node (``--node-label``/``--node-taint``, from ``nvgpu.nodelabels``, the
     same source the Deckhouse node template uses). NVML comes from the driver root (``--driver-root``).
@@ -345,6 +348,8 @@ def labeller_args(ctx: GroupContext) -> list[str]:
         "--mig-strategy", mig_strategy,
         "--replicas", str(gpu.replicas),
         "--sharing-strategy", "mps" if gpu.sharing is Sharing.MPS else "time-slicing",
+        # Its own DaemonSet: the labels go when it does (group removed, stack destroyed), not on a restart.
+        "--daemonset", f"{ctx.namespace}/{group_object_name(AgentRole.LABELLER.value, ctx.group.name)}",
     ]
     if ctx.cluster.node_setup is NodeSetupBackend.DAEMONSET:
         for key, value in desired_node_labels(ctx.group).items():

@@ -78,7 +78,10 @@ def container_env(container: dict[str, Any], node: str) -> dict[str, str]:
         if "value" in var:
             env[var["name"]] = var["value"]
         else:
-            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, var
+            # A live pod's spec carries the defaulted apiVersion; a rendered one does not.
+            ref = {k: v for k, v in var["valueFrom"].get("fieldRef", {}).items() if (k, v) != ("apiVersion", "v1")}
+            assert var["valueFrom"] == {"fieldRef": var["valueFrom"].get("fieldRef")} and ref == {
+                "fieldPath": "spec.nodeName"}, var
             env[var["name"]] = node
     return env
 

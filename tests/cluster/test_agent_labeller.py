@@ -39,7 +39,7 @@ import yaml
 from components.manifests.workloads import GroupContext, labeller_args
 from localcluster import ApiError, ControlPlane, Kube
 from localcluster.client import MERGE_PATCH
-from localcluster.objects import create_kwok_node, wait_for
+from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
 from node_agent import gfd
 from node_agent import labels as labels_cmd
 from node_agent.context import AgentContext
@@ -438,6 +438,119 @@ def _denials(agent: AgentIdentity, node: str, other: str, secret: str) -> dict[s
                                                                      "name": other}),
         "list Nodes": ({"method": "GET", "path": "/api/v1/nodes"}, {"verb": "list", "resource": "nodes"}),
     }
+
+
+# --- the way out: the setup gate and the labeller's withdrawal ----------------------------------------
+
+def _retiring_daemonset(kube: Kube, name: str) -> None:
+    """A DaemonSet in the stack's namespace that runs nowhere, for the labeller to name as its owner: the
+    stack's own labeller DaemonSets belong to the session's applied stack and must stay."""
+    kube.create({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": NS},
+                 "spec": {"selector": {"matchLabels": {"lab": name}},
+                          "template": {"metadata": {"labels": {"lab": name}}, "spec": {
+                              "nodeSelector": {"lab.example.com/nowhere": "true"},
+                              "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}})
+
+
+def _owned_by(args: list[str], daemonset: str) -> list[str]:
+    i = args.index("--daemonset")
+    assert args[i + 1] == f"{NS}/gpu-labeller-{LABELLER_GROUP}", "the rendered labeller names its own DaemonSet"
+    return [*args[:i + 1], f"{NS}/{daemonset}", *args[i + 2:]]
+
+
+def test_labeller_writes_nothing_behind_a_closed_setup_gate(
+        kube: Kube, dev_stack: AppliedStack, lab_nodes: list[str], tmp_path: Path) -> None:
+    """With ``--daemonset`` (as rendered) the labeller labels only while the Node carries
+    ``gpu-setup-complete``: a node whose setup was undone is left exactly as it is.
+
+    Closing the gate makes the DaemonSet controller delete the labeller's pod; a kubelet keeps the pod,
+    and so its bound token, through the grace period in which this last run happens, but kwok removes it
+    at once. So this run holds a token of the labeller's ServiceAccount that is not bound to the pod."""
+    name = f"{PREFIX}a100-gate"
+    _gpu_node(kube, lab_nodes, name, LABELLER_NODE_GROUP)
+    ds = f"gpu-labeller-{LABELLER_GROUP}"
+    pod = identity(kube, ds, name, tmp_path).pod
+    sa = service_account_kube(kube, NS, pod["spec"]["serviceAccountName"])
+    unbound = AgentIdentity(pod, sa, write_kubeconfig(sa, tmp_path / "unbound.kubeconfig", user="gpu-labeller"))
+    host = build_fake_host(tmp_path / "host", MACHINE)
+    lab = Labeller(name, unbound, host, _one_shot(_container_args(dev_stack, ds)), [])
+    _settled(kube, name)
+    kube.patch("v1", "Node", name, {"metadata": {"labels": {names.GPU_SETUP_COMPLETE: None}}})
+    rv = _node(kube, name)["metadata"]["resourceVersion"]
+    doc = lab.run(*lab.args)
+    assert (doc["nodeChanges"], doc["nodeTaints"]) == ({}, None)
+    assert _node(kube, name)["metadata"]["resourceVersion"] == rv
+
+
+def _loop(lab: Labeller, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
+    env["NODE_NAME"] = lab.node
+    cmd = agent_command("--host-root", str(lab.host.root), "--host-exec", "direct", "--nvml", f"simulated:{MACHINE}",
+                        "--kubeconfig", str(lab.agent.kubeconfig), "--log-level", "info", *args)
+    with log.open("ab") as out:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _terminate(proc: subprocess.Popen[bytes], log: Path) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, log.read_text()
+
+
+def test_labeller_withdraws_its_labels_only_when_its_daemonset_goes(
+        kube: Kube, dev_stack: AppliedStack, lab_nodes: list[str], tmp_path: Path) -> None:
+    """The labeller in its loop, stopped by SIGTERM. While its DaemonSet is there (a restart for a new
+    image) everything stays; once the DaemonSet is being deleted in the foreground, as the provider
+    deletes it when a group is removed or the stack destroyed, the labeller takes off its GPU labels,
+    the group's labels and taints it owns, their ownership annotations and the feature file, and
+    leaves the administrator's label and taint as they were."""
+    name = f"{PREFIX}a100-retire"
+    _gpu_node(kube, lab_nodes, name, LABELLER_NODE_GROUP)
+    ds = f"gpu-labeller-{LABELLER_GROUP}"
+    lab = Labeller(name, identity(kube, ds, name, tmp_path), build_fake_host(tmp_path / "host", MACHINE), [], [])
+    node = _settled(kube, name)
+    kube.patch("v1", "Node", name, {"metadata": {"labels": {FOREIGN_LABEL[0]: FOREIGN_LABEL[1]}},
+                                    "spec": {"taints": [*_taints(node), FOREIGN_TAINT]}})
+    owner = f"{PREFIX}retiring-labeller"
+    _retiring_daemonset(kube, owner)
+    ds_args = _container_args(dev_stack, ds)
+    args = [*_owned_by(ds_args, owner), *_daemonset_backend_flags(dev_stack, LABELLER_GROUP, ds_args)]
+    log = tmp_path / "labeller.log"
+
+    def labelled() -> dict[str, Any] | None:
+        n = _node(kube, name)
+        return n if names.OWNED_NODE_TAINTS in _annotations(n) and "nvidia.com/gpu.product" in _labels(n) else None
+
+    proc = _loop(lab, args, log)
+    on = wait_for(labelled, timeout=30, what="the labeller's first run")
+    _terminate(proc, log)
+    restarted = _node(kube, name)
+    assert _labels(restarted) == _labels(on) and _taints(restarted) == _taints(on), "a restart withdraws nothing"
+    assert lab.host.path(FEATURES).exists()
+
+    proc = _loop(lab, args, log)
+    time.sleep(1)
+    # The provider's delete: foreground, so the DaemonSet stays, marked, until its pods are gone (a
+    # finalizer holds it here, as the garbage collector's foregroundDeletion finalizer would).
+    kube.patch("apps/v1", "DaemonSet", owner, {"metadata": {"finalizers": ["lab.example.com/hold"]}}, NS)
+    kube.delete("apps/v1", "DaemonSet", owner, NS)
+    _terminate(proc, log)
+    off = _node(kube, name)
+    assert not [k for k in _labels(off) if gfd.owned(k)], _labels(off)
+    flags = _daemonset_backend_flags(dev_stack, LABELLER_GROUP, ds_args)
+    for label in _flag_values(flags, "--node-label"):
+        assert label.split("=", 1)[0] not in _labels(off)
+    group_taints = [_taint(v) for v in _flag_values(flags, "--node-taint")]
+    assert _taints(off) == [t for t in _taints(node) if t not in group_taints] + [FOREIGN_TAINT]
+    assert _labels(off)[FOREIGN_LABEL[0]] == FOREIGN_LABEL[1]
+    assert names.OWNED_NODE_LABELS not in _annotations(off) and names.OWNED_NODE_TAINTS not in _annotations(off)
+    assert not lab.host.path(FEATURES).exists()
+    assert "labels withdrawn" in log.read_text()
+    # What that took: reading DaemonSets in the stack's namespace (a Role), nowhere else, nothing more.
+    me = lab.agent.kube
+    assert me.can_i("get", "daemonsets", group="apps", namespace=NS)
+    assert not me.can_i("get", "daemonsets", group="apps", namespace="kube-system")
+    assert not me.can_i("list", "daemonsets", group="apps", namespace=NS)
+    kube.patch("apps/v1", "DaemonSet", owner, {"metadata": {"finalizers": None}}, NS)
 
 
 LABELLER_DENIED = ["list secrets", "list secrets in nvidia-gpu", "read a secret in nvidia-gpu", "delete its own pod",

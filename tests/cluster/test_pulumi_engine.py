@@ -22,9 +22,15 @@ from typing import Any
 import pytest
 import yaml
 
+from components.manifests.meta import group_object_name
+from components.manifests.platform import AgentRole
+from components.manifests.workloads import AGENT, CONTAINER_DRIVER_ROOT, HOST_ROOT
 from localcluster import ControlPlane, Kube
-from localcluster.objects import wait_for
-from tests.cluster.agents import REPO
+from localcluster.objects import create_kwok_node, wait_for
+from node_agent.testing.fakehost import FakeHost, build_fake_host
+from nvgpu import labels
+from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity
+from tests.cluster.mig_manager import Rendered, layout, start_manager
 from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, make_project, prepare_cluster
 from tests.cluster.stack import rendered
 from tests.tools import required_bin
@@ -240,6 +246,92 @@ def test_5b_a_removed_group_leaves_its_nodegroup_and_namespace_clean(cluster: Co
                 if "a30-mps" in o["metadata"]["name"]]
 
 
+def _deckhouse_applies(kube: Kube, node: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Deckhouse's node-manager, as far as this test needs it: the NodeGroup's node template onto its Node
+    (template labels set, labels the old template had and the new one lacks removed, template taints
+    replaced, foreign taints kept)."""
+    current = kube.get("v1", "Node", node)
+    stale = {k: None for k in old.get("labels", {}) if k not in new.get("labels", {})}
+    old_taints = old.get("taints", [])
+    taints = [t for t in current["spec"].get("taints", [])
+              if {k: v for k, v in t.items() if k != "timeAdded"} not in old_taints]
+    taints += [t for t in new.get("taints", []) if t not in taints]
+    kube.patch("v1", "Node", node, {"metadata": {"labels": {**stale, **new.get("labels", {})}},
+                                    "spec": {"taints": taints}})
+
+
+def _deckhouse_approves_and_drains(kube: Kube, node: str) -> None:
+    """Deckhouse's node-manager for a disruptive update: approve it, then drain (no GPU workload is on this
+    node) and mark it drained; the MIG manager then uncordons and gives the node back."""
+    meta = kube.get("v1", "Node", node)["metadata"]
+    notes = meta.get("annotations", {})
+    if labels.DISRUPTION_REQUIRED in notes and labels.DISRUPTION_APPROVED not in notes:
+        kube.patch("v1", "Node", node, {"metadata": {"annotations": {labels.DISRUPTION_APPROVED: ""}}})
+    if labels.DRAINING in notes and labels.DRAINED not in notes:
+        kube.patch("v1", "Node", node, {"spec": {"unschedulable": True}})
+        kube.patch("v1", "Node", node, {"metadata": {"annotations": {labels.DRAINED: notes[labels.DRAINING]}}})
+
+
+def test_5c_a_group_leaving_mig_gets_its_gpus_rolled_back_then_its_labels_cleared(
+        cluster: ControlPlane, project: Project, tmp_path: Path) -> None:
+    """h100-mig switches from MIG to TimeSlicing. ``up`` replaces nothing and gives the NodeGroup's
+    template ``nvidia.com/mig.config=all-disabled``; once Deckhouse has put that on the Node, the
+    stack's MIG manager (running as its DaemonSet's pod on that Node, the live ConfigMap, a simulated
+    DGX H100 in the group's old layout) turns MIG off on every GPU through Deckhouse's disruption
+    flow, gives the node back, and then clears its MIG labels (the Deckhouse flow)."""
+    kube = cluster.admin()
+    node, machine = "engine-gpu-h100", "dgx-h100"
+    template = kube.get("deckhouse.io/v1", "NodeGroup", "gpu-h100")["spec"]["nodeTemplate"]
+    first = template["labels"][labels.MIG_CONFIG]
+    _deckhouse_applies(kube, node, {}, template)
+    ds = kube.get("apps/v1", "DaemonSet", "nvidia-gpu-mig-manager", "nvidia-gpu")["spec"]["template"]["spec"]
+    (container,) = ds["containers"]
+    volumes = {v["name"]: v for v in ds["volumes"]}
+    config_map = kube.get("v1", "ConfigMap", volumes["config"]["configMap"]["name"], "nvidia-gpu")
+    manager_view = Rendered(container, volumes, config_map["data"]["config.yaml"], template)
+    host = build_fake_host(tmp_path / "host", machine).root
+    (tmp_path / "mig.yaml").write_text(manager_view.config_text)
+    applied = subprocess.run(agent_command("--host-root", str(host), "--nvml", f"simulated:{machine}", "mig", "apply",
+                                           "--config", str(tmp_path / "mig.yaml"), "--name", first),
+                             capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert all(layout(host, machine)), "the group's MIG layout is on every GPU"
+    manager = start_manager(manager_view, identity(kube, "nvidia-gpu-mig-manager", node, tmp_path / "id"), tmp_path,
+                            machine=machine)
+    try:
+        wait_for(lambda: kube.get("v1", "Node", node)["metadata"]["labels"].get(labels.MIG_CONFIG_STATE) == "success",
+                 timeout=60, what="the manager recording the template's layout as applied")
+
+        config = yaml.safe_load(project.config_file().read_text())
+        (group,) = [g for g in config["config"]["nvidia-gpu:nodeGroups"] if g["name"] == "h100-mig"]
+        group["gpu"] = {k: v for k, v in group["gpu"].items() if k != "mig"} | {
+            "sharing": "TimeSlicing", "timeSlicing": {"partitionCount": 4}}
+        project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
+        ops = {s["op"] for s in _preview_steps(project)}
+        assert not ops & {"replace", "create-replacement", "delete-replaced", "delete"}, ops
+        project.pulumi("up", "--yes", "--skip-preview")
+        new = kube.get("deckhouse.io/v1", "NodeGroup", "gpu-h100")["spec"]["nodeTemplate"]
+        assert new["labels"][labels.MIG_CONFIG] == "all-disabled"
+        _deckhouse_applies(kube, node, template, new)
+
+        def rolled_back() -> dict[str, Any] | None:
+            _deckhouse_approves_and_drains(kube, node)
+            n = kube.get("v1", "Node", node)
+            done = not any(layout(host, machine)) and labels.MIG_CONFIG not in n["metadata"]["labels"]
+            return n if done and not n["spec"].get("unschedulable") else None
+
+        after = wait_for(rolled_back, timeout=120, interval=0.5, what="MIG off on every GPU, then the labels cleared")
+        assert manager.alive(), manager.text()
+    finally:
+        manager.stop()
+    meta = after["metadata"]
+    assert labels.MIG_CONFIG_STATE not in meta["labels"]
+    assert not [k for k in meta["labels"] if k.startswith(labels.GPU_DEPLOY_PREFIX)], meta["labels"]
+    assert not [t for t in after["spec"].get("taints", []) if t["key"] == labels.MIG_RECONFIGURE_TAINT_KEY]
+    assert {k: meta["labels"].get(k) for k in new["labels"] if k != labels.MIG_CONFIG} == {
+        k: v for k, v in new["labels"].items() if k != labels.MIG_CONFIG}
+
+
 @pytest.fixture(scope="module")
 def dra_plugin(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen[bytes]]:
     """The DRA kubelet plugin of the h200-dra group, running as its DaemonSet's pod on the group's kwok
@@ -312,6 +404,105 @@ def test_7_prod_stack_previews_applies_and_destroys(cluster: ControlPlane,
     setup = [d for d in kube.list("apps/v1", "DaemonSet", "gpu-system") if "setup" in d["metadata"]["name"]]
     assert setup and all(d["metadata"]["annotations"].get("pulumi.com/skipAwait") == "true" for d in setup)
     prod.pulumi("up", "--yes", "--expect-no-changes")
+    _removed_group_is_torn_down_on_its_node(kube, prod, tmp_path_factory.mktemp("engine-prod-node"))
     prod.pulumi("destroy", "--yes")
     wait_for(lambda: kube.get_or_none("v1", "Namespace", "gpu-system") is None, timeout=60, what="gpu-system gone")
     assert _snapshot(kube) == before
+
+
+#: Stands in for the kubelet keeping a deleted pod (and so its bound token) while its preStop hook runs.
+KUBELET_HOLD = "engine-test.nvidia-gpu.io/kubelet-prestop"
+PROD_NS = "gpu-system"
+PROD_GROUP = "l4-inference"
+
+
+def _in_pod(args: list[str], root: Path) -> list[str]:
+    """A container's agent arguments with its volume mount paths mapped onto the fake host root (the host
+    root and the driver root, which is the host's own ``/`` on this stack). The fake root is also the
+    default ``--host-root`` of containers that mount none: a container sees the host's ``/sys``."""
+    return [str(root) if a in (HOST_ROOT, CONTAINER_DRIVER_ROOT) else a for a in args]
+
+
+def _run_in_pod(args: list[str], host: FakeHost, agent: AgentIdentity, container: dict[str, Any],
+                node: str) -> dict[str, Any]:
+    """``python -m node_agent ARGS`` as the pod's container runs it: its environment, its token; the
+    fake host's tools (systemctl, modprobe) on ``PATH`` and its simulated GPUs."""
+    cmd = agent_command("--host-root", str(host.root), "--host-exec", "direct", "--nvml", host.nvml_spec,
+                        "--kubeconfig", str(agent.kubeconfig), "--json", *_in_pod(args, host.root))
+    env = host.env(PYTHONPATH=str(REPO), **container_env(container, node))
+    env = {k: v for k, v in env.items() if not k.startswith("KUBERNETES_SERVICE_")}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"{args}: rc {done.returncode}\n{done.stdout}\n{done.stderr}"
+    doc: dict[str, Any] = json.loads(done.stdout)
+    return doc
+
+
+def _host_files(host: FakeHost) -> dict[str, bytes]:
+    """Every file of the host but the agent's own state (check verdicts) and the GPU simulator's."""
+    skip = ("var/lib/nvidia-gpu-agent/", "var/log/", "run/nvidia-gpu-sim/")
+    return {k: v for k, v in host.snapshot("/").items() if not k.startswith(skip)}
+
+
+def _removed_group_is_torn_down_on_its_node(kube: Kube, prod: Project, work: Path) -> None:
+    """The daemonset backend: a node of ``l4-inference`` set up by its setup pod (runtime drop-in, sysctl,
+    gate label) and labelled by its labeller (GPU labels, the group's labels and taint). The group is
+    removed from the config and ``pulumi up`` deletes its DaemonSets (in the foreground: it waits for
+    the pods); the setup pod's preStop hook, run as the kubelet runs it while the pod is terminating,
+    withdraws every label and taint of ours and rolls the host back to the byte."""
+    node = "engine-prod-l4"
+    create_kwok_node(kube, node, {"node.kubernetes.io/instance-type": "g6.12xlarge",
+                                  "topology.kubernetes.io/zone": "eu-west-1a"})
+    setup_ds = group_object_name(AgentRole.NODE_SETUP.value, PROD_GROUP)
+    labeller_ds = group_object_name(AgentRole.LABELLER.value, PROD_GROUP)
+    setup = identity(kube, setup_ds, node, work / "setup", namespace=PROD_NS)
+    pod = setup.pod
+    kube.patch("v1", "Pod", pod["metadata"]["name"], {"metadata": {"finalizers": [KUBELET_HOLD]}}, PROD_NS)
+    try:
+        host = build_fake_host(work / "host", "l4x2", containerd=2, deckhouse=False)
+        before_node = kube.get("v1", "Node", node)
+        before_host = _host_files(host)
+        init = pod["spec"]["initContainers"][0]
+        done = _run_in_pod(init["args"], host, setup, init, node)
+        assert done["complete"], done
+        assert _host_files(host) != before_host, "setup changed nothing on the host"
+        labeller = identity(kube, labeller_ds, node, work / "labeller", namespace=PROD_NS)
+        lab = labeller.pod["spec"]["containers"][0]
+        at = lab["args"].index("--loop")
+        assert lab["args"][at + 1] == "--interval"
+        one_run = [*lab["args"][:at], *lab["args"][at + 3:]]  # one labelling run instead of the loop
+        _run_in_pod(one_run, host, labeller, lab, node)
+        labelled = kube.get("v1", "Node", node)
+        assert labelled["spec"].get("taints"), "the labeller put the group's taint on"
+        assert "nvidia.com/gpu.product" in labelled["metadata"]["labels"]
+
+        config = yaml.safe_load(prod.config_file().read_text())
+        config["config"]["nvidia-gpu:nodeGroups"] = [g for g in config["config"]["nvidia-gpu:nodeGroups"]
+                                                     if g["name"] != PROD_GROUP]
+        prod.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
+        up = subprocess.Popen(["pulumi", "up", "--yes", "--skip-preview", "--non-interactive"], cwd=prod.directory,
+                              env=prod.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            def terminating() -> dict[str, Any] | None:
+                p = kube.get_or_none("v1", "Pod", pod["metadata"]["name"], PROD_NS)
+                return p if p and p["metadata"].get("deletionTimestamp") else None
+
+            dying = wait_for(terminating, timeout=300, what="the setup pod terminating")
+            hold = dying["spec"]["containers"][0]
+            command = hold["lifecycle"]["preStop"]["exec"]["command"]
+            assert command[:len(AGENT)] == list(AGENT)
+            torn = _run_in_pod(command[len(AGENT):], host, setup, hold, node)
+            assert torn["complete"], torn
+        finally:
+            kube.patch("v1", "Pod", pod["metadata"]["name"], {"metadata": {"finalizers": None}}, PROD_NS)
+            out, _ = up.communicate(timeout=300)
+        assert up.returncode == 0, out[-6000:]
+    finally:
+        if kube.get_or_none("v1", "Pod", pod["metadata"]["name"], PROD_NS):
+            kube.patch("v1", "Pod", pod["metadata"]["name"], {"metadata": {"finalizers": None}}, PROD_NS)
+    after = kube.get("v1", "Node", node)
+    assert after["metadata"]["labels"] == before_node["metadata"]["labels"]
+    assert after["metadata"].get("annotations") == before_node["metadata"].get("annotations")
+    assert after["spec"].get("taints") == before_node["spec"].get("taints")
+    assert _host_files(host) == before_host
+    assert not [d for d in kube.list("apps/v1", "DaemonSet", PROD_NS) if PROD_GROUP in d["metadata"]["name"]]
+    kube.delete("v1", "Node", node)

@@ -240,7 +240,7 @@ def test_device_plugin_is_scraped_only_with_monitoring_on(enabled: bool) -> None
 def test_labeller_labels_with_the_groups_sharing(gpu: dict[str, Any], expected: list[str]) -> None:
     args = workloads.labeller_args(_ctx([{"name": "g", "nodeGroup": "ng", "gpu": gpu}]))
     assert args[:7] == ["--driver-root", "/driver-root", "labels", "--loop", "--interval", "60", "--patch-node"]
-    assert args[7:] == expected
+    assert args[7:] == [*expected, "--daemonset", "nvidia-gpu/gpu-labeller-g"]
 
 
 def test_setup_daemonset_runs_before_the_gate_and_tears_down_on_delete() -> None:
