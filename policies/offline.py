@@ -91,13 +91,26 @@ def load_policy_config(path: Path) -> dict[str, Any]:
     return doc
 
 
+ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
+
+
 def resources_from_plan(doc: Mapping[str, Any]) -> list[AnalyzerResource]:
-    """``plan.json``'s ``resources`` (type, urn, name, parent, dependencies, inputs) as analyzer resources."""
+    """``plan.json``'s ``resources`` (type, urn, name, parent, dependencies, inputs) as analyzer resources,
+    shaped as ``pulumi preview`` sends them to ``AnalyzeStack`` (checked against the real engine by
+    ``tests/cluster/test_pulumi_engine.py``): the root stack resource first, with no properties; no
+    read-only resources (``ResourceOptions(id=...)``), and so no dependency on one."""
+    records = list(doc.get("resources") or [])
+    urns = {str(r["urn"]) for r in records}
     out = []
-    for r in doc.get("resources") or []:
+    if doc.get("project") and doc.get("stack"):
+        name = f"{doc['project']}-{doc['stack']}"
+        out.append(AnalyzerResource(type=ROOT_STACK_TYPE, name=name, props={},
+                                    urn=f"urn:pulumi:{doc['stack']}::{doc['project']}::{ROOT_STACK_TYPE}::{name}"))
+    for r in records:
         out.append(AnalyzerResource(
             type=str(r["type"]), urn=str(r["urn"]), name=str(r["name"]), props=r.get("inputs") or {},
-            parent=str(r.get("parent") or ""), dependencies=tuple(r.get("dependencies") or ()),
+            parent=str(r.get("parent") or ""),
+            dependencies=tuple(d for d in r.get("dependencies") or () if d in urns),
         ))
     return out
 

@@ -136,6 +136,17 @@ class RecordingMonitor(MockMonitor):  # type: ignore[misc]
         self.recorded: list[RecordedResource] = []
         self.listeners = list(listeners)
 
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        """URNs as the engine makes them (``resource.NewURN``), not as the SDK's mock does: a child's type
+        is its parent's whole qualified type chain plus its own, and the root stack adds nothing. The
+        mock takes only the parent's last type and prefixes ``pulumi:pulumi:Stack$`` to every top-level
+        component, so its URNs (and the policies' view of them) differed from ``pulumi preview``'s."""
+        if parent:
+            qualified = parent.split("::")[2]
+            if qualified != "pulumi:pulumi:Stack":
+                type_ = f"{qualified}${type_}"
+        return "urn:pulumi:" + "::".join([pulumi.get_stack(), pulumi.get_project(), type_, name])
+
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
         with self._lock:
             self.echo.last_inputs = {}

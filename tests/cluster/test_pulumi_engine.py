@@ -154,6 +154,85 @@ def test_1b_the_cli_runs_the_policy_pack(project: Project) -> None:
     assert "pinned-images" in done.stdout and "mandatory" in done.stdout, done.stdout[-3000:]
 
 
+RECORDER = """\
+import json
+from pathlib import Path
+
+from pulumi_policy import EnforcementLevel, PolicyPack, StackValidationPolicy
+
+
+def plain(value):
+    if hasattr(value, "keys"):
+        return {k: plain(value[k]) for k in value.keys()}
+    if isinstance(value, (list, tuple)) or type(value).__name__.endswith("ListProxy"):
+        return [plain(v) for v in value]
+    return value
+
+
+def record(args, report_violation):
+    out = [{"type": r.resource_type, "urn": r.urn, "name": r.name, "props": plain(r.props),
+            "parent": r.parent.urn if r.parent else "", "dependencies": sorted(d.urn for d in r.dependencies)}
+           for r in args.resources]
+    (Path(__file__).parent / "seen.json").write_text(json.dumps(out, default=repr, sort_keys=True))
+
+
+PolicyPack("recorder", [StackValidationPolicy(name="record", description="what AnalyzeStack is sent",
+                                              validate=record, enforcement_level=EnforcementLevel.ADVISORY)])
+"""
+
+
+def _seen_by_analyze_stack(project: Project) -> list[dict[str, Any]]:
+    """What the real engine sends a stack policy at ``pulumi preview``, recorded by a pack that only records."""
+    pack = project.directory.parent / "recorder"
+    pack.mkdir(exist_ok=True)
+    (pack / "PulumiPolicy.yaml").write_text(yaml.safe_dump(
+        {"description": "records AnalyzeStack", "version": "0.0.1",
+         "runtime": {"name": "python", "options": {"virtualenv": str(REPO / ".venv")}}}))
+    (pack / "__main__.py").write_text(RECORDER)
+    project.pulumi("preview", "--policy-pack", str(pack))
+    seen: list[dict[str, Any]] = json.loads((pack / "seen.json").read_text())
+    return seen
+
+
+def test_1c_the_offline_runner_sends_the_stack_policies_what_the_engine_sends(project: Project, tmp_path: Path) -> None:
+    """``AnalyzeStack`` at ``pulumi preview``, recorded, against the offline runner's request built from
+    ``plan.json``: the same resources (URN, type, name, parent, dependencies), and every property the
+    offline runner sends is in the engine's with the same value. The engine sends more: at preview the
+    provider answers with the server's dry-run of each object (defaults, ``metadata.uid``,
+    ``managedFields``), which the offline runner has no server to ask for; the stack policies must
+    therefore never rely on a field being absent."""
+    from policies.offline import resources_from_plan
+    from preview.pipeline import run_preview
+
+    engine = {r["urn"]: r for r in _seen_by_analyze_stack(project)}
+    assert run_preview(REPO, STACK, tmp_path).ok
+    offline = {r.urn: r for r in resources_from_plan(json.loads((tmp_path / "plan.json").read_text()))}
+    assert set(engine) == set(offline), (sorted(set(engine) - set(offline)), sorted(set(offline) - set(engine)))
+    problems: dict[str, Any] = {}
+    for urn in sorted(engine):
+        e, o = engine[urn], offline[urn]
+        diff: dict[str, Any] = {k: (e[k], v) for k, v in (("type", o.type), ("name", o.name), ("parent", o.parent),
+                                ("dependencies", sorted(o.dependencies))) if e[k] != v}
+        missing = _not_contained(json.loads(json.dumps(dict(o.props))), e["props"], "")
+        if missing:
+            diff["props"] = missing
+        if diff:
+            problems[urn] = diff
+    assert not problems, json.dumps(problems, indent=1)[:6000]
+
+
+def _not_contained(offline: Any, engine: Any, path: str) -> list[str]:
+    """Where ``offline`` is not part of ``engine`` (a dict's keys, a list item by item, equal scalars)."""
+    if isinstance(offline, dict) and isinstance(engine, dict):
+        return [m for k, v in offline.items()
+                for m in (_not_contained(v, engine[k], f"{path}.{k}") if k in engine else [f"{path}.{k} missing"])]
+    if isinstance(offline, list) and isinstance(engine, list) and len(offline) == len(engine):
+        return [m for i, (a, b) in enumerate(zip(offline, engine, strict=True))
+                for m in _not_contained(a, b, f"{path}[{i}]")]
+    return [] if offline == engine or (isinstance(offline, int) and float(offline) == engine) else [
+        f"{path}: {offline!r} != {engine!r}"]
+
+
 def test_2_up_creates_everything_and_the_daemonsets_roll_out(cluster: ControlPlane, project: Project) -> None:
     """``up`` with the policy pack: its stack policies now see what the engine sends after the apply (the
     provider's outputs, with the server's defaults and metadata), and still pass the dev stack."""
