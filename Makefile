@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 
-.PHONY: venv preview test unit cluster-test lint policy-test bench clean proto tools cluster-up cluster-down
+.PHONY: venv preview test unit cluster-test compare lint policy-test bench clean proto tools cluster-up cluster-down
 
 $(VENV)/.installed: requirements.txt requirements-agent.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,12 @@ test: venv tools lint
 
 ## The fast tests only (no control plane).
 unit: venv
-	$(PY) -m pytest -q -m "not cluster"
+	$(PY) -m pytest -q -m "not cluster and not compare"
+
+## NVIDIA's device plugin/GFD/mig-parted/DRA plugin beside ours on one mock machine: the comparison report
+## (its tests, marked compare, run in make test; the known differences are docs/compatibility.md).
+compare: venv tools
+	$(PY) -m tests.compare.report
 
 ## The tests against the real control plane only.
 cluster-test: venv tools

@@ -172,10 +172,14 @@ def compute_labels(
             out[f"{prefix}.sharing-strategy"] = "none"
             out |= _mig_attributes(prefix, devs[0], profile_of(devs[0]))
         return out
-    # single: every GPU MIG-enabled with at least one device, all devices of one profile.
+    # single: with no GPU in MIG mode it labels like ``none`` (as NVIDIA's GFD does); otherwise every GPU
+    # MIG-enabled with at least one device, all devices of one profile, or the labels say MIG-INVALID.
     out |= _full_gpu_labels(list(gpus), gpus[0], settings)
+    enabled = [g for g in gpus if g.mig_enabled]
+    if not enabled:
+        return out
     valid = (all(g.mig_enabled and g.mig_devices for g in gpus) and len({d.profile for d in devices}) == 1)
-    model = sanitize(gpus[0].name)
+    model = sanitize(enabled[0].name)
     if not valid:
         out |= {f"{GPU}.product": f"{model}-MIG-INVALID", f"{GPU}.count": "0", f"{GPU}.replicas": "0",
                 f"{GPU}.memory": "0", f"{GPU}.sharing-strategy": ""}

@@ -13,7 +13,7 @@ export CGO_ENABLED="${CGO_ENABLED:-1}"
 print_only=0
 [ "${1:-}" = "--print" ] && print_only=1
 
-components=(kube etcd kwok mocknvml pulumi pulumi-kubernetes cdi runc)
+components=(kube etcd kwok mocknvml pulumi pulumi-kubernetes cdi runc nvidia-device-plugin mig-parted dra-driver-nvidia-gpu)
 
 key_of() {  # key_of NAME: a short hash of what decides the component's binaries
   # Every file of tools/NAME (names and contents, in a fixed order: go.mod, go.sum and any sources,
@@ -102,6 +102,26 @@ build_one() {  # build_one NAME OUTDIR
       # libseccomp here): the tests' containers carry no seccomp profile.
       local v; v="$(go list -m -f '{{.Version}}' github.com/opencontainers/runc)"
       go build -trimpath -ldflags "-s -w -X main.version=${v#v}" -o "$out/runc" github.com/opencontainers/runc ;;
+    nvidia-device-plugin)
+      # NVIDIA's own device plugin and GPU feature discovery, the peers the comparison (make compare) runs
+      # beside our agent. go-nvml loads libnvidia-ml.so.1 with dlopen, so they run on the mock NVML above.
+      # The proxy serves v0.19.1 (not the v0.20.0 the reference notes read); its nvidia-container-toolkit
+      # pseudo-version is unknown to the checksum database, so go.sum carries the plugin's own sums for it.
+      local v; v="$(go list -m -f '{{.Version}}' github.com/NVIDIA/k8s-device-plugin)"
+      go build -trimpath -ldflags "-s -w -X github.com/NVIDIA/k8s-device-plugin/internal/info.version=$v" -o "$out/" \
+        github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin \
+        github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery ;;
+    mig-parted)
+      # NVIDIA's mig-parted (the proxy serves v0.13.1 of it, not the notes' v0.15.0).
+      local v; v="$(go list -m -f '{{.Version}}' github.com/NVIDIA/mig-parted)"
+      go build -trimpath -ldflags "-s -w -X github.com/NVIDIA/mig-parted/internal/info.version=$v" -o "$out/" \
+        github.com/NVIDIA/mig-parted/cmd/nvidia-mig-parted ;;
+    dra-driver-nvidia-gpu)
+      # The DRA driver's GPU kubelet plugin, under the module path its go.mod declares since it moved to
+      # kubernetes-sigs (v0.4.1: the release after the v0.4.0 the notes read).
+      local v; v="$(go list -m -f '{{.Version}}' sigs.k8s.io/dra-driver-nvidia-gpu)"
+      go build -trimpath -ldflags "-s -w -X sigs.k8s.io/dra-driver-nvidia-gpu/internal/info.version=$v" -o "$out/" \
+        sigs.k8s.io/dra-driver-nvidia-gpu/cmd/gpu-kubelet-plugin ;;
   esac
 }
 

@@ -24,10 +24,22 @@ def probe_mock(mock_bin: Path, machine: str, root: Path) -> dict[str, Any]:
     return result
 
 
+def _bars(i: int) -> str:
+    """``resource`` as sysfs writes it (start, end, flags per region): a data-center GPU's 16 MiB BAR0, its
+    large prefetchable 64-bit BAR1 and 32 MiB BAR3, the other regions unused; each GPU at its own addresses."""
+    bar0 = 0xE000_0000 + i * 0x0100_0000
+    bar1 = 0x200_0000_0000 + i * 0x40_0000_0000
+    regions = [(bar0, bar0 + 0xFF_FFFF, 0x40200), (bar1, bar1 + 0x1F_FFFF_FFFF, 0x14220C), (0, 0, 0),
+               (bar1 + 0x20_0000_0000, bar1 + 0x20_01FF_FFFF, 0x14220C)] + [(0, 0, 0)] * 9
+    return "".join(f"0x{a:016x} 0x{b:016x} 0x{f:016x}\n" for a, b, f in regions)
+
+
 def mock_host(root: Path, probe: dict[str, Any]) -> None:
     """A host whose PCI bus, /proc and /dev match what the mock's NVML reports (the mock models no host).
 
-    The host-side facts the mock has no model of stay absent: no NUMA node files, no DMI product.
+    Each GPU's PCI directory has what sysfs always has: ``numa_node`` (``-1``: the mock models no NUMA
+    placement, so none is claimed) and a 256-byte ``config`` space with the IDs and class and no
+    capability list (so no vendor capability: not a vGPU). No DMI product: the mock has no model of one.
     """
     from node_agent.host.pci import normalize_address
     from node_agent.testing.fakehost import DEFAULT_MODULES, build_fake_host, driver_version_text
@@ -39,12 +51,18 @@ def mock_host(root: Path, probe: dict[str, Any]) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
 
-    for g in probe["gpus"]:
+    for i, g in enumerate(probe["gpus"]):
         addr = normalize_address(g["pci_bus_id"])
         base = f"/sys/bus/pci/devices/{addr}"
         write(f"{base}/vendor", "0x10de\n")
         write(f"{base}/device", f"0x{g['pci_device_id']:04x}\n")
         write(f"{base}/class", "0x030200\n")
+        write(f"{base}/numa_node", "-1\n")
+        config = bytearray(256)
+        config[0:4] = (0x10DE).to_bytes(2, "little") + int(g["pci_device_id"]).to_bytes(2, "little")
+        config[9:12] = bytes((0x00, 0x02, 0x03))  # programming interface, subclass 3D, class display
+        (root / base.lstrip("/") / "config").write_bytes(bytes(config))
+        write(f"{base}/resource", _bars(i))
         (root / base.lstrip("/") / "driver").symlink_to("../../drivers/nvidia")
         write(f"/proc/driver/nvidia/gpus/{addr}/information",
               f"Model: \t\t {g['name']}\nGPU UUID: \t {g['uuid']}\nBus Location: \t {addr}\n"

@@ -12,8 +12,9 @@
 //
 // Rules the bridge keeps:
 //   - The machine is chosen when the library loads, by MOCK_NVML_MACHINE (dgxa100 by default,
-//     dgxh100, dgxh200, dgxb200). The mock's state (MIG mode, instances, random UUIDs) lives as
-//     long as the process, like a GPU's across nvmlShutdown/nvmlInit.
+//     dgxh100, dgxh200, dgxb200). The mock's state (MIG mode, instances) lives as long as the
+//     process, like a GPU's across nvmlShutdown/nvmlInit. GPU UUIDs are derived from the machine and
+//     index (the mock's own are random), so every process sees the same GPUs.
 //   - Return codes are NVML's, and whatever the mock returns is passed through. The bridge adds
 //     only what the C ABI itself defines and the Go API cannot express: NVML_ERROR_UNINITIALIZED
 //     before nvmlInit, NVML_ERROR_INVALID_ARGUMENT for unknown handles and NULL outputs,
@@ -34,6 +35,7 @@ package main
 import "C"
 
 import (
+	"crypto/sha1"
 	"fmt"
 	"os"
 	"sort"
@@ -117,6 +119,23 @@ func init() {
 		return
 	}
 	srv = build()
+	// go-nvml's mock draws a random UUID for every GPU each time a machine is built, so two processes on
+	// the "same" machine (NVIDIA's device plugin and ours, side by side) would see different GPUs. Derive
+	// them from the machine and the GPU's index instead: the same in every process, still unique.
+	for _, d := range srv.Devices {
+		if dev, ok := d.(*server.Device); ok {
+			dev.UUID = stableUUID(machine, dev.Index)
+		}
+	}
+}
+
+// stableUUID is a GPU UUID in NVML's format (GPU- and a version-5 style UUID) from SHA-1 of the machine
+// name and the GPU index.
+func stableUUID(machine string, index int) string {
+	sum := sha1.Sum([]byte(fmt.Sprintf("mocknvml/%s/gpu/%d", machine, index)))
+	sum[6] = (sum[6] & 0x0f) | 0x50
+	sum[8] = (sum[8] & 0x3f) | 0x80
+	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", sum[0:4], sum[4:6], sum[6:8], sum[8:10], sum[10:16])
 }
 
 func main() {}

@@ -1,0 +1,43 @@
+"""``make compare``: run every side-by-side comparison and print what differs, listed or not.
+
+    python -m tests.compare.report
+
+Exit status 1 when a difference is not in ``docs/compatibility.md`` (the same rule as the tests).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.compare import gfd
+from tests.compare.peers import MACHINES, Difference, machine, unlisted
+
+
+def main() -> int:
+    rows: list[tuple[str, int, int, list[Difference]]] = []
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="nvgpu-compare-") as tmp:
+        for name in sorted(MACHINES):
+            m = machine(name, Path(tmp) / name)
+            for case in gfd.CASES:
+                for strategy in gfd.STRATEGIES:
+                    differences, written = gfd.compare(m, case, strategy, Path(tmp) / name)
+                    rows.append((f"gfd {name}/{case.name}/{strategy}", written, len(differences),
+                                 unlisted(differences)))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'comparison':<{width}}  NVIDIA's labels  differences  unlisted")
+    for what, written, found, new in rows:
+        print(f"{what:<{width}}  {written:>15}  {found:>11}  {len(new):>8}")
+        for d in new:
+            print(f"  unlisted: {d.row()}")
+    bad = sum(len(r[3]) for r in rows)
+    print(f"\n{len(rows)} comparisons in {time.monotonic() - start:.1f} s; "
+          f"{sum(r[2] for r in rows)} difference(s), {bad} not in docs/compatibility.md")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
