@@ -12,12 +12,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.compare import gfd
+from tests.compare import deviceplugin, gfd
 from tests.compare.peers import MACHINES, Difference, machine, unlisted
 
 
 def main() -> int:
     rows: list[tuple[str, int, int, list[Difference]]] = []
+    timings: list[tuple[str, float, float]] = []
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="nvgpu-compare-") as tmp:
         for name in sorted(MACHINES):
@@ -27,12 +28,22 @@ def main() -> int:
                     differences, written = gfd.compare(m, case, strategy, Path(tmp) / name)
                     rows.append((f"gfd {name}/{case.name}/{strategy}", written, len(differences),
                                  unlisted(differences)))
+            for dcase in deviceplugin.CASES:
+                work = Path(tmp) / name / dcase.name
+                work.mkdir(parents=True)
+                ours, theirs = deviceplugin.ours(m, dcase, work), deviceplugin.nvidia(m, dcase, work)
+                found = deviceplugin.differences(m, dcase, ours, theirs)
+                rows.append((f"device-plugin {name}/{dcase.name}", len(theirs.devices), len(found), unlisted(found)))
+                timings.append((f"{name}/{dcase.name}", ours.seconds_to_register, theirs.seconds_to_register))
     width = max(len(r[0]) for r in rows)
-    print(f"{'comparison':<{width}}  NVIDIA's labels  differences  unlisted")
+    print(f"{'comparison':<{width}}  NVIDIA's items  differences  unlisted")
     for what, written, found, new in rows:
-        print(f"{what:<{width}}  {written:>15}  {found:>11}  {len(new):>8}")
+        print(f"{what:<{width}}  {written:>14}  {found:>11}  {len(new):>8}")
         for d in new:
             print(f"  unlisted: {d.row()}")
+    print("\nstart to kubelet registration (s): ours, NVIDIA's, ratio")
+    for what, a, b in timings:
+        print(f"  {what:<28} {a:6.2f} {b:6.2f} {a / b:6.1f}x")
     bad = sum(len(r[3]) for r in rows)
     print(f"\n{len(rows)} comparisons in {time.monotonic() - start:.1f} s; "
           f"{sum(r[2] for r in rows)} difference(s), {bad} not in docs/compatibility.md")

@@ -1,0 +1,115 @@
+"""The device plugin side by side: NVIDIA's ``nvidia-device-plugin`` and our ``device-plugin`` on one mock
+machine, each registering with its own kubelet stand-in (the real gRPC protocol), compared on what the
+kubelet sees: resource names, device IDs, health and NUMA topology from ListAndWatch, and the Allocate
+response (envs, mounts, device specs, annotations, CDI devices) for the same request."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from tests.compare.gfd import DATA
+from tests.compare.peers import Difference, Machine, namespaced
+from tests.deviceplugin.kubelet_standin import KubeletStandIn
+
+RESOURCE = "nvidia.com/gpu"
+PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    flags: tuple[str, ...]  #: the same NVIDIA flags for both sides
+    config: Path | None = None
+
+
+CASES = (
+    Case("envvar-uuid", ("--device-list-strategy", "envvar", "--device-id-strategy", "uuid")),
+    Case("envvar-index", ("--device-list-strategy", "envvar", "--device-id-strategy", "index")),
+    Case("volume-mounts", ("--device-list-strategy", "volume-mounts", "--device-id-strategy", "uuid")),
+    Case("time-slicing", ("--device-list-strategy", "envvar"), DATA / "nvidia-device-plugin-config-time-slicing.yaml"),
+)
+
+
+@dataclass
+class Seen:
+    """What one plugin showed its kubelet."""
+
+    registered: list[str]
+    seconds_to_register: float
+    devices: dict[str, str]
+    topology: dict[str, list[int]]
+    allocate: dict[str, Any]
+
+
+def _watch(kubelet_dir: Path, argv: list[str], env: dict[str, str], log: Path) -> Seen:
+    kubelet = KubeletStandIn(kubelet_dir)
+    kubelet.start()
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    start = time.monotonic()
+    try:
+        try:
+            kubelet.wait_registered({RESOURCE}, timeout=30)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{log.read_text()[-3000:]}") from None
+        took = time.monotonic() - start
+        ep = kubelet.wait_devices(RESOURCE, bool, timeout=10)
+        ids = sorted(ep.devices)
+        response = kubelet.allocate(RESOURCE, ids[:2])
+        doc = json.loads(json_format.MessageToJson(response.container_responses[0]))
+        return Seen(sorted({r for _, _, r, _ in kubelet.registrations}), took, dict(ep.devices),
+                    {k: list(v) for k, v in ep.topology.items()}, doc)
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        kubelet.stop()
+
+
+def nvidia(m: Machine, case: Case, work: Path) -> Seen:
+    kubelet = work / "kubelet-nvidia"
+    kubelet.mkdir(parents=True, exist_ok=True)
+    argv = [str(m.tools / "nvidia-device-plugin"), "--fail-on-init-error=true", *case.flags,
+            *(["--config-file", str(case.config)] if case.config else [])]
+    return _watch(kubelet, namespaced(m, argv, {PLUGIN_DIR: kubelet}), m.env(), work / "nvidia.log")
+
+
+def ours(m: Machine, case: Case, work: Path) -> Seen:
+    kubelet = work / "kubelet-ours"
+    kubelet.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "node_agent", "--host-root", str(m.root), "--nvml", "real", "device-plugin",
+            "--socket-dir", str(kubelet), "--metrics-port", "0", "--fail-on-init-error", "true", *case.flags,
+            *(["--config-file", str(case.config)] if case.config else [])]
+    return _watch(kubelet, argv, m.env(), work / "ours.log")
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
+    elif isinstance(value, list):
+        out[prefix] = json.dumps(sorted(value, key=lambda v: json.dumps(v, sort_keys=True)), sort_keys=True)
+    else:
+        out[prefix] = str(value)
+
+
+def differences(m: Machine, case: Case, a: Seen, b: Seen) -> list[Difference]:
+    """Ours (``a``) against NVIDIA's (``b``), item by item."""
+    where = f"{m.name}/{case.name}"
+    left: dict[str, str] = {"registered": json.dumps(a.registered), "deviceIDs": json.dumps(sorted(a.devices)),
+                            "health": json.dumps(sorted(set(a.devices.values()))),
+                            "topology": json.dumps(a.topology, sort_keys=True)}
+    right: dict[str, str] = {"registered": json.dumps(b.registered), "deviceIDs": json.dumps(sorted(b.devices)),
+                             "health": json.dumps(sorted(set(b.devices.values()))),
+                             "topology": json.dumps(b.topology, sort_keys=True)}
+    _flatten("allocate", a.allocate, left)
+    _flatten("allocate", b.allocate, right)
+    return [Difference("device-plugin", where, k, left.get(k, "-"), right.get(k, "-"))
+            for k in sorted(set(left) | set(right)) if left.get(k, "-") != right.get(k, "-")]

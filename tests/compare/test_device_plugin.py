@@ -1,0 +1,25 @@
+"""NVIDIA's device plugin and ours show the kubelet the same thing on the same mock machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.compare import deviceplugin as dp
+from tests.compare.peers import MACHINES, Machine, machine, unlisted
+
+pytestmark = pytest.mark.compare
+
+
+@pytest.fixture(scope="module", params=sorted(MACHINES))
+def host(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Machine:
+    return machine(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.mark.parametrize("case", dp.CASES, ids=[c.name for c in dp.CASES])
+def test_kubelet_sees_what_nvidias_plugin_shows(host: Machine, case: dp.Case, tmp_path: Path) -> None:
+    ours, theirs = dp.ours(host, case, tmp_path), dp.nvidia(host, case, tmp_path)
+    assert theirs.devices and theirs.allocate.get("envs"), "NVIDIA's plugin showed nothing to compare"
+    new = unlisted(dp.differences(host, case, ours, theirs))
+    assert not new, "differences docs/compatibility.md does not list:\n" + "\n".join(d.row() for d in new)
