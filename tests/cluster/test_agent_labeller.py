@@ -527,8 +527,10 @@ def test_labeller_withdraws_its_labels_only_when_its_daemonset_goes(
     assert _labels(restarted) == _labels(on) and _taints(restarted) == _taints(on), "a restart withdraws nothing"
     assert lab.host.path(FEATURES).exists()
 
+    passes = log.read_text().count("labelled ")
     proc = _loop(lab, args, log)
-    time.sleep(1)
+    # Stopped only once it is in its loop (its SIGTERM handler set), as a kubelet would find it.
+    wait_for(lambda: log.read_text().count("labelled ") > passes, timeout=30, what="the restarted labeller's run")
     # The provider's delete: foreground, so the DaemonSet stays, marked, until its pods are gone (a
     # finalizer holds it here, as the garbage collector's foregroundDeletion finalizer would).
     kube.patch("apps/v1", "DaemonSet", owner, {"metadata": {"finalizers": ["lab.example.com/hold"]}}, NS)
