@@ -53,9 +53,10 @@ class Owner:
 
     @classmethod
     def parse(cls, text: str) -> Owner:
+        """The flag's value (argparse ``type``): a malformed one is a usage error naming it."""
         namespace, slash, name = text.partition("/")
         if not slash or not namespace or not name or "/" in name:
-            raise UsageError(f"--daemonset {text!r}: expected NAMESPACE/NAME")
+            raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text!r}")
         return cls(namespace, name)
 
 
@@ -160,13 +161,14 @@ def withdraw(ctx: AgentContext, feature_file: str = FEATURE_FILE) -> dict[str, s
     return changes
 
 
-def _withdraw_if_retired(ctx: AgentContext, args: argparse.Namespace) -> None:
-    owner: Owner = args.daemonset
+def _withdraw_if_retired(ctx: AgentContext, owner: Owner, feature_file: str) -> None:
+    from node_agent.kube import KubeError
+
     try:
         if not ctx.node_api().daemonset_retired(owner.namespace, owner.name):
             return
-        changes = withdraw(ctx, args.output_file)
-    except (HostError, _kube_error(True)) as e:  # the pod is stopping: report and exit
+        changes = withdraw(ctx, feature_file)
+    except (HostError, KubeError) as e:  # the pod is stopping: report and exit
         log.warning("could not withdraw the labels daemonset=%s/%s error=%r", owner.namespace, owner.name, str(e))
         return
     log.info("daemonset retired, labels withdrawn daemonset=%s/%s node_changes=%d", owner.namespace, owner.name,
@@ -207,7 +209,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from e
     if args.daemonset is not None and not args.patch_node:
         raise UsageError("--daemonset needs --patch-node (it gates and withdraws the Node's labels)")
-    args.daemonset = None if args.daemonset is None else Owner.parse(args.daemonset)
     ctx = AgentContext.from_args(args)
     if not args.loop:
         try:
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stop.is_set() and args.daemonset is not None:
-        _withdraw_if_retired(ctx, args)
+        _withdraw_if_retired(ctx, args.daemonset, args.output_file)
     return exitcodes.OK
 
 
@@ -274,7 +275,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--loop", action="store_true", help="re-label every --interval seconds until SIGTERM")
     p.add_argument("--interval", type=float, default=60.0)
     p.add_argument("--iterations", type=int, default=0, help="with --loop: stop after N runs (0 = never)")
-    p.add_argument("--daemonset", metavar="NAMESPACE/NAME",
+    p.add_argument("--daemonset", type=Owner.parse, metavar="NAMESPACE/NAME",
                    help="with --patch-node: the DaemonSet this runs under; label only while the Node carries "
                         "gpu-setup-complete, and on SIGTERM withdraw the labels if that DaemonSet is gone or "
                         "being deleted")

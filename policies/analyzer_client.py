@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 PACK_DIR = Path(__file__).resolve().parent
 #: The CLI passes its own engine address; a Python pack never dials it, so any address will do offline.
 OFFLINE_ENGINE_ADDRESS = "127.0.0.1:0"
+#: The type of the stack's root resource, the parent of every top-level resource (and the first one the
+#: engine sends ``AnalyzeStack``).
+ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
 LEVELS = ("advisory", "mandatory", "remediate", "disabled")
 _LEVEL_BY_PROTO = {
     analyzer_pb2.ADVISORY: "advisory",

@@ -24,6 +24,7 @@ import yaml
 
 from policies.analyzer_client import (
     PACK_DIR,
+    ROOT_STACK_TYPE,
     AnalyzerResource,
     Diagnostic,
     PackError,
@@ -89,9 +90,6 @@ def load_policy_config(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise PolicyConfigError([f"{path}: expected an object mapping policy names to settings"])
     return doc
-
-
-ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
 
 
 def resources_from_plan(doc: Mapping[str, Any]) -> list[AnalyzerResource]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policies.analyzer_client import Diagnostic, PackInfo
+from policies.analyzer_client import ROOT_STACK_TYPE, Diagnostic, PackInfo
 
 _ORDER = {"mandatory": 0, "remediate": 0, "advisory": 1, "disabled": 2}
 
 
 def stack_resource_label(project: str, stack: str) -> str:
-    return f"pulumi:pulumi:Stack: {project}-{stack}"
+    return f"{ROOT_STACK_TYPE}: {project}-{stack}"
 
 
 def diagnostic_lines(d: Diagnostic, stack_label: str) -> list[str]:

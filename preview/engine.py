@@ -24,6 +24,7 @@ from pulumi.runtime import resource as sdk_resource
 from pulumi.runtime.mocks import MockMonitor, MockResourceArgs
 from pulumi.runtime.proto import source_pb2
 
+from policies.analyzer_client import ROOT_STACK_TYPE
 from preview.model import PreviewResult, Problem, RecordedResource
 
 STEP = "program"
@@ -143,7 +144,7 @@ class RecordingMonitor(MockMonitor):  # type: ignore[misc]
         component, so its URNs (and the policies' view of them) differed from ``pulumi preview``'s."""
         if parent:
             qualified = parent.split("::")[2]
-            if qualified != "pulumi:pulumi:Stack":
+            if qualified != ROOT_STACK_TYPE:
                 type_ = f"{qualified}${type_}"
         return "urn:pulumi:" + "::".join([pulumi.get_stack(), pulumi.get_project(), type_, name])
 
@@ -151,7 +152,7 @@ class RecordingMonitor(MockMonitor):  # type: ignore[misc]
         with self._lock:
             self.echo.last_inputs = {}
             response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
-            if request.type == "pulumi:pulumi:Stack":
+            if request.type == ROOT_STACK_TYPE:
                 return response
             record = RecordedResource(
                 type_token=request.type,

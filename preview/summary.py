@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from policies.analyzer_client import ROOT_STACK_TYPE
 from preview.model import PreviewResult, RecordedResource
 
 NODE_GROUP_TYPE = "nvidia-gpu:index:GpuNodeGroup"
@@ -36,7 +37,7 @@ def tree_lines(result: PreviewResult) -> list[str]:
         parent = r.parent_urn if r.parent_urn in urns else None
         children.setdefault(parent, []).append(r)
     width = max((len(r.type_token) for r in result.resources), default=10) + 8
-    lines = [f"     {'Type':<{width}} {'Name':<40} Plan", f" +   {'pulumi:pulumi:Stack':<{width}} "
+    lines = [f"     {'Type':<{width}} {'Name':<40} Plan", f" +   {ROOT_STACK_TYPE:<{width}} "
              f"{result.project + '-' + result.stack:<40} create"]
 
     def walk(parent: str | None, prefix: str) -> None:
