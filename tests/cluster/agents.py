@@ -101,3 +101,19 @@ def node_annotations(node: dict[str, Any]) -> dict[str, str]:
 
 def node_taints(node: dict[str, Any]) -> list[dict[str, Any]]:
     return list(node["spec"].get("taints") or [])
+
+
+def one_run(args: list[str]) -> list[str]:
+    """The DaemonSet's arguments without ``--loop --interval N``: one labelling run that prints its result."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--loop":
+            continue
+        elif a in ("--interval", "--iterations"):
+            skip = True
+        else:
+            out.append(a)
+    return out

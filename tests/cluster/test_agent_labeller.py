@@ -59,6 +59,7 @@ from tests.cluster.agents import (
     node_annotations,
     node_labels,
     node_taints,
+    one_run,
     read_node,
     run_agent,
 )
@@ -128,12 +129,19 @@ class Labeller:
     args: list[str]  #: the DaemonSet's arguments, as one run (no ``--loop``)
     node_flags: list[str]  #: the group's ``--node-label``/``--node-taint`` flags (daemonset backend)
 
-    def run(self, *args: str) -> dict[str, Any]:
-        """``python -m node_agent --json ... ARGS`` as the DaemonSet's container would run it."""
+    def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
         env["NODE_NAME"] = self.agent.pod["spec"]["nodeName"]  # the DaemonSet's fieldRef spec.nodeName
-        done = run_agent("--host-root", str(self.host.root), "--host-exec", "direct", "--nvml", f"simulated:{MACHINE}",
-                         "--kubeconfig", str(self.agent.kubeconfig), "--json", *args, env=env)
+        return env
+
+    def globals(self) -> list[str]:
+        """The global options of a run here: the fake host, its simulated GPUs, the pod's token."""
+        return ["--host-root", str(self.host.root), "--host-exec", "direct", "--nvml", f"simulated:{MACHINE}",
+                "--kubeconfig", str(self.agent.kubeconfig)]
+
+    def run(self, *args: str) -> dict[str, Any]:
+        """``python -m node_agent --json ... ARGS`` as the DaemonSet's container would run it."""
+        done = run_agent(*self.globals(), "--json", *args, env=self.env())
         assert done.returncode == 0, f"labeller exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
         doc: dict[str, Any] = json.loads(done.stdout)
         return doc
@@ -141,22 +149,6 @@ class Labeller:
 
 def _container_args(stack: AppliedStack, daemonset: str) -> list[str]:
     return list(stack.object("DaemonSet", daemonset)["spec"]["template"]["spec"]["containers"][0]["args"])
-
-
-def _one_shot(args: list[str]) -> list[str]:
-    """The DaemonSet's arguments without ``--loop --interval N``: one labelling run that prints its result."""
-    out: list[str] = []
-    skip = False
-    for a in args:
-        if skip:
-            skip = False
-        elif a == "--loop":
-            continue
-        elif a in ("--interval", "--iterations"):
-            skip = True
-        else:
-            out.append(a)
-    return out
 
 
 def _daemonset_backend_flags(stack: AppliedStack, group_name: str, ds_args: list[str]) -> list[str]:
@@ -223,7 +215,7 @@ def labeller(kube: Kube, dev_stack: AppliedStack, lab_nodes: list[str],
     # (node provisioning, say): that one is the administrator's too, so the labeller must not take it over.
     kube.patch("v1", "Node", name, {"metadata": {"labels": {FOREIGN_LABEL[0]: FOREIGN_LABEL[1], names.GPU_NODE: ""}},
                                     "spec": {"taints": [*_taints(node), FOREIGN_TAINT]}})
-    return Labeller(name, agent, build_fake_host(tmp / "host", MACHINE), _one_shot(ds_args), flags)
+    return Labeller(name, agent, build_fake_host(tmp / "host", MACHINE), one_run(ds_args), flags)
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +236,7 @@ def test_deckhouse_labeller_puts_gfd_labels_and_leaves_the_template_alone(
     _gpu_node(kube, lab_nodes, name, LABELLER_NODE_GROUP, template)
     ds = f"gpu-labeller-{LABELLER_GROUP}"
     lab = Labeller(name, identity(kube, ds, name, tmp_path), build_fake_host(tmp_path / "host", MACHINE),
-                   _one_shot(_container_args(dev_stack, ds)), [])
+                   one_run(_container_args(dev_stack, ds)), [])
     before = _settled(kube, name)
     doc = lab.run(*lab.args)
     after = _node(kube, name)
@@ -473,7 +465,7 @@ def test_labeller_writes_nothing_behind_a_closed_setup_gate(
     sa = service_account_kube(kube, NS, pod["spec"]["serviceAccountName"])
     unbound = AgentIdentity(pod, sa, write_kubeconfig(sa, tmp_path / "unbound.kubeconfig", user="gpu-labeller"))
     host = build_fake_host(tmp_path / "host", MACHINE)
-    lab = Labeller(name, unbound, host, _one_shot(_container_args(dev_stack, ds)), [])
+    lab = Labeller(name, unbound, host, one_run(_container_args(dev_stack, ds)), [])
     _settled(kube, name)
     kube.patch("v1", "Node", name, {"metadata": {"labels": {names.GPU_SETUP_COMPLETE: None}}})
     rv = _node(kube, name)["metadata"]["resourceVersion"]
@@ -483,12 +475,10 @@ def test_labeller_writes_nothing_behind_a_closed_setup_gate(
 
 
 def _loop(lab: Labeller, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
-    env["NODE_NAME"] = lab.node
-    cmd = agent_command("--host-root", str(lab.host.root), "--host-exec", "direct", "--nvml", f"simulated:{MACHINE}",
-                        "--kubeconfig", str(lab.agent.kubeconfig), "--log-level", "info", *args)
+    """The labeller as its DaemonSet runs it (the loop), in the background, logging at info."""
     with log.open("ab") as out:
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(agent_command(*lab.globals(), "--log-level", "info", *args), cwd=REPO, env=lab.env(),
+                                stdout=out, stderr=subprocess.STDOUT)
 
 
 def _terminate(proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -531,11 +521,14 @@ def test_labeller_withdraws_its_labels_only_when_its_daemonset_goes(
     proc = _loop(lab, args, log)
     # Stopped only once it is in its loop (its SIGTERM handler set), as a kubelet would find it.
     wait_for(lambda: log.read_text().count("labelled ") > passes, timeout=30, what="the restarted labeller's run")
-    # The provider's delete: foreground, so the DaemonSet stays, marked, until its pods are gone (a
-    # finalizer holds it here, as the garbage collector's foregroundDeletion finalizer would).
+    # The provider's delete, in the foreground: the DaemonSet stays, marked, until its pods are gone. This
+    # one has no pods, so a finalizer stands for the labeller's own pod still terminating.
     kube.patch("apps/v1", "DaemonSet", owner, {"metadata": {"finalizers": ["lab.example.com/hold"]}}, NS)
-    kube.delete("apps/v1", "DaemonSet", owner, NS)
-    _terminate(proc, log)
+    try:
+        kube.delete("apps/v1", "DaemonSet", owner, NS, propagationPolicy="Foreground")
+        _terminate(proc, log)
+    finally:
+        kube.patch("apps/v1", "DaemonSet", owner, {"metadata": {"finalizers": None}}, NS)
     off = _node(kube, name)
     assert not [k for k in _labels(off) if gfd.owned(k)], _labels(off)
     flags = _daemonset_backend_flags(dev_stack, LABELLER_GROUP, ds_args)
@@ -552,7 +545,6 @@ def test_labeller_withdraws_its_labels_only_when_its_daemonset_goes(
     assert me.can_i("get", "daemonsets", group="apps", namespace=NS)
     assert not me.can_i("get", "daemonsets", group="apps", namespace="kube-system")
     assert not me.can_i("list", "daemonsets", group="apps", namespace=NS)
-    kube.patch("apps/v1", "DaemonSet", owner, {"metadata": {"finalizers": None}}, NS)
 
 
 LABELLER_DENIED = ["list secrets", "list secrets in nvidia-gpu", "read a secret in nvidia-gpu", "delete its own pod",

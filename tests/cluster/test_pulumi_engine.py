@@ -29,7 +29,7 @@ from localcluster import ControlPlane, Kube
 from localcluster.objects import create_kwok_node, wait_for
 from node_agent.testing.fakehost import FakeHost, build_fake_host
 from nvgpu import labels
-from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity
+from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, one_run
 from tests.cluster.mig_manager import Rendered, layout, start_manager
 from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, make_project, prepare_cluster
 from tests.cluster.stack import rendered
@@ -525,6 +525,12 @@ def _host_files(host: FakeHost) -> dict[str, bytes]:
     return {k: v for k, v in host.snapshot("/").items() if not k.startswith(skip)}
 
 
+def _release(kube: Kube, pod: dict[str, Any]) -> None:
+    """Drop the stand-in kubelet's hold on ``pod`` (nothing to do once the pod is gone)."""
+    if kube.get_or_none("v1", "Pod", pod["metadata"]["name"], PROD_NS):
+        kube.patch("v1", "Pod", pod["metadata"]["name"], {"metadata": {"finalizers": None}}, PROD_NS)
+
+
 def _removed_group_is_torn_down_on_its_node(kube: Kube, prod: Project, work: Path) -> None:
     """The daemonset backend: a node of ``l4-inference`` set up by its setup pod (runtime drop-in, sysctl,
     gate label) and labelled by its labeller (GPU labels, the group's labels and taint). The group is
@@ -549,10 +555,7 @@ def _removed_group_is_torn_down_on_its_node(kube: Kube, prod: Project, work: Pat
         assert _host_files(host) != before_host, "setup changed nothing on the host"
         labeller = identity(kube, labeller_ds, node, work / "labeller", namespace=PROD_NS)
         lab = labeller.pod["spec"]["containers"][0]
-        at = lab["args"].index("--loop")
-        assert lab["args"][at + 1] == "--interval"
-        one_run = [*lab["args"][:at], *lab["args"][at + 3:]]  # one labelling run instead of the loop
-        _run_in_pod(one_run, host, labeller, lab, node)
+        _run_in_pod(one_run(lab["args"]), host, labeller, lab, node)
         labelled = kube.get("v1", "Node", node)
         assert labelled["spec"].get("taints"), "the labeller put the group's taint on"
         assert "nvidia.com/gpu.product" in labelled["metadata"]["labels"]
@@ -575,12 +578,11 @@ def _removed_group_is_torn_down_on_its_node(kube: Kube, prod: Project, work: Pat
             torn = _run_in_pod(command[len(AGENT):], host, setup, hold, node)
             assert torn["complete"], torn
         finally:
-            kube.patch("v1", "Pod", pod["metadata"]["name"], {"metadata": {"finalizers": None}}, PROD_NS)
+            _release(kube, pod)  # the kubelet is done with the pod: the delete (and so `up`) can finish
             out, _ = up.communicate(timeout=300)
         assert up.returncode == 0, out[-6000:]
     finally:
-        if kube.get_or_none("v1", "Pod", pod["metadata"]["name"], PROD_NS):
-            kube.patch("v1", "Pod", pod["metadata"]["name"], {"metadata": {"finalizers": None}}, PROD_NS)
+        _release(kube, pod)
     after = kube.get("v1", "Node", node)
     assert after["metadata"]["labels"] == before_node["metadata"]["labels"]
     assert after["metadata"].get("annotations") == before_node["metadata"].get("annotations")

@@ -100,16 +100,17 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
         out[prefix] = str(value)
 
 
+def _items(seen: Seen) -> dict[str, str]:
+    """What the kubelet saw, as comparable items: the ListAndWatch view and the Allocate response's fields."""
+    items = {"registered": json.dumps(seen.registered), "deviceIDs": json.dumps(sorted(seen.devices)),
+             "health": json.dumps(sorted(set(seen.devices.values()))),
+             "topology": json.dumps(seen.topology, sort_keys=True)}
+    _flatten("allocate", seen.allocate, items)
+    return items
+
+
 def differences(m: Machine, case: Case, a: Seen, b: Seen) -> list[Difference]:
-    """Ours (``a``) against NVIDIA's (``b``), item by item."""
-    where = f"{m.name}/{case.name}"
-    left: dict[str, str] = {"registered": json.dumps(a.registered), "deviceIDs": json.dumps(sorted(a.devices)),
-                            "health": json.dumps(sorted(set(a.devices.values()))),
-                            "topology": json.dumps(a.topology, sort_keys=True)}
-    right: dict[str, str] = {"registered": json.dumps(b.registered), "deviceIDs": json.dumps(sorted(b.devices)),
-                             "health": json.dumps(sorted(set(b.devices.values()))),
-                             "topology": json.dumps(b.topology, sort_keys=True)}
-    _flatten("allocate", a.allocate, left)
-    _flatten("allocate", b.allocate, right)
-    return [Difference("device-plugin", where, k, left.get(k, "-"), right.get(k, "-"))
+    """Ours (``a``) against NVIDIA's (``b``), item by item (``-``: the item is absent on that side)."""
+    left, right = _items(a), _items(b)
+    return [Difference("device-plugin", f"{m.name}/{case.name}", k, left.get(k, "-"), right.get(k, "-"))
             for k in sorted(set(left) | set(right)) if left.get(k, "-") != right.get(k, "-")]

@@ -13,7 +13,6 @@ comparison has that the table does not explain.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.nvml_mock.mockhost import mock_host, probe_mock
+from tests.nvml_mock.mockhost import mock_env, mock_host, probe_mock
 from tests.tools import MOCK_NVML, required_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,9 +42,7 @@ class Machine:
     inventory: Mapping[str, Any]
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "MOCK_NVML_MACHINE")}
-        env.update(PYTHONPATH=str(REPO), LD_LIBRARY_PATH=str(self.tools), MOCK_NVML_MACHINE=self.name, **extra)
-        return env
+        return mock_env(self.tools, self.name, **extra)
 
 
 def machine(name: str, root: Path) -> Machine:

@@ -12,10 +12,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
+def mock_env(mock_bin: Path, machine: str, **extra: str) -> dict[str, str]:
+    """A process environment that loads the mock from ``mock_bin`` as ``machine`` (and finds this repo)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "MOCK_NVML_MACHINE")}
+    env.update(PYTHONPATH=str(REPO), LD_LIBRARY_PATH=str(mock_bin), MOCK_NVML_MACHINE=machine, **extra)
+    return env
+
+
 def probe_mock(mock_bin: Path, machine: str, root: Path) -> dict[str, Any]:
     """The mock machine's inventory (``test_mock_nvml.probe_main``'s ``nvml`` probe), in a subprocess."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "MOCK_NVML_MACHINE")}
-    env.update(PYTHONPATH=str(REPO), LD_LIBRARY_PATH=str(mock_bin), MOCK_NVML_MACHINE=machine)
+    env = mock_env(mock_bin, machine)
     code = "from tests.nvml_mock.test_mock_nvml import probe_main; probe_main()"
     done = subprocess.run([sys.executable, "-c", code, str(root), "real", "nvml"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120, check=False)

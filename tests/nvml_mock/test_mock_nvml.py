@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.nvml_mock.mockhost import mock_host
+from tests.nvml_mock.mockhost import mock_env, mock_host
 from tests.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -291,7 +291,7 @@ def pair(request: pytest.FixtureRequest, mock_bin: Path, tmp_path_factory: pytes
     from node_agent.testing.fakehost import build_fake_host
 
     p: Pair = request.param
-    env = _env(LD_LIBRARY_PATH=str(mock_bin), MOCK_NVML_MACHINE=p.mock)
+    env = mock_env(mock_bin, p.mock)
     # First ask the mock what it models (on an empty root), then lay out a host that matches it.
     bare = Side("real", tmp_path_factory.mktemp(f"{p.mock}-bare"), env).run_probe("nvml")
     mock = Side("real", tmp_path_factory.mktemp(f"{p.mock}-host"), env)
