@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from node_agent.cdi.spec import ContainerEdits
+from node_agent.cdi.spec import ContainerEdits, DeviceNode
 from node_agent.deviceplugin.allocate import CDI_CLASS, CDI_IMEX_KIND, CDI_KIND, CDI_VENDOR
 from node_agent.deviceplugin.config import Settings
 from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles
@@ -66,15 +66,13 @@ def build_spec(resources: Sequence[Resource], settings: Settings, host: HostFile
         for name in (d.uuid, d.index):
             devices.append({"name": name, "containerEdits": edits})
     control = [p for i, p in enumerate(CONTROL_DEVICES) if i == 0 or host.exists(_host(dev_root, p))]
-    common: dict[str, Any] = {
-        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
-        "deviceNodes": [_node(p, dev_root) for p in control],
-    }
-    if driver_edits is not None:
-        # The driver's libraries, binaries and toolkit hooks (node_agent.cdi.driveredits).
-        for key, value in driver_edits.model_dump(by_alias=True, exclude_none=True).items():
-            common[key] = [*common.get(key, []), *value]
-    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices, "containerEdits": common}
+    # The control nodes, then the driver's libraries, binaries and hooks (node_agent.cdi.driveredits).
+    common = ContainerEdits(
+        env=["NVIDIA_VISIBLE_DEVICES=void"],
+        device_nodes=[DeviceNode(path=p, host_path=_host(dev_root, p), permissions="rw") for p in control],
+    ).merged(driver_edits)
+    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices,
+            "containerEdits": common.model_dump(by_alias=True, exclude_none=True)}
 
 
 def build_imex_spec(settings: Settings) -> dict[str, Any] | None:
