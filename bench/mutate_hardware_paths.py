@@ -45,7 +45,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("node_agent/host/exec.py",
      'return ["chroot", str(driver.path), "/" + str(tool.relative_to(driver.path)), *argv[1:]]',
      'return [str(tool), *argv[1:]]', "the driver's nvidia-smi runs without the driver's libraries"),
-    ("node_agent/host/exec.py", "if argv[0] in DRIVER_TOOLS and not driver.is_own_root:",
+    ("node_agent/host/exec.py", "if argv[0] in DRIVER_BINARIES and not driver.is_own_root:",
      "if not driver.is_own_root:", "any command may come from the driver root"),
     ("node_agent/cdi/driverfiles.py", 'if not (name.startswith("lib") and name.endswith(suffix)):',
      'if not (name.startswith("lib") and ".so." in name):', "an older driver's libraries are mounted too"),

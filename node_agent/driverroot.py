@@ -23,6 +23,10 @@ from pathlib import Path, PurePosixPath
 
 #: The NVML library's soname.
 NVML_LIBRARY = "libnvidia-ml.so.1"
+#: The driver's own programs a container may need (what the CDI specs mount), and the only commands the
+#: agent looks up in the driver root (``node_agent.host.exec``).
+DRIVER_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
+                   "nvidia-cuda-mps-server")
 #: Environment variable NVIDIA's tools read for the driver root; the ``--driver-root`` default.
 DRIVER_ROOT_ENV = "NVIDIA_DRIVER_ROOT"
 

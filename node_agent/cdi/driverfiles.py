@@ -22,10 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node_agent.cdi.elf import soname
-from node_agent.driverroot import NVML_LIBRARY, DriverRoot
+from node_agent.driverroot import DRIVER_BINARIES, NVML_LIBRARY, DriverRoot
 
-BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
-            "nvidia-cuda-mps-server")
 SOCKETS = ("/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket")
 FIRMWARE_DIR = "/lib/firmware/nvidia"
 
@@ -88,7 +86,7 @@ def discover(root: DriverRoot, version: str) -> DriverFiles:
         real = root.inside(f"{directory}/{name}")
         if real.is_file():
             libraries.append(DriverLibrary(_in_root(root, real), *_soname_of(root, directory, name, real, entries)))
-    binaries = tuple(_in_root(root, p) for b in BINARIES if (p := root.driver_binary(b)) is not None)
+    binaries = tuple(_in_root(root, p) for b in DRIVER_BINARIES if (p := root.driver_binary(b)) is not None)
     fw_dir = root.inside(f"{FIRMWARE_DIR}/{version}")
     firmware = tuple(_in_root(root, p) for p in sorted(fw_dir.glob("gsp*.bin")) if p.is_file()) \
         if fw_dir.is_dir() else ()

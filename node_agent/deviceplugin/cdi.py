@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from node_agent.cdi.driveredits import host_path as _host
 from node_agent.cdi.spec import ContainerEdits, DeviceNode
 from node_agent.deviceplugin.allocate import CDI_CLASS, CDI_IMEX_KIND, CDI_KIND, CDI_VENDOR
 from node_agent.deviceplugin.config import Settings
@@ -28,10 +29,6 @@ CDI_VERSION = "0.5.0"
 CDI_SPEC_DIR = "/var/run/cdi"
 SPEC_FILE = f"{CDI_SPEC_DIR}/{CDI_VENDOR}-{CDI_CLASS}.yaml"
 IMEX_SPEC_FILE = f"{CDI_SPEC_DIR}/{CDI_VENDOR}-imex-channel.yaml"
-
-
-def _host(root: str, path: str) -> str:
-    return path if root in ("", "/") else root.rstrip("/") + path
 
 
 def _node(path: str, dev_root: str) -> dict[str, Any]:

@@ -34,11 +34,6 @@ class Exec(Protocol):
         ...
 
 
-#: The driver's own programs: the only commands looked up in the driver root (never the agent's own ``/``).
-DRIVER_TOOLS = frozenset({"nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-debugdump",
-                          "nvidia-persistenced"})
-
-
 class HostExec:
     """The real commands: resolved inside the host root and run directly or via ``chroot``.
 
@@ -53,7 +48,7 @@ class HostExec:
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """The argv that runs ``argv`` (see the class docstring); ``CommandNotFound`` if neither root has it."""
-        from node_agent.driverroot import current_driver_root
+        from node_agent.driverroot import DRIVER_BINARIES, current_driver_root
         from node_agent.host.root import CommandNotFound
 
         host = self.host
@@ -61,7 +56,7 @@ class HostExec:
         if found is None:
             driver = current_driver_root()
             tool = None
-            if argv[0] in DRIVER_TOOLS and not driver.is_own_root:
+            if argv[0] in DRIVER_BINARIES and not driver.is_own_root:
                 tool = driver.driver_binary(argv[0])
             if tool is None:
                 raise CommandNotFound(f"command {argv[0]!r} not found on the host", argv[0])
