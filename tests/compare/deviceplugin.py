@@ -20,6 +20,8 @@ from tests.compare.peers import Difference, Machine, namespaced
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
 
 RESOURCE = "nvidia.com/gpu"
+#: Device lists NVIDIA's plugin joins in Go map order (a different order on every call), compared as sets.
+UNORDERED_ENVS = ("NVIDIA_VISIBLE_DEVICES",)
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
 
@@ -34,6 +36,7 @@ CASES = (
     Case("envvar-uuid", ("--device-list-strategy", "envvar", "--device-id-strategy", "uuid")),
     Case("envvar-index", ("--device-list-strategy", "envvar", "--device-id-strategy", "index")),
     Case("volume-mounts", ("--device-list-strategy", "volume-mounts", "--device-id-strategy", "uuid")),
+    Case("device-specs", ("--device-list-strategy", "envvar", "--pass-device-specs=true")),
     Case("time-slicing", ("--device-list-strategy", "envvar"), DATA / "nvidia-device-plugin-config-time-slicing.yaml"),
 )
 
@@ -106,6 +109,10 @@ def _items(seen: Seen) -> dict[str, str]:
              "health": json.dumps(sorted(set(seen.devices.values()))),
              "topology": json.dumps(seen.topology, sort_keys=True)}
     _flatten("allocate", seen.allocate, items)
+    for name in UNORDERED_ENVS:
+        key = f"allocate.envs.{name}"
+        if key in items:
+            items[key] = ",".join(sorted(items[key].split(",")))
     return items
 
 

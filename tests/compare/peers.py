@@ -3,7 +3,8 @@
 Both sides load the same ``libnvidia-ml.so.1`` (``tools/mocknvml``, ``MOCK_NVML_MACHINE``) and see the same
 host: ours through ``--host-root``, NVIDIA's through a private mount namespace in which the host tree's
 ``/sys/bus/pci/devices`` is bind-mounted over the real one (their PCI code reads fixed paths) and, for the
-device plugin, a directory of ours over ``/var/lib/kubelet/device-plugins`` (where it puts its socket).
+device plugin, a directory of ours over ``/var/lib/kubelet/device-plugins`` (where it puts its socket);
+``/dev`` there holds the host tree's device nodes.
 Nothing is mounted outside that namespace. The mock machine's GPU UUIDs are the same in every process.
 
 The known, deliberate differences are the rows of ``docs/compatibility.md``; :func:`unlisted` is what a
@@ -57,14 +58,25 @@ def machine(name: str, root: Path) -> Machine:
     return Machine(name, host, tools, inventory)
 
 
+#: The real device nodes a program still gets in the namespace's ``/dev``.
+BASIC_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
 def namespaced(m: Machine, argv: Sequence[str], binds: Mapping[str, Path] | None = None) -> list[str]:
-    """``argv`` in a private mount namespace where the machine's PCI devices (and ``binds``: mount point to
-    local directory) replace the host's."""
+    """``argv`` in a private mount namespace where the machine's PCI devices and device nodes (and
+    ``binds``: mount point to local directory) replace the host's.
+
+    ``/dev`` becomes a tmpfs holding the machine's ``/dev`` (its GPU and control nodes) and the basic real
+    nodes bound from the host's ``/dev``; nothing is written to the host's own ``/dev``."""
     mounts = {PCI_DEVICES: m.root / PCI_DEVICES.lstrip("/"), **(binds or {})}
-    script = " && ".join(f'mount --bind "{src}" "{dst}"' for dst, src in mounts.items())
-    prepare = " && ".join(f'mkdir -p "{dst}"' for dst in mounts)
+    real_dev = m.root.parent / "real-dev"
+    steps = [*(f'mkdir -p "{dst}"' for dst in mounts),
+             *(f'mount --bind "{src}" "{dst}"' for dst, src in mounts.items()),
+             f'mkdir -p "{real_dev}"', f'mount --bind /dev "{real_dev}"', "mount -t tmpfs -o mode=755 tmpfs /dev",
+             *(f'touch /dev/{n} && mount --bind "{real_dev}/{n}" /dev/{n}' for n in BASIC_DEVICES),
+             f'cp -a "{m.root}/dev/." /dev/']
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-            f'{prepare} && {script} && exec "$@"', "sh", *argv]
+            " && ".join(steps) + ' && exec "$@"', "sh", *argv]
 
 
 def run(argv: Sequence[str], env: Mapping[str, str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
