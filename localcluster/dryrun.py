@@ -25,6 +25,8 @@ import yaml
 from localcluster.client import ApiError, Kube, describe
 
 FIELD_MANAGER = "nvidia-gpu"
+#: What the harness applies as the cluster's own (the NodeGroups a stack patches, namespaces it needs).
+PRECONDITIONS_MANAGER = "nvidia-gpu-preconditions"
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def install_crds(kube: Kube, paths: Sequence[Path]) -> list[str]:
     for path in paths:
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") == "CustomResourceDefinition":
-                kube.apply(without_doc_keys(doc), field_manager="nvidia-gpu-preconditions")
+                kube.apply(without_doc_keys(doc), field_manager=PRECONDITIONS_MANAGER)
                 names.append(doc["metadata"]["name"])
     deadline = time.monotonic() + 30
     for name in names:
@@ -141,7 +143,7 @@ def dry_run(kube: Kube, items: Sequence[Item], *, ephemeral: bool, commit: bool 
                     kube.apply(ns_obj, field_manager=FIELD_MANAGER)
             elif not exists:
                 kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-                           field_manager="nvidia-gpu-preconditions")
+                           field_manager=PRECONDITIONS_MANAGER)
                 report.preconditions.append(f"Namespace {ns} (referenced, not created by the stack)")
         elif not exists:
             if ns in own_namespaces:
@@ -172,7 +174,7 @@ def dry_run(kube: Kube, items: Sequence[Item], *, ephemeral: bool, commit: bool 
                     report.missing.append((item.label, f"the stack patches {describe(item.object)}, which does "
                                                        "not exist: a patch never creates its target"))
                     continue
-                kube.apply(target, field_manager="nvidia-gpu-preconditions")
+                kube.apply(target, field_manager=PRECONDITIONS_MANAGER)
                 report.preconditions.append(f"{describe(target)} (patched by the stack, created by its owner)")
         _check(kube, report, item, commit=commit)
     return report

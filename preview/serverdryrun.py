@@ -22,7 +22,7 @@ from typing import Any
 
 from localcluster import ControlPlane, Kube, ToolsMissing, tools_bin
 from localcluster.client import ApiError
-from localcluster.dryrun import DryRunReport, Item, dry_run, install_crds
+from localcluster.dryrun import FIELD_MANAGER, PRECONDITIONS_MANAGER, DryRunReport, Item, dry_run, install_crds
 from preview import crds
 from preview.model import PreviewResult, Problem
 
@@ -67,9 +67,15 @@ def run(result: PreviewResult) -> None:
         _record(result, report, f"a throwaway control plane, up in {cp.startup_s:.1f} s")
 
 
-#: Field managers of this project's objects: the provider's default (``pulumi-kubernetes-<random>``), the
-#: stable one of our NodeGroup patches, and the test harness.
-OUR_MANAGERS = ("pulumi-kubernetes", "nvidia-gpu")
+#: Field managers of this project's objects: the provider's default (``pulumi-kubernetes-<random>``) and
+#: the stable one of our NodeGroup patches (``nvidia-gpu.<namespace>``), by prefix; the dry-run harness's
+#: own, by name. Nothing broader: another vendor's ``nvidia-gpu-…`` manager is not ours.
+OUR_MANAGER_PREFIXES = ("pulumi-kubernetes-", "nvidia-gpu.")
+OUR_MANAGERS = (FIELD_MANAGER, PRECONDITIONS_MANAGER)
+
+
+def _ours(manager: str) -> bool:
+    return manager.startswith(OUR_MANAGER_PREFIXES) or manager in OUR_MANAGERS
 
 
 def collisions(kube: Kube, items: list[Item]) -> list[tuple[str, str]]:
@@ -92,7 +98,7 @@ def collisions(kube: Kube, items: list[Item]) -> list[tuple[str, str]]:
         if live is None:
             continue
         managers = sorted({m.get("manager", "?") for m in live["metadata"].get("managedFields") or []})
-        if any(m.startswith(OUR_MANAGERS) for m in managers):
+        if any(_ours(m) for m in managers):
             continue
         where = f" in namespace {meta['namespace']}" if meta.get("namespace") else ""
         found.append((item.label, f"{obj['kind']} {meta['name']}{where} already exists, managed by "
