@@ -52,6 +52,10 @@ class Resource:
         return base
 
 
+#: The field manager of objects this harness applies (a stack applied by the tests, as `pulumi up` would).
+APPLY_FIELD_MANAGER = "nvidia-gpu-tests"
+
+
 @dataclass
 class Kube:
     """An authenticated connection to one API server (bearer token, CA-verified TLS)."""
@@ -171,7 +175,7 @@ class Kube:
         res = self.resource(obj["apiVersion"], obj["kind"])
         return res, (meta.get("namespace") or "default") if res.namespaced else None, meta.get("name", "")
 
-    def apply(self, obj: dict[str, Any], *, field_manager: str = "nvidia-gpu-tests", force: bool = True,
+    def apply(self, obj: dict[str, Any], *, field_manager: str = APPLY_FIELD_MANAGER, force: bool = True,
               dry_run: bool = False) -> Any:
         """Server-side apply ``obj`` (create or update); ``dry_run`` runs admission and validation only."""
         res, ns, name = self._where(obj)

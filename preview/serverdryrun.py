@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from localcluster import ControlPlane, Kube, ToolsMissing, tools_bin
-from localcluster.client import ApiError
+from localcluster.client import APPLY_FIELD_MANAGER, ApiError
 from localcluster.dryrun import FIELD_MANAGER, PRECONDITIONS_MANAGER, DryRunReport, Item, dry_run, install_crds
 from preview import crds
 from preview.model import PreviewResult, Problem
@@ -68,10 +68,11 @@ def run(result: PreviewResult) -> None:
 
 
 #: Field managers of this project's objects: the provider's default (``pulumi-kubernetes-<random>``) and
-#: the stable one of our NodeGroup patches (``nvidia-gpu.<namespace>``), by prefix; the dry-run harness's
-#: own, by name. Nothing broader: another vendor's ``nvidia-gpu-…`` manager is not ours.
+#: the stable one of our NodeGroup patches (``nvidia-gpu.<namespace>``), by prefix; the harness's own
+#: (``localcluster``: dry runs, preconditions, stacks the tests apply), by name. Nothing broader: another
+#: vendor's ``nvidia-gpu-…`` manager is not ours.
 OUR_MANAGER_PREFIXES = ("pulumi-kubernetes-", "nvidia-gpu.")
-OUR_MANAGERS = (FIELD_MANAGER, PRECONDITIONS_MANAGER)
+OUR_MANAGERS = (FIELD_MANAGER, PRECONDITIONS_MANAGER, APPLY_FIELD_MANAGER)
 
 
 def _ours(manager: str) -> bool:
