@@ -87,8 +87,6 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 register(f"{name}-setup", workloads.setup_daemonset(ctx), runs_as(AgentRole.NODE_SETUP))
             )
 
-        self.labeller = register(f"{name}-labeller", workloads.labeller_daemonset(ctx), runs_as(AgentRole.LABELLER))
-
         self.sharing = None
         self.device_plugin = None
         if args.allocation_mode is AllocationMode.DEVICE_PLUGIN:
@@ -97,6 +95,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 SharingPolicyArgs(namespace=refs.namespace, group=group, depends_on=(refs.namespace_resource,)),
                 pulumi.ResourceOptions(parent=self),
             )
+        # The labeller mounts the device plugin's ConfigMap too (workloads.labeller_args): created after it.
+        self.labeller = register(f"{name}-labeller", workloads.labeller_daemonset(ctx), runs_as(
+            AgentRole.LABELLER, *([self.sharing.config_map] if self.sharing else [])))
+
+        if self.sharing is not None:
             self.device_plugin = register(
                 f"{name}-device-plugin",
                 workloads.device_plugin_daemonset(ctx),

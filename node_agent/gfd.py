@@ -6,9 +6,17 @@ products sanitized (``NVIDIA-H100-80GB-HBM3``), memory in MiB, ``-SHARED`` for r
 ``nvidia.com/mig-<profile>.*`` per profile with the ``mixed`` strategy and ``nvidia.com/gpu.*``
 overridden (or ``-MIG-INVALID``) with ``single``.
 
-Where NVIDIA's docs are silent this module decides: with ``mixed``, ``nvidia.com/gpu.*`` describes
-the GPUs whose MIG mode is off (``count=0``, ``replicas=0`` when every GPU is in MIG mode, with the
-first GPU's product and memory); MIG resources are never shared (``replicas=1``).
+Sharing is per resource, as NVIDIA's ``internal/lm/resource.go`` reads the device plugin's config:
+a resource the config replicates gets its replicas, the config's strategy and ``-SHARED`` (unless
+``renameByDefault`` advertises it as ``<resource>.shared``); every other resource ``replicas=1``,
+``none``. ``nvidia.com/gpu.clique`` is ``<cluster UUID>.<clique ID>`` of the GPUs attached to an
+NVLink fabric when they all agree (``internal/lm/imex.go``); the ``nvidia.com/vgpu.*`` labels come from
+the PCI config space (``node_agent.host.vgpu``) and are left out when it could not be read.
+
+``nvidia.com/gpu.*`` is counted over every GPU under every strategy, MIG mode or not, as NVIDIA's
+``internal/lm/mig-strategy.go`` does (checked against its binary on MIG layouts): GPUs that are all in
+MIG mode get ``replicas=0`` and no sharing. Where NVIDIA fails the run, this module decides: with MPS on
+a node with a GPU in MIG mode ``mps.capable`` is ``false`` (NVIDIA's GFD fails the whole run there).
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from node_agent.nvml import DriverInfo, Gpu, GpuInstanceProfile, MigDevice
+from node_agent.host.vgpu import VgpuDevice
+from node_agent.nvml import DriverInfo, FabricInfo, Gpu, GpuInstanceProfile, MigDevice
 from nvgpu.catalogue import family_for_compute_capability
 
 MigStrategy = Literal["none", "single", "mixed"]
@@ -39,13 +48,38 @@ def owned(key: str) -> bool:
 
 
 @dataclass(frozen=True)
+class SharedResource:
+    """One resource the device plugin shares by replicas (from its config's ``sharing`` section)."""
+
+    name: str  #: ``nvidia.com/gpu`` or ``nvidia.com/mig-1g.10gb``
+    replicas: int
+    #: Advertised as ``<name>.shared`` (``renameByDefault``): GFD then leaves ``-SHARED`` off the product.
+    renamed: bool = False
+
+
+@dataclass(frozen=True)
 class LabelSettings:
     mig_strategy: MigStrategy = "none"
-    replicas: int = 1
+    #: The sharing strategy of the resources in ``shared`` (one per config: time-slicing or MPS).
     sharing_strategy: SharingStrategy = "time-slicing"
+    shared: tuple[SharedResource, ...] = ()
     machine: str | None = None  #: /sys/class/dmi/id/product_name
     gpu_mode: str = "compute"  #: compute | graphics | unknown (from the PCI class)
     timestamp: int | None = None
+    clique: str | None = None  #: ``nvidia.com/gpu.clique`` (see :func:`fabric_clique`)
+    #: vGPUs found in the PCI config space; None when it could not be read (no ``vgpu.*`` label then).
+    vgpu: tuple[VgpuDevice, ...] | None = ()
+
+    def sharing_of(self, resource: str) -> tuple[int, str, bool]:
+        """(replicas, sharing-strategy label, ``-SHARED`` suffix) of ``resource``."""
+        r = next((s for s in self.shared if s.name == resource), None)
+        if r is None or r.replicas <= 1:
+            return 1, "none", False
+        return r.replicas, self.sharing_strategy, not r.renamed
+
+    @property
+    def any_shared(self) -> bool:
+        return any(s.replicas > 1 for s in self.shared)
 
 
 _INVALID = re.compile(r"[^A-Za-z0-9\-_. ]")
@@ -79,17 +113,52 @@ def _driver_labels(driver: DriverInfo) -> dict[str, str]:
     }
 
 
-def _sharing(settings: LabelSettings) -> tuple[int, str]:
-    if settings.replicas > 1:
-        return settings.replicas, settings.sharing_strategy
-    return 1, "none"
+def fabric_clique(fabric: Mapping[int, FabricInfo | None]) -> tuple[str | None, str | None]:
+    """``nvidia.com/gpu.clique`` and, when it is left out for disagreement, why (NVIDIA logs a warning).
+
+    NVIDIA's ``getFabricIDs``: only GPUs attached to a fabric count (registration completed and
+    successful, a cluster UUID); with none there is no label; with more than one cluster UUID, or more
+    than one clique ID among them, there is none either. Otherwise ``<cluster UUID>.<clique ID>``.
+    ``fabric`` maps each GPU's index to its fabric info (None: not in a fabric).
+    """
+    attached = [(i, f) for i, f in sorted(fabric.items()) if f is not None and f.attached]
+    clusters: dict[str, list[int]] = {}
+    cliques: dict[str, list[int]] = {}
+    for i, f in attached:
+        clusters.setdefault(f.cluster_uuid, []).append(i)
+        cliques.setdefault(str(f.clique_id), []).append(i)
+    if len(clusters) > 1:
+        return None, f"no nvidia.com/gpu.clique: the GPUs are in different NVLink fabric clusters ({_by(clusters)})"
+    if len(cliques) > 1:
+        return None, f"no nvidia.com/gpu.clique: the GPUs are in different NVLink cliques ({_by(cliques)})"
+    if not attached:
+        return None, None
+    return f"{next(iter(clusters))}.{next(iter(cliques))}", None
 
 
-def _full_gpu_labels(gpus: Sequence[Gpu], reference: Gpu, settings: LabelSettings) -> dict[str, str]:
-    replicas, strategy = _sharing(settings)
-    if not gpus:
-        replicas = 0
-    product = sanitize(reference.name) + ("-SHARED" if replicas > 1 else "")
+def _by(groups: Mapping[str, list[int]]) -> str:
+    return "; ".join(f"{key}: GPU {','.join(map(str, gpus))}" for key, gpus in groups.items())
+
+
+def vgpu_labels(devices: Sequence[VgpuDevice] | None) -> dict[str, str]:
+    """NVIDIA's vGPU labeller: ``present`` true|false, and the host driver of the last vGPU when there is one."""
+    if devices is None:
+        return {}
+    out = {"nvidia.com/vgpu.present": str(bool(devices)).lower()}
+    for d in devices:
+        out["nvidia.com/vgpu.host-driver-version"] = d.host_driver_version
+        out["nvidia.com/vgpu.host-driver-branch"] = d.host_driver_branch
+    return out
+
+
+def _full_gpu_labels(gpus: Sequence[Gpu], settings: LabelSettings) -> dict[str, str]:
+    """``nvidia.com/gpu.*`` as NVIDIA's GFD writes them under every strategy: counted over all GPUs, MIG mode
+    or not, described by a full GPU when there is one; the sharing settings apply only when a GPU is a full
+    GPU; GPUs that are all in MIG mode get ``replicas=0`` and no sharing (they are not full-GPU resources)."""
+    full = [g for g in gpus if not g.mig_enabled]
+    reference = (full or list(gpus))[0]
+    replicas, strategy, shared = settings.sharing_of(GPU) if full else (0, "none", False)
+    product = sanitize(reference.name) + ("-SHARED" if shared else "")
     major, minor = reference.compute_capability
     return {
         f"{GPU}.product": product,
@@ -137,7 +206,7 @@ def compute_labels(
     out: dict[str, str] = {}
     if settings.timestamp is not None:
         out["nvidia.com/gfd.timestamp"] = str(settings.timestamp)
-    out["nvidia.com/vgpu.present"] = "false"
+    out |= vgpu_labels(settings.vgpu)
     if not gpus or driver is None:
         return out
     out |= _driver_labels(driver)
@@ -145,36 +214,38 @@ def compute_labels(
     out["nvidia.com/gpu.mode"] = settings.gpu_mode
     any_mig_enabled = any(g.mig_enabled for g in gpus)
     out["nvidia.com/mig.capable"] = str(any(g.mig_mode is not None for g in gpus)).lower()
-    out["nvidia.com/mps.capable"] = str(settings.sharing_strategy == "mps" and settings.replicas > 1
+    out["nvidia.com/mps.capable"] = str(settings.sharing_strategy == "mps" and settings.any_shared
                                         and not any_mig_enabled).lower()
+    if settings.clique is not None:
+        out["nvidia.com/gpu.clique"] = settings.clique
 
     def profile_of(dev: MigDevice) -> GpuInstanceProfile | None:
         return next((p for p in profiles.get(dev.parent_index, ()) if p.id == dev.gi_profile_id), None)
 
     strategy = settings.mig_strategy
     if strategy == "none":
-        out |= _full_gpu_labels(gpus, gpus[0], settings)
+        out |= _full_gpu_labels(gpus, settings)
         return out
     out["nvidia.com/mig.strategy"] = strategy
-    full = [g for g in gpus if not g.mig_enabled]
     devices = [d for g in gpus for d in g.mig_devices]
     if strategy == "mixed":
-        out |= _full_gpu_labels(full, (full or list(gpus))[0], settings)
+        out |= _full_gpu_labels(gpus, settings)
         by_profile: dict[str, list[MigDevice]] = {}
         for d in devices:
             by_profile.setdefault(d.profile, []).append(d)
         for name, devs in sorted(by_profile.items()):
             prefix = f"nvidia.com/mig-{_resource_suffix(name)}"
             parent = next(g for g in gpus if g.index == devs[0].parent_index)
-            out[f"{prefix}.product"] = f"{sanitize(parent.name)}-MIG-{name}"
+            replicas, sharing, shared = settings.sharing_of(prefix)
+            out[f"{prefix}.product"] = f"{sanitize(parent.name)}-MIG-{name}" + ("-SHARED" if shared else "")
             out[f"{prefix}.count"] = str(len(devs))
-            out[f"{prefix}.replicas"] = "1"
-            out[f"{prefix}.sharing-strategy"] = "none"
+            out[f"{prefix}.replicas"] = str(replicas)
+            out[f"{prefix}.sharing-strategy"] = sharing
             out |= _mig_attributes(prefix, devs[0], profile_of(devs[0]))
         return out
     # single: with no GPU in MIG mode it labels like ``none`` (as NVIDIA's GFD does); otherwise every GPU
     # MIG-enabled with at least one device, all devices of one profile, or the labels say MIG-INVALID.
-    out |= _full_gpu_labels(list(gpus), gpus[0], settings)
+    out |= _full_gpu_labels(gpus, settings)
     enabled = [g for g in gpus if g.mig_enabled]
     if not enabled:
         return out
@@ -184,8 +255,8 @@ def compute_labels(
         out |= {f"{GPU}.product": f"{model}-MIG-INVALID", f"{GPU}.count": "0", f"{GPU}.replicas": "0",
                 f"{GPU}.memory": "0", f"{GPU}.sharing-strategy": ""}
         return out
-    replicas, sharing = _sharing(settings)
-    out |= {f"{GPU}.product": f"{model}-MIG-{devices[0].profile}" + ("-SHARED" if replicas > 1 else ""),
+    replicas, sharing, shared = settings.sharing_of(GPU)
+    out |= {f"{GPU}.product": f"{model}-MIG-{devices[0].profile}" + ("-SHARED" if shared else ""),
             f"{GPU}.count": str(len(devices)), f"{GPU}.replicas": str(replicas), f"{GPU}.sharing-strategy": sharing}
     out |= _mig_attributes(GPU, devices[0], profile_of(devices[0]))
     return out

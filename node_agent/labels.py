@@ -6,6 +6,20 @@ through NVML, compute the labels (``node_agent.gfd``), replace the feature file
 when asked, merge-patch the Node: set what changed and delete ``nvidia.com/*`` labels we own that
 no longer apply. A node without an NVIDIA GPU gets only the timestamp and ``vgpu.present=false``.
 
+Sharing (``.replicas``, ``.sharing-strategy``, ``-SHARED``, ``mps.capable``) and the MIG strategy come
+from the device plugin's own config, as NVIDIA's GFD reads it: ``--config-file``, or ``--config-dir``
+with the named config the node label ``--config-label`` picks (else ``--default-config``), the device
+plugin's flags and selection code (``node_agent.deviceplugin.nodelabel``). Every run reads the label
+(one GET of the own Node) and the file again, so the labels follow a config the plugin switched to
+within one ``--interval``; a label naming no config, or a config that does not parse, keeps the last
+good one, as the plugin does. Without a config, ``--replicas``/``--sharing-strategy`` describe the
+sharing. ``--mig-strategy`` beats the config's ``flags.migStrategy``.
+
+``nvidia.com/gpu.clique`` comes from NVML's fabric info, ``nvidia.com/vgpu.*`` from the PCI config
+space (``node_agent.host.vgpu``); a config space this process cannot read whole (it needs
+CAP_SYS_ADMIN, which NVIDIA's GFD gets by running privileged) leaves the ``vgpu.*`` labels out with a
+warning, as NVIDIA's GFD does.
+
 With ``--patch-node`` the same patch also carries the node group's own labels and taints
 (``--node-label KEY=VALUE``, ``--node-taint KEY=VALUE:EFFECT``; rules in ``node_agent.nodeconfig``),
 which is how they reach nodes on clusters without Deckhouse node templates. Those are applied even
@@ -22,6 +36,7 @@ labels, the group's labels and taints it owns, the feature file. A restart for a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import threading
@@ -32,9 +47,12 @@ from typing import Any
 
 from node_agent import exitcodes, gfd
 from node_agent.context import AgentContext, UsageError
-from node_agent.host import HostError, nvidia_gpus
+from node_agent.deviceplugin import config
+from node_agent.deviceplugin.named import NamedConfigError
+from node_agent.deviceplugin.nodelabel import ConfigSelector, add_config_source_arguments, config_selector
+from node_agent.host import HostError, VgpuDevice, VgpuScanError, nvidia_gpus, vgpu_devices
 from node_agent.nodeconfig import NodeConfigError, NodePlan, Requested, plan
-from node_agent.nvml import GpuInstanceProfile, NvmlError
+from node_agent.nvml import FabricInfo, GpuInstanceProfile, NvmlError
 from nvgpu import labels as label_names
 
 log = logging.getLogger(__name__)
@@ -75,31 +93,140 @@ class LabelRun:
                 "warnings": list(self.warnings)}
 
 
-def collect(ctx: AgentContext, args: argparse.Namespace) -> tuple[dict[str, str], tuple[str, ...]]:
+class NodeConfigLabel:
+    """The node label naming this node's device-plugin config, read with one GET of the own Node per run.
+
+    A :class:`~node_agent.deviceplugin.nodelabel.LabelSource`. The device plugin keeps a watch on its
+    Node for this; the labeller relabels once per interval anyway, and its role may only get and patch its
+    own Node (no list, no watch), so reading the label when it labels is both enough and all it may do.
+    """
+
+    def __init__(self, ctx: AgentContext, key: str) -> None:
+        self.ctx = ctx
+        self.key = key
+
+    def label(self) -> str | None:
+        """The label now. A fresh client per read, as :func:`patch_node` has: a kept-alive connection to an
+        API server that hangs would wait out the whole read timeout instead of failing at connect."""
+        from node_agent.kube import KubeError
+
+        try:
+            return self.ctx.node_api().labels(self.ctx.require_node_name()).get(self.key)
+        except KubeError as e:  # the selector keeps the last label it read
+            raise OSError(f"cannot read node label {self.key}: {e}") from e
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """What the labels say about sharing: the MIG strategy and the replicated resources."""
+
+    mig_strategy: gfd.MigStrategy = "none"
+    strategy: gfd.SharingStrategy = "time-slicing"
+    shared: tuple[gfd.SharedResource, ...] = ()
+
+    @classmethod
+    def from_settings(cls, s: config.Settings) -> Sharing:
+        """The device plugin's resolved config, as NVIDIA's resource labeller reads ``sharing``: every
+        replicated resource with its replicas, renamed when ``renameByDefault`` advertises ``.shared``."""
+        return cls(
+            mig_strategy=s.mig_strategy.value,
+            strategy="mps" if s.sharing.strategy is config.SharingStrategy.MPS else "time-slicing",
+            shared=tuple(gfd.SharedResource(r.name, r.replicas, r.advertised_as != r.name)
+                         for r in s.sharing.resources),
+        )
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace) -> Sharing:
+        """``--mig-strategy``, ``--replicas``, ``--sharing-strategy``: full GPUs shared ``--replicas`` ways."""
+        replicas = args.replicas or 1
+        return cls(mig_strategy=args.mig_strategy or "none", strategy=args.sharing_strategy or "time-slicing",
+                   shared=(gfd.SharedResource(gfd.GPU, replicas),) if replicas > 1 else ())
+
+
+class SharingSource:
+    """The device plugin's config, re-read on every run: the selection (node label, files) and its content.
+
+    Like the plugin (``ConfigSelector`` and ``config.load``, the same code; without the checks only the
+    plugin makes at start, as NVIDIA's GFD reads the file), a config that cannot be selected or parsed
+    keeps the last good one, so the labels keep describing what the plugin still serves; with none yet
+    the run fails (the plugin would not start either). ``cli`` carries ``--mig-strategy``, which beats
+    the file as the plugin's own flag does.
+    """
+
+    def __init__(self, selector: ConfigSelector, cli: config.Overrides | None = None) -> None:
+        self.selector = selector
+        self.cli = cli or config.Overrides()
+        self.current: Sharing | None = None
+        self._seen: tuple[str | None, str | None] | None = None
+
+    def read(self) -> tuple[Sharing, str | None]:
+        """The sharing to label with, and a warning when the last good config stands in."""
+        try:
+            sel, text = self.selector.read()
+            settings = config.load(text, None, self.cli, source=f"config {sel.name or '(none)'}",
+                                   plugin_checks=False)
+        except (NamedConfigError, config.ConfigError, OSError) as e:
+            if self.current is None:
+                raise HostError(f"device-plugin config: {e}") from e
+            return self.current, f"device-plugin config unusable, labelling with the last good one: {e}"
+        if (sel.name, text) != self._seen:
+            log.info("event=config name=%s reason=%s", sel.name, sel.reason)
+            self._seen = (sel.name, text)
+        self.current = Sharing.from_settings(settings)
+        return self.current, None
+
+
+def sharing_source(ctx: AgentContext, args: argparse.Namespace) -> SharingSource | None:
+    """The config source the flags name (None: no config, the sharing flags decide)."""
+    if args.config_file is None and args.config_dir is None:
+        return None
+    labels = NodeConfigLabel(ctx, args.config_label) if args.config_dir is not None and ctx.node_name else None
+    cli = config.Overrides(mig_strategy=args.mig_strategy) if args.mig_strategy else None
+    return SharingSource(config_selector(args, labels), cli)
+
+
+def collect(ctx: AgentContext, args: argparse.Namespace, source: SharingSource | None = None
+            ) -> tuple[dict[str, str], tuple[str, ...]]:
     host = ctx.host
+    warnings: list[str] = []
+    sharing = Sharing.from_flags(args)
+    if source is not None:
+        sharing, stale = source.read()
+        warnings += [stale] if stale else []
+    vgpu: tuple[VgpuDevice, ...] | None
+    try:
+        vgpu = vgpu_devices(host)
+    except VgpuScanError as e:  # cannot tell: NVIDIA's GFD leaves the vgpu labels out then
+        vgpu = None
+        warnings.append(f"no vGPU labels: {e}")
     on_bus = nvidia_gpus(host)
     classes = {d.pci_class[:6] for d in on_bus}
     mode = "compute" if classes == {"0x0302"} else "graphics" if classes == {"0x0300"} else "unknown"
     settings = gfd.LabelSettings(
-        mig_strategy=args.mig_strategy, replicas=args.replicas, sharing_strategy=args.sharing_strategy,
+        mig_strategy=sharing.mig_strategy, sharing_strategy=sharing.strategy, shared=sharing.shared,
         machine=(host.read_text_or_none(DMI_PRODUCT) or "").strip() or None, gpu_mode=mode,
-        timestamp=None if args.no_timestamp else int(time.time()),
+        timestamp=None if args.no_timestamp else int(time.time()), vgpu=vgpu,
     )
     if not on_bus:
-        return gfd.compute_labels([], None, {}, settings), ()
+        return gfd.compute_labels([], None, {}, settings), tuple(warnings)
     with ctx.nvml() as nvml:
         inventory = nvml.inventory()
         driver = nvml.driver()
         profiles: dict[int, tuple[GpuInstanceProfile, ...]] = {
             g.index: nvml.gpu_instance_profiles(g.index) for g in inventory.gpus if g.mig_enabled}
-    warnings = tuple(f"GPU {lost.index} left out: {lost.reason}" for lost in inventory.lost)
-    return gfd.compute_labels(inventory.gpus, driver, profiles, settings), warnings
+        fabric: dict[int, FabricInfo | None] = {g.index: nvml.fabric_info(g.index) for g in inventory.gpus}
+    clique, disagreement = gfd.fabric_clique(fabric)
+    warnings += [f"GPU {lost.index} left out: {lost.reason}" for lost in inventory.lost]
+    warnings += [disagreement] if disagreement else []
+    settings = dataclasses.replace(settings, clique=clique)
+    return gfd.compute_labels(inventory.gpus, driver, profiles, settings), tuple(warnings)
 
 
-def label_once(ctx: AgentContext, args: argparse.Namespace, want: Requested) -> LabelRun:
+def label_once(ctx: AgentContext, args: argparse.Namespace, want: Requested,
+               source: SharingSource | None = None) -> LabelRun:
     failure: NvmlError | HostError | None = None
     try:
-        labels, warnings = collect(ctx, args)
+        labels, warnings = collect(ctx, args, source)
     except (NvmlError, HostError) as e:
         if not args.patch_node:
             raise
@@ -198,8 +325,12 @@ def _kube_error(patch_node: bool) -> type[Exception]:
 
 def run(args: argparse.Namespace) -> int:
     kube_error = _kube_error(args.patch_node)
-    if args.replicas < 1:
+    if args.replicas is not None and args.replicas < 1:
         raise UsageError(f"--replicas must be at least 1 (got {args.replicas})")
+    if (args.config_file or args.config_dir) and (args.replicas is not None or args.sharing_strategy):
+        flag = "--replicas" if args.replicas is not None else "--sharing-strategy"
+        raise UsageError(f"{flag} describes sharing without a device-plugin config; with --config-file or "
+                         "--config-dir the config's sharing section decides")
     if (args.node_label or args.node_taint) and not args.patch_node:
         flag = "--node-label" if args.node_label else "--node-taint"
         raise UsageError(f"{flag} needs --patch-node (the labels and taints go onto the Node)")
@@ -210,9 +341,10 @@ def run(args: argparse.Namespace) -> int:
     if args.daemonset is not None and not args.patch_node:
         raise UsageError("--daemonset needs --patch-node (it gates and withdraws the Node's labels)")
     ctx = AgentContext.from_args(args)
+    source = sharing_source(ctx, args)
     if not args.loop:
         try:
-            result = label_once(ctx, args, want)
+            result = label_once(ctx, args, want, source)
         except NvmlError as e:
             ctx.emit({"error": f"NVML: {e}"}, f"error: NVML: {e}")
             return exitcodes.FAILED
@@ -228,11 +360,16 @@ def run(args: argparse.Namespace) -> int:
     previous = _on_signals(stop)
     try:
         done = 0
+        reported: tuple[str, ...] = ()
         while not stop.is_set():
             try:
-                result = label_once(ctx, args, want)
+                result = label_once(ctx, args, want, source)
                 log.info("labelled labels=%d file_changed=%s node_changes=%d taints_changed=%s", len(result.labels),
                          result.file_changed, len(result.node_changes), result.node_taints is not None)
+                if result.warnings != reported:  # once, not every interval
+                    for w in result.warnings:
+                        log.warning("labelling warning=%r", w)
+                    reported = result.warnings
             except (NvmlError, HostError, kube_error) as e:
                 log.warning("labelling failed error=%r", str(e))
             done += 1
@@ -260,9 +397,14 @@ def _on_signals(stop: threading.Event) -> dict[int, Any]:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("labels", help="GPU feature-discovery labels: NFD feature file and Node labels",
                               description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--mig-strategy", choices=("none", "single", "mixed"), default="none")
-    p.add_argument("--replicas", type=int, default=1, help="time-slicing/MPS replicas per GPU (1 = not shared)")
-    p.add_argument("--sharing-strategy", choices=("time-slicing", "mps"), default="time-slicing")
+    p.add_argument("--mig-strategy", choices=("none", "single", "mixed"), default=None,
+                   help="default: the device-plugin config's flags.migStrategy, else none")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="without a device-plugin config: time-slicing/MPS replicas per GPU (default 1 = not shared)")
+    p.add_argument("--sharing-strategy", choices=("time-slicing", "mps"), default=None,
+                   help="without a device-plugin config: how --replicas share (default time-slicing)")
+    add_config_source_arguments(p.add_argument_group(
+        "device-plugin config (the device plugin's flags: the labels follow the config it serves)"))
     p.add_argument("--output-file", default=FEATURE_FILE, metavar="HOST_PATH")
     p.add_argument("--no-output-file", action="store_true", help="do not write the NFD feature file")
     p.add_argument("--no-timestamp", action="store_true", help="omit nvidia.com/gfd.timestamp")

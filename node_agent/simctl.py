@@ -17,6 +17,9 @@ using the same machine: the device plugin's health loop sees the XID, ``check`` 
     sim fail-init REASON|none       NVML init fails (driver-not-loaded, library-not-found, ...)
     sim driver VERSION|default      report another driver version
     sim reset GPU                   GPU reset: a pending MIG mode takes effect
+    sim fabric UUID CLIQUE [--gpu N ..] [--state S] [--status CODE]
+                                    the GPUs (default all) registered with an NVLink fabric
+                                    (GB200 NVL72 style); `sim fabric none`: no fabric
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, get_args
 from node_agent import exitcodes
 from node_agent.context import AgentContext, UsageError
 from node_agent.nvml.sim import SimulatedMachine
-from node_agent.nvml.sim.state import InitError, SimProcess
+from node_agent.nvml.sim.state import FabricStateName, InitError, SimProcess
 
 
 def _machine(ctx: AgentContext) -> SimulatedMachine:
@@ -65,6 +68,19 @@ def _code(text: str) -> int | None:
         raise UsageError(f"NVML return code {text!r}: expected a number (999 = unknown error) or none") from None
 
 
+def _fabric(m: SimulatedMachine, args: argparse.Namespace) -> None:
+    gpus = [_gpu(m, i) for i in args.gpu] or None
+    if args.cluster_uuid == "none":
+        m.set_fabric(None, gpus=gpus)
+        return
+    if args.clique is None:
+        raise UsageError("sim fabric UUID CLIQUE: the clique ID is missing")
+    try:
+        m.set_fabric(args.cluster_uuid, args.clique, gpus=gpus, state=args.state, status=_code(args.status) or 0)
+    except ValueError as e:
+        raise UsageError(f"sim fabric: {e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
     m = _machine(ctx)
@@ -91,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         m.set_driver_version(None if args.version == "default" else args.version)
     elif action == "reset":
         m.reset_gpu(_gpu(m, args.gpu))
+    elif action == "fabric":
+        _fabric(m, args)
     state = m.state
     doc: dict[str, Any] = state.model_dump(mode="json")
     lines = [f"{state.machine}: driver {state.driver_version or m.spec.driver_version}"
@@ -99,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
     for i, g in enumerate(state.gpus):
         faults = [name for name, on in (("lost", g.lost), ("hung", g.hang)) if on]
         faults += [f"{fn} fails ({code})" for fn, code in sorted(g.call_errors.items())]
+        if g.fabric is not None:
+            faults.append(f"fabric {g.fabric.cluster_uuid}.{g.fabric.clique_id} {g.fabric.state}"
+                          + (f" (status {g.fabric.status})" if g.fabric.status else ""))
         mig = f"mig {'on' if g.mig_current else 'off'}" + (" (pending)" if g.mig_current != g.mig_pending else "")
         lines.append(f"  GPU {i}: {mig}, {len(g.instances)} GPU instance(s), {len(g.processes)} process(es)"
                      + (f", {', '.join(faults)}" if faults else ""))
@@ -138,4 +159,10 @@ def register(subparsers: Any) -> None:
     init.add_argument("reason", choices=(*get_args(InitError), "none"))
     drv = sub.add_parser("driver", help="report another driver version")
     drv.add_argument("version")
+    fabric = sub.add_parser("fabric", help="register GPUs with an NVLink fabric (none: no fabric)")
+    fabric.add_argument("cluster_uuid", metavar="UUID|none")
+    fabric.add_argument("clique", nargs="?", type=int, default=None, metavar="CLIQUE")
+    fabric.add_argument("--gpu", type=int, action="append", default=[], help="only this GPU (repeatable)")
+    fabric.add_argument("--state", choices=get_args(FabricStateName), default="completed")
+    fabric.add_argument("--status", default="0", help="NVML return code of the registration (default 0)")
     p.set_defaults(run=run)

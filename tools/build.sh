@@ -118,10 +118,12 @@ build_one() {  # build_one NAME OUTDIR
         github.com/NVIDIA/mig-parted/cmd/nvidia-mig-parted ;;
     dra-driver-nvidia-gpu)
       # The DRA driver's GPU kubelet plugin, under the module path its go.mod declares since it moved to
-      # kubernetes-sigs (v0.4.1: the release after the v0.4.0 the notes read).
+      # kubernetes-sigs (v0.4.1: the release after the v0.4.0 the notes read), and the nvidia-cdi-hook it
+      # requires at start (the CDI specs it writes call it), from the nvidia-container-toolkit it pins.
       local v; v="$(go list -m -f '{{.Version}}' sigs.k8s.io/dra-driver-nvidia-gpu)"
       go build -trimpath -ldflags "-s -w -X sigs.k8s.io/dra-driver-nvidia-gpu/internal/info.version=$v" -o "$out/" \
-        sigs.k8s.io/dra-driver-nvidia-gpu/cmd/gpu-kubelet-plugin ;;
+        sigs.k8s.io/dra-driver-nvidia-gpu/cmd/gpu-kubelet-plugin
+      go build -trimpath -ldflags "-s -w" -o "$out/" github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook ;;
   esac
 }
 

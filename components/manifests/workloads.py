@@ -24,10 +24,10 @@ from components.manifests.scheduling import node_affinity, tolerations
 from components.manifests.sharing import MPS_ROOT, config_map_name
 from nvgpu import labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
-from nvgpu.stackconfig import Cluster, NodeGroup, NodeSetupBackend, Sharing
+from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend, Sharing
 
 AGENT = ["python", "-m", "node_agent"]
-#: Where the named device-plugin configs are mounted in the plugin container.
+#: Where the named device-plugin configs are mounted in the plugin and the labeller containers.
 DEVICE_PLUGIN_CONFIG_DIR = "/etc/nvidia-gpu/device-plugin"
 DEVICE_PLUGIN_METRICS_PORT = 9401
 KUBELET_DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
@@ -125,6 +125,11 @@ class GroupContext:
     @property
     def version(self) -> str | None:
         return self.cluster.agent_image.tag
+
+    @property
+    def allocation_mode(self) -> AllocationMode:
+        """As ``StackConfig.allocation_mode``: the group's own, else the cluster's."""
+        return self.group.allocation_mode or self.cluster.allocation_mode
 
 
 def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
@@ -250,15 +255,28 @@ def uses_cdi(configs: list[dict[str, Any]]) -> bool:
     return False
 
 
+def config_source_args(group: NodeGroup) -> list[str]:
+    """Where the device plugin and the labeller read the device-plugin config: the group's ConfigMap
+    (:func:`config_volume`), the named config the node label picks, the group's sharing mode by default."""
+    return ["--config-dir", DEVICE_PLUGIN_CONFIG_DIR, "--config-label", labels.DEVICE_GPU_CONFIG,
+            "--default-config", group.gpu.sharing.value]
+
+
+def config_volume(group: NodeGroup) -> dict[str, Any]:
+    return {"name": "config", "configMap": {"name": config_map_name(group)}}
+
+
+def config_mount() -> dict[str, Any]:
+    return _mount("config", DEVICE_PLUGIN_CONFIG_DIR, read_only=True)
+
+
 def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
     component = AgentRole.DEVICE_PLUGIN.value
     group = ctx.group
     args = [
         *DRIVER_ROOT_ARGS,
         "device-plugin",
-        "--config-dir", DEVICE_PLUGIN_CONFIG_DIR,
-        "--config-label", labels.DEVICE_GPU_CONFIG,
-        "--default-config", group.gpu.sharing.value,
+        *config_source_args(group),
         "--metrics-port", str(DEVICE_PLUGIN_METRICS_PORT),
     ]
     if ctx.cluster.driver_root != HOST_DRIVER_ROOT:
@@ -291,7 +309,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _mount("cdi", CDI_DIR),
         _mount("mps-root", MPS_ROOT),
         _mount("agent-state", AGENT_STATE_DIR),
-        _mount("config", DEVICE_PLUGIN_CONFIG_DIR, read_only=True),
+        config_mount(),
         # NVML and the driver's binaries (--driver-root); CDI specs list the driver's files found here.
         driver_root_mount(),
         cdi_hook_mount(),
@@ -303,7 +321,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _host_path("cdi", CDI_DIR, "DirectoryOrCreate"),
         _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
         _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
-        {"name": "config", "configMap": {"name": config_map_name(group)}},
+        config_volume(group),
         driver_root_volume(ctx.cluster),
         cdi_hook_volume(ctx.cluster),
         dict(_TMP_VOLUME),
@@ -331,7 +349,13 @@ def scrape_annotations(ctx: GroupContext) -> dict[str, str]:
 
 
 def labeller_args(ctx: GroupContext) -> list[str]:
-    """``labels`` with the group's sharing, so the GFD labels (``.replicas``, ``.sharing-strategy``) match.
+    """``labels`` reading the device plugin's own config, so the GFD labels follow what the plugin serves.
+
+    Device-plugin groups: the same config source as the plugin (:func:`config_source_args`, the ConfigMap
+    mounted the same way), as NVIDIA's GFD shares the plugin's config file. ``.replicas``,
+    ``.sharing-strategy``, ``-SHARED``, ``mps.capable`` and ``mig.strategy`` then come from the named config
+    the node label picks, and follow an operator who relabels a node to another mode within one interval.
+    DRA groups have no such config (and no ConfigMap): their labels take the group's sharing as flags.
 
     ``--daemonset`` names the labeller's own DaemonSet: it labels only behind that DaemonSet's setup gate and
     withdraws its labels when the DaemonSet is deleted (``node_agent.labels``).
@@ -341,13 +365,16 @@ def labeller_args(ctx: GroupContext) -> list[str]:
     same source the Deckhouse node template uses). NVML comes from the driver root (``--driver-root``).
     """
     gpu = ctx.group.gpu
-    mig_strategy = gpu.effective_mig.strategy.value if gpu.sharing is Sharing.MIG else "none"
+    if ctx.allocation_mode is AllocationMode.DEVICE_PLUGIN:
+        sharing = config_source_args(ctx.group)
+    else:
+        mig_strategy = gpu.effective_mig.strategy.value if gpu.sharing is Sharing.MIG else "none"
+        sharing = ["--mig-strategy", mig_strategy, "--replicas", str(gpu.replicas),
+                   "--sharing-strategy", "mps" if gpu.sharing is Sharing.MPS else "time-slicing"]
     args = [
         *DRIVER_ROOT_ARGS,
         "labels", "--loop", "--interval", str(LABEL_INTERVAL_SECONDS), "--patch-node",
-        "--mig-strategy", mig_strategy,
-        "--replicas", str(gpu.replicas),
-        "--sharing-strategy", "mps" if gpu.sharing is Sharing.MPS else "time-slicing",
+        *sharing,
         # Its own DaemonSet: the labels go when it does (group removed, stack destroyed), not on a restart.
         "--daemonset", f"{ctx.namespace}/{group_object_name(AgentRole.LABELLER.value, ctx.group.name)}",
     ]
@@ -375,13 +402,18 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
     # setup themselves, and the labeller needs the NVIDIA runtime that setup configures. Nodes that must
     # never take other pods before then get the GPU taint at provisioning too (stack output nodeTemplates);
     # the labeller then leaves that taint alone, as it is not the one that set it.
-    container["volumeMounts"] = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(), _TMP_MOUNT]
+    mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(), _TMP_MOUNT]
+    volumes = [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"),
+               driver_root_volume(ctx.cluster), dict(_TMP_VOLUME)]
+    if ctx.allocation_mode is AllocationMode.DEVICE_PLUGIN:
+        mounts.append(config_mount())  # the device plugin's named configs (labeller_args)
+        volumes.append(config_volume(ctx.group))
+    container["volumeMounts"] = mounts
     pod_spec = {
         # Root (for the root-owned features.d directory) but with no capabilities and no escalation.
         "securityContext": {"runAsUser": 0, "runAsGroup": 0},
         "containers": [container],
-        "volumes": [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"),
-                    driver_root_volume(ctx.cluster), dict(_TMP_VOLUME)],
+        "volumes": volumes,
     }
     return _daemonset(ctx, component, AgentRole.LABELLER, pod_spec, require_setup_complete=True,
                       update_strategy=_ROLLING)

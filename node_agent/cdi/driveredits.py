@@ -32,8 +32,10 @@ log = logging.getLogger(__name__)
 
 #: The toolkit's hook program on a node with the toolkit package installed (one definition, in nvgpu).
 DEFAULT_HOOK_PATH = facts.CDI_HOOK_PATH
-_RO = ["ro", "nosuid", "nodev", "bind"]
-_SOCKET = ["ro", "nosuid", "nodev", "bind", "noexec"]
+#: NVIDIA's toolkit's options for driver files (nvcdi): a recursive, private bind, so nothing mounted under a
+#: bound directory later propagates into or out of the container.
+_RO = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
+_SOCKET = ["ro", "nosuid", "nodev", "rbind", "rprivate", "noexec"]
 
 
 @dataclass(frozen=True)

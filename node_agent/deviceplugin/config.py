@@ -378,7 +378,8 @@ def overrides_from_env(env: Mapping[str, str]) -> Overrides:
         raise ConfigError(problems, "environment") from e
 
 
-def _sharing(cfg: ConfigFile, mig_strategy: MigStrategy, problems: list[str]) -> SharingConfig:
+def _sharing(cfg: ConfigFile, mig_strategy: MigStrategy, problems: list[str], plugin_checks: bool = True
+             ) -> SharingConfig:
     ts, mps = cfg.sharing.time_slicing, cfg.sharing.mps
     if mps is not None and mps.resources:
         strategy, chosen, where = SharingStrategy.MPS, mps, "sharing.mps"
@@ -386,7 +387,7 @@ def _sharing(cfg: ConfigFile, mig_strategy: MigStrategy, problems: list[str]) ->
         strategy, chosen, where = SharingStrategy.TIME_SLICING, ts, "sharing.timeSlicing"
     else:
         return SharingConfig()
-    if strategy is SharingStrategy.MPS and mig_strategy is MigStrategy.MIXED:
+    if plugin_checks and strategy is SharingStrategy.MPS and mig_strategy is MigStrategy.MIXED:
         problems.append("sharing.mps: MPS sharing is not supported with migStrategy mixed")
     shared = []
     for i, r in enumerate(chosen.resources):
@@ -396,7 +397,7 @@ def _sharing(cfg: ConfigFile, mig_strategy: MigStrategy, problems: list[str]) ->
         if rename is not None:
             log.warning("event=config-ignored field=%s[%d].rename reason=custom-rename-unsupported", where, i)
             rename = None
-        if strategy is SharingStrategy.MPS and r.name != f"{RESOURCE_PREFIX}/gpu":
+        if plugin_checks and strategy is SharingStrategy.MPS and r.name != f"{RESOURCE_PREFIX}/gpu":
             problems.append(f"{where}.resources[{i}].name: MPS sharing only supports nvidia.com/gpu (got {r.name!r})")
         advertised = f"{r.name}.shared" if chosen.rename_by_default else r.name
         shared.append(SharedResource(name=r.name, advertised_as=advertised, replicas=r.replicas))
@@ -407,8 +408,14 @@ def _sharing(cfg: ConfigFile, mig_strategy: MigStrategy, problems: list[str]) ->
     return SharingConfig(strategy=strategy, resources=tuple(shared), fail_requests_greater_than_one=fail)
 
 
-def resolve(cfg: ConfigFile, env: Overrides | None = None, cli: Overrides | None = None) -> Settings:
-    """Apply precedence CLI > env > file > defaults and check the cross-field rules."""
+def resolve(cfg: ConfigFile, env: Overrides | None = None, cli: Overrides | None = None, *,
+            plugin_checks: bool = True) -> Settings:
+    """Apply precedence CLI > env > file > defaults and check the cross-field rules.
+
+    ``plugin_checks=False`` leaves out the rules only the plugin itself enforces at start (MPS with the
+    ``mixed`` MIG strategy, MPS on a resource other than ``nvidia.com/gpu``): NVIDIA's GFD reads the very
+    same file without them, and so does the labeller.
+    """
     f = cfg.flags
     p = f.plugin or PluginFlags()
     from_file: dict[str, Any] = {
@@ -447,7 +454,7 @@ def resolve(cfg: ConfigFile, env: Overrides | None = None, cli: Overrides | None
     if cfg.resources is not None and (cfg.resources.gpus or cfg.resources.mig):
         log.warning("event=config-ignored field=resources reason=renaming-disabled-upstream")
     problems: list[str] = []
-    sharing = _sharing(cfg, settings.mig_strategy, problems)
+    sharing = _sharing(cfg, settings.mig_strategy, problems, plugin_checks)
     if sharing.strategy is SharingStrategy.MPS and not settings.mps_root:
         settings = replace(settings, mps_root=DEFAULT_MPS_ROOT)
     if problems:
@@ -456,10 +463,10 @@ def resolve(cfg: ConfigFile, env: Overrides | None = None, cli: Overrides | None
 
 
 def load(text: str | None, env: Mapping[str, str] | None = None, cli: Overrides | None = None,
-         source: str = "config") -> Settings:
+         source: str = "config", *, plugin_checks: bool = True) -> Settings:
     """Parse a config file's text (``None`` = no file) and resolve it against env and CLI overrides."""
     cfg = parse_config_text(text or "", source)
-    return resolve(cfg, overrides_from_env(env or {}), cli)
+    return resolve(cfg, overrides_from_env(env or {}), cli, plugin_checks=plugin_checks)
 
 
 def dump_settings(s: Settings) -> str:

@@ -11,6 +11,7 @@ about 18 MiB).
 
 from __future__ import annotations
 
+import argparse
 import base64
 import logging
 import os
@@ -153,6 +154,30 @@ def node_label(node: Mapping[str, Any], key: str) -> str | None:
     """A label's value from a Node object as JSON (``None`` when unset)."""
     value = (node.get("metadata") or {}).get("labels", {}).get(key)
     return str(value) if value is not None else None
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def add_config_source_arguments(g: argparse._ActionsContainer) -> None:
+    """The flags naming where the device-plugin config comes from (NVIDIA's plugin and config-manager spell
+    them so, and read the same environment variables). The device plugin and the labeller share them, so
+    the labeller reads the very config the plugin serves (:func:`config_selector`)."""
+    g.add_argument("--config-file", type=Path, default=_env_path("CONFIG_FILE"))
+    g.add_argument("--config-dir", type=Path, default=_env_path("CONFIG_FILE_SRCDIR"),
+                   help="directory of named configs (one file per name), chosen by the node label")
+    g.add_argument("--config-label", default=os.environ.get("CONFIG_LABEL") or CONFIG_LABEL,
+                   help=f"node label naming the config in --config-dir (default {CONFIG_LABEL})")
+    g.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
+    g.add_argument("--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES", ",".join(DEFAULT_FALLBACKS)))
+
+
+def config_selector(args: argparse.Namespace, labels: LabelSource | None) -> ConfigSelector:
+    """The selector for the flags of :func:`add_config_source_arguments`."""
+    fallbacks = [s.strip() for s in args.fallback_strategies.split(",") if s.strip()]
+    return ConfigSelector(args.config_file, args.config_dir, labels, args.default_config, fallbacks)
 
 
 class ConfigSelector:

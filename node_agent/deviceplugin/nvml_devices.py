@@ -9,6 +9,7 @@ reported as lost right away, as NVIDIA's plugin does.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 
@@ -88,6 +89,9 @@ class NvmlNodeDevices:
         if self._pending:
             return self._pending.popleft()
         if self._watcher is None:
+            # No event set (health checks off): nothing can arrive, so wait out the slice as promised instead of
+            # returning at once, which spun the health monitor at a full core and starved gRPC of the GIL.
+            time.sleep(timeout_s)
             return None
         try:
             ev = self._watcher.wait(timeout_s)

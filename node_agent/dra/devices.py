@@ -169,11 +169,46 @@ class Allocatable:
         out: dict[str, object] = {
             "name": self.name,
             "attributes": {k: v.to_api() for k, v in sorted(self.attributes.items())},
-            "capacity": {k: {"value": str(v)} for k, v in sorted(self.capacity.items())},
+            "capacity": {k: {"value": quantity(v, binary=k in BYTE_CAPACITIES)}
+                         for k, v in sorted(self.capacity.items())},
         }
         if self.taints:
             out["taints"] = [t.to_api() for t in self.taints]
         return out
+
+
+#: Capacities counted in bytes: written in binary suffixes, as NVIDIA's driver does (``resource.BinarySI``).
+BYTE_CAPACITIES = frozenset({"memory", "addressableMemory"})
+_BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def quantity(value: int, *, binary: bool = False) -> str:
+    """A capacity in the Kubernetes Quantity form the API server keeps for it: a byte count in the largest
+    binary suffix that divides it exactly (``85899345920`` is ``80Gi``, what NVIDIA's plugin publishes and
+    ``kubectl`` shows), anything else as a plain integer. Both spellings are the same quantity to the
+    scheduler; the string is what users read and diff."""
+    if not binary or value == 0:
+        return str(value)
+    suffix = ""
+    for s in _BINARY_SUFFIXES:
+        if value % 1024:
+            break
+        value //= 1024
+        suffix = s
+    return f"{value}{suffix}"
+
+
+_QUANTITY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+                   "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def quantity_value(text: str) -> int:
+    """The integer an integral Kubernetes quantity stands for (``80Gi``, ``85899345920``, ``2k``): the inverse
+    of :func:`quantity`, for capacities read back from the API server, which may respell them."""
+    for suffix, factor in sorted(_QUANTITY_UNITS.items(), key=lambda kv: -len(kv[0])):
+        if text.endswith(suffix):
+            return int(text[: -len(suffix)]) * factor
+    return int(text)
 
 
 def semver(version: str) -> str:

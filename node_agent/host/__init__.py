@@ -2,7 +2,8 @@
 
 ``root`` (files, atomic writes, commands with timeouts), ``exec`` (the one seam every host command
 goes through: the real ``HostExec`` or a test's ``RecordingExec``), ``proc`` (driver version, modules, GPU
-minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA nodes).
+minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA nodes), ``vgpu`` (vGPU guests and their
+host driver, from the PCI config space).
 """
 
 from node_agent.host.exec import Call, Exec, HostExec, RecordingExec
@@ -17,6 +18,7 @@ from node_agent.host.root import (
     NotOurs,
     Refused,
 )
+from node_agent.host.vgpu import VgpuDevice, VgpuInfoError, VgpuScanError, vgpu_devices
 
 __all__ = [
     "Call",
@@ -32,10 +34,14 @@ __all__ = [
     "PciDevice",
     "RecordingExec",
     "Refused",
+    "VgpuDevice",
+    "VgpuInfoError",
+    "VgpuScanError",
     "gpu_minors",
     "loaded_modules",
     "normalize_address",
     "nvidia_gpus",
     "read_device",
     "read_driver_version",
+    "vgpu_devices",
 ]

@@ -31,8 +31,7 @@ from node_agent.deviceplugin import cdi, config, mps
 from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
 from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
-from node_agent.deviceplugin.named import DEFAULT_FALLBACKS
-from node_agent.deviceplugin.nodelabel import CONFIG_LABEL, ConfigSelector, ConfigWatcher, LabelSource
+from node_agent.deviceplugin.nodelabel import ConfigWatcher, LabelSource, add_config_source_arguments, config_selector
 from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
@@ -71,13 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nvidia-ctk-path")
     g.add_argument("--container-driver-root")
     g.add_argument("--shared-devices-allocation-policy", choices=[s.value for s in config.AllocationPolicy])
-    g.add_argument("--config-file", type=Path, default=_env_path("CONFIG_FILE"))
-    g.add_argument("--config-dir", type=Path, default=_env_path("CONFIG_FILE_SRCDIR"),
-                   help="directory of named configs (one file per name), chosen by the node label")
-    g.add_argument("--config-label", default=os.environ.get("CONFIG_LABEL") or CONFIG_LABEL,
-                   help=f"node label naming the config in --config-dir (default {CONFIG_LABEL})")
-    g.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
-    g.add_argument("--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES", ",".join(DEFAULT_FALLBACKS)))
+    add_config_source_arguments(g)
     g.add_argument("--config-poll-interval", type=float, default=5.0, metavar="SECONDS",
                    help="how often the mounted config files are re-read (the node label is watched)")
     g.add_argument("--socket-dir", type=Path, default=Path(DEVICE_PLUGIN_PATH),
@@ -91,11 +84,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recheck-interval", type=float, default=5.0, metavar="SECONDS")
     g.add_argument("--mps-daemon", type=_bool, default=True, metavar="BOOL",
                    help="run the MPS control daemon for MPS-shared resources (default true)")
-
-
-def _env_path(name: str) -> Path | None:
-    value = os.environ.get(name)
-    return Path(value) if value else None
 
 
 def cli_overrides(args: argparse.Namespace) -> config.Overrides:
@@ -126,8 +114,7 @@ class PluginProcess:
         self.metrics = PluginMetrics()
         self.board = HealthBoard()  # outlives plugin restarts: health is not reset by kubelet restarts
         self.overrides = cli_overrides(args)
-        self.selector = ConfigSelector(args.config_file, args.config_dir, labels, args.default_config,
-                                       [s.strip() for s in args.fallback_strategies.split(",") if s.strip()])
+        self.selector = config_selector(args, labels)
         self.settings = self._load()[0]
         self.supervisor = Supervisor(args.socket_dir, self.build, self.metrics,
                                      fail_on_init_error=lambda: self.settings.fail_on_init_error)

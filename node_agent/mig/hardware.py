@@ -39,12 +39,17 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class InstanceInfo:
-    """One GPU instance: its NVML profile ID (``nvidia-smi mig -lgip`` ID) and placement."""
+    """One GPU instance: its NVML profile ID (``nvidia-smi mig -lgip`` ID) and placement.
+
+    ``gi_profile`` is the profile's NVML enum when the backend knows it (NVML does): the profile is then
+    identified by what it is, not by the driver's numbering, which the catalogue records for real drivers
+    but another driver (or NVIDIA's mock NVML) may number otherwise."""
 
     gi_id: int
     profile_id: int
     start: int
     size: int
+    gi_profile: int | None = None
 
 
 class MigBackend(Protocol):
@@ -119,6 +124,15 @@ def profile_by_id(model: GpuModel | None, profile_id: int) -> MigProfile | None:
     return None
 
 
+def profile_of(model: GpuModel | None, inst: InstanceInfo) -> MigProfile | None:
+    """The catalogue profile of an instance: by its NVML enum when known, else by profile ID."""
+    if inst.gi_profile is None:
+        return profile_by_id(model, inst.profile_id)
+    if model is None or model.mig is None:
+        return None
+    return next((p for p in model.mig.profiles if p.gi_profile == inst.gi_profile), None)
+
+
 def snapshot(backend: MigBackend, gpus: Sequence[GpuInfo] | None = None) -> tuple[GpuState, ...]:
     """Read every GPU's mode and instances. Instances of unknown profiles are kept as ``id:<n>``."""
     out = []
@@ -127,7 +141,7 @@ def snapshot(backend: MigBackend, gpus: Sequence[GpuInfo] | None = None) -> tupl
         placed: list[PlacedInstance] = []
         if current:
             for inst in backend.gpu_instances(gpu.index):
-                p = profile_by_id(gpu.model, inst.profile_id)
+                p = profile_of(gpu.model, inst)
                 placed.append(PlacedInstance(p.name if p else f"id:{inst.profile_id}", inst.start))
         placed.sort(key=lambda i: (i.start, i.profile))
         out.append(GpuState(gpu.index, gpu.uuid, current, pending, tuple(placed)))

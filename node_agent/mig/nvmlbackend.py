@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from node_agent.mig.hardware import GpuInfo, InstanceInfo, MigHardwareError, ResetUnavailable
-from node_agent.nvml import NvmlError, NvmlSession
+from node_agent.nvml import GpuInstanceProfile, NvmlError, NvmlSession
 from node_agent.nvml.sim import SimulatedMachine
 from nvgpu.catalogue import MigProfile
 
@@ -111,11 +111,29 @@ class NvmlMigBackend:
             gis = self.nvml.gpu_instances(index)
         except NvmlError as e:
             raise MigHardwareError(f"GPU {index}: listing GPU instances: {e}") from e
-        return [InstanceInfo(gi.id, gi.profile_id, gi.placement.start, gi.placement.size) for gi in gis]
+        enums = {p.id: p.profile for p in self._profiles(index)}
+        return [InstanceInfo(gi.id, gi.profile_id, gi.placement.start, gi.placement.size, enums.get(gi.profile_id))
+                for gi in gis]
+
+    def _profiles(self, index: int) -> Sequence[GpuInstanceProfile]:
+        try:
+            return self.nvml.gpu_instance_profiles(index)
+        except NvmlError as e:
+            raise MigHardwareError(f"GPU {index}: listing GPU-instance profiles: {e}") from e
+
+    def _nvml_profile_id(self, index: int, profile: MigProfile) -> int:
+        """The driver's ID for a catalogue profile, found by the profile's NVML enum (what NVML numbers is
+        the driver's business; the catalogue's ``profile_id`` is what real drivers use)."""
+        for p in self._profiles(index):
+            if p.profile == profile.gi_profile:
+                return p.id
+        raise MigHardwareError(f"GPU {index}: NVML lists no GPU-instance profile {profile.name} "
+                               f"(NVML_GPU_INSTANCE_PROFILE enum {profile.gi_profile})")
 
     def create_instance(self, index: int, profile: MigProfile, start: int) -> None:
+        profile_id = self._nvml_profile_id(index, profile)
         try:
-            gi = self.nvml.create_gpu_instance(index, profile.profile_id, start)
+            gi = self.nvml.create_gpu_instance(index, profile_id, start)
         except NvmlError as e:
             raise MigHardwareError(f"GPU {index}: creating {profile.name} at slice {start}: {e}") from e
         try:

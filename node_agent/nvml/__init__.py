@@ -6,7 +6,7 @@ Public surface (import from ``node_agent.nvml``):
   ``backend`` is ``"real"``, ``"simulated:<machine>"`` or an ``NvmlBackend`` (which can carry a
   state file shared between processes).
 * ``NvmlSession``: ``driver()``, ``device_count()``, ``inventory()``, ``gpus()``, ``gpu(i)``,
-  ``topology()``, ``processes(i)``, ``watch_events()`` and the MIG operations ``mig_mode``,
+  ``topology()``, ``processes(i)``, ``fabric_info(i)``, ``watch_events()`` and the MIG operations ``mig_mode``,
   ``set_mig_mode``, ``gpu_instance_profiles``, ``possible_placements``, ``remaining_capacity``,
   ``gpu_instances``, ``create_gpu_instance``, ``destroy_gpu_instance``, ``compute_instances``,
   ``create_compute_instance``, ``destroy_compute_instance``. Protocols ``GpuSource`` and
@@ -44,6 +44,8 @@ from node_agent.nvml.types import (
     ComputeInstance,
     DriverInfo,
     EventKind,
+    FabricInfo,
+    FabricState,
     Gpu,
     GpuEvent,
     GpuInstance,
@@ -69,6 +71,8 @@ __all__ = [
     "DriverInfo",
     "EventKind",
     "EventWatcher",
+    "FabricInfo",
+    "FabricState",
     "Gpu",
     "GpuEvent",
     "GpuInstance",

@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import wraps
@@ -39,6 +40,8 @@ from node_agent.nvml.types import (
     ComputeInstance,
     DriverInfo,
     EventKind,
+    FabricInfo,
+    FabricState,
     Gpu,
     GpuEvent,
     GpuInstance,
@@ -309,6 +312,39 @@ class NvmlSession:
         return node if node >= 0 else None
 
     @_per_gpu
+    def fabric_info(self, index: int) -> FabricInfo | None:
+        """The GPU's NVLink fabric registration, or None when the GPU or driver has no fabric to report.
+
+        As go-nvlib asks (``IsFabricAttached``, used by NVIDIA's GFD for ``nvidia.com/gpu.clique``): the
+        unversioned ``nvmlDeviceGetGpuFabricInfo`` when the library has it, else the versioned
+        ``nvmlDeviceGetGpuFabricInfoV`` (v2 struct); NOT_SUPPORTED (a GPU outside any NVLink fabric) and
+        a library with neither symbol mean no fabric. Every other error is raised: NVIDIA's GFD then
+        fails the labelling run rather than publish a partial clique.
+        """
+        h = self._handle(index)
+        calls: tuple[tuple[str, Callable[[Any, Any], Any], type[ctypes.Structure]], ...] = (
+            ("nvmlDeviceGetGpuFabricInfo", pynvml.nvmlDeviceGetGpuFabricInfo, pynvml.c_nvmlGpuFabricInfo_t),
+            ("nvmlDeviceGetGpuFabricInfoV", pynvml.nvmlDeviceGetGpuFabricInfoV, pynvml.c_nvmlGpuFabricInfo_v2_t),
+        )
+        for symbol, fn, struct in calls:
+            info: Any = struct()
+            try:
+                self._run(f"{symbol}({index})", fn, h, ctypes.byref(info))
+            except NvmlNotSupported as e:
+                if e.code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    continue  # an older (or newer) library: try the other symbol
+                return None
+            raw_state = int(info.state)
+            known = raw_state in {s.value for s in FabricState}
+            return FabricInfo(
+                cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))),
+                clique_id=int(info.cliqueId),
+                state=FabricState(raw_state) if known else FabricState.NOT_SUPPORTED,
+                status=int(info.status),
+            )
+        return None
+
+    @_per_gpu
     def mig_mode(self, index: int) -> MigMode | None:
         h = self._handle(index)
         try:
@@ -355,12 +391,22 @@ class NvmlSession:
             ))
         return tuple(out)
 
+    def _ci_profile_info(self, where: str, gi: Any, enum: int) -> Any:
+        """The compute-instance profile info of ``enum`` (shared engines): the versioned call, else the v1
+        call on drivers that lack it (NVML_ERROR_FUNCTION_NOT_FOUND), as for GPU-instance profiles."""
+        shared = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        try:
+            return self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, enum, shared)
+        except NvmlNotSupported as e:
+            if e.code != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+        return self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, enum, shared, 1)
+
     def _ci_profile(self, where: str, gi: Any, profile_id: int) -> Any:
         """The compute-instance profile info whose ``id`` is ``profile_id`` (searched, not assumed = enum)."""
         for enum in (profile_id, *range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
             try:
-                info = self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, enum,
-                                 pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                info = self._ci_profile_info(where, gi, enum)
             except (NvmlNotSupported, NvmlInvalidArgument):
                 continue
             if int(info.id) == profile_id:
@@ -524,7 +570,7 @@ class NvmlSession:
                     continue
             except NvmlInvalidArgument:
                 continue
-            name = self._profile_name(index, info)
+            name = self._profile_name(index, info, enum)
             out.append(GpuInstanceProfile(
                 profile=enum, id=int(info.id), name=name.removeprefix("MIG "),
                 slice_count=int(info.sliceCount), instance_count=int(info.instanceCount),
@@ -538,7 +584,10 @@ class NvmlSession:
         return result
 
     @_per_gpu
-    def _profile_name(self, index: int, info: Any) -> str:
+    def _profile_name(self, index: int, info: Any, enum: int) -> str:
+        """NVML's name for the profile (v2 struct), else the catalogue's for the profile *enum*: the kind of
+        profile is what the enum says; ``info.id`` is the driver's numbering, which the catalogue records for
+        real drivers but a driver (or NVIDIA's mock, which numbers profiles by enum) may number otherwise."""
         raw = getattr(info, "name", b"")
         name = (raw.decode() if isinstance(raw, bytes) else str(raw)).removeprefix("MIG ")
         if name:
@@ -547,7 +596,7 @@ class NvmlSession:
 
         pci = self._run(f"nvmlDeviceGetPciInfo({index})", pynvml.nvmlDeviceGetPciInfo, self._handle(index))
         model = model_by_pci_device(int(pci.pciDeviceId) >> 16)
-        profile = next((p for p in (model.mig.profiles if model and model.mig else ()) if p.profile_id == info.id),
+        profile = next((p for p in (model.mig.profiles if model and model.mig else ()) if p.gi_profile == enum),
                        None)
         return profile.name if profile else f"profile-{info.id}"
 
@@ -618,8 +667,7 @@ class NvmlSession:
         for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             where = f"compute instances of GI {gi_id} on GPU {index}"
             try:
-                info = self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, enum,
-                                 pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                info = self._ci_profile_info(where, gi, enum)
             except (NvmlNotSupported, NvmlInvalidArgument):
                 continue
             arr = (pynvml.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
@@ -638,8 +686,7 @@ class NvmlSession:
         best: Any = None
         for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
-                info = self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, enum,
-                                 pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                info = self._ci_profile_info(where, gi, enum)
             except (NvmlNotSupported, NvmlInvalidArgument):
                 continue
             if slices is not None and int(info.sliceCount) == slices:

@@ -6,6 +6,7 @@ threads freely. Sizes are MiB, PCI bus IDs are NVML's 8-digit-domain form (``000
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import NewType
@@ -105,6 +106,40 @@ class Inventory:
 
     gpus: tuple[Gpu, ...]
     lost: tuple[LostGpu, ...] = ()
+
+
+class FabricState(IntEnum):
+    """``nvmlGpuFabricState_t``: how far the GPU's registration with the NVLink fabric manager got."""
+
+    NOT_SUPPORTED = 0
+    NOT_STARTED = 1
+    IN_PROGRESS = 2
+    COMPLETED = 3
+
+
+_NO_CLUSTER = str(uuid.UUID(int=0))
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    """``nvmlGpuFabricInfo_t`` of one GPU: its place in a multi-node NVLink fabric (GB200 NVL72 and the like).
+
+    ``status`` is the NVML return code of the registration itself (0 once it succeeded), not of the query.
+    """
+
+    cluster_uuid: str  #: the fabric's cluster UUID, canonical text (all zeros: none assigned)
+    clique_id: int  #: the NVLink partition (clique) inside the cluster
+    state: FabricState
+    status: int
+
+    @property
+    def attached(self) -> bool:
+        """go-nvlib's ``IsFabricAttached``: registration COMPLETED and successful, with a cluster UUID.
+
+        Anything else (still registering, failed, no cluster) counts as not attached, as NVIDIA's GFD
+        treats it, so such a GPU takes no part in the ``nvidia.com/gpu.clique`` label.
+        """
+        return self.state is FabricState.COMPLETED and self.cluster_uuid != _NO_CLUSTER and self.status == 0
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,27 @@ def _link(root: Path, host_path: str, target: str) -> None:
     p.symlink_to(target)
 
 
+def pci_config_space(device_id: int, *, vgpu_host_driver: tuple[str, str] | None = None) -> bytes:
+    """A 256-byte PCI config space of an NVIDIA 3D controller, as a privileged reader of sysfs gets it.
+
+    Without ``vgpu_host_driver`` it carries the IDs and class and no capability list (not a vGPU). With
+    ``(version, branch)`` it is a vGPU guest's: a capability list whose vendor-specific capability has
+    the ``VF`` signature and the host driver record NVIDIA's GFD reads (``node_agent.host.vgpu``).
+    """
+    config = bytearray(256)
+    config[0:4] = (0x10DE).to_bytes(2, "little") + device_id.to_bytes(2, "little")
+    config[9:12] = bytes((0x00, 0x02, 0x03))  # programming interface, subclass 3D, class display
+    if vgpu_host_driver is not None:
+        version, branch = (v.encode().ljust(10, b"\0")[:10] for v in vgpu_host_driver)
+        config[0x06] |= 0x10  # status: capability list
+        config[0x34] = 0x60  # first capability: power management, then the vendor's
+        config[0x60:0x62] = bytes((0x01, 0x68))
+        records = bytes((0x00, 22)) + version + branch  # record 0: host driver version and branch
+        capability = bytes((0x09, 0x00, 5 + len(records))) + b"VF" + records
+        config[0x68:0x68 + len(capability)] = capability
+    return bytes(config)
+
+
 def build_fake_host(
     root: Path,
     machine: str | None = "dgx-h100",
@@ -181,6 +202,7 @@ def build_fake_host(
             _write(root, f"{base}/vendor", "0x10de\n")
             _write(root, f"{base}/device", f"0x{spec.pci_device_id:04x}\n")
             _write(root, f"{base}/class", "0x030200\n")
+            (root / base.lstrip("/") / "config").write_bytes(pci_config_space(spec.pci_device_id))
             _write(root, f"{base}/numa_node", f"{spec.numa_nodes[i]}\n")
             _write(root, f"{base}/driver_override", "(null)\n")
             if driver_loaded:

@@ -71,7 +71,7 @@ def test_edits_name_host_paths_under_the_nodes_driver_root_and_run_the_hooks(tmp
     by_container = {m.container_path: m for m in edits.mounts}
     cuda = by_container[f"/usr/lib64/libcuda.so.{V}"]
     assert cuda.host_path == f"/run/nvidia/driver/usr/lib64/libcuda.so.{V}"
-    assert cuda.options == ["ro", "nosuid", "nodev", "bind"]
+    assert cuda.options == ["ro", "nosuid", "nodev", "rbind", "rprivate"]
     assert "/usr/lib64/libcuda.so.1" not in by_container  # ldconfig in the container makes the sonames
     assert by_container["/usr/bin/nvidia-smi"].host_path == "/run/nvidia/driver/usr/bin/nvidia-smi"
     assert [(h.hook_name, h.path, h.args) for h in edits.hooks] == [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,20 @@ def run_agent(*args: str, timeout: float = 60.0, env: dict[str, str] | None = No
     """A one-shot agent command as a process; stdout and stderr captured."""
     return subprocess.run(agent_command(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO,
                           env=env, check=False)
+
+
+def config_map_files(data: Mapping[str, str], directory: Path) -> Path:
+    """A ConfigMap's ``data`` as the kubelet mounts it: one file per key in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in data.items():
+        (directory / name).write_text(text)
+    return directory
+
+
+def with_config_dir(args: list[str], configs: Path) -> list[str]:
+    """A container's arguments with ``--config-dir`` (where the ConfigMap is mounted in the pod) moved to
+    ``configs`` (:func:`config_map_files`); arguments without one are returned as they are."""
+    return [str(configs) if i and args[i - 1] == "--config-dir" else a for i, a in enumerate(args)]
 
 
 def container_env(container: dict[str, Any], node: str) -> dict[str, str]:

@@ -55,6 +55,7 @@ from tests.cluster.agents import (
     REPO,
     AgentIdentity,
     agent_command,
+    config_map_files,
     identity,
     node_annotations,
     node_labels,
@@ -62,6 +63,7 @@ from tests.cluster.agents import (
     one_run,
     read_node,
     run_agent,
+    with_config_dir,
 )
 from tests.cluster.stack import AppliedStack, rendered
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
@@ -151,6 +153,17 @@ def _container_args(stack: AppliedStack, daemonset: str) -> list[str]:
     return list(stack.object("DaemonSet", daemonset)["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
+def _with_configs(stack: AppliedStack, group: str, args: list[str], work: Path) -> list[str]:
+    """The labeller's arguments with the group's device-plugin ConfigMap where ``--config-dir`` says."""
+    configs = config_map_files(stack.object("ConfigMap", f"device-plugin-config-{group}")["data"], work / "configs")
+    return with_config_dir(args, configs)
+
+
+def _labeller_run(stack: AppliedStack, group: str, ds_args: list[str], work: Path) -> list[str]:
+    """The labeller DaemonSet's arguments as one run, its device-plugin ConfigMap in place."""
+    return _with_configs(stack, group, one_run(ds_args), work)
+
+
 def _daemonset_backend_flags(stack: AppliedStack, group_name: str, ds_args: list[str]) -> list[str]:
     """The ``--node-label``/``--node-taint`` flags the renderer gives this group's labeller when the
     cluster has no Deckhouse node templates (``nodeSetup: daemonset``); everything else must be the
@@ -215,7 +228,8 @@ def labeller(kube: Kube, dev_stack: AppliedStack, lab_nodes: list[str],
     # (node provisioning, say): that one is the administrator's too, so the labeller must not take it over.
     kube.patch("v1", "Node", name, {"metadata": {"labels": {FOREIGN_LABEL[0]: FOREIGN_LABEL[1], names.GPU_NODE: ""}},
                                     "spec": {"taints": [*_taints(node), FOREIGN_TAINT]}})
-    return Labeller(name, agent, build_fake_host(tmp / "host", MACHINE), one_run(ds_args), flags)
+    return Labeller(name, agent, build_fake_host(tmp / "host", MACHINE),
+                    _labeller_run(dev_stack, LABELLER_GROUP, ds_args, tmp), flags)
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +250,7 @@ def test_deckhouse_labeller_puts_gfd_labels_and_leaves_the_template_alone(
     _gpu_node(kube, lab_nodes, name, LABELLER_NODE_GROUP, template)
     ds = f"gpu-labeller-{LABELLER_GROUP}"
     lab = Labeller(name, identity(kube, ds, name, tmp_path), build_fake_host(tmp_path / "host", MACHINE),
-                   one_run(_container_args(dev_stack, ds)), [])
+                   _labeller_run(dev_stack, LABELLER_GROUP, _container_args(dev_stack, ds), tmp_path), [])
     before = _settled(kube, name)
     doc = lab.run(*lab.args)
     after = _node(kube, name)
@@ -465,7 +479,8 @@ def test_labeller_writes_nothing_behind_a_closed_setup_gate(
     sa = service_account_kube(kube, NS, pod["spec"]["serviceAccountName"])
     unbound = AgentIdentity(pod, sa, write_kubeconfig(sa, tmp_path / "unbound.kubeconfig", user="gpu-labeller"))
     host = build_fake_host(tmp_path / "host", MACHINE)
-    lab = Labeller(name, unbound, host, one_run(_container_args(dev_stack, ds)), [])
+    lab = Labeller(name, unbound, host, _labeller_run(dev_stack, LABELLER_GROUP, _container_args(dev_stack, ds),
+                                                      tmp_path), [])
     _settled(kube, name)
     kube.patch("v1", "Node", name, {"metadata": {"labels": {names.GPU_SETUP_COMPLETE: None}}})
     rv = _node(kube, name)["metadata"]["resourceVersion"]
@@ -503,7 +518,8 @@ def test_labeller_withdraws_its_labels_only_when_its_daemonset_goes(
     owner = f"{PREFIX}retiring-labeller"
     _retiring_daemonset(kube, owner)
     ds_args = _container_args(dev_stack, ds)
-    args = [*_owned_by(ds_args, owner), *_daemonset_backend_flags(dev_stack, LABELLER_GROUP, ds_args)]
+    args = [*_with_configs(dev_stack, LABELLER_GROUP, _owned_by(ds_args, owner), tmp_path),
+            *_daemonset_backend_flags(dev_stack, LABELLER_GROUP, ds_args)]
     log = tmp_path / "labeller.log"
 
     def labelled() -> dict[str, Any] | None:

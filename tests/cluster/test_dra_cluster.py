@@ -48,6 +48,7 @@ from localcluster.objects import create_kwok_node, service_account_kube, wait_fo
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.claims import ClaimRef
 from node_agent.dra.cleanup import FINALIZER, GRACE_SECONDS
+from node_agent.dra.devices import quantity_value
 from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.hostfs import RootedPaths
 from node_agent.dra.nvml_source import NvmlInventorySource
@@ -241,15 +242,6 @@ def _published(kube: Kube, node: str, names: set[str], *, after: int = 0) -> lis
     return wait_for(probe, timeout=30, interval=0.2, what=f"{node}'s slices offering {sorted(names)}")
 
 
-def _quantity_bytes(text: str) -> int:
-    """A Kubernetes quantity in bytes (the server may canonicalise ``150754820096`` to other units)."""
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    for suffix, factor in sorted(units.items(), key=lambda kv: -len(kv[0])):
-        if text.endswith(suffix):
-            return int(text[: -len(suffix)]) * factor
-    return int(text)
-
-
 def _withdrawn(kube: Kube, node: str) -> bool:
     return not _slices(kube, node)
 
@@ -292,14 +284,14 @@ def test_plugin_publishes_its_gpus_with_nvidia_attributes(kube: Kube, plugins: d
             assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
             assert set(attrs["driverVersion"]) == {"version"} and set(attrs["cudaDriverVersion"]) == {"version"}
             assert attrs["resource.kubernetes.io/pciBusID"]["string"].startswith("0000:")
-            assert _quantity_bytes(devices[name]["capacity"]["memory"]["value"]) == model.memory_mib * 2**20
+            assert quantity_value(devices[name]["capacity"]["memory"]["value"]) == model.memory_mib * 2**20
         if node == H200:  # the passthrough GPU, with the int and bool attributes only VFIO devices carry
             vfio = devices["gpu-vfio-0"]
             assert vfio["attributes"] == {
                 "type": {"string": "vfio"}, "uuid": {"string": f"PCI-{VFIO_GPU}"}, "deviceID": {"string": "0x2335"},
                 "vendorID": {"string": "0x10de"}, "numa": {"int": 1}, "productName": {"string": PRODUCTS[H200]},
                 "iommuFDEnabled": {"bool": False}, "resource.kubernetes.io/pciBusID": {"string": VFIO_GPU}}
-            assert _quantity_bytes(vfio["capacity"]["addressableMemory"]["value"]) == model.memory_mib * 2**20
+            assert quantity_value(vfio["capacity"]["addressableMemory"]["value"]) == model.memory_mib * 2**20
         # The registration made the plugin compare the server's copy of its pool (defaults, canonical
         # quantities) with what it builds: equal, so the first generation holds.
         _assert_generation_holds(kube, node, 1)
@@ -379,7 +371,7 @@ def test_inventory_changes_republish_the_pool(kube: Kube, plugins: dict[str, Plu
         assert attrs["productName"] == {"string": PRODUCTS[H100]}
         profile = MODELS[H100].mig.profile(attrs["profile"]["string"])  # type: ignore[union-attr]
         assert profile is not None
-        assert _quantity_bytes(capacity["memory"]["value"]) == profile.memory_mib * 2**20
+        assert quantity_value(capacity["memory"]["value"]) == profile.memory_mib * 2**20
         assert int(capacity["multiprocessors"]["value"]) == profile.multiprocessors
         assert sum(k.startswith("memorySlice") for k in capacity) == profile.memory_slices
     _assert_generation_holds(kube, H100, _generation(slices))
@@ -664,7 +656,7 @@ def test_claims_by_capacity_attribute_and_mig_profile_land_where_they_must(kube:
         _assert_allocated_from_our_slices(kube, pod, claim)
         device = _devices(_slices(kube, want_node[name]))[_results(claim)[0]["device"]]
         if name == "big-memory":
-            assert _quantity_bytes(device["capacity"]["memory"]["value"]) >= 100 * 2**30
+            assert quantity_value(device["capacity"]["memory"]["value"]) >= 100 * 2**30
         elif name == "h100-by-name":
             assert device["attributes"]["productName"] == {"string": PRODUCTS[H100]}
         elif name == "passthrough":

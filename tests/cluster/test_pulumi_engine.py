@@ -29,7 +29,16 @@ from localcluster import ControlPlane, Kube
 from localcluster.objects import create_kwok_node, wait_for
 from node_agent.testing.fakehost import FakeHost, build_fake_host
 from nvgpu import labels
-from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, one_run
+from tests.cluster.agents import (
+    REPO,
+    AgentIdentity,
+    agent_command,
+    config_map_files,
+    container_env,
+    identity,
+    one_run,
+    with_config_dir,
+)
 from tests.cluster.mig_manager import Rendered, layout, start_manager
 from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, make_project, prepare_cluster
 from tests.cluster.stack import rendered
@@ -555,7 +564,10 @@ def _removed_group_is_torn_down_on_its_node(kube: Kube, prod: Project, work: Pat
         assert _host_files(host) != before_host, "setup changed nothing on the host"
         labeller = identity(kube, labeller_ds, node, work / "labeller", namespace=PROD_NS)
         lab = labeller.pod["spec"]["containers"][0]
-        _run_in_pod(one_run(lab["args"]), host, labeller, lab, node)
+        volumes = {v["name"]: v for v in labeller.pod["spec"]["volumes"]}
+        configs = config_map_files(kube.get("v1", "ConfigMap", volumes["config"]["configMap"]["name"], PROD_NS)[
+            "data"], work / "labeller-configs")  # the device plugin's ConfigMap, as the labeller mounts it
+        _run_in_pod(with_config_dir(one_run(lab["args"]), configs), host, labeller, lab, node)
         labelled = kube.get("v1", "Node", node)
         assert labelled["spec"].get("taints"), "the labeller put the group's taint on"
         assert "nvidia.com/gpu.product" in labelled["metadata"]["labels"]

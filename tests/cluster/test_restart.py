@@ -64,12 +64,14 @@ from tests.cluster.agents import (
     REPO,
     AgentIdentity,
     agent_command,
+    config_map_files,
     container_env,
     identity,
     node_annotations,
     node_labels,
     node_taints,
     read_node,
+    with_config_dir,
 )
 from tests.cluster.stack import AppliedStack, rendered
 from tests.deviceplugin.kubelet_standin import KubeletStandIn as DevicePluginKubelet
@@ -421,11 +423,13 @@ def agents(kube: Kube, dev_stack: AppliedStack, tmp_path_factory: pytest.TempPat
         assert lab_host.machine is not None
         flags, want_labels, want_taints = _node_flags(dev_stack)
         c = _container(dev_stack, LABELLER.daemonset)
+        lab_configs = config_map_files(kube.get("v1", "ConfigMap", "device-plugin-config-a100-train", NS)["data"],
+                                       work / "lab-configs")  # the device plugin's, mounted into the labeller
         labeller = Agent("labeller", agent_command(
             "--host-root", str(roots[LABELLER]), "--host-exec", "direct", "--nvml", f"simulated:{LABELLER.machine}",
             "--kubeconfig", str(ids[LABELLER].kubeconfig), "--log-level", "info",
-            *_with_interval(list(c["args"]), LABEL_INTERVAL), *flags), _pod_env(c, LABELLER.node),
-            work / "labeller.log")
+            *with_config_dir(_with_interval(list(c["args"]), LABEL_INTERVAL), lab_configs), *flags),
+            _pod_env(c, LABELLER.node), work / "labeller.log")
 
         # Device plugin: the group's named configs as mounted, sockets where the kubelet stand-in listens.
         c = _container(dev_stack, PLUGIN.daemonset)

@@ -1,5 +1,6 @@
 """GPU feature discovery side by side: NVIDIA's ``gpu-feature-discovery --oneshot`` and our ``labels`` on
-one mock machine, with the same sharing config and MIG strategy; the label sets compared key by key."""
+one mock machine, with the same device-plugin config file (``--config-file`` on both sides, as our
+labeller reads the plugin's config) and MIG strategy; the label sets compared key by key."""
 
 from __future__ import annotations
 
@@ -23,17 +24,20 @@ DATA = Path(__file__).resolve().parents[1] / "deviceplugin" / "data"
 
 @dataclass(frozen=True)
 class Case:
-    """One sharing config: NVIDIA's config file (NVIDIA's own examples) and the flags our DaemonSet renders."""
+    """One sharing config: NVIDIA's config file (NVIDIA's own examples), given to both labellers."""
 
     name: str
     config: Path | None
-    ours: tuple[str, ...]
+
+    @property
+    def config_args(self) -> list[str]:
+        return ["--config-file", str(self.config)] if self.config else []
 
 
 CASES = (
-    Case("default", None, ()),
-    Case("time-slicing", DATA / "nvidia-device-plugin-config-time-slicing.yaml", ("--replicas", "10")),
-    Case("mps", DATA / "nvidia-device-plugin-config-mps.yaml", ("--replicas", "10", "--sharing-strategy", "mps")),
+    Case("default", None),
+    Case("time-slicing", DATA / "nvidia-device-plugin-config-time-slicing.yaml"),
+    Case("mps", DATA / "nvidia-device-plugin-config-mps.yaml"),
 )
 STRATEGIES = ("none", "single", "mixed")
 
@@ -41,13 +45,13 @@ STRATEGIES = ("none", "single", "mixed")
 def nvidia_labels(m: Machine, case: Case, strategy: str, out: Path) -> dict[str, str]:
     argv = [str(m.tools / "gpu-feature-discovery"), "--oneshot", "--no-timestamp", "--use-node-feature-api=false",
             "--output-file", str(out), "--machine-type-file", str(m.root / DMI_PRODUCT.lstrip("/")),
-            "--mig-strategy", strategy, *(["--config-file", str(case.config)] if case.config else [])]
+            "--mig-strategy", strategy, *case.config_args]
     run(namespaced(m, argv), m.env())
     return feature_file(out.read_text())
 
 
 def our_labels(m: Machine, case: Case, strategy: str) -> dict[str, str]:
-    doc = agent(m, "labels", "--no-timestamp", "--no-output-file", "--mig-strategy", strategy, *case.ours)
+    doc = agent(m, "labels", "--no-timestamp", "--no-output-file", "--mig-strategy", strategy, *case.config_args)
     return dict(doc["labels"])
 
 

@@ -14,11 +14,14 @@ comparison has that the table does not explain.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +30,13 @@ from tests.tools import MOCK_NVML, required_bin
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "docs" / "compatibility.md"
+#: NVIDIA's shipped mig-parted config (deployments/systemd/config-default.yaml), copied verbatim.
+MIG_CONFIG = REPO / "tests" / "mig" / "nvidia-mig-parted-config-default.yaml"
 #: The mock machines (MOCK_NVML_MACHINE) and the DMI product name their hosts get.
 MACHINES = {"dgxa100": "DGXA100", "dgxh100": "DGXH100"}
 PCI_DEVICES = "/sys/bus/pci/devices"
 DMI_PRODUCT = "/sys/class/dmi/id/product_name"
+DRIVER_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 
 
 @dataclass(frozen=True)
@@ -41,9 +47,12 @@ class Machine:
     root: Path
     tools: Path
     inventory: Mapping[str, Any]
+    #: The mock's MIG state file (``MOCK_NVML_STATE``) when the machine carries a MIG layout (:func:`with_mig`).
+    state: Path | None = None
 
     def env(self, **extra: str) -> dict[str, str]:
-        return mock_env(self.tools, self.name, **extra)
+        state = {"MOCK_NVML_STATE": str(self.state)} if self.state else {}
+        return mock_env(self.tools, self.name, **(state | extra))
 
 
 def machine(name: str, root: Path) -> Machine:
@@ -55,26 +64,142 @@ def machine(name: str, root: Path) -> Machine:
     dmi = host / DMI_PRODUCT.lstrip("/")
     dmi.parent.mkdir(parents=True, exist_ok=True)
     dmi.write_text(MACHINES[name] + "\n")
+    _device_nodes(host, inventory)
+    _proc_devices(host)
+    # The driver's libraries where a driver install puts them, named for the driver version: NVIDIA's DRA
+    # plugin finds (and loads) NVML under its driver root, and its CDI generation looks up the driver's
+    # files there (libcuda.so.<version> is required). NVML is the mock; libcuda is an empty file, which
+    # the CDI specs name as a mount and nothing on this machine loads.
+    version = inventory["driver"][0]
+    libs = host / DRIVER_LIB_DIR.lstrip("/")
+    libs.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tools / MOCK_NVML, libs / f"libnvidia-ml.so.{version}")  # a copy: links resolve in the root
+    (libs / MOCK_NVML).symlink_to(f"libnvidia-ml.so.{version}")
+    (libs / f"libcuda.so.{version}").write_bytes(b"")
+    (libs / "libcuda.so.1").symlink_to(f"libcuda.so.{version}")
+    # NVIDIA's DRA plugin locates nvidia-smi at start (it runs it only to set time-slicing and compute
+    # modes, which the comparison does not do). The mock machine has none: this one says so and fails.
+    smi = host / "usr" / "bin" / "nvidia-smi"
+    smi.parent.mkdir(parents=True, exist_ok=True)
+    smi.write_text('#!/bin/sh\necho "nvidia-smi: not on this mock machine (NVML only)" >&2\nexit 1\n')
+    smi.chmod(0o755)
     return Machine(name, host, tools, inventory)
 
 
+#: The NVIDIA driver's character devices: major 195 (nvidia<minor>, nvidiactl 255, nvidia-modeset 254) and
+#: nvidia-uvm's major, which the kernel assigns at load (511 here).
+NVIDIA_MAJOR, UVM_MAJOR = 195, 511
+CONTROL_NODES = {"nvidiactl": (NVIDIA_MAJOR, 255), "nvidia-modeset": (NVIDIA_MAJOR, 254),
+                 "nvidia-uvm": (UVM_MAJOR, 0), "nvidia-uvm-tools": (UVM_MAJOR, 1)}
+
+
+def _device_nodes(host: Path, inventory: Mapping[str, Any]) -> None:
+    """The machine's ``/dev`` as character devices with the driver's numbers (the mock host's are plain
+    files): NVIDIA's CDI generation takes a device node's type and numbers from the node itself and leaves
+    out what is not a character device."""
+    nodes = {f"nvidia{g['minor']}": (NVIDIA_MAJOR, int(g["minor"])) for g in inventory["gpus"]} | CONTROL_NODES
+    for name, (major, minor) in nodes.items():
+        path = host / "dev" / name
+        path.unlink(missing_ok=True)
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+
+
+def _proc_devices(host: Path) -> None:
+    """``/proc/devices`` as on a node with the driver loaded: the kernel's own table plus the driver's majors
+    (its CDI code looks the nvidia-caps major up there)."""
+    real = Path("/proc/devices").read_text().splitlines()
+    blocks = real.index("") if "" in real else len(real)
+    ours = [f"{NVIDIA_MAJOR} nvidia-frontend", f"{CAPS_MAJOR} nvidia-caps", f"{UVM_MAJOR} nvidia-uvm"]
+    text = "\n".join([*real[:blocks], *(f"{line:>{len(line) + 1}}" for line in ours), *real[blocks:]]) + "\n"
+    (host / "proc" / "devices").write_text(text)
+
+
+#: The nvidia-caps character devices' major (the kernel assigns it when the driver loads).
+CAPS_MAJOR = 234
+GI_SLOTS, CI_SLOTS = 15, 8  # GPU-instance and compute-instance IDs the driver reserves minors for, per GPU
+
+
+def mig_capabilities(m: Machine, state: Path) -> None:
+    """The driver's MIG capability files for the layout in ``state`` (the mock's MIG state file): the
+    ``mig-minors`` table (every GI and CI slot of every GPU, as the driver writes it), the
+    ``/dev/nvidia-caps/nvidia-cap<N>`` nodes, and ``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<id>``
+    (and ``…/ci<id>``) ``access`` files for the instances that exist, which name those minors. Both plugins
+    build a MIG device's CDI device nodes from these."""
+    doc = json.loads(state.read_text()) if state.exists() else {"gpus": []}
+    minors = {int(g["index"]): int(g["minor"]) for g in m.inventory["gpus"]}
+    lines, table, n = ["config 1", "monitor 2"], {}, 3
+    for minor in sorted(minors.values()):
+        for gi in range(GI_SLOTS):
+            lines.append(f"gpu{minor}/gi{gi}/access {n}")
+            table[(minor, gi, None)] = n
+            n += 1
+            for ci in range(CI_SLOTS):
+                lines.append(f"gpu{minor}/gi{gi}/ci{ci}/access {n}")
+                table[(minor, gi, ci)] = n
+                n += 1
+    caps = m.root / "proc/driver/nvidia-caps"
+    caps.mkdir(parents=True, exist_ok=True)
+    (caps / "mig-minors").write_text("\n".join(lines) + "\n")
+    nodes = m.root / "dev/nvidia-caps"
+    shutil.rmtree(m.root / "proc/driver/nvidia/capabilities", ignore_errors=True)
+    shutil.rmtree(nodes, ignore_errors=True)
+    nodes.mkdir(parents=True)
+    for cap in (1, 2):
+        os.mknod(nodes / f"nvidia-cap{cap}", 0o400 | stat.S_IFCHR, os.makedev(CAPS_MAJOR, cap))
+    for g in doc["gpus"]:
+        minor = minors[int(g["index"])]
+        for gi in g["gpuInstances"]:
+            slots = [(gi["id"], None), *((gi["id"], ci["id"]) for ci in gi["computeInstances"])]
+            for gi_id, ci_id in slots:
+                cap = table[(minor, gi_id, ci_id)]
+                where = f"gpu{minor}/mig/gi{gi_id}" + (f"/ci{ci_id}" if ci_id is not None else "")
+                access = m.root / "proc/driver/nvidia/capabilities" / where / "access"
+                access.parent.mkdir(parents=True, exist_ok=True)
+                access.write_text(f"DeviceFileMinor: {cap}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+                os.mknod(nodes / f"nvidia-cap{cap}", 0o444 | stat.S_IFCHR, os.makedev(CAPS_MAJOR, cap))
+
+
+def with_mig(m: Machine, config: str, state: Path) -> Machine:
+    """The machine with NVIDIA's shipped MIG config ``config`` applied by NVIDIA's mig-parted (its layout kept
+    in ``state``), and the driver's MIG capability files for it: what both sides then start on."""
+    out = replace(m, state=state)
+    done = subprocess.run(namespaced(out, [str(m.tools / "nvidia-mig-parted"), "apply", "-f", str(MIG_CONFIG),
+                                           "-c", config]), cwd=REPO, env=out.env(), capture_output=True,
+                          text=True, timeout=120, check=False)
+    if done.returncode:
+        raise AssertionError(f"nvidia-mig-parted apply {config} failed:\n{done.stderr[-2000:]}")
+    mig_capabilities(out, state)
+    return out
+
+
+#: The ``/proc`` entries a program sees from the machine's tree (the rest are the real kernel's).
+PROC_FROM_HOST = ("modules", "driver", "devices")
 #: The real device nodes a program still gets in the namespace's ``/dev``.
 BASIC_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
 def namespaced(m: Machine, argv: Sequence[str], binds: Mapping[str, Path] | None = None) -> list[str]:
-    """``argv`` in a private mount namespace where the machine's PCI devices and device nodes (and
-    ``binds``: mount point to local directory) replace the host's.
+    """``argv`` in a private mount namespace where the machine's PCI devices, device nodes and ``/proc``
+    files (and ``binds``: mount point to local directory) replace the host's.
 
     ``/dev`` becomes a tmpfs holding the machine's ``/dev`` (its GPU and control nodes) and the basic real
-    nodes bound from the host's ``/dev``; nothing is written to the host's own ``/dev``."""
+    nodes bound from the host's ``/dev``. ``/proc`` becomes a tmpfs of links into the real procfs (bound
+    elsewhere, so ``/proc/self`` still names the reader) plus the machine's own ``/proc`` files: its
+    ``modules`` (mig-parted and NVIDIA's DRA plugin look for ``nvidia`` there, and this kernel, built
+    without modules, has no ``/proc/modules`` at all) and ``driver`` (``driver/nvidia``). Nothing is
+    written to the host's own ``/dev`` or ``/proc``."""
     mounts = {PCI_DEVICES: m.root / PCI_DEVICES.lstrip("/"), **(binds or {})}
-    real_dev = m.root.parent / "real-dev"
+    real_dev, real_proc = m.root.parent / "real-dev", m.root.parent / "real-proc"
+    host_proc = m.root / "proc"
     steps = [*(f'mkdir -p "{dst}"' for dst in mounts),
              *(f'mount --bind "{src}" "{dst}"' for dst, src in mounts.items()),
              f'mkdir -p "{real_dev}"', f'mount --bind /dev "{real_dev}"', "mount -t tmpfs -o mode=755 tmpfs /dev",
              *(f'touch /dev/{n} && mount --bind "{real_dev}/{n}" /dev/{n}' for n in BASIC_DEVICES),
-             f'cp -a "{m.root}/dev/." /dev/']
+             f'cp -a "{m.root}/dev/." /dev/',
+             f'mkdir -p "{real_proc}"', f'mount --bind /proc "{real_proc}"', "mount -t tmpfs -o mode=555 tmpfs /proc",
+             f'for e in "{real_proc}"/*; do n="${{e##*/}}"; case " {" ".join(PROC_FROM_HOST)} " in *" $n "*) ;; '
+             f'*) ln -s "$e" "/proc/$n";; esac; done',
+             *(f'cp -a "{host_proc}/{n}" /proc/' for n in PROC_FROM_HOST)]
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
             " && ".join(steps) + ' && exec "$@"', "sh", *argv]
 
@@ -129,7 +254,7 @@ def listed(component: str) -> list[tuple[str, str, str, str]]:
 
 
 def _matches(pattern: str, value: str) -> bool:
-    return pattern == "*" or re.fullmatch(pattern.replace("*", ".*"), value) is not None
+    return pattern == "*" or re.fullmatch(re.escape(pattern).replace(r"\*", ".*"), value) is not None
 
 
 def unlisted(differences: Iterable[Difference]) -> list[Difference]:

@@ -1,8 +1,10 @@
 """``make compare``: run every side-by-side comparison and print what differs, listed or not.
 
-    python -m tests.compare.report
+    python -m tests.compare.report [--all-mig-configs]
 
-Exit status 1 when a difference is not in ``docs/compatibility.md`` (the same rule as the tests).
+Exit status 1 when a difference is not in ``docs/compatibility.md`` (the same rule as the tests). The MIG
+comparison runs the configs the tests run (those for the machine's GPU, and two foreign ones);
+``--all-mig-configs`` runs all of NVIDIA's shipped config file (about 80 per machine, several minutes).
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.compare import deviceplugin, gfd
+from tests.compare import deviceplugin, gfd, migparted
 from tests.compare.peers import MACHINES, Difference, machine, unlisted
 
 
 def main() -> int:
+    all_mig = "--all-mig-configs" in sys.argv[1:]
     rows: list[tuple[str, int, int, list[Difference]]] = []
     timings: list[tuple[str, float, float]] = []
     start = time.monotonic()
@@ -35,6 +38,11 @@ def main() -> int:
                 found = deviceplugin.differences(m, dcase, ours, theirs)
                 rows.append((f"device-plugin {name}/{dcase.name}", len(theirs.devices), len(found), unlisted(found)))
                 timings.append((f"{name}/{dcase.name}", ours.seconds_to_register, theirs.seconds_to_register))
+            mig_work = Path(tmp) / name / "mig"
+            mig_work.mkdir()
+            for config in migparted.config_names() if all_mig else migparted.test_configs(m):
+                found, items, _ = migparted.compare(m, config, mig_work)
+                rows.append((f"mig-parted {name}/{config}", items, len(found), unlisted(found)))
     width = max(len(r[0]) for r in rows)
     print(f"{'comparison':<{width}}  NVIDIA's items  differences  unlisted")
     for what, written, found, new in rows:

@@ -23,6 +23,7 @@ from node_agent.deviceplugin.allocate import Mount
 from node_agent.deviceplugin.config import Settings
 from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
 from node_agent.kubelet.device_plugin_cmd import DEFAULT_METRICS_PORT
+from nvgpu import labels
 from nvgpu.stackconfig import NodeSetupBackend, load_stack_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +75,9 @@ def test_labeller_arguments_reach_the_labels_command() -> None:
     cfg = load_stack_file(ROOT / "Pulumi.dev.yaml")
     group = next(g for g in cfg.node_groups if g.gpu.sharing.value == "TimeSlicing")
     args = _parse(workloads.labeller_args(GroupContext(cfg.cluster.namespace, cfg.cluster, group)))
-    assert (args.loop, args.patch_node, args.replicas, args.sharing_strategy) == (True, True, 8, "time-slicing")
+    assert (args.loop, args.patch_node, args.replicas, args.sharing_strategy) == (True, True, None, None)
+    assert (str(args.config_dir), args.config_label, args.default_config) == (
+        workloads.DEVICE_PLUGIN_CONFIG_DIR, labels.DEVICE_GPU_CONFIG, "TimeSlicing")
 
 
 def _plugin_container(ds: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:

@@ -226,21 +226,46 @@ def test_device_plugin_is_scraped_only_with_monitoring_on(enabled: bool) -> None
     assert (annotations.get("prometheus.io/port") == str(workloads.DEVICE_PLUGIN_METRICS_PORT)) is enabled
 
 
+CONFIG_SOURCE = ["--config-dir", "/etc/nvidia-gpu/device-plugin", "--config-label", labels.DEVICE_GPU_CONFIG]
+
+
+@pytest.mark.parametrize("gpu", [
+    {"sharing": "Exclusive"}, {"sharing": "TimeSlicing", "timeSlicing": {"partitionCount": 8}}, {"sharing": "MPS"},
+    {"sharing": "MIG", "mig": {"strategy": "single"}},
+])
+def test_labeller_reads_the_device_plugins_config(gpu: dict[str, Any]) -> None:
+    """The labeller gets the device plugin's config source and ConfigMap, so its sharing labels follow the
+    named config the node label picks (NVIDIA's GFD shares the plugin's config file the same way)."""
+    ctx = _ctx([{"name": "g", "nodeGroup": "ng", "gpu": gpu}])
+    args = workloads.labeller_args(ctx)
+    assert args[:7] == ["--driver-root", "/driver-root", "labels", "--loop", "--interval", "60", "--patch-node"]
+    assert args[7:] == [*CONFIG_SOURCE, "--default-config", gpu["sharing"], "--daemonset", "nvidia-gpu/gpu-labeller-g"]
+    plugin = workloads.device_plugin_daemonset(ctx)["spec"]["template"]["spec"]
+    assert "--replicas" not in args and "--mig-strategy" not in args
+    plugin_args = plugin["containers"][0]["args"]
+    assert plugin_args[plugin_args.index("--config-dir"):][:6] == args[7:13]
+    pod = workloads.labeller_daemonset(ctx)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"] == {v["name"]: v for v in plugin["volumes"]}["config"]
+    assert {"name": "config", "mountPath": "/etc/nvidia-gpu/device-plugin", "readOnly": True} in (
+        pod["containers"][0]["volumeMounts"])
+
+
 @pytest.mark.parametrize(
     ("gpu", "expected"),
     [
         ({"sharing": "Exclusive"}, ["--mig-strategy", "none", "--replicas", "1", "--sharing-strategy", "time-slicing"]),
         ({"sharing": "TimeSlicing", "timeSlicing": {"partitionCount": 8}},
          ["--mig-strategy", "none", "--replicas", "8", "--sharing-strategy", "time-slicing"]),
-        ({"sharing": "MPS"}, ["--mig-strategy", "none", "--replicas", "4", "--sharing-strategy", "mps"]),
-        ({"sharing": "MIG", "mig": {"strategy": "single"}},
-         ["--mig-strategy", "single", "--replicas", "1", "--sharing-strategy", "time-slicing"]),
     ],
 )
-def test_labeller_labels_with_the_groups_sharing(gpu: dict[str, Any], expected: list[str]) -> None:
-    args = workloads.labeller_args(_ctx([{"name": "g", "nodeGroup": "ng", "gpu": gpu}]))
-    assert args[:7] == ["--driver-root", "/driver-root", "labels", "--loop", "--interval", "60", "--patch-node"]
+def test_dra_labeller_labels_with_the_groups_sharing(gpu: dict[str, Any], expected: list[str]) -> None:
+    """A DRA group has no device plugin and no device-plugin ConfigMap: the group's sharing goes as flags."""
+    ctx = _ctx([{"name": "g", "nodeGroup": "ng", "allocationMode": "dra", "gpu": gpu}])
+    args = workloads.labeller_args(ctx)
     assert args[7:] == [*expected, "--daemonset", "nvidia-gpu/gpu-labeller-g"]
+    pod = workloads.labeller_daemonset(ctx)["spec"]["template"]["spec"]
+    assert "config" not in {v["name"] for v in pod["volumes"]}
 
 
 def test_setup_daemonset_runs_before_the_gate_and_tears_down_on_delete() -> None:

@@ -38,7 +38,7 @@ def test_full_gpu_attributes_match_nvidia_driver() -> None:
         "cudaDriverVersion": {"version": "12.4.0"},
         "resource.kubernetes.io/pciBusID": {"string": "0000:18:00.0"},
     }
-    assert api["capacity"] == {"memory": {"value": str(81559 * 2**20)}}
+    assert api["capacity"] == {"memory": {"value": "81559Mi"}}  # 81559 MiB, in the binary form NVIDIA writes
 
 
 def test_mig_devices_replace_their_parent_and_carry_profile_and_slices() -> None:

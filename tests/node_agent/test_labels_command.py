@@ -68,7 +68,9 @@ def test_mixed_strategy_labels_each_profile(tmp_path: Path, cli: Cli) -> None:
     _, doc = cli(host.root, "simulated:dgx-h100", "labels", "--mig-strategy", "mixed", "--no-timestamp")
     labels = doc["labels"]
     assert labels["nvidia.com/mig.strategy"] == "mixed"
-    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.replicas"]) == ("6", "1")
+    # nvidia.com/gpu.* counts every GPU, MIG mode or not (NVIDIA's GFD, checked against its binary); the
+    # six full GPUs keep the sharing settings.
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.replicas"]) == ("8", "1")
     assert {k: v for k, v in labels.items() if k.startswith("nvidia.com/mig-1g.10gb.")} == {
         "nvidia.com/mig-1g.10gb.product": "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb",
         "nvidia.com/mig-1g.10gb.count": "4", "nvidia.com/mig-1g.10gb.replicas": "1",

@@ -322,15 +322,14 @@ def test_library_exports_what_the_agent_calls(mock_bin: Path) -> None:
             "print(json.dumps([n for n in sys.argv[2:] if not hasattr(lib, n)]))")
     done = subprocess.run([sys.executable, "-c", code, str(mock_bin / LIBRARY), *names], capture_output=True,
                           text=True, check=True, timeout=60)
-    # v1 profile calls only (the mock has no profile names), no UUID/bus-ID/MIG-parent lookups beyond
-    # the modelled ones, no v2 memory struct (the agent reads v1), only the _v3 process listings (the
-    # agent falls back to _v2 and the unversioned ones on drivers older than 510.39).
+    # v1 profile calls only (the mock has no profile names), no v2 memory struct (the agent reads v1),
+    # only the _v3 process listings (the agent falls back to _v2 and the unversioned ones on drivers older
+    # than 510.39), no NVLink fabric (the mock models none: the agent then publishes no clique).
     assert set(json.loads(done.stdout)) == {
         "nvmlDeviceGetGpuInstanceProfileInfoV", "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
-        "nvmlDeviceGetHandleByPciBusId_v2", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetComputeRunningProcesses_v2",
         "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses",
-        "nvmlDeviceGetGraphicsRunningProcesses"}
+        "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV"}
 
 
 def test_nvml_inventory_agrees(pair: tuple[Pair, Side, Side]) -> None:
@@ -415,7 +414,7 @@ def test_dra_devices_agree(pair: tuple[Pair, Side, Side]) -> None:
     """The DRA driver's GPU devices: names, attributes and memory capacity from the same NVML facts.
     Its snapshot() publishes every GPU on the mock too: found here, a driver without event sets used
     to be treated as NVML being unavailable (no GPUs published); now XID health is off instead."""
-    from node_agent.dra.devices import semver
+    from node_agent.dra.devices import quantity_value, semver
 
     p, mock, sim = pair
     md, sd = mock.probe["dra"], sim.probe["dra"]
@@ -429,8 +428,8 @@ def test_dra_devices_agree(pair: tuple[Pair, Side, Side]) -> None:
             assert (attrs["driverVersion"], attrs["cudaDriverVersion"]) == (
                 {"version": semver(side.probe["driver"][0])}, {"version": semver(side.probe["driver"][1])})
         assert _expected(p, "name", ma["productName"]["string"], sa["productName"]["string"])
-        assert _expected(p, "memory_mib", int(m["capacity"]["memory"]["value"]) >> 20,
-                         int(s["capacity"]["memory"]["value"]) >> 20)
+        assert _expected(p, "memory_mib", quantity_value(m["capacity"]["memory"]["value"]) >> 20,
+                         quantity_value(s["capacity"]["memory"]["value"]) >> 20)
         assert re.match(r"^0000:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", ma["resource.kubernetes.io/pciBusID"]["string"])
     assert sim.probe["draSnapshotGpus"] == 8
     assert mock.probe["draSnapshotGpus"] == 8
@@ -461,28 +460,26 @@ def test_mig_profiles_agree(pair: tuple[Pair, Side, Side]) -> None:
 
 
 def test_mig_mode_and_instances(pair: tuple[Pair, Side, Side]) -> None:
-    """MIG on an idle GPU: both switch at once (current = pending = on) and create a 1g instance.
-    The mock models no more than that: it chooses no placement (0:0), numbers instances from 0,
-    allows a second 1g anywhere and MIG off with instances alive, and has no instance lookups,
-    capacity or MIG devices. The simulator follows nvml.h/real GPUs there (see below)."""
+    """MIG on an idle GPU: both switch at once (current = pending = on), create a 1g instance, then one at
+    slice 2, list both, report the room left (5 of 7), make its compute instance and MIG device, and take
+    stock of every GPU. Where they differ: the mock (through tools/mocknvml's capacity rules) gives a
+    placement-less instance the first free placement in its own table, numbers instances from 0 and lets
+    MIG mode go off with instances alive; the simulator fills from the end, numbers from 1 and refuses that
+    (NVML_ERROR_IN_USE)."""
     _, mock, sim = pair
     for side in (mock, sim):
         assert side.mig["before"] == [False, False]
         assert side.mig["enable"] == [True, True]
         assert "ok" in side.mig["create"] and "ok" in side.mig["createAt2"]
-    assert mock.mig["create"]["ok"]["placement"] == {"start": 0, "size": 0}
-    assert sim.mig["create"]["ok"]["placement"] == {"start": 6, "size": 1}  # NVML fills from the end
-    assert sim.mig["createAt2"]["ok"]["placement"] == {"start": 2, "size": 1}
+        assert side.mig["createAt2"]["ok"]["placement"] == {"start": 2, "size": 1}
+        assert side.mig["remaining"] == {"ok": 5}
+        assert side.mig["migDevices"]["ok"][0] == 1
+        assert side.mig["inventory"] == {"gpus": list(range(len(side.probe["gpus"]))), "lost": []}
+    assert mock.mig["create"]["ok"]["placement"] == {"start": 0, "size": 1}
+    assert sim.mig["create"]["ok"]["placement"] == {"start": 6, "size": 1}
     assert [g["id"] for g in mock.mig["instances"]["ok"]] == [0, 1]
     assert [g["id"] for g in sim.mig["instances"]["ok"]] == [1, 2]
-    assert sim.mig["remaining"] == {"ok": 5}
-    assert sim.mig["computeInstance"]["ok"]["gi_id"] == 1 and sim.mig["migDevices"]["ok"][0] == 1
-    for key in ("remaining", "computeInstance", "migDevices"):
-        assert mock.mig[key] == {"error": "NvmlNotSupported", "code": 3}, key
-    # The mock cannot enumerate GPU 0's MIG devices (NOT_SUPPORTED): only that GPU is left out.
-    count = len(sim.probe["gpus"])
-    assert mock.mig["inventory"] == {"gpus": list(range(1, count)), "lost": [0]}
-    assert sim.mig["inventory"] == {"gpus": list(range(count)), "lost": []}
+    assert mock.mig["computeInstance"]["ok"]["gi_id"] == 0 and sim.mig["computeInstance"]["ok"]["gi_id"] == 1
     assert mock.mig["disableWithInstances"] == {"ok": [False, False]}
     assert sim.mig["disableWithInstances"] == {"error": "NvmlInUse", "code": 19}
 

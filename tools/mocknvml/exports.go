@@ -13,9 +13,12 @@ import "C"
 import (
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
 // -- init and system -----------------------------------------------------------------------------
@@ -35,6 +38,10 @@ func nvmlInitWithFlags(flags C.uint) C.nvmlReturn_t {
 		return C.nvmlReturn_t(ret)
 	}
 	if initCount == 0 {
+		if err := loadState(); err != nil { // MOCK_NVML_STATE: the MIG layout other processes left
+			fmt.Fprintf(os.Stderr, "mocknvml: MOCK_NVML_STATE: %v\n", err)
+			return C.nvmlReturn_t(nvml.ERROR_UNKNOWN)
+		}
 		for _, d := range srv.Devices {
 			handleFor(d)
 		}
@@ -143,6 +150,64 @@ func nvmlDeviceGetHandleByUUID(uuid *C.char, device *unsafe.Pointer) C.nvmlRetur
 		}
 		return putHandle(device, d)
 	}))
+}
+
+// nvmlDeviceGetHandleByPciBusId_v2 finds a GPU by PCI address. NVML accepts the address in either of
+// nvml.h's spellings ("domain:bus:device.function", "bus:device.function"), hex in any case; the mock
+// matches its own spelling only, so both sides are parsed and compared as numbers.
+//
+//export nvmlDeviceGetHandleByPciBusId_v2
+func nvmlDeviceGetHandleByPciBusId_v2(pciBusID *C.char, device *unsafe.Pointer) C.nvmlReturn_t {
+	return C.nvmlReturn_t(call(func() nvml.Return {
+		if pciBusID == nil {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		want, ok := parseBusID(C.GoString(pciBusID))
+		if !ok {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		for _, d := range srv.Devices {
+			if dev, isDev := d.(*server.Device); isDev {
+				if have, ok := parseBusID(dev.PciBusID); ok && have == want {
+					return putHandle(device, d)
+				}
+			}
+		}
+		return nvml.ERROR_NOT_FOUND
+	}))
+}
+
+// nvmlDeviceGetHandleByPciBusId is the v1 name of the same call, which programs built against older
+// headers (and go-nvml's wrappers) still link.
+//
+//export nvmlDeviceGetHandleByPciBusId
+func nvmlDeviceGetHandleByPciBusId(pciBusID *C.char, device *unsafe.Pointer) C.nvmlReturn_t {
+	return nvmlDeviceGetHandleByPciBusId_v2(pciBusID, device)
+}
+
+// parseBusID reads "[domain:]bus:device.function" (hex) as four numbers.
+func parseBusID(s string) ([4]uint64, bool) {
+	var out [4]uint64
+	s = strings.TrimSpace(s)
+	if strings.Count(s, ":") == 1 {
+		s = "0:" + s
+	}
+	head, function, ok := strings.Cut(s, ".")
+	if !ok {
+		return out, false
+	}
+	parts := strings.Split(head, ":")
+	if len(parts) != 3 {
+		return out, false
+	}
+	for i, p := range append(parts, function) {
+		v, err := strconv.ParseUint(p, 16, 32)
+		if err != nil {
+			return out, false
+		}
+		out[i] = v
+	}
+	return out, true
 }
 
 // withDevice runs fn on the mock device behind a handle (NVML_ERROR_INVALID_ARGUMENT if none).
@@ -283,7 +348,7 @@ func nvmlDeviceSetMigMode(device unsafe.Pointer, mode C.uint, activationStatus *
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
 		status, ret := d.SetMigMode(int(mode))
-		if ret != nvml.SUCCESS {
+		if ret = changed(ret); ret != nvml.SUCCESS {
 			return ret
 		}
 		*activationStatus = C.nvmlReturn_t(status)
@@ -340,8 +405,12 @@ func nvmlDeviceCreateGpuInstance(device unsafe.Pointer, profileID C.uint, gpuIns
 		if ret != nvml.SUCCESS {
 			return ret
 		}
-		gi, ret := d.CreateGpuInstance(&p)
+		placement, ret := placeGpuInstance(d, p, nil) // the mock would put every instance at {0,0}
 		if ret != nvml.SUCCESS {
+			return ret
+		}
+		gi, ret := d.CreateGpuInstanceWithPlacement(&p, &placement)
+		if ret = changed(ret); ret != nvml.SUCCESS {
 			return ret
 		}
 		return putHandle(gpuInstance, gi)
@@ -359,8 +428,12 @@ func nvmlDeviceCreateGpuInstanceWithPlacement(device unsafe.Pointer, profileID C
 		if ret != nvml.SUCCESS {
 			return ret
 		}
-		gi, ret := d.CreateGpuInstanceWithPlacement(&p, (*nvml.GpuInstancePlacement)(placement))
+		at, ret := placeGpuInstance(d, p, (*nvml.GpuInstancePlacement)(placement))
 		if ret != nvml.SUCCESS {
+			return ret
+		}
+		gi, ret := d.CreateGpuInstanceWithPlacement(&p, &at)
+		if ret = changed(ret); ret != nvml.SUCCESS {
 			return ret
 		}
 		return putHandle(gpuInstance, gi)
@@ -408,7 +481,7 @@ func nvmlGpuInstanceGetInfo(gpuInstance unsafe.Pointer, info unsafe.Pointer) C.n
 //export nvmlGpuInstanceDestroy
 func nvmlGpuInstanceDestroy(gpuInstance unsafe.Pointer) C.nvmlReturn_t {
 	return withGpuInstance(gpuInstance, func(gi nvml.GpuInstance) nvml.Return {
-		ret := gi.Destroy()
+		ret := changed(gi.Destroy())
 		if ret == nvml.SUCCESS {
 			forget(gi)
 		}
@@ -438,8 +511,11 @@ func nvmlGpuInstanceCreateComputeInstance(gpuInstance unsafe.Pointer, profileID 
 		if ret != nvml.SUCCESS {
 			return ret
 		}
+		if ret := roomForComputeInstance(gi, p); ret != nvml.SUCCESS {
+			return ret
+		}
 		ci, ret := gi.CreateComputeInstance(&p)
-		if ret != nvml.SUCCESS {
+		if ret = changed(ret); ret != nvml.SUCCESS {
 			return ret
 		}
 		return putHandle(computeInstance, ci)
@@ -488,8 +564,11 @@ func nvmlComputeInstanceGetInfo_v2(computeInstance unsafe.Pointer, info unsafe.P
 //export nvmlComputeInstanceDestroy
 func nvmlComputeInstanceDestroy(computeInstance unsafe.Pointer) C.nvmlReturn_t {
 	return withComputeInstance(computeInstance, func(ci nvml.ComputeInstance) nvml.Return {
-		ret := ci.Destroy()
+		ret := changed(ci.Destroy())
 		if ret == nvml.SUCCESS {
+			if c, ok := ci.(*server.ComputeInstance); ok {
+				forgetMigDevice(c)
+			}
 			forget(ci)
 		}
 		return ret
@@ -517,53 +596,6 @@ func unsupportedOnGpuInstance(gpuInstance unsafe.Pointer) C.nvmlReturn_t {
 //export nvmlDeviceGetNumaNodeId
 func nvmlDeviceGetNumaNodeId(device unsafe.Pointer, node *C.uint) C.nvmlReturn_t {
 	return unsupported(device)
-}
-
-//export nvmlDeviceGetMaxMigDeviceCount
-func nvmlDeviceGetMaxMigDeviceCount(device unsafe.Pointer, count *C.uint) C.nvmlReturn_t {
-	return unsupported(device)
-}
-
-//export nvmlDeviceGetMigDeviceHandleByIndex
-func nvmlDeviceGetMigDeviceHandleByIndex(device unsafe.Pointer, index C.uint, migDevice *unsafe.Pointer) C.nvmlReturn_t {
-	return unsupported(device)
-}
-
-//export nvmlDeviceIsMigDeviceHandle
-func nvmlDeviceIsMigDeviceHandle(device unsafe.Pointer, isMigDevice *C.uint) C.nvmlReturn_t {
-	return unsupported(device)
-}
-
-//export nvmlDeviceGetGpuInstanceId
-func nvmlDeviceGetGpuInstanceId(device unsafe.Pointer, id *C.uint) C.nvmlReturn_t {
-	return unsupported(device)
-}
-
-//export nvmlDeviceGetComputeInstanceId
-func nvmlDeviceGetComputeInstanceId(device unsafe.Pointer, id *C.uint) C.nvmlReturn_t {
-	return unsupported(device)
-}
-
-//export nvmlDeviceGetGpuInstanceById
-func nvmlDeviceGetGpuInstanceById(device unsafe.Pointer, id C.uint, gpuInstance *unsafe.Pointer) C.nvmlReturn_t {
-	return unsupported(device)
-}
-
-//export nvmlDeviceGetGpuInstanceRemainingCapacity
-func nvmlDeviceGetGpuInstanceRemainingCapacity(device unsafe.Pointer, profileID C.uint, count *C.uint) C.nvmlReturn_t {
-	return unsupported(device)
-}
-
-//export nvmlGpuInstanceGetComputeInstanceById
-func nvmlGpuInstanceGetComputeInstanceById(gpuInstance unsafe.Pointer, id C.uint,
-	computeInstance *unsafe.Pointer) C.nvmlReturn_t {
-	return unsupportedOnGpuInstance(gpuInstance)
-}
-
-//export nvmlGpuInstanceGetComputeInstanceRemainingCapacity
-func nvmlGpuInstanceGetComputeInstanceRemainingCapacity(gpuInstance unsafe.Pointer, profileID C.uint,
-	count *C.uint) C.nvmlReturn_t {
-	return unsupportedOnGpuInstance(gpuInstance)
 }
 
 //export nvmlDeviceGetTopologyCommonAncestor

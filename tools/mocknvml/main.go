@@ -13,8 +13,9 @@
 // Rules the bridge keeps:
 //   - The machine is chosen when the library loads, by MOCK_NVML_MACHINE (dgxa100 by default,
 //     dgxh100, dgxh200, dgxb200). The mock's state (MIG mode, instances) lives as long as the
-//     process, like a GPU's across nvmlShutdown/nvmlInit. GPU UUIDs are derived from the machine and
-//     index (the mock's own are random), so every process sees the same GPUs.
+//     process, like a GPU's across nvmlShutdown/nvmlInit, or, with MOCK_NVML_STATE=<file>, as long
+//     as the file (state.go), so a layout one program makes is the next one's. GPU UUIDs are derived
+//     from the machine and index (the mock's own are random), so every process sees the same GPUs.
 //   - Return codes are NVML's, and whatever the mock returns is passed through. The bridge adds
 //     only what the C ABI itself defines and the Go API cannot express: NVML_ERROR_UNINITIALIZED
 //     before nvmlInit, NVML_ERROR_INVALID_ARGUMENT for unknown handles and NULL outputs,
@@ -64,15 +65,6 @@ var machines = map[string]func() *server.Server{
 // Keys are the C symbol names, values the mock method that is missing (checked by main_test.go).
 var notModeled = map[string]string{
 	"nvmlDeviceGetNumaNodeId":                            "Device.GetNumaNodeId",
-	"nvmlDeviceGetMaxMigDeviceCount":                     "Device.GetMaxMigDeviceCount",
-	"nvmlDeviceGetMigDeviceHandleByIndex":                "Device.GetMigDeviceHandleByIndex",
-	"nvmlDeviceIsMigDeviceHandle":                        "Device.IsMigDeviceHandle",
-	"nvmlDeviceGetGpuInstanceId":                         "Device.GetGpuInstanceId",
-	"nvmlDeviceGetComputeInstanceId":                     "Device.GetComputeInstanceId",
-	"nvmlDeviceGetGpuInstanceById":                       "Device.GetGpuInstanceById",
-	"nvmlDeviceGetGpuInstanceRemainingCapacity":          "Device.GetGpuInstanceRemainingCapacity",
-	"nvmlGpuInstanceGetComputeInstanceById":              "GpuInstance.GetComputeInstanceById",
-	"nvmlGpuInstanceGetComputeInstanceRemainingCapacity": "GpuInstance.GetComputeInstanceRemainingCapacity",
 	"nvmlDeviceGetTopologyCommonAncestor":                "Device.GetTopologyCommonAncestor",
 	"nvmlDeviceGetNvLinkState":                           "Device.GetNvLinkState",
 	"nvmlDeviceGetNvLinkRemotePciInfo_v2":                "Device.GetNvLinkRemotePciInfo",
@@ -140,13 +132,20 @@ func stableUUID(machine string, index int) string {
 
 func main() {}
 
-// call runs one NVML function: the library must be initialised, and a panic inside the mock (a
-// method it does not implement, a bug) becomes NVML_ERROR_UNKNOWN instead of killing the host process.
+// call runs one NVML function: the library must be initialised, and a panic inside the mock becomes a
+// return code instead of killing the host process: NVML_ERROR_NOT_SUPPORTED for a method the mock does
+// not implement (a feature this machine lacks), NVML_ERROR_UNKNOWN for anything else (a bug).
 func call(fn func() nvml.Return) (ret C.int) {
 	mu.Lock()
 	defer mu.Unlock()
 	defer func() {
 		if p := recover(); p != nil {
+			// A query the mock leaves without an implementation (its "method is nil" panic) is a
+			// feature this machine does not have; anything else is a bug, said on stderr.
+			if msg := fmt.Sprint(p); strings.Contains(msg, "method is nil") {
+				ret = C.int(nvml.ERROR_NOT_SUPPORTED)
+				return
+			}
 			fmt.Fprintf(os.Stderr, "mocknvml: %v\n", p)
 			ret = C.int(nvml.ERROR_UNKNOWN)
 		}

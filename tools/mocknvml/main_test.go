@@ -66,7 +66,7 @@ func TestRefsUpToDate(t *testing.T) {
 		t.Fatalf("go list: %v", err)
 	}
 	called := names(t, filepath.Join(strings.TrimSpace(string(dir)), "pkg", "nvml", "*.go"), `\bC\.(nvml\w+)\(`)
-	exported := names(t, "exports.go", `(?m)^//export (nvml\w+)$`)
+	exported := names(t, "*.go", `(?m)^//export (nvml\w+)$`)
 	var want []string
 	for _, n := range called {
 		if !contains(exported, n) {
@@ -134,4 +134,45 @@ func renderRefs(symbols []string) string {
 		fmt.Fprintf(&b, "NOT_EXPORTED(%s)\n", s)
 	}
 	return b.String()
+}
+
+// TestStateRoundTrip: what saveState writes, a fresh process's loadState restores (mode, instances with
+// their IDs, placements and counters), and a file for another machine is refused.
+func TestStateRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	t.Setenv("MOCK_NVML_STATE", path)
+	machine, srv = "dgxa100", machines["dgxa100"]()
+	d := srv.Devices[2].(*server.Device)
+	if _, ret := d.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	for _, start := range []uint32{0, 4} {
+		p := d.Config.MIGProfiles.GpuInstanceProfiles[nvml.GPU_INSTANCE_PROFILE_3_SLICE]
+		gi, ret := d.CreateGpuInstanceWithPlacement(&p, &nvml.GpuInstancePlacement{Start: start, Size: 4})
+		if ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+		cp, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if _, ret := gi.CreateComputeInstance(&cp); ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+	}
+	if err := saveState(); err != nil {
+		t.Fatal(err)
+	}
+	want := snapshot()
+	srv = machines["dgxa100"]()
+	if err := loadState(); err != nil {
+		t.Fatal(err)
+	}
+	if got := snapshot(); !reflect.DeepEqual(got, want) {
+		t.Errorf("restored %+v, want %+v", got, want)
+	}
+	if mode, _, _ := srv.Devices[2].GetMigMode(); mode != nvml.DEVICE_MIG_ENABLE {
+		t.Errorf("MIG mode %d after restore", mode)
+	}
+	machine, srv = "dgxh100", machines["dgxh100"]()
+	if err := loadState(); err == nil || !strings.Contains(err.Error(), `machine "dgxa100"`) {
+		t.Errorf("a dgxa100 state loaded on dgxh100: %v", err)
+	}
 }

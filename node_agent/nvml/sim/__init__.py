@@ -6,12 +6,15 @@ fake sits at the C-function level); ``uninstall()`` puts the previous library ba
 that falls off the bus, a hung GPU, one C function failing on one GPU (``fail_call``, e.g. error
 999), functions the library lacks (``remove_functions``, and by driver version: see
 ``lib.FUNCTION_SINCE``), NVML init failure, processes holding a GPU, overridden driver version /
-name / compute capability for bad-node scenarios.
+name / compute capability for bad-node scenarios, and NVLink fabric registration (``set_fabric``: a
+multi-node NVLink machine such as a GB200 NVL72 tray; by default no GPU is in a fabric).
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 import pynvml
@@ -20,7 +23,9 @@ from node_agent.nvml.sim.lib import FakeNvmlLibrary
 from node_agent.nvml.sim.machines import MACHINE_NAMES, MACHINES, MachineSpec, UnknownMachineError, get_machine
 from node_agent.nvml.sim.state import (
     EventName,
+    FabricStateName,
     InitError,
+    SimFabric,
     SimProcess,
     SimState,
     SimStateError,
@@ -149,6 +154,17 @@ class SimulatedMachine:
         with self.store.mutate() as s:
             s.gpus[index].name = name
             s.gpus[index].compute_capability = compute_capability
+
+    def set_fabric(self, cluster_uuid: uuid.UUID | str | None, clique_id: int = 0, *,
+                   gpus: Iterable[int] | None = None, state: FabricStateName = "completed",
+                   status: int = 0) -> None:
+        """Register ``gpus`` (default: all) with an NVLink fabric, as a GB200 NVL72 tray reports it;
+        ``cluster_uuid=None`` takes them out of any fabric again (NVML answers NOT_SUPPORTED)."""
+        fabric = None if cluster_uuid is None else SimFabric(
+            cluster_uuid=uuid.UUID(str(cluster_uuid)), clique_id=clique_id, state=state, status=status)
+        with self.store.mutate() as s:
+            for i in range(len(s.gpus)) if gpus is None else gpus:
+                s.gpus[i].fabric = fabric
 
     def block_reset(self, index: int, blocked: bool = True) -> None:
         with self.store.mutate() as s:

@@ -75,6 +75,12 @@ _EVENT_BITS = {"xid": pynvml.nvmlEventTypeXidCriticalError,
                "double-bit-ecc": pynvml.nvmlEventTypeDoubleBitEccError,
                "single-bit-ecc": pynvml.nvmlEventTypeSingleBitEccError}
 _SUPPORTED_EVENTS = sum(_EVENT_BITS.values())
+_FABRIC_STATES = {"not-started": pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
+                  "in-progress": pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS,
+                  "completed": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED}
+#: ``nvmlGpuFabricInfoV`` struct versions the fake fills: v2 and v3 (v3 adds ``healthSummary``).
+_FABRIC_V_STRUCTS: dict[int, Any] = {pynvml.nvmlGpuFabricInfo_v2: pynvml.c_nvmlGpuFabricInfo_v2_t,
+                                     pynvml.nvmlGpuFabricInfo_v3: pynvml.c_nvmlGpuFabricInfo_v3_t}
 #: How long a "hung" GPU blocks a call before giving up on its own (keeps leaked threads bounded).
 HANG_LIMIT_S = 30.0
 #: The first driver whose libnvidia-ml.so exports the function: a simulated machine whose driver
@@ -257,6 +263,8 @@ class FakeNvmlLibrary:
             "nvmlDeviceGetNvLinkRemotePciInfo_v2": ((_P, _U, _P), self.nvlink_remote_pci, _I),
             "nvmlDeviceGetNvLinkRemoteDeviceType": ((_P, _U, _P), self.nvlink_remote_type, _I),
             "nvmlDeviceGetTopologyCommonAncestor": ((_P, _P, _P), self.common_ancestor, _I),
+            "nvmlDeviceGetGpuFabricInfo": ((_P, _P), self.fabric_info, _I),
+            "nvmlDeviceGetGpuFabricInfoV": ((_P, _P), self.fabric_info_v, _I),
             "nvmlDeviceGetComputeRunningProcesses_v3": ((_P, _P, _P), self.compute_processes, _I),
             "nvmlDeviceGetGraphicsRunningProcesses_v3": ((_P, _P, _P), self.graphics_processes, _I),
             "nvmlDeviceGetComputeRunningProcesses_v2": ((_P, _P, _P), self.compute_processes, _I),
@@ -946,6 +954,34 @@ class FakeNvmlLibrary:
         else:
             level = pynvml.NVML_TOPOLOGY_SYSTEM
         _put(out, ctypes.c_uint, level)
+
+    # -- NVLink fabric ----------------------------------------------------------------------
+    def _fill_fabric(self, handle: int | None, out: int | None, struct: Any) -> None:
+        """One GPU's fabric registration into ``struct`` at ``out``; NOT_SUPPORTED outside a fabric."""
+        _, gpu = self._gpu(handle)
+        fabric = gpu.fabric
+        if fabric is None:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        info = struct.from_address(out)
+        ctypes.memmove(ctypes.addressof(info.clusterUuid), fabric.cluster_uuid.bytes, 16)
+        info.status = fabric.status
+        info.cliqueId = fabric.clique_id
+        info.state = _FABRIC_STATES[fabric.state]
+
+    def fabric_info(self, handle: int | None, out: int | None) -> None:
+        """``nvmlDeviceGetGpuFabricInfo``: the unversioned ``nvmlGpuFabricInfo_t``."""
+        self._fill_fabric(handle, out, pynvml.c_nvmlGpuFabricInfo_t)
+
+    def fabric_info_v(self, handle: int | None, out: int | None) -> None:
+        """``nvmlDeviceGetGpuFabricInfoV``: the struct version the caller put in its first field (v2, v3)."""
+        if out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        struct = _FABRIC_V_STRUCTS.get(ctypes.c_uint.from_address(out).value)
+        if struct is None:
+            raise _Ret(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        self._fill_fabric(handle, out, struct)
 
     # -- processes ---------------------------------------------------------------------------
     def compute_processes(self, handle: int | None, count: int | None, out: int | None) -> int | None:

@@ -17,6 +17,7 @@ import fcntl
 import os
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -27,6 +28,7 @@ from node_agent.nvml.sim.machines import MachineSpec, get_machine
 
 InitError = Literal["driver-not-loaded", "library-not-found", "lib-rm-version-mismatch", "no-permission"]
 EventName = Literal["xid", "double-bit-ecc", "single-bit-ecc"]
+FabricStateName = Literal["not-started", "in-progress", "completed"]
 #: Keep the last events only; event sets remember the sequence number they have seen.
 MAX_EVENTS = 256
 
@@ -66,6 +68,21 @@ class SimEvent(_Model):
     ci_id: int | None = None
 
 
+class SimFabric(_Model):
+    """The GPU's registration with the NVLink fabric manager (``nvmlDeviceGetGpuFabricInfo``).
+
+    What a multi-node NVLink machine reports, a GB200 NVL72 compute tray for one: every GPU ``completed``
+    in the rack's cluster UUID and its NVLink partition (clique). Without it (the default) the GPU is
+    outside any fabric and NVML answers NOT_SUPPORTED, like every PCIe and HGX board.
+    """
+
+    cluster_uuid: uuid.UUID
+    clique_id: int = Field(ge=0, le=0xFFFFFFFF)
+    state: FabricStateName = "completed"
+    #: NVML return code of the registration itself (0: it succeeded).
+    status: int = 0
+
+
 class SimGpu(_Model):
     mig_current: bool = False
     mig_pending: bool = False
@@ -80,6 +97,7 @@ class SimGpu(_Model):
     #: C function name (``nvmlDeviceGetMemoryInfo``, or with its ``_vN`` suffix) -> the NVML return
     #: code every call of it on this GPU fails with (999 = NVML_ERROR_UNKNOWN).
     call_errors: dict[str, int] = {}
+    fabric: SimFabric | None = None
 
 
 class SimState(_Model):
