@@ -1,4 +1,4 @@
-"""Our device plugin against NVIDIA's ``nvidia-device-plugin``, side by side in one run, and the per-node footprint.
+"""Our device plugin and DRA plugin against NVIDIA's, side by side in one run, and the per-node footprint.
 
 Both run on NVIDIA's go-nvml mock machine (``dgxh100``; ``--machine dgxa100`` adds or picks another) laid out as
 one host tree (``tests/compare/peers.py``): NVIDIA's plugin in a private mount namespace that shows it the mock's
@@ -16,13 +16,27 @@ side by side, ratios ours/NVIDIA's:
 * each plugin process's peak RSS (VmHWM) and CPU time after that load (NVIDIA's is found behind
   ``unshare``/``sh -c exec`` through ``/proc/<pid>/exe``).
 
+Then the DRA kubelet plugins: NVIDIA's ``gpu-kubelet-plugin`` (v0.4.1) and our ``dra-driver`` on the same mock
+machine (a copy under a short root in /tmp: unix socket paths), each for a kwok Node of one local API server
+(etcd, kube-apiserver, kwok) and registered with a DRA kubelet stand-in that calls NodePrepareResources and
+NodeUnprepareResources over the plugin's real gRPC socket (``tests/compare/dra.py``), both up at once:
+
+* start to published ResourceSlices (process start to the plugin's slices listed), median of a few starts;
+* NodePrepareResources p50/p99 and NodeUnprepareResources p50 over prepare+unprepare cycles of one-GPU claims
+  (each cycle on a fresh ResourceClaim allocated as the scheduler would, created up front and not timed), the
+  plugins interleaved: paced under NVIDIA's client-go rate limit (so its own work is timed), then back-to-back
+  (where that limit queues its prepares, as it would on a node starting many claimed pods at once);
+* each plugin process's VmHWM/VmRSS and CPU time after that load, and its idle VmRSS before it.
+
 Then the per-node footprint: what a GPU node runs, started idle on the same mock machine, per mode; VmRSS after
 settling and VmHWM, per process and summed. NVIDIA's stack: device plugin + GPU feature discovery in its sleep
 loop (+ the MIG manager, counted as one ``nvidia-mig-parted export`` run's peak RSS: NVIDIA's long-running
 manager binary is not built here). Ours: the containers our DaemonSets run on a device-plugin node, rendered
 from ``components/`` for an H100 group on the daemonset node-setup backend (setup pod, labeller, device plugin,
 MIG manager), with their container paths pointed into the host tree and a Kubernetes API stand-in (kmock)
-holding the Node. What could not be run, and why, is printed with the table.
+holding the Node. In DRA mode NVIDIA's node runs gpu-kubelet-plugin + GFD and ours the containers a DRA group
+renders (setup hold, labeller, DRA plugin: no device plugin), the DRA plugins counted with their idle sample
+from the DRA run. What could not be run, and why, is printed with the table.
 
 Targets (issue): Allocate and prepare no slower than NVIDIA's at p99, preferred allocation never worse in score,
 per-node memory footprint no larger than NVIDIA's stack. Printed as MET/MISSED: benchmarks report, tests assert.
@@ -44,7 +58,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -56,19 +70,24 @@ import pytest  # noqa: E402  (tests.tools.required_bin skips through pytest when
 from kubernetes import client  # noqa: E402
 
 from components import mig_profile  # noqa: E402
+from components.manifests import dra as dra_manifests  # noqa: E402
 from components.manifests import workloads  # noqa: E402
 from components.manifests.sharing import render_named_configs  # noqa: E402
+from localcluster import ControlPlane  # noqa: E402
 from node_agent.kubelet.api import pb  # noqa: E402
 from nvgpu import labels  # noqa: E402
 from nvgpu.stackconfig import NodeGroup, StackConfig, load_stack_config  # noqa: E402
+from tests.compare import dra as dra_cmp  # noqa: E402
 from tests.compare.deviceplugin import PLUGIN_DIR, RESOURCE  # noqa: E402
 from tests.compare.peers import DMI_PRODUCT, Machine, machine, namespaced  # noqa: E402
 from tests.deviceplugin.kubelet_standin import KubeletStandIn  # noqa: E402
 from tests.deviceplugin.reference import exhaustive, set_score  # noqa: E402
 from tests.mig.kmock_server import api, kmock_server, kubeconfig  # noqa: E402
+from tests.tools import required_bin  # noqa: E402
 
 FLAGS = ("--device-list-strategy", "envvar", "--device-id-strategy", "uuid")
-#: BENCH_CALLS, BENCH_STARTS: sizes of the run; BENCH_KEEP=1 keeps the work directory and the processes' logs.
+#: BENCH_CALLS, BENCH_STARTS, BENCH_DRA_CYCLES: sizes of the run; BENCH_KEEP=1 keeps the work directories and the
+#: processes' logs.
 CALLS = int(os.environ.get("BENCH_CALLS", "1000"))  #: Allocate calls per plugin and request size
 WARMUP = 100
 BLOCK = 25  #: calls to one plugin before switching to the other
@@ -80,6 +99,7 @@ NODE = "gpu-node"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 GNU_TIME = Path("/usr/bin/time")
 NVIDIA, OURS = "NVIDIA", "ours"
+DEVICE_PLUGIN_MODE, DRA_MODE = "device-plugin", "dra"  #: a footprint row only on the nodes of that allocation mode
 #: The catalogue model of each mock machine's GPUs (the node group the footprint renders our DaemonSets for).
 MODELS = {"dgxa100": "A100-40GB", "dgxh100": "H100-80GB"}
 
@@ -494,6 +514,189 @@ def compare_plugins(procs: Processes, m: Machine, work: Path) -> PluginFigures:
     return PluginFigures(starts, exec_starts, allocate, preferred, topology(m), after, load_cpu)
 
 
+# --- the two DRA kubelet plugins -------------------------------------------------------------------
+
+#: BENCH_DRA_CYCLES: prepare+unprepare cycles per DRA plugin (each on a claim of its own, created up front).
+DRA_CYCLES = int(os.environ.get("BENCH_DRA_CYCLES", "100"))
+DRA_WARMUP = 5
+DRA_BLOCK = 10  #: back-to-back cycles on one plugin before switching to the other
+#: Paced: one cycle per plugin every DRA_PACE_S, under NVIDIA's plugin's client-go rate limit (its default
+#: --kube-api-qps 5, --kube-api-burst 10; each of its prepares GETs the claim), so its own work is what is timed.
+DRA_PACE_S = 0.25
+PACED, BURST = "paced", "back-to-back"
+DRA_SIDE = {NVIDIA: "nvidia", OURS: "ours"}  #: tests.compare.dra's names of the sides
+DRA_EXE = {NVIDIA: "gpu-kubelet-plugin", OURS: "python"}
+#: The control plane the DRA plugins publish to: no controller-manager (its claim controller would clear the
+#: bench's claims' reservations for pods that do not exist) and no scheduler; kwok plays the Nodes' kubelet.
+DRA_COMPONENTS = ("etcd", "kube-apiserver", "kwok")
+NVIDIA_DRA_VERSION = "v0.4.1"
+
+
+@dataclass(frozen=True)
+class EnvMachine(Machine):
+    """The machine, with environment variables our DRA plugin's DaemonSet sets on its container."""
+
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return super().env(**(dict(self.extra_env) | extra))
+
+
+def dra_stack(model: str) -> tuple[StackConfig, NodeGroup]:
+    """One DRA group of ``model`` GPUs, whole, on the daemonset node-setup backend."""
+    cfg = load_stack_config({
+        "cluster": {"kubernetesVersion": "1.34", "nodeSetup": "daemonset",
+                    "agentImage": {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "bench"}},
+        "nodeGroups": [{"name": "gpu", "nodeSelector": {"matchLabels": {"gpu": "bench"}}, "allocationMode": "dra",
+                        "gpu": {"model": model, "sharing": "Exclusive"}}],
+    })
+    return cfg, cfg.node_groups[0]
+
+
+def dra_node_containers(model: str) -> tuple[list[str], dict[str, str]]:
+    """The containers a DRA group's GPU node runs, as ``components/`` renders them (init containers marked), and
+    the plain environment values of our DRA plugin's container."""
+    cfg, group = dra_stack(model)
+    ctx = workloads.GroupContext(namespace=cfg.cluster.namespace, cluster=cfg.cluster, group=group)
+    names: list[str] = []
+    plugin_env: dict[str, str] = {}
+    for ds in (workloads.setup_daemonset(ctx), workloads.labeller_daemonset(ctx),
+               dra_manifests.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, group)):
+        spec = ds["spec"]["template"]["spec"]
+        names += [f"{c['name']} (init)" for c in spec.get("initContainers", [])]
+        names += [c["name"] for c in spec["containers"]]
+        for c in spec["containers"]:
+            if c["name"] == dra_manifests.COMPONENT:
+                plugin_env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+    return names, plugin_env
+
+
+@dataclass
+class DraFigures:
+    starts: dict[str, list[float]]  #: process start to the plugin's ResourceSlices listed
+    prepare: dict[str, dict[str, list[float]]]  #: PACED or BURST -> side -> seconds
+    unprepare: dict[str, dict[str, list[float]]]
+    idle: dict[str, Memory]  #: both up, slices published, settled, before the load
+    idle_cpu: dict[str, float]
+    after_load: dict[str, Memory]
+    load_cpu_s: dict[str, float]
+    devices: dict[str, int]  #: GPUs each publishes
+    node_containers: list[str]  #: what a DRA group's node runs (ours, rendered)
+    plugin_env: dict[str, str]  #: what our plugin ran with from its DaemonSet
+
+
+def _claim_error(response: Any, uid: str) -> str:
+    claims = response.claims
+    if uid not in claims:
+        return f"no answer for claim {uid}"
+    return str(claims[uid].error)
+
+
+def _dra_cycle(plugin: Any, claim: tuple[str, str, str], side: str) -> tuple[float, float]:
+    """One NodePrepareResources and NodeUnprepareResources of ``claim``: their seconds, each timed alone."""
+    t = time.perf_counter()
+    response = plugin.kubelet.prepare(dra_cmp.DRIVER, [claim], timeout=WAIT_S)
+    prepared = time.perf_counter() - t
+    if err := _claim_error(response, claim[2]):
+        raise RuntimeError(f"{side}'s NodePrepareResources of {claim[1]}: {err}\n{plugin.log()}")
+    t = time.perf_counter()
+    response = plugin.kubelet.unprepare(dra_cmp.DRIVER, [claim], timeout=WAIT_S)
+    unprepared = time.perf_counter() - t
+    if err := _claim_error(response, claim[2]):
+        raise RuntimeError(f"{side}'s NodeUnprepareResources of {claim[1]}: {err}\n{plugin.log()}")
+    return prepared, unprepared
+
+
+def compare_dra(m: Machine, work: Path) -> DraFigures:
+    """NVIDIA's gpu-kubelet-plugin and our dra-driver on ``m`` (a short root: unix socket paths), each for a kwok
+    Node of one local API server, registered with a kubelet stand-in of its own (``tests.compare.dra``)."""
+    bin_dir = required_bin("gpu-kubelet-plugin", "nvidia-cdi-hook", *DRA_COMPONENTS)
+    containers, plugin_env = dra_node_containers(MODELS[m.name])
+    # Ours with what its DaemonSet sets beyond the pod's identity (MALLOC_ARENA_MAX); NVIDIA's as its chart runs it.
+    ours_env = {k: v for k, v in plugin_env.items() if k == "MALLOC_ARENA_MAX"}
+    machines: dict[str, Machine] = {
+        NVIDIA: m, OURS: EnvMachine(**{f.name: getattr(m, f.name) for f in fields(m)},
+                                    extra_env=tuple(sorted(ours_env.items())))}
+    cp = ControlPlane(directory=work / "cluster", components=DRA_COMPONENTS, bin_dir=bin_dir)
+    cp.start(timeout=WAIT_S * 2)
+    kube = cp.admin()
+    claims: dict[str, list[tuple[str, str, str]]] = {NVIDIA: [], OURS: []}
+    n = 0
+
+    def running(side: str) -> Any:
+        nonlocal n
+        n += 1
+        return dra_cmp.running(machines[side], DRA_SIDE[side], kube, cp.kubeconfig, work / f"p{n}")
+
+    try:
+        starts: dict[str, list[float]] = {NVIDIA: [], OURS: []}
+        for rep in range(STARTS - 1):  # alternating; the last start of each serves the load
+            for side in (NVIDIA, OURS) if rep % 2 == 0 else (OURS, NVIDIA):
+                with running(side) as plugin:
+                    starts[side].append(plugin.seconds_to_slices)
+        with contextlib.ExitStack() as up:
+            plugins: dict[str, Any] = {}
+            for side in (NVIDIA, OURS) if (STARTS - 1) % 2 == 0 else (OURS, NVIDIA):
+                plugin = up.enter_context(running(side))
+                starts[side].append(plugin.seconds_to_slices)
+                plugins[side] = plugin
+            pids = {side: real_pid(p.proc.pid, DRA_EXE[side]) for side, p in plugins.items()}
+            published = {side: dra_cmp.slices(kube, p.node) for side, p in plugins.items()}
+            gpus = sorted(d["attributes"]["uuid"]["string"] for s in published[OURS]
+                          for d in s["spec"].get("devices") or []
+                          if d.get("attributes", {}).get("type", {}).get("string") == "gpu")
+            devices = {side: sum(1 for s in pub for d in s["spec"].get("devices") or []
+                                 if d.get("attributes", {}).get("type", {}).get("string") == "gpu")
+                       for side, pub in published.items()}
+            if not gpus:
+                raise RuntimeError("our DRA plugin published no GPU")
+            cpu_before = {side: tree_memory(pid).cpu_s for side, pid in pids.items()}
+            time.sleep(SETTLE_S)
+            idle = {side: tree_memory(pid) for side, pid in pids.items()}
+            idle_cpu = {side: (idle[side].cpu_s - cpu_before[side]) / SETTLE_S for side in pids}
+            # Claim i allocates the same physical GPU (by UUID) on both sides, the GPUs in turn; created up front.
+            names = {side: [dra_cmp.device_by_uuid(published[side], u) for u in gpus] for side in plugins}
+            for i in range(DRA_WARMUP + 2 * DRA_CYCLES):
+                for side, p in plugins.items():
+                    claims[side].append(dra_cmp.allocated_claim(kube, p, names[side][i % len(gpus)]))
+            for i in range(DRA_WARMUP):
+                for side, p in plugins.items():
+                    _dra_cycle(p, claims[side][i], side)
+            prepare: dict[str, dict[str, list[float]]] = {r: {NVIDIA: [], OURS: []} for r in (PACED, BURST)}
+            unprepare: dict[str, dict[str, list[float]]] = {r: {NVIDIA: [], OURS: []} for r in (PACED, BURST)}
+            fresh = {side: iter(claims[side][DRA_WARMUP:]) for side in plugins}
+
+            def cycle(regime: str, side: str) -> None:
+                took = _dra_cycle(plugins[side], next(fresh[side]), side)
+                prepare[regime][side].append(took[0])
+                unprepare[regime][side].append(took[1])
+
+            load_before = {side: tree_memory(pid).cpu_s for side, pid in pids.items()}
+            order = [NVIDIA, OURS]
+            for r in range(DRA_CYCLES):  # paced, ABBA: one cycle each per round
+                at = time.monotonic()
+                for side in order if r % 2 == 0 else order[::-1]:
+                    cycle(PACED, side)
+                time.sleep(max(0.0, at + DRA_PACE_S - time.monotonic()))
+            for block in range(math.ceil(DRA_CYCLES / DRA_BLOCK)):  # back-to-back, in blocks, alternating
+                for side in order if block % 2 == 0 else order[::-1]:
+                    for _ in range(min(DRA_BLOCK, DRA_CYCLES - block * DRA_BLOCK)):
+                        cycle(BURST, side)
+            after = {side: tree_memory(pid) for side, pid in pids.items()}
+            load_cpu = {side: after[side].cpu_s - load_before[side] for side in pids}
+            for side, p in plugins.items():
+                if p.proc.poll() is not None:
+                    raise RuntimeError(f"{side}'s DRA plugin exited {p.proc.returncode}:\n{p.log()}")
+    except (AssertionError, TimeoutError) as e:  # tests.compare.dra's waits answer these
+        raise RuntimeError(f"DRA: {e}") from None
+    finally:
+        for claim in claims[NVIDIA] + claims[OURS]:
+            with contextlib.suppress(Exception):
+                kube.delete(dra_cmp.RESOURCE, "ResourceClaim", claim[1], claim[0])
+        cp.stop()
+    return DraFigures(starts, prepare, unprepare, idle, idle_cpu, after, load_cpu, devices, containers, ours_env)
+
+
 # --- the per-node footprint ------------------------------------------------------------------------
 
 
@@ -517,6 +720,7 @@ class Container:
     init: bool = False
     kubelet_dir: Path | None = None  #: the device plugin's socket directory (a kubelet stand-in serves it)
     mig: bool = False  #: runs only on nodes carrying nvidia.com/mig.config
+    mode: str = ""  #: runs only on nodes of this allocation mode ("" every mode)
 
 
 def _replace_value(argv: list[str], flag: str, value: str) -> list[str]:
@@ -539,11 +743,11 @@ def our_containers(m: Machine, work: Path, kubecfg: Path) -> list[Container]:
     paths = {workloads.HOST_ROOT: str(m.root), workloads.CONTAINER_DRIVER_ROOT: "/",
              workloads.DEVICE_PLUGIN_CONFIG_DIR: str(dp_config), workloads.CDI_HOOK_DIR: str(work / "cdi-hook"),
              f"{mig_profile.CONFIG_DIR}/{mig_profile.CONFIG_KEY}": str(mig_config)}
-    daemonsets = [(workloads.setup_daemonset(ctx), False), (workloads.labeller_daemonset(ctx), False),
-                  (workloads.device_plugin_daemonset(ctx), False),
-                  (mig_profile.daemonset(cfg.cluster.namespace, cfg.cluster, [group]), True)]
+    daemonsets = [(workloads.setup_daemonset(ctx), False, ""), (workloads.labeller_daemonset(ctx), False, ""),
+                  (workloads.device_plugin_daemonset(ctx), False, DEVICE_PLUGIN_MODE),
+                  (mig_profile.daemonset(cfg.cluster.namespace, cfg.cluster, [group]), True, "")]
     out = []
-    for ds, mig in daemonsets:
+    for ds, mig, mode in daemonsets:
         spec = ds["spec"]["template"]["spec"]
         for init, c in [(True, c) for c in spec.get("initContainers", [])] + [(False, c) for c in spec["containers"]]:
             cmd = [paths.get(a, a) for a in [*c["command"], *c.get("args", [])]]
@@ -560,7 +764,7 @@ def our_containers(m: Machine, work: Path, kubecfg: Path) -> list[Container]:
                 if init and "setup" in agent:
                     agent.append("--no-restart")  # no containerd to restart in a host tree
                 cmd = [*cmd[:3], *agent]
-            out.append(Container(c["name"], tuple(cmd), init, kubelet_dir, mig))
+            out.append(Container(c["name"], tuple(cmd), init, kubelet_dir, mig, mode))
     return out
 
 
@@ -574,6 +778,7 @@ class Row:
     mig: bool = False
     in_totals: bool = True
     note: str = ""
+    mode: str = ""  #: only on nodes of this allocation mode ("" every mode)
 
 
 @dataclass
@@ -635,7 +840,7 @@ def footprint(procs: Processes, m: Machine, work: Path) -> Footprint:
             for c in (c for c in containers if not c.init):
                 if c.kubelet_dir is not None:
                     kubelets.append(procs.kubelet(c.kubelet_dir))
-                row = Row(OURS, c.name, mig=c.mig)
+                row = Row(OURS, c.name, mig=c.mig, mode=c.mode)
                 our_rows.append(row)
                 log = f"{m.name}-node-{c.name}"
                 running.append((row, procs.start(log, c.argv, env), "python", log))
@@ -643,7 +848,7 @@ def footprint(procs: Processes, m: Machine, work: Path) -> Footprint:
             kubelets.append(procs.kubelet(kdir))
             dp = [str(m.tools / "nvidia-device-plugin"), "--fail-on-init-error=true", "--pass-device-specs=true",
                   *FLAGS]
-            row = Row(NVIDIA, "nvidia-device-plugin")
+            row = Row(NVIDIA, "nvidia-device-plugin", mode=DEVICE_PLUGIN_MODE)
             nvidia_rows.append(row)
             log = f"{m.name}-node-nvidia-device-plugin"
             running.append((row, procs.start(log, namespaced(m, dp, {PLUGIN_DIR: kdir}), env), "nvidia-device-plugin",
@@ -759,6 +964,60 @@ def report_plugins(m: Machine, f: PluginFigures) -> tuple[bool, bool]:
     return allocate_ok, preferred_ok
 
 
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.2f}"
+
+
+def report_dra(m: Machine, f: DraFigures) -> tuple[bool, str]:
+    """Prints the DRA comparison; returns (prepare p99 target met, the figures it was judged on)."""
+    print(f"\n=== {m.name}: NVIDIA's gpu-kubelet-plugin {NVIDIA_DRA_VERSION} vs our dra-driver, one local API server "
+          f"({', '.join(DRA_COMPONENTS)}) ===")
+    print(f"{'':44}{'NVIDIA':>12}{'ours':>12}{'ours/NVIDIA':>13}")
+    ns, os_ = statistics.median(f.starts[NVIDIA]), statistics.median(f.starts[OURS])
+    print(f"{'start to published slices, median of ' + str(STARTS) + ' (s)':44}{ns:>12.3f}{os_:>12.3f}"
+          f"{ratio(os_, ns):>13}")
+    print("  (process start to its ResourceSlices listed, 0.1 s polls; NVIDIA's includes the mount-namespace prelude)")
+    print(f"{'GPUs published':44}{f.devices[NVIDIA]:>12}{f.devices[OURS]:>12}")
+    ok, judged = True, []
+    for regime in (PACED, BURST):
+        for name, p in (("p50", 50.0), ("p99", 99.0)):
+            a, b = pct(f.prepare[regime][NVIDIA], p), pct(f.prepare[regime][OURS], p)
+            if name == "p99":
+                ok = ok and b <= a
+                judged.append(f"{regime} p99 {_ms(b)} vs {_ms(a)} ms")
+            print(f"{f'NodePrepare 1-GPU {name}, {regime} (ms)':44}{_ms(a):>12}{_ms(b):>12}{ratio(b, a):>13}")
+        a, b = pct(f.unprepare[regime][NVIDIA], 50), pct(f.unprepare[regime][OURS], 50)
+        print(f"{f'NodeUnprepare p50, {regime} (ms)':44}{_ms(a):>12}{_ms(b):>12}{ratio(b, a):>13}")
+    cycles = len(f.prepare[PACED][OURS])
+    print(f"  ({cycles} prepare+unprepare cycles per plugin and regime, each on a fresh one-GPU claim created up "
+          f"front, the {f.devices[OURS]} GPUs in turn, after {DRA_WARMUP} warm-up cycles; both plugins up at once, "
+          f"interleaved: paced = one cycle each per {DRA_PACE_S:.2f} s round, alternating first; back-to-back = "
+          f"blocks of {DRA_BLOCK}, alternating. Prepare and unprepare are timed each alone, from the stand-in.)")
+    print("  (NVIDIA's plugin talks to the API server through client-go's default limiter, --kube-api-qps 5 "
+          "--kube-api-burst 10, and GETs the claim on every prepare: back-to-back, its prepares queue there.)")
+    for side in (NVIDIA, OURS):
+        mem, idle = f.after_load[side], f.idle[side]
+        print(f"{side + ' process after the load':44}peak RSS {mib(mem.hwm_kib)} MiB, RSS {mib(mem.rss_kib)} MiB, "
+              f"CPU {mem.cpu_s:.2f} s ({f.load_cpu_s[side]:.2f} s during the load); idle before it: RSS "
+              f"{mib(idle.rss_kib)} MiB, CPU {f.idle_cpu[side] * 100:.1f}%")
+    print(f"{'peak RSS ratio ours/NVIDIA':44}{ratio(f.after_load[OURS].hwm_kib, f.after_load[NVIDIA].hwm_kib)}")
+    env = " ".join(f"{k}={v}" for k, v in f.plugin_env.items()) or "nothing"
+    print(f"  (ours ran with what its DaemonSet sets: {env}; NVIDIA's with its chart's flags, tests/compare/dra.py)")
+    return ok, f"{m.name}: " + "; ".join(judged)
+
+
+def dra_rows(f: DraFigures) -> tuple[list[Row], list[str]]:
+    """The two DRA plugins as footprint rows (their idle sample), and what the footprint leaves out of DRA mode."""
+    rows = [Row(NVIDIA, f"gpu-kubelet-plugin {NVIDIA_DRA_VERSION}", memory=f.idle[NVIDIA],
+                idle_cpu=f.idle_cpu[NVIDIA], mode=DRA_MODE),
+            Row(OURS, f"{dra_manifests.COMPONENT} (dra-driver)", memory=f.idle[OURS], idle_cpu=f.idle_cpu[OURS],
+                mode=DRA_MODE)]
+    left_out = [f"ours, DRA group: its node runs {', '.join(f.node_containers)} (rendered); the gpu-labeller "
+                "row is the device-plugin group's (a DRA group's takes its sharing as flags instead of the plugin's "
+                "ConfigMap)"]
+    return rows, left_out
+
+
 def report_footprint(m: Machine, fp: Footprint) -> tuple[bool, list[str]]:
     print(f"\n=== {m.name}: per-node footprint, idle (daemonset node-setup backend, {MODELS[m.name]} group, "
           "whole GPUs) ===")
@@ -772,15 +1031,19 @@ def report_footprint(m: Machine, fp: Footprint) -> tuple[bool, list[str]]:
             rss, hwm, cpu = "-", mib(r.once.peak_kib), f"{r.once.cpu_s:.2f}"
         else:
             rss = hwm = cpu = "-"
-        name = r.name + (" [MIG]" if r.mig else "") + ("" if r.in_totals else " [not in totals]")
+        name = (r.name + (" [MIG]" if r.mig else "") + {"": "", DEVICE_PLUGIN_MODE: " [DP]", DRA_MODE: " [DRA]"}[r.mode]
+                + ("" if r.in_totals else " [not in totals]"))
         print(f"{r.side:7}{name:58}{rss:>10}{hwm:>10}{cpu:>7}{idle:>10}" + (f"  {r.note}" if r.note else ""))
     print(f"(CPU s: since start; idle CPU: over the {SETTLE_S:.0f} s before sampling; [MIG]: only on nodes carrying "
-          "nvidia.com/mig.config)")
+          "nvidia.com/mig.config; [DP] / [DRA]: only on device-plugin / DRA nodes, the [DRA] rows sampled in the DRA "
+          "run above, on its API server, idle before the prepare load)")
+    dra_ran = any(r.mode == DRA_MODE for r in fp.rows)
 
-    def total(side: str, mig: bool, skip: str = "") -> tuple[int, int]:
+    def total(side: str, mig: bool, skip: str = "", mode: str = DEVICE_PLUGIN_MODE) -> tuple[int, int]:
         rss = hwm = 0
         for r in fp.rows:
-            if r.side != side or not r.in_totals or (r.mig and not mig) or (skip and r.name.startswith(skip)):
+            if (r.side != side or not r.in_totals or (r.mig and not mig) or (skip and r.name.startswith(skip))
+                    or r.mode not in ("", mode)):
                 continue
             if r.memory is not None:
                 rss, hwm = rss + r.memory.rss_kib, hwm + r.memory.hwm_kib
@@ -792,11 +1055,15 @@ def report_footprint(m: Machine, fp: Footprint) -> tuple[bool, list[str]]:
           f"{'ratio':>8}")
     ok = True
     verdicts = []
-    for label, mig, skip in (("whole GPUs", False, ""), ("whole GPUs, Deckhouse backend (no setup pod)", False,
-                                                          "gpu-setup-hold"),
-                             ("+ MIG manager (node carries nvidia.com/mig.config)", True, ""),
-                             ("+ MIG manager, Deckhouse backend", True, "gpu-setup-hold")):
-        (nr, nh), (orss, oh) = total(NVIDIA, mig), total(OURS, mig, skip)
+    modes = [("whole GPUs", False, "", DEVICE_PLUGIN_MODE),
+             ("whole GPUs, Deckhouse backend (no setup pod)", False, "gpu-setup-hold", DEVICE_PLUGIN_MODE),
+             ("+ MIG manager (node carries nvidia.com/mig.config)", True, "", DEVICE_PLUGIN_MODE),
+             ("+ MIG manager, Deckhouse backend", True, "gpu-setup-hold", DEVICE_PLUGIN_MODE)]
+    if dra_ran:
+        modes += [("DRA: kubelet plugin (NVIDIA's + GFD), whole GPUs", False, "", DRA_MODE),
+                  ("DRA, Deckhouse backend (no setup pod)", False, "gpu-setup-hold", DRA_MODE)]
+    for label, mig, skip, mode in modes:
+        (nr, nh), (orss, oh) = total(NVIDIA, mig, mode=mode), total(OURS, mig, skip, mode)
         if orss > nr:
             ok = False
         verdicts.append(f"{label}: {mib(orss)} vs {mib(nr)} MiB")
@@ -804,6 +1071,12 @@ def report_footprint(m: Machine, fp: Footprint) -> tuple[bool, list[str]]:
               f"{ratio(oh, nh):>8}")
     print("Totals: VmRSS of the long-running processes after settling, plus NVIDIA's MIG manager as one mig-parted "
           "run's peak; our setup init runs once before the rest and is not counted.")
+    if dra_ran:
+        print("DRA: NVIDIA's node runs gpu-kubelet-plugin + GFD (the GPU operator runs GFD beside NVIDIA's DRA driver; "
+              f"without it NVIDIA's total is {mib(total(NVIDIA, False, 'gpu-feature-discovery', DRA_MODE)[0])} MiB); "
+              "ours runs the DRA plugin, labeller and setup hold (and no device plugin).")
+    else:
+        print("DRA: not measured (the DRA section did not run)")
     print(f"Each process that loads the mock NVML carries about {mib(fp.nvml_kib)} MiB of the mock library itself "
           "(a Go runtime and its machine model): real NVML costs differ.")
     print("Left out:")
@@ -823,7 +1096,8 @@ def main() -> int:
     logs.mkdir()
     procs = Processes(logs)
     started = time.monotonic()
-    verdicts: dict[str, list[tuple[bool, str]]] = {"allocate": [], "preferred": [], "footprint": []}
+    verdicts: dict[str, list[tuple[bool, str]]] = {"allocate": [], "preferred": [], "prepare": [], "footprint": []}
+    dra_skipped: list[str] = []
     try:
         for name in names:
             try:
@@ -839,7 +1113,30 @@ def main() -> int:
             answered = sum(isinstance(a, list) for a in figures.preferred[NVIDIA].answers.values())
             verdicts["preferred"].append((preferred_ok, f"{name}: ours answered every size with the best score on "
                                                         f"the mock's links; NVIDIA's answered {answered} of 8"))
-            fp_ok, fp_text = report_footprint(m, footprint(procs, m, work / name))
+            extra_rows: list[Row] = []
+            extra_left_out: list[str] = []
+            # A machine of its own under a short root: unix socket paths (107 bytes) under the plugins' roots.
+            dra_root = Path(tempfile.mkdtemp(prefix="nvb-", dir="/tmp"))
+            try:
+                dm = machine(name, dra_root)
+                dra_figures = compare_dra(dm, dra_root)
+            except pytest.skip.Exception as e:
+                print(f"\n=== {name}: DRA kubelet plugins ===\nskipped: {e}")
+                dra_skipped.append(f"{name}: skipped ({e})")
+                extra_left_out.append(f"DRA mode: not measured ({e})")
+            else:
+                prepare_ok, prepare_text = report_dra(dm, dra_figures)
+                verdicts["prepare"].append((prepare_ok, prepare_text))
+                extra_rows, extra_left_out = dra_rows(dra_figures)
+            finally:
+                if os.environ.get("BENCH_KEEP"):
+                    print(f"(DRA machine and logs kept: {dra_root})")
+                else:
+                    shutil.rmtree(dra_root, ignore_errors=True)
+            fp = footprint(procs, m, work / name)
+            fp.rows = sorted(fp.rows + extra_rows, key=lambda r: r.side != NVIDIA)  # each side's DRA row last
+            fp.left_out += extra_left_out
+            fp_ok, fp_text = report_footprint(m, fp)
             verdicts["footprint"].append((fp_ok, f"{name}: " + "; ".join(fp_text)))
     except (RuntimeError, OSError, grpc.RpcError, subprocess.SubprocessError) as e:
         print(f"\nbench failed: {e}", file=sys.stderr)
@@ -852,17 +1149,19 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     def verdict(key: str) -> str:
+        if not verdicts[key]:
+            return "n/a"
         return "MET" if all(ok for ok, _ in verdicts[key]) else "MISSED"
 
     print("\n=== targets (issue) ===")
     for key, target in (("allocate", "Allocate no slower than NVIDIA's at p99"),
                         ("preferred", "preferred allocation never worse in score"),
+                        ("prepare", "prepare no slower than NVIDIA's at p99 (DRA NodePrepareResources, paced and "
+                                    "back-to-back)"),
                         ("footprint", "per-node memory footprint no larger than NVIDIA's stack")):
         print(f"{verdict(key):7}{target}")
-        for _, text in verdicts[key]:
+        for text in [t for _, t in verdicts[key]] + (dra_skipped if key == "prepare" else []):
             print(f"       {text}")
-    print("n/a    prepare no slower than NVIDIA's at p99: DRA NodePrepareResources, not measured here "
-          "(bench_dra.py measures ours)")
     print(f"\n(run took {time.monotonic() - started:.0f} s)")
     return 0
 

@@ -137,11 +137,12 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all") -> Ch
         if not inventory.lost:
             required = catalogue.GLOBAL_MIN_DRIVER
             for g in inventory.gpus:
-                model = catalogue.model_by_product_name(g.name)
+                # By PCI device ID first: names vary by driver and board (and NVIDIA's mock A100 has its own).
+                model = catalogue.identify_model(g.pci_device_id, g.name)
                 gpus.append(GpuSummary(g.index, g.name, g.uuid, g.compute_capability, model.key if model else None))
                 if model is None:
-                    r.fail(Reason.MODEL_UNKNOWN, f"GPU model {g.name!r} is not in the catalogue; known models: "
-                           f"{', '.join(catalogue.MODEL_KEYS)}")
+                    r.fail(Reason.MODEL_UNKNOWN, f"GPU model {g.name!r} is not in the catalogue (PCI device ID "
+                           f"0x{g.pci_device_id:04X}); known models: {', '.join(catalogue.MODEL_KEYS)}")
                 else:
                     required = max(required, model.effective_min_driver, key=catalogue.parse_driver_version)
                 if g.compute_capability < catalogue.MIN_COMPUTE_CAPABILITY:

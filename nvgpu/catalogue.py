@@ -333,6 +333,17 @@ def model_by_product_name(name: str) -> GpuModel | None:
     return None
 
 
+def identify_model(pci_device_id: int | None, name: str) -> GpuModel | None:
+    """The catalogue model of a GPU: by its PCI device ID first, by its product name only failing that.
+
+    The device ID is the hardware's own; the name is the driver's text and varies by driver, board and
+    vendor (NVIDIA's mock A100 reports "Mock NVIDIA A100-SXM4-40GB" with the A100's ID 0x20B0), so a
+    name-only lookup refused GPUs whose ID the catalogue lists. ``None`` for an ID not known (or absent).
+    """
+    by_pci = model_by_pci_device(pci_device_id) if pci_device_id is not None else None
+    return by_pci or model_by_product_name(name)
+
+
 def family_for_compute_capability(major: int, minor: int) -> str:
     """GPU feature discovery's ``nvidia.com/gpu.family`` value for a compute capability."""
     if major == 1:

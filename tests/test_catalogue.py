@@ -82,3 +82,12 @@ def test_lookup_by_pci_and_name() -> None:
     assert catalogue.family_for_compute_capability(7, 5) == "turing"
     with pytest.raises(catalogue.UnknownModelError, match="known models"):
         catalogue.get_model("V100")
+
+
+def test_identify_model_by_pci_device_first() -> None:
+    """The PCI device ID decides (names vary by driver and board); the name only when the ID is unknown."""
+    assert catalogue.identify_model(0x20B0, "Mock NVIDIA A100-SXM4-40GB") is A100_40GB  # go-nvml's mock
+    assert catalogue.identify_model(0x2330, "NVIDIA L4") is H100_80GB  # the ID wins over a name
+    assert catalogue.identify_model(0x13F2, "NVIDIA L4") is L4  # unknown ID: by name
+    assert catalogue.identify_model(None, "NVIDIA L4") is L4
+    assert catalogue.identify_model(0x2333, "NVIDIA H200 141GB HBM3e") is None  # the mock's invented H200

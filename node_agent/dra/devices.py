@@ -56,6 +56,9 @@ class GpuInfo:
     memory_bytes: int
     pci_bus_id: str
     mig_enabled: bool = False
+    #: The PCIe root complex (``pci0000:00``) when sysfs tells it: ``resource.kubernetes.io/pcieRoot``, what
+    #: ``matchAttribute`` constraints align GPUs and NICs on.
+    pcie_root: str | None = None
     #: Empty when healthy; otherwise a short reason key such as ``gpu-lost`` or ``xid``.
     unhealthy: str = ""
     #: The XID that made it unhealthy, when one did.
@@ -227,8 +230,9 @@ def mig_device_name(parent_minor: int, profile: str, profile_id: int, placement_
 
 
 def _common(inv: Inventory, *, product: str, brand: str, arch: str, cc: tuple[int, int],
-            pci: str) -> dict[str, Attribute]:
-    return {
+            pci: str, pcie_root: str | None) -> dict[str, Attribute]:
+    root = {f"{STANDARD_DOMAIN}/pcieRoot": Attribute("string", pcie_root)} if pcie_root else {}
+    return root | {
         "productName": Attribute("string", product[:64]),
         "brand": Attribute("string", brand),
         "architecture": Attribute("string", arch),
@@ -262,7 +266,7 @@ def allocatable_devices(inv: Inventory, driver: str = "gpu.nvidia.com",
             continue
         attrs = {"type": Attribute("string", DeviceKind.GPU.value), "uuid": Attribute("string", g.uuid),
                  **_common(inv, product=g.product_name, brand=g.brand, arch=g.architecture, cc=g.compute_capability,
-                            pci=g.pci_bus_id)}
+                            pci=g.pci_bus_id, pcie_root=g.pcie_root)}
         out.append(Allocatable(
             name=f"gpu-{g.minor}", kind=DeviceKind.GPU, uuid=g.uuid, attributes=attrs,
             capacity={"memory": g.memory_bytes}, device_nodes=(f"/dev/nvidia{g.minor}",),
@@ -279,7 +283,7 @@ def allocatable_devices(inv: Inventory, driver: str = "gpu.nvidia.com",
         attrs = {"type": Attribute("string", DeviceKind.MIG.value), "uuid": Attribute("string", m.uuid),
                  "parentUUID": Attribute("string", m.parent_uuid), "profile": Attribute("string", m.profile),
                  **_common(inv, product=parent.product_name, brand=parent.brand, arch=parent.architecture,
-                           cc=parent.compute_capability, pci=parent.pci_bus_id)}
+                           cc=parent.compute_capability, pci=parent.pci_bus_id, pcie_root=parent.pcie_root)}
         capacity = {"multiprocessors": m.multiprocessors, "copyEngines": m.copy_engines, "decoders": m.decoders,
                     "encoders": m.encoders, "jpegEngines": m.jpeg_engines, "ofaEngines": m.ofa_engines,
                     "memory": m.memory_bytes}

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
-from node_agent.host.pci import nvidia_gpus
+from node_agent.host.pci import nvidia_gpus, pcie_root
 from node_agent.host.proc import MIG_MINORS_PATH, parse_mig_minors
 from node_agent.host.root import HostError, HostRoot
 from node_agent.nvml import NvmlError, NvmlNotSupported
@@ -138,7 +138,7 @@ class NvmlInventorySource:
         gpus: list[GpuInfo] = []
         migs: list[MigInfo] = []
         for g in inv.gpus:
-            self._last[g.index] = self._gpu(g)
+            self._last[g.index] = self._gpu(g, self._pcie_root(g))
             xid = self._xids.get(g.index)
             gpus.append(replace(self._last[g.index], unhealthy="xid", xid=xid[0]) if xid else self._last[g.index])
             for m in g.mig_devices:
@@ -165,12 +165,20 @@ class NvmlInventorySource:
         self._lost = now_lost
         return tuple(gpus), tuple(migs)
 
+    def _pcie_root(self, g: Gpu) -> str | None:
+        try:
+            return pcie_root(self._host, g.sysfs_bus_id)
+        except (HostError, ValueError) as e:
+            log.warning("event=pcie-root-unknown gpu=%d error=%s", g.index, e)
+            return None
+
     @staticmethod
-    def _gpu(g: Gpu) -> GpuInfo:
+    def _gpu(g: Gpu, root: str | None = None) -> GpuInfo:
         return GpuInfo(
             index=g.index, minor=g.minor, uuid=g.uuid, product_name=g.name, brand=brand_name(g.name),
             architecture=architecture_name(g.architecture), compute_capability=g.compute_capability,
             memory_bytes=g.memory_mib * 2**20, pci_bus_id=g.sysfs_bus_id, mig_enabled=g.mig_enabled,
+            pcie_root=root,
         )
 
     def _vfio(self) -> tuple[VfioInfo, ...]:

@@ -3,6 +3,7 @@ binding through ``driver_override`` (the VFIO path)."""
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
 from node_agent.host.root import HostError, HostRoot
@@ -58,6 +59,26 @@ def read_device(host: HostRoot, address: str) -> PciDevice:
         iommu_group=int(group) if group is not None and group.isdigit() else None,
         numa_node=numa if numa is not None and numa >= 0 else None,
     )
+
+
+#: Where sysfs keeps the device tree that ``/sys/bus/pci/devices`` links into.
+SYS_DEVICES = "/sys/devices"
+
+
+def pcie_root(host: HostRoot, address: str) -> str | None:
+    """The PCIe root complex a device sits under (``pci0000:00``), as Kubernetes' ``deviceattribute`` package
+    resolves ``resource.kubernetes.io/pcieRoot``: the first component under ``/sys/devices`` of the device's
+    ``/sys/bus/pci/devices`` link, whose target must end in the device's own address. None when the entry
+    is not such a link (the attribute is then left out, as NVIDIA's plugin does)."""
+    addr = normalize_address(address)
+    link = f"{PCI_DEVICES_DIR}/{addr}"
+    target = host.readlink(link)
+    if target is None:
+        return None
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
+    if not resolved.startswith(f"{SYS_DEVICES}/pci") or posixpath.basename(resolved) != addr:
+        return None
+    return resolved.removeprefix(f"{SYS_DEVICES}/").split("/", 1)[0]
 
 
 def nvidia_gpus(host: HostRoot) -> list[PciDevice]:

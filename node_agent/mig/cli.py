@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -246,7 +246,7 @@ def run_manager(args: argparse.Namespace) -> int:
                 _emit(args, {"ok": True, "action": action.act.value, "reason": action.reason},
                       f"{action.act.value}: {action.reason}")
                 return EXIT_OK
-            previous = _stop_on_signals(manager.stop)
+            previous = _stop_on_signals(manager.request_stop)
             try:
                 manager.run()
             finally:
@@ -259,13 +259,13 @@ def run_manager(args: argparse.Namespace) -> int:
         return _fail(args, EXIT_FAILED, str(e))
 
 
-def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
+def _stop_on_signals(stop: Callable[[], None]) -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}
 
     def handler(signum: int, frame: FrameType | None) -> None:
         log.info("event=signal signal=%s action=stop", signal.Signals(signum).name)
-        stop.set()
+        stop()
 
     return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 

@@ -274,6 +274,15 @@ class MigManager:
         last = [a.act.value for a in list(self.history)[-5:]]
         raise NotSettling(f"MIG manager took {self.settings.max_steps} actions without settling: {last}")
 
+    def request_stop(self) -> None:
+        """Stop the DaemonSet loop: set :attr:`stop` and break off the Node watch it may be idle in.
+
+        The SIGTERM path (safe from a signal handler). Setting the event alone left an idle manager
+        in its watch until the watch timed out (60 s), past the pod's 30 s grace period.
+        """
+        self.stop.set()
+        self.node.cancel_waits()
+
     def run(self) -> None:
         """The DaemonSet loop: converge, then wait for the Node to change; returns when stopped."""
         self.files.remove(STOP_MARKER)  # a marker from a previous pod must not stop this one

@@ -34,7 +34,7 @@ class GpuInfo:
 
     @property
     def model(self) -> GpuModel | None:
-        return catalogue.model_by_pci_device(self.pci_device_id) or catalogue.model_by_product_name(self.name)
+        return catalogue.identify_model(self.pci_device_id, self.name)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ meanwhile; the executor then re-reads the Node and decides again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -135,6 +136,14 @@ class NodeApi(Protocol):
         """Block until the Node changes or ``timeout_s`` passes (a watch, or a sleep in fakes)."""
         ...
 
+    def cancel_waits(self) -> None:
+        """End the wait in progress now, and make later ones return at once: the manager is stopping.
+
+        Safe from a signal handler and from another thread. Without it a SIGTERM while idle sat out
+        the rest of a 60 s watch, past the pod's grace period, and the kubelet killed the manager.
+        """
+        ...
+
 
 def _node_view(obj: Any) -> NodeView:
     meta = obj.metadata
@@ -195,6 +204,8 @@ class KubeNodeApi:
         self.node_name = node_name
         self.timeout = request_timeout_s
         self.calls = 0
+        self._cancelled = False
+        self._watch_response: Any = None  #: the open watch's urllib3 response, for :meth:`cancel_waits`
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
@@ -265,6 +276,8 @@ class KubeNodeApi:
         self._call(f"create event for {node.name}", self.core.create_namespaced_event, EVENT_NAMESPACE, body)
 
     def wait_for_change(self, resource_version: str, timeout_s: float) -> None:
+        if self._cancelled:
+            return
         self.calls += 1
         w = watch.Watch()  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] = {
@@ -274,20 +287,52 @@ class KubeNodeApi:
         }
         if resource_version:
             kwargs["resource_version"] = resource_version
+
+        @functools.wraps(self.core.list_node)  # the watch reads the event type from the docstring
+        def list_node(*args: Any, **kw: Any) -> Any:
+            response = self.core.list_node(*args, **kw)
+            self._watch_response = response
+            log.debug("event=watch-open node=%s resource_version=%s", self.node_name, resource_version or "-")
+            # A cancel that came while the request was being sent found no response to shut down.
+            # Set-then-check here against cancel_waits' set-then-read: one of the two always sees the other.
+            if self._cancelled:
+                _shut_down(response)
+            return response
+
         try:
-            for event in _stream(w, self.core.list_node, **kwargs):
+            for event in _stream(w, list_node, **kwargs):
                 obj = event.get("object")
                 rv = getattr(getattr(obj, "metadata", None), "resource_version", "") or ""
                 if not resource_version or rv != resource_version:
                     return
         except ApiException as e:
-            if e.status == 410:  # resourceVersion too old: the caller re-reads anyway
+            if e.status == 410 or self._cancelled:  # 410: resourceVersion too old; the caller re-reads anyway
                 return
             raise KubeError(f"watch node {self.node_name}: HTTP {e.status} {e.reason}", e.status) from e
         except Exception as e:
+            if self._cancelled:  # the read broken off by cancel_waits: a stop, not a failure
+                return
             raise KubeError(f"watch node {self.node_name}: {e}") from e
         finally:
+            self._watch_response = None
             w.stop()  # type: ignore[no-untyped-call]
+
+    def cancel_waits(self) -> None:
+        # Shut the socket's read side (urllib3's ``HTTPResponse.shutdown``, made to stop a read from
+        # elsewhere): a read blocked in this thread (a signal handler runs between its retries) or in
+        # another one sees end-of-stream at once. Closing the response instead would race the reader.
+        self._cancelled = True
+        response = self._watch_response
+        if response is not None:
+            _shut_down(response)
+
+
+def _shut_down(response: Any) -> None:
+    """Break off a streaming response's reads; never raises (the caller may be a signal handler)."""
+    try:
+        response.shutdown()
+    except (OSError, ValueError, RuntimeError) as e:  # already closed or released: nothing left to stop
+        log.debug("event=watch-shutdown-skipped error=%s", e)
 
 
 def _stream(w: watch.Watch, fn: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:

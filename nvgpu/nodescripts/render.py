@@ -42,6 +42,15 @@ def _model_cases() -> str:
     return "\n".join(lines)
 
 
+def _model_pci_cases() -> str:
+    """``model_min_driver``'s PCI device ID arms (IDs as nvidia-smi prints them, upper-case hex)."""
+    lines = []
+    for model in catalogue.MODELS:
+        ids = " | ".join(f'"{d:04X}"' for d in model.pci_device_ids)
+        lines.append(f"    {ids}) echo {model.effective_min_driver}; return 0 ;;")
+    return "\n".join(lines)
+
+
 def _common(root_prefix: str) -> dict[str, str]:
     major, minor = catalogue.MIN_COMPUTE_CAPABILITY
     return {
@@ -66,6 +75,7 @@ def _common(root_prefix: str) -> dict[str, str]:
         "MIN_COMPUTE": str(major * 100 + minor),
         "MIN_COMPUTE_TEXT": f"{major}.{minor}",
         "MODEL_CASES": _model_cases(),
+        "MODEL_PCI_CASES": _model_pci_cases(),
         "DRIVER_FILE": facts.DRIVER_VERSION_FILE,
         "PROC_MODULES": facts.PROC_MODULES,
         "REQUIRED_MODULES": " ".join(facts.REQUIRED_MODULES),

@@ -200,9 +200,13 @@ version_to_int() {
   echo $((10#${major} * 1000000 + 10#${minor} * 1000 + 10#${patch:-0}))
 }
 
-# model_min_driver NAME: the catalogue's minimum driver for an nvidia-smi product name.
+# model_min_driver DEVICE NAME: the catalogue's minimum driver for a GPU, by its PCI device ID (4 hex
+# digits, upper case) first and its nvidia-smi product name failing that: names vary by driver and board.
 model_min_driver() {
   case "$1" in
+@@MODEL_PCI_CASES@@
+  esac
+  case "$2" in
 @@MODEL_CASES@@
     *) return 1 ;;
   esac
@@ -266,23 +270,27 @@ done
 if ! command -v @@SMI@@ >/dev/null 2>&1; then
   fail nvml-failed "@@SMI@@ not found"
 elif ! smi_out="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ \
-  @@SMI@@ --query-gpu=name,compute_cap --format=csv,noheader 2>&1)"; then
+  @@SMI@@ --query-gpu=name,compute_cap,pci.device_id --format=csv,noheader 2>&1)"; then
   fail nvml-failed "@@SMI@@ failed: ${smi_out}"
 else
   count=0
   min_driver="$GLOBAL_MIN_DRIVER"
-  while IFS=, read -r name cc; do
+  while IFS=, read -r name cc pci; do
     name="${name#"${name%%[![:space:]]*}"}"
     name="${name%"${name##*[![:space:]]}"}"
     cc="${cc//[[:space:]]/}"
+    pci="${pci//[[:space:]]/}"
+    pci="${pci^^}"
+    device="${pci#0X}"
+    device="${device:0:4}" # 0xDDDDVVVV: the device ID, then NVIDIA's vendor ID
     [[ -n "$name" ]] || continue
     count=$((count + 1))
-    if model_min="$(model_min_driver "$name")"; then
+    if model_min="$(model_min_driver "$device" "$name")"; then
       if (($(version_to_int "$model_min") > $(version_to_int "$min_driver"))); then
         min_driver="$model_min"
       fi
     else
-      fail model-unknown "GPU model '${name}' is not in the catalogue"
+      fail model-unknown "GPU model '${name}' is not in the catalogue (PCI device ID 0x${device:-?})"
     fi
     if [[ ! "$cc" =~ ^[0-9]+\.[0-9]+$ ]] || ((10#${cc%%.*} * 100 + 10#${cc#*.} < MIN_COMPUTE)); then
       fail compute-too-old "GPU '${name}' has compute capability ${cc}, below @@MIN_COMPUTE_TEXT@@"

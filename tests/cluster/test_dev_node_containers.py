@@ -59,9 +59,9 @@ class Node:
 
 
 #: key -> (Node, the stack's node group, its Deckhouse NodeGroup, go-nvml mock machine). The mock's H100 is
-#: the one whose product name is a real model (its A100 is "Mock NVIDIA A100-SXM4-40GB", its H200 "NVIDIA
-#: H200 141GB HBM3e", which the check rightly refuses), so the DRA group's node runs on it too, and only the
-#: H100 group's node goes through the setup scripts.
+#: the one whose product name is a real model (its A100 is "Mock NVIDIA A100-SXM4-40GB", which the check
+#: knows by its PCI device ID; its H200, "NVIDIA H200 141GB HBM3e" with an invented ID, it rightly refuses),
+#: so the DRA group's node runs on it too, and only the H100 group's node goes through the setup scripts.
 NODES = {"h100": ("e2e-h100", "h100-mig", "gpu-h100", "dgxh100"), "dra": ("e2e-dra", "h200-dra", "gpu-h200",
                                                                         "dgxh100")}
 

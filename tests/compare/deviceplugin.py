@@ -30,6 +30,10 @@ class Case:
     name: str
     flags: tuple[str, ...]  #: the same NVIDIA flags for both sides
     config: Path | None = None
+    #: A MIG layout NVIDIA's mig-parted applies first (:func:`~tests.compare.peers.with_mig`), and the resource
+    #: whose devices are allocated then.
+    mig_config: str | None = None
+    resource: str = RESOURCE
 
 
 CASES = (
@@ -38,6 +42,13 @@ CASES = (
     Case("volume-mounts", ("--device-list-strategy", "volume-mounts", "--device-id-strategy", "uuid")),
     Case("device-specs", ("--device-list-strategy", "envvar", "--pass-device-specs=true")),
     Case("time-slicing", ("--device-list-strategy", "envvar"), DATA / "nvidia-device-plugin-config-time-slicing.yaml"),
+)
+#: On a MIG layout (NVIDIA's ``all-balanced``): each profile its own resource (``mixed``), or MIG devices as
+#: ``nvidia.com/gpu`` (``single``, which needs one profile everywhere: ``all-3g`` is 2 x 3g per GPU).
+MIG_CASES = (
+    Case("mig-mixed", ("--mig-strategy", "mixed", "--device-list-strategy", "envvar"), mig_config="all-balanced",
+         resource="nvidia.com/mig-1g"),  # the machine's 1-slice profile (the test names it)
+    Case("mig-single", ("--mig-strategy", "single", "--device-list-strategy", "envvar"), mig_config="uniform"),
 )
 
 
@@ -52,7 +63,7 @@ class Seen:
     allocate: dict[str, Any]
 
 
-def _watch(kubelet_dir: Path, argv: list[str], env: dict[str, str], log: Path) -> Seen:
+def _watch(kubelet_dir: Path, argv: list[str], env: dict[str, str], log: Path, resource: str = RESOURCE) -> Seen:
     kubelet = KubeletStandIn(kubelet_dir)
     kubelet.start()
     with log.open("w") as out:
@@ -60,13 +71,14 @@ def _watch(kubelet_dir: Path, argv: list[str], env: dict[str, str], log: Path) -
     start = time.monotonic()
     try:
         try:
-            kubelet.wait_registered({RESOURCE}, timeout=30)
+            kubelet.wait_registered({resource}, timeout=30)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{log.read_text()[-3000:]}") from None
         took = time.monotonic() - start
-        ep = kubelet.wait_devices(RESOURCE, bool, timeout=10)
+        time.sleep(0.5)  # a plugin registers its resources one after the other: let the rest arrive
+        ep = kubelet.wait_devices(resource, bool, timeout=10)
         ids = sorted(ep.devices)
-        response = kubelet.allocate(RESOURCE, ids[:2])
+        response = kubelet.allocate(resource, ids[:2])
         doc = json.loads(json_format.MessageToJson(response.container_responses[0]))
         return Seen(sorted({r for _, _, r, _ in kubelet.registrations}), took, dict(ep.devices),
                     {k: list(v) for k, v in ep.topology.items()}, doc)
@@ -81,7 +93,7 @@ def nvidia(m: Machine, case: Case, work: Path) -> Seen:
     kubelet.mkdir(parents=True, exist_ok=True)
     argv = [str(m.tools / "nvidia-device-plugin"), "--fail-on-init-error=true", *case.flags,
             *(["--config-file", str(case.config)] if case.config else [])]
-    return _watch(kubelet, namespaced(m, argv, {PLUGIN_DIR: kubelet}), m.env(), work / "nvidia.log")
+    return _watch(kubelet, namespaced(m, argv, {PLUGIN_DIR: kubelet}), m.env(), work / "nvidia.log", case.resource)
 
 
 def ours(m: Machine, case: Case, work: Path) -> Seen:
@@ -90,7 +102,7 @@ def ours(m: Machine, case: Case, work: Path) -> Seen:
     argv = [sys.executable, "-m", "node_agent", "--host-root", str(m.root), "--nvml", "real", "device-plugin",
             "--socket-dir", str(kubelet), "--metrics-port", "0", "--fail-on-init-error", "true", *case.flags,
             *(["--config-file", str(case.config)] if case.config else [])]
-    return _watch(kubelet, argv, m.env(), work / "ours.log")
+    return _watch(kubelet, argv, m.env(), work / "ours.log", case.resource)
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:

@@ -5,53 +5,106 @@
 Exit status 1 when a difference is not in ``docs/compatibility.md`` (the same rule as the tests). The MIG
 comparison runs the configs the tests run (those for the machine's GPU, and two foreign ones);
 ``--all-mig-configs`` runs all of NVIDIA's shipped config file (about 80 per machine, several minutes).
+The DRA comparison starts its own local control plane (``make tools`` builds it).
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from tests.compare import deviceplugin, gfd, migparted
-from tests.compare.peers import MACHINES, Difference, machine, unlisted
+from localcluster import ControlPlane, tools_bin
+from tests.compare import deviceplugin, dra, gfd, migparted
+from tests.compare.peers import MACHINES, Difference, Machine, machine, unlisted, with_mig
+
+#: Per machine: the uniform layout the ``single`` strategy needs, and its 1-slice MIG resource.
+UNIFORM = {"dgxa100": ("all-1g.5gb", "nvidia.com/mig-1g.5gb"), "dgxh100": ("all-1g.10gb", "nvidia.com/mig-1g.10gb")}
+
+Row = tuple[str, int, int, list[Difference]]
+
+
+def _gfd(m: Machine, work: Path, rows: list[Row]) -> None:
+    for case in gfd.CASES:
+        for strategy in gfd.STRATEGIES:
+            found, written = gfd.compare(m, case, strategy, work)
+            rows.append((f"gfd {m.name}/{case.name}/{strategy}", written, len(found), unlisted(found)))
+    for layout in (UNIFORM[m.name][0], "all-balanced"):
+        mig = with_mig(machine(m.name, work / f"gfd-{layout}"), layout, work / f"gfd-{layout}.json")
+        for strategy in gfd.STRATEGIES:
+            found, written = gfd.compare(mig, gfd.CASES[0], strategy, work)
+            rows.append((f"gfd {m.name}/{layout}/{strategy}", written, len(found), unlisted(found)))
+
+
+def _device_plugin(m: Machine, work: Path, rows: list[Row], timings: list[tuple[str, float, float]]) -> None:
+    cases = [(m, c) for c in deviceplugin.CASES]
+    for c in deviceplugin.MIG_CASES:
+        layout = "all-balanced" if c.mig_config == "all-balanced" else "all-3g.20gb" if m.name == "dgxa100" \
+            else "all-3g.40gb"
+        mig = with_mig(machine(m.name, work / f"dp-{c.name}"), layout, work / f"dp-{c.name}.json")
+        cases.append((mig, replace(c, resource=UNIFORM[m.name][1]) if c.resource != deviceplugin.RESOURCE else c))
+    for host, case in cases:
+        case_work = work / f"dp-run-{case.name}"
+        case_work.mkdir(parents=True)
+        ours, theirs = deviceplugin.ours(host, case, case_work), deviceplugin.nvidia(host, case, case_work)
+        found = deviceplugin.differences(host, case, ours, theirs)
+        rows.append((f"device-plugin {m.name}/{case.name}", len(theirs.devices), len(found), unlisted(found)))
+        timings.append((f"device plugin {m.name}/{case.name}", ours.seconds_to_register, theirs.seconds_to_register))
+
+
+def _mig_parted(m: Machine, work: Path, rows: list[Row], all_configs: bool) -> None:
+    mig_work = work / "mig"
+    mig_work.mkdir()
+    for config in migparted.config_names() if all_configs else migparted.test_configs(m):
+        found, items, _ = migparted.compare(m, config, mig_work)
+        rows.append((f"mig-parted {m.name}/{config}", items, len(found), unlisted(found)))
+
+
+def _dra(name: str, cp: ControlPlane, rows: list[Row], timings: list[tuple[str, float, float]]) -> None:
+    root = Path(tempfile.mkdtemp(prefix="nvc-", dir="/tmp"))  # short: unix socket paths have 107 bytes
+    try:
+        m = machine(name, root / "m")
+        for case in dra.CASES:
+            seen = dra.compare(m, case, cp.admin(), cp.kubeconfig, root / case.name)
+            found = dra.differences(f"{name}/{case.name}", seen["ours"], seen["nvidia"])
+            rows.append((f"dra {name}/{case.name}", len(seen["nvidia"]), len(found), unlisted(found)))
+            for item, label in (("seconds-to-slices", "start to slices"), ("prepare.seconds", "one prepare")):
+                timings.append((f"DRA {label} {name}/{case.name}", float(seen["ours"][item]),
+                                float(seen["nvidia"][item])))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> int:
     all_mig = "--all-mig-configs" in sys.argv[1:]
-    rows: list[tuple[str, int, int, list[Difference]]] = []
+    rows: list[Row] = []
     timings: list[tuple[str, float, float]] = []
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="nvgpu-compare-") as tmp:
-        for name in sorted(MACHINES):
-            m = machine(name, Path(tmp) / name)
-            for case in gfd.CASES:
-                for strategy in gfd.STRATEGIES:
-                    differences, written = gfd.compare(m, case, strategy, Path(tmp) / name)
-                    rows.append((f"gfd {name}/{case.name}/{strategy}", written, len(differences),
-                                 unlisted(differences)))
-            for dcase in deviceplugin.CASES:
-                work = Path(tmp) / name / dcase.name
-                work.mkdir(parents=True)
-                ours, theirs = deviceplugin.ours(m, dcase, work), deviceplugin.nvidia(m, dcase, work)
-                found = deviceplugin.differences(m, dcase, ours, theirs)
-                rows.append((f"device-plugin {name}/{dcase.name}", len(theirs.devices), len(found), unlisted(found)))
-                timings.append((f"{name}/{dcase.name}", ours.seconds_to_register, theirs.seconds_to_register))
-            mig_work = Path(tmp) / name / "mig"
-            mig_work.mkdir()
-            for config in migparted.config_names() if all_mig else migparted.test_configs(m):
-                found, items, _ = migparted.compare(m, config, mig_work)
-                rows.append((f"mig-parted {name}/{config}", items, len(found), unlisted(found)))
+        cp = ControlPlane(directory=Path(tmp) / "cluster", bin_dir=tools_bin())
+        cp.start()
+        try:
+            for name in sorted(MACHINES):
+                work = Path(tmp) / name
+                m = machine(name, work)
+                _gfd(m, work, rows)
+                _device_plugin(m, work, rows, timings)
+                _mig_parted(m, work, rows, all_mig)
+                _dra(name, cp, rows, timings)
+        finally:
+            cp.stop()
     width = max(len(r[0]) for r in rows)
     print(f"{'comparison':<{width}}  NVIDIA's items  differences  unlisted")
     for what, written, found, new in rows:
         print(f"{what:<{width}}  {written:>14}  {found:>11}  {len(new):>8}")
         for d in new:
             print(f"  unlisted: {d.row()}")
-    print("\nstart to kubelet registration (s): ours, NVIDIA's, ratio")
+    print("\none-shot timings from the comparisons (s): ours, NVIDIA's, ratio (bench/bench_vs_nvidia.py measures)")
     for what, a, b in timings:
-        print(f"  {what:<28} {a:6.2f} {b:6.2f} {a / b:6.1f}x")
+        print(f"  {what:<44} {a:6.2f} {b:6.2f} {a / b if b else float('inf'):6.1f}x")
     bad = sum(len(r[3]) for r in rows)
     print(f"\n{len(rows)} comparisons in {time.monotonic() - start:.1f} s; "
           f"{sum(r[2] for r in rows)} difference(s), {bad} not in docs/compatibility.md")

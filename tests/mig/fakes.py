@@ -147,6 +147,7 @@ class FakeNode:
     patches: int = 0
     #: Hook run on every wait: lets a test play Deckhouse (approve, drain) or a user.
     on_wait: list[object] = field(default_factory=list)
+    waits_cancelled: bool = False  #: :meth:`cancel_waits` was called (the manager's stop path)
 
     def view(self) -> NodeView:
         return NodeView(self.name, "uid-1", dict(self.labels), dict(self.annotations), tuple(self.taints),
@@ -198,6 +199,9 @@ class FakeNode:
     def wait_for_change(self, resource_version: str, timeout_s: float) -> None:
         for hook in self.on_wait:
             hook(self)  # type: ignore[operator]
+
+    def cancel_waits(self) -> None:
+        self.waits_cancelled = True
 
 
 @dataclass

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -117,6 +120,66 @@ def test_watch_returns_on_a_node_event() -> None:
         node = KubeNodeApi(api(url), "n1")
         node.wait_for_change("", 5)  # the watch delivers the Node and returns (no sleep until the timeout)
         assert node.calls == 1
+
+
+def test_cancel_ends_a_watch_at_once() -> None:
+    """``cancel_waits`` from another thread breaks off an idle watch (kmock never times one out)."""
+    with kmock_server() as url:
+        # kmock ignores resourceVersion and replays the Node as ADDED: with its version unchanged the
+        # watch sees nothing new and blocks, as on an idle real cluster.
+        client.CoreV1Api(api(url)).create_node({"metadata": {"name": "n1", "resourceVersion": "7"}})
+        node = KubeNodeApi(api(url), "n1")
+        threading.Timer(0.5, node.cancel_waits).start()
+        started = time.monotonic()
+        node.wait_for_change("7", 30)  # returns, no KubeError
+        assert time.monotonic() - started < 5
+        started = time.monotonic()
+        node.wait_for_change("7", 30)  # once cancelled, later waits return at once
+        assert time.monotonic() - started < 1 and node.calls == 1
+
+
+def test_idle_manager_exits_promptly_on_sigterm(tmp_path: Path, config_file: Path) -> None:
+    """SIGTERM while idle in the Node watch exits at once, well inside a pod's 30 s grace period.
+
+    It used to set the stop flag only, and the process sat out the rest of its 60 s watch.
+    """
+    with kmock_server() as url:
+        core = client.CoreV1Api(api(url))
+        core.create_node({"metadata": {"name": "gpu-1", "resourceVersion": "1"}})  # no MIG config: idle
+        core.create_namespaced_pod("web", {"metadata": {"name": "web", "namespace": "web"}, "spec": {
+            "nodeName": "cpu-1", "containers": [{"name": "c", "image": "i"}]}})
+        argv = [sys.executable, "-m", "node_agent", "--log-level", "debug", "--nvml", "simulated:dgx-h100",
+                "--nvml-state", str(tmp_path / "h100.json"), "--node-name", "gpu-1", "--host-root",
+                str(tmp_path / "host"), "--kubeconfig", str(kubeconfig(url, tmp_path / "kubeconfig")),
+                "mig-manager", "--drain", "cordon", "--config", str(config_file)]
+        lines: list[str] = []
+        with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
+            try:
+                watching = threading.Event()
+
+                def read_stderr() -> None:
+                    assert proc.stderr is not None
+                    for line in proc.stderr:
+                        lines.append(line)
+                        if "event=watch-open" in line:
+                            watching.set()
+
+                reader = threading.Thread(target=read_stderr, daemon=True)
+                reader.start()
+                assert watching.wait(30), "".join(lines)
+                time.sleep(0.3)  # into the blocking read
+                assert proc.poll() is None, "".join(lines)
+                proc.send_signal(signal.SIGTERM)
+                started = time.monotonic()
+                code = proc.wait(10)
+                elapsed = time.monotonic() - started
+                reader.join(5)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        log = "".join(lines)
+        assert code == 0 and elapsed < 3, (code, elapsed, log)
+        assert "event=signal signal=SIGTERM" in log and "act=exit" in log and "watch-failed" not in log
 
 
 def test_manager_once_against_the_fake_api_server(tmp_path: Path, config_file: Path,

@@ -379,3 +379,12 @@ def test_stop_while_the_api_server_fails_exits_instead_of_spinning() -> None:
     done.join(2)
     assert not done.is_alive(), "the manager did not exit after stop"
     assert calls <= 2
+
+
+def test_request_stop_breaks_off_the_watch() -> None:
+    """The SIGTERM path sets the stop flag and cancels the Node watch, so an idle manager leaves at once."""
+    rig = Rig(FakeBackend.of("A100-40GB", count=1))
+    m = rig.manager()
+    m.request_stop()
+    assert m.stop.is_set() and rig.node.waits_cancelled
+    m.run()  # idle and stopping: returns without waiting

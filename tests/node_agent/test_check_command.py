@@ -51,11 +51,23 @@ def test_driver_below_global_floor_on_t4(tmp_path: Path, cli: Cli) -> None:
 def test_compute_5_2_gpu(tmp_path: Path, cli: Cli) -> None:
     host = build_fake_host(tmp_path, "t4x1")
     assert host.machine is not None
-    host.machine.override_gpu(0, name="Tesla M60", compute_capability=(5, 2))
+    host.machine.override_gpu(0, name="Tesla M60", compute_capability=(5, 2), pci_device_id=0x13F2)
     code, reasons, messages = _reasons(cli, host.root, "simulated:t4x1")
     assert (code, reasons) == (1, ["compute-too-old", "model-unknown"])
     assert any("5.2, below 6.0" in m for m in messages)
-    assert any("'Tesla M60' is not in the catalogue" in m for m in messages)
+    assert any("'Tesla M60' is not in the catalogue (PCI device ID 0x13F2)" in m for m in messages)
+
+
+def test_known_pci_device_under_an_unknown_name(tmp_path: Path, cli: Cli) -> None:
+    """A GPU is identified by its PCI device ID, whatever its name: NVIDIA's mock A100 (0x20B0) calls
+    itself "Mock NVIDIA A100-SXM4-40GB", which the name-only lookup refused as an unknown model."""
+    host = build_fake_host(tmp_path, "dgx-a100-40gb")
+    assert host.machine is not None
+    host.machine.override_gpu(0, name="Mock NVIDIA A100-SXM4-40GB")
+    code, doc = cli(host.root, "simulated:dgx-a100-40gb", "check", "--phase", "host")
+    assert (code, doc["verdict"], doc["reasons"]) == (0, "ok", []), doc
+    assert doc["gpus"][0]["name"] == "Mock NVIDIA A100-SXM4-40GB"
+    assert [g["model"] for g in doc["gpus"]] == ["A100-40GB"] * 8
 
 
 def test_modules_and_device_nodes_missing(tmp_path: Path, cli: Cli) -> None:

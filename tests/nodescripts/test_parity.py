@@ -25,7 +25,15 @@ Scenario = Callable[[Path], FakeHost]
 def _compute_52(root: Path) -> FakeHost:
     host = build_fake_host(root, "t4x1")
     assert host.machine is not None
-    host.machine.override_gpu(0, name="Tesla M60", compute_capability=(5, 2))
+    host.machine.override_gpu(0, name="Tesla M60", compute_capability=(5, 2), pci_device_id=0x13F2)
+    return host
+
+
+def _renamed_gpu(root: Path) -> FakeHost:
+    """A known board under a name the catalogue lacks (NVIDIA's mock A100): both find it by PCI device ID."""
+    host = build_fake_host(root, "dgx-a100-40gb", containerd=2)
+    assert host.machine is not None
+    host.machine.override_gpu(0, name="Mock NVIDIA A100-SXM4-40GB")
     return host
 
 
@@ -59,6 +67,7 @@ SCENARIOS: dict[str, Scenario] = {
     "old-driver": lambda r: build_fake_host(r, "hgx-h200", driver_version="535.161.08"),
     "driver-below-floor": lambda r: build_fake_host(r, "t4x1", driver_version="418.67"),
     "compute-5.2": _compute_52,
+    "renamed-gpu": _renamed_gpu,
     "modules-missing": lambda r: build_fake_host(r, "l4x2", modules=("nvidia_modeset",)),
     "device-nodes-missing": lambda r: build_fake_host(r, "a30x4", device_nodes=False),
     "driver-not-loaded": lambda r: build_fake_host(r, "dgx-a100-80gb", driver_loaded=False),

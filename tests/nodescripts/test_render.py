@@ -33,6 +33,8 @@ def test_check_carries_catalogue_thresholds() -> None:
         for name in model.product_names:
             assert f'"{name}"' in check
         assert f") echo {model.effective_min_driver} ;;" in check
+        ids = " | ".join(f'"{d:04X}"' for d in model.pci_device_ids)  # by PCI device ID first
+        assert f"{ids}) echo {model.effective_min_driver}; return 0 ;;" in check
     assert "timeout -k 5 15" in check
 
 

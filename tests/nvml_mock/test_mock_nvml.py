@@ -355,13 +355,14 @@ def test_nvml_inventory_agrees(pair: tuple[Pair, Side, Side]) -> None:
 
 
 def test_check_agrees(pair: tuple[Pair, Side, Side]) -> None:
-    """``check``: the same GPUs and compute capabilities; the verdict differs only where the mock's
-    invented product name is not a real model (A100 "Mock ...", H200 "... 141GB HBM3e")."""
+    """``check``: the same GPUs and compute capabilities; the verdict differs only where the mock invents
+    both the PCI device ID and the name (H200: 0x2333, "... 141GB HBM3e"). Its A100 ("Mock NVIDIA ...")
+    is an A100 by its PCI device ID, 0x20B0, as a real board with a driver-specific name would be."""
     p, mock, sim = pair
     assert sim.check["verdict"] == "ok", sim.check
     assert [g["computeCapability"] for g in mock.check["gpus"]] == [g["computeCapability"] for g in sim.check["gpus"]]
     assert mock.check["driverVersion"] == mock.probe["driver"][0]
-    if "name" in EXPECTED.get(p.mock, {}):
+    if "pci_device_id" in EXPECTED.get(p.mock, {}):
         assert (mock.check["verdict"], mock.check["reasons"]) == ("unusable", ["model-unknown"]), mock.check
         assert {g["model"] for g in mock.check["gpus"]} == {None}
     else:

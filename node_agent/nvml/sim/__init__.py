@@ -150,10 +150,13 @@ class SimulatedMachine:
             s.gpus[index].processes = list(processes)
 
     def override_gpu(self, index: int, *, name: str | None = None,
-                     compute_capability: tuple[int, int] | None = None) -> None:
+                     compute_capability: tuple[int, int] | None = None, pci_device_id: int | None = None) -> None:
+        """Make GPU ``index`` another board: its name, compute capability and PCI device ID (None: the
+        machine's). Set the ID too for a GPU the catalogue must not know: models are found by ID first."""
         with self.store.mutate() as s:
             s.gpus[index].name = name
             s.gpus[index].compute_capability = compute_capability
+            s.gpus[index].pci_device_id = pci_device_id
 
     def set_fabric(self, cluster_uuid: uuid.UUID | str | None, clique_id: int = 0, *,
                    gpus: Iterable[int] | None = None, state: FabricStateName = "completed",

@@ -503,9 +503,9 @@ class FakeNvmlLibrary:
         _put(out, ctypes.c_uint, h.gpu)
 
     def pci_info(self, handle: int | None, out: int | None) -> None:
-        h, _ = self._gpu(handle)
-        self._fill_pci(out, self.spec.bus_ids[h.gpu], (self.spec.pci_device_id << 16) | 0x10DE,
-                       self.spec.pci_subsystem_id)
+        h, gpu = self._gpu(handle)
+        device = gpu.pci_device_id if gpu.pci_device_id is not None else self.spec.pci_device_id
+        self._fill_pci(out, self.spec.bus_ids[h.gpu], (device << 16) | 0x10DE, self.spec.pci_subsystem_id)
 
     @staticmethod
     def _fill_pci(out: int | None, bus_id: str, device_id: int, subsystem: int) -> None:

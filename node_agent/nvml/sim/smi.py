@@ -17,7 +17,7 @@ from pathlib import Path
 
 from node_agent.nvml import DeviceLost, NvmlBackend, NvmlError, NvmlUnavailable, open_nvml
 
-FIELDS = ("index", "name", "uuid", "pci.bus_id", "driver_version", "compute_cap", "memory.total")
+FIELDS = ("index", "name", "uuid", "pci.bus_id", "pci.device_id", "driver_version", "compute_cap", "memory.total")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             "name": g.name,
             "uuid": g.uuid,
             "pci.bus_id": g.pci_bus_id,
+            "pci.device_id": f"0x{g.pci_device_id:04X}10DE",  # nvidia-smi's form: device, then vendor
             "driver_version": driver,
             "compute_cap": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
             "memory.total": f"{g.memory_mib} MiB" if units else str(g.memory_mib),

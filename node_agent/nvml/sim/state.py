@@ -94,6 +94,8 @@ class SimGpu(_Model):
     reset_blocked: bool = False  #: a MIG mode change stays pending (clients hold the GPU)
     name: str | None = None
     compute_capability: tuple[int, int] | None = None
+    #: Another board's PCI device ID (an unknown GPU is unknown by ID as well as by name).
+    pci_device_id: int | None = None
     #: C function name (``nvmlDeviceGetMemoryInfo``, or with its ``_vN`` suffix) -> the NVML return
     #: code every call of it on this GPU fails with (999 = NVML_ERROR_UNKNOWN).
     call_errors: dict[str, int] = {}
