@@ -6,23 +6,27 @@ response (envs, mounts, device specs, annotations, CDI devices) for the same req
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from google.protobuf import json_format
 
 from tests.compare.gfd import DATA
-from tests.compare.peers import Difference, Machine, namespaced
+from tests.compare.peers import Difference, Machine, edit_items, namespaced
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
 
 RESOURCE = "nvidia.com/gpu"
 #: Device lists NVIDIA's plugin joins in Go map order (a different order on every call), compared as sets.
 UNORDERED_ENVS = ("NVIDIA_VISIBLE_DEVICES",)
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+CDI_DIR = "/var/run/cdi"
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,16 @@ class Case:
     #: whose devices are allocated then.
     mig_config: str | None = None
     resource: str = RESOURCE
+    #: CDI: both generate a CDI spec from the machine's driver root and hand the kubelet CDI names.
+    cdi: bool = False
+
+    def args(self, m: Machine, node_root: str) -> list[str]:
+        """The flags for ``m``: the case's, and for CDI the driver root and the hook. ``node_root`` is the
+        machine's root as the plugin names node paths: NVIDIA's sees the tree at its place in the real file
+        system; ours sees the node through ``--host-root``, where the tree is ``/``."""
+        cdi = ["--nvidia-driver-root", node_root, "--container-driver-root", str(m.root),
+               "--nvidia-ctk-path", str(m.tools / "nvidia-cdi-hook")] if self.cdi else []
+        return [*self.flags, *cdi, *(["--config-file", str(self.config)] if self.config else [])]
 
 
 CASES = (
@@ -42,6 +56,7 @@ CASES = (
     Case("volume-mounts", ("--device-list-strategy", "volume-mounts", "--device-id-strategy", "uuid")),
     Case("device-specs", ("--device-list-strategy", "envvar", "--pass-device-specs=true")),
     Case("time-slicing", ("--device-list-strategy", "envvar"), DATA / "nvidia-device-plugin-config-time-slicing.yaml"),
+    Case("cdi-annotations", ("--device-list-strategy", "cdi-annotations"), cdi=True),
 )
 #: On a MIG layout (NVIDIA's ``all-balanced``): each profile its own resource (``mixed``), or MIG devices as
 #: ``nvidia.com/gpu`` (``single``, which needs one profile everywhere: ``all-3g`` is 2 x 3g per GPU).
@@ -61,9 +76,12 @@ class Seen:
     devices: dict[str, str]
     topology: dict[str, list[int]]
     allocate: dict[str, Any]
+    #: The CDI specs the plugin wrote (CDI strategies), by file name, and what their paths are relative to.
+    cdi_specs: dict[str, Any] = field(default_factory=dict)
 
 
-def _watch(kubelet_dir: Path, argv: list[str], env: dict[str, str], log: Path, resource: str = RESOURCE) -> Seen:
+def _watch(kubelet_dir: Path, argv: list[str], env: dict[str, str], log: Path, *, resource: str = RESOURCE,
+           cdi: Path | None = None) -> Seen:
     kubelet = KubeletStandIn(kubelet_dir)
     kubelet.start()
     with log.open("w") as out:
@@ -80,8 +98,9 @@ def _watch(kubelet_dir: Path, argv: list[str], env: dict[str, str], log: Path, r
         ids = sorted(ep.devices)
         response = kubelet.allocate(resource, ids[:2])
         doc = json.loads(json_format.MessageToJson(response.container_responses[0]))
+        specs = {p.name: yaml.safe_load(p.read_text()) for p in sorted(cdi.glob("*")) if p.is_file()} if cdi else {}
         return Seen(sorted({r for _, _, r, _ in kubelet.registrations}), took, dict(ep.devices),
-                    {k: list(v) for k, v in ep.topology.items()}, doc)
+                    {k: list(v) for k, v in ep.topology.items()}, doc, specs)
     finally:
         proc.terminate()
         proc.wait(15)
@@ -91,18 +110,26 @@ def _watch(kubelet_dir: Path, argv: list[str], env: dict[str, str], log: Path, r
 def nvidia(m: Machine, case: Case, work: Path) -> Seen:
     kubelet = work / "kubelet-nvidia"
     kubelet.mkdir(parents=True, exist_ok=True)
-    argv = [str(m.tools / "nvidia-device-plugin"), "--fail-on-init-error=true", *case.flags,
-            *(["--config-file", str(case.config)] if case.config else [])]
-    return _watch(kubelet, namespaced(m, argv, {PLUGIN_DIR: kubelet}), m.env(), work / "nvidia.log", case.resource)
+    argv = [str(m.tools / "nvidia-device-plugin"), "--fail-on-init-error=true", *case.args(m, str(m.root))]
+    cdi = work / "cdi-nvidia"  # NVIDIA's plugin writes its CDI spec to the fixed /var/run/cdi
+    cdi.mkdir(parents=True, exist_ok=True)
+    binds = {PLUGIN_DIR: kubelet, CDI_DIR: cdi}
+    return _watch(kubelet, namespaced(m, argv, binds), m.env(), work / "nvidia.log", resource=case.resource,
+                  cdi=cdi if case.cdi else None)
 
 
 def ours(m: Machine, case: Case, work: Path) -> Seen:
     kubelet = work / "kubelet-ours"
     kubelet.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "node_agent", "--host-root", str(m.root), "--nvml", "real", "device-plugin",
-            "--socket-dir", str(kubelet), "--metrics-port", "0", "--fail-on-init-error", "true", *case.flags,
-            *(["--config-file", str(case.config)] if case.config else [])]
-    return _watch(kubelet, argv, m.env(), work / "ours.log", case.resource)
+    driver = ["--driver-root", str(m.root)] if case.cdi else []
+    hook = ["--cdi-hook-dir", str(m.tools)] if case.cdi else []
+    argv = [sys.executable, "-m", "node_agent", "--host-root", str(m.root), *driver, "--nvml", "real",
+            "device-plugin", "--socket-dir", str(kubelet), "--metrics-port", "0", "--fail-on-init-error", "true",
+            *case.args(m, "/"), *hook]
+    cdi = m.root / CDI_DIR.lstrip("/")
+    if case.cdi:
+        shutil.rmtree(cdi, ignore_errors=True)
+    return _watch(kubelet, argv, m.env(), work / "ours.log", resource=case.resource, cdi=cdi if case.cdi else None)
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
@@ -115,12 +142,44 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
         out[prefix] = str(value)
 
 
-def _items(seen: Seen) -> dict[str, str]:
+#: A CDI annotation key ends in a UUID each Allocate draws (unique per container), on both sides.
+_ANNOTATION_UUID = re.compile(r"(cdi\.k8s\.io/[\w.-]+_)[0-9a-f-]{36}$")
+
+
+def _cdi_items(m: Machine, seen: Seen) -> dict[str, str]:
+    """The device plugin's CDI spec: its kind, device names, the common edits and those of the allocated GPUs
+    (paths made relative to the machine's tree and the tools directory)."""
+    items: dict[str, str] = {}
+    allocated = {a.split("=", 1)[1] for v in (seen.allocate.get("annotations") or {}).values() for a in v.split(",")}
+    for spec in seen.cdi_specs.values():
+        # Node paths relative to the machine's tree (NVIDIA's name it where the tree is; ours as the node's).
+        text = json.dumps(spec, sort_keys=True).replace(str(m.tools), "<tools>").replace(str(m.root), "")
+        norm = json.loads(text)
+        kind = norm.get("kind", "-")
+        items[f"cdi.{kind}.devices"] = json.dumps(sorted(d["name"] for d in norm.get("devices") or []))
+        common = norm.get("containerEdits") or {}
+        items |= edit_items(f"cdi.{kind}.containerEdits", common)
+        paths = [n["path"] for n in common.get("deviceNodes") or []]
+        for d in norm.get("devices") or []:
+            if d["name"] in allocated:
+                edits = d.get("containerEdits") or {}
+                items |= edit_items(f"cdi.{kind}.device.containerEdits", edits)
+                paths += [n["path"] for n in edits.get("deviceNodes") or []]
+        # What the container gets, whatever each side's spelling: its device nodes.
+        items[f"cdi.{kind}.deviceNodes.paths"] = json.dumps(sorted(set(paths)))
+    return items
+
+
+def _items(m: Machine, seen: Seen) -> dict[str, str]:
     """What the kubelet saw, as comparable items: the ListAndWatch view and the Allocate response's fields."""
     items = {"registered": json.dumps(seen.registered), "deviceIDs": json.dumps(sorted(seen.devices)),
              "health": json.dumps(sorted(set(seen.devices.values()))),
              "topology": json.dumps(seen.topology, sort_keys=True)}
-    _flatten("allocate", seen.allocate, items)
+    allocate = dict(seen.allocate)
+    if "annotations" in allocate:
+        allocate["annotations"] = {_ANNOTATION_UUID.sub(r"\1<uuid>", k): v for k, v in allocate["annotations"].items()}
+    _flatten("allocate", allocate, items)
+    items |= _cdi_items(m, seen)
     for name in UNORDERED_ENVS:
         key = f"allocate.envs.{name}"
         if key in items:
@@ -130,6 +189,6 @@ def _items(seen: Seen) -> dict[str, str]:
 
 def differences(m: Machine, case: Case, a: Seen, b: Seen) -> list[Difference]:
     """Ours (``a``) against NVIDIA's (``b``), item by item (``-``: the item is absent on that side)."""
-    left, right = _items(a), _items(b)
+    left, right = _items(m, a), _items(m, b)
     return [Difference("device-plugin", f"{m.name}/{case.name}", k, left.get(k, "-"), right.get(k, "-"))
             for k in sorted(set(left) | set(right)) if left.get(k, "-") != right.get(k, "-")]

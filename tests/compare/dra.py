@@ -33,7 +33,7 @@ from google.protobuf import json_format
 
 from localcluster import Kube
 from localcluster.objects import create_kwok_node, wait_for
-from tests.compare.peers import REPO, Difference, Machine, namespaced, with_mig
+from tests.compare.peers import REPO, Difference, Machine, edit_items, namespaced, with_mig
 from tests.dra.kubelet_standin import KubeletStandIn
 
 DRIVER = "gpu.nvidia.com"
@@ -231,10 +231,10 @@ def prepare_items(kube: Kube, plugin: Plugin, m: Machine, device: str = "gpu-0")
             device_paths: list[str] = []
             for d in norm.get("devices", []):
                 edits = d.get("containerEdits") or {}
-                items |= _edit_items("cdi.device.containerEdits", edits)
+                items |= edit_items("cdi.device.containerEdits", edits)
                 device_paths += [n["path"] for n in edits.get("deviceNodes") or []]
             common = norm.get("containerEdits") or {}
-            items |= _edit_items("cdi.containerEdits", common)
+            items |= edit_items("cdi.containerEdits", common)
             # What the container ends up with, whatever each side's spelling: the device nodes of the
             # allocated device, and the files mounted from the driver.
             items["cdi.device.deviceNodes.paths"] = json.dumps(sorted(device_paths))
@@ -273,13 +273,6 @@ def first_uuid(published: list[dict[str, Any]], kind: str) -> str:
     if not found:
         raise AssertionError(f"no {kind} device published")
     return found[0]
-
-
-def _edit_items(prefix: str, edits: Mapping[str, Any]) -> dict[str, str]:
-    """CDI container edits as items, lists in a fixed order (the order carries no meaning in CDI)."""
-    return {f"{prefix}.{key}": json.dumps(sorted(value, key=lambda v: json.dumps(v, sort_keys=True))
-                                          if isinstance(value, list) else value, sort_keys=True)
-            for key, value in edits.items()}
 
 
 def differences(case: str, ours: Mapping[str, str], theirs: Mapping[str, str]) -> list[Difference]:

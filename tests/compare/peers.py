@@ -295,6 +295,13 @@ def unlisted(differences: Iterable[Difference]) -> list[Difference]:
     return out
 
 
+def edit_items(prefix: str, edits: Mapping[str, Any]) -> dict[str, str]:
+    """CDI container edits as comparable items, lists in a fixed order (the order carries no meaning in CDI)."""
+    return {f"{prefix}.{key}": json.dumps(sorted(value, key=lambda v: json.dumps(v, sort_keys=True))
+                                          if isinstance(value, list) else value, sort_keys=True)
+            for key, value in edits.items()}
+
+
 def label_differences(component: str, case: str, ours: Mapping[str, str], theirs: Mapping[str, str]
                       ) -> list[Difference]:
     """Per label key: present on one side only (``-`` for absent), or with different values."""

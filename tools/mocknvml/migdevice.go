@@ -155,9 +155,8 @@ func nvmlDeviceGetMaxMigDeviceCount(device unsafe.Pointer, count *C.uint) C.nvml
 //export nvmlDeviceGetMigDeviceHandleByIndex
 func nvmlDeviceGetMigDeviceHandleByIndex(device unsafe.Pointer, index C.uint, migHandle *unsafe.Pointer) C.nvmlReturn_t {
 	return withFullGpu(device, func(dev *server.Device) nvml.Return {
-		if !migEnabled(dev) {
-			return nvml.ERROR_NOT_SUPPORTED
-		}
+		// nvml.h: NVML_ERROR_NOT_FOUND when no MIG device exists at the index, which is every index of a
+		// GPU with MIG off (callers walk 0..max and skip NOT_FOUND, as go-nvlib does).
 		if uint32(index) >= maxMigDevices(dev) {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
