@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from node_agent.testing.fakehost import build_fake_host
+from tests.kit.fakehost import build_fake_host
 
 RUNS = 7
 TARGET_S = 1.0
@@ -85,7 +85,7 @@ def main() -> int:
 
 def _mig_half(host: object) -> None:
     from node_agent.nvml import NvmlBackend, open_nvml
-    from node_agent.testing.fakehost import FakeHost
+    from tests.kit.fakehost import FakeHost
 
     assert isinstance(host, FakeHost) and host.machine is not None
     with open_nvml(NvmlBackend("simulated", "dgx-h100", host.machine.store.path)) as nvml:

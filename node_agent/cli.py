@@ -1,6 +1,6 @@
 """``python -m node_agent [global options] <command> ...``: the node agent's command line.
 
-Global options (before the command)::
+Global options (before or after the command)::
 
     --host-root PATH        host filesystem root (default /; /host in the DaemonSet)
     --driver-root PATH      NVIDIA driver root as this process sees it (default $NVIDIA_DRIVER_ROOT, else /;
@@ -40,18 +40,40 @@ from node_agent.context import UsageError
 from node_agent.driverroot import default_driver_root, set_driver_root
 
 
-def _globals(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host-root", default="/", metavar="PATH")
+def _globals(parser: argparse.ArgumentParser, *, after_command: bool = False) -> None:
+    """The global options. ``after_command``: the same options on a command's own parser, so they may also
+    follow the command (``node_agent check --json``, as users type it); there they have no default of
+    their own (a value given before the command stays), and a command's own option of the same name
+    (``mig apply --json``) is left as it is."""
+
+    def add(*names: str, **kwargs: object) -> None:
+        if after_command:
+            if any(n in parser._option_string_actions for n in names):
+                return
+            kwargs["default"] = argparse.SUPPRESS
+        parser.add_argument(*names, **kwargs)  # type: ignore[arg-type]
+
+    add("--host-root", default="/", metavar="PATH")
     # Not relative to --host-root: a path in this process's filesystem (the DaemonSets mount the
     # driver root at /driver-root and the host's / at /host).
-    parser.add_argument("--driver-root", default=default_driver_root(), metavar="PATH")
-    parser.add_argument("--host-exec", choices=("direct", "chroot"), default=None)
-    parser.add_argument("--nvml", default="real", metavar="SPEC", help="real | simulated:<machine>")
-    parser.add_argument("--nvml-state", default=None, metavar="PATH")
-    parser.add_argument("--node-name", default=None)
-    parser.add_argument("--kubeconfig", default=None, metavar="PATH")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    add("--driver-root", default=default_driver_root(), metavar="PATH")
+    add("--host-exec", choices=("direct", "chroot"), default=None)
+    add("--nvml", default="real", metavar="SPEC", help="real | simulated:<machine>")
+    add("--nvml-state", default=None, metavar="PATH")
+    add("--node-name", default=None)
+    add("--kubeconfig", default=None, metavar="PATH")
+    add("--json", action="store_true")
+    add("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+
+
+def _command_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser a command line can end in: the commands' and their subcommands' (``mig apply``)."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                out += [child, *_command_parsers(child)]
+    return out
 
 
 def build_parser(selected: str | None) -> argparse.ArgumentParser:
@@ -67,6 +89,8 @@ def build_parser(selected: str | None) -> argparse.ArgumentParser:
         sub.add_parser(command.name, help=command.help)
     if chosen_module is not None:
         importlib.import_module(chosen_module).register(sub)
+    for command_parser in _command_parsers(parser):
+        _globals(command_parser, after_command=True)
     return parser
 
 

@@ -29,7 +29,7 @@ from components.manifests.workloads import (
     driver_root_mount,
     driver_root_volume,
 )
-from nvgpu.nodescripts import NodeScript
+from nvgpu.nodescripts import NodeScript, facts
 from nvgpu.stackconfig import ClaimQuota, Cluster, NodeGroup
 
 RESOURCE_API = "resource.k8s.io/v1"
@@ -43,8 +43,8 @@ CLEANUP_FINALIZER = "gpu.nvidia-gpu.io/dra-slices-cleanup"
 
 PLUGINS_REGISTRY = "/var/lib/kubelet/plugins_registry"
 PLUGINS = "/var/lib/kubelet/plugins"
-CDI_DIR = "/var/run/cdi"
-AGENT_STATE_DIR = "/var/lib/nvidia-gpu-agent"
+CDI_DIR = facts.CDI_DYNAMIC_DIR
+AGENT_STATE_DIR = facts.STATE_DIR
 MPS_DIR = "/run/nvidia-gpu-agent"
 AGENT = ["python", "-m", "node_agent"]
 #: Runs just before gpu-vfio.sh (35): the kernel parameters must be in place before the IOMMU check.

@@ -24,6 +24,7 @@ from components.manifests.scheduling import node_affinity, tolerations
 from components.manifests.sharing import MPS_ROOT, config_map_name
 from nvgpu import labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
+from nvgpu.nodescripts import facts
 from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend, Sharing
 
 AGENT = ["python", "-m", "node_agent"]
@@ -31,8 +32,8 @@ AGENT = ["python", "-m", "node_agent"]
 DEVICE_PLUGIN_CONFIG_DIR = "/etc/nvidia-gpu/device-plugin"
 DEVICE_PLUGIN_METRICS_PORT = 9401
 KUBELET_DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
-CDI_DIR = "/var/run/cdi"
-AGENT_STATE_DIR = "/var/lib/nvidia-gpu-agent"
+CDI_DIR = facts.CDI_DYNAMIC_DIR
+AGENT_STATE_DIR = facts.STATE_DIR
 #: The setup agent sees the whole host under this path (``--host-root``), never at ``/``.
 HOST_ROOT = "/host"
 LABEL_INTERVAL_SECONDS = 60

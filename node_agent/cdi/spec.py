@@ -12,8 +12,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nvgpu.nodescripts import facts
+
 #: Where transient (generated) specs go; the runtime also reads ``/etc/cdi`` (later directories win).
-CDI_DIR = "/var/run/cdi"
+CDI_DIR = facts.CDI_DYNAMIC_DIR
 
 
 class _Model(BaseModel):

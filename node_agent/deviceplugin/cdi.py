@@ -24,9 +24,10 @@ from node_agent.deviceplugin.allocate import CDI_CLASS, CDI_IMEX_KIND, CDI_KIND,
 from node_agent.deviceplugin.config import Settings
 from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles
 from node_agent.deviceplugin.resources import PluginDevice, Resource, imex_channel_path
+from nvgpu.nodescripts import facts
 
 CDI_VERSION = "0.5.0"
-CDI_SPEC_DIR = "/var/run/cdi"
+CDI_SPEC_DIR = facts.CDI_DYNAMIC_DIR
 SPEC_FILE = f"{CDI_SPEC_DIR}/{CDI_VENDOR}-{CDI_CLASS}.yaml"
 IMEX_SPEC_FILE = f"{CDI_SPEC_DIR}/{CDI_VENDOR}-imex-channel.yaml"
 

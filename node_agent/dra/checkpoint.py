@@ -24,7 +24,6 @@ Format (JSON, ``version`` 1)::
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -32,18 +31,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from node_agent.dra.cdi import FoundSpec
 from node_agent.dra.hostfs import HostPaths
-from node_agent.host.atomic import write_atomic
+from node_agent.host.atomic import content_checksum, write_atomic
+from node_agent.host.proc import boot_id
 
 log = logging.getLogger(__name__)
 
 VERSION = 1
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 
 class CheckpointError(RuntimeError):
@@ -115,16 +113,8 @@ class Loaded:
     detail: str = ""
 
 
-def checksum(data: Any) -> str:
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def read_boot_id(host: HostPaths) -> str:
-    try:
-        return host.path(BOOT_ID_PATH).read_text().strip()
-    except OSError:
-        return ""
+checksum = content_checksum
+read_boot_id = boot_id
 
 
 class CheckpointStore:

@@ -32,10 +32,11 @@ from node_agent.dra.publisher import Publication, SlicePublisher
 from node_agent.dra.sharing import SharingBackend
 from node_agent.dra.state import Deadline, DeviceState, PrepareError, ResultDevice
 from node_agent.host.atomic import LockTimeout
+from nvgpu.nodescripts import facts
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STATE_DIR = "/var/lib/nvidia-gpu-agent/dra"
+DEFAULT_STATE_DIR = f"{facts.STATE_DIR}/dra"
 #: Kubelet's ``defaultClientCallTimeout`` for DRA calls.
 KUBELET_CALL_TIMEOUT = 45.0
 

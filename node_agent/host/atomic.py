@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
+import json
 import os
 import tempfile
 import time
@@ -71,3 +73,10 @@ def exclusive_lock(path: Path, timeout_s: float, poll_s: float = 0.002) -> Itera
         yield
     finally:
         os.close(fd)
+
+
+def content_checksum(data: object) -> str:
+    """``sha256:`` of the canonical JSON of ``data`` (sorted keys, no spaces, UTF-8): the one checksum the
+    agent's state files (the MIG journal, the DRA checkpoint) carry, so they agree on what "unchanged" is."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Protocol
 
 from node_agent.host.root import HostError, HostRoot
 from nvgpu.nodescripts.facts import DRIVER_VERSION_FILE, NVIDIA_GPUS_PROC_DIR, PROC_MODULES
@@ -54,6 +56,20 @@ def gpu_minors(host: HostRoot) -> dict[str, int]:
 
 #: Minor numbers of the MIG capability device nodes (``/dev/nvidia-caps/nvidia-cap<N>``).
 MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+class _Paths(Protocol):
+    def path(self, host_path: str) -> Path: ...
+
+
+def boot_id(host: _Paths) -> str:
+    """The kernel's boot ID, "" when it cannot be read. State written in another boot (the MIG journal, the
+    DRA checkpoint) describes GPUs as they were before a reboot and is not trusted."""
+    try:
+        return host.path(BOOT_ID_PATH).read_text().strip()
+    except OSError:
+        return ""
 
 
 def parse_mig_minors(text: str) -> dict[str, int]:

@@ -31,11 +31,12 @@ from types import FrameType
 from typing import Any
 
 from node_agent.host import HostRoot
+from node_agent.host.proc import boot_id
 from node_agent.kubeclient import KubeError, api_client
 from node_agent.mig import apply
 from node_agent.mig.executor import MigManager, Settings
 from node_agent.mig.hardware import GpuInfo, MigBackend, MigHardwareError, ResetUnavailable, snapshot
-from node_agent.mig.hostfiles import HostCommandRunner, HostRebooter, HostStateFiles, boot_id
+from node_agent.mig.hostfiles import HostCommandRunner, HostRebooter, HostStateFiles
 from node_agent.mig.journal import JournalError
 from node_agent.mig.kube import KubeNodeApi
 from node_agent.mig.machine import DrainMode, Timeouts

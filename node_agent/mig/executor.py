@@ -32,6 +32,7 @@ from node_agent.mig.machine import Act, Action, DrainMode, MigState, Observation
 from node_agent.mig.plan import NodePlan, PlanError, diff, plan
 from nvgpu import labels
 from nvgpu.migparted import MigPartedConfig, MigPartedError
+from nvgpu.nodescripts import facts
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,11 @@ RECONFIGURE_TAINT = Taint(labels.MIG_RECONFIGURE_TAINT_KEY, "true", "NoSchedule"
 DRAIN_ANNOTATIONS = (labels.DISRUPTION_REQUIRED, labels.DISRUPTION_APPROVED, labels.DRAINING, labels.DRAINED)
 #: The value of Deckhouse's ``draining`` annotation names who asked for the drain.
 DRAIN_SOURCE = "nvidia-gpu-mig-manager"
-STOP_MARKER = "/var/lib/nvidia-gpu-agent/mig/stopping"
-FAILED_MARKER = "/var/lib/nvidia-gpu-agent/mig/failed-config"
-CLEARED_MARKER = "/var/lib/nvidia-gpu-agent/mig/labels-cleared"
-LOCK_PATH = "/var/lib/nvidia-gpu-agent/mig/lock"
+MIG_STATE_DIR = f"{facts.STATE_DIR}/mig"
+STOP_MARKER = f"{MIG_STATE_DIR}/stopping"
+FAILED_MARKER = f"{MIG_STATE_DIR}/failed-config"
+CLEARED_MARKER = f"{MIG_STATE_DIR}/labels-cleared"
+LOCK_PATH = f"{MIG_STATE_DIR}/lock"
 #: NVIDIA's GPU operator apps and this project's agents (``app.kubernetes.io/name``).
 DEFAULT_CLIENT_LABELS: tuple[tuple[str, str], ...] = (
     ("app", "nvidia-device-plugin-daemonset"),

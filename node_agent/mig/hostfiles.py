@@ -1,4 +1,4 @@
-"""The MIG manager's host side: journal and marker files, boot ID, GPU reset and reboot, via ``HostRoot``.
+"""The MIG manager's host side: journal and marker files, GPU reset and reboot, via ``HostRoot``.
 
 Everything under the host root goes through :class:`~node_agent.host.HostRoot` (atomic writes, root-aware
 paths, bounded commands). The step lock is the exception on purpose: it only orders the manager and
@@ -17,7 +17,6 @@ from pathlib import Path
 from node_agent.host import HostError, HostRoot
 from node_agent.mig.journal import JournalError
 
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 REBOOT_TIMEOUT_S = 60.0
 
 
@@ -60,12 +59,6 @@ class HostStateFiles:
             os.close(fd)
 
 
-def boot_id(host: HostRoot) -> str:
-    """The kernel's boot ID: a journal from another boot means the machine rebooted meanwhile."""
-    try:
-        return host.read_text(BOOT_ID).strip()
-    except HostError:
-        return ""
 
 
 class HostRebooter:

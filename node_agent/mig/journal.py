@@ -14,7 +14,6 @@ given back and the failure reported) and is written atomically through :class:`J
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from enum import StrEnum
@@ -22,10 +21,12 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from node_agent.host.atomic import content_checksum
 from node_agent.mig.hardware import GpuState, PlacedInstance
+from nvgpu.nodescripts import facts
 
 JOURNAL_VERSION = 1
-JOURNAL_PATH = "/var/lib/nvidia-gpu-agent/mig/journal.json"
+JOURNAL_PATH = f"{facts.STATE_DIR}/mig/journal.json"
 
 
 class Phase(StrEnum):
@@ -113,9 +114,8 @@ class Journal(_Lenient):
         return tuple(g.state() for g in self.previous)
 
 
-def _checksum(data: dict[str, object]) -> str:
-    """sha256 of the canonical JSON of the journal's fields (everything but the checksum itself)."""
-    return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+#: sha256 of the canonical JSON of the journal's fields (everything but the checksum itself).
+_checksum = content_checksum
 
 
 class JournalError(RuntimeError):

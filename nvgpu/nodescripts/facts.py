@@ -44,7 +44,9 @@ CONTAINERD_IMPORT_DIR = f"{CONTAINERD_DIR}/conf.d"
 RUNTIME_DROPIN_NAME = "nvidia-gpu.toml"
 #: containerd config ``version`` → the CRI plugin table holding runtimes and CDI settings.
 CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
-CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+#: Where transient CDI specs go (per-claim and the device plugin's own): the runtime reads it with /etc/cdi.
+CDI_DYNAMIC_DIR = "/var/run/cdi"
+CDI_SPEC_DIRS = ("/etc/cdi", CDI_DYNAMIC_DIR)
 NVIDIA_RUNTIME_NAME = "nvidia"
 
 #: CRI-O: config, drop-in dir (read in lexical order after crio.conf), and where the agent looks for it.

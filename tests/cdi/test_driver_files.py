@@ -11,7 +11,7 @@ from node_agent.cdi.driveredits import DriverEditsSource, HookTool, driver_edits
 from node_agent.cdi.driverfiles import discover
 from node_agent.cdi.elf import soname
 from node_agent.driverroot import DriverRoot
-from node_agent.testing.driverinstall import LIBRARIES, install_driver, shared_object
+from tests.kit.driverinstall import LIBRARIES, install_driver, shared_object
 
 V = "550.54.15"
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from node_agent.testing.driverinstall import install_driver
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
+from tests.kit.driverinstall import install_driver
 from tests.oci import Runtime, minimal_rootfs
 from tests.tools import MOCK_NVML, required_bin
 

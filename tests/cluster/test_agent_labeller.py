@@ -48,7 +48,6 @@ from node_agent.kube import KubeError, NodeApi
 from node_agent.nodeconfig import NodePlan, Requested
 from node_agent.nodepatch import apply_plan
 from node_agent.nvml.sim import get_machine
-from node_agent.testing.fakehost import FakeHost, build_fake_host
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend
 from tests.cluster.agents import (
@@ -67,6 +66,7 @@ from tests.cluster.agents import (
 )
 from tests.cluster.stack import AppliedStack, rendered
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
+from tests.kit.fakehost import FakeHost, build_fake_host
 
 NS = "nvidia-gpu"
 PREFIX = "lab-"

@@ -34,21 +34,22 @@ from localcluster import Kube
 from localcluster.client import ApiError
 from localcluster.objects import create_kwok_node, wait_for
 from node_agent.host import HostRoot
+from node_agent.host.proc import boot_id
 from node_agent.kubeclient import api_client
 from node_agent.mig.executor import DEPLOY_LABELS, DRAIN_ANNOTATIONS, MigManager, Settings
-from node_agent.mig.hostfiles import HostRebooter, HostStateFiles, boot_id
+from node_agent.mig.hostfiles import HostRebooter, HostStateFiles
 from node_agent.mig.kube import KubeNodeApi, NodeView
 from node_agent.mig.machine import DrainMode
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
-from node_agent.testing.fakehost import build_fake_host
 from nvgpu import labels
 from nvgpu.migparted import load_config_text
 from nvgpu.stackconfig import NodeSetupBackend
 from tests.cluster.agents import NS, REPO, AgentIdentity, agent_command, identity
 from tests.cluster.mig_manager import ManagerProcess, Rendered, layout, start_manager
 from tests.cluster.stack import AppliedStack, rendered
+from tests.kit.fakehost import build_fake_host
 
 PREFIX = "mig-"
 GROUP = "gpu-h100"  #: the Deckhouse NodeGroup of the dev stack's MIG node group (h100-mig)

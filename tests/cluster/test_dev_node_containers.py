@@ -32,12 +32,12 @@ import pytest
 
 from localcluster import Kube
 from localcluster.objects import create_kwok_node, wait_for
-from node_agent.testing.driverinstall import install_driver
-from node_agent.testing.fakehost import FakeHost
 from tests.cluster.agents import REPO, container_env, identity, node_labels, read_node
 from tests.cluster.stack import AppliedStack
 from tests.deviceplugin.kubelet_standin import KubeletStandIn as DevicePluginKubelet
 from tests.dra.kubelet_standin import KubeletStandIn as DraKubelet
+from tests.kit.driverinstall import install_driver
+from tests.kit.fakehost import FakeHost
 from tests.nvml_mock.mockhost import mock_host, probe_mock
 from tests.oci import PodContainer, Runtime, ServiceAccountFiles
 from tests.tools import MOCK_NVML, required_bin

@@ -56,12 +56,12 @@ from node_agent.host.root import HostRoot
 from node_agent.kubeclient import api_client
 from node_agent.nvml.session import NvmlBackend
 from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
-from node_agent.testing.fakehost import build_fake_host
 from nvgpu import catalogue
 from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, run_agent
 from tests.cluster.stack import AppliedStack
 from tests.dra.builders import RecordingSharing
 from tests.dra.kubelet_standin import KubeletStandIn
+from tests.kit.fakehost import build_fake_host
 
 NS = "nvidia-gpu"
 DAEMONSET = "dra-kubelet-plugin-h200-dra"

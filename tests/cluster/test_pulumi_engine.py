@@ -27,7 +27,6 @@ from components.manifests.platform import AgentRole
 from components.manifests.workloads import AGENT, CONTAINER_DRIVER_ROOT, HOST_ROOT
 from localcluster import ControlPlane, Kube
 from localcluster.objects import create_kwok_node, wait_for
-from node_agent.testing.fakehost import FakeHost, build_fake_host
 from nvgpu import labels
 from tests.cluster.agents import (
     REPO,
@@ -42,6 +41,7 @@ from tests.cluster.agents import (
 from tests.cluster.mig_manager import Rendered, layout, start_manager
 from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, make_project, prepare_cluster
 from tests.cluster.stack import rendered
+from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.tools import required_bin
 
 STACK = "dev"
@@ -431,9 +431,9 @@ def dra_plugin(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
     import signal
     import tempfile
 
-    from node_agent.testing.fakehost import build_fake_host
     from tests.cluster.agents import agent_command, container_env, identity
     from tests.dra.kubelet_standin import KubeletStandIn
+    from tests.kit.fakehost import build_fake_host
 
     kube = cluster.admin()
     node = "engine-gpu-h200"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from node_agent.host.pci import normalize_address
-from node_agent.testing.fakehost import pci_config_space
 from tests.compare import gfd
 from tests.compare.peers import MACHINES, PCI_DEVICES, Machine, label_differences, machine, unlisted, with_mig
+from tests.kit.fakehost import pci_config_space
 
 pytestmark = pytest.mark.compare
 

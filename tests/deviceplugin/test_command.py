@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from node_agent.kubelet import device_plugin_cmd
-from node_agent.testing.fakehost import SIM_STATE_DIR, build_fake_host
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
+from tests.kit.fakehost import SIM_STATE_DIR, build_fake_host
 
 ROOT = Path(__file__).resolve().parents[2]
 TS = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"

@@ -18,9 +18,9 @@ from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.deviceplugin.preferred import best_set, set_score
 from node_agent.host import HostRoot
 from node_agent.nvml.sim import MACHINE_NAMES, SimulatedMachine
-from node_agent.testing.fakehost import build_fake_host
 from tests.deviceplugin.builders import FakeHost
 from tests.deviceplugin.conftest import Running
+from tests.kit.fakehost import build_fake_host
 
 
 @pytest.fixture

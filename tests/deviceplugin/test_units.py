@@ -19,11 +19,11 @@ from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigWatcher
 from node_agent.deviceplugin.preferred import Request, best_set, greedy_preference, set_score
 from node_agent.deviceplugin.resources import build_resources
 from node_agent.driverroot import DriverRoot
-from node_agent.testing.driverinstall import install_driver
 from nvgpu import catalogue
 from tests.cdi.schema import cdi_validator
 from tests.deviceplugin.builders import FakeHost, dgx_links, full_gpu, hybrid_cube_mesh, machine, mig_gpu
 from tests.deviceplugin.reference import exhaustive, nvidia_best_effort
+from tests.kit.driverinstall import install_driver
 
 DATA = Path(__file__).parent / "data"
 

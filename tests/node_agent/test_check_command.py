@@ -8,7 +8,7 @@ import pytest
 from agent_testkit import Cli
 
 from node_agent.nvml.sim.state import SimProcess
-from node_agent.testing.fakehost import build_fake_host
+from tests.kit.fakehost import build_fake_host
 
 
 def test_no_gpu_is_silent_success(tmp_path: Path, cli: Cli) -> None:

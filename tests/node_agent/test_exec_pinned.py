@@ -23,9 +23,9 @@ from node_agent.mig.journal import JournalError
 from node_agent.mig.nvmlbackend import NvidiaSmiReset, NvmlMigBackend
 from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
-from node_agent.testing.fakecrio import build_crio_host
-from node_agent.testing.fakehost import DEFAULT_MODULES, build_fake_host
 from nvgpu.nodescripts.facts import VFIO_MODULES
+from tests.kit.fakecrio import build_crio_host
+from tests.kit.fakehost import DEFAULT_MODULES, build_fake_host
 
 
 def test_the_real_executor_is_the_default_and_keeps_the_exec_modes(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from node_agent.host import (
     read_device,
     read_driver_version,
 )
-from node_agent.testing.fakehost import build_fake_host, driver_version_text
+from tests.kit.fakehost import build_fake_host, driver_version_text
 
 
 def test_paths_stay_inside_the_root(tmp_path: Path) -> None:

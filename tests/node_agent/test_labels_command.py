@@ -9,7 +9,7 @@ from agent_testkit import ApiServer, Cli
 
 from node_agent import gfd
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.testing.fakehost import FakeHost, build_fake_host
+from tests.kit.fakehost import FakeHost, build_fake_host
 
 FEATURES = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
 

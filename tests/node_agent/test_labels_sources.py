@@ -15,7 +15,7 @@ from node_agent.host import HostError, HostRoot, VgpuInfoError, VgpuScanError, v
 from node_agent.host.vgpu import host_driver, is_vgpu, vendor_capability
 from node_agent.labels import Sharing, SharingSource
 from node_agent.nvml import FabricInfo, FabricState, NvmlBackend, open_nvml
-from node_agent.testing.fakehost import FakeHost, build_fake_host, pci_config_space
+from tests.kit.fakehost import FakeHost, build_fake_host, pci_config_space
 
 CLUSTER = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"
 OTHER_CLUSTER = "9b3e1c2a-0000-4000-8000-00000000abcd"

@@ -15,9 +15,9 @@ from node_agent.cli import build_parser
 from node_agent.context import AgentContext
 from node_agent.kube import KubeError
 from node_agent.nodeconfig import NodeConfigError, NodeSnapshot, Requested, parse_label, parse_taint, plan
-from node_agent.testing.fakehost import build_fake_host
 from nvgpu import labels
 from nvgpu.taints import NodeTaint
+from tests.kit.fakehost import build_fake_host
 
 NODE = "gpu-node-1"
 GPU_TAINT = "nvidia.com/gpu=present:NoSchedule"

@@ -24,9 +24,9 @@ from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, NvmlError, NvmlTimeout, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.sim.state import SimProcess
-from node_agent.testing.fakehost import FakeHost, build_fake_host
-from node_agent.testing.fakekernel import FakeKernelHostRoot
 from nvgpu import labels
+from tests.kit.fakehost import FakeHost, build_fake_host
+from tests.kit.fakekernel import FakeKernelHostRoot
 from tests.mig.harness import Rig, mig_node
 
 #: Before 510.39.01: no ``_v3`` process-listing symbols (the t4x1 machine's own driver is one).

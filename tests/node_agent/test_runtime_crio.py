@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from agent_testkit import Cli
 
-from node_agent.testing.fakecrio import CRIO_VERSION, build_crio_host
-from node_agent.testing.fakehost import build_fake_host
 from nvgpu.nodescripts.content import HEADER, render_crio_dropin
+from tests.kit.fakecrio import CRIO_VERSION, build_crio_host
+from tests.kit.fakehost import build_fake_host
 
 L4 = "simulated:l4x2"
 DROPIN = "/etc/crio/crio.conf.d/99-nvidia.conf"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from agent_testkit import Cli
 
-from node_agent.testing.fakehost import build_fake_host
 from nvgpu.nodescripts.content import dropin_for
+from tests.kit.fakehost import build_fake_host
 
 H100 = "simulated:dgx-h100"
 

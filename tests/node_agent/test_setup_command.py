@@ -6,7 +6,7 @@ from pathlib import Path
 
 from agent_testkit import ApiServer, Cli
 
-from node_agent.testing.fakehost import build_fake_host
+from tests.kit.fakehost import build_fake_host
 
 SETUP = "node.deckhouse.io/gpu-setup-complete"
 VFIO = "node.deckhouse.io/gpu-vfio-ready"

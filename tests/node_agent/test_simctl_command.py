@@ -7,7 +7,7 @@ from pathlib import Path
 from agent_testkit import Cli
 
 from node_agent.nvml import EventKind, NvmlBackend, open_nvml
-from node_agent.testing.fakehost import build_fake_host
+from tests.kit.fakehost import build_fake_host
 
 H100 = "simulated:dgx-h100"
 

@@ -9,8 +9,8 @@ from agent_testkit import Cli
 from node_agent.host import HostRoot
 from node_agent.journal import Journal
 from node_agent.sysctl import DROPIN
-from node_agent.testing.fakehost import FakeHost, build_fake_host
 from nvgpu.nodescripts.content import sysctl_dropin
+from tests.kit.fakehost import FakeHost, build_fake_host
 
 A30 = "simulated:a30x4"
 FORMER = "/etc/sysctl.d/99-nvidia-gpu.conf"

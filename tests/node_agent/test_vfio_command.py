@@ -13,8 +13,8 @@ from node_agent import vfio
 from node_agent.context import AgentContext
 from node_agent.host import HostError, read_device
 from node_agent.nvml.sim.state import SimProcess
-from node_agent.testing.fakehost import FakeHost, build_fake_host
-from node_agent.testing.fakekernel import FakeKernelHostRoot
+from tests.kit.fakehost import FakeHost, build_fake_host
+from tests.kit.fakekernel import FakeKernelHostRoot
 
 A30 = "simulated:a30x4"
 GPU1 = "0000:31:00.0"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from nodescript_helpers import RunScript
 
-from node_agent.testing.fakehost import FakeHost
 from nvgpu.nodescripts import render_node_scripts
+from tests.kit.fakehost import FakeHost
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,8 @@ import pytest
 from nodescript_helpers import RunScript, summary
 
 from node_agent.cli import main
-from node_agent.testing.fakecrio import build_crio_host
 from nvgpu.nodescripts.content import render_crio_dropin
+from tests.kit.fakecrio import build_crio_host
 
 DROPIN = "/etc/crio/crio.conf.d/99-nvidia.conf"
 

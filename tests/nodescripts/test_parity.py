@@ -16,8 +16,8 @@ import pytest
 from nodescript_helpers import RunScript, summary
 
 from node_agent.cli import main
-from node_agent.testing.fakecrio import build_crio_host
-from node_agent.testing.fakehost import FakeHost, build_fake_host
+from tests.kit.fakecrio import build_crio_host
+from tests.kit.fakehost import FakeHost, build_fake_host
 
 Scenario = Callable[[Path], FakeHost]
 

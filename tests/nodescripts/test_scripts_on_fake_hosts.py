@@ -6,9 +6,9 @@ from pathlib import Path
 
 from nodescript_helpers import RunScript, summary
 
-from node_agent.testing.fakehost import build_fake_host
 from nvgpu.nodescripts.content import dropin_for, sysctl_dropin
 from nvgpu.nodescripts.facts import SYSCTL_DROPIN
+from tests.kit.fakehost import build_fake_host
 
 
 def test_no_gpu_is_silent_success(tmp_path: Path, run_script: RunScript) -> None:

@@ -48,7 +48,7 @@ def mock_host(root: Path, probe: dict[str, Any]) -> None:
     capability list (so no vendor capability: not a vGPU). No DMI product: the mock has no model of one.
     """
     from node_agent.host.pci import normalize_address
-    from node_agent.testing.fakehost import DEFAULT_MODULES, build_fake_host, driver_version_text
+    from tests.kit.fakehost import DEFAULT_MODULES, build_fake_host, driver_version_text
 
     build_fake_host(root, None)  # the machine-independent parts: another PCI device, containerd, sysctl
 

@@ -51,7 +51,7 @@ def _agent(host: Path, driver_root: Path, *args: str) -> tuple[int, dict[str, An
 
 
 def test_check_finds_the_gpus_in_the_driver_root(tmp_path: Path, mock_library: Path) -> None:
-    from node_agent.testing.fakehost import build_fake_host
+    from tests.kit.fakehost import build_fake_host
 
     host = build_fake_host(tmp_path / "host", "dgx-h100")
     code, doc = _agent(host.root, _driver_root(tmp_path, mock_library), "check", "--phase", "host", "--no-record")
@@ -60,7 +60,7 @@ def test_check_finds_the_gpus_in_the_driver_root(tmp_path: Path, mock_library: P
 
 
 def test_empty_driver_root_fails_naming_the_paths(tmp_path: Path, mock_library: Path) -> None:
-    from node_agent.testing.fakehost import build_fake_host
+    from tests.kit.fakehost import build_fake_host
 
     host = build_fake_host(tmp_path / "host", "dgx-h100")
     empty = tmp_path / "empty-driver-root"
@@ -76,7 +76,7 @@ def test_empty_driver_root_fails_naming_the_paths(tmp_path: Path, mock_library: 
 
 def test_setup_on_a_node_whose_runtime_is_not_configured(tmp_path: Path, mock_library: Path) -> None:
     """The daemonset backend's setup: NVML comes from the driver root, then the runtime gets configured."""
-    from node_agent.testing.fakehost import build_fake_host
+    from tests.kit.fakehost import build_fake_host
 
     host = build_fake_host(tmp_path / "host", "dgx-h100", containerd=2, deckhouse=False)
     code, doc = _agent(host.root, _driver_root(tmp_path, mock_library), "setup", "--no-patch-node")

@@ -288,7 +288,7 @@ def _env(**extra: str) -> dict[str, str]:
 def pair(request: pytest.FixtureRequest, mock_bin: Path, tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[Pair, Side, Side]:
     """(machine, NVIDIA's mock, our simulator): every command run once on each."""
-    from node_agent.testing.fakehost import build_fake_host
+    from tests.kit.fakehost import build_fake_host
 
     p: Pair = request.param
     env = mock_env(mock_bin, p.mock)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from node_agent.testing.fakehost import FakeHost, build_fake_host
+from tests.kit.fakehost import FakeHost, build_fake_host
 
 CRIO_VERSION = "1.31.2"
 

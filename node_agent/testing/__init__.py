@@ -1,1 +1,0 @@
-"""Test support shipped with the agent: fake host roots for simulated machines (tests, bench, demos)."""
