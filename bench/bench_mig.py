@@ -38,9 +38,9 @@ from node_agent.nvml import NvmlBackend, open_nvml  # noqa: E402
 from node_agent.nvml.sim import MACHINES  # noqa: E402
 from nvgpu import labels  # noqa: E402
 from nvgpu.migparted import build_config  # noqa: E402
+from tests.kit.kmock import api, kmock_server  # noqa: E402
 from tests.mig.fakes import Clock, FakeNode, MemoryFiles, Rebooter, pod  # noqa: E402
 from tests.mig.harness import clients_leave, deckhouse_approver  # noqa: E402
-from tests.mig.kmock_server import api, kmock_server  # noqa: E402
 
 CONFIG = build_config()
 RUNS = 5

@@ -82,7 +82,7 @@ from tests.compare.deviceplugin import PLUGIN_DIR, RESOURCE  # noqa: E402
 from tests.compare.peers import DMI_PRODUCT, Machine, machine, namespaced  # noqa: E402
 from tests.deviceplugin.kubelet_standin import KubeletStandIn  # noqa: E402
 from tests.deviceplugin.reference import exhaustive, set_score  # noqa: E402
-from tests.mig.kmock_server import api, kmock_server, kubeconfig  # noqa: E402
+from tests.kit.kmock import api, kmock_server, kubeconfig  # noqa: E402
 from tests.tools import required_bin  # noqa: E402
 
 FLAGS = ("--device-list-strategy", "envvar", "--device-id-strategy", "uuid")

@@ -21,7 +21,7 @@ from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
 from node_agent.kubelet import device_plugin_cmd
 from tests.deviceplugin.kubelet_standin import KubeletStandIn, wait_until
 from tests.deviceplugin.test_command import TS, build_fake_host
-from tests.mig.kmock_server import api, kmock_server
+from tests.kit.kmock import api, kmock_server
 
 NODE = "gpu-1"
 FAST = WatchTiming(request_timeout_s=5, watch_timeout_s=1, read_slack_s=1, backoff_initial_s=0.01,

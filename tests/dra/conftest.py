@@ -15,7 +15,7 @@ from node_agent.dra.api import KubeDraApi
 from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.hostfs import RootedPaths
 from tests.dra.builders import DRIVER, NODE, FakeSource, RecordingSharing, machine, populate_dev
-from tests.dra.kmock_server import FakeApiServer, fake_api_server
+from tests.kit.kmock import FakeApiServer, fake_api_server
 
 BOOT_ID = "11111111-2222-3333-4444-555555555555"
 

@@ -21,8 +21,8 @@ from node_agent.nvml.session import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from tests.dra.builders import DRIVER, NODE, claim, machine, populate_dev
 from tests.dra.conftest import Env
-from tests.dra.kmock_server import FakeApiServer
 from tests.dra.kubelet_standin import KubeletStandIn
+from tests.kit.kmock import FakeApiServer
 
 REPO = Path(__file__).resolve().parents[2]
 

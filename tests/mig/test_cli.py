@@ -19,7 +19,7 @@ from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from nvgpu import labels
 from nvgpu.migparted import build_config
-from tests.mig.kmock_server import api, kmock_server, kubeconfig
+from tests.kit.kmock import api, kmock_server, kubeconfig
 
 
 @pytest.fixture

@@ -1,4 +1,11 @@
-"""kmock's Kubernetes emulator on a loopback port, run in a background event loop for sync clients."""
+"""One kmock Kubernetes emulator on loopback, in a background event loop, for the tests with real clients.
+
+kmock (see the offline-toolchain notes) serves Node reads, merge patches, pod lists, Event creation and the
+``resource.k8s.io/v1`` kinds the DRA tests store; it ignores field selectors (callers filter again), has no
+eviction subresource (callers treat a 404 as "already gone") and answers 404 when listing a kind it never
+stored. :func:`fake_api_server` gives the emulator itself (the DRA tests read its objects);
+:func:`kmock_server` only its URL.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import kmock
@@ -20,9 +28,7 @@ class FakeApiServer:
     loop: asyncio.AbstractEventLoop
 
     def api_client(self) -> client.ApiClient:
-        cfg = client.Configuration()
-        cfg.host = self.url.rstrip("/")
-        return client.ApiClient(cfg)
+        return api(self.url)
 
     def slices(self) -> list[dict[str, Any]]:
         out = []
@@ -45,7 +51,7 @@ def fake_api_server() -> Iterator[FakeApiServer]:
         async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
             for plural in ("resourceslices", "resourceclaims", "deviceclasses"):
                 emulator.resources[f"resource.k8s.io/v1/{plural}"] = {}
-            box["server"] = FakeApiServer(str(server.url), emulator, loop)
+            box["server"] = FakeApiServer(str(server.url).rstrip("/"), emulator, loop)
             ready.set()
             await stop.wait()
 
@@ -59,4 +65,29 @@ def fake_api_server() -> Iterator[FakeApiServer]:
         assert stop is not None
         loop.call_soon_threadsafe(stop.set)
         thread.join(timeout=10)
-        loop.close()
+        if not thread.is_alive():
+            loop.close()
+
+
+@contextmanager
+def kmock_server() -> Iterator[str]:
+    """The emulator's URL only."""
+    with fake_api_server() as server:
+        yield server.url
+
+
+def api(url: str) -> client.ApiClient:
+    cfg = client.Configuration()
+    cfg.host = url.rstrip("/")
+    return client.ApiClient(cfg)
+
+
+def kubeconfig(url: str, path: Path) -> Path:
+    """A kubeconfig naming the emulator (no credentials: kmock asks for none)."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+        f"clusters: [{{name: t, cluster: {{server: '{url}'}}}}]\n"
+        "users: [{name: t, user: {}}]\n"
+        "contexts: [{name: t, context: {cluster: t, user: t}}]\n"
+    )
+    return path
