@@ -113,8 +113,6 @@ class Loaded:
     detail: str = ""
 
 
-checksum = content_checksum
-read_boot_id = boot_id
 
 
 class CheckpointStore:
@@ -124,7 +122,7 @@ class CheckpointStore:
         self._file = host.path(path)
         self._host = host
         self.host_path = path
-        self.boot_id = read_boot_id(host)
+        self.boot_id = boot_id(host)
 
     @property
     def file(self) -> Path:
@@ -202,7 +200,7 @@ class CheckpointStore:
         version = doc.get("version")
         if version != VERSION:
             return f"unsupported version {version!r} (this agent reads version {VERSION})"
-        if doc.get("checksum") != checksum(doc["data"]):
+        if doc.get("checksum") != content_checksum(doc["data"]):
             return "checksum mismatch"
         try:
             CheckpointData.model_validate(doc["data"])
@@ -213,7 +211,7 @@ class CheckpointStore:
     def save(self, data: CheckpointData) -> None:
         data.node_boot_id = self.boot_id
         body = data.model_dump(by_alias=True, mode="json")
-        doc = {"version": VERSION, "checksum": checksum(body), "data": body}
+        doc = {"version": VERSION, "checksum": content_checksum(body), "data": body}
         try:
             write_atomic(self._file, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), mode=0o600)
         except OSError as e:

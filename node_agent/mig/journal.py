@@ -114,8 +114,6 @@ class Journal(_Lenient):
         return tuple(g.state() for g in self.previous)
 
 
-#: sha256 of the canonical JSON of the journal's fields (everything but the checksum itself).
-_checksum = content_checksum
 
 
 class JournalError(RuntimeError):
@@ -158,7 +156,7 @@ class JournalStore:
         if not isinstance(data, dict):
             raise JournalError(f"MIG journal {self.path} is not a JSON object")
         checksum = data.pop("checksum", None)
-        if checksum != _checksum(data):
+        if checksum != content_checksum(data):
             raise JournalError(f"MIG journal {self.path} fails its checksum (edited or damaged)")
         try:
             return Journal.model_validate(data)
@@ -167,7 +165,7 @@ class JournalStore:
 
     def save(self, journal: Journal) -> None:
         data = journal.model_dump(mode="json")
-        doc = {"checksum": _checksum(data), **data}
+        doc = {"checksum": content_checksum(data), **data}
         self.files.write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True).encode())
 
     def clear(self) -> None:

@@ -19,7 +19,7 @@ import yaml
 from google.protobuf import json_format
 
 from tests.compare.gfd import DATA
-from tests.compare.peers import Difference, Machine, edit_items, namespaced
+from tests.compare.peers import Difference, Machine, edit_items, for_machine, namespaced
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
 
 RESOURCE = "nvidia.com/gpu"
@@ -58,12 +58,13 @@ CASES = (
     Case("time-slicing", ("--device-list-strategy", "envvar"), DATA / "nvidia-device-plugin-config-time-slicing.yaml"),
     Case("cdi-annotations", ("--device-list-strategy", "cdi-annotations"), cdi=True),
 )
-#: On a MIG layout (NVIDIA's ``all-balanced``): each profile its own resource (``mixed``), or MIG devices as
-#: ``nvidia.com/gpu`` (``single``, which needs one profile everywhere: ``all-3g`` is 2 x 3g per GPU).
+#: On a MIG layout: each profile its own resource (``mixed``, on NVIDIA's ``all-balanced``, allocating the
+#: machine's 1-slice profile), or MIG devices as ``nvidia.com/gpu`` (``single``, which needs one profile
+#: everywhere: ``all-3g`` is 2 x 3g per GPU). Names as :func:`~tests.compare.peers.for_machine` resolves them.
 MIG_CASES = (
     Case("mig-mixed", ("--mig-strategy", "mixed", "--device-list-strategy", "envvar"), mig_config="all-balanced",
-         resource="nvidia.com/mig-1g"),  # the machine's 1-slice profile (the test names it)
-    Case("mig-single", ("--mig-strategy", "single", "--device-list-strategy", "envvar"), mig_config="uniform"),
+         resource="mig-1g"),
+    Case("mig-single", ("--mig-strategy", "single", "--device-list-strategy", "envvar"), mig_config="all-3g"),
 )
 
 
@@ -114,8 +115,8 @@ def nvidia(m: Machine, case: Case, work: Path) -> Seen:
     cdi = work / "cdi-nvidia"  # NVIDIA's plugin writes its CDI spec to the fixed /var/run/cdi
     cdi.mkdir(parents=True, exist_ok=True)
     binds = {PLUGIN_DIR: kubelet, CDI_DIR: cdi}
-    return _watch(kubelet, namespaced(m, argv, binds), m.env(), work / "nvidia.log", resource=case.resource,
-                  cdi=cdi if case.cdi else None)
+    return _watch(kubelet, namespaced(m, argv, binds), m.env(), work / "nvidia.log",
+                  resource=for_machine(m, case.resource), cdi=cdi if case.cdi else None)
 
 
 def ours(m: Machine, case: Case, work: Path) -> Seen:
@@ -129,7 +130,8 @@ def ours(m: Machine, case: Case, work: Path) -> Seen:
     cdi = m.root / CDI_DIR.lstrip("/")
     if case.cdi:
         shutil.rmtree(cdi, ignore_errors=True)
-    return _watch(kubelet, argv, m.env(), work / "ours.log", resource=case.resource, cdi=cdi if case.cdi else None)
+    return _watch(kubelet, argv, m.env(), work / "ours.log", resource=for_machine(m, case.resource),
+                  cdi=cdi if case.cdi else None)
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:

@@ -25,7 +25,6 @@ import yaml
 
 from tests.compare.peers import MIG_CONFIG, REPO, Difference, Machine, namespaced
 
-CONFIG = MIG_CONFIG
 #: The configs whose verdict is checked on every applied layout.
 ASSERTED = ("all-disabled", "all-enabled")
 #: Configs for GPUs the mock machines do not have, kept in the tests to compare how each side treats a
@@ -35,14 +34,14 @@ FOREIGN = {"dgxa100": ("all-1g.18gb", "all-1g.35gb"), "dgxh100": ("all-1g.18gb",
 
 
 def config_names() -> list[str]:
-    doc: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
+    doc: dict[str, Any] = yaml.safe_load(MIG_CONFIG.read_text())
     return list(doc["mig-configs"])
 
 
 def test_configs(m: Machine) -> list[str]:
     """The configs the tests run on ``m``: every one whose profiles the machine's GPU has (or that names no
     profile), plus :data:`FOREIGN`. ``make compare`` runs all of them."""
-    doc: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
+    doc: dict[str, Any] = yaml.safe_load(MIG_CONFIG.read_text())
     known = {p["name"] for p in m.inventory["profiles"]}  # the profiles NVML lists for the machine's GPUs
     pci = f"0x{m.inventory['gpus'][0]['pci_device_id']:04X}10DE"
     out = []
@@ -109,22 +108,22 @@ def _last_line(done: subprocess.CompletedProcess[str]) -> str:
 def apply(m: Machine, side: str, name: str, work: Path) -> Applied:
     state = work / f"{side}-{name}.json"
     state.unlink(missing_ok=True)
-    argv = (_nvidia(m, "apply", "-f", str(CONFIG), "-c", name) if side == "nvidia"
-            else _ours(m, "apply", "--config", str(CONFIG), "--name", name))
+    argv = (_nvidia(m, "apply", "-f", str(MIG_CONFIG), "-c", name) if side == "nvidia"
+            else _ours(m, "apply", "--config", str(MIG_CONFIG), "--name", name))
     done = _run(m, argv, state)
     return Applied(done.returncode == 0, _last_line(done), export(m, state), placements(state), state)
 
 
 def asserts(m: Machine, side: str, state: Path, name: str) -> bool:
-    argv = (_nvidia(m, "assert", "-f", str(CONFIG), "-c", name) if side == "nvidia"
-            else _ours(m, "assert", "--config", str(CONFIG), "--name", name))
+    argv = (_nvidia(m, "assert", "-f", str(MIG_CONFIG), "-c", name) if side == "nvidia"
+            else _ours(m, "assert", "--config", str(MIG_CONFIG), "--name", name))
     return _run(m, argv, state).returncode == 0
 
 
 def wanted(m: Machine, name: str) -> dict[str, dict[str, Any]]:
     """What the config asks of each GPU it has an entry for (by ``devices`` and ``device-filter``), in
     :func:`export`'s form; GPUs without an entry are absent."""
-    doc: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
+    doc: dict[str, Any] = yaml.safe_load(MIG_CONFIG.read_text())
     out: dict[str, dict[str, Any]] = {}
     for spec in doc["mig-configs"][name]:
         filters = spec.get("device-filter")

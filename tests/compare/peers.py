@@ -184,9 +184,23 @@ def mig_capabilities(m: Machine, state: Path) -> None:
                 os.mknod(nodes / f"nvidia-cap{cap}", 0o444 | stat.S_IFCHR, os.makedev(CAPS_MAJOR, cap))
 
 
+#: Per mock machine, what a case names generically: NVIDIA's config for a uniform layout of the GPU's 1-slice
+#: (``all-1g``) and 3-slice (``all-3g``) profile, and the device plugin's resource for its 1-slice profile
+#: under the ``mixed`` strategy (``mig-1g``).
+MIG_NAMES = {"dgxa100": {"all-1g": "all-1g.5gb", "all-3g": "all-3g.20gb", "mig-1g": "nvidia.com/mig-1g.5gb"},
+             "dgxh100": {"all-1g": "all-1g.10gb", "all-3g": "all-3g.40gb", "mig-1g": "nvidia.com/mig-1g.10gb"}}
+
+
+def for_machine(m: Machine, name: str) -> str:
+    """``name`` as machine ``m`` spells it (:data:`MIG_NAMES`); any other name as it is."""
+    return MIG_NAMES[m.name].get(name, name)
+
+
 def with_mig(m: Machine, config: str, state: Path) -> Machine:
-    """The machine with NVIDIA's shipped MIG config ``config`` applied by NVIDIA's mig-parted (its layout kept
-    in ``state``), and the driver's MIG capability files for it: what both sides then start on."""
+    """The machine with NVIDIA's shipped MIG config ``config`` (or a :data:`MIG_NAMES` name) applied by NVIDIA's
+    mig-parted (its layout kept in ``state``), and the driver's MIG capability files for it: what both sides
+    then start on."""
+    config = for_machine(m, config)
     out = replace(m, state=state)
     done = subprocess.run(namespaced(out, [str(m.tools / "nvidia-mig-parted"), "apply", "-f", str(MIG_CONFIG),
                                            "-c", config]), cwd=REPO, env=out.env(), capture_output=True,

@@ -14,15 +14,11 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from localcluster import ControlPlane, tools_bin
 from tests.compare import deviceplugin, dra, gfd, migparted
 from tests.compare.peers import MACHINES, Difference, Machine, machine, unlisted, with_mig
-
-#: Per machine: the uniform layout the ``single`` strategy needs, and its 1-slice MIG resource.
-UNIFORM = {"dgxa100": ("all-1g.5gb", "nvidia.com/mig-1g.5gb"), "dgxh100": ("all-1g.10gb", "nvidia.com/mig-1g.10gb")}
 
 Row = tuple[str, int, int, list[Difference]]
 
@@ -32,7 +28,7 @@ def _gfd(m: Machine, work: Path, rows: list[Row]) -> None:
         for strategy in gfd.STRATEGIES:
             found, written = gfd.compare(m, case, strategy, work)
             rows.append((f"gfd {m.name}/{case.name}/{strategy}", written, len(found), unlisted(found)))
-    for layout in (UNIFORM[m.name][0], "all-balanced"):
+    for layout in ("all-1g", "all-balanced"):
         mig = with_mig(machine(m.name, work / f"gfd-{layout}"), layout, work / f"gfd-{layout}.json")
         for strategy in gfd.STRATEGIES:
             found, written = gfd.compare(mig, gfd.CASES[0], strategy, work)
@@ -42,10 +38,8 @@ def _gfd(m: Machine, work: Path, rows: list[Row]) -> None:
 def _device_plugin(m: Machine, work: Path, rows: list[Row], timings: list[tuple[str, float, float]]) -> None:
     cases = [(m, c) for c in deviceplugin.CASES]
     for c in deviceplugin.MIG_CASES:
-        layout = "all-balanced" if c.mig_config == "all-balanced" else "all-3g.20gb" if m.name == "dgxa100" \
-            else "all-3g.40gb"
-        mig = with_mig(machine(m.name, work / f"dp-{c.name}"), layout, work / f"dp-{c.name}.json")
-        cases.append((mig, replace(c, resource=UNIFORM[m.name][1]) if c.resource != deviceplugin.RESOURCE else c))
+        cases.append((with_mig(machine(m.name, work / f"dp-{c.name}"), str(c.mig_config), work / f"dp-{c.name}.json"),
+                      c))
     for host, case in cases:
         case_work = work / f"dp-run-{case.name}"
         case_work.mkdir(parents=True)

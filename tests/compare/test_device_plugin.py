@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,20 +25,12 @@ def test_kubelet_sees_what_nvidias_plugin_shows(host: Machine, case: dp.Case, tm
     assert not new, "differences docs/compatibility.md does not list:\n" + "\n".join(d.row() for d in new)
 
 
-#: The uniform layout ``single`` needs, and the 1-slice MIG resource allocated under ``mixed``, per machine.
-UNIFORM = {"dgxa100": "all-3g.20gb", "dgxh100": "all-3g.40gb"}
-SMALLEST = {"dgxa100": "nvidia.com/mig-1g.5gb", "dgxh100": "nvidia.com/mig-1g.10gb"}
-
-
 @pytest.mark.parametrize("name", sorted(MACHINES))
 @pytest.mark.parametrize("case", dp.MIG_CASES, ids=[c.name for c in dp.MIG_CASES])
 def test_kubelet_sees_the_same_mig_devices(name: str, case: dp.Case, tmp_path: Path) -> None:
     """On a MIG layout NVIDIA's mig-parted applied: the MIG resources, their device IDs and the Allocate
     response (the MIG device and its capability nodes) for each MIG strategy."""
-    layout = UNIFORM[name] if case.mig_config == "uniform" else str(case.mig_config)
-    if case.resource != dp.RESOURCE:
-        case = replace(case, resource=SMALLEST[name])
-    m = with_mig(machine(name, tmp_path / "machine"), layout, tmp_path / "mig-state.json")
+    m = with_mig(machine(name, tmp_path / "machine"), str(case.mig_config), tmp_path / "mig-state.json")
     ours, theirs = dp.ours(m, case, tmp_path), dp.nvidia(m, case, tmp_path)
     assert theirs.devices and theirs.allocate.get("envs"), "NVIDIA's plugin showed nothing to compare"
     new = unlisted(dp.differences(m, case, ours, theirs))

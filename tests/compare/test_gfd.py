@@ -52,9 +52,8 @@ def test_vgpu_labels_match_nvidias_gfd(config_space: str, tmp_path: Path) -> Non
     assert not new, "differences docs/compatibility.md does not list:\n" + "\n".join(d.row() for d in new)
 
 
-#: The uniform layout the ``single`` strategy expects, per machine, and NVIDIA's balanced one for ``mixed``.
-UNIFORM = {"dgxa100": "all-1g.5gb", "dgxh100": "all-1g.10gb"}
-MIG_CASES = [("uniform", "single"), ("uniform", "mixed"), ("all-balanced", "mixed"), ("all-balanced", "single"),
+#: A uniform layout (what ``single`` expects) and NVIDIA's balanced one, under each strategy.
+MIG_CASES = [("all-1g", "single"), ("all-1g", "mixed"), ("all-balanced", "mixed"), ("all-balanced", "single"),
              ("all-balanced", "none")]
 
 
@@ -63,8 +62,7 @@ MIG_CASES = [("uniform", "single"), ("uniform", "mixed"), ("all-balanced", "mixe
 def test_mig_labels_match_nvidias_gfd(name: str, layout: str, strategy: str, tmp_path: Path) -> None:
     """With a MIG layout NVIDIA's mig-parted applied (the mock keeps it for the next program): the
     per-profile labels, the ``single`` overrides and ``-MIG-INVALID`` for a mixed layout under ``single``."""
-    m = with_mig(machine(name, tmp_path / "machine"), UNIFORM[name] if layout == "uniform" else layout,
-                 tmp_path / "mig-state.json")
+    m = with_mig(machine(name, tmp_path / "machine"), layout, tmp_path / "mig-state.json")
     differences, written = gfd.compare(m, gfd.CASES[0], strategy, tmp_path)
     assert written > 10, "NVIDIA's GFD wrote (almost) no labels: the comparison would prove nothing"
     new = unlisted(differences)

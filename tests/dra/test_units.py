@@ -18,14 +18,13 @@ from node_agent.dra.checkpoint import (
     PreparedClaim,
     PreparedDevice,
     Recovery,
-    checksum,
 )
 from node_agent.dra.config import ConfigError, GpuConfig, MigDeviceConfig, decode, parse_quantity, resolve
 from node_agent.dra.devices import DeviceKind, allocatable_devices
 from node_agent.dra.hostfs import RootedPaths
 from node_agent.dra.sharing import plan
 from node_agent.driverroot import DriverRoot
-from node_agent.host.atomic import LockTimeout, exclusive_lock
+from node_agent.host.atomic import LockTimeout, content_checksum, exclusive_lock
 from tests.cdi.schema import cdi_validator
 from tests.dra.builders import DRIVER, gpu_config, machine
 from tests.kit.driverinstall import install_driver
@@ -115,7 +114,7 @@ def test_checkpoint_round_trip_is_versioned_and_checksummed(tmp_path: Path) -> N
     store = _store(tmp_path)
     store.save(_data())
     doc = json.loads(store.file.read_text())
-    assert doc["version"] == VERSION and doc["checksum"] == checksum(doc["data"])
+    assert doc["version"] == VERSION and doc["checksum"] == content_checksum(doc["data"])
     assert doc["data"]["nodeBootID"] == "boot-1"
     assert oct(store.file.stat().st_mode & 0o777) == "0o600"
     loaded = store.load()
@@ -127,7 +126,7 @@ def test_fields_added_by_a_newer_agent_do_not_break_the_checksum(tmp_path: Path)
     store.save(_data())
     doc = json.loads(store.file.read_text())
     doc["data"]["preparedClaims"]["uid-1"]["futureField"] = {"x": 1}
-    doc["checksum"] = checksum(doc["data"])
+    doc["checksum"] = content_checksum(doc["data"])
     store.file.write_text(json.dumps(doc))
     assert store.load().recovery is Recovery.NONE
 
@@ -147,7 +146,7 @@ def test_damaged_checkpoint_is_set_aside_and_rebuilt(tmp_path: Path, damage: str
         store.file.write_text(json.dumps(doc))
     else:
         doc["data"] = {"preparedClaims": {"uid-1": {"state": "Bogus", "devices": []}}}
-        doc["checksum"] = checksum(doc["data"])
+        doc["checksum"] = content_checksum(doc["data"])
         store.file.write_text(json.dumps(doc))
     spec = cdi.FoundSpec("uid-9", "ns/other", ("gpu-3",), tmp_path / "spec.json")
     loaded = store.load(lambda: [spec], pool="node-a")
