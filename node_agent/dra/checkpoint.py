@@ -6,8 +6,9 @@ Format (JSON, ``version`` 1)::
         "<claimUID>": {"state": "PrepareStarted"|"PrepareCompleted", "namespace": ..., "name": ...,
                        "devices": [...], "sharing": [...], "cdiSpec": "/var/run/cdi/..."}}}}
 
-- The checksum is SHA-256 over the canonical JSON of ``data`` *as stored*, so a newer agent adding fields
-  never invalidates an older file (NVIDIA's driver crash-looped on exactly that, its issue #1080).
+- The envelope (version, checksum over ``data`` *as stored*) is the agent's one state-file format,
+  :mod:`node_agent.host.statefile`, shared with the MIG journal: a newer agent adding fields never
+  invalidates an older file (NVIDIA's driver crash-looped on exactly that, its issue #1080).
 - ``nodeBootID`` comes from ``/proc/sys/kernel/random/boot_id``: after a reboot the GPUs' sharing and MIG
   state and ``/var/run/cdi`` are gone, so the journal is discarded instead of claiming stale work is done
   (NVIDIA issue #951).
@@ -24,7 +25,6 @@ Format (JSON, ``version`` 1)::
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from node_agent.dra.cdi import FoundSpec
 from node_agent.dra.hostfs import HostPaths
-from node_agent.host.atomic import content_checksum, write_atomic
+from node_agent.host import statefile
+from node_agent.host.atomic import write_atomic
 from node_agent.host.proc import boot_id
 
 log = logging.getLogger(__name__)
@@ -149,9 +150,10 @@ class CheckpointStore:
             raw = self._file.read_bytes()
         except OSError:
             return None
-        if self._problem(raw) is not None:
+        try:
+            data = self._decode(raw)
+        except statefile.StateFileProblem:
             return None
-        data = CheckpointData.model_validate(json.loads(raw)["data"])
         return data if data.node_boot_id == self.boot_id else None
 
     def load(self, specs: Callable[[], list[FoundSpec]] | None = None, pool: str = "") -> Loaded:
@@ -162,10 +164,11 @@ class CheckpointStore:
             return Loaded(CheckpointData(node_boot_id=self.boot_id), Recovery.MISSING)
         except OSError as e:
             raise CheckpointError("read the DRA checkpoint", self.host_path, e) from e
-        problem = self._problem(raw)
-        if problem is None:
-            doc = json.loads(raw)
-            data = CheckpointData.model_validate(doc["data"])
+        try:
+            data = self._decode(raw)
+        except statefile.StateFileProblem as e:
+            problem = str(e)
+        else:
             if data.node_boot_id != self.boot_id:
                 log.warning("event=checkpoint-discarded reason=reboot old_boot_id=%s boot_id=%s claims=%d",
                             data.node_boot_id, self.boot_id, len(data.prepared_claims))
@@ -190,29 +193,18 @@ class CheckpointStore:
         return Loaded(rebuilt, Recovery.CORRUPTED, problem)
 
     @staticmethod
-    def _problem(raw: bytes) -> str | None:
+    def _decode(raw: bytes) -> CheckpointData:
+        """The journal's data, or :class:`~node_agent.host.statefile.StateFileProblem` saying why not."""
+        _, body = statefile.decode(raw, VERSION)
         try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            return f"not JSON: {e}"
-        if not isinstance(doc, dict) or "data" not in doc:
-            return "no data section"
-        version = doc.get("version")
-        if version != VERSION:
-            return f"unsupported version {version!r} (this agent reads version {VERSION})"
-        if doc.get("checksum") != content_checksum(doc["data"]):
-            return "checksum mismatch"
-        try:
-            CheckpointData.model_validate(doc["data"])
+            return CheckpointData.model_validate(body)
         except ValidationError as e:
-            return f"invalid content: {e.errors(include_url=False)[0]['msg']}"
-        return None
+            raise statefile.StateFileProblem(f"invalid content: {e.errors(include_url=False)[0]['msg']}") from e
 
     def save(self, data: CheckpointData) -> None:
         data.node_boot_id = self.boot_id
-        body = data.model_dump(by_alias=True, mode="json")
-        doc = {"version": VERSION, "checksum": content_checksum(body), "data": body}
+        raw = statefile.encode(data.model_dump(by_alias=True, mode="json"), VERSION)
         try:
-            write_atomic(self._file, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), mode=0o600)
+            write_atomic(self._file, raw, mode=statefile.STATE_FILE_MODE)
         except OSError as e:
             raise CheckpointError("write the DRA checkpoint", self.host_path, e) from e

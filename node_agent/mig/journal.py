@@ -9,7 +9,8 @@ survives pod restarts and, with the boot ID, tells a reboot apart from a crash.
 
 The file is the agent's own: it is read leniently (unknown keys ignored, a future version refused
 with a clear message), carries a checksum (an edited or damaged journal is never acted on: the node is
-given back and the failure reported) and is written atomically through :class:`JournalFiles`.
+given back and the failure reported) and is written atomically through :class:`JournalFiles`, in the
+format every state file of the agent shares (:mod:`node_agent.host.statefile`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from node_agent.host import statefile
 from node_agent.host.atomic import content_checksum
 from node_agent.mig.hardware import GpuState, PlacedInstance
 from nvgpu.nodescripts import facts
@@ -91,7 +93,6 @@ class JournalGpu(_Lenient):
 
 
 class Journal(_Lenient):
-    version: int = JOURNAL_VERSION
     config: str  #: the mig.config value being applied
     phase: Phase
     started_at: float
@@ -138,6 +139,8 @@ class JournalFiles(Protocol):
 
 @dataclass
 class JournalStore:
+    """Reads and writes the journal in the agent's state-file format (:mod:`node_agent.host.statefile`)."""
+
     files: JournalFiles
     path: str = JOURNAL_PATH
 
@@ -146,27 +149,38 @@ class JournalStore:
         if raw is None:
             return None
         try:
-            data = json.loads(raw)
-        except ValueError as e:
-            raise JournalError(f"MIG journal {self.path} is not JSON: {e}") from e
-        if isinstance(data, dict) and isinstance(data.get("version"), int) and data["version"] > JOURNAL_VERSION:
-            raise JournalError(
-                f"MIG journal {self.path} has version {data['version']}; this agent reads up to {JOURNAL_VERSION}"
-            )
-        if not isinstance(data, dict):
-            raise JournalError(f"MIG journal {self.path} is not a JSON object")
-        checksum = data.pop("checksum", None)
-        if checksum != content_checksum(data):
-            raise JournalError(f"MIG journal {self.path} fails its checksum (edited or damaged)")
+            data = _legacy(raw)
+            if data is None:
+                _, data = statefile.decode(raw, JOURNAL_VERSION)
+        except statefile.StateFileProblem as e:
+            raise JournalError(f"MIG journal {self.path} cannot be used: {e}") from e
         try:
             return Journal.model_validate(data)
         except ValidationError as e:
             raise JournalError(f"MIG journal {self.path} is unreadable: {e.errors(include_url=False)[0]['msg']}") from e
 
     def save(self, journal: Journal) -> None:
-        data = journal.model_dump(mode="json")
-        doc = {"checksum": content_checksum(data), **data}
-        self.files.write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True).encode())
+        self.files.write_atomic(self.path, statefile.encode(journal.model_dump(mode="json"), JOURNAL_VERSION))
 
     def clear(self) -> None:
         self.files.remove(self.path)
+
+
+def _legacy(raw: bytes) -> dict[str, object] | None:
+    """The journal as agents before the common state-file format wrote it (the fields at the top level
+    beside ``checksum``), checked the same way; None for anything else. A node upgraded in the middle of
+    a reconfiguration keeps its journal instead of losing the Node state it holds."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or "data" in doc or "phase" not in doc:
+        return None
+    version = doc.get("version")
+    if isinstance(version, int) and version > JOURNAL_VERSION:
+        raise statefile.StateFileProblem(
+            f"format version {version} was written by a newer agent; this agent reads up to {JOURNAL_VERSION}")
+    checksum = doc.pop("checksum", None)
+    if checksum != content_checksum(doc):
+        raise statefile.StateFileProblem("checksum mismatch (edited or damaged)")
+    return doc

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import NoReturn
 
 import pytest
 
+from node_agent.host import statefile
+from node_agent.host.atomic import content_checksum
 from node_agent.mig.executor import DEPLOY_LABELS, RECONFIGURE_TAINT, STOP_MARKER, NotSettling
 from node_agent.mig.hardware import InstanceInfo
-from node_agent.mig.journal import Outcome, Phase
+from node_agent.mig.journal import JOURNAL_VERSION, Journal, Outcome, Phase
 from node_agent.mig.kube import NodePatch, NodeView
 from node_agent.mig.machine import DrainMode, Timeouts
 from nvgpu import labels
@@ -303,9 +306,33 @@ def test_edited_journal_fails_its_checksum() -> None:
     path = rig.journal.path
     rig.files.data[path] = rig.files.data[path].replace(b'"approval"', b'"layout"')
     rig.converge()
-    assert "fails its checksum" in rig.node.events[-1][1]
+    assert "checksum mismatch (edited or damaged)" in rig.node.events[-1][1]
     assert_returned_to_service(rig.node, "failed")
     assert rig.backend.calls == {}  # the edited phase was not acted on
+
+
+def test_the_journal_is_in_the_common_state_file_format() -> None:
+    rig = mig_node(Rig(FakeBackend.of("A100-40GB", count=1)), "all-7g.40gb")
+    rig.node.on_wait = []
+    rig.manager().run_until_blocked()
+    doc = json.loads(rig.files.data[rig.journal.path])
+    assert sorted(doc) == ["checksum", "data", "version"] and doc["version"] == JOURNAL_VERSION
+    assert doc["checksum"] == content_checksum(doc["data"]) and doc["data"]["phase"] == "approval"
+
+
+def test_a_journal_written_before_the_common_format_is_still_resumed() -> None:
+    """An agent upgraded in the middle of a reconfiguration finds the old flat journal and uses it."""
+    rig = mig_node(Rig(FakeBackend.of("A100-40GB", count=1)), "all-7g.40gb")
+    rig.node.on_wait = []
+    rig.manager().run_until_blocked()
+    path = rig.journal.path
+    data = json.loads(rig.files.data[path])["data"]
+    flat = {**data, "version": 1}
+    rig.files.data[path] = json.dumps({"checksum": content_checksum(flat), **flat}).encode()
+    assert rig.journal.load() == Journal.model_validate(data)
+    rig.node.on_wait = [deckhouse_approver, clients_leave]
+    rig.converge()
+    assert_returned_to_service(rig.node, "success")
 
 
 def test_journal_from_a_newer_agent_is_not_guessed_at() -> None:
@@ -314,8 +341,11 @@ def test_journal_from_a_newer_agent_is_not_guessed_at() -> None:
     rig.manager().run_until_blocked()
     rig.files.data[rig.journal.path] = b'{"version": 9, "config": "x", "phase": "teleport"}'
     rig.converge()
-    assert "has version 9; this agent reads up to 1" in rig.node.events[-1][1]
+    assert "format version 9 was written by a newer agent; this agent reads up to 1" in rig.node.events[-1][1]
     assert_returned_to_service(rig.node, "failed")
+    rig.files.data[rig.journal.path] = statefile.encode({"config": "x", "phase": "teleport"}, 2)
+    rig.converge()
+    assert "format version 2 was written by a newer agent" in rig.node.events[-1][1]
 
 
 def test_a_controller_undoing_the_taint_does_not_spin_forever() -> None:
