@@ -13,7 +13,7 @@ export CGO_ENABLED="${CGO_ENABLED:-1}"
 print_only=0
 [ "${1:-}" = "--print" ] && print_only=1
 
-components=(kube etcd kwok mocknvml pulumi pulumi-kubernetes cdi runc nvidia-device-plugin mig-parted dra-driver-nvidia-gpu)
+components=(kube etcd kwok mocknvml pulumi pulumi-yaml pulumi-kubernetes cdi runc nvidia-device-plugin mig-parted dra-driver-nvidia-gpu)
 
 key_of() {  # key_of NAME: a short hash of what decides the component's binaries
   # Every file of tools/NAME (names and contents, in a fixed order: go.mod, go.sum and any sources,
@@ -67,9 +67,16 @@ build_one() {  # build_one NAME OUTDIR
       local sdk; sdk="$(go list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3)"
       CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$v" \
         -o "$out/pulumi" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
-      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$v" -o "$out/pulumi-language-python" \
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${v#v}" -o "$out/pulumi-language-python" \
         ./pulumi-language-python
       install -m 0755 "$sdk/python/cmd/pulumi-language-python-exec" "$out/" ;;
+    pulumi-yaml)
+      # Pulumi YAML's language host, for the YAML programs that use this repository's component package
+      # (PulumiPlugin.yaml). A module of its own: it builds against the pkg/v3 its go.mod names, which
+      # the CLI's module would move. The engine finds it on PATH, beside the CLI's directory.
+      local v; v="$(go list -m -f '{{.Version}}' github.com/pulumi/pulumi-yaml)"
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/pulumi/pulumi-yaml/pkg/version.Version=$v" \
+        -o "$out/" github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml ;;
     pulumi-kubernetes)
       # The provider's main package embeds schema-embed.json and terraform-mapping-embed.json, which
       # its `go generate` (generate.go, build tag ignore) writes from schema.json with the release

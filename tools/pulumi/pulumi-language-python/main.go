@@ -16,9 +16,11 @@
 //
 // Plugins written in Python (policy packs) run the same way, with their output streamed back.
 //
-// Not implemented (the engine gets Unimplemented): dependency installation (`pulumi install`),
-// `pulumi new` prompts and templates, program generation, packing SDKs, debugging, and the
-// type checker option.
+// Dependency installation creates a missing virtual environment from requirements.txt and keeps an
+// existing one (`pulumi install`, `pulumi package add` of a Python component package).
+//
+// Not implemented (the engine gets Unimplemented): `pulumi new` prompts and templates, program
+// generation, packing SDKs, debugging, and the type checker option.
 package main
 
 import (
@@ -70,6 +72,10 @@ print(json.dumps(out))
 type host struct {
 	pulumirpc.UnimplementedLanguageRuntimeServer
 	execScript string
+	// defaults are the runtime options the engine passes as flags when it starts this host for a
+	// plugin (a component provider's PulumiPlugin.yaml: -virtualenv, -toolchain), used where the
+	// request's own options do not set them.
+	defaults map[string]any
 
 	mu     sync.Mutex
 	engine string
@@ -87,12 +93,17 @@ func (h *host) GetPluginInfo(ctx context.Context, _ *emptypb.Empty) (*pulumirpc.
 	return &pulumirpc.PluginInfo{Version: version}, nil
 }
 
-// resolve returns the Python toolchain that the project's runtime options select.
-func resolve(info *pulumirpc.ProgramInfo) (toolchain.Toolchain, error) {
+// resolve returns the Python toolchain that the project's (or plugin's) runtime options select.
+func (h *host) resolve(info *pulumirpc.ProgramInfo) (toolchain.Toolchain, error) {
 	opts := toolchain.PythonOptions{Root: info.GetRootDirectory(), ProgramDir: info.GetProgramDirectory()}
 	m := map[string]any{}
+	for k, v := range h.defaults {
+		m[k] = v
+	}
 	if s := info.GetOptions(); s != nil {
-		m = s.AsMap()
+		for k, v := range s.AsMap() {
+			m[k] = v
+		}
 	}
 	if v, ok := m["virtualenv"].(string); ok {
 		opts.Virtualenv = v
@@ -114,7 +125,7 @@ func resolve(info *pulumirpc.ProgramInfo) (toolchain.Toolchain, error) {
 
 func (h *host) GetRequiredPackages(ctx context.Context, req *pulumirpc.GetRequiredPackagesRequest,
 ) (*pulumirpc.GetRequiredPackagesResponse, error) {
-	tc, err := resolve(req.GetInfo())
+	tc, err := h.resolve(req.GetInfo())
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +164,7 @@ func (h *host) GetRequiredPackages(ctx context.Context, req *pulumirpc.GetRequir
 
 func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.RunResponse, error) {
 	info := req.GetInfo()
-	tc, err := resolve(info)
+	tc, err := h.resolve(info)
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +245,7 @@ func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.R
 // prints the port it serves on), and streams its output back to the engine.
 func (h *host) RunPlugin(req *pulumirpc.RunPluginRequest, server pulumirpc.LanguageRuntime_RunPluginServer) error {
 	info := req.GetInfo()
-	tc, err := resolve(info)
+	tc, err := h.resolve(info)
 	if err != nil {
 		return err
 	}
@@ -277,6 +288,39 @@ func (h *host) RunPlugin(req *pulumirpc.RunPluginRequest, server pulumirpc.Langu
 	return send(&pulumirpc.RunPluginResponse{Output: &pulumirpc.RunPluginResponse_Exitcode{Exitcode: int32(code)}})
 }
 
+// InstallDependencies makes the program's (or plugin's) virtual environment exist, as `pulumi install`
+// and `pulumi package add` ask before they run a source plugin: an existing environment is checked
+// and kept (nothing is downloaded), a missing one is created from requirements.txt by Pulumi's own
+// toolchain code.
+func (h *host) InstallDependencies(req *pulumirpc.InstallDependenciesRequest,
+	server pulumirpc.LanguageRuntime_InstallDependenciesServer,
+) error {
+	info := req.GetInfo()
+	if info == nil {
+		info = &pulumirpc.ProgramInfo{RootDirectory: req.GetDirectory(), ProgramDirectory: req.GetDirectory()}
+	}
+	tc, err := h.resolve(info)
+	if err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	stream := func(stderr bool) writerFunc {
+		return func(b []byte) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if stderr {
+				return server.Send(&pulumirpc.InstallDependenciesResponse{Stderr: b})
+			}
+			return server.Send(&pulumirpc.InstallDependenciesResponse{Stdout: b})
+		}
+	}
+	dir := info.GetProgramDirectory()
+	if err := tc.EnsureVenv(server.Context(), dir, false, true, stream(false), stream(true)); err != nil {
+		return err
+	}
+	return tc.ValidateVenv(server.Context())
+}
+
 // writerFunc is an io.Writer that hands each write (a copy) to a function.
 type writerFunc func([]byte) error
 
@@ -306,7 +350,7 @@ func (h *host) GetRequiredPlugins(ctx context.Context, req *pulumirpc.GetRequire
 // GetProgramDependencies lists the environment's packages, for `pulumi about`.
 func (h *host) GetProgramDependencies(ctx context.Context, req *pulumirpc.GetProgramDependenciesRequest,
 ) (*pulumirpc.GetProgramDependenciesResponse, error) {
-	tc, err := resolve(req.GetInfo())
+	tc, err := h.resolve(req.GetInfo())
 	if err != nil {
 		return nil, err
 	}
@@ -325,6 +369,11 @@ func main() {
 	// The engine passes --tracing (not used here) and, when asked to, --logtostderr and -v, which the
 	// logging package registers.
 	flag.String("tracing", "", "Zipkin-compatible tracing endpoint (ignored)")
+	// A plugin's runtime options (PulumiPlugin.yaml) arrive as flags, as Pulumi's own host takes them.
+	virtualenv := flag.String("virtualenv", "", "the virtual environment to run in (plugins)")
+	tc := flag.String("toolchain", "", "pip, poetry or uv (plugins)")
+	flag.String("typechecker", "", "not supported here (ignored)")
+	flag.String("root", "", "the plugin's root directory (ignored: the request names it)")
 	flag.Parse()
 	logging.InitLogging(false, 0, false)
 
@@ -344,7 +393,14 @@ func main() {
 
 	handle, err := rpcutil.ServeWithOptions(rpcutil.ServeOptions{
 		Init: func(srv *grpc.Server) error {
-			pulumirpc.RegisterLanguageRuntimeServer(srv, &host{execScript: execScript})
+			defaults := map[string]any{}
+			if *virtualenv != "" {
+				defaults["virtualenv"] = *virtualenv
+			}
+			if *tc != "" {
+				defaults["toolchain"] = *tc
+			}
+			pulumirpc.RegisterLanguageRuntimeServer(srv, &host{execScript: execScript, defaults: defaults})
 			return nil
 		},
 		Options: rpcutil.OpenTracingServerInterceptorOptions(nil),
