@@ -6,24 +6,31 @@ What a user imports is this package's top level::
     import pulumi_kubernetes as k8s
     import nvidia_gpu
 
-    provider = k8s.Provider("gpu-cluster", kubeconfig=...)
+    provider = k8s.Provider("gpu-cluster", enable_server_side_apply=True)
+    opts = pulumi.ResourceOptions(provider=provider)  # the provider goes through opts; children inherit it
     platform = nvidia_gpu.GpuPlatform("gpu", nvidia_gpu.GpuPlatformArgs(
-        namespace="nvidia-gpu", agent_image="registry.example/nvidia-gpu-agent:1.2.3",
-    ), opts=pulumi.ResourceOptions(provider=provider))
-    nvidia_gpu.GpuNodeGroup("gpu-a100", nvidia_gpu.GpuNodeGroupArgs(
-        platform=platform, group={"name": "gpu-a100", "gpuModel": "A100-SXM4-80GB"},
-    ), opts=pulumi.ResourceOptions(provider=provider))
+        cluster={"kubernetesVersion": "1.34", "nodeSetup": "daemonset"},
+        namespace="team-gpu",  # or an Output (another resource's name)
+        agent_image="registry.example.com/nvidia-gpu-agent:1.2.3",  # or an Output
+    ), opts=opts)
+    nvidia_gpu.GpuNodeGroup("a100", nvidia_gpu.GpuNodeGroupArgs(
+        platform=platform,
+        group={"name": "a100", "nodeSelector": {"matchLabels": {"gpu-pool": "a100"}}},
+    ), opts=opts)
 
-* :class:`GpuPlatform` / :class:`GpuPlatformArgs`: the cluster-wide part (namespace, agents' RBAC,
-  the runtime class, the node labeller); :class:`GpuNodeGroup` / :class:`GpuNodeGroupArgs`: one group
-  of GPU nodes (node setup, device plugin or DRA driver, sharing, MIG), with :class:`SharingPolicy`,
-  :class:`MigProfile` and :class:`DraStack` (and their ``Args``) as its parts when used on their own.
+* :class:`GpuPlatform` / :class:`GpuPlatformArgs`: the cluster-wide part (the namespace, the agents'
+  ServiceAccounts and RBAC, the ``nvidia`` RuntimeClass); :class:`GpuNodeGroup` / :class:`GpuNodeGroupArgs`:
+  one group of GPU nodes (node setup, the labeller, the device plugin and its :class:`SharingPolicy`);
+  :class:`MigProfile` (the MIG manager) and :class:`DraStack` (the DRA driver), with their ``Args``.
 * :func:`build_stack`: a whole stack from a validated :class:`nvgpu.stackconfig.StackConfig`, what
   this repository's own ``__main__.py`` runs.
 
-Args take plain values (validated before anything registers, the field named in the error) and, where a
-value usually comes from another resource, a ``pulumi.Input``: see each ``Args`` class. The provider goes
-through ``opts`` as for any Pulumi component; children inherit it.
+``cluster`` and ``group`` take the stack config's keys as plain values (see the README's "Stack config
+reference"), validated as the args are built: a bad plain value raises ``ValueError`` naming the field,
+before anything registers. Where a value usually comes from another resource (the namespace, the agent
+image, extra labels) a ``pulumi.Input`` is accepted and checked when it resolves, the field named in the
+error: see :class:`GpuPlatformArgs`. :class:`GpuNodeGroupArgs` takes the platform itself and defaults
+the cluster settings, allocation mode, node-setup scripts and labels from it.
 
 ``nvidia_gpu.policies`` holds the CrossGuard rules (the pack directory ``policies/`` serves them) and
 ``nvidia_gpu.preview`` the offline preview (``python -m nvidia_gpu.preview --stack dev``); neither is

@@ -57,3 +57,14 @@ def test_agent_extra_matches_the_agent_requirements_and_has_no_pulumi() -> None:
 
 def test_license_is_an_spdx_string() -> None:
     assert PYPROJECT["project"]["license"] == "Apache-2.0"
+
+
+def test_the_top_level_exports_the_public_components() -> None:
+    import nvidia_gpu
+    from nvidia_gpu.components import node_group, platform, program
+
+    assert nvidia_gpu.GpuPlatform is platform.GpuPlatform and nvidia_gpu.GpuNodeGroupArgs is node_group.GpuNodeGroupArgs
+    assert nvidia_gpu.build_stack is program.build_stack
+    for name in nvidia_gpu.__all__:
+        assert getattr(nvidia_gpu, name).__name__ == name
+    assert set(nvidia_gpu.__all__) <= set(dir(nvidia_gpu))

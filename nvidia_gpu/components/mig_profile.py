@@ -37,6 +37,7 @@ from nvgpu.migparted import (
 )
 from nvgpu.nodelabels import mig_config_name
 from nvgpu.stackconfig import Cluster, NodeGroup, NodeSetupBackend, Sharing
+from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name, selector_labels
 from nvidia_gpu.components.manifests.scheduling import node_selector_terms, tolerations
@@ -305,6 +306,6 @@ class MigProfile(pulumi.ComponentResource):
                 daemonset(ns, args.cluster, groups),
                 pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, self.config_map, binding_res]),
             )
-        self.config_map_name = pulumi.Output.from_input(config_map_name(ns))
+        self.config_map_name = pulumi.Output.from_input(inputs.resolve(config_map_name(ns)))
         self.config_names = pulumi.Output.from_input(names)
         self.register_outputs({"configMapName": self.config_map_name, "configNames": self.config_names})

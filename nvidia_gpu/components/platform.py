@@ -3,21 +3,73 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
+from pydantic import ValidationError
 
 from nvgpu.stackconfig import Cluster, NodeSetupBackend
+from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import platform as manifests
 from nvidia_gpu.components.manifests.platform import AgentRole
-from nvidia_gpu.components.register import register
+from nvidia_gpu.components.register import register as register_object
 
 TYPE = "nvidia-gpu:index:GpuPlatform"
 
 
-@dataclass(frozen=True)
+def validation_problems(where: str, err: ValidationError) -> str:
+    """A pydantic error as one line per field, named the way the caller spelled the args."""
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"] if p != "function-after")
+        lines.append(f"{where}{loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, kw_only=True)
 class GpuPlatformArgs:
-    cluster: Cluster
+    """The cluster-wide settings; every check of a plain value runs here, before anything registers.
+
+    A plain bad value raises ``ValueError`` naming the field; an Output is checked when it resolves
+    (the deployment fails with the field named).
+    """
+
+    #: The stack config's ``cluster`` block: a validated :class:`~nvgpu.stackconfig.Cluster`, or the same
+    #: keys as plain values (camelCase as in ``Pulumi.<stack>.yaml``, or snake_case), validated here.
+    #: ``kubernetesVersion`` is required; ``agentImage`` too unless ``agent_image`` is given.
+    cluster: Cluster | Mapping[str, Any]
+    #: The namespace the agents run in (default ``cluster.namespace``); may come from another resource.
+    namespace: pulumi.Input[str] | None = None
+    #: The node-agent image reference, ``repository:tag`` and/or ``@sha256:...`` (default
+    #: ``cluster.agentImage``); may come from another resource (a build, a registry lookup). With an
+    #: Output the tag is unknown to the program, so no ``app.kubernetes.io/version`` label is set.
+    agent_image: pulumi.Input[str] | None = None
+    #: Labels added to every object the platform and its node groups create (a clash with a label the
+    #: component sets is refused). Patches of objects others own (the Deckhouse NodeGroup) get none.
+    extra_labels: pulumi.Input[Mapping[str, pulumi.Input[str]]] | None = None
+    #: ``cluster`` validated, with ``namespace`` and ``agent_image`` folded in (an Output as its stand-in).
+    settings: Cluster = field(init=False, repr=False)
+    #: ``extra_labels`` checked (or an Output that checks them when it resolves).
+    labels: pulumi.Input[dict[str, str]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        overrides: dict[str, Any] = {}
+        if self.namespace is not None:
+            overrides["namespace"] = inputs.namespace("GpuPlatformArgs.namespace", self.namespace)
+        if self.agent_image is not None:
+            overrides["agent_image"] = inputs.agent_image("GpuPlatformArgs.agent_image", self.agent_image)
+        labels = inputs.labels("GpuPlatformArgs.extra_labels", self.extra_labels)
+        if isinstance(self.cluster, Cluster):
+            settings = self.cluster.model_copy(update=overrides) if overrides else self.cluster
+        else:
+            try:
+                settings = Cluster.model_validate({**self.cluster, **overrides})
+            except ValidationError as e:
+                raise ValueError(validation_problems("GpuPlatformArgs.cluster", e)) from None
+        object.__setattr__(self, "settings", settings)
+        object.__setattr__(self, "labels", labels)
 
 
 @dataclass(frozen=True)
@@ -26,6 +78,10 @@ class PlatformRefs:
 
     namespace: str
     service_accounts: dict[AgentRole, str]
+    #: The platform's validated settings (what its node groups use unless given their own).
+    cluster: Cluster
+    #: The platform's extra labels (checked), for its node groups' objects.
+    extra_labels: pulumi.Input[dict[str, str]]
     #: Everything the platform created (for consumers that need all of it in place).
     dependencies: tuple[pulumi.Resource, ...]
     namespace_resource: pulumi.Resource
@@ -43,9 +99,14 @@ class GpuPlatform(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GpuPlatformArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
-        cluster = args.cluster
+        cluster = args.settings
         ns_name = cluster.namespace
         child = pulumi.ResourceOptions(parent=self)
+
+        def register(name: str, manifest: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+            return register_object(name, inputs.with_labels(manifest, args.labels, "GpuPlatformArgs.extra_labels"),
+                                   opts)
+
         ns = register(f"{name}-ns", manifests.namespace(ns_name, cluster.kubernetes_version), child)
         in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
         deps: list[pulumi.Resource] = [ns]
@@ -74,11 +135,13 @@ class GpuPlatform(pulumi.ComponentResource):
         if settings.create:
             rc = manifests.runtime_class(settings.name, ns_name)
             self.runtime_class = register(f"{name}-runtime-class", rc, child)
-        self.namespace = pulumi.Output.from_input(ns_name)
+        self.namespace = pulumi.Output.from_input(inputs.resolve(ns_name))
         self.service_accounts = {role.value: role.value for role in roles}
         self.refs = PlatformRefs(
             namespace=ns_name,
             service_accounts={role: role.value for role in roles},
+            cluster=cluster,
+            extra_labels=args.labels,
             dependencies=tuple(deps),
             namespace_resource=ns,
             role_resources=per_role,

@@ -14,19 +14,18 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from nvgpu.nodescripts import NodeScript, render_node_scripts
+from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import (
     CONFIG_NAMESPACE,
     AllocationMode,
     NodeGroup,
-    NodeSetupBackend,
     StackConfig,
     namespace_values,
 )
 from nvidia_gpu.components.dra_stack import DraStack, DraStackArgs
-from nvidia_gpu.components.manifests import dra
 from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
 from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
+from nvidia_gpu.components.node_group import node_scripts as group_node_scripts
 from nvidia_gpu.components.platform import GpuPlatform, GpuPlatformArgs
 
 
@@ -55,16 +54,8 @@ def runtime_config_values(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def node_scripts(config: StackConfig, group: NodeGroup) -> tuple[NodeScript, ...]:
-    """The bashible steps for a group on the deckhouse backend (none elsewhere: the setup DaemonSet runs).
-
-    DRA groups that allow passthrough also get ``gpu-iommu.sh`` (IOMMU kernel parameters) and
-    ``gpu-vfio.sh`` (VFIO modules and the IOMMU check).
-    """
-    if config.cluster.node_setup is not NodeSetupBackend.DECKHOUSE:
-        return ()
-    passthrough = config.allocation_mode(group) is AllocationMode.DRA and group.passthrough
-    scripts = render_node_scripts(vfio=passthrough)
-    return (*scripts, dra.iommu_script()) if passthrough else tuple(scripts)
+    """The bashible steps for ``group`` (see :func:`nvidia_gpu.components.node_group.node_scripts`)."""
+    return group_node_scripts(config.cluster, group, config.allocation_mode(group))
 
 
 def build_stack(config: StackConfig) -> Stack:
@@ -88,7 +79,6 @@ def build_stack(config: StackConfig) -> Stack:
                 group=group,
                 allocation_mode=config.allocation_mode(group),
                 platform=platform.refs,
-                node_scripts=node_scripts(config, group),
             ),
             with_provider,
         )

@@ -20,6 +20,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes
 
+from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import Manifest
 
 #: Pins the provider plugin like pulumi_kubernetes' own classes do (used when no explicit provider is given).
@@ -68,7 +69,8 @@ class KubernetesObject(pulumi.CustomResource):
         if "apiVersion" not in manifest or "kind" not in manifest:
             raise ValueError(f"{name}: a manifest needs apiVersion and kind")
         token = type_token(manifest["apiVersion"], manifest["kind"], patch=patch)
-        props: dict[str, Any] = dict(manifest)
+        # Outputs the user passed (a namespace, an image) back in place of their stand-ins (see inputs).
+        props: dict[str, Any] = inputs.bind(dict(manifest))
         ours = pulumi.ResourceOptions(version=PROVIDER_VERSION, delete_before_replace=delete_before_replace or None,
                                       aliases=[pulumi.Alias(type_=t) for t in
                                                aliases(manifest["apiVersion"], manifest["kind"], patch=patch)] or None)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pulumi
 
 from nvgpu.stackconfig import NodeGroup
+from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import sharing as manifests
 from nvidia_gpu.components.register import register
 
@@ -16,9 +17,12 @@ TYPE = "nvidia-gpu:index:SharingPolicy"
 
 @dataclass(frozen=True)
 class SharingPolicyArgs:
+    #: The namespace (a stand-in for an Output is bound by ``register``: see :mod:`~nvidia_gpu.components.inputs`).
     namespace: str
     group: NodeGroup
     depends_on: Sequence[pulumi.Resource] = field(default=())
+    #: Labels added to the ConfigMap, checked (see ``GpuPlatformArgs.extra_labels``).
+    extra_labels: pulumi.Input[dict[str, str]] = field(default_factory=dict)
 
 
 class SharingPolicy(pulumi.ComponentResource):
@@ -31,7 +35,8 @@ class SharingPolicy(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         self.config_map = register(
             f"{name}-config",
-            manifests.config_map(args.namespace, args.group),
+            inputs.with_labels(manifests.config_map(args.namespace, args.group), args.extra_labels,
+                               "GpuPlatformArgs.extra_labels"),
             pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)),
         )
         self.config_map_name = pulumi.Output.from_input(manifests.config_map_name(args.group))
