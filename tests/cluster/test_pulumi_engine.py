@@ -39,10 +39,9 @@ from tests.cluster.agents import (
     with_config_dir,
 )
 from tests.cluster.mig_manager import Rendered, layout, start_manager
-from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, make_project, prepare_cluster
+from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, make_project
 from tests.cluster.stack import rendered
 from tests.kit.fakehost import FakeHost, build_fake_host
-from tests.tools import required_bin
 
 STACK = "dev"
 
@@ -56,19 +55,6 @@ def _snapshot(kube: Kube) -> dict[str, Any]:
                 continue
             out[f"{kind}/{meta.get('namespace', '')}/{meta['name']}"] = o.get("spec") if kind == "NodeGroup" else None
     return out
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A control plane of the module's own: the session's one holds the dev stack applied by the dry-run
-    harness, which a real ``pulumi up`` would collide with."""
-    cp = ControlPlane(directory=tmp_path_factory.mktemp("engine-cluster"), bin_dir=required_bin())
-    cp.start()
-    try:
-        prepare_cluster(cp, KINDS)
-        yield cp
-    finally:
-        cp.stop(remove=False)
 
 
 @pytest.fixture(scope="module")
