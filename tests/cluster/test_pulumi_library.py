@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
