@@ -17,7 +17,7 @@ venv: $(VENV)/.installed
 
 ## The main job: render and validate the stack offline (no Pulumi CLI, no cluster).
 preview: venv
-	$(PY) -m preview --stack $(STACK)
+	$(PY) -m nvidia_gpu.preview --stack $(STACK)
 
 ## gRPC stubs for the kubelet protocols (also generated on first import; the agent image runs this at build time).
 proto: venv
@@ -56,11 +56,11 @@ cluster-test: venv tools
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy nvgpu node_agent components preview policies localcluster
+	$(VENV)/bin/mypy nvgpu node_agent nvidia_gpu localcluster
 	$(VENV)/bin/lint-imports
 
 policy-test: venv
-	$(PY) -m pytest -q tests/policies
+	$(PY) -m pytest -q tests/nvidia_gpu/policies
 
 bench: venv
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -6,8 +6,9 @@ An invalid config stops here with every problem listed, before any resource is r
 import pulumi
 from pulumi.runtime.config import CONFIG, get_config_env
 
-from components.program import build_stack, runtime_config_values
 from nvgpu.stackconfig import StackConfigError, load_stack_config
+from nvidia_gpu import build_stack
+from nvidia_gpu.components.program import runtime_config_values
 
 try:
     stack_config = load_stack_config(runtime_config_values({**get_config_env(), **CONFIG.get()}))

@@ -101,7 +101,7 @@ def main() -> int:
         server.nodes[NODE] = {"metadata": {"name": NODE, "uid": "node-uid"}}
         starts = [in_process_start(server) for _ in range(5)]
         root = new_root()
-        # The DaemonSet's environment (components/manifests/dra.py) sets MALLOC_ARENA_MAX=2 too.
+        # The DaemonSet's environment (nvidia_gpu/components/manifests/dra.py) sets MALLOC_ARENA_MAX=2 too.
         env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_ARENA_MAX": "2"}
         cmd = [sys.executable, "-m", "node_agent", "--host-root", str(root), "--nvml", "simulated:dgx-h100",
                "--node-name", NODE, "--kubeconfig", str(kubeconfig(server, root)), "--log-level",

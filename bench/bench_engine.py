@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localcluster import ControlPlane, tools_bin  # noqa: E402
-from preview.pipeline import run_preview  # noqa: E402
+from nvidia_gpu.preview.pipeline import run_preview  # noqa: E402
 from tests.cluster.pulumi_project import make_project, prepare_cluster  # noqa: E402
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from policies.analyzer_client import PACK_DIR, AnalyzerResource, PackProcess, StackContext  # noqa: E402
-from preview.engine import run_program  # noqa: E402
-from preview.stackfile import engine_config  # noqa: E402
+from nvidia_gpu.preview.engine import run_program  # noqa: E402
+from nvidia_gpu.preview.policyrun.analyzer_client import PACK_DIR, AnalyzerResource, PackProcess, StackContext  # noqa: E402
+from nvidia_gpu.preview.stackfile import engine_config  # noqa: E402
 
 TARGET_START_S = 1.0
 TARGET_PER_RESOURCE_MS = 2.0

@@ -52,9 +52,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from preview.engine import install_mocks, run_in_engine  # noqa: E402
-from preview.model import RecordedResource  # noqa: E402
-from preview.pipeline import DEFAULT_STEPS, run_preview  # noqa: E402
+from nvidia_gpu.preview.engine import install_mocks, run_in_engine  # noqa: E402
+from nvidia_gpu.preview.model import RecordedResource  # noqa: E402
+from nvidia_gpu.preview.pipeline import DEFAULT_STEPS, run_preview  # noqa: E402
 
 SIZES = (1, 10, 100)
 #: The preview's own steps; the policy step (analysis through the pack) has its own benchmark.

@@ -69,14 +69,14 @@ import grpc  # noqa: E402
 import pytest  # noqa: E402  (tests.tools.required_bin skips through pytest when the tools are not built)
 from kubernetes import client  # noqa: E402
 
-from components import mig_profile  # noqa: E402
-from components.manifests import dra as dra_manifests  # noqa: E402
-from components.manifests import workloads  # noqa: E402
-from components.manifests.sharing import render_named_configs  # noqa: E402
 from localcluster import ControlPlane  # noqa: E402
 from node_agent.kubelet.api import pb  # noqa: E402
 from nvgpu import labels  # noqa: E402
 from nvgpu.stackconfig import NodeGroup, StackConfig, load_stack_config  # noqa: E402
+from nvidia_gpu.components import mig_profile  # noqa: E402
+from nvidia_gpu.components.manifests import dra as dra_manifests  # noqa: E402
+from nvidia_gpu.components.manifests import workloads  # noqa: E402
+from nvidia_gpu.components.manifests.sharing import render_named_configs  # noqa: E402
 from tests.compare import dra as dra_cmp  # noqa: E402
 from tests.compare.deviceplugin import PLUGIN_DIR, RESOURCE  # noqa: E402
 from tests.compare.peers import DMI_PRODUCT, Machine, machine, namespaced  # noqa: E402

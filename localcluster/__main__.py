@@ -16,7 +16,7 @@ from localcluster.controlplane import REPO, ControlPlane, ToolsMissing
 from localcluster.dryrun import install_crds, server_version
 
 DEFAULT_DIR = REPO / "out" / "cluster"
-DECKHOUSE_CRDS = sorted((REPO / "preview" / "crds").glob("*.deckhouse.io.yaml"))
+DECKHOUSE_CRDS = sorted((REPO / "nvidia_gpu" / "preview" / "crds").glob("*.deckhouse.io.yaml"))
 
 
 def main(argv: list[str] | None = None) -> int:

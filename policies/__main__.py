@@ -2,7 +2,7 @@
 
 from pulumi_policy import PolicyPack
 
-from policies.pack import DEFAULT_ENFORCEMENT, DESCRIPTION, PACK_NAME, POLICIES
+from nvidia_gpu.policies.pack import DEFAULT_ENFORCEMENT, DESCRIPTION, PACK_NAME, POLICIES
 
 PolicyPack(
     name=PACK_NAME,

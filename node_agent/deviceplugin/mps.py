@@ -12,7 +12,7 @@ command runner (``HostRoot.run``), with its environment passed through ``env``.
 
 The daemon, and the ``nvidia-cuda-mps-server`` it forks for clients, run in the plugin container's
 memory cgroup: the DaemonSet of an MPS group gets a limit sized for them
-(``components.manifests.workloads.device_plugin_resources``).
+(``nvidia_gpu.components.manifests.workloads.device_plugin_resources``).
 """
 
 from __future__ import annotations

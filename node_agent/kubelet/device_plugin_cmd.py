@@ -42,7 +42,7 @@ from node_agent.kubelet.lifecycle import Supervisor
 
 log = logging.getLogger(__name__)
 
-#: Matches the components' DaemonSet (``components/manifests/workloads.py``).
+#: Matches the components' DaemonSet (``nvidia_gpu/components/manifests/workloads.py``).
 DEFAULT_METRICS_PORT = 9401
 
 _BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}

@@ -14,6 +14,7 @@ import pytest
 from localcluster import ControlPlane, Kube
 from localcluster.dryrun import install_crds
 from tests.cluster import stack as stack_helpers
+from tests.cluster.pulumi_project import KINDS, prepare_cluster
 from tests.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     cp = ControlPlane(directory=tmp_path_factory.mktemp("cluster"), bin_dir=bin_dir)
     cp.start()
     try:
-        install_crds(cp.admin(), sorted((REPO / "preview" / "crds").glob("*.deckhouse.io.yaml")))
+        install_crds(cp.admin(), sorted((REPO / "nvidia_gpu" / "preview" / "crds").glob("*.deckhouse.io.yaml")))
         print(f"\ncontrol plane up in {cp.startup_s:.1f} s at {cp.server}")
         yield cp
     finally:
@@ -49,3 +50,17 @@ def kube(control_plane: ControlPlane) -> Kube:
 def dev_stack(kube: Kube) -> stack_helpers.AppliedStack:
     """The dev stack rendered by the preview and applied for real (Deckhouse NodeGroups in place)."""
     return stack_helpers.apply_stack(kube, "dev")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of the module's own, prepared as a Deckhouse user's (``prepare_cluster``), for the
+    real engine's tests: the session's one holds the dev stack applied by the dry-run harness, which a
+    real ``pulumi up`` would collide with."""
+    cp = ControlPlane(directory=tmp_path_factory.mktemp("engine-cluster"), bin_dir=required_bin())
+    cp.start()
+    try:
+        prepare_cluster(cp, KINDS)
+        yield cp
+    finally:
+        cp.stop(remove=False)

@@ -9,9 +9,9 @@ from typing import Any
 
 from localcluster import Kube
 from localcluster.dryrun import DryRunReport, Item, dry_run
-from preview.model import PreviewResult
-from preview.pipeline import run_preview
-from preview.serverdryrun import deckhouse_placeholder
+from nvidia_gpu.preview.model import PreviewResult
+from nvidia_gpu.preview.pipeline import run_preview
+from nvidia_gpu.preview.serverdryrun import deckhouse_placeholder
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -36,7 +36,6 @@ from typing import Any
 import pytest
 import yaml
 
-from components.manifests.workloads import GroupContext, labeller_args
 from localcluster import ApiError, ControlPlane, Kube
 from localcluster.client import MERGE_PATCH
 from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
@@ -50,6 +49,7 @@ from node_agent.nodepatch import apply_plan
 from node_agent.nvml.sim import get_machine
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend
+from nvidia_gpu.components.manifests.workloads import GroupContext, labeller_args
 from tests.cluster.agents import (
     REPO,
     AgentIdentity,

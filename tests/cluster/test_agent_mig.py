@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 
-from components.mig_profile import manager_args
 from localcluster import Kube
 from localcluster.client import ApiError
 from localcluster.objects import create_kwok_node, wait_for
@@ -46,6 +45,7 @@ from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
 from nvgpu import labels
 from nvgpu.migparted import load_config_text
 from nvgpu.stackconfig import NodeSetupBackend
+from nvidia_gpu.components.mig_profile import manager_args
 from tests.cluster.agents import NS, REPO, AgentIdentity, agent_command, identity
 from tests.cluster.mig_manager import ManagerProcess, Rendered, layout, start_manager
 from tests.cluster.stack import AppliedStack, rendered

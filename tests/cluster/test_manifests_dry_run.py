@@ -14,9 +14,9 @@ import pytest
 from localcluster import ApiError, ControlPlane, Kube
 from localcluster.dryrun import dry_run
 from nvgpu.k8snames import label_value_problem, qualified_name_problem
-from preview import serverdryrun, validate
-from preview.pipeline import run_preview
-from preview.serverdryrun import deckhouse_placeholder
+from nvidia_gpu.preview import serverdryrun, validate
+from nvidia_gpu.preview.pipeline import run_preview
+from nvidia_gpu.preview.serverdryrun import deckhouse_placeholder
 from tests.cluster import stack as stack_helpers
 from tests.cluster.stack import AppliedStack
 
@@ -81,7 +81,7 @@ def test_preview_fails_on_an_object_only_the_server_refuses(tmp_path: Path) -> N
 
 
 def _preview(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "preview", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "nvidia_gpu.preview", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=300, check=False)
 
 

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 import yaml
 
-from components.manifests.meta import group_object_name
-from components.manifests.platform import AgentRole
-from components.manifests.workloads import AGENT, CONTAINER_DRIVER_ROOT, HOST_ROOT
 from localcluster import ControlPlane, Kube
 from localcluster.objects import create_kwok_node, wait_for
 from nvgpu import labels
+from nvidia_gpu.components.manifests.meta import group_object_name
+from nvidia_gpu.components.manifests.platform import AgentRole
+from nvidia_gpu.components.manifests.workloads import AGENT, CONTAINER_DRIVER_ROOT, HOST_ROOT
 from tests.cluster.agents import (
     REPO,
     AgentIdentity,
@@ -39,10 +39,9 @@ from tests.cluster.agents import (
     with_config_dir,
 )
 from tests.cluster.mig_manager import Rendered, layout, start_manager
-from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, make_project, prepare_cluster
+from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, make_project
 from tests.cluster.stack import rendered
 from tests.kit.fakehost import FakeHost, build_fake_host
-from tests.tools import required_bin
 
 STACK = "dev"
 
@@ -56,19 +55,6 @@ def _snapshot(kube: Kube) -> dict[str, Any]:
                 continue
             out[f"{kind}/{meta.get('namespace', '')}/{meta['name']}"] = o.get("spec") if kind == "NodeGroup" else None
     return out
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A control plane of the module's own: the session's one holds the dev stack applied by the dry-run
-    harness, which a real ``pulumi up`` would collide with."""
-    cp = ControlPlane(directory=tmp_path_factory.mktemp("engine-cluster"), bin_dir=required_bin())
-    cp.start()
-    try:
-        prepare_cluster(cp, KINDS)
-        yield cp
-    finally:
-        cp.stop(remove=False)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +97,8 @@ def test_0_someone_elses_fixed_name_objects_are_reported_before_up(cluster: Cont
                                                                    before: dict[str, Any]) -> None:
     """NVIDIA's DRA driver already installed its DeviceClass ``gpu.nvidia.com``: the provider would apply
     over it (server-side apply upserts) and ``destroy`` would delete it, so the preview against the cluster
-    (``python -m preview --server-dry-run KUBECONFIG``) reports it first."""
-    from preview.pipeline import run_preview
+    (``python -m nvidia_gpu.preview --server-dry-run KUBECONFIG``) reports it first."""
+    from nvidia_gpu.preview.pipeline import run_preview
 
     kube = cluster.admin()
     theirs = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
@@ -210,8 +196,8 @@ def test_1c_the_offline_runner_sends_the_stack_policies_what_the_engine_sends(pr
     provider answers with the server's dry-run of each object (defaults, ``metadata.uid``,
     ``managedFields``), which the offline runner has no server to ask for; the stack policies must
     therefore never rely on a field being absent."""
-    from policies.offline import resources_from_plan
-    from preview.pipeline import run_preview
+    from nvidia_gpu.preview.pipeline import run_preview
+    from nvidia_gpu.preview.policyrun.offline import resources_from_plan
 
     engine = {r["urn"]: r for r in _seen_by_analyze_stack(project)}
     assert run_preview(REPO, STACK, tmp_path).ok

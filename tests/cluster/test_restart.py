@@ -48,7 +48,6 @@ from typing import Any
 
 import pytest
 
-from components.manifests.workloads import DRIVER_ROOT_ARGS, GroupContext, labeller_args
 from localcluster import ApiError, ControlPlane, Kube
 from localcluster.objects import kwok_node, wait_for
 from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
@@ -58,6 +57,7 @@ from node_agent.mig.journal import JOURNAL_PATH
 from node_agent.nvml.sim import SimulatedMachine
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend
+from nvidia_gpu.components.manifests.workloads import DRIVER_ROOT_ARGS, GroupContext, labeller_args
 from tests.cluster.agents import (
     NS,
     REPO,

@@ -10,12 +10,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components.manifests import dra
-from components.program import build_stack
 from node_agent.dra.devices import allocatable_devices
 from node_agent.dra.slices import NodeRef, build_slices
-from tests.components.component_helpers import Engine, engine, group, of_kind, stack_config  # noqa: F401
+from nvidia_gpu.components.manifests import dra
+from nvidia_gpu.components.program import build_stack
 from tests.dra.builders import DRIVER, NODE, machine
+from tests.nvidia_gpu.components.component_helpers import Engine, engine, group, of_kind, stack_config  # noqa: F401
 
 DATA = Path(__file__).parent / "data"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.manifests.dra import iommu_script
+from nvidia_gpu.components.manifests.dra import iommu_script
 
 SCRIPT = iommu_script().content
 

@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 import yaml
 
-from components.mig_profile import (
+from node_agent.cli import build_parser
+from nvgpu import labels
+from nvgpu.catalogue import H100_80GB
+from nvgpu.migparted import MigConfigSpec, load_config_text, validate_for_model
+from nvgpu.nodelabels import desired_node_labels, mig_config_name
+from nvgpu.stackconfig import NodeGroup, Sharing, StackConfig, load_stack_config, load_stack_file
+from nvidia_gpu.components.mig_profile import (
     CONFIG_KEY,
     MigProfile,
     MigProfileArgs,
@@ -18,13 +24,7 @@ from components.mig_profile import (
     mig_config,
     rbac,
 )
-from node_agent.cli import build_parser
-from nvgpu import labels
-from nvgpu.catalogue import H100_80GB
-from nvgpu.migparted import MigConfigSpec, load_config_text, validate_for_model
-from nvgpu.nodelabels import desired_node_labels, mig_config_name
-from nvgpu.stackconfig import NodeGroup, Sharing, StackConfig, load_stack_config, load_stack_file
-from preview.engine import install_mocks, run_in_engine
+from nvidia_gpu.preview.engine import install_mocks, run_in_engine
 
 IMAGE = {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "0.1.0"}
 

@@ -1,0 +1,94 @@
+"""nvidia-gpu as a Pulumi component library: NVIDIA GPUs on Kubernetes from a program of your own.
+
+What a user imports is this package's top level::
+
+    import pulumi
+    import pulumi_kubernetes as k8s
+    import nvidia_gpu
+
+    provider = k8s.Provider("gpu-cluster", enable_server_side_apply=True)
+    opts = pulumi.ResourceOptions(provider=provider)  # the provider goes through opts; children inherit it
+    platform = nvidia_gpu.GpuPlatform("gpu", nvidia_gpu.GpuPlatformArgs(
+        cluster={"kubernetesVersion": "1.34", "nodeSetup": "daemonset"},
+        namespace="team-gpu",  # or an Output (another resource's name)
+        agent_image="registry.example.com/nvidia-gpu-agent:1.2.3",  # or an Output
+    ), opts=opts)
+    nvidia_gpu.GpuNodeGroup("a100", nvidia_gpu.GpuNodeGroupArgs(
+        platform=platform,
+        group={"name": "a100", "nodeSelector": {"matchLabels": {"gpu-pool": "a100"}}},
+    ), opts=opts)
+
+* :class:`GpuPlatform` / :class:`GpuPlatformArgs`: the cluster-wide part (the namespace, the agents'
+  ServiceAccounts and RBAC, the ``nvidia`` RuntimeClass); :class:`GpuNodeGroup` / :class:`GpuNodeGroupArgs`:
+  one group of GPU nodes (node setup, the labeller, the device plugin and its :class:`SharingPolicy`);
+  :class:`MigProfile` (the MIG manager) and :class:`DraStack` (the DRA driver), with their ``Args``.
+* :func:`build_stack`: a whole stack from a validated :class:`nvgpu.stackconfig.StackConfig`, what
+  this repository's own ``__main__.py`` runs.
+
+``cluster`` and ``group`` take the stack config's keys as plain values (see the README's "Stack config
+reference"), validated as the args are built: a bad plain value raises ``ValueError`` naming the field,
+before anything registers. Where a value usually comes from another resource (the namespace, the agent
+image, extra labels) a ``pulumi.Input`` is accepted and checked when it resolves, the field named in the
+error: see :class:`GpuPlatformArgs`. :class:`GpuNodeGroupArgs` takes the platform itself and defaults
+the cluster settings, allocation mode, node-setup scripts and labels from it.
+
+``nvidia_gpu.policies`` holds the CrossGuard rules (the pack directory ``policies/`` serves them) and
+``nvidia_gpu.preview`` the offline preview (``python -m nvidia_gpu.preview --stack dev``); neither is
+needed to deploy. The names here load on first use, so the pack process and the preview, which import
+those subpackages, do not pay for the components' imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nvidia_gpu.components.dra_stack import DraStack, DraStackArgs
+    from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
+    from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
+    from nvidia_gpu.components.platform import GpuPlatform, GpuPlatformArgs
+    from nvidia_gpu.components.program import build_stack
+    from nvidia_gpu.components.sharing_policy import SharingPolicy, SharingPolicyArgs
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "GpuPlatform": "nvidia_gpu.components.platform",
+    "GpuPlatformArgs": "nvidia_gpu.components.platform",
+    "GpuNodeGroup": "nvidia_gpu.components.node_group",
+    "GpuNodeGroupArgs": "nvidia_gpu.components.node_group",
+    "SharingPolicy": "nvidia_gpu.components.sharing_policy",
+    "SharingPolicyArgs": "nvidia_gpu.components.sharing_policy",
+    "MigProfile": "nvidia_gpu.components.mig_profile",
+    "MigProfileArgs": "nvidia_gpu.components.mig_profile",
+    "DraStack": "nvidia_gpu.components.dra_stack",
+    "DraStackArgs": "nvidia_gpu.components.dra_stack",
+    "build_stack": "nvidia_gpu.components.program",
+}
+
+__all__ = [
+    "DraStack",
+    "DraStackArgs",
+    "GpuNodeGroup",
+    "GpuNodeGroupArgs",
+    "GpuPlatform",
+    "GpuPlatformArgs",
+    "MigProfile",
+    "MigProfileArgs",
+    "SharingPolicy",
+    "SharingPolicyArgs",
+    "build_stack",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nvidia_gpu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

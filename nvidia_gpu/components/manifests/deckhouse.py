@@ -1,0 +1,101 @@
+"""Deckhouse objects of one node group: the NodeGroup node template patch and the NodeGroupConfiguration scripts.
+
+The node template is how Deckhouse keeps labels and taints on every node of a NodeGroup (including
+nodes that join later), so the Deckhouse-flow labels and the GPU taint go there instead of being
+patched onto Nodes. It is applied as a server-side-apply patch under a stable field manager that only
+owns the ``spec.nodeTemplate`` fields this stack sets, and is removed with the group or the stack
+(Deckhouse then takes the labels and taints off the nodes); ``taints`` is an atomic list in the CRD, so
+every taint of the group is declared here (``extraTaints``). The scripts run through bashible in
+``weight`` order on the group's nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nvgpu.nodelabels import desired_node_labels, desired_node_taints
+from nvgpu.nodescripts import NodeScript
+from nvgpu.stackconfig import NodeGroup
+from nvidia_gpu.components.manifests import Manifest
+from nvidia_gpu.components.manifests.meta import app_labels
+
+NODE_GROUP_API = "deckhouse.io/v1"
+NGC_API = "deckhouse.io/v1alpha1"
+def field_manager(namespace: str) -> str:
+    """The server-side-apply field manager of this stack's NodeGroup patches: stable (the provider's
+    default is random per resource) and per stack, so ownership reads as ours in ``managedFields`` and
+    survives a state rebuild."""
+    return f"nvidia-gpu.{namespace}"
+
+
+def node_group_patch(group: NodeGroup, namespace: str) -> Manifest:
+    """Our labels (a map: only our keys are ours) and the group's taints (an atomic list in the CRD: the
+    whole list is ours, so the stack refuses at preview a NodeGroup whose taints it does not declare,
+    see ``nvidia_gpu.components.node_group``). Not forced: a conflict with another manager fails, naming it."""
+    assert group.node_group is not None, "the deckhouse backend requires nodeGroup (checked by the stack config)"
+    return {
+        "apiVersion": NODE_GROUP_API,
+        "kind": "NodeGroup",
+        "metadata": {"name": group.node_group,
+                     "annotations": {"pulumi.com/patchFieldManager": field_manager(namespace)}},
+        "spec": {
+            "nodeTemplate": {
+                "labels": desired_node_labels(group),
+                "taints": [t.as_dict() for t in desired_node_taints(group)],
+            }
+        },
+    }
+
+
+class NodeTemplateConflict(Exception):
+    """The NodeGroup's node template has taints another manager owns that this stack does not declare."""
+
+
+def check_node_template(group: NodeGroup, metadata: dict[str, Any] | None, spec: dict[str, Any] | None,
+                        ours: list[dict[str, str]], manager: str) -> bool:
+    """Refuse (at preview) to take over taints this stack does not declare from another manager.
+
+    ``metadata``/``spec`` are the live NodeGroup's (None under the offline preview, which has no
+    cluster). The taints list is atomic, so applying ours would silently drop theirs; the message names
+    the taints, who manages them and the way out.
+    """
+    if not spec:
+        return True
+    live = (spec.get("nodeTemplate") or {}).get("taints") or []
+    owners = [m.get("manager", "?") for m in (metadata or {}).get("managedFields") or []
+              if "f:taints" in (((m.get("fieldsV1") or {}).get("f:spec") or {}).get("f:nodeTemplate") or {})]
+    if owners and all(o == manager for o in owners):
+        return True  # the list is ours already: whatever it holds, the stack declares it
+    declared = {(t.get("key"), t.get("value"), t.get("effect")) for t in ours}
+    foreign = [t for t in live if (t.get("key"), t.get("value"), t.get("effect")) not in declared]
+    if not foreign:
+        return True
+    shown = ", ".join(f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in foreign)
+    raise NodeTemplateConflict(
+        f"nodeGroups[{group.name}]: Deckhouse NodeGroup {group.node_group!r} has taints this stack does not "
+        f"declare: {shown} (managed by {', '.join(sorted(set(owners))) or 'another manager'}). "
+        "spec.nodeTemplate.taints is an atomic list, so applying the stack's taints would remove them: add "
+        "them to the group's extraTaints (the stack then manages them), or remove them from the NodeGroup")
+
+
+def ngc_name(namespace_name: str, group: NodeGroup, script: NodeScript) -> str:
+    """Cluster-scoped and ending in ``.sh`` like Deckhouse's own steps; unique per stack and group."""
+    return f"{namespace_name}-{group.name}-{script.name}"
+
+
+def node_group_configuration(namespace_name: str, group: NodeGroup, script: NodeScript) -> Manifest:
+    assert group.node_group is not None, "the deckhouse backend requires nodeGroup (checked by the stack config)"
+    return {
+        "apiVersion": NGC_API,
+        "kind": "NodeGroupConfiguration",
+        "metadata": {
+            "name": ngc_name(namespace_name, group, script),
+            "labels": app_labels("node-setup", group.name, node_group=group.name),
+        },
+        "spec": {
+            "weight": script.weight,
+            "nodeGroups": [group.node_group],
+            "bundles": ["*"],
+            "content": script.content,
+        },
+    }

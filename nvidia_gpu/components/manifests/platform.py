@@ -1,0 +1,167 @@
+"""The cluster-wide objects: the stack's namespace and one ServiceAccount plus least-privilege RBAC per agent role.
+
+The namespace enforces Pod Security ``privileged`` because the device plugin and the node-setup agent
+must be privileged (host devices, ``/proc/sys``) and every agent pod mounts host paths. ``warn`` is
+``privileged`` too: warning on every apply of pods that are privileged by design only teaches people
+to ignore warnings. ``audit`` is ``baseline``, so the API server's audit log marks every pod here that
+uses host access, which is what a security review of this namespace wants to see.
+
+RBAC is spelled out verb by verb: no wildcards, no access to Secrets, only what each role's code calls.
+
+The RuntimeClass is for users' GPU pods (``runtimeClassName: nvidia``, as NVIDIA's docs write them): its
+handler is the runtime entry node setup registers in containerd and CRI-O, and its scheduling puts such
+pods only on GPU nodes whose setup finished, tolerating the GPU taint. A group's extra taints are not
+tolerated: they dedicate a group (``dedicated=ml``), and one cluster-wide class tolerating them would let
+every pod that asks for the nvidia runtime past every group's dedication. The agent pods do not use it:
+they load NVML from the driver root on the host and need no nvidia runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from nvgpu import labels
+from nvgpu.nodescripts.facts import NVIDIA_RUNTIME_NAME
+from nvidia_gpu.components.manifests import Manifest
+from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name
+
+RBAC_API = "rbac.authorization.k8s.io/v1"
+RUNTIME_CLASS_API = "node.k8s.io/v1"
+#: The value node setup gives ``node.deckhouse.io/gpu-setup-complete`` (a RuntimeClass selects on exact values).
+SETUP_COMPLETE_VALUE = ""
+
+
+class AgentRole(StrEnum):
+    """One ServiceAccount each; a role never borrows another's permissions."""
+
+    DEVICE_PLUGIN = "device-plugin"
+    LABELLER = "gpu-labeller"
+    NODE_SETUP = "gpu-setup"
+
+
+@dataclass(frozen=True)
+class Rule:
+    api_groups: tuple[str, ...]
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {"apiGroups": list(self.api_groups), "resources": list(self.resources), "verbs": list(self.verbs)}
+
+
+_READ_NODES = Rule(("",), ("nodes",), ("get", "list", "watch"))
+_PATCH_NODES = Rule(("",), ("nodes",), ("get", "list", "watch", "patch"))
+#: The labeller reads and merge-patches its own Node (labels, taints, its ownership annotations), nothing else.
+_PATCH_OWN_NODE = Rule(("",), ("nodes",), ("get", "patch"))
+_EVENTS = Rule(("", "events.k8s.io"), ("events",), ("create", "patch"))
+
+#: The device plugin reads its own Node to pick the named sharing config from the node label.
+#: The labeller and the setup agent patch labels (and the setup-complete label) onto their own Node.
+ROLE_RULES: dict[AgentRole, tuple[Rule, ...]] = {
+    AgentRole.DEVICE_PLUGIN: (_READ_NODES, _EVENTS),
+    AgentRole.LABELLER: (_PATCH_OWN_NODE,),
+    AgentRole.NODE_SETUP: (_PATCH_NODES, _EVENTS),
+}
+
+#: Namespaced, in the stack's namespace: the labeller reads its own DaemonSet when stopping, to tell a
+#: restart (labels stay) from its group's removal or the stack's destroy (labels withdrawn).
+NAMESPACED_RULES: dict[AgentRole, tuple[Rule, ...]] = {
+    AgentRole.LABELLER: (Rule(("apps",), ("daemonsets",), ("get",)),),
+}
+
+#: Pod Security Admission levels (see the module docstring for why enforce is privileged).
+POD_SECURITY = {"enforce": "privileged", "warn": "privileged", "audit": "baseline"}
+
+
+def namespace(name: str, kubernetes_version: str) -> Manifest:
+    psa: dict[str, str] = {}
+    for mode, level in POD_SECURITY.items():
+        psa[f"pod-security.kubernetes.io/{mode}"] = level
+        psa[f"pod-security.kubernetes.io/{mode}-version"] = f"v{kubernetes_version}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {**app_labels("namespace", name), **psa}},
+    }
+
+
+def service_account(namespace_name: str, role: AgentRole) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": role.value, "namespace": namespace_name, "labels": app_labels(role.value, namespace_name)},
+        # The token is mounted explicitly by the pods that talk to the API server.
+        "automountServiceAccountToken": False,
+    }
+
+
+def cluster_role(namespace_name: str, role: AgentRole) -> Manifest:
+    return {
+        "apiVersion": RBAC_API,
+        "kind": "ClusterRole",
+        "metadata": {
+            "name": cluster_object_name(namespace_name, role.value),
+            "labels": app_labels(role.value, namespace_name),
+        },
+        "rules": [r.as_dict() for r in ROLE_RULES[role]],
+    }
+
+
+def cluster_role_binding(namespace_name: str, role: AgentRole) -> Manifest:
+    name = cluster_object_name(namespace_name, role.value)
+    return {
+        "apiVersion": RBAC_API,
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name, "labels": app_labels(role.value, namespace_name)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": role.value, "namespace": namespace_name}],
+    }
+
+
+def _namespaced_meta(namespace_name: str, agent: AgentRole) -> dict[str, Any]:
+    return {"name": agent.value, "namespace": namespace_name, "labels": app_labels(agent.value, namespace_name)}
+
+
+def role(namespace_name: str, agent: AgentRole) -> Manifest:
+    """The ``Role`` of :data:`NAMESPACED_RULES` for ``agent`` in the stack's namespace."""
+    return {
+        "apiVersion": RBAC_API,
+        "kind": "Role",
+        "metadata": _namespaced_meta(namespace_name, agent),
+        "rules": [r.as_dict() for r in NAMESPACED_RULES[agent]],
+    }
+
+
+def role_binding(namespace_name: str, agent: AgentRole) -> Manifest:
+    return {
+        "apiVersion": RBAC_API,
+        "kind": "RoleBinding",
+        "metadata": _namespaced_meta(namespace_name, agent),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": agent.value},
+        "subjects": [{"kind": "ServiceAccount", "name": agent.value, "namespace": namespace_name}],
+    }
+
+
+def roles_for_backend(daemonset_setup: bool) -> tuple[AgentRole, ...]:
+    """The setup agent only runs as a DaemonSet on non-Deckhouse clusters (Deckhouse runs the scripts)."""
+    roles = [AgentRole.DEVICE_PLUGIN, AgentRole.LABELLER]
+    if daemonset_setup:
+        roles.append(AgentRole.NODE_SETUP)
+    return tuple(roles)
+
+
+def runtime_class(name: str, namespace_name: str) -> Manifest:
+    """Cluster-scoped ``RuntimeClass`` ``name`` with handler ``nvidia``; admission adds its scheduling to the pods
+    that name it (a pod whose own ``nodeSelector`` contradicts it is refused)."""
+    return {
+        "apiVersion": RUNTIME_CLASS_API,
+        "kind": "RuntimeClass",
+        "metadata": {"name": name, "labels": app_labels("runtime-class", namespace_name)},
+        "handler": NVIDIA_RUNTIME_NAME,
+        "scheduling": {
+            "nodeSelector": {labels.GPU_SETUP_COMPLETE: SETUP_COMPLETE_VALUE},
+            "tolerations": [{"key": labels.GPU_TAINT_KEY, "operator": "Exists", "effect": labels.GPU_TAINT_EFFECT}],
+        },
+    }

@@ -1,0 +1,462 @@
+"""The agent DaemonSets of one node group: device plugin, feature labeller and (off Deckhouse) node setup.
+
+Every container runs a subcommand of the pinned agent image (``python -m node_agent ...``), carries
+requests and limits, and a securityContext that is privileged only where the host demands it:
+
+* the device plugin needs the GPU device nodes (``/dev/nvidia*``, for NVML and for the device specs it
+  hands to kubelet) and root-owned host sockets under ``/var/lib/kubelet/device-plugins``;
+* the setup agent writes ``/proc/sys``, loads kernel modules and rewrites the containerd config on the host.
+
+The labeller only reads NVML through the NVIDIA runtime's injected devices, writes one feature file and
+merge-patches its own Node through the API, so it runs unprivileged with a read-only root filesystem and
+no capabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nvgpu import labels
+from nvgpu.nodelabels import desired_node_labels, desired_node_taints
+from nvgpu.nodescripts import facts
+from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend, Sharing
+from nvidia_gpu.components.manifests import Manifest
+from nvidia_gpu.components.manifests.meta import app_labels, group_object_name, selector_labels
+from nvidia_gpu.components.manifests.platform import AgentRole
+from nvidia_gpu.components.manifests.scheduling import node_affinity, tolerations
+from nvidia_gpu.components.manifests.sharing import MPS_ROOT, config_map_name
+
+AGENT = ["python", "-m", "node_agent"]
+#: Where the named device-plugin configs are mounted in the plugin and the labeller containers.
+DEVICE_PLUGIN_CONFIG_DIR = "/etc/nvidia-gpu/device-plugin"
+DEVICE_PLUGIN_METRICS_PORT = 9401
+KUBELET_DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
+CDI_DIR = facts.CDI_DYNAMIC_DIR
+AGENT_STATE_DIR = facts.STATE_DIR
+#: The setup agent sees the whole host under this path (``--host-root``), never at ``/``.
+HOST_ROOT = "/host"
+LABEL_INTERVAL_SECONDS = 60
+#: The setup pod's main process: wait for SIGTERM and exit (as PID 1 it must handle SIGTERM itself).
+HOLD_SCRIPT = "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); signal.pause()"
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu_request: str
+    memory_request: str
+    cpu_limit: str
+    memory_limit: str
+
+    def as_dict(self) -> dict[str, dict[str, str]]:
+        return {
+            "requests": {"cpu": self.cpu_request, "memory": self.memory_request},
+            "limits": {"cpu": self.cpu_limit, "memory": self.memory_limit},
+        }
+
+
+#: The agent's own targets are under 80 MiB RSS; limits leave headroom for NVML and Python.
+RESOURCES: dict[AgentRole, Resources] = {
+    AgentRole.DEVICE_PLUGIN: Resources("50m", "64Mi", "500m", "192Mi"),
+    AgentRole.LABELLER: Resources("10m", "48Mi", "200m", "128Mi"),
+    AgentRole.NODE_SETUP: Resources("20m", "64Mi", "500m", "256Mi"),
+}
+
+#: MPS groups: the device plugin starts ``nvidia-cuda-mps-control -d`` itself
+#: (``node_agent.deviceplugin.mps``), and the control daemon forks ``nvidia-cuda-mps-server`` when the
+#: first client connects. Both stay in the plugin container's memory cgroup, and so do the pages of
+#: the server's shared-memory segments under ``/dev/shm`` (``<mpsRoot>/shm``; tmpfs pages are charged to
+#: the cgroup that first touches them). NVIDIA avoids this by running the daemon in its own DaemonSet,
+#: ``nvidia-device-plugin-mps-control-daemon``; here the plugin's limit is raised instead, so an MPS
+#: node cannot OOM-kill the plugin (which would also take every client's MPS server down with it).
+#:
+#: The numbers are an upper estimate, not a measurement (no GPU node was available to measure them):
+#: the server is a CUDA process that maps the driver's ``libcuda.so`` (tens of MiB resident) and holds a
+#: CUDA context on every GPU of the node, each with host-side state (pushbuffers, pinned staging memory,
+#: per-client shared memory). So: a fixed ``MPS_BASE_MIB`` for the control daemon and the server process,
+#: plus ``MPS_PER_GPU_MIB`` per GPU, sized for ``MPS_SIZED_FOR_GPUS`` GPUs (an 8-GPU HGX/DGX board, the
+#: largest machine the simulator models; a node with more GPUs needs more). Measure ``VmRSS`` of both
+#: processes plus the memcg's ``shmem`` on a loaded 8-GPU MPS node to tighten them. The request grows
+#: by the base only: the server and its per-GPU state exist only while clients run.
+MPS_BASE_MIB = 128
+MPS_PER_GPU_MIB = 64
+MPS_SIZED_FOR_GPUS = 8
+
+
+def _mib(quantity: str) -> int:
+    if not quantity.endswith("Mi"):
+        raise ValueError(f"memory quantity {quantity!r} is not in Mi")
+    return int(quantity[:-2])
+
+
+def device_plugin_resources(sharing: Sharing) -> Resources:
+    """The device plugin's requests and limits: the agent alone, plus the MPS daemons in MPS groups."""
+    base = RESOURCES[AgentRole.DEVICE_PLUGIN]
+    if sharing is not Sharing.MPS:
+        return base
+    limit = _mib(base.memory_limit) + MPS_BASE_MIB + MPS_PER_GPU_MIB * MPS_SIZED_FOR_GPUS
+    request = _mib(base.memory_request) + MPS_BASE_MIB
+    return Resources(base.cpu_request, f"{request}Mi", base.cpu_limit, f"{limit}Mi")
+
+
+_PRIVILEGED: dict[str, Any] = {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0}
+_RESTRICTED: dict[str, Any] = {
+    "privileged": False,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+_NODE_NAME_ENV = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+
+
+@dataclass(frozen=True)
+class GroupContext:
+    """What every workload of one node group needs to know, resolved once."""
+
+    namespace: str
+    cluster: Cluster
+    group: NodeGroup
+
+    @property
+    def image(self) -> str:
+        return self.cluster.agent_image.ref
+
+    @property
+    def version(self) -> str | None:
+        return self.cluster.agent_image.tag
+
+    @property
+    def allocation_mode(self) -> AllocationMode:
+        """As ``StackConfig.allocation_mode``: the group's own, else the cluster's."""
+        return self.group.allocation_mode or self.cluster.allocation_mode
+
+
+def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
+    return {"name": name, "hostPath": {"path": path, "type": kind}}
+
+
+def _mount(name: str, path: str, read_only: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": name, "mountPath": path}
+    if read_only:
+        out["readOnly"] = True
+    return out
+
+
+_TMP_VOLUME = {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
+_TMP_MOUNT = _mount("tmp", "/tmp")
+
+
+def _container(
+    ctx: GroupContext, name: str, role: AgentRole, args: list[str], security: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": ctx.image,
+        "imagePullPolicy": ctx.cluster.agent_image.pull_policy,
+        "command": list(AGENT),
+        "args": args,
+        "env": [dict(_NODE_NAME_ENV)],
+        "resources": RESOURCES[role].as_dict(),
+        "securityContext": dict(security),
+    }
+
+
+def _daemonset(
+    ctx: GroupContext,
+    component: str,
+    role: AgentRole,
+    pod_spec: dict[str, Any],
+    *,
+    require_setup_complete: bool,
+    update_strategy: dict[str, Any],
+    pod_annotations: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> Manifest:
+    group = ctx.group
+    meta_labels = app_labels(component, group.name, node_group=group.name, version=ctx.version)
+    pod_meta: dict[str, Any] = {"labels": meta_labels}
+    if pod_annotations:
+        pod_meta["annotations"] = pod_annotations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": group_object_name(component, group.name),
+            "namespace": ctx.namespace,
+            "labels": meta_labels,
+            **({"annotations": annotations} if annotations else {}),
+        },
+        "spec": {
+            "selector": {"matchLabels": selector_labels(component, group.name)},
+            "updateStrategy": update_strategy,
+            "template": {
+                "metadata": pod_meta,
+                "spec": {
+                    "serviceAccountName": role.value,
+                    "automountServiceAccountToken": True,
+                    "priorityClassName": ctx.cluster.priority_class_name,
+                    "affinity": node_affinity(group, require_setup_complete=require_setup_complete),
+                    "tolerations": tolerations(group),
+                    **pod_spec,
+                },
+            },
+        },
+    }
+
+
+_ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+#: pulumi-kubernetes: do not wait for this object to become ready (see ``setup_daemonset``).
+SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
+
+
+#: Where every agent container sees the node's driver root (``cluster.driverRoot``), read-only: the
+#: agent's ``--driver-root`` (NVML and ``nvidia-smi`` are loaded from there, so no container needs the
+#: NVIDIA runtime to inject them) and the device plugin's ``containerDriverRoot`` (CDI spec discovery).
+CONTAINER_DRIVER_ROOT = "/driver-root"
+#: The default ``cluster.driverRoot`` and the plugin's ``nvidiaDriverRoot`` default (drivers installed on the host).
+HOST_DRIVER_ROOT = "/"
+DRIVER_ROOT_VOLUME = "driver-root"
+#: Global agent options (before the command) of every agent container.
+DRIVER_ROOT_ARGS = ("--driver-root", CONTAINER_DRIVER_ROOT)
+
+
+#: Where the device plugin and the DRA plugin see the directory of ``cluster.cdiHookPath`` (read-only), to
+#: name the hook in their CDI specs only when it is there (a missing hook would fail every container).
+CDI_HOOK_DIR = "/run/nvidia-gpu/cdi-hook"
+CDI_HOOK_VOLUME = "cdi-hook"
+
+
+def cdi_hook_volume(cluster: Cluster) -> dict[str, Any]:
+    # DirectoryOrCreate: /usr/local/nvidia/toolkit exists only once the GPU Operator installed the toolkit.
+    return _host_path(CDI_HOOK_VOLUME, cluster.cdi_hook_path.rsplit("/", 1)[0] or "/", "DirectoryOrCreate")
+
+
+def cdi_hook_mount() -> dict[str, Any]:
+    return _mount(CDI_HOOK_VOLUME, CDI_HOOK_DIR, read_only=True)
+
+
+def driver_root_volume(cluster: Cluster) -> dict[str, Any]:
+    """The node's driver root as a hostPath volume (mounted by ``driver_root_mount``)."""
+    return _host_path(DRIVER_ROOT_VOLUME, cluster.driver_root, "Directory")
+
+
+def driver_root_mount() -> dict[str, Any]:
+    return _mount(DRIVER_ROOT_VOLUME, CONTAINER_DRIVER_ROOT, read_only=True)
+CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
+
+
+def uses_cdi(configs: list[dict[str, Any]]) -> bool:
+    """Whether any device-plugin config asks for a CDI device-list strategy (then CDI specs are generated)."""
+    for doc in configs:
+        strategy = doc.get("flags", {}).get("plugin", {}).get("deviceListStrategy", [])
+        if CDI_STRATEGIES & set([strategy] if isinstance(strategy, str) else strategy):
+            return True
+    return False
+
+
+def config_source_args(group: NodeGroup) -> list[str]:
+    """Where the device plugin and the labeller read the device-plugin config: the group's ConfigMap
+    (:func:`config_volume`), the named config the node label picks, the group's sharing mode by default."""
+    return ["--config-dir", DEVICE_PLUGIN_CONFIG_DIR, "--config-label", labels.DEVICE_GPU_CONFIG,
+            "--default-config", group.gpu.sharing.value]
+
+
+def config_volume(group: NodeGroup) -> dict[str, Any]:
+    return {"name": "config", "configMap": {"name": config_map_name(group)}}
+
+
+def config_mount() -> dict[str, Any]:
+    return _mount("config", DEVICE_PLUGIN_CONFIG_DIR, read_only=True)
+
+
+def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
+    component = AgentRole.DEVICE_PLUGIN.value
+    group = ctx.group
+    args = [
+        *DRIVER_ROOT_ARGS,
+        "device-plugin",
+        *config_source_args(group),
+        "--metrics-port", str(DEVICE_PLUGIN_METRICS_PORT),
+    ]
+    if ctx.cluster.driver_root != HOST_DRIVER_ROOT:
+        # CDI specs name the driver's files by their host path under nvidiaDriverRoot.
+        args += ["--nvidia-driver-root", ctx.cluster.driver_root]
+    # CDI specs run the toolkit's hook (nvidiaCTKPath) when the plugin sees it in the mounted directory.
+    args += ["--nvidia-ctk-path", ctx.cluster.cdi_hook_path, "--cdi-hook-dir", CDI_HOOK_DIR]
+    # Privileged: NVML and the device specs handed to kubelet need every /dev/nvidia* node, and the
+    # plugin's sockets live in kubelet's root-owned device-plugins directory (see the module docstring).
+    container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, _PRIVILEGED)
+    container["resources"] = device_plugin_resources(group.gpu.sharing).as_dict()  # MPS daemons included
+    # The NVIDIA runtime injects the driver's NVML and CUDA libraries (the MPS daemon needs compute).
+    container["env"] += [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+    ]
+    container["ports"] = [{"name": "metrics", "containerPort": DEVICE_PLUGIN_METRICS_PORT, "protocol": "TCP"}]
+    # /healthz: the supervisor loop is alive; /readyz: every resource is registered with kubelet
+    # (node_agent.deviceplugin.metrics). Startup waits for the first registration, readiness follows it.
+    def probe(path: str, failures: int) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 2,
+                "failureThreshold": failures}
+
+    container["startupProbe"] = probe("/readyz", 30)
+    container["readinessProbe"] = probe("/readyz", 3)
+    container["livenessProbe"] = probe("/healthz", 3)
+    mounts = [
+        _mount("device-plugins", KUBELET_DEVICE_PLUGINS),
+        _mount("dev", "/dev"),
+        _mount("cdi", CDI_DIR),
+        _mount("mps-root", MPS_ROOT),
+        _mount("agent-state", AGENT_STATE_DIR),
+        config_mount(),
+        # NVML and the driver's binaries (--driver-root); CDI specs list the driver's files found here.
+        driver_root_mount(),
+        cdi_hook_mount(),
+        _TMP_MOUNT,
+    ]
+    volumes = [
+        _host_path("device-plugins", KUBELET_DEVICE_PLUGINS, "Directory"),
+        _host_path("dev", "/dev", "Directory"),
+        _host_path("cdi", CDI_DIR, "DirectoryOrCreate"),
+        _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
+        _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
+        config_volume(group),
+        driver_root_volume(ctx.cluster),
+        cdi_hook_volume(ctx.cluster),
+        dict(_TMP_VOLUME),
+    ]
+    if group.gpu.sharing is Sharing.MPS:
+        # The MPS control daemon runs in this container; its shared memory must be the host directory
+        # that Allocate mounts at /dev/shm in every client (<mpsRoot>/shm).
+        mounts.append(_mount("mps-shm", "/dev/shm"))
+        volumes.append(_host_path("mps-shm", f"{MPS_ROOT}/shm", "DirectoryOrCreate"))
+    container["volumeMounts"] = mounts
+    pod_spec = {"containers": [container], "volumes": volumes}
+    return _daemonset(ctx, component, AgentRole.DEVICE_PLUGIN, pod_spec, require_setup_complete=True,
+                      update_strategy=_ROLLING, pod_annotations=scrape_annotations(ctx))
+
+
+def scrape_annotations(ctx: GroupContext) -> dict[str, str]:
+    """``prometheus.io/*`` annotations for annotation-based scrapers, when the stack turns monitoring on."""
+    if not ctx.cluster.monitoring.enabled:
+        return {}
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(DEVICE_PLUGIN_METRICS_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def labeller_args(ctx: GroupContext) -> list[str]:
+    """``labels`` reading the device plugin's own config, so the GFD labels follow what the plugin serves.
+
+    Device-plugin groups: the same config source as the plugin (:func:`config_source_args`, the ConfigMap
+    mounted the same way), as NVIDIA's GFD shares the plugin's config file. ``.replicas``,
+    ``.sharing-strategy``, ``-SHARED``, ``mps.capable`` and ``mig.strategy`` then come from the named config
+    the node label picks, and follow an operator who relabels a node to another mode within one interval.
+    DRA groups have no such config (and no ConfigMap): their labels take the group's sharing as flags.
+
+    ``--daemonset`` names the labeller's own DaemonSet: it labels only behind that DaemonSet's setup gate and
+    withdraws its labels when the DaemonSet is deleted (``node_agent.labels``).
+
+    On the daemonset backend there is no NodeGroup node template, so the labeller also keeps the group's
+    own labels and taints on each node (``--node-label``/``--node-taint``, from ``nvgpu.nodelabels``, the
+    same source the Deckhouse node template uses). NVML comes from the driver root (``--driver-root``).
+    """
+    gpu = ctx.group.gpu
+    if ctx.allocation_mode is AllocationMode.DEVICE_PLUGIN:
+        sharing = config_source_args(ctx.group)
+    else:
+        mig_strategy = gpu.effective_mig.strategy.value if gpu.sharing is Sharing.MIG else "none"
+        sharing = ["--mig-strategy", mig_strategy, "--replicas", str(gpu.replicas),
+                   "--sharing-strategy", "mps" if gpu.sharing is Sharing.MPS else "time-slicing"]
+    args = [
+        *DRIVER_ROOT_ARGS,
+        "labels", "--loop", "--interval", str(LABEL_INTERVAL_SECONDS), "--patch-node",
+        *sharing,
+        # Its own DaemonSet: the labels go when it does (group removed, stack destroyed), not on a restart.
+        "--daemonset", f"{ctx.namespace}/{group_object_name(AgentRole.LABELLER.value, ctx.group.name)}",
+    ]
+    if ctx.cluster.node_setup is NodeSetupBackend.DAEMONSET:
+        for key, value in desired_node_labels(ctx.group).items():
+            args += ["--node-label", f"{key}={value}"]
+        for taint in desired_node_taints(ctx.group):
+            args += ["--node-taint", taint.flag()]
+    return args
+
+
+def labeller_daemonset(ctx: GroupContext) -> Manifest:
+    component = AgentRole.LABELLER.value
+    container = _container(ctx, component, AgentRole.LABELLER, labeller_args(ctx), _RESTRICTED)
+    # The NVIDIA runtime injects the GPUs' device nodes into this unprivileged container; NVML itself comes
+    # from the read-only driver root (--driver-root), not from the runtime.
+    container["env"] += [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+    ]
+    # No probe: the loop has no endpoint, and a wedged loop only delays labels the setup gate already guards.
+    # Gated on gpu-setup-complete like the other GPU pods, also on the daemonset backend where it applies the
+    # group's labels and taints: node setup (check, runtime, sysctl, VFIO) reads none of them, their readers
+    # (the device plugin, which falls back to the group's own sharing config, and the MIG manager) wait for
+    # setup themselves, and the labeller needs the NVIDIA runtime that setup configures. Nodes that must
+    # never take other pods before then get the GPU taint at provisioning too (stack output nodeTemplates);
+    # the labeller then leaves that taint alone, as it is not the one that set it.
+    mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(), _TMP_MOUNT]
+    volumes = [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"),
+               driver_root_volume(ctx.cluster), dict(_TMP_VOLUME)]
+    if ctx.allocation_mode is AllocationMode.DEVICE_PLUGIN:
+        mounts.append(config_mount())  # the device plugin's named configs (labeller_args)
+        volumes.append(config_volume(ctx.group))
+    container["volumeMounts"] = mounts
+    pod_spec = {
+        # Root (for the root-owned features.d directory) but with no capabilities and no escalation.
+        "securityContext": {"runAsUser": 0, "runAsGroup": 0},
+        "containers": [container],
+        "volumes": volumes,
+    }
+    return _daemonset(ctx, component, AgentRole.LABELLER, pod_spec, require_setup_complete=True,
+                      update_strategy=_ROLLING)
+
+
+def setup_daemonset(ctx: GroupContext) -> Manifest:
+    """Node setup for clusters without Deckhouse.
+
+    The init container runs ``setup`` (check, runtime, sysctl, then the setup-complete label), so a
+    node that cannot be prepared shows ``Init:Error`` with the reason and the gate stays closed. The
+    main container only holds the pod (exiting on SIGTERM) so that its ``preStop`` hook can undo
+    the setup when the pod goes away.
+
+    Teardown story: ``updateStrategy: OnDelete`` makes a pod's deletion mean "this node leaves the
+    group" (the node no longer matches, the group or the stack is removed, or an operator deletes the
+    pod on purpose), and only then ``preStop`` runs ``teardown``: the label, the containerd drop-in
+    and the sysctl change are rolled back. A new image therefore rolls out node by node, when an
+    operator deletes each pod, never as a surprise restart of containerd across the fleet.
+    """
+    component = AgentRole.NODE_SETUP.value
+    # NVML from the driver root: the NVIDIA runtime this pod would otherwise need is what setup configures.
+    base = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS]
+    # Privileged: the agent writes /proc/sys, loads kernel modules and restarts containerd through the
+    # host's systemd (reached via the host root mount and chroot, so hostPID is not needed).
+    # Passthrough groups (DRA, vfio.gpu.nvidia.com) also get VFIO prepared: modules and the IOMMU check.
+    setup = [*base, "setup", *(["--dra"] if ctx.group.passthrough else [])]
+    init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
+    hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, [], _PRIVILEGED)
+    hold["command"] = ["python", "-c", HOLD_SCRIPT]
+    hold["lifecycle"] = {"preStop": {"exec": {"command": [*AGENT, *base, "teardown"]}}}
+    mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(), _TMP_MOUNT]
+    init["volumeMounts"] = list(mounts)
+    hold["volumeMounts"] = list(mounts)
+    pod_spec = {
+        "hostPID": False,
+        "terminationGracePeriodSeconds": 120,
+        "initContainers": [init],
+        "containers": [hold],
+        "volumes": [_host_path("host-root", "/", "Directory"), driver_root_volume(ctx.cluster), dict(_TMP_VOLUME)],
+    }
+    # The provider waits for a DaemonSet's rollout; an OnDelete one rolls only when an operator deletes
+    # pods, so a template change would hang `pulumi up` until its timeout (the provider's own docs).
+    # Progress is per node and visible (Init:Error, the setup-complete label), not a stack-wide state.
+    return _daemonset(ctx, component, AgentRole.NODE_SETUP, pod_spec, require_setup_complete=False,
+                      update_strategy={"type": "OnDelete"}, annotations=dict(SKIP_AWAIT))

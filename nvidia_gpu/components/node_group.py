@@ -1,0 +1,185 @@
+"""``GpuNodeGroup``: everything one GPU node group runs, in device-plugin mode.
+
+Children: the ``SharingPolicy`` (device-plugin configs), the device-plugin and feature-labelling
+DaemonSets, and node setup for the cluster's backend: the Deckhouse NodeGroup's node template plus
+``NodeGroupConfiguration`` scripts, or the setup DaemonSet elsewhere. A group whose allocation mode is
+``dra`` gets node setup and labels only; its DRA driver is a separate component.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from pydantic import ValidationError
+
+from nvgpu.nodelabels import desired_node_labels, desired_node_taints
+from nvgpu.nodescripts import NodeScript, render_node_scripts
+from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend
+from nvidia_gpu.components import inputs
+from nvidia_gpu.components.manifests import deckhouse, dra, workloads
+from nvidia_gpu.components.manifests.platform import AgentRole
+from nvidia_gpu.components.manifests.workloads import GroupContext
+from nvidia_gpu.components.platform import GpuPlatform, PlatformRefs, validation_problems
+from nvidia_gpu.components.register import KubernetesRead, register_patch
+from nvidia_gpu.components.register import register as register_object
+from nvidia_gpu.components.sharing_policy import SharingPolicy, SharingPolicyArgs
+
+TYPE = "nvidia-gpu:index:GpuNodeGroup"
+
+
+def node_scripts(cluster: Cluster, group: NodeGroup, mode: AllocationMode) -> tuple[NodeScript, ...]:
+    """The bashible steps for a group on the deckhouse backend (none elsewhere: the setup DaemonSet runs).
+
+    DRA groups that allow passthrough also get ``gpu-iommu.sh`` (IOMMU kernel parameters) and
+    ``gpu-vfio.sh`` (VFIO modules and the IOMMU check).
+    """
+    if cluster.node_setup is not NodeSetupBackend.DECKHOUSE:
+        return ()
+    passthrough = mode is AllocationMode.DRA and group.passthrough
+    scripts = render_node_scripts(vfio=passthrough)
+    return (*scripts, dra.iommu_script()) if passthrough else tuple(scripts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuNodeGroupArgs:
+    """One node group; every check of a plain value runs here, before anything registers."""
+
+    #: The platform the group's agents run under (its namespace, ServiceAccounts, settings).
+    platform: GpuPlatform | PlatformRefs
+    #: The group as in the stack config's ``nodeGroups`` (camelCase or snake_case keys), or validated.
+    group: NodeGroup | Mapping[str, Any]
+    #: The cluster settings (default: the platform's).
+    cluster: Cluster | None = None
+    #: Device plugin or DRA (default: the group's own ``allocationMode``, else the cluster's).
+    allocation_mode: AllocationMode | None = None
+    #: The deckhouse backend's bashible steps (default: the rendered ones, :func:`node_scripts`; none on
+    #: the daemonset backend).
+    node_scripts: Sequence[NodeScript] | None = None
+    #: Labels added to the group's objects (default: the platform's ``extra_labels``).
+    extra_labels: pulumi.Input[Mapping[str, pulumi.Input[str]]] | None = None
+    refs: PlatformRefs = field(init=False, repr=False)
+    settings: Cluster = field(init=False, repr=False)
+    node_group: NodeGroup = field(init=False, repr=False)
+    mode: AllocationMode = field(init=False, repr=False)
+    scripts: tuple[NodeScript, ...] = field(init=False, repr=False)
+    labels: pulumi.Input[dict[str, str]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        refs = self.platform.refs if isinstance(self.platform, GpuPlatform) else self.platform
+        settings = self.cluster or refs.cluster
+        if isinstance(self.group, NodeGroup):
+            group = self.group
+        else:
+            try:
+                group = NodeGroup.model_validate(self.group)
+            except ValidationError as e:
+                raise ValueError(validation_problems("GpuNodeGroupArgs.group", e)) from None
+        if settings.node_setup is NodeSetupBackend.DECKHOUSE and group.node_group is None:
+            raise ValueError(f"GpuNodeGroupArgs.group.nodeGroup: group {group.name!r}: nodeSetup 'deckhouse' "
+                             "targets Deckhouse NodeGroups, so set nodeGroup")
+        mode = self.allocation_mode or group.allocation_mode or settings.allocation_mode
+        labels = refs.extra_labels if self.extra_labels is None else inputs.labels(
+            "GpuNodeGroupArgs.extra_labels", self.extra_labels)
+        for name, value in (("refs", refs), ("settings", settings), ("node_group", group), ("mode", mode),
+                            ("labels", labels)):
+            object.__setattr__(self, name, value)
+        scripts = node_scripts(settings, group, mode) if self.node_scripts is None else tuple(self.node_scripts)
+        object.__setattr__(self, "scripts", scripts)
+
+
+class GpuNodeGroup(pulumi.ComponentResource):
+    device_plugin: pulumi.CustomResource | None
+    labeller: pulumi.CustomResource
+    node_setup: list[pulumi.CustomResource]
+    sharing: SharingPolicy | None
+
+    def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        group, cluster, refs = args.node_group, args.settings, args.refs
+        field_name = "GpuNodeGroupArgs.extra_labels"
+
+        def register(name: str, manifest: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+            return register_object(name, inputs.with_labels(manifest, args.labels, field_name), opts)
+
+        deckhouse_backend = cluster.node_setup is NodeSetupBackend.DECKHOUSE
+        ctx = GroupContext(namespace=refs.namespace, cluster=cluster, group=group)
+
+        def runs_as(role: AgentRole, *extra: pulumi.Resource) -> pulumi.ResourceOptions:
+            return pulumi.ResourceOptions(parent=self, depends_on=[*refs.needs(role), *extra])
+
+        self.node_setup = []
+        self.node_template_checked: pulumi.Output[bool] | None = None
+        if deckhouse_backend:
+            # The NodeGroup is Deckhouse's (and its users'): read it first, so a missing or mistyped one
+            # fails at preview, and a node template whose taints another manager owns is refused there
+            # instead of being taken over (``taints`` is an atomic list: applying it replaces theirs).
+            assert group.node_group is not None  # the deckhouse backend requires it (stack config)
+            live = KubernetesRead(f"{name}-node-group", deckhouse.NODE_GROUP_API, "NodeGroup", group.node_group,
+                                  pulumi.ResourceOptions(parent=self))
+            ours = [t.as_dict() for t in desired_node_taints(group)]
+            manager = inputs.resolve(deckhouse.field_manager(refs.namespace))
+            checked = pulumi.Output.all(live.metadata, live.spec, manager).apply(
+                lambda ms: deckhouse.check_node_template(group, ms[0], ms[1], ours, ms[2]))
+            # Removed with the group or the stack: our labels and taints leave the NodeGroup, and
+            # Deckhouse takes them off its nodes.
+            self.node_setup.append(
+                register_patch(
+                    f"{name}-node-template",
+                    deckhouse.node_group_patch(group, refs.namespace),
+                    pulumi.ResourceOptions(parent=self, depends_on=[live]),
+                )
+            )
+            self.node_template_checked = checked
+            for script in sorted(args.scripts, key=lambda s: (s.weight, s.name)):
+                self.node_setup.append(
+                    register(
+                        f"{name}-{script.name}",
+                        deckhouse.node_group_configuration(refs.namespace, group, script),
+                        pulumi.ResourceOptions(parent=self),
+                    )
+                )
+        else:
+            self.node_setup.append(
+                register(f"{name}-setup", workloads.setup_daemonset(ctx), runs_as(AgentRole.NODE_SETUP))
+            )
+
+        self.sharing = None
+        self.device_plugin = None
+        if args.mode is AllocationMode.DEVICE_PLUGIN:
+            self.sharing = SharingPolicy(
+                f"{name}-sharing",
+                SharingPolicyArgs(namespace=refs.namespace, group=group, depends_on=(refs.namespace_resource,),
+                                  extra_labels=args.labels),
+                pulumi.ResourceOptions(parent=self),
+            )
+        # The labeller mounts the device plugin's ConfigMap too (workloads.labeller_args): created after it.
+        self.labeller = register(f"{name}-labeller", workloads.labeller_daemonset(ctx), runs_as(
+            AgentRole.LABELLER, *([self.sharing.config_map] if self.sharing else [])))
+
+        if self.sharing is not None:
+            self.device_plugin = register(
+                f"{name}-device-plugin",
+                workloads.device_plugin_daemonset(ctx),
+                runs_as(AgentRole.DEVICE_PLUGIN, self.sharing.config_map),
+            )
+
+        #: What the group's nodes must carry: on Deckhouse the node template above applies it, on the
+        #: daemonset backend the labeller does (``workloads.labeller_args``); both read ``nvgpu.nodelabels``.
+        self.node_labels = desired_node_labels(group)
+        self.node_taints = [t.as_dict() for t in desired_node_taints(group)]
+        self.register_outputs(
+            {
+                "nodeGroup": group.name,
+                "nodeLabels": self.node_labels,
+                "nodeTaints": self.node_taints,
+                "sharing": group.gpu.sharing.value,
+                "allocationMode": args.mode.value,
+                "deviceConfigMap": self.sharing.config_map_name if self.sharing else None,
+                "nodeSetup": "NodeGroupConfiguration" if deckhouse_backend else "DaemonSet",
+                # Awaited by the engine, so a refused node template fails the preview.
+                "nodeTemplateChecked": self.node_template_checked,
+            }
+        )

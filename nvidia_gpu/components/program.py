@@ -1,0 +1,100 @@
+"""The one build function ``__main__.py`` calls: validated stack config in, every component of the stack out.
+
+It also owns the Pulumi-side read of the config namespace, because the engine hands config to the
+program as strings (structured values JSON-encoded) and this is the single place that undoes that.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from nvgpu.nodescripts import NodeScript
+from nvgpu.stackconfig import (
+    CONFIG_NAMESPACE,
+    AllocationMode,
+    NodeGroup,
+    StackConfig,
+    namespace_values,
+)
+from nvidia_gpu.components.dra_stack import DraStack, DraStackArgs
+from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
+from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
+from nvidia_gpu.components.node_group import node_scripts as group_node_scripts
+from nvidia_gpu.components.platform import GpuPlatform, GpuPlatformArgs
+
+
+@dataclass(frozen=True)
+class Stack:
+    provider: k8s.Provider
+    platform: GpuPlatform
+    node_groups: dict[str, GpuNodeGroup]
+    dra: DraStack | None = None
+    mig: MigProfile | None = None
+
+
+def decode_config_value(raw: Any) -> Any:
+    """The engine passes objects and lists as JSON text and scalars as plain text; give back YAML's values."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def runtime_config_values(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``nvidia-gpu:*`` keys of the engine's config map, decoded, keyed without the namespace."""
+    return {key: decode_config_value(value) for key, value in namespace_values(config).items()}
+
+
+def node_scripts(config: StackConfig, group: NodeGroup) -> tuple[NodeScript, ...]:
+    """The bashible steps for ``group`` (see :func:`nvidia_gpu.components.node_group.node_scripts`)."""
+    return group_node_scripts(config.cluster, group, config.allocation_mode(group))
+
+
+def build_stack(config: StackConfig) -> Stack:
+    cluster = config.cluster
+    provider = k8s.Provider(
+        f"{cluster.namespace}-kubernetes",
+        context=cluster.kube_context,
+        enable_server_side_apply=True,
+        # The device-plugin configs are fixed-name ConfigMaps the plugins watch: a change must update
+        # them in place (the provider otherwise replaces a ConfigMap whose data changes, deleting first).
+        enable_config_map_mutable=True,
+    )
+    with_provider = pulumi.ResourceOptions(providers={"kubernetes": provider})
+    platform = GpuPlatform(cluster.namespace, GpuPlatformArgs(cluster=cluster), with_provider)
+    groups: dict[str, GpuNodeGroup] = {}
+    for group in config.node_groups:
+        groups[group.name] = GpuNodeGroup(
+            group.name,
+            GpuNodeGroupArgs(
+                cluster=cluster,
+                group=group,
+                allocation_mode=config.allocation_mode(group),
+                platform=platform.refs,
+            ),
+            with_provider,
+        )
+    dra_groups = [g for g in config.node_groups if config.allocation_mode(g) is AllocationMode.DRA]
+    dra = None
+    if dra_groups:
+        dra = DraStack(f"{cluster.namespace}-dra", DraStackArgs(cluster=cluster, groups=dra_groups,
+                                                                platform=platform.refs), with_provider)
+    # Stack-wide: the MIG manager must outlive a group's MIG setting to roll its nodes back.
+    mig = MigProfile(f"{cluster.namespace}-mig", MigProfileArgs(cluster=cluster, groups=config.node_groups,
+                                                               depends_on=platform.refs.dependencies), with_provider)
+    pulumi.export("namespace", platform.namespace)
+    pulumi.export("nodeGroups", sorted(groups))
+    # Labels and taints per group (the labeller applies them off Deckhouse; provisioning can set them earlier).
+    pulumi.export("nodeTemplates", {n: {"labels": g.node_labels, "taints": g.node_taints} for n, g in groups.items()})
+    return Stack(provider=provider, platform=platform, node_groups=groups, dra=dra, mig=mig)
+
+
+__all__ = ["CONFIG_NAMESPACE", "Stack", "build_stack", "runtime_config_values"]

@@ -1,0 +1,144 @@
+"""Step 3: turn recorded registrations into kubectl-applicable manifests (in apply order) and ``plan.json``.
+
+Apply order: Namespaces and CRDs, then cluster-wide classes (PriorityClass, RuntimeClass), then identities
+and RBAC, then configuration, then workloads, then custom resources and patches of objects other
+controllers own. Inside a rank files sort by kind, namespace and name, so the output is byte-identical
+run to run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from nvgpu import yamltext
+from nvidia_gpu.preview.model import PreviewResult, RecordedResource, RenderedManifest
+
+STEP = "render"
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preview-write")
+
+_RANK: dict[str, int] = {
+    "Namespace": 0,
+    "CustomResourceDefinition": 0,
+    "PriorityClass": 1,
+    "RuntimeClass": 1,
+    "ServiceAccount": 2,
+    "ClusterRole": 2,
+    "Role": 2,
+    "ClusterRoleBinding": 3,
+    "RoleBinding": 3,
+    "ConfigMap": 4,
+    "Secret": 4,
+    "Service": 4,
+    "DeviceClass": 4,
+    "DaemonSet": 5,
+    "Deployment": 5,
+    "StatefulSet": 5,
+    "Job": 5,
+}
+_CUSTOM_RANK = 6
+_PATCH_HEADER = (
+    "# A partial object for server-side apply onto an object another controller owns:\n"
+    "#   kubectl apply --server-side --force-conflicts --field-manager=nvidia-gpu -f <this file>\n"
+)
+
+
+def _rank(kind: str) -> int:
+    return _RANK.get(kind, _CUSTOM_RANK)
+
+
+def manifest_object(resource: RecordedResource) -> dict[str, Any]:
+    """The API object a Kubernetes resource's inputs describe (already in a stable key order)."""
+    inputs = resource.inputs
+    return {key: value for key, value in inputs.items() if value is not None}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.-]+", "-", text.lower()).strip("-")
+
+
+def render_manifests(resources: tuple[RecordedResource, ...]) -> tuple[RenderedManifest, ...]:
+    objects = [(r, manifest_object(r)) for r in resources if r.is_kubernetes_object]
+
+    def key(item: tuple[RecordedResource, dict[str, Any]]) -> tuple[int, int, str, str, str]:
+        r, obj = item
+        meta = obj.get("metadata") or {}
+        return (_rank(obj["kind"]), int(r.is_patch), obj["kind"], meta.get("namespace") or "", meta.get("name") or "")
+
+    rendered = []
+    for i, (r, obj) in enumerate(sorted(objects, key=key), start=1):
+        name = (obj.get("metadata") or {}).get("name") or r.name
+        filename = f"{i:03d}-{_slug(obj['kind'])}-{_slug(name)}.yaml"
+        rendered.append(RenderedManifest(order=i, filename=filename, object=obj, resource=r, patch=r.is_patch))
+    return tuple(rendered)
+
+
+def manifest_text(manifest: RenderedManifest) -> str:
+    body = yamltext.dump(manifest.object)
+    return (_PATCH_HEADER if manifest.patch else "") + "---\n" + body
+
+
+def plan(result: PreviewResult) -> dict[str, Any]:
+    return {
+        "project": result.project,
+        "stack": result.stack,
+        "resources": [r.as_json() for r in result.resources],
+        "manifests": [
+            {"file": m.filename, "kind": m.kind, "name": m.name, "namespace": m.namespace, "urn": m.resource.urn}
+            for m in result.manifests
+        ],
+    }
+
+
+def write(result: PreviewResult) -> None:
+    """Replace ``out/<stack>/`` with this run's files (stale manifests from an earlier run would mislead).
+
+    All of it, building the texts included, is left to a background thread, so it overlaps the later
+    steps: file creation waits on the disk and releases the GIL, and on large stacks the main thread
+    mostly waits for the validation process meanwhile. Only immutable values cross over (the rendered
+    manifests and recorded resources are frozen tuples). The pipeline waits for it before it returns.
+    """
+    result.background.append(_WRITER.submit(_write_outputs, result.out_dir, result.manifests, plan(result)))
+
+
+def _write_outputs(out_dir: Path, manifests: tuple[RenderedManifest, ...], plan_data: dict[str, Any]) -> None:
+    manifests_dir = out_dir / "manifests"
+    if manifests_dir.exists():
+        shutil.rmtree(manifests_dir)
+    manifests_dir.mkdir(parents=True)
+    files = [(manifests_dir / m.filename, manifest_text(m)) for m in manifests]
+    files.append((out_dir / "plan.json", plan_text(plan_data)))
+    _write_all(files)
+
+
+def _write_all(files: list[tuple[Path, str]]) -> None:
+    # Straight to the file descriptor: the same bytes as ``Path.write_text`` (UTF-8, newlines as they are),
+    # without a buffered text layer per file, which was most of this thread's time for small manifests.
+    for path, text in files:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            data = memoryview(text.encode())
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+
+
+def plan_text(data: dict[str, Any]) -> str:
+    """JSON with one resource (and one manifest) per line: diffable, and written by the C encoder."""
+    head = {k: v for k, v in data.items() if k not in ("resources", "manifests")}
+    lines = ["{"] + [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    for key in ("resources", "manifests"):
+        items = ",\n".join(f"    {json.dumps(item, separators=(', ', ': '))}" for item in data[key])
+        lines.append(f'  "{key}": [\n{items}\n  ]' + ("," if key == "resources" else ""))
+    return "\n".join(lines) + "\n}\n"
+
+
+def run(result: PreviewResult) -> None:
+    result.manifests = render_manifests(result.resources)
+    write(result)

@@ -1,0 +1,58 @@
+"""Helpers for the component tests: a fresh recording mock engine per test (a fixture), and small stack configs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvgpu.stackconfig import StackConfig, load_stack_config
+from nvidia_gpu.preview.engine import RecordingMonitor, install_mocks, run_in_engine
+from nvidia_gpu.preview.model import RecordedResource
+
+IMAGE = {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "0.1.0"}
+
+
+def stack_config(
+    groups: list[dict[str, Any]], *, node_setup: str = "deckhouse", **cluster: Any
+) -> StackConfig:
+    values = {
+        "cluster": {"kubernetesVersion": "1.34", "nodeSetup": node_setup, "agentImage": IMAGE, **cluster},
+        "nodeGroups": groups,
+    }
+    return load_stack_config(values)
+
+
+def group(name: str = "gpu", sharing: str = "Exclusive", **gpu: Any) -> dict[str, Any]:
+    """A Deckhouse-style node group (``nodeGroup`` selection) with the given ``gpu`` block."""
+    return {"name": name, "nodeGroup": f"ng-{name}", "gpu": {"sharing": sharing, **gpu}}
+
+
+class Engine:
+    """Runs component code under the mock engine and answers questions about what was registered."""
+
+    def __init__(self, monitor: RecordingMonitor) -> None:
+        self.monitor = monitor
+
+    def run(self, fn: Callable[[], object]) -> tuple[RecordedResource, ...]:
+        run_in_engine(fn)
+        return self.monitor.recorded_resources()
+
+
+@pytest.fixture
+def engine() -> Engine:
+    return Engine(install_mocks("nvidia-gpu", "test"))
+
+
+def by_name(resources: tuple[RecordedResource, ...]) -> dict[str, RecordedResource]:
+    return {r.name: r for r in resources}
+
+
+def of_kind(resources: tuple[RecordedResource, ...], kind: str) -> list[RecordedResource]:
+    return [r for r in resources if r.is_kubernetes_object and r.inputs["kind"] == kind]
+
+
+#: The shipped stack files (``Pulumi.<stack>.yaml``).
+ROOT_STACKS = sorted(Path(__file__).resolve().parents[3].glob("Pulumi.*.yaml"))

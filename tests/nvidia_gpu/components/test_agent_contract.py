@@ -1,0 +1,165 @@
+"""Every agent command line the components render is accepted by the agent's own parser.
+
+The DaemonSets run ``python -m node_agent ...``; a flag the agent does not know would crash-loop the
+pods on every node, so each container's args (and the setup pod's preStop command) are parsed here
+with ``node_agent.cli.build_parser`` for every node group of both shipped stacks and both backends.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from node_agent.cli import build_parser
+from node_agent.deviceplugin.allocate import Mount
+from node_agent.deviceplugin.config import Settings
+from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
+from node_agent.kubelet.device_plugin_cmd import DEFAULT_METRICS_PORT
+from nvgpu import labels
+from nvgpu.stackconfig import NodeSetupBackend, load_stack_file
+from nvidia_gpu.components.manifests import workloads
+from nvidia_gpu.components.manifests.sharing import render_named_configs
+from nvidia_gpu.components.manifests.workloads import GroupContext
+
+ROOT = Path(__file__).resolve().parents[3]
+STACKS = sorted(ROOT.glob("Pulumi.*.yaml"))
+_GLOBALS_WITH_VALUE = {"--host-root", "--host-exec", "--nvml", "--nvml-state", "--node-name", "--kubeconfig",
+                       "--log-level", "--driver-root"}
+
+
+def _command_lines(ds: dict[str, Any]) -> list[list[str]]:
+    pod = ds["spec"]["template"]["spec"]
+    lines = []
+    for c in [*pod.get("initContainers", []), *pod["containers"]]:
+        if c["command"] == workloads.AGENT:
+            lines.append(list(c["args"]))
+        pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+        if pre_stop:
+            assert pre_stop[: len(workloads.AGENT)] == workloads.AGENT
+            lines.append(pre_stop[len(workloads.AGENT):])
+    return lines
+
+
+def _parse(argv: list[str]) -> Any:
+    i = 0
+    while argv[i].startswith("--"):
+        i += 2 if argv[i] in _GLOBALS_WITH_VALUE else 1
+    return build_parser(argv[i]).parse_args(argv)
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=lambda p: p.name)
+def test_rendered_agent_command_lines_parse(stack: Path) -> None:
+    cfg = load_stack_file(stack)
+    builders = [workloads.device_plugin_daemonset, workloads.labeller_daemonset]
+    if cfg.cluster.node_setup is NodeSetupBackend.DAEMONSET:
+        builders.append(workloads.setup_daemonset)
+    parsed = 0
+    for group in cfg.node_groups:
+        ctx = GroupContext(cfg.cluster.namespace, cfg.cluster, group)
+        for build in builders:
+            for argv in _command_lines(build(ctx)):
+                args = _parse(argv)
+                assert args.command == next(a for a in argv if not a.startswith("-")
+                                            and a not in (workloads.HOST_ROOT, workloads.CONTAINER_DRIVER_ROOT))
+                assert args.driver_root == workloads.CONTAINER_DRIVER_ROOT
+                parsed += 1
+    assert parsed >= 2 * len(cfg.node_groups)
+
+
+def test_labeller_arguments_reach_the_labels_command() -> None:
+    cfg = load_stack_file(ROOT / "Pulumi.dev.yaml")
+    group = next(g for g in cfg.node_groups if g.gpu.sharing.value == "TimeSlicing")
+    args = _parse(workloads.labeller_args(GroupContext(cfg.cluster.namespace, cfg.cluster, group)))
+    assert (args.loop, args.patch_node, args.replicas, args.sharing_strategy) == (True, True, None, None)
+    assert (str(args.config_dir), args.config_label, args.default_config) == (
+        workloads.DEVICE_PLUGIN_CONFIG_DIR, labels.DEVICE_GPU_CONFIG, "TimeSlicing")
+
+
+def _plugin_container(ds: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    pod = ds["spec"]["template"]["spec"]
+    return pod["containers"][0], {v["name"]: v for v in pod["volumes"]}
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=lambda p: p.name)
+def test_device_plugin_pod_gives_the_plugin_what_it_uses(stack: Path) -> None:
+    """Env for the NVIDIA runtime, probes on the plugin's own endpoints, the MPS shm the clients share."""
+
+    cfg = load_stack_file(stack)
+    for group in cfg.node_groups:
+        ds = workloads.device_plugin_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, group))
+        container, volumes = _plugin_container(ds)
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "compute,utility")
+        args = _parse(container["args"])
+        assert args.metrics_port == DEFAULT_METRICS_PORT == container["ports"][0]["containerPort"]
+        probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+        assert {k: (p["path"], p["port"]) for k, p in probes.items()} == {
+            "startupProbe": ("/readyz", "metrics"), "readinessProbe": ("/readyz", "metrics"),
+            "livenessProbe": ("/healthz", "metrics")}
+        assert all("tcpSocket" not in container[k] for k in probes)
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        if group.gpu.sharing.value == "MPS":
+            # Allocate mounts <mpsRoot>/shm at /dev/shm in clients; the daemon must see the same directory.
+            mps_root = yaml.safe_load(render_named_configs(group)["MPS"])["flags"]["mpsRoot"]
+            assert Mount("/dev/shm", f"{mps_root}/shm").host_path == volumes[mounts["/dev/shm"]["name"]][
+                "hostPath"]["path"]
+        else:
+            assert "/dev/shm" not in mounts
+        # NVML from the driver root (--driver-root), also the plugin's containerDriverRoot for CDI specs.
+        assert mounts[Settings().container_driver_root]["readOnly"] is True
+        assert args.driver_root == Settings().container_driver_root
+
+
+def test_device_plugin_status_endpoints_answer_the_probe_paths() -> None:
+    """The probe paths are the plugin's real endpoints: 200 when live and registered, 503 when not."""
+
+    cfg = load_stack_file(STACKS[0])
+    container, _ = _plugin_container(workloads.device_plugin_daemonset(
+        GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])))
+    paths = {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+    state = {"live": True, "ready": False}
+    server = StatusServer(PluginMetrics(), lambda: state["live"], lambda: state["ready"], host="127.0.0.1")
+    server.start()
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        assert {k: status(p) for k, p in paths.items()} == {
+            "startupProbe": 503, "readinessProbe": 503, "livenessProbe": 200}
+        state["ready"] = True
+        assert {status(p) for p in paths.values()} == {200}
+    finally:
+        server.stop()
+
+
+def test_device_plugin_mounts_the_driver_root_read_only_whatever_the_device_list_strategy() -> None:
+    """CDI specs (cdi-cri, cdi-annotations) and NVML both need the driver root: it is always mounted."""
+    cfg = load_stack_file(STACKS[0])
+    container, volumes = _plugin_container(workloads.device_plugin_daemonset(
+        GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])))
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == Settings().container_driver_root)
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["hostPath"]["path"] == Settings().nvidia_driver_root
+    assert "--nvidia-driver-root" not in container["args"]  # the plugin's own default, /
+    assert workloads.uses_cdi([{"flags": {"plugin": {"deviceListStrategy": "cdi-annotations"}}}])
+    assert not workloads.uses_cdi([{"flags": {"plugin": {"deviceListStrategy": ["envvar", "volume-mounts"]}}}])
+
+
+def test_a_driver_container_root_reaches_the_mount_and_the_plugins_cdi_root() -> None:
+    cfg = load_stack_file(STACKS[0])
+    cluster = cfg.cluster.model_copy(update={"driver_root": "/run/nvidia/driver"})
+    container, volumes = _plugin_container(workloads.device_plugin_daemonset(
+        GroupContext(cluster.namespace, cluster, cfg.node_groups[0])))
+    assert volumes["driver-root"]["hostPath"] == {"path": "/run/nvidia/driver", "type": "Directory"}
+    args = _parse(container["args"])
+    assert (args.driver_root, args.nvidia_driver_root) == ("/driver-root", "/run/nvidia/driver")

@@ -1,0 +1,86 @@
+"""The shipped CI workflows and policy config stay wired to what exists: pack, config, stacks, make targets."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nvidia_gpu.policies.pack import PACK_NAME, POLICIES
+from nvidia_gpu.preview.policyrun.analyzer_client import PackInfo, PackManifest, PolicyInfo, reconcile_config
+from nvidia_gpu.preview.policyrun.offline import PROJECT_CONFIG, load_policy_config
+
+ROOT = Path(__file__).resolve().parents[3]
+WORKFLOWS = ROOT / ".github" / "workflows"
+
+
+def _info() -> PackInfo:
+    """The pack's info built from the policy objects, without a servicer or a process."""
+    return PackInfo(PACK_NAME, "0.1.0", tuple(
+        PolicyInfo(p.name, p.description, p.enforcement_level.value if p.enforcement_level else "advisory",
+                   p.config_schema.properties if p.config_schema else {})
+        for p in POLICIES
+    ))
+
+
+def _steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for job in doc["jobs"].values() for s in job.get("steps", [])]
+
+
+def _workflows() -> dict[str, dict[str, Any]]:
+    return {p.name: yaml.safe_load(p.read_text()) for p in sorted(WORKFLOWS.glob("*.yml"))}
+
+
+def test_project_policy_config_is_valid_for_the_pack() -> None:
+    levels = reconcile_config(_info(), load_policy_config(PROJECT_CONFIG))
+    assert set(levels) == {p.name for p in POLICIES}
+
+
+def test_every_pulumi_action_runs_the_pack_with_the_project_config() -> None:
+    actions = [s for doc in _workflows().values() for s in _steps(doc) if str(s.get("uses", "")).startswith(
+        "pulumi/actions@")]
+    assert {a["with"]["command"] for a in actions} == {"preview", "up"}
+    for action in actions:
+        assert (ROOT / action["with"]["policyPacks"] / "PulumiPolicy.yaml").is_file()
+        assert ROOT / action["with"]["policyPackConfigs"] == PROJECT_CONFIG
+    preview = next(a for a in actions if a["with"]["command"] == "preview")
+    assert preview["with"]["comment-on-pr"] is True
+
+
+def test_previews_cover_every_shipped_stack_offline_and_with_pulumi() -> None:
+    stacks = sorted(p.name.split(".")[1] for p in ROOT.glob("Pulumi.*.yaml"))
+    jobs = _workflows()["preview.yml"]["jobs"]
+    assert sorted(jobs["offline"]["strategy"]["matrix"]["stack"]) == stacks
+    assert sorted(jobs["pulumi"]["strategy"]["matrix"]["stack"]) == stacks
+    assert any("make preview STACK=${{ matrix.stack }}" in str(s.get("run")) for s in jobs["offline"]["steps"])
+    deploy = _workflows()["deploy.yml"]["jobs"]
+    assert sorted(j["with"]["stack"] for j in deploy.values() if "with" in j) == stacks
+    assert deploy["up-prod"]["needs"] == "up-dev"
+
+
+def _pins(path: Path) -> dict[str, str]:
+    out = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if "==" in line:
+            name, _, version = line.partition("==")
+            out[name.strip().lower()] = version.strip()
+    return out
+
+
+def test_pack_requirements_pin_what_the_project_pins() -> None:
+    pack = _pins(ROOT / "policies" / "requirements.txt")
+    project = _pins(ROOT / "requirements.txt")
+    assert pack and {name: project.get(name) for name in pack} == pack
+    assert "-e .." in (ROOT / "policies" / "requirements.txt").read_text().splitlines()
+
+
+def test_pack_runs_in_its_own_virtualenv_when_present(tmp_path: Path) -> None:
+    (tmp_path / "PulumiPolicy.yaml").write_text("runtime:\n  name: python\n  options:\n    virtualenv: venv\n")
+    manifest = PackManifest.load(tmp_path)
+    assert manifest.python(tmp_path) == sys.executable  # no venv yet: the CLI would fail, offline falls back
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
+    assert manifest.python(tmp_path) == str(tmp_path / "venv" / "bin" / "python")

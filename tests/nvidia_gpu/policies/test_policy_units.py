@@ -1,0 +1,97 @@
+"""Pure pieces of the pack: node-selection overlap, config reconciliation, the preview-style report."""
+
+from __future__ import annotations
+
+import pytest
+from pulumi.runtime.proto import analyzer_pb2
+
+from nvidia_gpu.policies.node_selection import NodeSelection, Requirement, label_selection, node_selection, overlap
+from nvidia_gpu.policies.stack_facts import config_values, parse_minor
+from nvidia_gpu.preview.policyrun.analyzer_client import Diagnostic, PackInfo, PolicyInfo, reconcile_config
+from nvidia_gpu.preview.policyrun.report import format_policies, summary_line
+
+
+def _sel(*reqs: tuple[str, str, tuple[str, ...]]) -> NodeSelection:
+    return NodeSelection((tuple(Requirement(k, op, frozenset(v)) for k, op, v in reqs),))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        (_sel(("pool", "In", ("a",))), _sel(("pool", "In", ("b",))), False),
+        (_sel(("pool", "In", ("a", "b"))), _sel(("pool", "In", ("b",))), True),
+        (_sel(("pool", "Exists", ())), _sel(("pool", "DoesNotExist", ())), False),
+        (_sel(("pool", "NotIn", ("a",))), _sel(("pool", "DoesNotExist", ())), True),
+        (_sel(("pool", "NotIn", ("a",))), _sel(("pool", "In", ("a",))), False),
+        (_sel(("zone", "In", ("z1",))), _sel(("pool", "In", ("a",))), True),
+        (_sel(("pool", "Gt", ("3",))), _sel(("pool", "Lt", ("2",))), True),  # numeric bounds are not compared
+        (NodeSelection(()), _sel(("pool", "In", ("a",))), True),
+        (_sel(("pool", "In", ("a",)), ("pool", "In", ("b",))), NodeSelection(()), False),  # contradicts itself
+    ],
+)
+def test_overlap(a: NodeSelection, b: NodeSelection, expected: bool) -> None:
+    assert overlap(a, b) is expected
+    assert overlap(b, a) is expected
+
+
+def test_node_selection_ands_the_node_selector_into_every_affinity_term() -> None:
+    spec = {
+        "nodeSelector": {"gpu": "yes"},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["b"]}]},
+        ]}}},
+    }
+    selection = node_selection(spec)
+    assert selection.describe() == "{gpu=yes, pool=a} or {gpu=yes, pool=b}"
+    assert selection.requires("gpu") and not selection.requires("pool-x")
+    assert not overlap(selection, label_selection({"gpu": "no"}))
+
+
+def _info() -> PackInfo:
+    return PackInfo("p", "1.0.0", (
+        PolicyInfo("a", "A.", "mandatory", {"limit": {"type": "integer", "maximum": 5}}),
+        PolicyInfo("b", "B.", "advisory", {}),
+    ))
+
+
+def test_reconcile_gives_every_policy_an_explicit_level() -> None:
+    out = reconcile_config(_info(), {"a": {"limit": 3}})
+    assert out["a"].enforcementLevel == analyzer_pb2.MANDATORY and dict(out["a"].properties) == {"limit": 3}
+    assert out["b"].enforcementLevel == analyzer_pb2.ADVISORY
+
+
+def test_reconcile_all_then_per_policy_levels() -> None:
+    out = reconcile_config(_info(), {"all": "disabled", "b": {"enforcementLevel": "mandatory"}})
+    assert (out["a"].enforcementLevel, out["b"].enforcementLevel) == (analyzer_pb2.DISABLED, analyzer_pb2.MANDATORY)
+
+
+def _diag(policy: str, level: str, message: str, resource: str = "") -> Diagnostic:
+    return Diagnostic(policy, "p", "1.0.0", message.split("\n", maxsplit=1)[0], message, level, f"urn:{resource}",
+                      "kubernetes:apps/v1:DaemonSet" if resource else "", resource)
+
+
+def test_report_lists_mandatory_before_advisory_like_pulumi_preview() -> None:
+    diags = [_diag("z-advisory", "advisory", "Z.\nsoft"), _diag("a", "mandatory", "A.\nhard\n", "dp")]
+    assert format_policies(_info(), diags, source="local: policies", project="proj", stack="dev") == (
+        "Policies:\n"
+        "    ❌ p@v1.0.0 (local: policies)\n"
+        "        - [mandatory]  a  (kubernetes:apps/v1:DaemonSet: dp)\n"
+        "          A.\n"
+        "          hard\n"
+        "        - [advisory]  z-advisory  (pulumi:pulumi:Stack: proj-dev)\n"
+        "          Z.\n"
+        "          soft"
+    )
+    assert summary_line(diags) == "Policy violations: 1 mandatory, 1 advisory"
+    assert format_policies(_info(), diags[:1], source="local: x", project="p", stack="s").splitlines()[1] == (
+        "    ✅ p@v1.0.0 (local: x)"
+    )
+
+
+def test_stack_config_values_from_the_cli_environment() -> None:
+    env = {"PULUMI_CONFIG": '{"nvidia-gpu:cluster": "{\\"kubernetesVersion\\": \\"1.33\\"}", '
+                            '"nvidia-gpu:config:flag": "x", "other:key": "y"}'}
+    assert config_values(env) == {"cluster": {"kubernetesVersion": "1.33"}, "flag": "x"}
+    assert config_values({"PULUMI_CONFIG": "not json"}) == {}
+    assert (parse_minor("v1.34.2"), parse_minor("1.30"), parse_minor("latest")) == (34, 30, None)
