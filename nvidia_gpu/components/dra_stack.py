@@ -37,10 +37,7 @@ class DraStackArgs:
 
 
 class DraStack(pulumi.ComponentResource):
-    device_classes: list[pulumi.CustomResource]
-    plugins: dict[str, pulumi.CustomResource]
-    marker: pulumi.CustomResource
-
+    # Children are instance attributes (see GpuNodeGroup: class annotations are the package's outputs).
     def __init__(self, name: str, args: DraStackArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
         cluster, ns = args.cluster, args.platform.namespace
@@ -48,7 +45,7 @@ class DraStack(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         after_ns = pulumi.ResourceOptions(parent=self, depends_on=list(args.platform.dependencies))
 
-        self.device_classes = [
+        self.device_classes: list[pulumi.CustomResource] = [
             register(f"{name}-class-{spec.type}", dra.device_class(ns, driver, spec), child)
             for spec in dra.DEVICE_CLASSES
         ] if cluster.dra.create_device_classes else []
@@ -66,15 +63,16 @@ class DraStack(pulumi.ComponentResource):
                        for q in cluster.dra.claim_quotas]
         # The policy is in place before any plugin can write a slice.
         plugin_deps: list[pulumi.Resource] = [*args.platform.dependencies, sa, binding, marker_binding, policy_binding]
-        self.plugins = {
+        self.plugins: dict[str, pulumi.CustomResource] = {
             g.name: register(f"{name}-plugin-{g.name}", dra.plugin_daemonset(ns, cluster, g),
                              pulumi.ResourceOptions(parent=self, depends_on=plugin_deps))
             for g in args.groups
         }
         # Depends on everything above, so it is deleted first (see the module docstring).
-        self.marker = register(f"{name}-uninstall-marker", dra.uninstall_marker(ns, driver), pulumi.ResourceOptions(
-            parent=self, depends_on=[*plugin_deps, *self.device_classes, *self.plugins.values(), role, marker_role,
-                                     policy]))
+        self.marker: pulumi.CustomResource = register(
+            f"{name}-uninstall-marker", dra.uninstall_marker(ns, driver), pulumi.ResourceOptions(
+                parent=self, depends_on=[*plugin_deps, *self.device_classes, *self.plugins.values(), role,
+                                         marker_role, policy]))
         self.register_outputs({
             "driver": driver,
             "deviceClasses": [spec.name for spec in dra.DEVICE_CLASSES],

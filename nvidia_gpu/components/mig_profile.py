@@ -282,8 +282,6 @@ class MigProfile(pulumi.ComponentResource):
     config_map_name: pulumi.Output[str]
     #: ``nvidia.com/mig.config`` value per MIG node group.
     config_names: pulumi.Output[dict[str, str]]
-    config_map: pulumi.CustomResource | None
-    manager: pulumi.CustomResource | None
 
     def __init__(self, name: str, args: MigProfileArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
@@ -291,8 +289,8 @@ class MigProfile(pulumi.ComponentResource):
         groups = [g for g in args.groups if may_use_mig(g)]
         cfg = mig_config(args.groups, args.extra_configs)  # raises before any child is registered
         names = {g.name: mig_config_name(g) for g in args.groups if g.gpu.sharing is Sharing.MIG}
-        self.config_map = None
-        self.manager = None
+        self.config_map: pulumi.CustomResource | None = None
+        self.manager: pulumi.CustomResource | None = None
         if groups:
             after = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
             sa, role, binding = rbac(ns)

@@ -91,11 +91,8 @@ class GpuNodeGroupArgs:
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
-    device_plugin: pulumi.CustomResource | None
-    labeller: pulumi.CustomResource
-    node_setup: list[pulumi.CustomResource]
-    sharing: SharingPolicy | None
-
+    # Children are instance attributes, typed where they are set: class-level annotations are what
+    # Pulumi's component provider host reads as a component's outputs (nvidia_gpu.package).
     def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
         group, cluster, refs = args.node_group, args.settings, args.refs
@@ -110,7 +107,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         def runs_as(role: AgentRole, *extra: pulumi.Resource) -> pulumi.ResourceOptions:
             return pulumi.ResourceOptions(parent=self, depends_on=[*refs.needs(role), *extra])
 
-        self.node_setup = []
+        self.node_setup: list[pulumi.CustomResource] = []
         self.node_template_checked: pulumi.Output[bool] | None = None
         if deckhouse_backend:
             # The NodeGroup is Deckhouse's (and its users'): read it first, so a missing or mistyped one
@@ -146,17 +143,17 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 register(f"{name}-setup", workloads.setup_daemonset(ctx), runs_as(AgentRole.NODE_SETUP))
             )
 
-        self.sharing = None
-        self.device_plugin = None
+        self.sharing: SharingPolicy | None = None
+        self.device_plugin: pulumi.CustomResource | None = None
         if args.mode is AllocationMode.DEVICE_PLUGIN:
             self.sharing = SharingPolicy(
                 f"{name}-sharing",
-                SharingPolicyArgs(namespace=refs.namespace, group=group, depends_on=(refs.namespace_resource,),
+                SharingPolicyArgs(namespace=refs.namespace, group=group, depends_on=tuple(refs.needs_namespace()),
                                   extra_labels=args.labels),
                 pulumi.ResourceOptions(parent=self),
             )
         # The labeller mounts the device plugin's ConfigMap too (workloads.labeller_args): created after it.
-        self.labeller = register(f"{name}-labeller", workloads.labeller_daemonset(ctx), runs_as(
+        self.labeller: pulumi.CustomResource = register(f"{name}-labeller", workloads.labeller_daemonset(ctx), runs_as(
             AgentRole.LABELLER, *([self.sharing.config_map] if self.sharing else [])))
 
         if self.sharing is not None:

@@ -84,13 +84,30 @@ class PlatformRefs:
     extra_labels: pulumi.Input[dict[str, str]]
     #: Everything the platform created (for consumers that need all of it in place).
     dependencies: tuple[pulumi.Resource, ...]
-    namespace_resource: pulumi.Resource
+    #: The namespace object; None for a platform this program did not create (:meth:`deployed`).
+    namespace_resource: pulumi.Resource | None
     #: Per role, what its pods need before they can start: the ServiceAccount and its binding.
     role_resources: dict[AgentRole, tuple[pulumi.Resource, ...]]
 
     def needs(self, role: AgentRole) -> list[pulumi.Resource]:
         """What a workload running as ``role`` must wait for: the namespace and the role's identity."""
-        return [self.namespace_resource, *self.role_resources[role]]
+        return [*self.needs_namespace(), *self.role_resources.get(role, ())]
+
+    def needs_namespace(self) -> list[pulumi.Resource]:
+        """What an object in the namespace must wait for (nothing when the platform is deployed elsewhere)."""
+        return [self.namespace_resource] if self.namespace_resource is not None else []
+
+    @classmethod
+    def deployed(cls, args: GpuPlatformArgs) -> PlatformRefs:
+        """The refs of a ``GpuPlatform`` with these args that is deployed by someone else: another stack,
+        or, in a multi-language program, a separate ``GpuPlatform`` resource the component depends on
+        (``dependsOn``). The names are the platform's own (they derive from the settings); there is no
+        resource of this program to wait for, so ordering is the caller's ``depends_on``."""
+        cluster = args.settings
+        roles = manifests.roles_for_backend(cluster.node_setup is NodeSetupBackend.DAEMONSET)
+        return cls(namespace=cluster.namespace, service_accounts={role: role.value for role in roles},
+                   cluster=cluster, extra_labels=args.labels, dependencies=(), namespace_resource=None,
+                   role_resources={})
 
 
 class GpuPlatform(pulumi.ComponentResource):

@@ -29,11 +29,10 @@ class SharingPolicy(pulumi.ComponentResource):
     config_map_name: pulumi.Output[str]
     #: The config the agent falls back to when a node has no (or an unknown) config label.
     default_config: pulumi.Output[str]
-    config_map: pulumi.CustomResource
 
     def __init__(self, name: str, args: SharingPolicyArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
-        self.config_map = register(
+        self.config_map: pulumi.CustomResource = register(
             f"{name}-config",
             inputs.with_labels(manifests.config_map(args.namespace, args.group), args.extra_labels,
                                "GpuPlatformArgs.extra_labels"),

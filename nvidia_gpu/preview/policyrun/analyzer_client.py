@@ -33,6 +33,8 @@ import yaml
 from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 
+from nvgpu.protostruct import integral
+
 log = logging.getLogger(__name__)
 
 #: The repository's pack directory (``policies/``: PulumiPolicy.yaml and its thin ``__main__.py``, the one
@@ -173,17 +175,6 @@ def _to_struct(props: Mapping[str, Any]) -> struct_pb2.Struct:
     s = struct_pb2.Struct()
     s.update(dict(props))
     return s
-
-
-def _integral(value: Any) -> Any:
-    """``Struct`` turns every number into a float; give JSON-schema bounds back their integer spelling."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _integral(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_integral(v) for v in value]
-    return value
 
 
 def reconcile_config(info: PackInfo, config: Mapping[str, Any]) -> dict[str, analyzer_pb2.PolicyConfig]:
@@ -395,7 +386,7 @@ class PackProcess:
                 name=p.name,
                 description=p.description,
                 enforcement_level=_LEVEL_BY_PROTO[p.enforcementLevel],
-                config_schema=_integral(json_format.MessageToDict(p.configSchema.properties)),
+                config_schema=integral(json_format.MessageToDict(p.configSchema.properties)),
                 required=tuple(p.configSchema.required),
                 stack_policy=p.policy_type == analyzer_pb2.POLICY_TYPE_STACK,
             )

@@ -1,0 +1,210 @@
+"""The components as a Pulumi package, for programs in any language: YAML, TypeScript, Go, C#, Java.
+
+``provider/PulumiPlugin.yaml`` makes this repository a source-based component package
+(``pulumi package add <repository>/provider``); the engine runs ``provider/__main__.py``, which calls
+:func:`serve`. Pulumi's component provider host (``pulumi.provider.experimental``) serves the classes
+below and infers the package's schema from their annotations: each ``...Inputs`` TypedDict is a
+component's input properties (camelCased), the class annotations its outputs.
+
+Each class *is* the Python component of the same name (same ``nvidia-gpu:index:<Name>`` token, same
+children and names), taking its settings the way a stack config spells them, so there is one schema
+to learn: ``cluster`` is the ``nvidia-gpu:cluster`` object and ``group``/``groups`` entries of
+``nvidia-gpu:nodeGroups`` (docs/configuration.md). They are validated by the same models, together (a
+DRA group on a cluster below 1.34 is refused as in a stack), and an error names the component, its
+resource name and the field. Those objects are plain (known at preview); ``namespace``, ``agentImage``
+and ``extraLabels`` may come from other resources, as in the Python API.
+
+Ordering across components is the program's, as across any two resources: a ``GpuNodeGroup``,
+``MigProfile`` or ``DraStack`` ``dependsOn`` its ``GpuPlatform``, whose ServiceAccounts and RBAC its
+agents run under. The components find the platform's objects by the names the shared ``cluster``
+settings give them (:meth:`PlatformRefs.deployed`).
+"""
+
+# No ``from __future__ import annotations``: the component provider host reads these annotations at
+# run time and needs them as types, not strings.
+
+from typing import Any, NotRequired, TypedDict
+
+import pulumi
+
+from nvgpu.protostruct import integral
+from nvgpu.stackconfig import AllocationMode, NodeGroup, StackConfig, StackConfigError, load_stack_config
+from nvidia_gpu.components import dra_stack, mig_profile, node_group, platform
+
+#: The package name: the first part of every type token.
+PACKAGE = "nvidia-gpu"
+
+
+class GpuPlatformInputs(TypedDict):
+    cluster: dict[str, Any]
+    """The cluster settings: the ``nvidia-gpu:cluster`` stack-config object (``kubernetesVersion``,
+    ``agentImage``, ``nodeSetup``, ``namespace``, ...)."""
+    namespace: NotRequired[pulumi.Input[str]]
+    """The namespace the agents run in, when it comes from another resource (default
+    ``cluster.namespace``)."""
+    agent_image: NotRequired[pulumi.Input[str]]
+    """The node-agent image, ``repository:tag`` and/or ``@sha256:...`` (default ``cluster.agentImage``)."""
+    extra_labels: NotRequired[pulumi.Input[dict[str, pulumi.Input[str]]]]
+    """Labels added to every object the component creates."""
+
+
+class GpuNodeGroupInputs(GpuPlatformInputs):
+    group: dict[str, Any]
+    """The node group: one entry of the ``nvidia-gpu:nodeGroups`` stack-config list (``name``,
+    ``nodeGroup`` or ``nodeSelector``, ``gpu``, ``allocationMode``, ...)."""
+
+
+class GroupsInputs(GpuPlatformInputs):
+    groups: list[dict[str, Any]]
+    """The stack's node groups, as the ``nvidia-gpu:nodeGroups`` stack-config list."""
+
+
+class InputsError(ValueError):
+    """A component's inputs are invalid: one ``(property path, reason)`` per problem, paths in the package's
+    spelling (``group.gpu.timeSlicing.partitionCount``). :func:`serve` reports them to the engine as
+    input-property errors, which every language shows against the resource, without a Python traceback."""
+
+    def __init__(self, component: str, name: str, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__(f"{component} {name!r}: " + "; ".join(f"{path}: {reason}" for path, reason in problems))
+
+
+def _split(lines: list[str], renames: tuple[tuple[str, str], ...], whole: str) -> list[tuple[str, str]]:
+    """``path: reason`` lines (the Python API's and the stack config's errors) as pairs, renamed; a check of
+    the whole config (no path of its own) is reported against ``whole``."""
+    out = []
+    for line in lines:
+        path, _, reason = line.strip().removeprefix("- ").partition(": ")
+        for old, new in renames:
+            if path == old or path.startswith((f"{old}.", f"{old}[")):
+                path = new + path[len(old):]
+                break
+        out.append((path.lstrip(".") or whole, reason or line))
+    return out
+
+
+def _validated(component: str, name: str, args: GpuPlatformInputs,
+               groups: list[dict[str, Any]]) -> tuple[platform.GpuPlatformArgs, StackConfig | None]:
+    """The platform args (cluster settings, namespace, image, labels checked) and, with ``groups``, the
+    whole stack config validated as one; problems raise :class:`InputsError` in this package's terms."""
+    cluster = integral(args["cluster"])
+    try:
+        platform_args = platform.GpuPlatformArgs(
+            cluster=cluster, namespace=args.get("namespace"), agent_image=args.get("agent_image"),
+            extra_labels=args.get("extra_labels"))
+    except ValueError as e:
+        renames: tuple[tuple[str, str], ...] = (
+            ("GpuPlatformArgs.agent_image", "agentImage"), ("GpuPlatformArgs.extra_labels", "extraLabels"),
+            ("GpuPlatformArgs", ""))
+        raise InputsError(component, name, _split(str(e).splitlines(), renames, "cluster")) from None
+    if not groups:
+        return platform_args, None
+    # The settings as validated (the namespace and image overrides folded in, an Output as its stand-in),
+    # so the stack-wide checks see what the components will use.
+    settings = platform_args.settings.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    try:
+        config = load_stack_config({"cluster": settings, "nodeGroups": integral(groups)})
+    except StackConfigError as e:
+        group = "group" if component == "GpuNodeGroup" else "groups[0]"
+        renames = (("nvidia-gpu:nodeGroups[0]", group), ("nvidia-gpu:nodeGroups", "groups"),
+                   ("nvidia-gpu:cluster", "cluster"), ("nvidia-gpu:", ""))
+        raise InputsError(component, name, _split(e.problems, renames, group.partition("[")[0])) from None
+    return platform_args, config
+
+
+class GpuPlatform(platform.GpuPlatform):
+    """The cluster-wide part of nvidia-gpu: the agents' namespace, ServiceAccounts and least-privilege
+    RBAC, and the ``nvidia`` RuntimeClass for users' GPU pods."""
+
+    # The outputs, spelled again here as types (the Python component's module defers its annotations).
+    namespace: pulumi.Output[str]
+    """The namespace the agents run in."""
+    service_accounts: dict[str, str]
+    """The agents' ServiceAccounts, by role."""
+
+    def __init__(self, name: str, args: GpuPlatformInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+        platform_args, _ = _validated("GpuPlatform", name, args, [])
+        super().__init__(name, platform_args, opts)
+
+
+class GpuNodeGroup(node_group.GpuNodeGroup):
+    """One group of GPU nodes: node setup (Deckhouse NodeGroupConfigurations or the setup DaemonSet), the
+    labeller, and in device-plugin mode the device plugin with its sharing configs (exclusive,
+    time-slicing, MPS, MIG). Depends on its ``GpuPlatform`` (``dependsOn``)."""
+
+    node_labels: dict[str, str]
+    """The labels the group's nodes carry (GPU model, sharing, the deploy gates)."""
+    node_taints: list[dict[str, str]]
+    """The taints the group's nodes carry (``key``, ``value``, ``effect``)."""
+
+    def __init__(self, name: str, args: GpuNodeGroupInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+        platform_args, config = _validated("GpuNodeGroup", name, args, [args["group"]])
+        assert config is not None
+        group: NodeGroup = config.node_groups[0]
+        super().__init__(name, node_group.GpuNodeGroupArgs(
+            platform=platform.PlatformRefs.deployed(platform_args), group=group,
+            allocation_mode=config.allocation_mode(group)), opts)
+
+
+class MigProfile(mig_profile.MigProfile):
+    """The stack's MIG layouts as a mig-parted ConfigMap, and the MIG manager DaemonSet that applies them
+    on every group that can have MIG GPUs. One per cluster; depends on its ``GpuPlatform``."""
+
+    config_map_name: pulumi.Output[str]
+    """The mig-parted ConfigMap's name."""
+    config_names: pulumi.Output[dict[str, str]]
+    """The ``nvidia.com/mig.config`` value of each MIG node group."""
+
+    def __init__(self, name: str, args: GroupsInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+        platform_args, config = _validated("MigProfile", name, args, args["groups"])
+        assert config is not None
+        super().__init__(name, mig_profile.MigProfileArgs(cluster=platform_args.settings, groups=config.node_groups),
+                         opts)
+
+
+class DraStack(dra_stack.DraStack):
+    """DRA mode (Kubernetes 1.34+) for the groups whose ``allocationMode`` is ``dra``: the DeviceClasses,
+    the kubelet plugin DaemonSets, their RBAC and the admission policy that confines each plugin to its
+    own node's ResourceSlices. Depends on its ``GpuPlatform``."""
+
+    def __init__(self, name: str, args: GroupsInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+        platform_args, config = _validated("DraStack", name, args, args["groups"])
+        assert config is not None
+        dra_groups = [g for g in config.node_groups if config.allocation_mode(g) is AllocationMode.DRA]
+        if not dra_groups:
+            raise ValueError(f"DraStack {name!r}: groups: none has allocationMode 'dra' (nor does the cluster)")
+        super().__init__(name, dra_stack.DraStackArgs(
+            cluster=platform_args.settings, groups=dra_groups, platform=platform.PlatformRefs.deployed(platform_args)),
+            opts)
+
+
+COMPONENTS: list[type[pulumi.ComponentResource]] = [GpuPlatform, GpuNodeGroup, MigProfile, DraStack]
+
+
+def serve() -> None:
+    """Serve the components to the engine (``provider/__main__.py``); returns when the engine is done.
+
+    Pulumi's component provider host, with one change: a component's :class:`InputsError` reaches the
+    engine as input-property errors (the host would report any exception from a constructor as an
+    unexpected one, with its traceback).
+    """
+    import sys
+    from importlib.metadata import version
+
+    from pulumi.errors import InputPropertiesError
+    from pulumi.provider import main
+    from pulumi.provider.experimental.component import ComponentProvider
+    from pulumi.provider.server import ComponentInitError
+
+    class Provider(ComponentProvider):  # type: ignore[misc]  # the SDK's classes are untyped
+        def construct(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().construct(*args, **kwargs)
+            except ComponentInitError as e:
+                if isinstance(e.inner, InputsError):
+                    raise InputPropertiesError(str(e.inner), [
+                        {"property_path": path, "reason": reason} for path, reason in e.inner.problems]) from None
+                raise
+
+    # As component_provider_host does: the engine passes the plugin's directory, then its own address.
+    main(Provider(COMPONENTS, PACKAGE, None, version("nvidia-gpu")), sys.argv[1:])

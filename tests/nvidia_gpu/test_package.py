@@ -1,0 +1,56 @@
+"""The multi-language face (nvidia_gpu.package): the schema Pulumi infers, and bad inputs named in its terms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pulumi.provider.experimental.analyzer import Analyzer
+
+from nvidia_gpu import package
+
+CLUSTER = {"kubernetesVersion": "1.34", "nodeSetup": "daemonset",
+           "agentImage": {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "0.1.0"}}
+L4 = {"name": "l4", "nodeSelector": {"matchLabels": {"pool": "l4"}},
+      "gpu": {"model": "L4", "sharing": "TimeSlicing", "timeSlicing": {"partitionCount": 4.0}}}
+
+
+def test_the_schema_has_every_component_with_its_inputs_and_outputs() -> None:
+    result = Analyzer(package.PACKAGE).analyze(package.COMPONENTS)
+    defs = result["component_definitions"]
+    assert sorted(defs) == ["DraStack", "GpuNodeGroup", "GpuPlatform", "MigProfile"]
+    group = defs["GpuNodeGroup"]
+    required = sorted(k for k, p in group.inputs.items() if not p.optional)
+    assert required == ["cluster", "group"]
+    assert sorted(group.inputs) == ["agentImage", "cluster", "extraLabels", "group", "namespace"]
+    assert sorted(group.outputs) == ["nodeLabels", "nodeTaints"]
+    # The stack-config objects are plain (known at preview: the components validate them before anything
+    # registers); the values that may come from other resources are Inputs.
+    assert group.inputs["group"].plain and not group.inputs["namespace"].plain
+    assert sorted(defs["GpuPlatform"].outputs) == ["namespace", "serviceAccounts"]
+    assert sorted(defs["MigProfile"].outputs) == ["configMapName", "configNames"]
+
+
+def test_whole_numbers_from_other_languages_validate_as_integers() -> None:
+    _, config = package._validated("GpuNodeGroup", "l4", {"cluster": CLUSTER}, [L4])
+    assert config is not None
+    ts = config.node_groups[0].gpu.time_slicing
+    assert ts is not None and ts.partition_count == 4 and isinstance(ts.partition_count, int)
+
+
+@pytest.mark.parametrize(("component", "args", "groups", "problem"), [
+    ("GpuNodeGroup", {"cluster": CLUSTER},
+     [{**L4, "gpu": {**L4["gpu"], "timeSlicing": {"partitionCount": 1}}}],
+     ("group.gpu.timeSlicing.partitionCount", "greater than or equal to 2")),
+    ("DraStack", {"cluster": {**CLUSTER, "kubernetesVersion": "1.33"}},
+     [{**L4, "allocationMode": "dra", "gpu": {"model": "L4"}}], ("groups", "needs Kubernetes 1.34+")),
+    ("GpuPlatform", {"cluster": CLUSTER, "namespace": "Not_A_Label"}, [], ("namespace", "not a namespace name")),
+    ("GpuPlatform", {"cluster": CLUSTER, "agent_image": "UPPER CASE"}, [], ("agentImage", "should match pattern")),
+])
+def test_a_bad_input_names_the_component_and_the_property(component: str, args: Any, groups: list[dict[str, Any]],
+                                                         problem: tuple[str, str]) -> None:
+    with pytest.raises(package.InputsError) as caught:
+        package._validated(component, "x", args, groups)
+    assert str(caught.value).startswith(f"{component} 'x': ")
+    path, reason = problem
+    assert any(p.startswith(path) and reason in r for p, r in caught.value.problems), caught.value.problems
