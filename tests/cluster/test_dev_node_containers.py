@@ -34,10 +34,11 @@ from localcluster import Kube
 from localcluster.objects import create_kwok_node, wait_for
 from tests.cluster.agents import REPO, container_env, identity, node_labels, read_node
 from tests.cluster.stack import AppliedStack
-from tests.deviceplugin.kubelet_standin import KubeletStandIn as DevicePluginKubelet
-from tests.dra.kubelet_standin import KubeletStandIn as DraKubelet
 from tests.kit.driverinstall import install_driver
 from tests.kit.fakehost import FakeHost
+from tests.kit.kubelet.common import make_kubelet_dirs
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
+from tests.kit.kubelet.dra import DraKubelet
 from tests.nvml_mock.mockhost import mock_host, probe_mock
 from tests.oci import PodContainer, Runtime, ServiceAccountFiles
 from tests.tools import MOCK_NVML, required_bin
@@ -96,8 +97,7 @@ def nodes(kube: Kube, dev_stack: AppliedStack, runtime: Runtime,
             probe = probe_mock(mock_bin, mock, tmp_path_factory.mktemp(f"probe-{key}"))
             mock_host(root, probe)
             _device_nodes(root)
-            for d in ("var/lib/kubelet/plugins_registry", "var/lib/kubelet/plugins", "var/lib/kubelet/device-plugins"):
-                (root / d).mkdir(parents=True, exist_ok=True)  # what the kubelet makes on a node
+            make_kubelet_dirs(root)
             install_driver(root, VERSION, nvml_library=(mock_bin / MOCK_NVML).resolve())
             shutil.copy(runtime.hook, root / "usr/bin/nvidia-cdi-hook")  # the node's NVIDIA Container Toolkit
             template = dev_stack.object("NodeGroup", node_group)["spec"]["nodeTemplate"]

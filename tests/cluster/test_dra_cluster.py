@@ -20,7 +20,7 @@ tolerations; the one change is a required node affinity for this module's two no
 (:func:`_pin_to_our_nodes`), because the suite's control plane is shared with other modules' Nodes.
 
 What kwok does not do, this module does: kwok plays the kubelet for pod status but never calls
-NodePrepareResources, so :class:`~tests.dra.kubelet_standin.KubeletStandIn` does; and kwok does not
+NodePrepareResources, so :class:`~tests.kit.kubelet.dra.DraKubelet` does; and kwok does not
 wipe a node's slices when its plugin is gone (the real kubelet does, 30 s later), so SIGTERM is asserted
 to *keep* the slices and only the uninstall path to withdraw them; the fixture wipes them at the end.
 """
@@ -60,8 +60,8 @@ from nvgpu import catalogue
 from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, run_agent
 from tests.cluster.stack import AppliedStack
 from tests.dra.builders import RecordingSharing
-from tests.dra.kubelet_standin import KubeletStandIn
 from tests.kit.fakehost import build_fake_host
+from tests.kit.kubelet.dra import DraKubelet
 
 NS = "nvidia-gpu"
 DAEMONSET = "dra-kubelet-plugin-h200-dra"
@@ -93,7 +93,7 @@ class Plugin:
     agent: AgentIdentity
     proc: subprocess.Popen[bytes]
     log: Path
-    kubelet: KubeletStandIn
+    kubelet: DraKubelet
 
     def sim(self, *args: str) -> None:
         """Fault injection on this node's simulated machine (the state file under the same host root)."""
@@ -156,7 +156,7 @@ def _start_plugin(kube: Kube, stack: AppliedStack, node: str, work: Path, *, roo
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONPATH": str(REPO), **env})
-    kubelet = KubeletStandIn(root)
+    kubelet = DraKubelet(root)
     return Plugin(node, MACHINES[node], root, agent, proc, log, kubelet)
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from node_agent.kubelet import device_plugin_cmd
-from tests.deviceplugin.kubelet_standin import KubeletStandIn
 from tests.kit.fakehost import SIM_STATE_DIR, build_fake_host
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 
 ROOT = Path(__file__).resolve().parents[2]
 TS = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
@@ -36,7 +36,7 @@ def _start(tmp_path: Path, sock_dir: Path, *extra: str, machine: str = "l4x2") -
 
 @pytest.mark.slow
 def test_sighup_reloads_and_sigterm_removes_sockets(tmp_path: Path, sock_dir: Path) -> None:
-    kubelet = KubeletStandIn(sock_dir)
+    kubelet = DevicePluginKubelet(sock_dir)
     kubelet.start()
     cfg = tmp_path / "config.yaml"
     cfg.write_text("version: v1\n")
@@ -116,7 +116,7 @@ def test_node_label_switches_config_live(tmp_path: Path, sock_dir: Path) -> None
     args = p.parse_args(["--config-dir", str(configs), "--socket-dir", str(sock_dir), "--metrics-port", "0",
                          "--config-poll-interval", "0.05"])
     args.host_root = str(host.root)
-    kubelet = KubeletStandIn(sock_dir)
+    kubelet = DevicePluginKubelet(sock_dir)
     kubelet.start()
     from node_agent import nvml
 

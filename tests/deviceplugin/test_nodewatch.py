@@ -19,9 +19,10 @@ from kubernetes import client
 from node_agent.deviceplugin.nodelabel import CONFIG_LABEL
 from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
 from node_agent.kubelet import device_plugin_cmd
-from tests.deviceplugin.kubelet_standin import KubeletStandIn, wait_until
 from tests.deviceplugin.test_command import TS, build_fake_host
 from tests.kit.kmock import api, kmock_server
+from tests.kit.kubelet.common import wait_until
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 
 NODE = "gpu-1"
 FAST = WatchTiming(request_timeout_s=5, watch_timeout_s=1, read_slack_s=1, backoff_initial_s=0.01,
@@ -89,7 +90,7 @@ def test_config_switches_live_when_the_watched_label_changes(kmock_url: str, acc
                          "--config-poll-interval", "60"])
     args.host_root = str(host.root)
     labels = NodeLabelWatch(NODE, server=kmock_url, account_dir=account, timing=KMOCK)
-    kubelet = KubeletStandIn(sock_dir)
+    kubelet = DevicePluginKubelet(sock_dir)
     kubelet.start()
     from node_agent import nvml
 
