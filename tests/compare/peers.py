@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from node_agent.host.pci import normalize_address
+from tests.kit.migcaps import CAPS_DEV_DIR, write_mig_minors
 from tests.nvml_mock.mockhost import mock_env, mock_host, probe_mock
 from tests.tools import MOCK_NVML, required_bin
 
@@ -141,31 +142,18 @@ def _proc_devices(host: Path) -> None:
 
 #: The nvidia-caps character devices' major (the kernel assigns it when the driver loads).
 CAPS_MAJOR = 234
-GI_SLOTS, CI_SLOTS = 15, 8  # GPU-instance and compute-instance IDs the driver reserves minors for, per GPU
 
 
 def mig_capabilities(m: Machine, state: Path) -> None:
     """The driver's MIG capability files for the layout in ``state`` (the mock's MIG state file): the
-    ``mig-minors`` table (every GI and CI slot of every GPU, as the driver writes it), the
+    ``mig-minors`` table (every GI and CI slot of every GPU, :mod:`tests.kit.migcaps`), the
     ``/dev/nvidia-caps/nvidia-cap<N>`` nodes, and ``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<id>``
     (and ``…/ci<id>``) ``access`` files for the instances that exist, which name those minors. Both plugins
     build a MIG device's CDI device nodes from these."""
     doc = json.loads(state.read_text()) if state.exists() else {"gpus": []}
     minors = {int(g["index"]): int(g["minor"]) for g in m.inventory["gpus"]}
-    lines, table, n = ["config 1", "monitor 2"], {}, 3
-    for minor in sorted(minors.values()):
-        for gi in range(GI_SLOTS):
-            lines.append(f"gpu{minor}/gi{gi}/access {n}")
-            table[(minor, gi, None)] = n
-            n += 1
-            for ci in range(CI_SLOTS):
-                lines.append(f"gpu{minor}/gi{gi}/ci{ci}/access {n}")
-                table[(minor, gi, ci)] = n
-                n += 1
-    caps = m.root / "proc/driver/nvidia-caps"
-    caps.mkdir(parents=True, exist_ok=True)
-    (caps / "mig-minors").write_text("\n".join(lines) + "\n")
-    nodes = m.root / "dev/nvidia-caps"
+    table = write_mig_minors(m.root, minors.values())
+    nodes = m.root / CAPS_DEV_DIR.lstrip("/")
     shutil.rmtree(m.root / "proc/driver/nvidia/capabilities", ignore_errors=True)
     shutil.rmtree(nodes, ignore_errors=True)
     nodes.mkdir(parents=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from node_agent.deviceplugin.devices import Gpu, HealthEvent, HealthEventKind, Link, MigDevice, PcieLink
 from nvgpu import catalogue
+from tests.kit.migcaps import write_mig_minors
 
 
 class FakeHost:
@@ -147,19 +148,6 @@ def numa_files(host: FakeHost, gpus: Sequence[Gpu], per_node: int) -> None:
         host.put(f"/sys/bus/pci/devices/{sysfs_bus_id(g.pci_bus_id)}/numa_node", f"{g.index // per_node}\n")
 
 
-def mig_minor_file(host: FakeHost, gpus: Sequence[Gpu]) -> None:
-    lines = ["config 1", "monitor 2"]
-    n = 3
-    for g in gpus:
-        for gi in range(1, 15):
-            lines.append(f"gpu{g.minor}/gi{gi}/access {n}")
-            n += 1
-            for ci in range(8):
-                lines.append(f"gpu{g.minor}/gi{gi}/ci{ci}/access {n}")
-                n += 1
-    host.put("/proc/driver/nvidia-caps/mig-minors", "\n".join(lines) + "\n")
-
-
 def machine(name: str, host: FakeHost, mig: Sequence[str] | None = None) -> FakeNode:
     """Test stand-ins for the simulated machines (model, count, links, NUMA)."""
     specs = {
@@ -178,5 +166,5 @@ def machine(name: str, host: FakeHost, mig: Sequence[str] | None = None) -> Fake
     host.put("/dev/nvidiactl", "")
     host.put("/dev/nvidia-uvm", "")
     if mig:
-        mig_minor_file(host, gpus)
+        write_mig_minors(host.root, [g.minor for g in gpus])
     return FakeNode(gpus, links)

@@ -12,6 +12,7 @@ from typing import Any
 from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
 from node_agent.dra.nvml_source import architecture_name
 from nvgpu import catalogue
+from tests.kit.migcaps import cap_device, minor_table
 
 DRIVER = "gpu.nvidia.com"
 NODE = "gpu-node-1"
@@ -27,8 +28,10 @@ def full_gpu(minor: int = 0, model: catalogue.GpuModel = catalogue.H100_80GB, **
 
 def mig_devices(parent: GpuInfo, profiles: Sequence[tuple[str, int]],
                 model: catalogue.GpuModel = catalogue.H100_80GB) -> list[MigInfo]:
-    """MIG devices on ``parent``: ``[(profile, placement start), ...]``."""
+    """MIG devices on ``parent``: ``[(profile, placement start), ...]``, their capability device nodes as the
+    driver numbers them on a node whose GPUs are minors 0 to ``parent.minor``."""
     assert model.mig is not None
+    caps = minor_table(range(parent.minor + 1))
     out = []
     for gi, (name, start) in enumerate(profiles, start=1):
         p = model.mig.profile(name)
@@ -38,7 +41,7 @@ def mig_devices(parent: GpuInfo, profiles: Sequence[tuple[str, int]],
             uuid=f"MIG-{uuidlib.UUID(int=(parent.minor << 8) + gi)}",
             profile=p.name, profile_id=p.profile_id, placement_start=start, placement_size=p.memory_slices,
             memory_bytes=p.memory_mib * 2**20, multiprocessors=p.multiprocessors, gi_id=gi, ci_id=0,
-            cap_device_nodes=(f"/dev/nvidia-caps/nvidia-cap{gi * 9 + 3}", f"/dev/nvidia-caps/nvidia-cap{gi * 9 + 4}"),
+            cap_device_nodes=(cap_device(caps[(parent.minor, gi, None)]), cap_device(caps[(parent.minor, gi, 0)])),
             copy_engines=1, decoders=1 if p.compute_slices >= 2 else 0, jpeg_engines=0, ofa_engines=0,
         ))
     return out
