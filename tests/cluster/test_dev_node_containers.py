@@ -156,7 +156,7 @@ def test_1_setup_scripts_pass_on_the_real_driver_layout(kube: Kube, dev_stack: A
                                                         nodes: dict[str, Node]) -> None:
     kube.patch("v1", "Node", nodes["dra"].name, {"metadata": {"labels": {SETUP: ""}}})  # see NODES
     for node in (nodes["h100"],):
-        host = FakeHost(root=node.root, machine=None, bin_dir=node.root / "usr/bin")
+        host = FakeHost(node.root)
         ran = []
         for _, name, content in _node_scripts(dev_stack, node.node_group):
             if "vfio" in name or "iommu" in name:

@@ -60,7 +60,7 @@ from nvgpu import catalogue
 from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, run_agent
 from tests.cluster.stack import AppliedStack
 from tests.dra.builders import RecordingSharing
-from tests.kit.fakehost import build_fake_host
+from tests.kit.fakehost import GPU_CLASS, NVIDIA_VENDOR, build_fake_host, pci_device
 from tests.kit.kubelet.dra import DraKubelet
 
 NS = "nvidia-gpu"
@@ -120,13 +120,8 @@ def _fake_host(root: Path, machine: str, *, vfio: bool) -> None:
     boot.write_text("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n")
     if not vfio:
         return
-    base = root / f"sys/bus/pci/devices/{VFIO_GPU}"
-    base.mkdir(parents=True)
-    for attr, value in (("vendor", "0x10de"), ("device", "0x2335"), ("class", "0x030200"), ("numa_node", "1")):
-        (base / attr).write_text(value + "\n")
-    (root / f"sys/kernel/iommu_groups/{VFIO_GROUP}/devices/{VFIO_GPU}").mkdir(parents=True)
-    (base / "iommu_group").symlink_to(f"../../../../kernel/iommu_groups/{VFIO_GROUP}")
-    (base / "driver").symlink_to("../../drivers/vfio-pci")
+    pci_device(root, VFIO_GPU, vendor=NVIDIA_VENDOR, device=0x2335, pci_class=GPU_CLASS, driver="vfio-pci",
+               numa_node=1, iommu_group=VFIO_GROUP)
     for dev in ("vfio/vfio", f"vfio/{VFIO_GROUP}"):
         (root / "dev" / dev).parent.mkdir(parents=True, exist_ok=True)
         (root / "dev" / dev).touch()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from node_agent.host.pci import normalize_address
+from tests.kit.fakehost import PCI_DEVICES, PCIE_ROOT, SYS_DEVICES
 from tests.kit.migcaps import CAPS_DEV_DIR, write_mig_minors
 from tests.nvml_mock.mockhost import mock_env, mock_host, probe_mock
 from tests.tools import MOCK_NVML, required_bin
@@ -36,7 +36,6 @@ TABLE = REPO / "docs" / "compatibility.md"
 MIG_CONFIG = REPO / "tests" / "mig" / "nvidia-mig-parted-config-default.yaml"
 #: The mock machines (MOCK_NVML_MACHINE) and the DMI product name their hosts get.
 MACHINES = {"dgxa100": "DGXA100", "dgxh100": "DGXH100"}
-PCI_DEVICES = "/sys/bus/pci/devices"
 DMI_PRODUCT = "/sys/class/dmi/id/product_name"
 DRIVER_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 
@@ -68,7 +67,6 @@ def machine(name: str, root: Path) -> Machine:
     dmi.write_text(MACHINES[name] + "\n")
     _device_nodes(host, inventory)
     _proc_devices(host)
-    _sysfs_tree(host, inventory)
     # The driver's libraries where a driver install puts them, named for the driver version: NVIDIA's DRA
     # plugin finds (and loads) NVML under its driver root, and its CDI generation looks up the driver's
     # files there (libcuda.so.<version> is required). NVML is the mock; libcuda is an empty file, which
@@ -105,29 +103,6 @@ def _device_nodes(host: Path, inventory: Mapping[str, Any]) -> None:
         path = host / "dev" / name
         path.unlink(missing_ok=True)
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-
-
-#: The PCIe root complex the machine's GPUs sit under (the mock models no PCI topology: one root).
-PCIE_ROOT = "pci0000:00"
-SYS_DEVICES = "/sys/devices"
-
-
-def _sysfs_tree(host: Path, inventory: Mapping[str, Any]) -> None:
-    """Each GPU's sysfs directory where the kernel keeps it, under its root complex in ``/sys/devices``, with
-    ``/sys/bus/pci/devices/<address>`` a link to it, as on a real node: the link is what both DRA plugins
-    read ``resource.kubernetes.io/pcieRoot`` from."""
-    bus = host / PCI_DEVICES.lstrip("/")
-    tree = host / SYS_DEVICES.lstrip("/") / PCIE_ROOT
-    tree.mkdir(parents=True, exist_ok=True)
-    for g in inventory["gpus"]:
-        addr = normalize_address(g["pci_bus_id"])
-        (bus / addr).rename(tree / addr)
-        driver = tree / addr / "driver"
-        if driver.is_symlink():
-            target = os.readlink(driver)
-            driver.unlink()
-            driver.symlink_to(f"../../../bus/pci/drivers/{Path(target).name}")
-        (bus / addr).symlink_to(f"../../../devices/{PCIE_ROOT}/{addr}")
 
 
 def _proc_devices(host: Path) -> None:

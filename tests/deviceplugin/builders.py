@@ -1,4 +1,5 @@
-"""Hardware builders for device-plugin tests: fake nodes and a fake host root, from plain values.
+"""Hardware builders for device-plugin tests: fake nodes from plain values (the host root is the kit's
+:class:`~tests.kit.fakehost.FakeHost`).
 
 ``dgx_a100()``, ``dgx_h100()`` and friends read like the machines they stand for; ``FakeNode``
 implements :class:`NodeDevices` with an event queue the tests push XIDs and GPU-lost events into.
@@ -6,59 +7,15 @@ implements :class:`NodeDevices` with an event queue the tests push XIDs and GPU-
 
 from __future__ import annotations
 
-import os
 import queue
-import tempfile
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from node_agent.deviceplugin.devices import Gpu, HealthEvent, HealthEventKind, Link, MigDevice, PcieLink
 from nvgpu import catalogue
+from tests.kit.fakehost import FakeHost
 from tests.kit.migcaps import write_mig_minors
-
-
-class FakeHost:
-    """A host root in a temp dir: host-absolute paths map under ``root``."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def path(self, p: str) -> Path:
-        return self.root / p.lstrip("/")
-
-    def read_text(self, path: str) -> str | None:
-        try:
-            return self.path(path).read_text()
-        except OSError:
-            return None
-
-    def exists(self, path: str) -> bool:
-        return self.path(path).exists()
-
-    def listdir(self, path: str) -> list[str]:
-        p = self.path(path)
-        return sorted(os.listdir(p)) if p.is_dir() else []
-
-    def write_text(self, path: str, text: str) -> bool:
-        target = self.path(path)
-        if target.exists() and target.read_text() == text:
-            return False
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, target)
-        return True
-
-    def remove(self, path: str) -> None:
-        self.path(path).unlink(missing_ok=True)
-
-    def put(self, path: str, text: str) -> None:
-        p = self.path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from node_agent.deviceplugin.resources import build_resources
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, NvmlSession, open_nvml
 from nvgpu import labels
-from tests.deviceplugin.builders import FakeHost
+from tests.kit.fakehost import FakeHost
 from tests.kit.migcaps import write_mig_minors
 from tests.mig.harness import Rig, mig_node
 
