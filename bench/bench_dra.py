@@ -35,7 +35,7 @@ from node_agent.dra.api import KubeDraApi  # noqa: E402
 from node_agent.dra.driver import DraDriver, DriverSettings  # noqa: E402
 from node_agent.dra.nvml_source import NvmlInventorySource  # noqa: E402
 from node_agent.host.root import HostRoot  # noqa: E402
-from tests.dra.builders import DRIVER, NODE, RecordingSharing, claim, machine, populate_dev  # noqa: E402
+from tests.kit.dra_builders import DRIVER, NODE, RecordingSharing, claim, machine, populate_dev  # noqa: E402
 from tests.kit.kubelet.dra import DraKubelet  # noqa: E402
 
 ITERATIONS = int(os.environ.get("BENCH_ITERATIONS", "300"))

@@ -124,7 +124,7 @@ def test_dra_claim_specs_load_in_the_cdi_library(tmp_path: Path) -> None:
     from node_agent.dra.devices import allocatable_devices
     from node_agent.dra.hostfs import RootedPaths
     from node_agent.driverroot import DriverRoot
-    from tests.dra.builders import DRIVER, machine
+    from tests.kit.dra_builders import DRIVER, machine
 
     runtime = Runtime.pinned(tmp_path / "runc-state")
     driver = install_driver(tmp_path / "driver", VERSION)

@@ -39,7 +39,7 @@ from tests.kit.fakehost import FakeHost
 from tests.kit.kubelet.common import make_kubelet_dirs
 from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 from tests.kit.kubelet.dra import DraKubelet
-from tests.nvml_mock.mockhost import mock_host, probe_mock
+from tests.kit.mockhost import mock_host, probe_mock
 from tests.oci import PodContainer, Runtime, ServiceAccountFiles
 from tests.tools import MOCK_NVML, required_bin
 

@@ -59,7 +59,7 @@ from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
 from nvgpu import catalogue
 from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, run_agent
 from tests.cluster.stack import AppliedStack
-from tests.dra.builders import RecordingSharing
+from tests.kit.dra_builders import RecordingSharing
 from tests.kit.fakehost import GPU_CLASS, NVIDIA_VENDOR, build_fake_host, pci_device
 from tests.kit.kubelet.dra import DraKubelet
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from tests.kit.fakehost import PCI_DEVICES, PCIE_ROOT, SYS_DEVICES
 from tests.kit.migcaps import CAPS_DEV_DIR, write_mig_minors
-from tests.nvml_mock.mockhost import mock_env, mock_host, probe_mock
+from tests.kit.mockhost import mock_env, mock_host, probe_mock
 from tests.tools import MOCK_NVML, required_bin
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.hostfs import RootedPaths
-from tests.dra.builders import DRIVER, NODE, FakeSource, RecordingSharing, machine, populate_dev
+from tests.kit.dra_builders import DRIVER, NODE, FakeSource, RecordingSharing, machine, populate_dev
 from tests.kit.kmock import FakeApiServer, fake_api_server
 from tests.kit.kubelet.common import short_root
 

@@ -19,8 +19,8 @@ from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.nvml.session import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
-from tests.dra.builders import DRIVER, NODE, claim, machine, populate_dev
 from tests.dra.conftest import Env
+from tests.kit.dra_builders import DRIVER, NODE, claim, machine, populate_dev
 from tests.kit.kmock import FakeApiServer
 from tests.kit.kubelet.dra import DraKubelet
 

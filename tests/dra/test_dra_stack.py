@@ -15,7 +15,7 @@ from components.program import build_stack
 from node_agent.dra.devices import allocatable_devices
 from node_agent.dra.slices import NodeRef, build_slices
 from tests.components.component_helpers import Engine, engine, group, of_kind, stack_config  # noqa: F401
-from tests.dra.builders import DRIVER, NODE, machine
+from tests.kit.dra_builders import DRIVER, NODE, machine
 
 DATA = Path(__file__).parent / "data"
 

@@ -16,8 +16,8 @@ from node_agent.dra.checkpoint import ClaimState
 from node_agent.dra.driver import DraDriver
 from node_agent.dra.hostfs import RootedPaths
 from node_agent.kubelet.dra.server import PluginServer
-from tests.dra.builders import DRIVER, NODE, claim, gpu_config
 from tests.dra.conftest import Env
+from tests.kit.dra_builders import DRIVER, NODE, claim, gpu_config
 from tests.kit.kubelet.dra import DraKubelet
 
 MIG_1G = "gpu-1-mig-1g10gb-19-6"

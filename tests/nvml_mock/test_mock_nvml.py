@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.nvml_mock.mockhost import mock_env, mock_host
+from tests.kit.mockhost import mock_env, mock_host
 from tests.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[2]

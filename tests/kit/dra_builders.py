@@ -1,4 +1,6 @@
-"""Hardware and cluster builders for the DRA tests: read like descriptions of the node under test."""
+"""Hardware and cluster builders for the DRA kubelet plugin: inventories, allocated claims and recording
+stand-ins that read like descriptions of the node under test. In the kit because the DRA, CDI and cluster tests
+(and the DRA benchmark) build the same nodes and claims."""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""A host root laid out to match what NVIDIA's mock NVML reports (the mock models no host of its own)."""
+"""A host root laid out to match what NVIDIA's mock NVML reports (the mock models no host of its own).
+
+Shared by the mock-NVML comparisons (``tests/nvml_mock``), the side-by-side machines (``tests/compare``) and
+the dev-node containers (``tests/cluster``); the machine's inventory comes from the mock itself, through the
+``nvml`` probe of ``tests/nvml_mock/test_mock_nvml.py`` run in a subprocess (the mock is loaded per process).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,17 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from node_agent.host.pci import normalize_address
+from tests.kit.fakehost import (
+    DEFAULT_MODULES,
+    GPU_CLASS,
+    NVIDIA_VENDOR,
+    build_fake_host,
+    driver_version_text,
+    pci_config_space,
+    pci_device,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,17 +64,6 @@ def mock_host(root: Path, probe: dict[str, Any]) -> None:
     ``config`` space with the IDs and class and no capability list (so no vendor capability: not a vGPU).
     No DMI product: the mock has no model of one.
     """
-    from node_agent.host.pci import normalize_address
-    from tests.kit.fakehost import (
-        DEFAULT_MODULES,
-        GPU_CLASS,
-        NVIDIA_VENDOR,
-        build_fake_host,
-        driver_version_text,
-        pci_config_space,
-        pci_device,
-    )
-
     host = build_fake_host(root, None)  # the machine-independent parts: another PCI device, containerd, sysctl
     write = host.put
     for i, g in enumerate(probe["gpus"]):
