@@ -55,12 +55,11 @@ from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.kubeclient import api_client
 from node_agent.nvml.session import NvmlBackend
-from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
 from nvgpu import catalogue
 from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, run_agent
 from tests.cluster.stack import AppliedStack
 from tests.kit.dra_builders import RecordingSharing
-from tests.kit.fakehost import GPU_CLASS, NVIDIA_VENDOR, build_fake_host, pci_device
+from tests.kit.fakehost import GPU_CLASS, NVIDIA_VENDOR, build_fake_host, pci_device, sim_state_file
 from tests.kit.kubelet.dra import DraKubelet
 
 NS = "nvidia-gpu"
@@ -818,7 +817,7 @@ def test_mps_claim_from_the_server_is_set_up_as_allocated(kube: Kube, plugins: d
     plugin = plugins[node]
     root = Path(tempfile.mkdtemp(prefix="dra-mps-", dir="/tmp"))
     _fake_host(root, plugin.machine, vfio=False)
-    state = plugin.root / SIM_STATE_DIR.lstrip("/") / f"{plugin.machine}.json"
+    state = sim_state_file(plugin.root, plugin.machine)
     source = NvmlInventorySource(NvmlBackend("simulated", plugin.machine, state), HostRoot(root))
     sharing = RecordingSharing()
     driver = DraDriver(DriverSettings(driver=DRIVER, node=node), api=KubeDraApi(api_client(plugin.agent.kubeconfig)),

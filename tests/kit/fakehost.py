@@ -23,8 +23,7 @@ import node_agent
 from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.host import HostRoot
 from node_agent.host.pci import normalize_address
-from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
-from node_agent.nvml.sim import SimulatedMachine, get_machine
+from node_agent.nvml.sim import DEFAULT_STATE_DIR, SimulatedMachine, get_machine
 
 DEFAULT_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 
@@ -75,6 +74,12 @@ state = "/run/containerd"
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
   SystemdCgroup = true
 """
+
+
+def sim_state_file(root: Path, machine: str) -> Path:
+    """The simulated machine's state file under a host root: where the agent's ``--nvml simulated:<machine>``
+    keeps it by default, so a test, the fake ``nvidia-smi`` and the agent under test share one machine."""
+    return root / DEFAULT_STATE_DIR.lstrip("/") / f"{machine}.json"
 
 
 def driver_version_text(version: str) -> str:
@@ -278,7 +283,7 @@ def build_fake_host(
     proc_modules = ["e1000e 327680 0 - Live 0x0000000000000000"]
     if machine is not None:
         spec = get_machine(machine)
-        sim = SimulatedMachine(spec.name, root / SIM_STATE_DIR.lstrip("/") / f"{spec.name}.json")
+        sim = SimulatedMachine(spec.name, sim_state_file(root, spec.name))
         version = driver_version or spec.driver_version
         if driver_version:
             sim.set_driver_version(driver_version)
@@ -306,7 +311,7 @@ def build_fake_host(
         else:
             sim.fail_init("driver-not-loaded")
         if nvidia_smi:
-            state = root / SIM_STATE_DIR.lstrip("/") / f"{spec.name}.json"
+            state = sim_state_file(root, spec.name)
             repo = Path(node_agent.__file__).resolve().parent.parent
             _write(root, "/usr/bin/nvidia-smi",
                    f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
