@@ -32,6 +32,15 @@ def _start(tmp_path: Path, sock_dir: Path, *extra: str, machine: str = "l4x2") -
     return proc, state
 
 
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Kill the plugin if a failed test left it running, and close its output pipe (no ResourceWarning)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 @pytest.mark.slow
 def test_sighup_reloads_and_sigterm_removes_sockets(tmp_path: Path, sock_dir: Path) -> None:
     kubelet = DevicePluginKubelet(sock_dir)
@@ -50,11 +59,7 @@ def test_sighup_reloads_and_sigterm_removes_sockets(tmp_path: Path, sock_dir: Pa
         assert proc.wait(10) == 0
         assert not list(sock_dir.glob("nvidia-*.sock"))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        _reap(proc)
         kubelet.stop()
 
 
@@ -77,11 +82,7 @@ def test_nvml_init_failure_and_fail_on_init_error(tmp_path: Path, sock_dir: Path
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(10) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        _reap(proc)
 
 
 def test_invalid_config_fails_loudly_naming_the_field(tmp_path: Path, sock_dir: Path) -> None:
