@@ -8,13 +8,13 @@ implements :class:`NodeDevices` with an event queue the tests push XIDs and GPU-
 from __future__ import annotations
 
 import queue
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from node_agent.deviceplugin.devices import Gpu, HealthEvent, HealthEventKind, Link, MigDevice, PcieLink
 from nvgpu import catalogue
 from tests.kit.fakehost import FakeHost
+from tests.kit.gpus import gpu_uuid, machine_base, mig_profile, nvml_bus_id
 from tests.kit.migcaps import write_mig_minors
 
 
@@ -50,26 +50,22 @@ class FakeNode:
         self.events.put(HealthEvent(HealthEventKind.GPU_LOST, self.gpu_list[gpu].uuid))
 
 
-def gpu_uuid(machine: str, i: int) -> str:
-    h = f"{zlib.crc32(machine.encode()):08x}"
-    return f"GPU-{h}-0000-4000-8000-{i:012x}"
-
-
 def full_gpu(index: int, model: catalogue.GpuModel, machine: str = "node", numa: int | None = None) -> Gpu:
-    bus = f"00000000:{0x07 + 0x10 * index:02X}:00.0"
-    return Gpu(index=index, uuid=gpu_uuid(machine, index), name=model.product_names[0], memory_mib=model.memory_mib,
-               pci_bus_id=bus, minor=index, compute_capability=model.compute_capability)
+    """GPU ``index`` of ``machine``: its own UUID per machine, buses 0x07, 0x17, ... as on a DGX."""
+    return Gpu(index=index, uuid=gpu_uuid(index, base=machine_base(machine)), name=model.product_names[0],
+               memory_mib=model.memory_mib, pci_bus_id=nvml_bus_id(0x07 + 0x10 * index), minor=index,
+               compute_capability=model.compute_capability)
 
 
 def mig_gpu(index: int, model: catalogue.GpuModel, profiles: Sequence[str], machine: str = "node") -> Gpu:
-    assert model.mig is not None
+    """:func:`full_gpu` in MIG mode with one GPU instance per profile (GI 1, 2, ...; CI 0 each)."""
     base = full_gpu(index, model, machine)
     migs = []
     for j, name in enumerate(profiles):
-        p = model.mig.profile(name)
-        assert p is not None, name
-        migs.append(MigDevice(uuid=f"MIG-{base.uuid[4:-4]}{index:02x}{j:02x}", index=j, profile=p.name, gi_id=j + 1,
-                              ci_id=0, memory_mib=p.memory_mib, multiprocessors=p.multiprocessors))
+        p = mig_profile(model, name)
+        migs.append(MigDevice(uuid=gpu_uuid((index << 8) + j, base=machine_base(machine), kind="MIG"), index=j,
+                              profile=p.name, gi_id=j + 1, ci_id=0, memory_mib=p.memory_mib,
+                              multiprocessors=p.multiprocessors))
     return Gpu(index=base.index, uuid=base.uuid, name=base.name, memory_mib=base.memory_mib,
                pci_bus_id=base.pci_bus_id, minor=base.minor, compute_capability=base.compute_capability,
                mig_enabled=True, migs=tuple(migs))
