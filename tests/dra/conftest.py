@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import kmock
 import pytest
 
 from node_agent.dra.api import KubeDraApi
@@ -31,7 +32,7 @@ def host_root() -> Iterator[Path]:
 @pytest.fixture
 def api_server() -> Iterator[FakeApiServer]:
     with fake_api_server() as server:
-        server.emulator.objects[__import__("kmock").resource("", "v1", "nodes"), None, NODE] = {
+        server.emulator.objects[kmock.resource("", "v1", "nodes"), None, NODE] = {
             "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-1"}}
         yield server
 
