@@ -35,8 +35,8 @@ from node_agent.dra.api import KubeDraApi  # noqa: E402
 from node_agent.dra.driver import DraDriver, DriverSettings  # noqa: E402
 from node_agent.dra.nvml_source import NvmlInventorySource  # noqa: E402
 from node_agent.host.root import HostRoot  # noqa: E402
-from tests.dra.builders import DRIVER, NODE, RecordingSharing, claim, machine, populate_dev  # noqa: E402
-from tests.dra.kubelet_standin import KubeletStandIn  # noqa: E402
+from tests.kit.dra_builders import DRIVER, NODE, RecordingSharing, claim, machine, populate_dev  # noqa: E402
+from tests.kit.kubelet.dra import DraKubelet  # noqa: E402
 
 ITERATIONS = int(os.environ.get("BENCH_ITERATIONS", "300"))
 
@@ -112,7 +112,7 @@ def main() -> int:
             while not server.slices and time.perf_counter() - started < 30:
                 time.sleep(0.002)
             process_start = time.perf_counter() - started
-            kubelet = KubeletStandIn(root)
+            kubelet = DraKubelet(root)
             kubelet.register(timeout=30)
             refs = []
             for i in range(ITERATIONS):

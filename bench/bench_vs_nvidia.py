@@ -4,7 +4,7 @@ Both run on NVIDIA's go-nvml mock machine (``dgxh100``; ``--machine dgxa100`` ad
 one host tree (``tests/compare/peers.py``): NVIDIA's plugin in a private mount namespace that shows it the mock's
 PCI tree and ``/dev``, ours through ``--host-root``; both load the same mock ``libnvidia-ml.so.1``, take the same
 flags (``--device-list-strategy envvar --device-id-strategy uuid``) and register with a kubelet stand-in of their
-own that speaks the real device-plugin gRPC protocol (``tests/deviceplugin/kubelet_standin.py``). Printed
+own that speaks the real device-plugin gRPC protocol (``tests/kit/kubelet/deviceplugin.py``). Printed
 side by side, ratios ours/NVIDIA's:
 
 * start to kubelet registration (process start to the Register call), median of a few starts, alternating;
@@ -80,9 +80,9 @@ from nvidia_gpu.components.manifests.sharing import render_named_configs  # noqa
 from tests.compare import dra as dra_cmp  # noqa: E402
 from tests.compare.deviceplugin import PLUGIN_DIR, RESOURCE  # noqa: E402
 from tests.compare.peers import DMI_PRODUCT, Machine, machine, namespaced  # noqa: E402
-from tests.deviceplugin.kubelet_standin import KubeletStandIn  # noqa: E402
 from tests.deviceplugin.reference import exhaustive, set_score  # noqa: E402
 from tests.kit.kmock import api, kmock_server, kubeconfig  # noqa: E402
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet  # noqa: E402
 from tests.tools import required_bin  # noqa: E402
 
 FLAGS = ("--device-list-strategy", "envvar", "--device-id-strategy", "uuid")
@@ -113,7 +113,7 @@ class Processes:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.kubelets: list[KubeletStandIn] = []
+        self.kubelets: list[DevicePluginKubelet] = []
 
     def start(self, name: str, argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("ab") as log:
@@ -122,9 +122,9 @@ class Processes:
         self.procs.append(proc)
         return proc
 
-    def kubelet(self, directory: Path) -> KubeletStandIn:
+    def kubelet(self, directory: Path) -> DevicePluginKubelet:
         directory.mkdir(parents=True, exist_ok=True)
-        k = KubeletStandIn(directory)
+        k = DevicePluginKubelet(directory)
         k.start()
         self.kubelets.append(k)
         return k
@@ -156,7 +156,7 @@ class Processes:
         for proc in procs:
             cls.stop(proc, timeout)
 
-    def stop_kubelet(self, k: KubeletStandIn) -> None:
+    def stop_kubelet(self, k: DevicePluginKubelet) -> None:
         k.stop()
         if k in self.kubelets:
             self.kubelets.remove(k)
@@ -318,7 +318,7 @@ class Plugin:
     side: str
     name: str
     proc: subprocess.Popen[bytes]
-    kubelet: KubeletStandIn
+    kubelet: DevicePluginKubelet
     pid: int
     registered_s: float  #: process start to the Register call
     exec_registered_s: float  #: the plugin's own exec to the Register call (NVIDIA's: after the namespace prelude)
@@ -814,7 +814,7 @@ def footprint(procs: Processes, m: Machine, work: Path) -> Footprint:
     nvidia_rows: list[Row] = []
     our_rows: list[Row] = []
     running: list[tuple[Row, subprocess.Popen[bytes], str, str]] = []  # row, process, exe, log
-    kubelets: list[KubeletStandIn] = []
+    kubelets: list[DevicePluginKubelet] = []
     with kmock_server() as url:
         core: Any = client.CoreV1Api(api(url))  # plain dicts as bodies
         # A node that carries nvidia.com/mig.config (the MIG manager's nodes); all-disabled is what the mock's GPUs

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.deviceplugin.kubelet_standin import KubeletStandIn
 from tests.kit.driverinstall import install_driver
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 from tests.oci import Runtime, minimal_rootfs
 from tests.tools import MOCK_NVML, required_bin
 
@@ -64,7 +64,7 @@ def _workload(tmp: Path, runtime: Runtime, hook: Path) -> dict[str, Any]:
         f"    nvidiaCTKPath: {hook}\n")
     sockets = tmp / "device-plugins"
     sockets.mkdir()
-    kubelet = KubeletStandIn(sockets)
+    kubelet = DevicePluginKubelet(sockets)
     kubelet.start()
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "NVIDIA_DRIVER_ROOT", "CONFIG_FILE")}
     env.update(PYTHONPATH=str(REPO), MOCK_NVML_MACHINE="dgxa100")
@@ -124,7 +124,7 @@ def test_dra_claim_specs_load_in_the_cdi_library(tmp_path: Path) -> None:
     from node_agent.dra.devices import allocatable_devices
     from node_agent.dra.hostfs import RootedPaths
     from node_agent.driverroot import DriverRoot
-    from tests.dra.builders import DRIVER, machine
+    from tests.kit.dra_builders import DRIVER, machine
 
     runtime = Runtime.pinned(tmp_path / "runc-state")
     driver = install_driver(tmp_path / "driver", VERSION)

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
 from tests.cluster.agents import REPO, AgentIdentity, agent_command
+from tests.kit.fakehost import sim_state_file
 
 MACHINE = "dgx-h100"
 
@@ -113,6 +113,6 @@ def start_manager(rendered_stack: Rendered, ident: AgentIdentity, tmp: Path, *, 
 
 def layout(host: Path, machine: str = MACHINE) -> list[list[str]]:
     """Per GPU, the sorted MIG device profiles the simulated NVML reports (``[]`` with MIG off)."""
-    state = host / SIM_STATE_DIR.lstrip("/") / f"{machine}.json"
+    state = sim_state_file(host, machine)
     with open_nvml(NvmlBackend("simulated", machine, state)) as nvml:
         return [sorted(d.profile for d in g.mig_devices) if g.mig_enabled else [] for g in nvml.gpus()]

@@ -65,8 +65,8 @@ from tests.cluster.agents import (
     with_config_dir,
 )
 from tests.cluster.stack import AppliedStack, rendered
-from tests.deviceplugin.kubelet_standin import KubeletStandIn
 from tests.kit.fakehost import FakeHost, build_fake_host
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 
 NS = "nvidia-gpu"
 PREFIX = "lab-"
@@ -763,7 +763,7 @@ def test_device_plugin_process_switches_config_with_its_pod_identity(
     host = build_fake_host(tmp / "host", PLUGIN_MACHINE)
     gpus = get_machine(PLUGIN_MACHINE).gpu_count
     _set_label(kube, plugin.node, plugin.config_label, "Exclusive")
-    kubelet = KubeletStandIn(sockets)
+    kubelet = DevicePluginKubelet(sockets)
     kubelet.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
     env["NODE_NAME"] = plugin.agent.pod["spec"]["nodeName"]

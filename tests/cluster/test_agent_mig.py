@@ -41,7 +41,6 @@ from node_agent.mig.kube import KubeNodeApi, NodeView
 from node_agent.mig.machine import DrainMode
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
 from nvgpu import labels
 from nvgpu.migparted import load_config_text
 from nvgpu.stackconfig import NodeSetupBackend
@@ -49,7 +48,7 @@ from nvidia_gpu.components.mig_profile import manager_args
 from tests.cluster.agents import NS, REPO, AgentIdentity, agent_command, identity
 from tests.cluster.mig_manager import ManagerProcess, Rendered, layout, start_manager
 from tests.cluster.stack import AppliedStack, rendered
-from tests.kit.fakehost import build_fake_host
+from tests.kit.fakehost import build_fake_host, sim_state_file
 
 PREFIX = "mig-"
 GROUP = "gpu-h100"  #: the Deckhouse NodeGroup of the dev stack's MIG node group (h100-mig)
@@ -545,7 +544,7 @@ def test_a_taint_added_meanwhile_survives_the_managers_taint_patches(
                    "timeAdded": "2026-01-01T00:00:00Z"}
     node_api = RacingNodeApi(api_client(ident.kubeconfig), name, kube, maintenance)
     host = build_fake_host(tmp_path / "host", MACHINE).root
-    state = host / SIM_STATE_DIR.lstrip("/") / f"{MACHINE}.json"
+    state = sim_state_file(host, MACHINE)
     config = load_config_text(stack.config_text, CONFIG_MAP)
     with open_nvml(NvmlBackend("simulated", MACHINE, state)) as nvml:
         root = HostRoot(host, exec_mode="direct")

@@ -34,11 +34,12 @@ from localcluster import Kube
 from localcluster.objects import create_kwok_node, wait_for
 from tests.cluster.agents import REPO, container_env, identity, node_labels, read_node
 from tests.cluster.stack import AppliedStack
-from tests.deviceplugin.kubelet_standin import KubeletStandIn as DevicePluginKubelet
-from tests.dra.kubelet_standin import KubeletStandIn as DraKubelet
 from tests.kit.driverinstall import install_driver
 from tests.kit.fakehost import FakeHost
-from tests.nvml_mock.mockhost import mock_host, probe_mock
+from tests.kit.kubelet.common import make_kubelet_dirs
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
+from tests.kit.kubelet.dra import DraKubelet
+from tests.kit.mockhost import mock_host, probe_mock
 from tests.oci import PodContainer, Runtime, ServiceAccountFiles
 from tests.tools import MOCK_NVML, required_bin
 
@@ -96,8 +97,7 @@ def nodes(kube: Kube, dev_stack: AppliedStack, runtime: Runtime,
             probe = probe_mock(mock_bin, mock, tmp_path_factory.mktemp(f"probe-{key}"))
             mock_host(root, probe)
             _device_nodes(root)
-            for d in ("var/lib/kubelet/plugins_registry", "var/lib/kubelet/plugins", "var/lib/kubelet/device-plugins"):
-                (root / d).mkdir(parents=True, exist_ok=True)  # what the kubelet makes on a node
+            make_kubelet_dirs(root)
             install_driver(root, VERSION, nvml_library=(mock_bin / MOCK_NVML).resolve())
             shutil.copy(runtime.hook, root / "usr/bin/nvidia-cdi-hook")  # the node's NVIDIA Container Toolkit
             template = dev_stack.object("NodeGroup", node_group)["spec"]["nodeTemplate"]
@@ -156,7 +156,7 @@ def test_1_setup_scripts_pass_on_the_real_driver_layout(kube: Kube, dev_stack: A
                                                         nodes: dict[str, Node]) -> None:
     kube.patch("v1", "Node", nodes["dra"].name, {"metadata": {"labels": {SETUP: ""}}})  # see NODES
     for node in (nodes["h100"],):
-        host = FakeHost(root=node.root, machine=None, bin_dir=node.root / "usr/bin")
+        host = FakeHost(node.root)
         ran = []
         for _, name, content in _node_scripts(dev_stack, node.node_group):
             if "vfio" in name or "iommu" in name:

@@ -20,7 +20,7 @@ tolerations; the one change is a required node affinity for this module's two no
 (:func:`_pin_to_our_nodes`), because the suite's control plane is shared with other modules' Nodes.
 
 What kwok does not do, this module does: kwok plays the kubelet for pod status but never calls
-NodePrepareResources, so :class:`~tests.dra.kubelet_standin.KubeletStandIn` does; and kwok does not
+NodePrepareResources, so :class:`~tests.kit.kubelet.dra.DraKubelet` does; and kwok does not
 wipe a node's slices when its plugin is gone (the real kubelet does, 30 s later), so SIGTERM is asserted
 to *keep* the slices and only the uninstall path to withdraw them; the fixture wipes them at the end.
 """
@@ -55,13 +55,12 @@ from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.kubeclient import api_client
 from node_agent.nvml.session import NvmlBackend
-from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
 from nvgpu import catalogue
 from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, run_agent
 from tests.cluster.stack import AppliedStack
-from tests.dra.builders import RecordingSharing
-from tests.dra.kubelet_standin import KubeletStandIn
-from tests.kit.fakehost import build_fake_host
+from tests.kit.dra_builders import RecordingSharing
+from tests.kit.fakehost import GPU_CLASS, NVIDIA_VENDOR, build_fake_host, pci_device, sim_state_file
+from tests.kit.kubelet.dra import DraKubelet
 
 NS = "nvidia-gpu"
 DAEMONSET = "dra-kubelet-plugin-h200-dra"
@@ -93,7 +92,7 @@ class Plugin:
     agent: AgentIdentity
     proc: subprocess.Popen[bytes]
     log: Path
-    kubelet: KubeletStandIn
+    kubelet: DraKubelet
 
     def sim(self, *args: str) -> None:
         """Fault injection on this node's simulated machine (the state file under the same host root)."""
@@ -120,13 +119,8 @@ def _fake_host(root: Path, machine: str, *, vfio: bool) -> None:
     boot.write_text("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n")
     if not vfio:
         return
-    base = root / f"sys/bus/pci/devices/{VFIO_GPU}"
-    base.mkdir(parents=True)
-    for attr, value in (("vendor", "0x10de"), ("device", "0x2335"), ("class", "0x030200"), ("numa_node", "1")):
-        (base / attr).write_text(value + "\n")
-    (root / f"sys/kernel/iommu_groups/{VFIO_GROUP}/devices/{VFIO_GPU}").mkdir(parents=True)
-    (base / "iommu_group").symlink_to(f"../../../../kernel/iommu_groups/{VFIO_GROUP}")
-    (base / "driver").symlink_to("../../drivers/vfio-pci")
+    pci_device(root, VFIO_GPU, vendor=NVIDIA_VENDOR, device=0x2335, pci_class=GPU_CLASS, driver="vfio-pci",
+               numa_node=1, iommu_group=VFIO_GROUP)
     for dev in ("vfio/vfio", f"vfio/{VFIO_GROUP}"):
         (root / "dev" / dev).parent.mkdir(parents=True, exist_ok=True)
         (root / "dev" / dev).touch()
@@ -156,7 +150,7 @@ def _start_plugin(kube: Kube, stack: AppliedStack, node: str, work: Path, *, roo
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONPATH": str(REPO), **env})
-    kubelet = KubeletStandIn(root)
+    kubelet = DraKubelet(root)
     return Plugin(node, MACHINES[node], root, agent, proc, log, kubelet)
 
 
@@ -823,7 +817,7 @@ def test_mps_claim_from_the_server_is_set_up_as_allocated(kube: Kube, plugins: d
     plugin = plugins[node]
     root = Path(tempfile.mkdtemp(prefix="dra-mps-", dir="/tmp"))
     _fake_host(root, plugin.machine, vfio=False)
-    state = plugin.root / SIM_STATE_DIR.lstrip("/") / f"{plugin.machine}.json"
+    state = sim_state_file(plugin.root, plugin.machine)
     source = NvmlInventorySource(NvmlBackend("simulated", plugin.machine, state), HostRoot(root))
     sharing = RecordingSharing()
     driver = DraDriver(DriverSettings(driver=DRIVER, node=node), api=KubeDraApi(api_client(plugin.agent.kubeconfig)),

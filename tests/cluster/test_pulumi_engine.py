@@ -418,8 +418,8 @@ def dra_plugin(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
     import tempfile
 
     from tests.cluster.agents import agent_command, container_env, identity
-    from tests.dra.kubelet_standin import KubeletStandIn
     from tests.kit.fakehost import build_fake_host
+    from tests.kit.kubelet.dra import DraKubelet
 
     kube = cluster.admin()
     node = "engine-gpu-h200"
@@ -437,7 +437,7 @@ def dra_plugin(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONPATH": str(REPO), **container_env(container, node)})
-    kubelet = KubeletStandIn(root)
+    kubelet = DraKubelet(root)
     try:
         kubelet.register(timeout=60)
         wait_for(lambda: kube.list("resource.k8s.io/v1", "ResourceSlice", fieldSelector=f"spec.nodeName={node}"),

@@ -73,9 +73,9 @@ from tests.cluster.agents import (
     with_config_dir,
 )
 from tests.cluster.stack import AppliedStack, rendered
-from tests.deviceplugin.kubelet_standin import KubeletStandIn as DevicePluginKubelet
-from tests.dra.kubelet_standin import KubeletStandIn as DraKubelet
 from tests.kit.fakehost import build_fake_host
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
+from tests.kit.kubelet.dra import DraKubelet
 
 RESOURCE = "resource.k8s.io/v1"
 DRIVER = "gpu.nvidia.com"

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 
 from tests.compare.gfd import DATA
 from tests.compare.peers import Difference, Machine, edit_items, for_machine, namespaced
-from tests.deviceplugin.kubelet_standin import KubeletStandIn
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 
 RESOURCE = "nvidia.com/gpu"
 #: Device lists NVIDIA's plugin joins in Go map order (a different order on every call), compared as sets.
@@ -83,7 +83,7 @@ class Seen:
 
 def _watch(kubelet_dir: Path, argv: list[str], env: dict[str, str], log: Path, *, resource: str = RESOURCE,
            cdi: Path | None = None) -> Seen:
-    kubelet = KubeletStandIn(kubelet_dir)
+    kubelet = DevicePluginKubelet(kubelet_dir)
     kubelet.start()
     with log.open("w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)

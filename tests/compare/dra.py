@@ -10,7 +10,7 @@ compared on what the cluster and the kubelet get:
   hooks), claim UIDs and the two CDI roots made comparable.
 
 Both plugins register with a kubelet stand-in that speaks the real ``pluginregistration`` and DRA gRPC
-protocols (:class:`tests.dra.kubelet_standin.KubeletStandIn`). NVIDIA's runs in the mock machine's mount
+protocols (:class:`tests.kit.kubelet.dra.DraKubelet`). NVIDIA's runs in the mock machine's mount
 namespace (:func:`~tests.compare.peers.namespaced`) with the machine's tree as its driver root.
 """
 
@@ -34,7 +34,7 @@ from google.protobuf import json_format
 from localcluster import Kube
 from localcluster.objects import create_kwok_node, wait_for
 from tests.compare.peers import REPO, Difference, Machine, edit_items, namespaced, with_mig
-from tests.dra.kubelet_standin import KubeletStandIn
+from tests.kit.kubelet.dra import DraKubelet
 
 DRIVER = "gpu.nvidia.com"
 RESOURCE = "resource.k8s.io/v1"
@@ -51,7 +51,7 @@ class Plugin:
     node: str
     work: Path
     proc: subprocess.Popen[bytes]
-    kubelet: KubeletStandIn
+    kubelet: DraKubelet
     started: float
     seconds_to_slices: float = 0.0
 
@@ -95,20 +95,6 @@ def slices(kube: Kube, node: str) -> list[dict[str, Any]]:
             if s["spec"].get("nodeName") == node and s["spec"]["driver"] == DRIVER]
 
 
-def _register(kubelet: KubeletStandIn, timeout: float) -> None:
-    """Register the plugin, retrying while its registration socket exists but does not answer yet (NVIDIA's
-    creates the socket file before it serves on it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            kubelet.register(timeout=max(1.0, deadline - time.monotonic()))
-            return
-        except grpc.RpcError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
 @contextmanager
 def running(m: Machine, side: str, kube: Kube, kubeconfig: Path, work: Path) -> Iterator[Plugin]:
     """One side's plugin for its own kwok Node, registered with a kubelet stand-in, until its slices are up."""
@@ -121,11 +107,11 @@ def running(m: Machine, side: str, kube: Kube, kubeconfig: Path, work: Path) -> 
                                 stdout=log, stderr=subprocess.STDOUT)
     # Ours keeps the kubelet's paths under its --host-root (the registry, the plugin socket); NVIDIA's is
     # told the work directory's.
-    kubelet = KubeletStandIn(Path("/"), str(work / "registry")) if side == "nvidia" else KubeletStandIn(m.root)
+    kubelet = DraKubelet(Path("/"), str(work / "registry")) if side == "nvidia" else DraKubelet(m.root)
     plugin = Plugin(side, node, work, proc, kubelet, start, cdi_root=_cdi_root(m, side, work))
     try:
         try:
-            _register(kubelet, timeout=60)
+            kubelet.register_when_served(timeout=60)
             wait_for(lambda: slices(kube, node) or None, timeout=60, what=f"{side}'s ResourceSlices for {node}")
         except (TimeoutError, AssertionError, grpc.RpcError) as e:
             raise AssertionError(f"{side}'s DRA plugin: {e}\n{plugin.log()}") from None

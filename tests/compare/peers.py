@@ -25,8 +25,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from node_agent.host.pci import normalize_address
-from tests.nvml_mock.mockhost import mock_env, mock_host, probe_mock
+from tests.kit.fakehost import PCI_DEVICES, PCIE_ROOT, SYS_DEVICES
+from tests.kit.migcaps import CAPS_DEV_DIR, write_mig_minors
+from tests.kit.mockhost import mock_env, mock_host, probe_mock
 from tests.tools import MOCK_NVML, required_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,6 @@ TABLE = REPO / "docs" / "compatibility.md"
 MIG_CONFIG = REPO / "tests" / "mig" / "nvidia-mig-parted-config-default.yaml"
 #: The mock machines (MOCK_NVML_MACHINE) and the DMI product name their hosts get.
 MACHINES = {"dgxa100": "DGXA100", "dgxh100": "DGXH100"}
-PCI_DEVICES = "/sys/bus/pci/devices"
 DMI_PRODUCT = "/sys/class/dmi/id/product_name"
 DRIVER_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 
@@ -67,7 +67,6 @@ def machine(name: str, root: Path) -> Machine:
     dmi.write_text(MACHINES[name] + "\n")
     _device_nodes(host, inventory)
     _proc_devices(host)
-    _sysfs_tree(host, inventory)
     # The driver's libraries where a driver install puts them, named for the driver version: NVIDIA's DRA
     # plugin finds (and loads) NVML under its driver root, and its CDI generation looks up the driver's
     # files there (libcuda.so.<version> is required). NVML is the mock; libcuda is an empty file, which
@@ -106,29 +105,6 @@ def _device_nodes(host: Path, inventory: Mapping[str, Any]) -> None:
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
 
 
-#: The PCIe root complex the machine's GPUs sit under (the mock models no PCI topology: one root).
-PCIE_ROOT = "pci0000:00"
-SYS_DEVICES = "/sys/devices"
-
-
-def _sysfs_tree(host: Path, inventory: Mapping[str, Any]) -> None:
-    """Each GPU's sysfs directory where the kernel keeps it, under its root complex in ``/sys/devices``, with
-    ``/sys/bus/pci/devices/<address>`` a link to it, as on a real node: the link is what both DRA plugins
-    read ``resource.kubernetes.io/pcieRoot`` from."""
-    bus = host / PCI_DEVICES.lstrip("/")
-    tree = host / SYS_DEVICES.lstrip("/") / PCIE_ROOT
-    tree.mkdir(parents=True, exist_ok=True)
-    for g in inventory["gpus"]:
-        addr = normalize_address(g["pci_bus_id"])
-        (bus / addr).rename(tree / addr)
-        driver = tree / addr / "driver"
-        if driver.is_symlink():
-            target = os.readlink(driver)
-            driver.unlink()
-            driver.symlink_to(f"../../../bus/pci/drivers/{Path(target).name}")
-        (bus / addr).symlink_to(f"../../../devices/{PCIE_ROOT}/{addr}")
-
-
 def _proc_devices(host: Path) -> None:
     """``/proc/devices`` as on a node with the driver loaded: the kernel's own table plus the driver's majors
     (its CDI code looks the nvidia-caps major up there)."""
@@ -141,31 +117,18 @@ def _proc_devices(host: Path) -> None:
 
 #: The nvidia-caps character devices' major (the kernel assigns it when the driver loads).
 CAPS_MAJOR = 234
-GI_SLOTS, CI_SLOTS = 15, 8  # GPU-instance and compute-instance IDs the driver reserves minors for, per GPU
 
 
 def mig_capabilities(m: Machine, state: Path) -> None:
     """The driver's MIG capability files for the layout in ``state`` (the mock's MIG state file): the
-    ``mig-minors`` table (every GI and CI slot of every GPU, as the driver writes it), the
+    ``mig-minors`` table (every GI and CI slot of every GPU, :mod:`tests.kit.migcaps`), the
     ``/dev/nvidia-caps/nvidia-cap<N>`` nodes, and ``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<id>``
     (and ``…/ci<id>``) ``access`` files for the instances that exist, which name those minors. Both plugins
     build a MIG device's CDI device nodes from these."""
     doc = json.loads(state.read_text()) if state.exists() else {"gpus": []}
     minors = {int(g["index"]): int(g["minor"]) for g in m.inventory["gpus"]}
-    lines, table, n = ["config 1", "monitor 2"], {}, 3
-    for minor in sorted(minors.values()):
-        for gi in range(GI_SLOTS):
-            lines.append(f"gpu{minor}/gi{gi}/access {n}")
-            table[(minor, gi, None)] = n
-            n += 1
-            for ci in range(CI_SLOTS):
-                lines.append(f"gpu{minor}/gi{gi}/ci{ci}/access {n}")
-                table[(minor, gi, ci)] = n
-                n += 1
-    caps = m.root / "proc/driver/nvidia-caps"
-    caps.mkdir(parents=True, exist_ok=True)
-    (caps / "mig-minors").write_text("\n".join(lines) + "\n")
-    nodes = m.root / "dev/nvidia-caps"
+    table = write_mig_minors(m.root, minors.values())
+    nodes = m.root / CAPS_DEV_DIR.lstrip("/")
     shutil.rmtree(m.root / "proc/driver/nvidia/capabilities", ignore_errors=True)
     shutil.rmtree(nodes, ignore_errors=True)
     nodes.mkdir(parents=True)

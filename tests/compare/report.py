@@ -10,7 +10,6 @@ The DRA comparison starts its own local control plane (``make tools`` builds it)
 
 from __future__ import annotations
 
-import shutil
 import sys
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from localcluster import ControlPlane, tools_bin
 from tests.compare import deviceplugin, dra, gfd, migparted
 from tests.compare.peers import MACHINES, Difference, Machine, machine, unlisted, with_mig
+from tests.kit.kubelet.common import short_root
 
 Row = tuple[str, int, int, list[Difference]]
 
@@ -58,8 +58,7 @@ def _mig_parted(m: Machine, work: Path, rows: list[Row], all_configs: bool) -> N
 
 
 def _dra(name: str, cp: ControlPlane, rows: list[Row], timings: list[tuple[str, float, float]]) -> None:
-    root = Path(tempfile.mkdtemp(prefix="nvc-", dir="/tmp"))  # short: unix socket paths have 107 bytes
-    try:
+    with short_root("nvc-") as root:
         m = machine(name, root / "m")
         for case in dra.CASES:
             seen = dra.compare(m, case, cp.admin(), cp.kubeconfig, root / case.name)
@@ -68,8 +67,6 @@ def _dra(name: str, cp: ControlPlane, rows: list[Row], timings: list[tuple[str, 
             for item, label in (("seconds-to-slices", "start to slices"), ("prepare.seconds", "one prepare")):
                 timings.append((f"DRA {label} {name}/{case.name}", float(seen["ours"][item]),
                                 float(seen["nvidia"][item])))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> int:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 from localcluster import ControlPlane
 from tests.compare import dra
 from tests.compare.peers import MACHINES, Machine, machine, unlisted
+from tests.kit.kubelet.common import short_root
 from tests.tools import required_bin
 
 pytestmark = pytest.mark.compare
@@ -29,12 +28,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="module", params=sorted(MACHINES))
 def host(request: pytest.FixtureRequest) -> Iterator[Machine]:
-    # A short root: our plugin's sockets live under its --host-root, and a unix socket path has 107 bytes.
-    root = Path(tempfile.mkdtemp(prefix="nvc-", dir="/tmp"))
-    try:
+    # A short root: our plugin's sockets live under its --host-root.
+    with short_root("nvc-") as root:
         yield machine(request.param, root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.parametrize("case", dra.CASES, ids=[c.name for c in dra.CASES])

@@ -8,8 +8,8 @@ import pytest
 
 from node_agent.host.pci import normalize_address
 from tests.compare import gfd
-from tests.compare.peers import MACHINES, PCI_DEVICES, Machine, label_differences, machine, unlisted, with_mig
-from tests.kit.fakehost import pci_config_space
+from tests.compare.peers import MACHINES, Machine, label_differences, machine, unlisted, with_mig
+from tests.kit.fakehost import PCI_DEVICES, pci_config_space
 
 pytestmark = pytest.mark.compare
 

@@ -1,4 +1,5 @@
-"""Hardware builders for device-plugin tests: fake nodes and a fake host root, from plain values.
+"""Hardware builders for device-plugin tests: fake nodes from plain values (the host root is the kit's
+:class:`~tests.kit.fakehost.FakeHost`).
 
 ``dgx_a100()``, ``dgx_h100()`` and friends read like the machines they stand for; ``FakeNode``
 implements :class:`NodeDevices` with an event queue the tests push XIDs and GPU-lost events into.
@@ -6,58 +7,15 @@ implements :class:`NodeDevices` with an event queue the tests push XIDs and GPU-
 
 from __future__ import annotations
 
-import os
 import queue
-import tempfile
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from node_agent.deviceplugin.devices import Gpu, HealthEvent, HealthEventKind, Link, MigDevice, PcieLink
 from nvgpu import catalogue
-
-
-class FakeHost:
-    """A host root in a temp dir: host-absolute paths map under ``root``."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def path(self, p: str) -> Path:
-        return self.root / p.lstrip("/")
-
-    def read_text(self, path: str) -> str | None:
-        try:
-            return self.path(path).read_text()
-        except OSError:
-            return None
-
-    def exists(self, path: str) -> bool:
-        return self.path(path).exists()
-
-    def listdir(self, path: str) -> list[str]:
-        p = self.path(path)
-        return sorted(os.listdir(p)) if p.is_dir() else []
-
-    def write_text(self, path: str, text: str) -> bool:
-        target = self.path(path)
-        if target.exists() and target.read_text() == text:
-            return False
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, target)
-        return True
-
-    def remove(self, path: str) -> None:
-        self.path(path).unlink(missing_ok=True)
-
-    def put(self, path: str, text: str) -> None:
-        p = self.path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
+from tests.kit.fakehost import FakeHost
+from tests.kit.gpus import gpu_uuid, machine_base, mig_profile, nvml_bus_id
+from tests.kit.migcaps import write_mig_minors
 
 
 @dataclass
@@ -92,26 +50,22 @@ class FakeNode:
         self.events.put(HealthEvent(HealthEventKind.GPU_LOST, self.gpu_list[gpu].uuid))
 
 
-def gpu_uuid(machine: str, i: int) -> str:
-    h = f"{zlib.crc32(machine.encode()):08x}"
-    return f"GPU-{h}-0000-4000-8000-{i:012x}"
-
-
 def full_gpu(index: int, model: catalogue.GpuModel, machine: str = "node", numa: int | None = None) -> Gpu:
-    bus = f"00000000:{0x07 + 0x10 * index:02X}:00.0"
-    return Gpu(index=index, uuid=gpu_uuid(machine, index), name=model.product_names[0], memory_mib=model.memory_mib,
-               pci_bus_id=bus, minor=index, compute_capability=model.compute_capability)
+    """GPU ``index`` of ``machine``: its own UUID per machine, buses 0x07, 0x17, ... as on a DGX."""
+    return Gpu(index=index, uuid=gpu_uuid(index, base=machine_base(machine)), name=model.product_names[0],
+               memory_mib=model.memory_mib, pci_bus_id=nvml_bus_id(0x07 + 0x10 * index), minor=index,
+               compute_capability=model.compute_capability)
 
 
 def mig_gpu(index: int, model: catalogue.GpuModel, profiles: Sequence[str], machine: str = "node") -> Gpu:
-    assert model.mig is not None
+    """:func:`full_gpu` in MIG mode with one GPU instance per profile (GI 1, 2, ...; CI 0 each)."""
     base = full_gpu(index, model, machine)
     migs = []
     for j, name in enumerate(profiles):
-        p = model.mig.profile(name)
-        assert p is not None, name
-        migs.append(MigDevice(uuid=f"MIG-{base.uuid[4:-4]}{index:02x}{j:02x}", index=j, profile=p.name, gi_id=j + 1,
-                              ci_id=0, memory_mib=p.memory_mib, multiprocessors=p.multiprocessors))
+        p = mig_profile(model, name)
+        migs.append(MigDevice(uuid=gpu_uuid((index << 8) + j, base=machine_base(machine), kind="MIG"), index=j,
+                              profile=p.name, gi_id=j + 1, ci_id=0, memory_mib=p.memory_mib,
+                              multiprocessors=p.multiprocessors))
     return Gpu(index=base.index, uuid=base.uuid, name=base.name, memory_mib=base.memory_mib,
                pci_bus_id=base.pci_bus_id, minor=base.minor, compute_capability=base.compute_capability,
                mig_enabled=True, migs=tuple(migs))
@@ -147,19 +101,6 @@ def numa_files(host: FakeHost, gpus: Sequence[Gpu], per_node: int) -> None:
         host.put(f"/sys/bus/pci/devices/{sysfs_bus_id(g.pci_bus_id)}/numa_node", f"{g.index // per_node}\n")
 
 
-def mig_minor_file(host: FakeHost, gpus: Sequence[Gpu]) -> None:
-    lines = ["config 1", "monitor 2"]
-    n = 3
-    for g in gpus:
-        for gi in range(1, 15):
-            lines.append(f"gpu{g.minor}/gi{gi}/access {n}")
-            n += 1
-            for ci in range(8):
-                lines.append(f"gpu{g.minor}/gi{gi}/ci{ci}/access {n}")
-                n += 1
-    host.put("/proc/driver/nvidia-caps/mig-minors", "\n".join(lines) + "\n")
-
-
 def machine(name: str, host: FakeHost, mig: Sequence[str] | None = None) -> FakeNode:
     """Test stand-ins for the simulated machines (model, count, links, NUMA)."""
     specs = {
@@ -178,5 +119,5 @@ def machine(name: str, host: FakeHost, mig: Sequence[str] | None = None) -> Fake
     host.put("/dev/nvidiactl", "")
     host.put("/dev/nvidia-uvm", "")
     if mig:
-        mig_minor_file(host, gpus)
+        write_mig_minors(host.root, [g.minor for g in gpus])
     return FakeNode(gpus, links)

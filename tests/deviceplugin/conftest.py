@@ -14,8 +14,9 @@ from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.kubelet.lifecycle import Supervisor
-from tests.deviceplugin.builders import FakeHost, FakeNode
-from tests.deviceplugin.kubelet_standin import KubeletStandIn
+from tests.deviceplugin.builders import FakeNode
+from tests.kit.fakehost import FakeHost
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def sock_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @dataclass
 class Running:
-    kubelet: KubeletStandIn
+    kubelet: DevicePluginKubelet
     supervisor: Supervisor
     thread: threading.Thread
     metrics: PluginMetrics
@@ -62,7 +63,7 @@ def run_plugin(sock_dir: Path, host: FakeHost) -> Iterator[Callable[..., Running
             return NodePlugins(node, settings, host, metrics=metrics, board=board,
                                policy=policy or HealthPolicy(recovery_quiet_s=3600, recheck_interval_s=3600))
 
-        k = KubeletStandIn(sock_dir)
+        k = DevicePluginKubelet(sock_dir)
         if kubelet:
             k.start()
         sup = Supervisor(sock_dir, build or default_build, metrics,

@@ -7,24 +7,22 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from node_agent.kubelet import device_plugin_cmd
-from tests.deviceplugin.kubelet_standin import KubeletStandIn
-from tests.kit.fakehost import SIM_STATE_DIR, build_fake_host
+from tests.deviceplugin.plugin_process import TS, switching_plugin
+from tests.kit.fakehost import build_fake_host, sim_state_file
+from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 
 ROOT = Path(__file__).resolve().parents[2]
-TS = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
-      "    resources:\n    - name: gpu\n      replicas: 2\n")
 
 
 def _start(tmp_path: Path, sock_dir: Path, *extra: str, machine: str = "l4x2") -> tuple[subprocess.Popen[str], Path]:
     host = build_fake_host(tmp_path / "host", machine)
-    state = host.root / SIM_STATE_DIR.lstrip("/") / f"{machine}.json"
+    state = sim_state_file(host.root, machine)
     cmd = [sys.executable, "-m", "node_agent", "--nvml", f"simulated:{machine}", "--nvml-state", str(state),
            "--host-root", str(host.root), "--log-level", "info", "device-plugin", "--socket-dir", str(sock_dir),
            "--metrics-port", "0", *extra]
@@ -34,9 +32,18 @@ def _start(tmp_path: Path, sock_dir: Path, *extra: str, machine: str = "l4x2") -
     return proc, state
 
 
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Kill the plugin if a failed test left it running, and close its output pipe (no ResourceWarning)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 @pytest.mark.slow
 def test_sighup_reloads_and_sigterm_removes_sockets(tmp_path: Path, sock_dir: Path) -> None:
-    kubelet = KubeletStandIn(sock_dir)
+    kubelet = DevicePluginKubelet(sock_dir)
     kubelet.start()
     cfg = tmp_path / "config.yaml"
     cfg.write_text("version: v1\n")
@@ -52,11 +59,7 @@ def test_sighup_reloads_and_sigterm_removes_sockets(tmp_path: Path, sock_dir: Pa
         assert proc.wait(10) == 0
         assert not list(sock_dir.glob("nvidia-*.sock"))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        _reap(proc)
         kubelet.stop()
 
 
@@ -66,7 +69,7 @@ def test_nvml_init_failure_and_fail_on_init_error(tmp_path: Path, sock_dir: Path
     from node_agent.nvml.sim import SimulatedMachine
 
     host = build_fake_host(tmp_path / "host", "t4x1")
-    SimulatedMachine("t4x1", host.root / SIM_STATE_DIR.lstrip("/") / "t4x1.json").fail_init()
+    SimulatedMachine("t4x1", sim_state_file(host.root, "t4x1")).fail_init()
     proc, _ = _start(tmp_path, sock_dir, "--fail-on-init-error", str(fail).lower(), machine="t4x1")
     try:
         if fail:
@@ -79,11 +82,7 @@ def test_nvml_init_failure_and_fail_on_init_error(tmp_path: Path, sock_dir: Path
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(10) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        _reap(proc)
 
 
 def test_invalid_config_fails_loudly_naming_the_field(tmp_path: Path, sock_dir: Path) -> None:
@@ -98,12 +97,6 @@ def test_invalid_config_fails_loudly_naming_the_field(tmp_path: Path, sock_dir: 
 
 
 def test_node_label_switches_config_live(tmp_path: Path, sock_dir: Path) -> None:
-    configs = tmp_path / "available"
-    configs.mkdir()
-    (configs / "default").write_text("version: v1\n")
-    (configs / "shared").write_text(TS)
-    host = build_fake_host(tmp_path / "host", "l4x2")
-
     class Labels:
         value: str | None = None
 
@@ -111,29 +104,10 @@ def test_node_label_switches_config_live(tmp_path: Path, sock_dir: Path) -> None
             return self.value
 
     labels = Labels()
-    p = argparse.ArgumentParser()
-    device_plugin_cmd.add_arguments(p)
-    args = p.parse_args(["--config-dir", str(configs), "--socket-dir", str(sock_dir), "--metrics-port", "0",
-                         "--config-poll-interval", "0.05"])
-    args.host_root = str(host.root)
-    kubelet = KubeletStandIn(sock_dir)
-    kubelet.start()
-    from node_agent import nvml
-
-    with nvml.open_nvml(nvml.NvmlBackend.parse("simulated:l4x2")) as session:
-        proc = device_plugin_cmd.PluginProcess(args, {}, session, labels)
-        t = threading.Thread(target=proc.supervisor.run, daemon=True)
-        t.start()
-        proc.watcher.start()
-        try:
-            kubelet.wait_registered({"nvidia.com/gpu"})
-            labels.value = "shared"
-            start = time.monotonic()
-            kubelet.wait_registered({"nvidia.com/gpu.shared"}, timeout=3, after=start)
-            kubelet.wait_devices("nvidia.com/gpu.shared", lambda d: len(d) == 4)
-            assert proc.metrics.render().count(b"nvidia_gpu_device_plugin_restarts_total{cause=\"config-changed\"}")
-        finally:
-            proc.supervisor.request_stop()
-            t.join(10)
-            proc.close()
-            kubelet.stop()
+    with switching_plugin(tmp_path, sock_dir, labels, default="default", poll_interval="0.05") as (proc, kubelet):
+        kubelet.wait_registered({"nvidia.com/gpu"})
+        labels.value = "shared"
+        start = time.monotonic()
+        kubelet.wait_registered({"nvidia.com/gpu.shared"}, timeout=3, after=start)
+        kubelet.wait_devices("nvidia.com/gpu.shared", lambda d: len(d) == 4)
+        assert proc.metrics.render().count(b"nvidia_gpu_device_plugin_restarts_total{cause=\"config-changed\"}")

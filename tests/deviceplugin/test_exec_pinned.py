@@ -12,7 +12,8 @@ from node_agent.deviceplugin import config, mps
 from node_agent.deviceplugin.resources import build_resources
 from node_agent.host import Call, CommandResult, HostRoot, RecordingExec
 from nvgpu import catalogue
-from tests.deviceplugin.builders import FakeHost, machine
+from tests.deviceplugin.builders import machine
+from tests.kit.fakehost import FakeHost
 
 DATA = Path(__file__).parent / "data"
 

@@ -15,8 +15,9 @@ from node_agent.deviceplugin.health import HealthPolicy
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.deviceplugin.resources import ImexChannelError, select_imex_channels
-from tests.deviceplugin.builders import FakeHost, FakeNode, machine
+from tests.deviceplugin.builders import FakeNode, machine
 from tests.deviceplugin.conftest import Running
+from tests.kit.fakehost import FakeHost
 
 CHANNEL0 = "/dev/nvidia-caps-imex-channels/channel0"
 

@@ -13,9 +13,10 @@ from node_agent.deviceplugin.allocate import CDI_KIND
 from node_agent.deviceplugin.health import HealthPolicy
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins
-from tests.deviceplugin.builders import FakeHost, machine
+from tests.deviceplugin.builders import machine
 from tests.deviceplugin.conftest import Running
-from tests.deviceplugin.kubelet_standin import wait_until
+from tests.kit.fakehost import FakeHost
+from tests.kit.kubelet.common import wait_until
 
 MACHINES = ["dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "a30x4", "l4x2", "t4x1"]
 TIME_SLICING = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"

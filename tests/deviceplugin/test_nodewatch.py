@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import threading
 import time
@@ -18,10 +17,9 @@ from kubernetes import client
 
 from node_agent.deviceplugin.nodelabel import CONFIG_LABEL
 from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
-from node_agent.kubelet import device_plugin_cmd
-from tests.deviceplugin.kubelet_standin import KubeletStandIn, wait_until
-from tests.deviceplugin.test_command import TS, build_fake_host
+from tests.deviceplugin.plugin_process import switching_plugin
 from tests.kit.kmock import api, kmock_server
+from tests.kit.kubelet.common import wait_until
 
 NODE = "gpu-1"
 FAST = WatchTiming(request_timeout_s=5, watch_timeout_s=1, read_slack_s=1, backoff_initial_s=0.01,
@@ -78,26 +76,8 @@ def test_config_switches_live_when_the_watched_label_changes(kmock_url: str, acc
                                                              sock_dir: Path) -> None:
     """The whole command path: label watch -> config watcher woken -> plugins rebuilt under the new name.
     File polling is slowed to a minute, so only the watch can make the switch in time."""
-    configs = tmp_path / "available"
-    configs.mkdir()
-    (configs / "a").write_text("version: v1\n")
-    (configs / "shared").write_text(TS)
-    host = build_fake_host(tmp_path / "host", "l4x2")
-    p = argparse.ArgumentParser()
-    device_plugin_cmd.add_arguments(p)
-    args = p.parse_args(["--config-dir", str(configs), "--socket-dir", str(sock_dir), "--metrics-port", "0",
-                         "--config-poll-interval", "60"])
-    args.host_root = str(host.root)
     labels = NodeLabelWatch(NODE, server=kmock_url, account_dir=account, timing=KMOCK)
-    kubelet = KubeletStandIn(sock_dir)
-    kubelet.start()
-    from node_agent import nvml
-
-    with nvml.open_nvml(nvml.NvmlBackend.parse("simulated:l4x2")) as session:
-        proc = device_plugin_cmd.PluginProcess(args, {}, session, labels)
-        t = threading.Thread(target=proc.supervisor.run, daemon=True)
-        t.start()
-        proc.watcher.start()
+    with switching_plugin(tmp_path, sock_dir, labels, default="a", poll_interval="60") as (proc, kubelet):
         labels.subscribe(proc.watcher.wake)
         labels.start()
         try:
@@ -109,10 +89,6 @@ def test_config_switches_live_when_the_watched_label_changes(kmock_url: str, acc
             kubelet.wait_devices("nvidia.com/gpu.shared", lambda d: len(d) == 4)
         finally:
             labels.stop()
-            proc.supervisor.request_stop()
-            t.join(10)
-            proc.close()
-            kubelet.stop()
 
 
 # -- a scripted API server for what kmock lacks (resourceVersion, 410, refusals) ---------------------------------

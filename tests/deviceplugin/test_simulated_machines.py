@@ -18,9 +18,9 @@ from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.deviceplugin.preferred import best_set, set_score
 from node_agent.host import HostRoot
 from node_agent.nvml.sim import MACHINE_NAMES, SimulatedMachine
-from tests.deviceplugin.builders import FakeHost
 from tests.deviceplugin.conftest import Running
-from tests.kit.fakehost import build_fake_host
+from tests.kit.fakehost import FakeHost, build_fake_host
+from tests.kit.migcaps import write_mig_minors
 
 
 @pytest.fixture
@@ -127,9 +127,7 @@ def test_simulated_mig_mixed(run_plugin: Callable[..., Running], host: FakeHost,
         session.create_compute_instance(0, gi.id)
     # MIG capability minors, as the driver publishes them.
     gpu0 = session.gpu(0)
-    lines = [f"gpu{gpu0.minor}/gi{m.gi_id}/access {10 + m.gi_id}" for m in gpu0.mig_devices]
-    lines += [f"gpu{gpu0.minor}/gi{m.gi_id}/ci{m.ci_id}/access {100 + m.gi_id}" for m in gpu0.mig_devices]
-    host.put("/proc/driver/nvidia-caps/mig-minors", "\n".join(lines) + "\n")
+    write_mig_minors(host.root, [g.minor for g in session.gpus()])
     node = NvmlNodeDevices(session)
     metrics = PluginMetrics()
 

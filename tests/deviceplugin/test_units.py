@@ -21,9 +21,10 @@ from node_agent.deviceplugin.resources import build_resources
 from node_agent.driverroot import DriverRoot
 from nvgpu import catalogue
 from tests.cdi.schema import cdi_validator
-from tests.deviceplugin.builders import FakeHost, dgx_links, full_gpu, hybrid_cube_mesh, machine, mig_gpu
+from tests.deviceplugin.builders import dgx_links, full_gpu, hybrid_cube_mesh, machine, mig_gpu
 from tests.deviceplugin.reference import exhaustive, nvidia_best_effort
 from tests.kit.driverinstall import install_driver
+from tests.kit.fakehost import FakeHost
 
 DATA = Path(__file__).parent / "data"
 

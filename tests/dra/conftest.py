@@ -3,37 +3,36 @@ API server, and a running plugin with its kubelet stand-in."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import kmock
 import pytest
 
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.hostfs import RootedPaths
-from tests.dra.builders import DRIVER, NODE, FakeSource, RecordingSharing, machine, populate_dev
+from tests.kit.dra_builders import DRIVER, NODE, FakeSource, RecordingSharing, machine, populate_dev
 from tests.kit.kmock import FakeApiServer, fake_api_server
+from tests.kit.kubelet.common import short_root
 
 BOOT_ID = "11111111-2222-3333-4444-555555555555"
 
 
 @pytest.fixture
 def host_root() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    boot = root / "proc/sys/kernel/random/boot_id"
-    boot.parent.mkdir(parents=True)
-    boot.write_text(BOOT_ID + "\n")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    with short_root("dra-") as root:
+        boot = root / "proc/sys/kernel/random/boot_id"
+        boot.parent.mkdir(parents=True)
+        boot.write_text(BOOT_ID + "\n")
+        yield root
 
 
 @pytest.fixture
 def api_server() -> Iterator[FakeApiServer]:
     with fake_api_server() as server:
-        server.emulator.objects[__import__("kmock").resource("", "v1", "nodes"), None, NODE] = {
+        server.emulator.objects[kmock.resource("", "v1", "nodes"), None, NODE] = {
             "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-1"}}
         yield server
 

@@ -19,10 +19,10 @@ from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.nvml.session import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
-from tests.dra.builders import DRIVER, NODE, claim, machine, populate_dev
 from tests.dra.conftest import Env
-from tests.dra.kubelet_standin import KubeletStandIn
+from tests.kit.dra_builders import DRIVER, NODE, claim, machine, populate_dev
 from tests.kit.kmock import FakeApiServer
+from tests.kit.kubelet.dra import DraKubelet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -126,7 +126,7 @@ def test_dra_driver_command_serves_until_sigterm(host_root: Path, api_server: Fa
         [sys.executable, "-m", "node_agent", "--host-root", str(host_root), "--nvml", "simulated:dgx-h100",
          "--node-name", NODE, "--kubeconfig", str(kubeconfig), "dra-driver", "--poll-interval", "0.2"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE)
-    kubelet = KubeletStandIn(host_root)
+    kubelet = DraKubelet(host_root)
     try:
         kubelet.register(timeout=20)
         assert len(api_server.slices()[0]["spec"]["devices"]) == 8

@@ -16,9 +16,9 @@ import pytest
 from node_agent.dra import checkpoint
 from node_agent.dra.checkpoint import CheckpointError
 from node_agent.dra.claims import ClaimRef
-from tests.dra.builders import NODE, claim, gpu_config
 from tests.dra.conftest import Env
 from tests.dra.test_plugin import put_claim, spec_file
+from tests.kit.dra_builders import NODE, claim, gpu_config
 
 CHECKPOINT = "/var/lib/nvidia-gpu-agent/dra/checkpoint.json"
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from node_agent.dra.devices import allocatable_devices
 from node_agent.dra.slices import NodeRef, build_slices
 from nvidia_gpu.components.manifests import dra
 from nvidia_gpu.components.program import build_stack
-from tests.dra.builders import DRIVER, NODE, machine
+from tests.kit.dra_builders import DRIVER, NODE, machine
 from tests.nvidia_gpu.components.component_helpers import Engine, engine, group, of_kind, stack_config  # noqa: F401
 
 DATA = Path(__file__).parent / "data"

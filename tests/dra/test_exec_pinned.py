@@ -20,7 +20,7 @@ from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.dra.sharing import NvidiaSmiSharing
 from node_agent.host import CommandResult, HostRoot, RecordingExec
-from tests.dra.builders import DRIVER, NODE, claim, gpu_config, populate_dev
+from tests.kit.dra_builders import DRIVER, NODE, claim, gpu_config, populate_dev
 from tests.kit.kmock import FakeApiServer
 
 

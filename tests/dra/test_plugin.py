@@ -16,19 +16,19 @@ from node_agent.dra.checkpoint import ClaimState
 from node_agent.dra.driver import DraDriver
 from node_agent.dra.hostfs import RootedPaths
 from node_agent.kubelet.dra.server import PluginServer
-from tests.dra.builders import DRIVER, NODE, claim, gpu_config
 from tests.dra.conftest import Env
-from tests.dra.kubelet_standin import KubeletStandIn
+from tests.kit.dra_builders import DRIVER, NODE, claim, gpu_config
+from tests.kit.kubelet.dra import DraKubelet
 
 MIG_1G = "gpu-1-mig-1g10gb-19-6"
 
 
 @pytest.fixture
-def plugin(env: Env) -> Iterator[tuple[PluginServer, KubeletStandIn]]:
+def plugin(env: Env) -> Iterator[tuple[PluginServer, DraKubelet]]:
     env.driver.start()
     server = PluginServer(env.driver, RootedPaths(env.root))
     server.start(watch_interval=0.05)
-    kubelet = KubeletStandIn(env.root)
+    kubelet = DraKubelet(env.root)
     kubelet.register()
     yield server, kubelet
     kubelet.close()
@@ -55,13 +55,13 @@ def checkpoint(env: Env) -> dict[str, object]:
     return claims
 
 
-def test_registration_lists_v1_first_and_serves_both_versions(env: Env, plugin: tuple[PluginServer, KubeletStandIn]
+def test_registration_lists_v1_first_and_serves_both_versions(env: Env, plugin: tuple[PluginServer, DraKubelet]
                                                               ) -> None:
     server, kubelet = plugin
     assert kubelet.plugins[DRIVER].version == "v1.DRAPlugin"
     assert kubelet.plugins[DRIVER].endpoint == f"/var/lib/kubelet/plugins/{DRIVER}/dra.sock"
     assert server.registration.registered
-    old = KubeletStandIn(env.root, known_versions=("v1beta1.DRAPlugin",))
+    old = DraKubelet(env.root, known_versions=("v1beta1.DRAPlugin",))
     assert old.register().version == "v1beta1.DRAPlugin"
     ref = put_claim(env, claim("old", "uid-old", [("gpu", "gpu-0")]))
     resp = old.prepare(DRIVER, [ref])
@@ -69,7 +69,7 @@ def test_registration_lists_v1_first_and_serves_both_versions(env: Env, plugin: 
     old.close()
 
 
-def test_full_gpu_prepare_and_unprepare(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+def test_full_gpu_prepare_and_unprepare(env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     _, kubelet = plugin
     ref = put_claim(env, claim("one-gpu", "uid-1", [("gpu", "gpu-0")]))
     resp = kubelet.prepare(DRIVER, [ref])
@@ -89,7 +89,7 @@ def test_full_gpu_prepare_and_unprepare(env: Env, plugin: tuple[PluginServer, Ku
     assert checkpoint(env) == {}
 
 
-def test_mig_device(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+def test_mig_device(env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     _, kubelet = plugin
     ref = put_claim(env, claim("mig", "uid-mig", [("mig", MIG_1G)]))
     entry = kubelet.prepare(DRIVER, [ref]).claims["uid-mig"]
@@ -102,7 +102,7 @@ def test_mig_device(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> No
     assert "not published by this node" in kubelet.prepare(DRIVER, [whole]).claims["uid-whole"].error
 
 
-def test_vfio_device(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+def test_vfio_device(env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     _, kubelet = plugin
     ref = put_claim(env, claim("vm", "uid-vfio", [("vm", "gpu-vfio-0")]))
     entry = kubelet.prepare(DRIVER, [ref]).claims["uid-vfio"]
@@ -113,7 +113,7 @@ def test_vfio_device(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> N
     assert "containerEdits" not in spec  # no nvidiactl/uvm for a passthrough-only claim
 
 
-def test_shared_claim_prepared_once_for_two_pods(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+def test_shared_claim_prepared_once_for_two_pods(env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     _, kubelet = plugin
     ref = put_claim(env, claim("shared", "uid-shared", [("gpu", "gpu-0")]))
     first = kubelet.prepare(DRIVER, [ref]).claims["uid-shared"]
@@ -124,7 +124,7 @@ def test_shared_claim_prepared_once_for_two_pods(env: Env, plugin: tuple[PluginS
     assert kubelet.unprepare(DRIVER, [ref]).claims["uid-shared"].error == ""  # idempotent
 
 
-def test_claim_with_time_slicing_and_mps_configs(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+def test_claim_with_time_slicing_and_mps_configs(env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     _, kubelet = plugin
     ts = put_claim(env, claim("ts", "uid-ts", [("gpu", "gpu-0")], configs=[
         gpu_config("FromClass", [], {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}),
@@ -152,7 +152,7 @@ def test_claim_with_time_slicing_and_mps_configs(env: Env, plugin: tuple[PluginS
     assert not (env.root / "run/nvidia-gpu-agent/mps/uid-mps").exists()
 
 
-def test_bad_opaque_config_is_refused_with_the_field_named(env: Env, plugin: tuple[PluginServer, KubeletStandIn]
+def test_bad_opaque_config_is_refused_with_the_field_named(env: Env, plugin: tuple[PluginServer, DraKubelet]
                                                            ) -> None:
     _, kubelet = plugin
     ref = put_claim(env, claim("typo", "uid-typo", [("gpu", "gpu-0")], configs=[gpu_config(
@@ -165,7 +165,7 @@ def test_bad_opaque_config_is_refused_with_the_field_named(env: Env, plugin: tup
     assert not list((env.root / "var/run/cdi").glob("*.json"))
 
 
-def test_double_allocation_is_refused(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+def test_double_allocation_is_refused(env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     _, kubelet = plugin
     a = put_claim(env, claim("a", "uid-a", [("gpu", "gpu-0")]))
     b = put_claim(env, claim("b", "uid-b", [("gpu", "gpu-0")]))
@@ -179,7 +179,7 @@ def test_double_allocation_is_refused(env: Env, plugin: tuple[PluginServer, Kube
     assert kubelet.prepare(DRIVER, [mig]).claims["uid-m"].error == ""
 
 
-def test_claim_checks_uid_allocation_and_pool(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+def test_claim_checks_uid_allocation_and_pool(env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     _, kubelet = plugin
     ns, name, _ = put_claim(env, claim("replaced", "uid-new", [("gpu", "gpu-0")]))
     assert "the claim was replaced" in kubelet.prepare(DRIVER, [(ns, name, "uid-old")]).claims["uid-old"].error
@@ -192,7 +192,7 @@ def test_claim_checks_uid_allocation_and_pool(env: Env, plugin: tuple[PluginServ
     assert "not found" in kubelet.prepare(DRIVER, [("team-a", "ghost", "uid-ghost")]).claims["uid-ghost"].error
 
 
-def test_restart_between_prepare_and_unprepare(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+def test_restart_between_prepare_and_unprepare(env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     server, kubelet = plugin
     ref = put_claim(env, claim("survivor", "uid-s", [("gpu", "gpu-0")], configs=[gpu_config(
         "FromClaim", [], {"strategy": "TimeSlicing"})]))
@@ -208,7 +208,7 @@ def test_restart_between_prepare_and_unprepare(env: Env, plugin: tuple[PluginSer
     server2 = PluginServer(restarted, RootedPaths(env.root))
     server2.start()
     try:
-        kubelet2 = KubeletStandIn(env.root)
+        kubelet2 = DraKubelet(env.root)
         kubelet2.register()
         env.sharing.calls.clear()
         assert kubelet2.unprepare(DRIVER, [ref]).claims["uid-s"].error == ""
@@ -295,7 +295,7 @@ def test_corrupted_checkpoint_is_reported_and_rebuilt(env: Env, caplog: pytest.L
     assert not spec_file(env, "uid-k").exists()
 
 
-def test_kubelet_deadline_is_respected(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+def test_kubelet_deadline_is_respected(env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     """A stalled API server must not make the plugin overrun the kubelet's deadline: the answer arrives in
     time, with a per-claim error the kubelet retries, instead of DEADLINE_EXCEEDED for the whole call."""
     _, kubelet = plugin
@@ -324,7 +324,7 @@ def test_kubelet_deadline_is_respected(env: Env, plugin: tuple[PluginServer, Kub
     assert env.driver._deadline(45.0).remaining() == pytest.approx(40.0, abs=0.5)
 
 
-def test_registration_socket_is_served_again_when_wiped(env: Env, plugin: tuple[PluginServer, KubeletStandIn]
+def test_registration_socket_is_served_again_when_wiped(env: Env, plugin: tuple[PluginServer, DraKubelet]
                                                         ) -> None:
     server, _ = plugin
     socket = env.root / server.registration_endpoint.lstrip("/")
@@ -333,7 +333,7 @@ def test_registration_socket_is_served_again_when_wiped(env: Env, plugin: tuple[
     while not socket.exists() and time.monotonic() < end:
         time.sleep(0.01)
     assert socket.exists()
-    again = KubeletStandIn(env.root)
+    again = DraKubelet(env.root)
     assert again.register().name == DRIVER
     again.close()
 
@@ -345,7 +345,7 @@ def test_driver_requires_node_name(env: Env) -> None:
 
 
 def test_missing_device_nodes_refuse_instead_of_caching_an_incomplete_spec(
-        env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+        env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     _, kubelet = plugin
     (env.root / "dev/nvidia0").unlink()
     (env.root / "dev/nvidia-uvm-tools").unlink()
@@ -359,7 +359,7 @@ def test_missing_device_nodes_refuse_instead_of_caching_an_incomplete_spec(
     assert [n["path"] for n in common] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]  # absent UVM tools node left out
 
 
-def test_kubelet_restart_wiping_slices_gets_them_republished(env: Env, plugin: tuple[PluginServer, KubeletStandIn]
+def test_kubelet_restart_wiping_slices_gets_them_republished(env: Env, plugin: tuple[PluginServer, DraKubelet]
                                                              ) -> None:
     from kubernetes import client
 
@@ -371,7 +371,7 @@ def test_kubelet_restart_wiping_slices_gets_them_republished(env: Env, plugin: t
         api = client.ResourceV1Api(env.server.api_client())
         for s in env.server.slices():  # what a starting kubelet does to its node's slices
             api.delete_resource_slice(s["metadata"]["name"])
-        KubeletStandIn(env.root).register()  # ... before it re-registers the plugin
+        DraKubelet(env.root).register()  # ... before it re-registers the plugin
         end = time.monotonic() + 2
         while not env.server.slices() and time.monotonic() < end:
             time.sleep(0.01)
@@ -381,7 +381,7 @@ def test_kubelet_restart_wiping_slices_gets_them_republished(env: Env, plugin: t
         loop.join(5)
 
 
-def test_claim_with_several_devices_and_one_mps_daemon(env: Env, plugin: tuple[PluginServer, KubeletStandIn]) -> None:
+def test_claim_with_several_devices_and_one_mps_daemon(env: Env, plugin: tuple[PluginServer, DraKubelet]) -> None:
     _, kubelet = plugin
     ref = put_claim(env, claim("multi", "uid-multi", [("train", "gpu-0"), ("infer", MIG_1G)], configs=[
         gpu_config("FromClaim", ["train"], {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 30}}),

@@ -19,8 +19,8 @@ from node_agent.dra.devices import (
     semver,
 )
 from node_agent.dra.slices import MAX_DEVICES_PER_SLICE, NodeRef, build_slices, slice_name
-from tests.dra.builders import DRIVER, NODE, full_gpu, machine
 from tests.dra.conftest import Env
+from tests.kit.dra_builders import DRIVER, NODE, full_gpu, machine
 
 
 def test_full_gpu_attributes_match_nvidia_driver() -> None:

@@ -26,7 +26,7 @@ from node_agent.dra.sharing import plan
 from node_agent.driverroot import DriverRoot
 from node_agent.host.atomic import LockTimeout, content_checksum, exclusive_lock
 from tests.cdi.schema import cdi_validator
-from tests.dra.builders import DRIVER, gpu_config, machine
+from tests.kit.dra_builders import DRIVER, gpu_config, machine
 from tests.kit.driverinstall import install_driver
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "deviceplugin" / "data"

@@ -1,6 +1,8 @@
 """Build fake host roots: a directory tree shaped like a GPU node's /proc, /sys, /dev, /etc.
 
-The tree matches a simulated machine (same bus IDs, minors, driver version) and carries fake
+The tree matches a simulated machine (same bus IDs, minors, driver version); its PCI devices sit under
+their root complex in ``/sys/devices`` with ``/sys/bus/pci/devices`` links to them, as the kernel lays
+them out (:func:`pci_device`, also used for the mock NVML's hosts), and it carries fake
 ``nvidia-smi`` (backed by the same simulated state file), ``modprobe``, ``kubectl`` and
 ``systemctl`` tools, so the bash scripts and the agent can be run against the same host and must
 agree. Options produce the bad nodes the tests need: no GPU, old driver, missing modules, no IOMMU,
@@ -13,13 +15,15 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
 import node_agent
+from node_agent.deviceplugin.hostfiles import HostRootFiles
+from node_agent.host import HostRoot
 from node_agent.host.pci import normalize_address
-from node_agent.nvml.sim import DEFAULT_STATE_DIR as SIM_STATE_DIR
-from node_agent.nvml.sim import SimulatedMachine, get_machine
+from node_agent.nvml.sim import DEFAULT_STATE_DIR, SimulatedMachine, get_machine
 
 DEFAULT_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 
@@ -72,6 +76,12 @@ state = "/run/containerd"
 """
 
 
+def sim_state_file(root: Path, machine: str) -> Path:
+    """The simulated machine's state file under a host root: where the agent's ``--nvml simulated:<machine>``
+    keeps it by default, so a test, the fake ``nvidia-smi`` and the agent under test share one machine."""
+    return root / DEFAULT_STATE_DIR.lstrip("/") / f"{machine}.json"
+
+
 def driver_version_text(version: str) -> str:
     return (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
             "(dvs-builder@U16-I3-B03-4-3)  Thu Jul 18 22:18:41 UTC 2024\n"
@@ -80,10 +90,21 @@ def driver_version_text(version: str) -> str:
 
 @dataclass
 class FakeHost:
+    """A host root in a directory: host-absolute paths map under ``root``; ``machine`` is the simulated
+    machine the tree was built for (:func:`build_fake_host`), if any.
+
+    It is also the device plugin's ``HostFiles`` (``read_text`` ... ``remove``), through the agent's own
+    :class:`HostRootFiles`, so the plugin tests read and write the tree exactly as the agent would.
+    """
+
     root: Path
-    machine: SimulatedMachine | None
-    bin_dir: Path
+    machine: SimulatedMachine | None = None
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bin_dir(self) -> Path:
+        """Where the fake tools live (first on :meth:`env`'s ``PATH``)."""
+        return self.root / "usr/bin"
 
     @property
     def nvml_spec(self) -> str:
@@ -114,6 +135,30 @@ class FakeHost:
         p = self.path(f"/var/log/fake-{tool}.log")
         return p.read_text().splitlines() if p.exists() else []
 
+    def put(self, host_path: str, text: str) -> None:
+        """Write a file of the tree (parents created): how a test lays out what the node has."""
+        _write(self.root, host_path, text)
+
+    # -- the device plugin's HostFiles --
+    @cached_property
+    def _files(self) -> HostRootFiles:
+        return HostRootFiles(HostRoot(self.root))
+
+    def read_text(self, path: str) -> str | None:
+        return self._files.read_text(path)
+
+    def exists(self, path: str) -> bool:
+        return self._files.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return self._files.listdir(path)
+
+    def write_text(self, path: str, text: str) -> bool:
+        return self._files.write_text(path, text)
+
+    def remove(self, path: str) -> None:
+        self._files.remove(path)
+
 
 def _write(root: Path, host_path: str, text: str, mode: int = 0o644) -> None:
     p = root / host_path.lstrip("/")
@@ -128,6 +173,57 @@ def _link(root: Path, host_path: str, target: str) -> None:
     if p.is_symlink() or p.exists():
         p.unlink()
     p.symlink_to(target)
+
+
+#: The PCIe root complex the fake hosts' devices sit under: neither the simulated machines nor NVIDIA's mock
+#: model a PCI topology, so there is one root, as on a single-socket board.
+PCIE_ROOT = "pci0000:00"
+PCI_DEVICES = "/sys/bus/pci/devices"
+PCI_DRIVERS = "/sys/bus/pci/drivers"
+SYS_DEVICES = "/sys/devices"
+IOMMU_GROUPS = "/sys/kernel/iommu_groups"
+NVIDIA_VENDOR, GPU_CLASS = 0x10DE, 0x030200
+
+
+def pci_device(root: Path, address: str, *, vendor: int, device: int, pci_class: int,
+               driver: str | None = None, numa_node: int | None = None, iommu_group: int | None = None,
+               config: bytes | None = None, pcie_root: str = PCIE_ROOT) -> Path:
+    """A PCI function as sysfs lays it out, under the host root ``root``; its sysfs directory.
+
+    The directory is ``/sys/devices/<root complex>/<address>`` and ``/sys/bus/pci/devices/<address>`` is a
+    link to it, as on a real node: that link is what Kubernetes (and so both DRA plugins) read
+    ``resource.kubernetes.io/pcieRoot`` from. It holds ``vendor``, ``device``, ``class``, and if given
+    ``numa_node``, the ``config`` space, the ``driver`` link (:func:`set_driver`) and the ``iommu_group``
+    link with the group's ``devices`` entry.
+    """
+    addr = normalize_address(address)
+    sysfs = root / SYS_DEVICES.lstrip("/") / pcie_root / addr
+    sysfs.mkdir(parents=True, exist_ok=True)
+    _link(root, f"{PCI_DEVICES}/{addr}", f"../../..{SYS_DEVICES.removeprefix('/sys')}/{pcie_root}/{addr}")
+    base = f"{SYS_DEVICES}/{pcie_root}/{addr}"
+    _write(root, f"{base}/vendor", f"0x{vendor:04x}\n")
+    _write(root, f"{base}/device", f"0x{device:04x}\n")
+    _write(root, f"{base}/class", f"0x{pci_class:06x}\n")
+    if numa_node is not None:
+        _write(root, f"{base}/numa_node", f"{numa_node}\n")
+    if config is not None:
+        (sysfs / "config").write_bytes(config)
+    if driver is not None:
+        set_driver(sysfs, driver)
+    if iommu_group is not None:
+        (root / IOMMU_GROUPS.lstrip("/") / str(iommu_group) / "devices" / addr).mkdir(parents=True, exist_ok=True)
+        _link(root, f"{base}/iommu_group", f"../../..{IOMMU_GROUPS.removeprefix('/sys')}/{iommu_group}")
+    return sysfs
+
+
+def set_driver(sysfs: Path, driver: str | None) -> None:
+    """Bind the device whose sysfs directory is ``sysfs`` (the real directory or its bus link) to ``driver``
+    (None: unbound), as the kernel shows it: a ``driver`` link into ``/sys/bus/pci/drivers``."""
+    link = sysfs / "driver"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    if driver is not None:
+        link.symlink_to(f"../../..{PCI_DRIVERS.removeprefix('/sys')}/{driver}")
 
 
 def pci_config_space(device_id: int, *, vgpu_host_driver: tuple[str, str] | None = None) -> bytes:
@@ -174,15 +270,11 @@ def build_fake_host(
     sim: SimulatedMachine | None = None
 
     # Ordinary PCI devices every server has, so GPU detection has something to skip.
-    nic = "0000:00:1f.6"
-    _write(root, f"/sys/bus/pci/devices/{nic}/vendor", "0x8086\n")
-    _write(root, f"/sys/bus/pci/devices/{nic}/device", "0x15fa\n")
-    _write(root, f"/sys/bus/pci/devices/{nic}/class", "0x020000\n")
     for drv in ("nvidia", "vfio-pci", "e1000e"):
         for attr in ("bind", "unbind", "new_id"):
-            _write(root, f"/sys/bus/pci/drivers/{drv}/{attr}", "")
+            _write(root, f"{PCI_DRIVERS}/{drv}/{attr}", "")
     _write(root, "/sys/bus/pci/drivers_probe", "")
-    _link(root, f"/sys/bus/pci/devices/{nic}/driver", "../../drivers/e1000e")
+    pci_device(root, "0000:00:1f.6", vendor=0x8086, device=0x15FA, pci_class=0x020000, driver="e1000e")
     if iommu:
         (root / "sys/kernel/iommu_groups/0/devices").mkdir(parents=True, exist_ok=True)
     else:
@@ -191,26 +283,17 @@ def build_fake_host(
     proc_modules = ["e1000e 327680 0 - Live 0x0000000000000000"]
     if machine is not None:
         spec = get_machine(machine)
-        sim = SimulatedMachine(spec.name, root / SIM_STATE_DIR.lstrip("/") / f"{spec.name}.json")
+        sim = SimulatedMachine(spec.name, sim_state_file(root, spec.name))
         version = driver_version or spec.driver_version
         if driver_version:
             sim.set_driver_version(driver_version)
         _write(root, "/sys/class/dmi/id/product_name", spec.dmi_product + "\n")
         for i, bus in enumerate(spec.bus_ids):
             addr = normalize_address(bus)
-            base = f"/sys/bus/pci/devices/{addr}"
-            _write(root, f"{base}/vendor", "0x10de\n")
-            _write(root, f"{base}/device", f"0x{spec.pci_device_id:04x}\n")
-            _write(root, f"{base}/class", "0x030200\n")
-            (root / base.lstrip("/") / "config").write_bytes(pci_config_space(spec.pci_device_id))
-            _write(root, f"{base}/numa_node", f"{spec.numa_nodes[i]}\n")
-            _write(root, f"{base}/driver_override", "(null)\n")
-            if driver_loaded:
-                _link(root, f"{base}/driver", "../../drivers/nvidia")
-            if iommu:
-                group = 10 + i
-                (root / f"sys/kernel/iommu_groups/{group}/devices/{addr}").mkdir(parents=True, exist_ok=True)
-                _link(root, f"{base}/iommu_group", f"../../../../kernel/iommu_groups/{group}")
+            sysfs = pci_device(root, addr, vendor=NVIDIA_VENDOR, device=spec.pci_device_id, pci_class=GPU_CLASS,
+                               driver="nvidia" if driver_loaded else None, numa_node=spec.numa_nodes[i],
+                               iommu_group=10 + i if iommu else None, config=pci_config_space(spec.pci_device_id))
+            (sysfs / "driver_override").write_text("(null)\n")
             if driver_loaded:
                 _write(root, f"/proc/driver/nvidia/gpus/{addr}/information",
                        f"Model: \t\t {spec.product_name}\nIRQ:   \t\t {100 + i}\nGPU UUID: \t {spec.gpu_uuid(i)}\n"
@@ -228,7 +311,7 @@ def build_fake_host(
         else:
             sim.fail_init("driver-not-loaded")
         if nvidia_smi:
-            state = root / SIM_STATE_DIR.lstrip("/") / f"{spec.name}.json"
+            state = sim_state_file(root, spec.name)
             repo = Path(node_agent.__file__).resolve().parent.parent
             _write(root, "/usr/bin/nvidia-smi",
                    f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
@@ -260,4 +343,4 @@ def build_fake_host(
            f'  echo "$m 16384 0 - Live 0x0000000000000000" >>"{root}/proc/modules"\n'
            f'  echo "$m" >>"{logs}/fake-modprobe.log"\n'
            "done\n", 0o755)
-    return FakeHost(root=root, machine=sim, bin_dir=bin_dir)
+    return FakeHost(root, sim)

@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 
 from node_agent.host import HostRoot
 from nvgpu.nodescripts.facts import PCI_DEVICES_DIR
+from tests.kit.fakehost import set_driver
 
 DEFAULT_DRIVER = "nvidia"
 
@@ -31,8 +32,4 @@ class FakeKernelHostRoot(HostRoot):
             self._set_driver(value, parts[-2])
 
     def _set_driver(self, address: str, driver: str | None) -> None:
-        link = self.path(f"{PCI_DEVICES_DIR}/{address}/driver")
-        if link.is_symlink():
-            link.unlink()
-        if driver is not None:
-            link.symlink_to(f"../../drivers/{driver}")
+        set_driver(self.path(f"{PCI_DEVICES_DIR}/{address}"), driver)

@@ -50,7 +50,7 @@ def fake_api_server() -> Iterator[FakeApiServer]:
         stop = asyncio.Event()
         async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
             for plural in ("resourceslices", "resourceclaims", "deviceclasses"):
-                emulator.resources[f"resource.k8s.io/v1/{plural}"] = {}
+                emulator.resources[f"resource.k8s.io/v1/{plural}"] = kmock.ResourceInfo()
             box["server"] = FakeApiServer(str(server.url).rstrip("/"), emulator, loop)
             ready.set()
             await stop.wait()

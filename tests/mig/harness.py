@@ -75,6 +75,16 @@ class Rig:
             self.clock.t += 1
         raise AssertionError(f"did not converge: {acts[-10:]}")
 
+    def run_until_reboot(self, rounds: int = 10) -> None:
+        """Run a manager round by round until it asks for a reboot (or ``rounds`` pass), letting the fake
+        cluster react between rounds; the test then checks what the reboot request left behind."""
+        m = self.manager()
+        for _ in range(rounds):
+            if m.run_until_blocked().act.value == "reboot":
+                return
+            self.node.wait_for_change("", 0)
+            m._node = None
+
 
 def mig_node(rig: Rig, config: str, **extra: str) -> Rig:
     rig.node.labels.update({labels.MIG_CONFIG: config, labels.DEVICE_GPU_CONFIG: "MIG",

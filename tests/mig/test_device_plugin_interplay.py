@@ -19,7 +19,8 @@ from node_agent.deviceplugin.resources import build_resources
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, NvmlSession, open_nvml
 from nvgpu import labels
-from tests.deviceplugin.builders import FakeHost
+from tests.kit.fakehost import FakeHost
+from tests.kit.migcaps import write_mig_minors
 from tests.mig.harness import Rig, mig_node
 
 MIXED = "flags: {migStrategy: mixed}"
@@ -34,23 +35,10 @@ def a100(tmp_path: Path) -> Iterator[tuple[NvmlSession, Rig]]:
         yield nvml, rig
 
 
-def mig_minors(host: FakeHost, minors: list[int]) -> None:
-    """``/proc/driver/nvidia-caps/mig-minors`` as the driver writes it: every GI 0-14 and CI 0-7 of each GPU."""
-    lines, n = ["config 1", "monitor 2"], 3
-    for minor in minors:
-        for gi in range(15):
-            lines.append(f"gpu{minor}/gi{gi}/access {n}")
-            n += 1
-            for ci in range(8):
-                lines.append(f"gpu{minor}/gi{gi}/ci{ci}/access {n}")
-                n += 1
-    host.put("/proc/driver/nvidia-caps/mig-minors", "\n".join(lines) + "\n")
-
-
 def advertised(nvml: NvmlSession, host: FakeHost, flags: str) -> dict[str, int]:
     node = NvmlNodeDevices(nvml)  # a fresh plugin start
     try:
-        mig_minors(host, [g.minor for g in node.gpus()])
+        write_mig_minors(host.root, [g.minor for g in node.gpus()])
         return {r.name: len(r.devices) for r in build_resources(node.gpus(), config.load(flags), host)}
     finally:
         node.close()

@@ -139,12 +139,7 @@ def test_reset_impossible_without_reboot_fails_and_restores_mode() -> None:
 def test_reboot_when_needed_then_resumes_after_boot() -> None:
     backend = FakeBackend.of("A100-40GB", count=2, reset_blocked=True)
     rig = mig_node(Rig(backend, allow_reboot=True), "all-2g.10gb")
-    m = rig.manager()
-    for _ in range(10):
-        if m.run_until_blocked().act.value == "reboot":
-            break
-        rig.node.wait_for_change("", 0)
-        m._node = None
+    rig.run_until_reboot()
     assert rig.rebooter.count == 1
     assert rig.node.labels[labels.MIG_CONFIG_STATE] == "rebooting"
     assert RECONFIGURE_TAINT in rig.node.taints  # stays tainted across the reboot

@@ -80,12 +80,7 @@ def test_reset_blocked_needs_reboot_and_resumes(tmp_path: Path) -> None:
         for i in range(8):
             sim.block_reset(i)
         rig = mig_node(Rig(backend, allow_reboot=True), "all-2g.20gb")  # type: ignore[arg-type]
-        m = rig.manager()
-        for _ in range(10):
-            if m.run_until_blocked().act.value == "reboot":
-                break
-            rig.node.wait_for_change("", 0)
-            m._node = None
+        rig.run_until_reboot()
         assert rig.rebooter.count == 1 and rig.node.labels[labels.MIG_CONFIG_STATE] == "rebooting"
         assert nvml.mig_mode(0) is not None and nvml.mig_mode(0).change_pending  # type: ignore[union-attr]
         for i in range(8):  # the reboot: the pending mode takes effect

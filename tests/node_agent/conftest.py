@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_testkit import ApiServer, Cli, kmock_api_server, run_cli
+
+from tests.node_agent.agent_testkit import ApiServer, Cli, kmock_api_server, run_cli
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agent_testkit import Cli
 
 from node_agent.nvml.sim.state import SimProcess
 from tests.kit.fakehost import build_fake_host
+from tests.node_agent.agent_testkit import Cli
 
 
 def test_no_gpu_is_silent_success(tmp_path: Path, cli: Cli) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agent_testkit import ApiServer, Cli
 
 from node_agent import gfd
 from node_agent.nvml import NvmlBackend, open_nvml
 from tests.kit.fakehost import FakeHost, build_fake_host
+from tests.node_agent.agent_testkit import ApiServer, Cli
 
 FEATURES = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
 

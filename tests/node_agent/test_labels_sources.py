@@ -7,7 +7,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from agent_testkit import ApiServer, Cli
 
 from node_agent import gfd
 from node_agent.deviceplugin.nodelabel import ConfigSelector
@@ -16,6 +15,7 @@ from node_agent.host.vgpu import host_driver, is_vgpu, vendor_capability
 from node_agent.labels import Sharing, SharingSource
 from node_agent.nvml import FabricInfo, FabricState, NvmlBackend, open_nvml
 from tests.kit.fakehost import FakeHost, build_fake_host, pci_config_space
+from tests.node_agent.agent_testkit import ApiServer, Cli
 
 CLUSTER = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"
 OTHER_CLUSTER = "9b3e1c2a-0000-4000-8000-00000000abcd"

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_testkit import ApiServer, Cli
 
 from node_agent import labels as labels_cmd
 from node_agent import nodepatch
@@ -18,6 +17,7 @@ from node_agent.nodeconfig import NodeConfigError, NodeSnapshot, Requested, pars
 from nvgpu import labels
 from nvgpu.taints import NodeTaint
 from tests.kit.fakehost import build_fake_host
+from tests.node_agent.agent_testkit import ApiServer, Cli
 
 NODE = "gpu-node-1"
 GPU_TAINT = "nvidia.com/gpu=present:NoSchedule"

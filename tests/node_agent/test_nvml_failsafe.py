@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_testkit import Cli
 
 from node_agent import vfio
 from node_agent.context import AgentContext
@@ -28,6 +27,7 @@ from nvgpu import labels
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.fakekernel import FakeKernelHostRoot
 from tests.mig.harness import Rig, mig_node
+from tests.node_agent.agent_testkit import Cli
 
 #: Before 510.39.01: no ``_v3`` process-listing symbols (the t4x1 machine's own driver is one).
 OLD_DRIVER = "470.239.06"

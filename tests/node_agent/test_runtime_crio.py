@@ -6,11 +6,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from agent_testkit import Cli
 
 from nvgpu.nodescripts.content import HEADER, render_crio_dropin
 from tests.kit.fakecrio import CRIO_VERSION, build_crio_host
 from tests.kit.fakehost import build_fake_host
+from tests.node_agent.agent_testkit import Cli
 
 L4 = "simulated:l4x2"
 DROPIN = "/etc/crio/crio.conf.d/99-nvidia.conf"

@@ -6,10 +6,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from agent_testkit import Cli
 
 from nvgpu.nodescripts.content import dropin_for
 from tests.kit.fakehost import build_fake_host
+from tests.node_agent.agent_testkit import Cli
 
 H100 = "simulated:dgx-h100"
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_testkit import ApiServer, Cli
-
 from tests.kit.fakehost import build_fake_host
+from tests.node_agent.agent_testkit import ApiServer, Cli
 
 SETUP = "node.deckhouse.io/gpu-setup-complete"
 VFIO = "node.deckhouse.io/gpu-vfio-ready"

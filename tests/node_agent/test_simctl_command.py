@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_testkit import Cli
-
 from node_agent.nvml import EventKind, NvmlBackend, open_nvml
 from tests.kit.fakehost import build_fake_host
+from tests.node_agent.agent_testkit import Cli
 
 H100 = "simulated:dgx-h100"
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_testkit import Cli
-
 from node_agent.host import HostRoot
 from node_agent.journal import Journal
 from node_agent.sysctl import DROPIN
 from nvgpu.nodescripts.content import sysctl_dropin
 from tests.kit.fakehost import FakeHost, build_fake_host
+from tests.node_agent.agent_testkit import Cli
 
 A30 = "simulated:a30x4"
 FORMER = "/etc/sysctl.d/99-nvidia-gpu.conf"

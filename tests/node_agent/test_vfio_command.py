@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from agent_testkit import ApiServer, Cli
 
 from node_agent import vfio
 from node_agent.context import AgentContext
@@ -15,6 +14,7 @@ from node_agent.host import HostError, read_device
 from node_agent.nvml.sim.state import SimProcess
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.fakekernel import FakeKernelHostRoot
+from tests.node_agent.agent_testkit import ApiServer, Cli
 
 A30 = "simulated:a30x4"
 GPU1 = "0000:31:00.0"

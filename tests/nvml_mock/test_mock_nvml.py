@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.nvml_mock.mockhost import mock_env, mock_host
+from tests.kit.mockhost import mock_env, mock_host
 from tests.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,12 +91,12 @@ _NVML_BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
 def probe_main() -> None:
     """``python -c '...; probe_main()' ROOT NVML WHAT``: print one probe's JSON result."""
     from node_agent.nvml import NvmlBackend
-    from node_agent.nvml.sim import DEFAULT_STATE_DIR
+    from tests.kit.fakehost import sim_state_file
 
     root, spec, what = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     machine = spec.partition(":")[2]
     # The same state file the CLI uses under a host root, so probes and commands see one machine.
-    backend = NvmlBackend.parse(spec, root / DEFAULT_STATE_DIR.lstrip("/") / f"{machine}.json" if machine else None)
+    backend = NvmlBackend.parse(spec, sim_state_file(root, machine) if machine else None)
     probes: dict[str, Callable[[Path, Any], dict[str, Any]]] = {
         "nvml": _probe_nvml, "mig": _probe_mig, "errors": _probe_errors}
     print(json.dumps(probes[what](root, backend), sort_keys=True))

@@ -19,10 +19,14 @@ from typing import Any
 import grpc
 
 from node_agent.kubelet.api import grpc_api, pb
+from tests.kit.kubelet.common import KUBELET_SOCKET, dial, remove_sockets
 
 
 @dataclass
 class Endpoint:
+    """One registered resource as kubelet's device manager holds it: the plugin's socket and options, and
+    the latest ListAndWatch answer (device health and NUMA topology), with a condition to wait on."""
+
     resource: str
     socket: Path
     options: Any
@@ -36,10 +40,13 @@ class Endpoint:
     changed: threading.Condition = field(default_factory=threading.Condition)
 
 
-class KubeletStandIn:
+class DevicePluginKubelet:
+    """kubelet's device manager on ``directory`` (its ``device-plugins`` dir); ``reject`` may refuse a
+    registration with a reason, as kubelet refuses a bad resource name or version."""
+
     def __init__(self, directory: Path, reject: Callable[[Any], str | None] | None = None):
         self.dir = directory
-        self.socket = directory / "kubelet.sock"
+        self.socket = directory / KUBELET_SOCKET
         self.endpoints: dict[str, Endpoint] = {}
         self.registrations: list[tuple[str, str, str, float]] = []  # (version, endpoint, resource, time)
         self._reject = reject
@@ -63,7 +70,7 @@ class KubeletStandIn:
 
     def _connect(self, resource: str, endpoint: str) -> None:
         path = self.dir / endpoint
-        channel = grpc.insecure_channel(f"unix://{path}")
+        channel = dial(path)
         stub = grpc_api.DevicePluginStub(channel)
         try:
             options = stub.GetDevicePluginOptions(pb.Empty(), timeout=5)
@@ -110,10 +117,11 @@ class KubeletStandIn:
         for ep in self.endpoints.values():
             ep.channel.close()
         if wipe:  # kubelet removes the plugins' sockets when it restarts
-            for p in self.dir.glob("*.sock"):
-                p.unlink(missing_ok=True)
+            remove_sockets(self.dir)
 
     def restart(self, wipe: bool = True) -> float:
+        """Stop and start again, forgetting every endpoint (``wipe``: and the plugins' sockets, as kubelet
+        does); the time of the restart, for :meth:`wait_registered`'s ``after``."""
         self.stop(wipe)
         with self._lock:
             self.endpoints.clear()
@@ -122,6 +130,7 @@ class KubeletStandIn:
 
     # -- kubelet-side calls --
     def wait_registered(self, resources: set[str], timeout: float = 5.0, after: float = 0.0) -> None:
+        """Until every resource registered (at or after ``after``) and kubelet has dialed it back."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
@@ -159,11 +168,3 @@ class KubeletStandIn:
     def prestart(self, resource: str, ids: list[str]) -> Any:
         return self.endpoints[resource].stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=5)
 
-
-def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``check`` until true: kubelet's view (the stand-in) can run ahead of the plugin's own state."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        time.sleep(0.01)

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from node_agent.kubelet.dra.server import reg_grpc, reg_pb, v1_grpc, v1_pb, v1beta1_grpc, v1beta1_pb
+from tests.kit.kubelet.common import PLUGINS_REGISTRY_DIR, dial, wait_for_sockets
 
 KUBELET_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 CALL_TIMEOUT = 45.0
@@ -20,6 +21,8 @@ CALL_TIMEOUT = 45.0
 
 @dataclass
 class Registered:
+    """A plugin kubelet accepted: its name, endpoint, the DRA version both sides speak, and a stub for it."""
+
     name: str
     endpoint: str
     version: str
@@ -28,8 +31,12 @@ class Registered:
     pb: Any
 
 
-class KubeletStandIn:
-    def __init__(self, host_root: Path, registry_dir: str = "/var/lib/kubelet/plugins_registry",
+class DraKubelet:
+    """kubelet's plugin watcher and DRA manager for the node under ``host_root`` (``registry_dir`` is where
+    it looks for registration sockets, a host path; ``known_versions`` the DRA versions this kubelet
+    speaks, newest first)."""
+
+    def __init__(self, host_root: Path, registry_dir: str = PLUGINS_REGISTRY_DIR,
                  known_versions: Sequence[str] = KUBELET_VERSIONS) -> None:
         self.root = host_root
         self.registry = host_root / registry_dir.lstrip("/")
@@ -37,17 +44,11 @@ class KubeletStandIn:
         self.plugins: dict[str, Registered] = {}
 
     def discover(self, timeout: float = 5.0) -> list[Path]:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            found = sorted(self.registry.glob("*-reg.sock")) if self.registry.is_dir() else []
-            if found:
-                return found
-            time.sleep(0.01)
-        raise TimeoutError(f"no registration socket appeared in {self.registry}")
+        return wait_for_sockets(self.registry, "*-reg.sock", timeout)
 
     def register(self, timeout: float = 5.0) -> Registered:
         socket = self.discover(timeout)[0]
-        with grpc.insecure_channel(f"unix://{socket}") as channel:
+        with dial(socket) as channel:
             reg = reg_grpc.RegistrationStub(channel)
             info = reg.GetInfo(reg_pb.InfoRequest(), timeout=timeout)
             if info.type != "DRAPlugin":
@@ -59,11 +60,24 @@ class KubeletStandIn:
                 raise AssertionError("no common version")
             reg.NotifyRegistrationStatus(reg_pb.RegistrationStatus(plugin_registered=True), timeout=timeout)
         endpoint = self.root / info.endpoint.lstrip("/")
-        channel = grpc.insecure_channel(f"unix://{endpoint}")
+        channel = dial(endpoint)
         grpc_mod, pb = (v1_grpc, v1_pb) if version == "v1.DRAPlugin" else (v1beta1_grpc, v1beta1_pb)
         plugin = Registered(info.name, info.endpoint, version, channel, grpc_mod.DRAPluginStub(channel), pb)
         self.plugins[info.name] = plugin
         return plugin
+
+    def register_when_served(self, timeout: float) -> Registered:
+        """:meth:`register`, retried while the registration socket exists but does not answer yet (a plugin
+        may create the socket file before it serves on it, as NVIDIA's does): kubelet's plugin watcher
+        retries such a plugin too."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.register(timeout=max(1.0, deadline - time.monotonic()))
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def _claims(self, plugin: Registered, claims: Sequence[tuple[str, str, str]]) -> list[Any]:
         return [plugin.pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]

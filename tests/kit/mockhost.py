@@ -1,4 +1,9 @@
-"""A host root laid out to match what NVIDIA's mock NVML reports (the mock models no host of its own)."""
+"""A host root laid out to match what NVIDIA's mock NVML reports (the mock models no host of its own).
+
+Shared by the mock-NVML comparisons (``tests/nvml_mock``), the side-by-side machines (``tests/compare``) and
+the dev-node containers (``tests/cluster``); the machine's inventory comes from the mock itself, through the
+``nvml`` probe of ``tests/nvml_mock/test_mock_nvml.py`` run in a subprocess (the mock is loaded per process).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,17 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from node_agent.host.pci import normalize_address
+from tests.kit.fakehost import (
+    DEFAULT_MODULES,
+    GPU_CLASS,
+    NVIDIA_VENDOR,
+    build_fake_host,
+    driver_version_text,
+    pci_config_space,
+    pci_device,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,33 +59,19 @@ def _bars(i: int) -> str:
 def mock_host(root: Path, probe: dict[str, Any]) -> None:
     """A host whose PCI bus, /proc and /dev match what the mock's NVML reports (the mock models no host).
 
-    Each GPU's PCI directory has what sysfs always has: ``numa_node`` (``-1``: the mock models no NUMA
-    placement, so none is claimed) and a 256-byte ``config`` space with the IDs and class and no
-    capability list (so no vendor capability: not a vGPU). No DMI product: the mock has no model of one.
+    Each GPU's PCI directory (under its root complex, as the fake hosts lay PCI out) has what sysfs always
+    has: ``numa_node`` (``-1``: the mock models no NUMA placement, so none is claimed) and a 256-byte
+    ``config`` space with the IDs and class and no capability list (so no vendor capability: not a vGPU).
+    No DMI product: the mock has no model of one.
     """
-    from node_agent.host.pci import normalize_address
-    from tests.kit.fakehost import DEFAULT_MODULES, build_fake_host, driver_version_text
-
-    build_fake_host(root, None)  # the machine-independent parts: another PCI device, containerd, sysctl
-
-    def write(path: str, text: str) -> None:
-        p = root / path.lstrip("/")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-
+    host = build_fake_host(root, None)  # the machine-independent parts: another PCI device, containerd, sysctl
+    write = host.put
     for i, g in enumerate(probe["gpus"]):
         addr = normalize_address(g["pci_bus_id"])
-        base = f"/sys/bus/pci/devices/{addr}"
-        write(f"{base}/vendor", "0x10de\n")
-        write(f"{base}/device", f"0x{g['pci_device_id']:04x}\n")
-        write(f"{base}/class", "0x030200\n")
-        write(f"{base}/numa_node", "-1\n")
-        config = bytearray(256)
-        config[0:4] = (0x10DE).to_bytes(2, "little") + int(g["pci_device_id"]).to_bytes(2, "little")
-        config[9:12] = bytes((0x00, 0x02, 0x03))  # programming interface, subclass 3D, class display
-        (root / base.lstrip("/") / "config").write_bytes(bytes(config))
-        write(f"{base}/resource", _bars(i))
-        (root / base.lstrip("/") / "driver").symlink_to("../../drivers/nvidia")
+        device_id = int(g["pci_device_id"])
+        sysfs = pci_device(root, addr, vendor=NVIDIA_VENDOR, device=device_id, pci_class=GPU_CLASS, driver="nvidia",
+                           numa_node=-1, config=pci_config_space(device_id))
+        (sysfs / "resource").write_text(_bars(i))
         write(f"/proc/driver/nvidia/gpus/{addr}/information",
               f"Model: \t\t {g['name']}\nGPU UUID: \t {g['uuid']}\nBus Location: \t {addr}\n"
               f"Device Minor: \t {g['minor']}\n")

@@ -1,9 +1,10 @@
-"""Hardware and cluster builders for the DRA tests: read like descriptions of the node under test."""
+"""Hardware and cluster builders for the DRA kubelet plugin: inventories, allocated claims and recording
+stand-ins that read like descriptions of the node under test. In the kit because the DRA, CDI and cluster tests
+(and the DRA benchmark) build the same nodes and claims."""
 
 from __future__ import annotations
 
 import threading
-import uuid as uuidlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -12,42 +13,45 @@ from typing import Any
 from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
 from node_agent.dra.nvml_source import architecture_name
 from nvgpu import catalogue
+from tests.kit.gpus import gpu_uuid, mig_profile, sysfs_address
+from tests.kit.migcaps import cap_device, minor_table
 
 DRIVER = "gpu.nvidia.com"
 NODE = "gpu-node-1"
 
 
 def full_gpu(minor: int = 0, model: catalogue.GpuModel = catalogue.H100_80GB, **kw: Any) -> GpuInfo:
+    """GPU ``minor`` (UUIDs ``…a000`` + minor, buses from 0x18)."""
     return GpuInfo(
-        index=minor, minor=minor, uuid=f"GPU-{uuidlib.UUID(int=0xA000 + minor)}", product_name=model.product_names[0],
+        index=minor, minor=minor, uuid=gpu_uuid(minor, base=0xA000), product_name=model.product_names[0],
         brand="Nvidia", architecture=architecture_name(model.architecture), compute_capability=model.compute_capability,
-        memory_bytes=model.memory_mib * 2**20, pci_bus_id=f"0000:{0x18 + minor:02x}:00.0", **kw,
+        memory_bytes=model.memory_mib * 2**20, pci_bus_id=sysfs_address(0x18 + minor), **kw,
     )
 
 
 def mig_devices(parent: GpuInfo, profiles: Sequence[tuple[str, int]],
                 model: catalogue.GpuModel = catalogue.H100_80GB) -> list[MigInfo]:
-    """MIG devices on ``parent``: ``[(profile, placement start), ...]``."""
-    assert model.mig is not None
+    """MIG devices on ``parent``: ``[(profile, placement start), ...]``, their capability device nodes as the
+    driver numbers them on a node whose GPUs are minors 0 to ``parent.minor``."""
+    caps = minor_table(range(parent.minor + 1))
     out = []
     for gi, (name, start) in enumerate(profiles, start=1):
-        p = model.mig.profile(name)
-        assert p is not None, name
+        p = mig_profile(model, name)
         out.append(MigInfo(
             parent_uuid=parent.uuid, parent_minor=parent.minor,
-            uuid=f"MIG-{uuidlib.UUID(int=(parent.minor << 8) + gi)}",
+            uuid=gpu_uuid(gi, base=parent.minor << 8, kind="MIG"),
             profile=p.name, profile_id=p.profile_id, placement_start=start, placement_size=p.memory_slices,
             memory_bytes=p.memory_mib * 2**20, multiprocessors=p.multiprocessors, gi_id=gi, ci_id=0,
-            cap_device_nodes=(f"/dev/nvidia-caps/nvidia-cap{gi * 9 + 3}", f"/dev/nvidia-caps/nvidia-cap{gi * 9 + 4}"),
+            cap_device_nodes=(cap_device(caps[(parent.minor, gi, None)]), cap_device(caps[(parent.minor, gi, 0)])),
             copy_engines=1, decoders=1 if p.compute_slices >= 2 else 0, jpeg_engines=0, ofa_engines=0,
         ))
     return out
 
 
 def vfio_gpu(index: int = 0, group: int = 42) -> VfioInfo:
-    return VfioInfo(index=index, pci_bus_id=f"0000:{0x40 + index:02x}:00.0", iommu_group=group, device_id=0x2330,
+    return VfioInfo(index=index, pci_bus_id=sysfs_address(0x40 + index), iommu_group=group, device_id=0x2330,
                     vendor_id=0x10DE, product_name="NVIDIA H100 80GB HBM3", memory_bytes=81559 * 2**20,
-                    uuid=f"GPU-{uuidlib.UUID(int=0xF000 + index)}", numa_node=0)
+                    uuid=gpu_uuid(index, base=0xF000), numa_node=0)
 
 
 def machine(gpus: int = 2, mig_on: Sequence[int] = (), vfio: int = 0) -> Inventory:
