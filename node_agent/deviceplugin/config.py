@@ -19,12 +19,14 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from nvgpu import hostpaths
+
 log = logging.getLogger(__name__)
 
 VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
-DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+DEFAULT_MPS_ROOT = hostpaths.DEVICE_PLUGIN_MPS_ROOT
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _RESOURCE_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 

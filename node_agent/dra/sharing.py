@@ -29,10 +29,11 @@ from node_agent.dra.config import GpuSharing, Strategy
 from node_agent.dra.devices import Allocatable, DeviceKind
 from node_agent.dra.hostfs import HostPaths
 from node_agent.host import CommandResult, HostError
+from nvgpu import hostpaths
 
 log = logging.getLogger(__name__)
 
-MPS_ROOT = "/run/nvidia-gpu-agent/mps"
+MPS_ROOT = hostpaths.DRA_MPS_ROOT
 
 
 class SharingError(RuntimeError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from node_agent.kubelet import codegen
+from nvgpu import hostpaths
 
 _pb2, _pb2_grpc = codegen.load("deviceplugin_v1beta1")
 
@@ -19,6 +20,6 @@ grpc_api: Any = _pb2_grpc
 VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
+DEVICE_PLUGIN_PATH = hostpaths.KUBELET_DEVICE_PLUGINS_DIR + "/"
 KUBELET_SOCKET_NAME = "kubelet.sock"
 SUPPORTED_VERSIONS = ("v1beta1",)

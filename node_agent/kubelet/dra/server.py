@@ -28,6 +28,7 @@ from node_agent.dra.claims import ClaimRef
 from node_agent.dra.driver import DraDriver
 from node_agent.dra.hostfs import HostPaths
 from node_agent.kubelet.dra import protos
+from nvgpu import hostpaths
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,8 @@ v1beta1_grpc: Any = _v1beta1_grpc
 PLUGIN_TYPE = "DRAPlugin"
 #: gRPC service names as kubelet knows them (``DRAPluginService`` in kubelet's dra/v1 and v1beta1).
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-PLUGINS_DIR = "/var/lib/kubelet/plugins"
-REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+PLUGINS_DIR = hostpaths.KUBELET_PLUGINS_DIR
+REGISTRY_DIR = hostpaths.KUBELET_PLUGINS_REGISTRY_DIR
 
 
 def _refs(request: Any) -> list[ClaimRef]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from nvgpu import hostpaths
 from nvgpu.nodescripts import NodeScript, facts
 from nvgpu.stackconfig import ClaimQuota, Cluster, NodeGroup
 from nvidia_gpu.components.manifests import Manifest
@@ -41,11 +42,11 @@ SERVICE_ACCOUNT = COMPONENT
 UNINSTALL_MARKER = "dra-uninstall-marker"
 CLEANUP_FINALIZER = "gpu.nvidia-gpu.io/dra-slices-cleanup"
 
-PLUGINS_REGISTRY = "/var/lib/kubelet/plugins_registry"
-PLUGINS = "/var/lib/kubelet/plugins"
+PLUGINS_REGISTRY = hostpaths.KUBELET_PLUGINS_REGISTRY_DIR
+PLUGINS = hostpaths.KUBELET_PLUGINS_DIR
 CDI_DIR = facts.CDI_DYNAMIC_DIR
 AGENT_STATE_DIR = facts.STATE_DIR
-MPS_DIR = "/run/nvidia-gpu-agent"
+MPS_DIR = hostpaths.AGENT_RUN_DIR
 AGENT = ["python", "-m", "node_agent"]
 #: Runs just before gpu-vfio.sh (35): the kernel parameters must be in place before the IOMMU check.
 IOMMU_SCRIPT_WEIGHT = 34

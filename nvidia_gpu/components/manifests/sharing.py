@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nvgpu import yamltext
+from nvgpu import hostpaths, yamltext
 from nvgpu.stackconfig import Mps, NodeGroup, Sharing, TimeSlicing
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels, group_object_name
@@ -19,7 +19,7 @@ from nvidia_gpu.components.manifests.meta import app_labels, group_object_name
 CONFIG_VERSION = "v1"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: Where MPS pipes and shared memory live on the host (mounted into the plugin and MPS clients).
-MPS_ROOT = "/run/nvidia/mps"
+MPS_ROOT = hostpaths.DEVICE_PLUGIN_MPS_ROOT
 COMPONENT = "device-plugin-config"
 
 

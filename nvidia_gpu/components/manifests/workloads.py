@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nvgpu import labels
+from nvgpu import hostpaths, labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import facts
 from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend, Sharing
@@ -31,7 +31,7 @@ AGENT = ["python", "-m", "node_agent"]
 #: Where the named device-plugin configs are mounted in the plugin and the labeller containers.
 DEVICE_PLUGIN_CONFIG_DIR = "/etc/nvidia-gpu/device-plugin"
 DEVICE_PLUGIN_METRICS_PORT = 9401
-KUBELET_DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
+KUBELET_DEVICE_PLUGINS = hostpaths.KUBELET_DEVICE_PLUGINS_DIR
 CDI_DIR = facts.CDI_DYNAMIC_DIR
 AGENT_STATE_DIR = facts.STATE_DIR
 #: The setup agent sees the whole host under this path (``--host-root``), never at ``/``.
