@@ -838,7 +838,7 @@ def test_device_plugin_watch_relists_after_its_version_expired(
     w = _HeldVersion(held, plugin.node, plugin.config_label, kubeconfig=plugin.agent.kubeconfig, timing=TIMING)
     seen: list[str | None] = []
     w.subscribe(lambda: seen.append(w.label()))
-    caplog.set_level(logging.INFO, logger="node_agent.deviceplugin.nodewatch")
+    caplog.set_level(logging.INFO, logger="node_agent.kube.watch")
     w.start()
     try:
         _wait_label(w, "TimeSlicing", timeout=10)
