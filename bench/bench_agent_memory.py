@@ -91,6 +91,8 @@ def main() -> int:
             "device plugin (label watch)": long_running(
                 [*base, "device-plugin", "--socket-dir", str(work / "dp"), "--metrics-port", "0",
                  "--config-dir", str(configs), "--default-config", "default"], env),
+            "device plugin (one fixed config)": long_running(
+                [*base, "device-plugin", "--socket-dir", str(work / "dp"), "--metrics-port", "0"], env),
             "DRA kubelet plugin": long_running([*base, "dra-driver"], env),
             "MIG manager": long_running([*base, "mig-manager", "--config", str(work / "mig.yaml")], env),
             "labeller (--loop --patch-node)": long_running(
