@@ -84,9 +84,9 @@ class AgentContext:
         return self.node_name
 
     def node_api(self) -> NodeApi:
-        from node_agent.nodepatch import NodeApi
+        from node_agent.nodepatch import KubeNodeApi
 
-        return NodeApi.connect(self.kubeconfig)
+        return KubeNodeApi.connect(self.kubeconfig)
 
     def fail(self, error: Exception, **extra: Any) -> int:
         """Report an error the way every command does and return its exit code."""

@@ -1,7 +1,8 @@
 """The labeller's and the node commands' Node access: read labels, patch labels, the node-group config.
 
-:class:`NodeApi` is the narrow view the commands use (``labels``, ``setup``, ``vfio``), implemented over the
-agent's one Kubernetes layer (:mod:`node_agent.kube`); tests replace it with a fake. Separate from the pure
+:class:`NodeApi` is the narrow view the commands use (``labels``, ``setup``, ``vfio``); :class:`KubeNodeApi`
+implements it over the agent's one Kubernetes layer (:mod:`node_agent.kube`), and tests replace it with a
+fake or point it at an emulator. Separate from the pure
 planning in ``node_agent.nodeconfig`` so that one is tested without an API server. The read keeps the raw
 JSON, so foreign taints (``timeAdded`` and any field this agent does not model) are re-sent byte for byte
 when the taint list is rewritten. The patch is one JSON merge patch of labels, annotations and, when it
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from node_agent.kube import nodes
@@ -23,14 +24,32 @@ from node_agent.kube.transport import Kube
 from node_agent.nodeconfig import NodePlan, NodeSnapshot
 
 
-class NodeApi:
-    """This command's Node calls; all raise :class:`~node_agent.kube.errors.KubeError` subclasses."""
+class NodeApi(Protocol):
+    """The commands' Node calls; all raise :class:`~node_agent.kube.errors.KubeError` subclasses."""
+
+    def read_node(self, node: str) -> dict[str, Any]:
+        """The Node as raw JSON (fields this agent does not model kept)."""
+        ...
+
+    def patch_node(self, node: str, body: Mapping[str, Any], what: str = "patch") -> dict[str, Any]:
+        """One JSON merge patch; answers the Node afterwards."""
+        ...
+
+    def labels(self, node: str) -> dict[str, str]: ...
+
+    def patch_labels(self, node: str, changes: Mapping[str, str | None]) -> dict[str, str]: ...
+
+    def daemonset_retired(self, namespace: str, name: str) -> bool: ...
+
+
+class KubeNodeApi:
+    """:class:`NodeApi` over :class:`node_agent.kube.transport.Kube`."""
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
 
     @classmethod
-    def connect(cls, kubeconfig: Path | None = None) -> NodeApi:
+    def connect(cls, kubeconfig: Path | None = None) -> KubeNodeApi:
         """``--kubeconfig``, the pod's ServiceAccount, or (a command run by hand) the default kubeconfig."""
         return cls(Kube.connect(kubeconfig))
 

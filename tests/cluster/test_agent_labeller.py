@@ -46,7 +46,7 @@ from node_agent.context import AgentContext
 from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
 from node_agent.kube.errors import Conflict, Gone, KubeError
 from node_agent.nodeconfig import NodePlan, Requested
-from node_agent.nodepatch import NodeApi, apply_plan
+from node_agent.nodepatch import KubeNodeApi, apply_plan
 from node_agent.nvml.sim import get_machine
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend
@@ -353,9 +353,9 @@ def test_labeller_rereads_after_a_real_conflict(kube: Kube, labeller: Labeller, 
     extra = "lab.example.com/conflict=yes:PreferNoSchedule"
     reads: list[str] = []
     refusals: list[int | None] = []
-    read_node, patch_node = NodeApi.read_node, NodeApi.patch_node
+    read_node, patch_node = KubeNodeApi.read_node, KubeNodeApi.patch_node
 
-    def read_then_race(self: NodeApi, node: str) -> dict[str, Any]:
+    def read_then_race(self: KubeNodeApi, node: str) -> dict[str, Any]:
         obj = read_node(self, node)
         reads.append(obj["metadata"]["resourceVersion"])
         if len(reads) == 1:  # the administrator's own read-modify-write, after the labeller read
@@ -364,15 +364,15 @@ def test_labeller_rereads_after_a_real_conflict(kube: Kube, labeller: Labeller, 
                                             "spec": {"taints": [*_taints(current), race]}})
         return obj
 
-    def recording_patch(self: NodeApi, node: str, body: Any, what: str = "patch") -> dict[str, Any]:
+    def recording_patch(self: KubeNodeApi, node: str, body: Any, what: str = "patch") -> dict[str, Any]:
         try:
             return patch_node(self, node, body, what)
         except KubeError as e:
             refusals.append(e.status)
             raise
 
-    monkeypatch.setattr(NodeApi, "read_node", read_then_race)
-    monkeypatch.setattr(NodeApi, "patch_node", recording_patch)
+    monkeypatch.setattr(KubeNodeApi, "read_node", read_then_race)
+    monkeypatch.setattr(KubeNodeApi, "patch_node", recording_patch)
     flags = labeller.node_flags
     want = Requested.from_flags(_flag_values(flags, "--node-label"), [*_flag_values(flags, "--node-taint"), extra])
     try:
@@ -392,7 +392,7 @@ def test_labeller_rereads_after_a_real_conflict(kube: Kube, labeller: Labeller, 
 
 def test_stale_resource_version_is_refused_by_the_server(kube: Kube, labeller: Labeller) -> None:
     """``nodepatch.apply_plan`` with a resourceVersion the Node has moved past: 409, and nothing changes."""
-    api = NodeApi.connect(labeller.agent.kubeconfig)
+    api = KubeNodeApi.connect(labeller.agent.kubeconfig)
     stale = api.read_node(labeller.node)["metadata"]["resourceVersion"]
     kube.patch("v1", "Node", labeller.node, {"metadata": {"annotations": {"lab.example.com/touched": "yes"}}})
     plan = NodePlan({"lab.example.com/stale-write": "yes"}, {}, None)
