@@ -28,13 +28,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kubernetes import client  # noqa: E402
 
 from bench.local_api import LocalApi  # noqa: E402
 from node_agent.dra.api import KubeDraApi  # noqa: E402
 from node_agent.dra.driver import DraDriver, DriverSettings  # noqa: E402
 from node_agent.dra.nvml_source import NvmlInventorySource  # noqa: E402
 from node_agent.host.root import HostRoot  # noqa: E402
+from node_agent.kube.transport import Kube  # noqa: E402
 from tests.kit.dra_builders import DRIVER, NODE, RecordingSharing, claim, machine, populate_dev  # noqa: E402
 from tests.kit.kubelet.dra import DraKubelet  # noqa: E402
 
@@ -55,10 +55,8 @@ def new_root() -> Path:
     return root
 
 
-def api_client(server: LocalApi) -> client.ApiClient:
-    cfg = client.Configuration()
-    cfg.host = server.url
-    return client.ApiClient(cfg)
+def api_client(server: LocalApi) -> Kube:
+    return Kube.for_url(server.url.rstrip("/"))
 
 
 def in_process_start(server: LocalApi) -> float:

@@ -38,7 +38,7 @@ from node_agent.nvml import NvmlBackend, open_nvml  # noqa: E402
 from node_agent.nvml.sim import MACHINES  # noqa: E402
 from nvgpu import labels  # noqa: E402
 from nvgpu.migparted import build_config  # noqa: E402
-from tests.kit.kmock import api, kmock_server  # noqa: E402
+from tests.kit.kmock import api, kmock_server, kube  # noqa: E402
 from tests.mig.fakes import Clock, FakeNode, MemoryFiles, Rebooter, pod  # noqa: E402
 from tests.mig.harness import clients_leave, deckhouse_approver  # noqa: E402
 
@@ -123,14 +123,14 @@ def bench_manager(bare_s: float) -> None:
 
 
 def bench_http() -> None:
-    print("MIG manager over HTTP (real kubernetes client, kmock on loopback), dgx-h100, cordon flow")
+    print("MIG manager over HTTP (node_agent.kube, kmock on loopback), dgx-h100, cordon flow")
     with kmock_server() as url, tempfile.TemporaryDirectory() as d:
         core = client.CoreV1Api(api(url))
         core.create_node({"metadata": {"name": "gpu-1", "labels": {
             labels.MIG_CONFIG: "all-balanced", labels.DEVICE_GPU_CONFIG: "MIG"}}})
         core.create_namespaced_pod("web", {"metadata": {"name": "web", "namespace": "web"},
                                            "spec": {"nodeName": "cpu-1", "containers": [{"name": "c", "image": "i"}]}})
-        node = KubeNodeApi(api(url), "gpu-1")
+        node = KubeNodeApi(kube(url), "gpu-1")
         state = Path(d) / "sim.json"
         with open_nvml(NvmlBackend("simulated", "dgx-h100", state)) as nvml:
             backend = NvmlMigBackend(nvml, SimulatedReset("dgx-h100", state))

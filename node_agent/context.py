@@ -23,7 +23,7 @@ from node_agent.host.root import ExecMode
 from node_agent.nvml import NvmlBackend, NvmlSession, open_nvml
 
 if TYPE_CHECKING:
-    from node_agent.kube import NodeApi
+    from node_agent.nodepatch import NodeApi
 
 HostFactory = Callable[[str, ExecMode], HostRoot]
 
@@ -84,9 +84,9 @@ class AgentContext:
         return self.node_name
 
     def node_api(self) -> NodeApi:
-        from node_agent.kube import NodeApi
+        from node_agent.nodepatch import KubeNodeApi
 
-        return NodeApi.connect(self.kubeconfig)
+        return KubeNodeApi.connect(self.kubeconfig)
 
     def fail(self, error: Exception, **extra: Any) -> int:
         """Report an error the way every command does and return its exit code."""

@@ -253,7 +253,7 @@ def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | 
     new taint list and, when ``gated``, always). ``gated``: write nothing unless the Node carries
     ``gpu-setup-complete``.
     """
-    from node_agent.kube import KubeError
+    from node_agent.kube.errors import Conflict
     from node_agent.nodepatch import apply_plan, snapshot
 
     node = ctx.require_node_name()
@@ -271,8 +271,8 @@ def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | 
             return {}, None
         try:
             apply_plan(api, node, full, snap.resource_version if gated or full.taints is not None else "")
-        except KubeError as e:
-            if e.status != 409 or attempt == CONFLICT_ATTEMPTS:
+        except Conflict:
+            if attempt == CONFLICT_ATTEMPTS:
                 raise
             log.info("node changed while patching, re-reading node=%s attempt=%d", node, attempt)
             continue

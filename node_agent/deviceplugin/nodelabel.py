@@ -4,156 +4,32 @@ The node label ``nvidia.com/device-plugin.config`` names one of the configs moun
 components' ConfigMap. :class:`ConfigWatcher` checks the selection and the mounted files every few
 seconds, and at once when the label watch (``node_agent.deviceplugin.nodewatch``) reports a change,
 and asks for a reload when the selection or its content changes, which is NVIDIA's config-manager
-sidecar folded into the plugin. Plain ``urllib`` requests with the pod's service account (or the
-``--kubeconfig`` the agent was given) keep the plugin's memory small (the kubernetes client alone costs
-about 18 MiB).
+sidecar folded into the plugin. The label itself comes from a :class:`LabelSource`: the plugin's node
+label watch, or the labeller's one read per run.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import logging
 import os
-import ssl
-import tempfile
 import threading
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from node_agent.deviceplugin.named import DEFAULT_FALLBACKS, NamedConfigError, Selection, available_configs, select
+from node_agent.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 class LabelSource(Protocol):
     def label(self) -> str | None:
-        """The label's current value (``None`` when unset); raises ``OSError`` when unreadable."""
+        """The label's current value (``None`` when unset); raises ``KubeError`` (or ``OSError``) when unreadable."""
         ...
-
-
-class ApiEndpoint:
-    """The API server as the pod sees it: base URL, CA and the service-account token (re-read per request).
-
-    With ``kubeconfig`` (the agent's ``--kubeconfig``) the server, CA and credentials come from that file's
-    current context instead, as for every other agent command, so the plugin run outside a pod (or with
-    another identity) watches with the identity it was given rather than failing on a missing mount.
-    """
-
-    def __init__(self, server: str | None = None, account_dir: Path = SERVICE_ACCOUNT, *,
-                 kubeconfig: Path | None = None):
-        self.account_dir = account_dir
-        self._token_file: Path | None = account_dir / "token"
-        self._token: str | None = None
-        if kubeconfig is not None:
-            access = _kubeconfig_access(kubeconfig)
-            self.server = (server or access.server).rstrip("/")
-            self._token, self._token_file, self._ctx = access.token, access.token_file, access.context
-            return
-        if server is None:
-            host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
-            port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-            if not host:
-                raise OSError("not running in a cluster (KUBERNETES_SERVICE_HOST is unset)")
-            server = f"https://{host}:{port}"
-        self.server = server.rstrip("/")
-        ca = account_dir / "ca.crt"
-        self._ctx = ssl.create_default_context(cafile=str(ca)) if server.startswith("https") else None
-
-    def open(self, path: str, timeout_s: float) -> Any:
-        """GET ``path`` (with its query); the caller closes the response. HTTP errors raise ``HTTPError``."""
-        token = self._token
-        if self._token_file is not None:
-            token = self._token_file.read_text().strip()  # re-read: projected tokens rotate
-        headers = {"Accept": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        req = urllib.request.Request(self.server + path, headers=headers)
-        return urllib.request.urlopen(req, timeout=timeout_s, context=self._ctx)
-
-
-@dataclass(frozen=True)
-class _Access:
-    server: str
-    context: ssl.SSLContext | None
-    token: str | None
-    token_file: Path | None
-
-
-def _kubeconfig_access(path: Path) -> _Access:
-    """Server, TLS context and bearer token (or token file) of ``path``'s current context.
-
-    What the agent's kubeconfigs use (tests, development, a node's admin file): a token, a token file or a
-    client certificate, files relative to the kubeconfig as ``kubectl`` reads them. Exec plugins and auth
-    providers would need the kubernetes client this module avoids: refused with a message, not ignored.
-    """
-    import yaml  # only when a kubeconfig is given: the in-pod path never loads it
-
-    def named(doc: dict[str, Any], section: str, name: object) -> dict[str, Any]:
-        for entry in doc.get(section) or []:
-            if entry.get("name") == name:
-                return dict(entry.get(section[:-1]) or {})
-        raise OSError(f"kubeconfig {path}: no {section[:-1]} named {name!r}")
-
-    def local(value: object) -> Path:
-        p = Path(str(value))
-        return p if p.is_absolute() else path.parent / p
-
-    try:
-        doc = yaml.safe_load(path.read_text())
-        if not isinstance(doc, dict):
-            raise OSError(f"kubeconfig {path}: not a mapping")
-        context = named(doc, "contexts", doc.get("current-context"))
-        cluster = named(doc, "clusters", context.get("cluster"))
-        user = named(doc, "users", context.get("user")) if context.get("user") else {}
-    except yaml.YAMLError as e:
-        raise OSError(f"kubeconfig {path}: {e}") from e
-    unsupported = sorted({"exec", "auth-provider"} & set(user))
-    if unsupported:
-        raise OSError(f"kubeconfig {path}: {unsupported[0]} credentials are not supported by the node label "
-                      "watch (use a token, a token file or a client certificate)")
-    server = str(cluster.get("server") or "")
-    if not server:
-        raise OSError(f"kubeconfig {path}: the cluster has no server")
-    ctx: ssl.SSLContext | None = None
-    if server.startswith("https"):
-        ca_data = cluster.get("certificate-authority-data")
-        ca_file = cluster.get("certificate-authority")
-        ctx = ssl.create_default_context(
-            cafile=str(local(ca_file)) if ca_file else None,
-            cadata=base64.b64decode(ca_data).decode() if ca_data else None)
-        if cluster.get("insecure-skip-tls-verify"):
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        _load_client_cert(ctx, user, local)
-    token_file = user.get("tokenFile")
-    return _Access(server, ctx, str(user["token"]) if user.get("token") else None,
-                   local(token_file) if token_file else None)
-
-
-def _load_client_cert(ctx: ssl.SSLContext, user: Mapping[str, Any], local: Callable[[object], Path]) -> None:
-    """The user's client certificate, from files or inline data (``load_cert_chain`` reads files only)."""
-    if user.get("client-certificate"):
-        key = user.get("client-key")
-        ctx.load_cert_chain(str(local(user["client-certificate"])), str(local(key)) if key else None)
-    elif user.get("client-certificate-data"):
-        with tempfile.TemporaryDirectory() as tmp:
-            cert, key_path = Path(tmp) / "cert", Path(tmp) / "key"
-            cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
-            key_path.write_bytes(base64.b64decode(user.get("client-key-data") or ""))
-            ctx.load_cert_chain(str(cert), str(key_path) if user.get("client-key-data") else None)
-
-
-def node_label(node: Mapping[str, Any], key: str) -> str | None:
-    """A label's value from a Node object as JSON (``None`` when unset)."""
-    value = (node.get("metadata") or {}).get("labels", {}).get(key)
-    return str(value) if value is not None else None
 
 
 def _env_path(name: str) -> Path | None:
@@ -199,7 +75,7 @@ class ConfigSelector:
             return None
         try:
             self._last_label = self.labels.label()
-        except OSError as e:  # API hiccup: keep the last known label, do not flap
+        except (KubeError, OSError) as e:  # API hiccup: keep the last known label, do not flap
             log.warning("event=label-read-failed error=%s", e)
         return self._last_label
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 
-from node_agent.dra.api import ApiError, DraApi
+from node_agent.dra.api import DraApi
+from node_agent.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class UninstallWatcher:
         while True:
             try:
                 self.check()
-            except ApiError as e:
+            except KubeError as e:
                 log.warning("event=uninstall-check-failed error=%s", e)
             if stop.wait(interval):
                 return

@@ -23,7 +23,7 @@ from typing import Any
 
 from node_agent.cdi.driveredits import DriverEditsSource
 from node_agent.cdi.spec import ContainerEdits
-from node_agent.dra.api import ApiError, DraApi
+from node_agent.dra.api import DraApi
 from node_agent.dra.checkpoint import Recovery
 from node_agent.dra.claims import ClaimError, ClaimRef, parse_claim
 from node_agent.dra.devices import Allocatable, HealthAction, InventorySource, allocatable_devices
@@ -32,6 +32,7 @@ from node_agent.dra.publisher import Publication, SlicePublisher
 from node_agent.dra.sharing import SharingBackend
 from node_agent.dra.state import Deadline, DeviceState, PrepareError, ResultDevice
 from node_agent.host.atomic import LockTimeout
+from node_agent.kube.errors import KubeError, NotFound
 from nvgpu.nodescripts import facts
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class DraDriver:
                 return None
         try:
             pub = self.publisher.publish(devices)
-        except ApiError as e:
+        except KubeError as e:
             self._dirty = True
             log.warning("event=publish-failed error=%s", e)
             return None
@@ -158,7 +159,7 @@ class DraDriver:
         node = self.publisher.node_ref()
         try:
             self._api.node_event(node.name, node.uid, reason=reason, message=message, warning=corrupted)
-        except ApiError as e:
+        except KubeError as e:
             log.warning("event=node-event-failed reason=%s error=%s", reason, e)
 
     def resync(self) -> None:
@@ -207,8 +208,8 @@ class DraDriver:
                 out[ref.uid] = PrepareOutcome(devices=tuple(devices))
                 log.debug("event=prepare-timing claim=%s read_ms=%.2f prepare_ms=%.2f", ref,
                           (read - started) * 1e3, (self._clock() - read) * 1e3)
-            except (ApiError, ClaimError, PrepareError, LockTimeout) as e:
-                msg = f"claim {ref}: not found" if isinstance(e, ApiError) and e.not_found else str(e)
+            except (KubeError, ClaimError, PrepareError, LockTimeout) as e:
+                msg = f"claim {ref}: not found" if isinstance(e, NotFound) else str(e)
                 log.warning("event=prepare-refused claim=%s uid=%s error=%s", ref, ref.uid, msg)
                 out[ref.uid] = PrepareOutcome(error=msg)
             except Exception as e:

@@ -7,14 +7,16 @@ highest generation never mix two inventories. An unchanged inventory costs one l
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from node_agent.dra.api import ApiError, DraApi
+from node_agent.dra.api import DraApi
 from node_agent.dra.devices import Allocatable
 from node_agent.dra.slices import NodeRef, build_slices, content_key
+from node_agent.kube.errors import KubeError, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ class SlicePublisher:
         if self._node is None:
             try:
                 self._node = NodeRef(self._node_name, self._api.get_node_uid(self._node_name))
-            except ApiError as e:
+            except KubeError as e:
                 log.warning("event=node-uid-unknown node=%s error=%s", self._node_name, e)
                 return NodeRef(self._node_name)
         return self._node
@@ -69,11 +71,8 @@ class SlicePublisher:
                 else:
                     self._api.create_slice(body)
             for name in sorted(have - {b["metadata"]["name"] for b in desired}):
-                try:
+                with contextlib.suppress(NotFound):  # already gone
                     self._api.delete_slice(name)
-                except ApiError as e:
-                    if not e.not_found:
-                        raise
             log.info("event=slices-published driver=%s node=%s generation=%d slices=%d devices=%d",
                      self._driver, self._node_name, generation, len(desired), len(devices))
             return Publication(generation, len(desired), len(devices), changed=True)
@@ -83,10 +82,7 @@ class SlicePublisher:
         with self._lock:
             gone = 0
             for s in self._api.list_slices(self._driver, self._node_name):
-                try:
+                with contextlib.suppress(NotFound):  # already gone
                     self._api.delete_slice(s["metadata"]["name"])
                     gone += 1
-                except ApiError as e:
-                    if not e.not_found:
-                        raise
             return gone

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node_agent import exitcodes, nvml
 from node_agent.cdi.driveredits import DriverEditsSource
@@ -32,13 +32,15 @@ from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
 from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
 from node_agent.deviceplugin.nodelabel import ConfigWatcher, LabelSource, add_config_source_arguments, config_selector
-from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.driverroot import DriverRoot
 from node_agent.host import HostRoot
 from node_agent.kubelet.api import DEVICE_PLUGIN_PATH
 from node_agent.kubelet.lifecycle import Supervisor
+
+if TYPE_CHECKING:
+    from node_agent.deviceplugin.nodewatch import NodeLabelWatch
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +196,14 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     labels: NodeLabelWatch | None = None
     node_name = ctx.node_name or env.get("NODE_NAME")
     if args.config_dir is not None and node_name:
+        # Only now the Kubernetes layer: a plugin serving one fixed config never loads it.
+        from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
+        from node_agent.kube.errors import KubeError
+
         try:
             labels = NodeLabelWatch(node_name, args.config_label, kubeconfig=ctx.kubeconfig,
                                     timing=WatchTiming(relist_interval_s=args.config_poll_interval))
-        except OSError as e:
+        except KubeError as e:
             log.warning("event=node-label-unavailable error=%s action=use-default-config", e)
     try:
         proc = PluginProcess(args, env, None, labels, host=ctx.host, backend=ctx.nvml_backend)

@@ -32,7 +32,8 @@ from typing import Any
 
 from node_agent.host import HostRoot
 from node_agent.host.proc import boot_id
-from node_agent.kubeclient import KubeError, api_client
+from node_agent.kube.errors import KubeError
+from node_agent.kube.transport import Kube
 from node_agent.mig import apply
 from node_agent.mig.executor import MigManager, Settings
 from node_agent.mig.hardware import GpuInfo, MigBackend, MigHardwareError, ResetUnavailable, snapshot
@@ -226,7 +227,7 @@ def run_manager(args: argparse.Namespace) -> int:
         timeouts=Timeouts(approval=args.approval_timeout, drain=args.drain_timeout, clients=args.clients_timeout),
     )
     try:
-        node = KubeNodeApi(api_client(getattr(args, "kubeconfig", None)), node_name)
+        node = KubeNodeApi(Kube.connect(getattr(args, "kubeconfig", None)), node_name)
         with open_backend(args) as backend:
             manager = MigManager(
                 node=node,

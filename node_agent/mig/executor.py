@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from node_agent.kubeclient import KubeError
+from node_agent.kube.errors import Conflict, KubeError
 from node_agent.mig import apply
 from node_agent.mig.hardware import GpuInfo, MigBackend, MigHardwareError, ResetUnavailable, snapshot
 from node_agent.mig.journal import JOURNAL_PATH, Journal, JournalError, JournalGpu, JournalStore, Outcome, Phase
@@ -56,7 +56,6 @@ DEFAULT_CLIENT_LABELS: tuple[tuple[str, str], ...] = (
     ("app.kubernetes.io/name", "gpu-labeller"),
     ("app.kubernetes.io/name", "dra-kubelet-plugin"),
 )
-CONFLICT = 409  #: the API server's answer to a patch whose resourceVersion precondition failed
 #: Actions after which the loop blocks until something changes.
 BLOCKING = frozenset({Act.IDLE, Act.WAIT, Act.EXIT, Act.REBOOT})
 
@@ -257,9 +256,7 @@ class MigManager:
                 self._target = None
             try:
                 self._perform(action, obs, target)
-            except KubeError as e:
-                if e.status != CONFLICT:
-                    raise
+            except Conflict:
                 # The Node changed since it was read (a taint patch is conditional on the version it
                 # was computed from): nothing of the step happened; read again and decide again.
                 log.info("event=node-changed-meanwhile act=%s", action.act.value)

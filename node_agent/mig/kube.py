@@ -1,9 +1,10 @@
-"""The MIG manager's Kubernetes side: its own Node, the pods on it, and Events, over the official client.
+"""The MIG manager's Kubernetes side: its own Node, the pods on it, and Events.
 
-Only this module imports ``kubernetes``. It exposes the few calls the manager makes as
-:class:`NodeApi`, returning plain frozen values, so the executor is tested against an in-memory fake
-and this wrapper against a fake HTTP API server (kmock). Every call is counted (``calls``) for the
-benchmark's API-calls-per-reconfiguration figure.
+The few calls the manager makes are :class:`NodeApi`, returning plain frozen values, so the executor is
+tested against an in-memory fake; :class:`KubeNodeApi` implements it over the agent's one Kubernetes layer
+(:mod:`node_agent.kube`, raw JSON: no typed models, which cost 20 MiB and drop fields such as a taint's
+``timeAdded``), tested against a fake HTTP API server (kmock) and a real one. Every call is counted
+(``calls``) for the benchmark's API-calls-per-reconfiguration figure.
 
 Node changes are JSON merge patches of ``metadata.labels``/``annotations`` (``None`` deletes a key),
 ``spec.taints`` (the whole list, as merge patch replaces lists) and ``spec.unschedulable``: one PATCH
@@ -15,22 +16,18 @@ meanwhile; the executor then re-reads the Node and decides again.
 
 from __future__ import annotations
 
-import functools
 import logging
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from kubernetes import client, watch
-from kubernetes.client.exceptions import ApiException
-
-from node_agent.kubeclient import MERGE_PATCH, KubeError
+from node_agent.kube import events, nodes, pods
+from node_agent.kube.errors import Conflict, Gone, KubeError, TooManyRequests
+from node_agent.kube.transport import Kube, Stream
+from node_agent.kube.watch import watch_once
 
 log = logging.getLogger(__name__)
 
-EVENT_NAMESPACE = "default"  #: Node events live in ``default``, as kubelet's do
 COMPONENT = "nvidia-gpu-mig-manager"
 
 
@@ -95,30 +92,18 @@ class NodePatch:
         return not self.labels and not self.annotations and self.taints is None and self.unschedulable is None
 
     def body(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {}
-        if self.labels:
-            meta["labels"] = dict(self.labels)
-        if self.annotations:
-            meta["annotations"] = dict(self.annotations)
-        if self.resource_version:
-            meta["resourceVersion"] = self.resource_version
-        spec: dict[str, Any] = {}
-        if self.taints is not None:
-            spec["taints"] = [t.to_dict() for t in self.taints]
-        if self.unschedulable is not None:
-            spec["unschedulable"] = self.unschedulable
-        out: dict[str, Any] = {}
-        if meta:
-            out["metadata"] = meta
-        if spec:
-            out["spec"] = spec
-        return out
+        return nodes.patch_body(labels=self.labels, annotations=self.annotations,
+                                taints=None if self.taints is None else [t.to_dict() for t in self.taints],
+                                unschedulable=self.unschedulable, resource_version=self.resource_version)
 
 
 class NodeApi(Protocol):
-    """The calls the MIG manager makes; all raise :class:`KubeError`."""
+    """The calls the MIG manager makes; all raise ``node_agent.kube.errors.KubeError`` subclasses."""
 
-    calls: int
+    @property
+    def calls(self) -> int:
+        """API calls made so far."""
+        ...
 
     def read_node(self) -> NodeView: ...
 
@@ -145,195 +130,118 @@ class NodeApi(Protocol):
         ...
 
 
-def _node_view(obj: Any) -> NodeView:
-    meta = obj.metadata
-    spec = obj.spec
-    taints = tuple(
-        Taint(t.key, t.value or "", t.effect, _rfc3339(t.time_added))
-        for t in ((spec.taints if spec is not None else None) or [])
-    )
+def node_view(obj: Mapping[str, Any]) -> NodeView:
+    """The manager's view of a Node as raw JSON."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
     return NodeView(
-        name=meta.name,
-        uid=meta.uid or "",
-        labels=dict(meta.labels or {}),
-        annotations=dict(meta.annotations or {}),
-        taints=taints,
-        unschedulable=bool(spec.unschedulable) if spec is not None else False,
-        resource_version=meta.resource_version or "",
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        labels=nodes.labels_of(obj),
+        annotations=nodes.annotations_of(obj),
+        taints=tuple(Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""),
+                           str(t.get("timeAdded") or "")) for t in nodes.taints_of(obj)),
+        unschedulable=bool(spec.get("unschedulable")),
+        resource_version=str(meta.get("resourceVersion") or ""),
     )
 
 
-def _rfc3339(value: Any) -> str:
-    """The client's ``datetime`` (or a string some fakes send) back in the API's ``Time`` format."""
-    if not value:
-        return ""
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return str(value)
-
-
-def _pod_view(pod: Any) -> PodView:
-    spec = pod.spec
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    """What the drain needs of a pod as raw JSON."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
     requests: set[str] = set()
-    for c in [*(spec.containers or []), *(spec.init_containers or [])]:
-        res = c.resources
-        for block in (res.requests, res.limits) if res is not None else ():
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        res = c.get("resources") or {}
+        for block in (res.get("requests"), res.get("limits")):
             requests.update(k for k in (block or {}) if k.startswith("nvidia.com/"))
-    keys = set((spec.node_selector or {}).keys())
-    affinity = spec.affinity.node_affinity if spec.affinity is not None else None
-    required = affinity.required_during_scheduling_ignored_during_execution if affinity is not None else None
-    for term in (required.node_selector_terms or []) if required is not None else []:
-        keys.update(e.key for e in term.match_expressions or [])
-    owners = pod.metadata.owner_references or []
+    keys = set((spec.get("nodeSelector") or {}).keys())
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    for term in required.get("nodeSelectorTerms") or []:
+        keys.update(str(e.get("key")) for e in term.get("matchExpressions") or [])
     return PodView(
-        namespace=pod.metadata.namespace or "",
-        name=pod.metadata.name,
-        phase=(pod.status.phase if pod.status is not None else None) or "Pending",
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        phase=str((pod.get("status") or {}).get("phase") or "Pending"),
         gpu_requests=tuple(sorted(requests)),
         selector_keys=tuple(sorted(keys)),
-        daemonset=any(o.kind == "DaemonSet" for o in owners),
-        labels=dict(pod.metadata.labels or {}),
+        daemonset=any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []),
+        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
     )
 
 
 class KubeNodeApi:
-    """:class:`NodeApi` over ``kubernetes.client`` for one Node."""
+    """:class:`NodeApi` over :class:`node_agent.kube.transport.Kube` for one Node."""
 
-    def __init__(self, api_client: client.ApiClient, node_name: str, request_timeout_s: float = 30.0) -> None:
-        self.core = client.CoreV1Api(api_client)
+    def __init__(self, kube: Kube, node_name: str) -> None:
+        self.kube = kube
         self.node_name = node_name
-        self.timeout = request_timeout_s
-        self.calls = 0
         self._cancelled = False
-        self._watch_response: Any = None  #: the open watch's urllib3 response, for :meth:`cancel_waits`
+        self._stream: Stream | None = None  #: the open watch, for :meth:`cancel_waits`
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        try:
-            return fn(*args, _request_timeout=self.timeout, **kwargs)
-        except ApiException as e:
-            raise KubeError(f"{what}: HTTP {e.status} {e.reason}", e.status) from e
-        except Exception as e:  # urllib3 connection errors and timeouts
-            raise KubeError(f"{what}: {e}") from e
+    @property
+    def calls(self) -> int:
+        return self.kube.calls
 
     def read_node(self) -> NodeView:
-        return _node_view(self._call(f"read node {self.node_name}", self.core.read_node, self.node_name))
+        return node_view(nodes.get_node(self.kube, self.node_name))
 
     def patch_node(self, patch: NodePatch) -> NodeView:
         if patch.empty:
             return self.read_node()
-        # Say so: for a dict body the client picks JSON Patch and its REST layer quietly swaps that for
-        # a strategic merge patch; the deletions by ``None`` and the whole-list taints are merge patch's.
-        obj = self._call(f"patch node {self.node_name}", self.core.patch_node, self.node_name, patch.body(),
-                         _content_type=MERGE_PATCH)
-        return _node_view(obj)
+        return node_view(nodes.patch_node(self.kube, self.node_name, patch.body()))
 
     def pods_on_node(self) -> tuple[PodView, ...]:
-        result = self._call(
-            f"list pods on {self.node_name}",
-            self.core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={self.node_name}",
-        )
-        # Filter again: a field selector is a request, and some fakes ignore it.
-        mine = [p for p in result.items or [] if p.spec is not None and p.spec.node_name == self.node_name]
-        return tuple(_pod_view(p) for p in mine)
+        return tuple(pod_view(p) for p in pods.pods_on_node(self.kube, self.node_name))
 
     def evict(self, namespace: str, name: str) -> None:
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
         try:
-            self._call(f"evict pod {namespace}/{name}", self.core.create_namespaced_pod_eviction, name, namespace, body)
-        except KubeError as e:
-            if e.status == 404:  # already gone
-                return
+            pods.evict(self.kube, namespace, name)
+        except (TooManyRequests, Conflict) as e:
             # 429: a PodDisruptionBudget refuses for now; 409: the budget changed under the eviction.
             # Both are "not yet": the executor's drain wait retries.
-            if e.status in (429, 409):
-                log.info("event=evict-refused pod=%s/%s reason=%s", namespace, name,
-                         "pdb" if e.status == 429 else "conflict")
-                return
-            raise
+            log.info("event=evict-refused pod=%s/%s reason=%s", namespace, name,
+                     "pdb" if isinstance(e, TooManyRequests) else "conflict")
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        try:
-            self._call(f"delete pod {namespace}/{name}", self.core.delete_namespaced_pod, name, namespace)
-        except KubeError as e:
-            if e.status != 404:
-                raise
+        pods.delete_pod(self.kube, namespace, name)
 
     def event(self, node: NodeView, reason: str, message: str, warning: bool) -> None:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = {
-            "metadata": {"generateName": f"{node.name}.mig-", "namespace": EVENT_NAMESPACE},
-            "involvedObject": {"kind": "Node", "name": node.name, "uid": node.uid, "apiVersion": "v1"},
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT, "host": node.name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        self._call(f"create event for {node.name}", self.core.create_namespaced_event, EVENT_NAMESPACE, body)
+        events.post_node_event(self.kube, node.name, node.uid, component=COMPONENT, reason=reason, message=message,
+                               warning=warning)
 
     def wait_for_change(self, resource_version: str, timeout_s: float) -> None:
         if self._cancelled:
             return
-        self.calls += 1
-        w = watch.Watch()  # type: ignore[no-untyped-call]
-        kwargs: dict[str, Any] = {
-            "field_selector": f"metadata.name={self.node_name}",
-            "timeout_seconds": max(1, int(timeout_s)),
-            "_request_timeout": timeout_s + 5,
-        }
-        if resource_version:
-            kwargs["resource_version"] = resource_version
-
-        @functools.wraps(self.core.list_node)  # the watch reads the event type from the docstring
-        def list_node(*args: Any, **kw: Any) -> Any:
-            response = self.core.list_node(*args, **kw)
-            self._watch_response = response
-            log.debug("event=watch-open node=%s resource_version=%s", self.node_name, resource_version or "-")
-            # A cancel that came while the request was being sent found no response to shut down.
-            # Set-then-check here against cancel_waits' set-then-read: one of the two always sees the other.
-            if self._cancelled:
-                _shut_down(response)
-            return response
-
         try:
-            for event in _stream(w, list_node, **kwargs):
-                obj = event.get("object")
-                rv = getattr(getattr(obj, "metadata", None), "resource_version", "") or ""
+            for kind, obj in watch_once(self.kube, nodes.NODES, resource_version=resource_version,
+                                        query={"fieldSelector": f"metadata.name={self.node_name}"},
+                                        timeout_s=timeout_s, read_slack_s=5.0, on_open=self._opened):
+                if kind == "BOOKMARK":
+                    continue
+                rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
                 if not resource_version or rv != resource_version:
                     return
-        except ApiException as e:
-            if e.status == 410 or self._cancelled:  # 410: resourceVersion too old; the caller re-reads anyway
-                return
-            raise KubeError(f"watch node {self.node_name}: HTTP {e.status} {e.reason}", e.status) from e
-        except Exception as e:
+        except Gone:  # resourceVersion too old: the caller re-reads anyway
+            return
+        except KubeError:
             if self._cancelled:  # the read broken off by cancel_waits: a stop, not a failure
                 return
-            raise KubeError(f"watch node {self.node_name}: {e}") from e
+            raise
         finally:
-            self._watch_response = None
-            w.stop()  # type: ignore[no-untyped-call]
+            self._stream = None
+
+    def _opened(self, stream: Stream) -> None:
+        self._stream = stream
+        log.debug("event=watch-open node=%s", self.node_name)
+        # A cancel that came while the request was being sent found no stream to shut down.
+        # Set-then-check here against cancel_waits' set-then-read: one of the two always sees the other.
+        if self._cancelled:
+            stream.shutdown()
 
     def cancel_waits(self) -> None:
-        # Shut the socket's read side (urllib3's ``HTTPResponse.shutdown``, made to stop a read from
-        # elsewhere): a read blocked in this thread (a signal handler runs between its retries) or in
-        # another one sees end-of-stream at once. Closing the response instead would race the reader.
         self._cancelled = True
-        response = self._watch_response
-        if response is not None:
-            _shut_down(response)
-
-
-def _shut_down(response: Any) -> None:
-    """Break off a streaming response's reads; never raises (the caller may be a signal handler)."""
-    try:
-        response.shutdown()
-    except (OSError, ValueError, RuntimeError) as e:  # already closed or released: nothing left to stop
-        log.debug("event=watch-shutdown-skipped error=%s", e)
-
-
-def _stream(w: watch.Watch, fn: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
-    yield from w.stream(fn, **kwargs)  # type: ignore[no-untyped-call]
+        stream = self._stream
+        if stream is not None:
+            stream.shutdown()

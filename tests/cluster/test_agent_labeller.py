@@ -42,10 +42,10 @@ from localcluster.objects import create_kwok_node, service_account_kube, wait_fo
 from node_agent import gfd
 from node_agent import labels as labels_cmd
 from node_agent.context import AgentContext
-from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchExpired, WatchTiming
-from node_agent.kube import KubeError, NodeApi
+from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
+from node_agent.kube.errors import Conflict, Gone, KubeError
 from node_agent.nodeconfig import NodePlan, Requested
-from node_agent.nodepatch import apply_plan
+from node_agent.nodepatch import KubeNodeApi, apply_plan
 from node_agent.nvml.sim import get_machine
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend
@@ -353,9 +353,9 @@ def test_labeller_rereads_after_a_real_conflict(kube: Kube, labeller: Labeller, 
     extra = "lab.example.com/conflict=yes:PreferNoSchedule"
     reads: list[str] = []
     refusals: list[int | None] = []
-    read_node, patch_node = NodeApi.read_node, NodeApi.patch_node
+    read_node, patch_node = KubeNodeApi.read_node, KubeNodeApi.patch_node
 
-    def read_then_race(self: NodeApi, node: str) -> dict[str, Any]:
+    def read_then_race(self: KubeNodeApi, node: str) -> dict[str, Any]:
         obj = read_node(self, node)
         reads.append(obj["metadata"]["resourceVersion"])
         if len(reads) == 1:  # the administrator's own read-modify-write, after the labeller read
@@ -364,15 +364,15 @@ def test_labeller_rereads_after_a_real_conflict(kube: Kube, labeller: Labeller, 
                                             "spec": {"taints": [*_taints(current), race]}})
         return obj
 
-    def recording_patch(self: NodeApi, node: str, body: Any, what: str = "patch") -> dict[str, Any]:
+    def recording_patch(self: KubeNodeApi, node: str, body: Any, what: str = "patch") -> dict[str, Any]:
         try:
             return patch_node(self, node, body, what)
         except KubeError as e:
             refusals.append(e.status)
             raise
 
-    monkeypatch.setattr(NodeApi, "read_node", read_then_race)
-    monkeypatch.setattr(NodeApi, "patch_node", recording_patch)
+    monkeypatch.setattr(KubeNodeApi, "read_node", read_then_race)
+    monkeypatch.setattr(KubeNodeApi, "patch_node", recording_patch)
     flags = labeller.node_flags
     want = Requested.from_flags(_flag_values(flags, "--node-label"), [*_flag_values(flags, "--node-taint"), extra])
     try:
@@ -392,11 +392,11 @@ def test_labeller_rereads_after_a_real_conflict(kube: Kube, labeller: Labeller, 
 
 def test_stale_resource_version_is_refused_by_the_server(kube: Kube, labeller: Labeller) -> None:
     """``nodepatch.apply_plan`` with a resourceVersion the Node has moved past: 409, and nothing changes."""
-    api = NodeApi.connect(labeller.agent.kubeconfig)
+    api = KubeNodeApi.connect(labeller.agent.kubeconfig)
     stale = api.read_node(labeller.node)["metadata"]["resourceVersion"]
     kube.patch("v1", "Node", labeller.node, {"metadata": {"annotations": {"lab.example.com/touched": "yes"}}})
     plan = NodePlan({"lab.example.com/stale-write": "yes"}, {}, None)
-    with pytest.raises(KubeError) as refused:
+    with pytest.raises(Conflict) as refused:
         apply_plan(api, labeller.node, plan, stale)
     assert refused.value.status == 409
     assert "lab.example.com/stale-write" not in _labels(_node(kube, labeller.node))
@@ -652,7 +652,7 @@ def _stop(watch: NodeLabelWatch) -> float:
     """Stop the watch; answers how long that took (the open TLS stream must be cut, not waited out)."""
     t0 = time.monotonic()
     watch.stop()
-    assert watch._thread is not None and not watch._thread.is_alive()
+    assert watch.thread is not None and not watch.thread.is_alive()
     return time.monotonic() - t0
 
 
@@ -691,9 +691,9 @@ def test_device_plugin_watch_follows_its_config_label(kube: Kube, plugin: Plugin
 
 
 def test_device_plugin_watch_reads_kubeconfig_variants(plugin: Plugin, tmp_path: Path) -> None:
-    """The watch's own kubeconfig reader (it avoids the kubernetes client): inline CA data and a token
-    file relative to the kubeconfig verify and authenticate against the real server; credentials it cannot
-    use (an exec plugin) are refused by name instead of silently sending no token."""
+    """The agent's kubeconfig reader (``node_agent.kube.credentials``, which avoids the kubernetes client's
+    loader): inline CA data and a token file relative to the kubeconfig verify and authenticate against the
+    real server; an exec plugin is handed to the official loader, and its token authenticates too."""
     kubeconfig = yaml.safe_load(plugin.agent.kubeconfig.read_text())
     cluster, user = kubeconfig["clusters"][0]["cluster"], kubeconfig["users"][0]["user"]
     ca = Path(cluster.pop("certificate-authority"))
@@ -704,10 +704,14 @@ def test_device_plugin_watch_reads_kubeconfig_variants(plugin: Plugin, tmp_path:
     inline.write_text(yaml.safe_dump(kubeconfig))
     w = NodeLabelWatch(plugin.node, plugin.config_label, kubeconfig=inline, timing=TIMING)
     assert w.label() == plugin.initial
-    kubeconfig["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "true"}}
+    credential = {"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {"token": (tmp_path / "token").read_text().strip()}}
+    (tmp_path / "credential.json").write_text(json.dumps(credential))
+    kubeconfig["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "cat",
+                                               "args": [str(tmp_path / "credential.json")],
+                                               "interactiveMode": "Never"}}
     inline.write_text(yaml.safe_dump(kubeconfig))
-    with pytest.raises(OSError, match="exec credentials are not supported"):
-        NodeLabelWatch(plugin.node, plugin.config_label, kubeconfig=inline)
+    assert NodeLabelWatch(plugin.node, plugin.config_label, kubeconfig=inline).label() == plugin.initial
 
 
 @pytest.mark.parametrize("what", ["patch its own Node", "patch another Node", "read a secret in nvidia-gpu",
@@ -805,12 +809,13 @@ class _HeldVersion(NodeLabelWatch):
         super().__init__(*args, **kwargs)
         self._held: tuple[str | None, str] | None = held
 
-    def _list(self) -> tuple[str | None, str]:
-        if self._held is not None:
-            held, self._held = self._held, None
-            self.lists += 1
-            return held
-        return super()._list()
+    def list(self) -> str:
+        if self._held is None:
+            return super().list()
+        (value, version), self._held = self._held, None
+        self.lists += 1
+        self._listed([{"metadata": {"name": self.node_name, "labels": {self.key: value} if value else {}}}])
+        return version
 
 
 def test_device_plugin_watch_relists_after_its_version_expired(
@@ -819,20 +824,21 @@ def test_device_plugin_watch_relists_after_its_version_expired(
     (410 Gone, sent by the real server as an ``ERROR`` event): the watch lists again, catches up with the
     change made meanwhile and keeps delivering changes over the new watch."""
     probe = NodeLabelWatch(plugin.node, plugin.config_label, kubeconfig=plugin.agent.kubeconfig, timing=TIMING)
-    held = probe._list()
+    version = probe.list()
+    held = (probe.label(), version)
     assert held[0] == plugin.initial
     kube.patch("v1", "Node", plugin.node, {"metadata": {"annotations": {"lab.example.com/bump": "1"}}})
     # A crash of the API server (SIGKILL: kube-apiserver 1.34 takes longer than the harness's 15 s grace to
     # exit on SIGTERM), then the harness starts it again on the same port and waits until it is ready.
     os.kill(control_plane.pids["kube-apiserver"], signal.SIGKILL)
     control_plane.restart_apiserver()
-    with pytest.raises(WatchExpired, match="too old resource version"):
-        probe._watch(held[1])
+    with pytest.raises(Gone, match="too old resource version"):
+        probe.watch(held[1])
     _set_label(kube, plugin.node, plugin.config_label, "TimeSlicing")  # while the held version was stale
     w = _HeldVersion(held, plugin.node, plugin.config_label, kubeconfig=plugin.agent.kubeconfig, timing=TIMING)
     seen: list[str | None] = []
     w.subscribe(lambda: seen.append(w.label()))
-    caplog.set_level(logging.INFO, logger="node_agent.deviceplugin.nodewatch")
+    caplog.set_level(logging.INFO, logger="node_agent.kube.watch")
     w.start()
     try:
         _wait_label(w, "TimeSlicing", timeout=10)

@@ -34,7 +34,7 @@ from localcluster.client import ApiError
 from localcluster.objects import create_kwok_node, wait_for
 from node_agent.host import HostRoot
 from node_agent.host.proc import boot_id
-from node_agent.kubeclient import api_client
+from node_agent.kube.transport import Kube as AgentKube
 from node_agent.mig.executor import DEPLOY_LABELS, DRAIN_ANNOTATIONS, MigManager, Settings
 from node_agent.mig.hostfiles import HostRebooter, HostStateFiles
 from node_agent.mig.kube import KubeNodeApi, NodeView
@@ -542,7 +542,7 @@ def test_a_taint_added_meanwhile_survives_the_managers_taint_patches(
     # With the timestamp the node lifecycle controller stamps on its taints: given back unchanged too.
     maintenance = {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule",
                    "timeAdded": "2026-01-01T00:00:00Z"}
-    node_api = RacingNodeApi(api_client(ident.kubeconfig), name, kube, maintenance)
+    node_api = RacingNodeApi(AgentKube.connect(ident.kubeconfig), name, kube, maintenance)
     host = build_fake_host(tmp_path / "host", MACHINE).root
     state = sim_state_file(host, MACHINE)
     config = load_config_text(stack.config_text, CONFIG_MAP)

@@ -53,7 +53,7 @@ from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.hostfs import RootedPaths
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
-from node_agent.kubeclient import api_client
+from node_agent.kube.transport import Kube as AgentKube
 from node_agent.nvml.session import NvmlBackend
 from nvgpu import catalogue
 from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, run_agent
@@ -820,8 +820,9 @@ def test_mps_claim_from_the_server_is_set_up_as_allocated(kube: Kube, plugins: d
     state = sim_state_file(plugin.root, plugin.machine)
     source = NvmlInventorySource(NvmlBackend("simulated", plugin.machine, state), HostRoot(root))
     sharing = RecordingSharing()
-    driver = DraDriver(DriverSettings(driver=DRIVER, node=node), api=KubeDraApi(api_client(plugin.agent.kubeconfig)),
-                       source=source, host=RootedPaths(root), backend=sharing)
+    driver = DraDriver(DriverSettings(driver=DRIVER, node=node),
+                       api=KubeDraApi(AgentKube.connect(plugin.agent.kubeconfig)), source=source,
+                       host=RootedPaths(root), backend=sharing)
     try:
         driver.withdrawn.set()  # prepare only: publishing stays with the plugin process
         assert driver.start() is None

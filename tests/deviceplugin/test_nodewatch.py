@@ -17,6 +17,8 @@ from kubernetes import client
 
 from node_agent.deviceplugin.nodelabel import CONFIG_LABEL
 from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
+from node_agent.kube.errors import Unreachable
+from node_agent.kube.transport import Kube
 from tests.deviceplugin.plugin_process import switching_plugin
 from tests.kit.kmock import api, kmock_server
 from tests.kit.kubelet.common import wait_until
@@ -32,10 +34,18 @@ KMOCK = WatchTiming(request_timeout_s=5, watch_timeout_s=60, read_slack_s=5, bac
 
 @pytest.fixture
 def account(tmp_path: Path) -> Path:
-    d = tmp_path / "sa"
-    d.mkdir()
-    (d / "token").write_text("t0k3n\n")
-    return d
+    """A kubeconfig with a token file, as the watch reads credentials through ``node_agent.kube.credentials``."""
+    (tmp_path / "token").write_text("t0k3n\n")
+    return tmp_path
+
+
+def connect(url: str, account: Path) -> Kube:
+    path = account / "kubeconfig"
+    path.write_text("apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+                    f"clusters: [{{name: t, cluster: {{server: '{url}'}}}}]\n"
+                    "users: [{name: t, user: {tokenFile: token}}]\n"
+                    "contexts: [{name: t, context: {cluster: t, user: t}}]\n")
+    return Kube.connect(path)
 
 
 @pytest.fixture
@@ -53,7 +63,7 @@ def set_label(url: str, node: str, value: str | None) -> None:
 
 
 def test_watch_follows_the_label_over_http(kmock_url: str, account: Path) -> None:
-    w = NodeLabelWatch(NODE, server=kmock_url, account_dir=account, timing=KMOCK)
+    w = NodeLabelWatch(NODE, kube=connect(kmock_url, account), timing=KMOCK)
     changes: list[str | None] = []
     w.subscribe(lambda: changes.append(w.label()))
     assert w.label() == "a"
@@ -76,7 +86,7 @@ def test_config_switches_live_when_the_watched_label_changes(kmock_url: str, acc
                                                              sock_dir: Path) -> None:
     """The whole command path: label watch -> config watcher woken -> plugins rebuilt under the new name.
     File polling is slowed to a minute, so only the watch can make the switch in time."""
-    labels = NodeLabelWatch(NODE, server=kmock_url, account_dir=account, timing=KMOCK)
+    labels = NodeLabelWatch(NODE, kube=connect(kmock_url, account), timing=KMOCK)
     with switching_plugin(tmp_path, sock_dir, labels, default="a", poll_interval="60") as (proc, kubelet):
         labels.subscribe(proc.watcher.wake)
         labels.start()
@@ -166,7 +176,7 @@ def test_resource_versions_expiry_errors_and_refusal(account: Path) -> None:
             # then: 403 (watch refused) -> re-list every relist_interval_s, retry the watch with backoff
         ])
     seen: list[str | None] = []
-    w = NodeLabelWatch(NODE, server=api_server.url, account_dir=account, timing=FAST)
+    w = NodeLabelWatch(NODE, kube=connect(api_server.url, account), timing=FAST)
     w.subscribe(lambda: seen.append(w.label()))
     w.start()
     try:
@@ -197,9 +207,9 @@ def test_resource_versions_expiry_errors_and_refusal(account: Path) -> None:
 
 
 def test_unreachable_api_backs_off_and_label_raises(account: Path) -> None:
-    w = NodeLabelWatch(NODE, server="http://127.0.0.1:9", account_dir=account,
+    w = NodeLabelWatch(NODE, kube=connect("http://127.0.0.1:9", account),
                        timing=WatchTiming(request_timeout_s=1, backoff_initial_s=0.05, backoff_max_s=0.2))
-    with pytest.raises(OSError):
+    with pytest.raises(Unreachable):
         w.label()
     w.start()
     try:

@@ -53,7 +53,7 @@ class Env:
 def make_driver(root: Path, server: FakeApiServer, source: FakeSource, sharing: RecordingSharing,
                 **settings: object) -> DraDriver:
     cfg = DriverSettings(driver=DRIVER, node=NODE, **settings)  # type: ignore[arg-type]
-    return DraDriver(cfg, api=KubeDraApi(server.api_client()), source=source, host=RootedPaths(root), backend=sharing)
+    return DraDriver(cfg, api=KubeDraApi(server.kube()), source=source, host=RootedPaths(root), backend=sharing)
 
 
 @pytest.fixture

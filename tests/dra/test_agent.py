@@ -111,7 +111,7 @@ def test_uninstall_grace_period_releases_despite_other_nodes_slices(env: Env) ->
 
 
 def kube_api(env: Env) -> KubeDraApi:
-    return KubeDraApi(env.server.api_client())
+    return KubeDraApi(env.server.kube())
 
 
 @pytest.mark.slow

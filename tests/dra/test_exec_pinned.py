@@ -47,7 +47,7 @@ def node(host_root: Path, api_server: FakeApiServer) -> Iterator[Node]:
     source = NvmlInventorySource("simulated:dgx-h100", HostRoot(host_root))
     inventory = source.snapshot()
     populate_dev(host_root, inventory)
-    driver = DraDriver(DriverSettings(driver=DRIVER, node=NODE), api=KubeDraApi(api_server.api_client()),
+    driver = DraDriver(DriverSettings(driver=DRIVER, node=NODE), api=KubeDraApi(api_server.kube()),
                        source=source, host=host, backend=NvidiaSmiSharing(host))
     driver.start()
     try:

@@ -20,6 +20,8 @@ from typing import Any
 import kmock
 from kubernetes import client
 
+from node_agent.kube.transport import Kube
+
 
 @dataclass
 class FakeApiServer:
@@ -28,7 +30,12 @@ class FakeApiServer:
     loop: asyncio.AbstractEventLoop
 
     def api_client(self) -> client.ApiClient:
+        """The official client, typed, for tests seeding and reading the emulator."""
         return api(self.url)
+
+    def kube(self) -> Kube:
+        """The agent's own connection (``node_agent.kube``) to the emulator."""
+        return kube(self.url)
 
     def slices(self) -> list[dict[str, Any]]:
         out = []
@@ -80,6 +87,10 @@ def api(url: str) -> client.ApiClient:
     cfg = client.Configuration()
     cfg.host = url.rstrip("/")
     return client.ApiClient(cfg)
+
+
+def kube(url: str) -> Kube:
+    return Kube.for_url(url.rstrip("/"))
 
 
 def kubeconfig(url: str, path: Path) -> Path:

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from node_agent.kubeclient import KubeError
+from node_agent.kube.errors import ServerError
 from node_agent.mig.hardware import GpuInfo, InstanceInfo, MigHardwareError, ResetUnavailable
 from node_agent.mig.kube import NodePatch, NodeView, PodView, Taint
 from nvgpu import catalogue
@@ -164,7 +164,7 @@ class FakeNode:
             raise Crash(f"crash before patch #{self.patches}")
         if self.fail_patches:
             self.fail_patches -= 1
-            raise KubeError("patch node: HTTP 500 Internal Server Error", 500)
+            raise ServerError("patch node: HTTP 500 Internal Server Error", 500)
         for src, dst in ((patch.labels, self.labels), (patch.annotations, self.annotations)):
             for k, v in src.items():
                 if v is None:

@@ -19,7 +19,7 @@ from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from nvgpu import labels
 from nvgpu.migparted import build_config
-from tests.kit.kmock import api, kmock_server, kubeconfig
+from tests.kit.kmock import api, kmock_server, kube, kubeconfig
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_node_api_over_http() -> None:
                 "limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}})
         core.create_namespaced_pod("ml", {"metadata": {"name": "elsewhere", "namespace": "ml"}, "spec": {
             "nodeName": "n2", "containers": [{"name": "c", "image": "i"}]}})
-        node = KubeNodeApi(api(url), "n1")
+        node = KubeNodeApi(kube(url), "n1")
         view = node.patch_node(NodePatch(labels={"a": None, "c": "d"}, annotations={labels.DRAINING: "x"},
                                          taints=(Taint("mig-reconfigure", "true", "NoSchedule"),), unschedulable=True))
         assert view.labels == {"c": "d"} and view.annotations == {labels.DRAINING: "x"}
@@ -117,7 +117,7 @@ def test_node_api_over_http() -> None:
 def test_watch_returns_on_a_node_event() -> None:
     with kmock_server() as url:
         client.CoreV1Api(api(url)).create_node({"metadata": {"name": "n1"}})
-        node = KubeNodeApi(api(url), "n1")
+        node = KubeNodeApi(kube(url), "n1")
         node.wait_for_change("", 5)  # the watch delivers the Node and returns (no sleep until the timeout)
         assert node.calls == 1
 
@@ -128,7 +128,7 @@ def test_cancel_ends_a_watch_at_once() -> None:
         # kmock ignores resourceVersion and replays the Node as ADDED: with its version unchanged the
         # watch sees nothing new and blocks, as on an idle real cluster.
         client.CoreV1Api(api(url)).create_node({"metadata": {"name": "n1", "resourceVersion": "7"}})
-        node = KubeNodeApi(api(url), "n1")
+        node = KubeNodeApi(kube(url), "n1")
         threading.Timer(0.5, node.cancel_waits).start()
         started = time.monotonic()
         node.wait_for_change("7", 30)  # returns, no KubeError

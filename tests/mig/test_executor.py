@@ -385,7 +385,7 @@ def test_stop_while_the_api_server_fails_exits_instead_of_spinning() -> None:
     at once and the loop spun at full CPU, logging a warning per turn, and never exited."""
     import threading
 
-    from node_agent.kubeclient import KubeError
+    from node_agent.kube.errors import Unreachable
 
     rig = Rig(FakeBackend.of("H100-80GB"))
     calls = 0
@@ -393,7 +393,7 @@ def test_stop_while_the_api_server_fails_exits_instead_of_spinning() -> None:
     def failing() -> NoReturn:
         nonlocal calls
         calls += 1
-        raise KubeError("read node gpu-node-0: connection refused")
+        raise Unreachable("read node gpu-node-0: connection refused")
 
     rig.node.read_node = failing  # type: ignore[method-assign]
     m = rig.manager()

@@ -12,7 +12,7 @@ from node_agent import labels as labels_cmd
 from node_agent import nodepatch
 from node_agent.cli import build_parser
 from node_agent.context import AgentContext
-from node_agent.kube import KubeError
+from node_agent.kube.errors import Conflict
 from node_agent.nodeconfig import NodeConfigError, NodeSnapshot, Requested, parse_label, parse_taint, plan
 from nvgpu import labels
 from nvgpu.taints import NodeTaint
@@ -211,7 +211,7 @@ class _ConflictOnce:
     def apply_plan(self, api: Any, node: str, plan: Any, resource_version: str = "") -> None:
         self.patched.append((plan, resource_version))
         if len(self.patched) == 1:
-            raise KubeError("patch node: 409 Conflict", 409)
+            raise Conflict("patch node: 409 Conflict")
 
 
 def test_a_conflict_rereads_the_node_and_keeps_the_new_taint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,7 +26,7 @@ from node_agent.dra.devices import HealthAction
 from node_agent.dra.driver import DEFAULT_STATE_DIR, DraDriver, DriverSettings
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.dra.sharing import NvidiaSmiSharing
-from node_agent.kubeclient import api_client
+from node_agent.kube.transport import Kube
 from node_agent.kubelet.dra.server import PLUGINS_DIR, REGISTRY_DIR, PluginServer
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     host, node = ctx.host, ctx.require_node_name()
     settings = DriverSettings(driver=args.driver_name, node=node, state_dir=args.state_dir,
                               health=HealthAction(args.health_action), poll_interval=args.poll_interval)
-    api = KubeDraApi(api_client(str(ctx.kubeconfig) if ctx.kubeconfig else None))
+    api = KubeDraApi(Kube.connect(ctx.kubeconfig, timeout=(5.0, 10.0)))  # a claim read on prepare's path: 10 s at most
     source = NvmlInventorySource(ctx.nvml_backend, host)
     driver = DraDriver(settings, api=api, source=source, host=host, backend=NvidiaSmiSharing(host),
                        driver_files=driver_edits_source(args, ctx))
