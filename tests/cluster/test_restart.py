@@ -52,8 +52,9 @@ from localcluster import ApiError, ControlPlane, Kube
 from localcluster.objects import kwok_node, wait_for
 from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
 from node_agent.dra.cleanup import FINALIZER
+from node_agent.host import statefile
 from node_agent.mig.executor import DEPLOY_LABELS, DRAIN_ANNOTATIONS
-from node_agent.mig.journal import JOURNAL_PATH
+from node_agent.mig.journal import JOURNAL_PATH, JOURNAL_VERSION
 from node_agent.nvml.sim import SimulatedMachine
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend
@@ -795,11 +796,12 @@ def test_agents_recover_from_a_hung_then_crashed_api_server(kube: Kube, control_
 
 
 def _journal(mig: MigManager) -> dict[str, Any] | None:
+    """The journal's data as the manager wrote it (the agent's state-file format, checksum checked)."""
     try:
-        doc: dict[str, Any] = json.loads(mig.journal.read_bytes())
-    except (FileNotFoundError, ValueError):
+        _, data = statefile.decode(mig.journal.read_bytes(), JOURNAL_VERSION)
+    except (FileNotFoundError, statefile.StateFileProblem):
         return None  # absent, or caught between the temp file's write and its rename
-    return doc
+    return data
 
 
 def test_mig_manager_killed_mid_layout_resumes_and_gives_the_node_back(kube: Kube, agents: Agents) -> None:
