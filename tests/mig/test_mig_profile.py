@@ -14,16 +14,15 @@ from nvgpu.catalogue import H100_80GB
 from nvgpu.migparted import MigConfigSpec, load_config_text, validate_for_model
 from nvgpu.nodelabels import desired_node_labels, mig_config_name
 from nvgpu.stackconfig import NodeGroup, Sharing, StackConfig, load_stack_config, load_stack_file
-from nvidia_gpu.components.mig_profile import (
+from nvidia_gpu.components.manifests.mig import (
     CONFIG_KEY,
-    MigProfile,
-    MigProfileArgs,
     MigProfileError,
     config_map,
     daemonset,
     mig_config,
     rbac,
 )
+from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
 from nvidia_gpu.preview.engine import install_mocks, run_in_engine
 
 IMAGE = {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "0.1.0"}
