@@ -392,9 +392,12 @@ class CustomGpuLayout:
 
     @property
     def layout(self) -> dict[str, int]:
+        """``{profile: count}`` in mig-parted's spelling (``1g.10gb.me`` becomes ``1g.10gb+me``, as
+        :func:`nvgpu.mig.normalize_profile_name` accepts both), counts of a profile listed twice summed."""
         out: dict[str, int] = {}
         for s in self.slices:
-            out[s.profile] = out.get(s.profile, 0) + s.count
+            profile = normalize_profile_name(s.profile)
+            out[profile] = out.get(profile, 0) + s.count
         return out
 
 

@@ -4,9 +4,10 @@ Parsing is validation: an invalid config never exists in memory. Every model for
 every error is reported as ``nvidia-gpu:<path>: <problem> (got <value>)`` naming what is allowed, so a
 typo fails ``pulumi preview`` before any resource is registered.
 
-A MIG group's layout is checked here by :func:`mig_layout_problems`, which the MigProfile component
-calls again on the config it renders (a caller may hand it groups built past these validators): both
-go through :func:`nvgpu.migparted.fit_problems`, the one MIG layout check.
+A MIG group's layout is checked here by :func:`mig_layout_problems`, which the MigProfile manifests
+(``mig_config``) run again on the config they render (a caller may hand over groups built past these
+validators, and extra configs are only known there): both go through
+:func:`nvgpu.migparted.fit_problems`, the one MIG layout check.
 """
 
 from __future__ import annotations
