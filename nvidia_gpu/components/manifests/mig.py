@@ -1,7 +1,7 @@
 """The MIG manager's objects: the mig-parted ConfigMap, the manager DaemonSet and its RBAC.
 
-Pure functions of validated stack config (``nvgpu.stackconfig``) and plain values, which the
-``MigProfile`` component registers and the offline preview and tests call directly. One manager serves
+Pure functions of validated stack config (``nvgpu.stackconfig``) and plain values: the ``MigProfile``
+component registers what they return, and tests and the benchmarks call them without an engine. One manager serves
 the whole stack, not one node group: it must outlive a group's MIG setting, because when a group leaves
 MIG its nodes are relabelled ``nvidia.com/mig.config=all-disabled`` and something has to roll them back
 (and then clear the label). So the DaemonSet runs on the nodes of every group that can have MIG GPUs
@@ -70,17 +70,21 @@ def may_use_mig(group: NodeGroup) -> bool:
 def mig_config(
     groups: Sequence[NodeGroup], extra: Mapping[str, Sequence[MigConfigSpec]] | None = None
 ) -> MigPartedConfig:
-    """The stack's mig-parted config, validated against every MIG group's declared model.
+    """The stack's mig-parted config, refused unless every MIG group's choice fits its GPU.
 
     ``extra`` adds named configs (for example per-device-filter layouts an operator maintains); they
-    are checked against the declared models of the MIG groups that select them by name.
+    are checked against the declared models of the MIG groups that select them by name (or, for a group
+    without a model, must fit some catalogue GPU).
     """
     custom: dict[str, Sequence[MigConfigSpec]] = {}
-    try:
-        for g in groups:
+    unbuildable: list[str] = []
+    for g in groups:
+        try:
             custom.update(g.custom_mig_configs())
-    except MigPartedError as e:
-        raise MigProfileError(e.problems) from None
+        except MigPartedError:
+            unbuildable += mig_layout_problems(g)  # the same check names the group and the misspelt profile
+    if unbuildable:
+        raise MigProfileError(unbuildable)
     for name, specs in (extra or {}).items():
         if name in custom:
             raise MigProfileError([f"extra MIG config {name!r} clashes with a node group's custom layout"])

@@ -81,6 +81,14 @@ def test_unplaceable_custom_layouts_name_gpu_profile_and_why(profile: str, count
     assert "node group 'h100'" in str(e.value) and "GPU 0" in str(e.value) and why in str(e.value)
 
 
+def test_a_misspelt_custom_profile_passed_past_the_stack_config_names_the_group() -> None:
+    group = with_first_slice(stack_config([H100_CUSTOM]).node_groups[0], "3g40gb", 1)
+    with pytest.raises(MigProfileError) as e:
+        mig_config([group])
+    (problem,) = e.value.problems
+    assert problem.startswith("node group 'h100': GPU 0: ") and "'3g40gb' is not a MIG profile name" in problem
+
+
 def test_daemonset_targets_mig_capable_groups_with_a_mig_label() -> None:
     cfg = stack_config(MIG_STACK_GROUPS)
     groups = [g for g in cfg.node_groups if g.name != "l4"]
