@@ -386,6 +386,7 @@ class Gpu(_Model):
 
     @property
     def declared_model(self) -> catalogue.GpuModel | None:
+        """The catalogue entry for ``model``; ``None`` when undeclared, so checks fall back to every model."""
         return catalogue.get_model(self.model) if self.model else None
 
     @property
@@ -513,8 +514,8 @@ class StackConfig(_Model):
 def mig_layout_problems(group: NodeGroup, config: MigPartedConfig | None = None) -> list[str]:
     """Why a MIG group's layout cannot be applied, each problem naming the group; empty when it can.
 
-    ``config`` is the mig-parted config its nodes will read (the MigProfile component passes the one it
-    renders, extra configs included); by default the standard sets plus the group's own custom layout,
+    ``config`` is the mig-parted config its nodes will read (the MigProfile manifests' ``mig_config``
+    passes the one it renders, extra configs included); by default the standard sets plus the group's own custom layout,
     which is what the stack config alone can know. The config the group chooses must fit its declared
     model, or some catalogue GPU when it declares none (:func:`nvgpu.migparted.fit_problems`).
     """
