@@ -73,8 +73,8 @@ from localcluster import ControlPlane  # noqa: E402
 from node_agent.kubelet.api import pb  # noqa: E402
 from nvgpu import labels  # noqa: E402
 from nvgpu.stackconfig import NodeGroup, StackConfig, load_stack_config  # noqa: E402
-from nvidia_gpu.components import mig_profile  # noqa: E402
 from nvidia_gpu.components.manifests import dra as dra_manifests  # noqa: E402
+from nvidia_gpu.components.manifests import mig as mig_manifests  # noqa: E402
 from nvidia_gpu.components.manifests import workloads  # noqa: E402
 from nvidia_gpu.components.manifests.sharing import render_named_configs  # noqa: E402
 from tests.compare import dra as dra_cmp  # noqa: E402
@@ -738,14 +738,14 @@ def our_containers(m: Machine, work: Path, kubecfg: Path) -> list[Container]:
     for name, text in render_named_configs(group).items():
         (dp_config / name).write_text(text)
     mig_config = work / "mig-config.yaml"
-    mig_config.write_text(mig_profile.mig_config([group]).to_yaml())
+    mig_config.write_text(mig_manifests.mig_config([group]).to_yaml())
     (work / "cdi-hook").mkdir()
     paths = {workloads.HOST_ROOT: str(m.root), workloads.CONTAINER_DRIVER_ROOT: "/",
              workloads.DEVICE_PLUGIN_CONFIG_DIR: str(dp_config), workloads.CDI_HOOK_DIR: str(work / "cdi-hook"),
-             f"{mig_profile.CONFIG_DIR}/{mig_profile.CONFIG_KEY}": str(mig_config)}
+             f"{mig_manifests.CONFIG_DIR}/{mig_manifests.CONFIG_KEY}": str(mig_config)}
     daemonsets = [(workloads.setup_daemonset(ctx), False, ""), (workloads.labeller_daemonset(ctx), False, ""),
                   (workloads.device_plugin_daemonset(ctx), False, DEVICE_PLUGIN_MODE),
-                  (mig_profile.daemonset(cfg.cluster.namespace, cfg.cluster, [group]), True, "")]
+                  (mig_manifests.daemonset(cfg.cluster.namespace, cfg.cluster, [group]), True, "")]
     out = []
     for ds, mig, mode in daemonsets:
         spec = ds["spec"]["template"]["spec"]

@@ -11,8 +11,11 @@ it is disabled, and may not be all zeros; ``device-filter`` is one PCI ID or a l
 Semantic checks against the catalogue (does this layout fit on an H100?) are separate from parsing,
 because a valid file may carry layouts for GPUs this project does not know (NVIDIA's file covers
 Blackwell parts): :func:`validate_for_model` answers for one declared model, naming the config, the
-GPU, the profile and why. Generation of the standard sets uses the same placement search
-(:mod:`nvgpu.mig`), so a generated config always validates.
+GPU, the profile and why. :func:`fit_problems` is the project's one MIG layout check built on it: the
+stack config runs it on each MIG group's layout, the MigProfile component on the config it renders and
+the policy pack on the ConfigMaps and ``nvidia.com/mig.config`` choices it sees, so the three cannot
+disagree. Generation of the standard sets uses the same placement search (:mod:`nvgpu.mig`), so a
+generated config always validates.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from nvgpu import catalogue, yamltext
 from nvgpu.catalogue import NVIDIA_PCI_VENDOR, GpuModel
-from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout, place_layout
+from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout, normalize_profile_name, place_layout
 
 VERSION = "v1"
 ALL_DISABLED = "all-disabled"
@@ -244,12 +247,14 @@ def validate_for_model(
     unknown, when no entry selects this model (a layout for another GPU), or when a layout does not fit,
     naming the config, the GPU, the profile and why.
     """
+    hint = _standard_name_hint(name, model)
+    if hint and name not in config.mig_configs:
+        raise MigPartedError([f"unknown MIG config {name!r}: {hint}"])
     specs = config.get(name)
     matching = [s for s in specs if s.matches_model(model)]
     if not matching:
-        raise MigPartedError(
-            [f"MIG config {name!r} has no entry for the {model.key} (its device-filters select other GPUs)"]
-        )
+        why = hint or "its device-filters select other GPUs"
+        raise MigPartedError([f"MIG config {name!r} has no entry for the {model.key} ({why})"])
     problems: list[str] = []
     out: list[tuple[MigConfigSpec, dict[str, int]]] = []
     for spec in matching:
@@ -269,6 +274,59 @@ def validate_for_model(
     if problems:
         raise MigPartedError(problems)
     return out
+
+
+def _standard_name_hint(name: str, model: GpuModel) -> str | None:
+    """Why a standard-looking name (``all-<profile>``) cannot mean anything on ``model``, when it cannot.
+
+    A layout written as ``partedConfig: all-1g.5gb`` for an H100 is a profile of another GPU: saying so,
+    with the profiles the model has, beats "no entry for the H100-80GB".
+    """
+    if not name.startswith("all-") or name in (ALL_DISABLED, ALL_ENABLED):
+        return None
+    if model.mig is None:
+        return f"the {model.key} does not support MIG"
+    if name == ALL_BALANCED:
+        return None
+    profile = name.removeprefix("all-")
+    if model.mig.profile(normalize_profile_name(profile)) is not None:
+        return None
+    return f"profile {profile!r} is unknown for {model.key}; allowed: {', '.join(model.mig.profile_names)}"
+
+
+def fit_problems(config: MigPartedConfig, name: str, model: GpuModel | None, *, chosen: bool = True) -> list[str]:
+    """Why config ``name`` cannot be applied to the GPUs it is for, one problem per line; empty when it can.
+
+    With ``model`` (the GPU declared for the nodes) this is :func:`validate_for_model`: the config exists,
+    has an entry for the model, and every such entry's layout can be placed (profile known, instance
+    counts, compute and memory slices, one media extension, a legal placement). Without a model, every
+    catalogue model an entry's ``device-filter`` selects must hold it, and entries without a filter must
+    use profiles some catalogue GPU has.
+
+    ``chosen`` says nodes are told to apply the config (a group's ``nvidia.com/mig.config``), not merely
+    that a file defines it: with no declared model a chosen config must also fit at least one catalogue
+    GPU, since nothing else can be verified before the nodes try. A defined config aimed only at GPUs the
+    catalogue does not know (NVIDIA's file covers Blackwell parts) is left to mig-parted on the node.
+    """
+    try:
+        if model is not None:
+            validate_for_model(config, name, model)
+            return []
+        specs = config.get(name)
+    except MigPartedError as e:
+        return list(e.problems)
+    targets = [m for m in catalogue.MODELS if any(s.filters and s.matches_model(m) for s in specs)]
+    problems = [p for m in targets for p in fit_problems(config, name, m)]
+    if not targets and any(not s.filters for s in specs):
+        known = {p for m in catalogue.MODELS if m.mig for p in m.mig.profile_names}
+        problems += [
+            f"MIG config {name!r}: profile {profile!r} is not a MIG profile of any catalogue GPU"
+            for s in specs if not s.filters
+            for profile in s.layout if normalize_profile_name(profile) not in known
+        ]
+    if chosen and not problems and not models_for_config(config, name):
+        problems.append(f"MIG config {name!r} fits none of the catalogue's GPU models")
+    return problems
 
 
 def models_for_config(config: MigPartedConfig, name: str) -> tuple[GpuModel, ...]:
@@ -334,9 +392,12 @@ class CustomGpuLayout:
 
     @property
     def layout(self) -> dict[str, int]:
+        """``{profile: count}`` in mig-parted's spelling (``1g.10gb.me`` becomes ``1g.10gb+me``, as
+        :func:`nvgpu.mig.normalize_profile_name` accepts both), counts of a profile listed twice summed."""
         out: dict[str, int] = {}
         for s in self.slices:
-            out[s.profile] = out.get(s.profile, 0) + s.count
+            profile = normalize_profile_name(s.profile)
+            out[profile] = out.get(profile, 0) + s.count
         return out
 
 
@@ -372,12 +433,19 @@ def _by_prof(s: CustomSlice) -> str:
 
 
 def custom_specs(layouts: Sequence[CustomGpuLayout], model: GpuModel | None = None) -> list[MigConfigSpec]:
-    """mig-parted entries for a per-GPU-index layout (GPUs not listed are left as they are)."""
+    """mig-parted entries for a per-GPU-index layout (GPUs not listed are left as they are).
+
+    A slice whose profile is not even spelled like one is a :class:`MigPartedError` naming the GPU, as
+    every other layout problem is, rather than a bare pydantic error.
+    """
     filters = list(model.mig_parted_filters) if model is not None else None
-    return [
-        MigConfigSpec(device_filter=filters, devices=[g.index], mig_enabled=True, mig_devices=g.layout)
-        for g in sorted(layouts, key=lambda g: g.index)
-    ]
+    out = []
+    for g in sorted(layouts, key=lambda g: g.index):
+        try:
+            out.append(MigConfigSpec(device_filter=filters, devices=[g.index], mig_enabled=True, mig_devices=g.layout))
+        except ValidationError as e:
+            raise MigPartedError(_problems(e, f"GPU {g.index}")) from None
+    return out
 
 
 def build_config(

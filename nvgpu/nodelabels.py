@@ -10,8 +10,8 @@ the group does not use MIG, so a stale MIG layout is torn down).
 from __future__ import annotations
 
 from nvgpu import labels
-from nvgpu.migparted import CustomGpuLayout, CustomSlice, custom_config_name
-from nvgpu.stackconfig import Mig, NodeGroup, Sharing
+from nvgpu.migparted import custom_config_name
+from nvgpu.stackconfig import Mig, NodeGroup
 from nvgpu.taints import NodeTaint
 
 __all__ = ["NodeTaint", "custom_mig_config_name", "desired_node_labels", "desired_node_taints", "mig_config_name"]
@@ -19,20 +19,15 @@ __all__ = ["NodeTaint", "custom_mig_config_name", "desired_node_labels", "desire
 
 def custom_mig_config_name(group_name: str, mig: Mig) -> str:
     """``custom-<group>-<8 hex>``, Deckhouse's name for a custom layout (:func:`nvgpu.migparted.custom_config_name`)."""
-    layouts = [
-        CustomGpuLayout(c.index, tuple(CustomSlice(s.profile, s.count) for s in c.slices)) for c in mig.custom_configs
-    ]
-    return custom_config_name(group_name, layouts)
+    return custom_config_name(group_name, mig.custom_layouts)
 
 
 def mig_config_name(group: NodeGroup) -> str:
-    """The ``nvidia.com/mig.config`` value: the parted config, the custom name, or ``all-disabled``."""
-    if group.gpu.sharing is not Sharing.MIG:
-        return "all-disabled"
-    mig = group.gpu.effective_mig
-    if mig.parted_config == "custom":
-        return custom_mig_config_name(group.name, mig)
-    return mig.parted_config
+    """The ``nvidia.com/mig.config`` value: the parted config, the custom name, or ``all-disabled``.
+
+    :attr:`NodeGroup.mig_config_name` computes it, so the stack config's own MIG check names the same config.
+    """
+    return group.mig_config_name
 
 
 def desired_node_labels(group: NodeGroup) -> dict[str, str]:

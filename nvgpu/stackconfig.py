@@ -3,6 +3,11 @@
 Parsing is validation: an invalid config never exists in memory. Every model forbids unknown keys and
 every error is reported as ``nvidia-gpu:<path>: <problem> (got <value>)`` naming what is allowed, so a
 typo fails ``pulumi preview`` before any resource is registered.
+
+A MIG group's layout is checked here by :func:`mig_layout_problems`, which the MigProfile manifests
+(``mig_config``) run again on the config they render (a caller may hand over groups built past these
+validators, and extra configs are only known there): both go through
+:func:`nvgpu.migparted.fit_problems`, the one MIG layout check.
 """
 
 from __future__ import annotations
@@ -19,7 +24,17 @@ from pydantic.alias_generators import to_camel
 
 from nvgpu import catalogue
 from nvgpu.k8snames import check_dns_subdomain, check_key, check_label_value
-from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout, place_layout
+from nvgpu.migparted import (
+    CustomGpuLayout,
+    CustomSlice,
+    MigConfigSpec,
+    MigPartedConfig,
+    MigPartedError,
+    build_config,
+    custom_config_name,
+    custom_specs,
+    fit_problems,
+)
 from nvgpu.nodescripts import facts
 
 CONFIG_NAMESPACE = "nvidia-gpu"
@@ -310,6 +325,14 @@ class Mig(_Model):
             raise ValueError(f"customConfigs has duplicate GPU indices: {sorted(indices)}")
         return self
 
+    @property
+    def custom_layouts(self) -> tuple[CustomGpuLayout, ...]:
+        """``customConfigs`` in mig-parted's terms: what the custom config's name and entries are made of."""
+        return tuple(
+            CustomGpuLayout(c.index, tuple(CustomSlice(s.profile, s.count) for s in c.slices))
+            for c in self.custom_configs
+        )
+
 
 class Gpu(_Model):
     model: str | None = None
@@ -356,26 +379,15 @@ class Gpu(_Model):
         return self
 
     def _check_mig(self) -> None:
-        if self.model is None:
-            return
-        model = catalogue.get_model(self.model)
-        if model.mig is None:
+        """The model can do MIG at all; whether the layout fits it is the group's check (it needs the name)."""
+        model = self.declared_model
+        if model is not None and model.mig is None:
             raise ValueError(f"sharing MIG needs a MIG-capable GPU; {model.key} is not")
-        mig = self.effective_mig
-        name = mig.parted_config
-        try:
-            if name.startswith("all-") and name not in ("all-disabled", "all-enabled"):
-                if name == "all-balanced":
-                    place_layout(model, balanced_layout(model))
-                else:
-                    all_profile_layout(model, name.removeprefix("all-"))
-            for custom in mig.custom_configs:
-                layout: dict[str, int] = {}
-                for s in custom.slices:
-                    layout[s.profile] = layout.get(s.profile, 0) + s.count
-                place_layout(model, layout, gpu=f"GPU {custom.index}")
-        except MigLayoutError as e:
-            raise ValueError(f"mig.partedConfig {name}: {e}") from e
+
+    @property
+    def declared_model(self) -> catalogue.GpuModel | None:
+        """The catalogue entry for ``model``; ``None`` when undeclared, so checks fall back to every model."""
+        return catalogue.get_model(self.model) if self.model else None
 
     @property
     def effective_mig(self) -> Mig:
@@ -409,6 +421,36 @@ class NodeGroup(_Model):
         if (self.node_group is None) == (self.node_selector is None):
             raise ValueError("set exactly one of nodeGroup (a Deckhouse NodeGroup name) or nodeSelector")
         return self
+
+    @model_validator(mode="after")
+    def _mig_layout(self) -> NodeGroup:
+        problems = mig_layout_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def mig_config_name(self) -> str:
+        """The ``nvidia.com/mig.config`` value: the parted config, the custom name, or ``all-disabled``.
+
+        A custom layout is named as Deckhouse names it (:func:`nvgpu.migparted.custom_config_name`).
+        """
+        if self.gpu.sharing is not Sharing.MIG:
+            return "all-disabled"
+        mig = self.gpu.effective_mig
+        if mig.parted_config == "custom":
+            return custom_config_name(self.name, mig.custom_layouts)
+        return mig.parted_config
+
+    def custom_mig_configs(self) -> dict[str, list[MigConfigSpec]]:
+        """The group's custom layout as mig-parted entries (per GPU index), under its Deckhouse-style name.
+
+        Raises :class:`~nvgpu.migparted.MigPartedError` for a slice whose profile is not spelled like one.
+        """
+        mig = self.gpu.effective_mig
+        if self.gpu.sharing is not Sharing.MIG or mig.parted_config != "custom":
+            return {}
+        return {self.mig_config_name: custom_specs(mig.custom_layouts, self.gpu.declared_model)}
 
     @property
     def match_labels(self) -> dict[str, str]:
@@ -467,6 +509,25 @@ class StackConfig(_Model):
 
     def allocation_mode(self, group: NodeGroup) -> AllocationMode:
         return group.allocation_mode or self.cluster.allocation_mode
+
+
+def mig_layout_problems(group: NodeGroup, config: MigPartedConfig | None = None) -> list[str]:
+    """Why a MIG group's layout cannot be applied, each problem naming the group; empty when it can.
+
+    ``config`` is the mig-parted config its nodes will read (the MigProfile manifests' ``mig_config``
+    passes the one it renders, extra configs included); by default the standard sets plus the group's own custom layout,
+    which is what the stack config alone can know. The config the group chooses must fit its declared
+    model, or some catalogue GPU when it declares none (:func:`nvgpu.migparted.fit_problems`).
+    """
+    if group.gpu.sharing is not Sharing.MIG:
+        return []
+    try:
+        cfg = config if config is not None else build_config(None, group.custom_mig_configs())
+    except MigPartedError as e:
+        problems = e.problems
+    else:
+        problems = fit_problems(cfg, group.mig_config_name, group.gpu.declared_model)
+    return [f"node group {group.name!r}: {p}" for p in problems]
 
 
 def _format_loc(loc: tuple[int | str, ...]) -> str:

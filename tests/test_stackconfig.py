@@ -217,3 +217,75 @@ def test_valid_kubernetes_keys_are_accepted(key: str) -> None:
     values = copy.deepcopy(VALID)
     values["nodeGroups"][0]["extraTaints"] = [{"key": key, "value": "v1.2_3-x", "effect": "NoSchedule"}]
     load_stack_config(values)
+
+
+# --- MIG layouts: checked here (nvgpu.stackconfig.mig_layout_problems on nvgpu.migparted.fit_problems) ---
+
+
+def _mig_problem(gpu: dict[str, Any]) -> str:
+    def mutate(v: dict[str, Any]) -> None:
+        v["nodeGroups"][0] = {"name": "h100", "nodeGroup": "gpu-h100", "gpu": gpu}
+
+    (problem,) = _problems(mutate)
+    return problem
+
+
+def _custom(slices: list[dict[str, Any]], model: str | None = "H100-80GB") -> dict[str, Any]:
+    gpu: dict[str, Any] = {"sharing": "MIG", "mig": {"partedConfig": "custom", "customConfigs": [
+        {"index": 0, "slices": [{"profile": "7g.80gb"}]}, {"index": 1, "slices": slices}]}}
+    return {**gpu, "model": model} if model else gpu
+
+
+def test_mig_needs_a_mig_capable_model() -> None:
+    assert _mig_problem({"sharing": "MIG", "model": "L4"}) == (
+        "nvidia-gpu:nodeGroups[0].gpu: sharing MIG needs a MIG-capable GPU; L4 is not")
+
+
+def test_a_profile_set_of_another_model_names_the_allowed_profiles() -> None:
+    problem = _mig_problem({"sharing": "MIG", "model": "H100-80GB", "mig": {"partedConfig": "all-1g.5gb"}})
+    assert problem.startswith("nvidia-gpu:nodeGroups[0]: node group 'h100': MIG config 'all-1g.5gb' has no entry "
+                              "for the H100-80GB (profile '1g.5gb' is unknown for H100-80GB; allowed: 1g.10gb, ")
+
+
+@pytest.mark.parametrize(
+    ("slices", "why"),
+    [
+        ([{"profile": "1g.5gb"}], "profile '1g.5gb' is unknown for H100-80GB; allowed: 1g.10gb, "),
+        ([{"profile": "2g.20gb", "count": 4}], "4 x 2g.20gb exceeds the 3 instance(s) a H100-80GB can hold"),
+        ([{"profile": "4g.40gb"}, {"profile": "3g.40gb"}, {"profile": "1g.10gb"}],
+         "layout needs 8 compute slices but the H100-80GB has 7"),
+        ([{"profile": "1g.20gb", "count": 4}, {"profile": "1g.10gb"}],
+         "layout needs 9 memory slices but the H100-80GB has 8"),
+        ([{"profile": "1g.10gb+me"}, {"profile": "1g.10gb.me"}],
+         "2 x 1g.10gb+me exceeds the 1 instance(s)"),
+    ],
+)
+def test_unplaceable_custom_layouts_name_group_config_gpu_profile_and_why(slices: list[dict[str, Any]],
+                                                                          why: str) -> None:
+    problem = _mig_problem(_custom(slices))
+    assert problem.startswith("nvidia-gpu:nodeGroups[0]: node group 'h100': MIG config 'custom-h100-")
+    assert f": GPU 1: {why}" in problem
+
+
+def test_a_misspelt_custom_profile_names_the_gpu() -> None:
+    problem = _mig_problem(_custom([{"profile": "1g10gb"}]))
+    assert problem.startswith("nvidia-gpu:nodeGroups[0]: node group 'h100': GPU 1: ")
+    assert "'1g10gb' is not a MIG profile name" in problem
+
+
+def test_without_a_model_the_layout_must_fit_some_catalogue_gpu() -> None:
+    assert _mig_problem(_custom([{"profile": "1g.11gb"}], model=None)).endswith(
+        "profile '1g.11gb' is not a MIG profile of any catalogue GPU")
+    assert _mig_problem(_custom([{"profile": "3g.40gb", "count": 3}], model=None)).endswith(
+        "fits none of the catalogue's GPU models")
+    values = copy.deepcopy(VALID)
+    values["nodeGroups"][0] = {"name": "any", "nodeGroup": "gpu-any", "gpu": _custom([{"profile": "3g.40gb"}], None)}
+    assert load_stack_config(values).node_groups[0].gpu.sharing is Sharing.MIG
+
+
+@pytest.mark.parametrize("parted", ["all-balanced", "all-1g.10gb", "all-1g.10gb.me", "all-7g.80gb", "all-disabled"])
+def test_layouts_that_fit_parse(parted: str) -> None:
+    values = copy.deepcopy(VALID)
+    values["nodeGroups"][0] = {"name": "h100", "nodeGroup": "gpu-h100",
+                               "gpu": {"sharing": "MIG", "model": "H100-80GB", "mig": {"partedConfig": parted}}}
+    assert load_stack_config(values).node_groups[0].mig_config_name == parted

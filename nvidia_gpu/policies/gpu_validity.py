@@ -2,8 +2,9 @@
 
 Each rule is a pure function over camelCase manifests (or, for rules that span objects, over the
 stack's resources) that returns violation messages; the ``Policy`` objects at the bottom only read
-their config and report. GPU facts (models, MIG profiles, placements, driver minima) come from
-:mod:`nvgpu.catalogue`, :mod:`nvgpu.mig` and :mod:`nvgpu.migparted`; sharing limits from :mod:`nvgpu.stackconfig`.
+their config and report. GPU facts (models, MIG profiles, driver minima) come from :mod:`nvgpu.catalogue`;
+whether a MIG layout fits is :func:`nvgpu.migparted.fit_problems`, the check the stack config and the
+MigProfile component run too; sharing limits come from :mod:`nvgpu.stackconfig`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from pulumi_policy import (
 
 from nvgpu import catalogue, labels, migparted
 from nvgpu.catalogue import GpuModel
-from nvgpu.mig import normalize_profile_name
 from nvgpu.stackconfig import DRA_GA_MINOR, MPS_MAX_CLIENTS, DraSettings
 from nvidia_gpu.policies import stack_facts
 from nvidia_gpu.policies.manifests import (
@@ -79,36 +79,14 @@ def mig_parted_documents(props: Mapping[str, Any]) -> Iterable[tuple[str, Mappin
             yield key, doc
 
 
-def _filtered_models(specs: Sequence[migparted.MigConfigSpec]) -> tuple[list[GpuModel], bool]:
-    """Catalogue models some entry's ``device-filter`` selects, and whether any entry is unfiltered."""
-    models = [m for m in catalogue.MODELS if any(s.filters and s.matches_model(m) for s in specs)]
-    return models, any(not s.filters for s in specs)
-
-
-def _unknown_profiles(name: str, specs: Sequence[migparted.MigConfigSpec]) -> list[str]:
-    known = {p for m in catalogue.MODELS if m.mig for p in m.mig.profile_names}
-    return [
-        f"MIG config {name!r}: profile {profile!r} is not a MIG profile of any catalogue GPU"
-        for s in specs if not s.filters
-        for profile in s.layout if normalize_profile_name(profile) not in known
-    ]
-
-
-def _fit(config: migparted.MigPartedConfig, name: str, model: GpuModel) -> list[str]:
-    try:
-        migparted.validate_for_model(config, name, model)
-    except migparted.MigPartedError as e:
-        return list(e.problems)
-    return []
-
-
 def mig_config_problems(kind: Kind, props: Mapping[str, Any]) -> list[str]:
     """mig-parted configs that do not parse or whose layouts do not fit the GPUs they target.
 
     The target is the ConfigMap's ``gpu.nvidia-gpu.io/gpu-model`` when set, else every catalogue model
     an entry's ``device-filter`` selects; entries with no filter and no declared model must at least
     use profiles some catalogue GPU has. Filters naming only GPUs the catalogue does not know are left
-    to mig-parted on the node.
+    to mig-parted on the node. The check is the shared core's (:func:`nvgpu.migparted.fit_problems`,
+    for a config that is defined, not chosen), the one the stack config and the MigProfile component run.
     """
     if kind.kind != "ConfigMap":
         return []
@@ -124,16 +102,8 @@ def mig_config_problems(kind: Kind, props: Mapping[str, Any]) -> list[str]:
         except migparted.MigPartedError as e:
             problems.extend(e.problems)
             continue
-        for name, specs in config.mig_configs.items():
-            found: list[str] = []
-            if declared_model is not None:
-                found = _fit(config, name, declared_model)
-            else:
-                models, unfiltered = _filtered_models(specs)
-                for model in models:
-                    found += _fit(config, name, model)
-                if unfiltered and not models:
-                    found += _unknown_profiles(name, specs)
+        for name in config.mig_configs:
+            found = migparted.fit_problems(config, name, declared_model, chosen=False)
             problems.extend(f"data[{key}]: {p}" for p in found)
     return problems
 
@@ -222,7 +192,9 @@ def mig_selection_problems(resources: Sequence[Resource], values: Mapping[str, A
     """Every chosen ``nvidia.com/mig.config`` names a config that exists and fits the group's GPU.
 
     With mig-parted ConfigMaps in the stack the name must be defined there; without them mig-manager
-    uses the configs it generates per GPU (:func:`nvgpu.migparted.standard_configs`).
+    uses the configs it generates per GPU (:func:`nvgpu.migparted.standard_configs`). The fit is
+    :func:`nvgpu.migparted.fit_problems` for a chosen config: against the group's model when known,
+    else it must fit some catalogue GPU, as the MigProfile component requires.
     """
     emitted = _emitted_configs(resources)
     out: list[Violation] = []
@@ -240,8 +212,8 @@ def mig_selection_problems(resources: Sequence[Resource], values: Mapping[str, A
                 out.append(Violation(f"{label}: not a config mig-parted generates for {gpu}", sel.urn))
                 continue
             defining = [migparted.MigPartedConfig(version=migparted.VERSION, mig_configs=standard)]
-        if sel.model is not None:
-            out.extend(Violation(f"{label}: {p}", sel.urn) for c in defining for p in _fit(c, sel.config, sel.model))
+        out.extend(Violation(f"{label}: {p}", sel.urn)
+                   for c in defining for p in migparted.fit_problems(c, sel.config, sel.model))
     return out
 
 

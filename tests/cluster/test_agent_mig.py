@@ -44,7 +44,7 @@ from node_agent.nvml import NvmlBackend, open_nvml
 from nvgpu import labels
 from nvgpu.migparted import load_config_text
 from nvgpu.stackconfig import NodeSetupBackend
-from nvidia_gpu.components.mig_profile import manager_args
+from nvidia_gpu.components.manifests.mig import manager_args
 from tests.cluster.agents import NS, REPO, AgentIdentity, agent_command, identity
 from tests.cluster.mig_manager import ManagerProcess, Rendered, layout, start_manager
 from tests.cluster.stack import AppliedStack, rendered

@@ -18,6 +18,7 @@ from nvgpu.migparted import (
     build_config,
     custom_config_name,
     custom_specs,
+    fit_problems,
     load_config_text,
     parse_config,
     validate_for_model,
@@ -177,3 +178,72 @@ def test_custom_specs_validate_per_gpu() -> None:
     assert [layout for _, layout in got] == [{"3g.40gb": 1, "1g.10gb": 4}, {"7g.80gb": 1}]
     with pytest.raises(MigPartedError, match="clashes"):
         build_config([H100_80GB], {"all-balanced": custom_specs(layouts)})
+
+
+# --- fit_problems: the one MIG layout check (stack config, MigProfile component, policy pack) -------------
+
+B200 = "0x290110DE"  # a PCI ID the catalogue does not know
+A30 = "0x20B710DE"
+
+
+def _one(name: str, *specs: MigConfigSpec) -> migparted.MigPartedConfig:
+    return migparted.MigPartedConfig(version="v1", mig_configs={name: list(specs)})
+
+
+def _entry(layout: dict[str, int], device_filter: str | None = None) -> MigConfigSpec:
+    return MigConfigSpec(device_filter=device_filter, devices="all", mig_enabled=True, mig_devices=layout)
+
+
+def test_fit_with_a_model_is_validate_for_model() -> None:
+    cfg = _one("x", _entry({"7g.80gb": 2}))
+    assert fit_problems(cfg, "x", H100_80GB) == [
+        "MIG config 'x': every GPU: 2 x 7g.80gb exceeds the 1 instance(s) a H100-80GB can hold"]
+    assert fit_problems(cfg, "nope", H100_80GB) == ["unknown MIG config 'nope'; the config defines: x"]
+    assert fit_problems(build_config(None), "all-1g.10gb", H100_80GB) == []
+
+
+def test_a_standard_name_for_another_model_says_which_profiles_the_model_has() -> None:
+    (problem,) = fit_problems(build_config(None), "all-1g.5gb", H100_80GB)
+    assert problem.startswith("MIG config 'all-1g.5gb' has no entry for the H100-80GB (profile '1g.5gb' is "
+                              "unknown for H100-80GB; allowed: 1g.10gb, ")
+    (problem,) = fit_problems(build_config(None), "all-9g.5gb", H100_80GB)
+    assert problem.startswith("unknown MIG config 'all-9g.5gb': profile '9g.5gb' is unknown for H100-80GB")
+    (problem,) = fit_problems(build_config(None), "all-1g.10gb", L4)
+    assert problem == "MIG config 'all-1g.10gb' has no entry for the L4 (the L4 does not support MIG)"
+
+
+def test_without_a_model_every_model_a_filter_names_must_fit() -> None:
+    cfg = _one("x", _entry({"1g.6gb": 5}, A30), _entry({"1g.10gb": 7}, H100_80GB.mig_parted_filters[0]))
+    expected = ["MIG config 'x': every GPU: 5 x 1g.6gb exceeds the 4 instance(s) a A30-24GB can hold"]
+    assert fit_problems(cfg, "x", None, chosen=False) == expected
+    # Chosen, it fits the H100 but that is not enough: the A30 nodes it names would fail.
+    assert fit_problems(cfg, "x", None) == expected
+
+
+def test_without_a_model_unfiltered_entries_need_known_profiles() -> None:
+    cfg = _one("odd", _entry({"1g.11gb": 1}))
+    expected = ["MIG config 'odd': profile '1g.11gb' is not a MIG profile of any catalogue GPU"]
+    assert fit_problems(cfg, "odd", None, chosen=False) == expected
+    assert fit_problems(cfg, "odd", None) == expected
+
+
+def test_a_defined_config_for_unknown_gpus_is_left_to_mig_parted_but_a_chosen_one_must_fit_some_gpu() -> None:
+    cfg = _one("blackwell", _entry({"1g.23gb": 7}, B200))
+    assert fit_problems(cfg, "blackwell", None, chosen=False) == []
+    assert fit_problems(cfg, "blackwell", None) == ["MIG config 'blackwell' fits none of the catalogue's GPU models"]
+
+
+def test_a_chosen_config_of_known_profiles_must_still_be_placeable_on_some_gpu() -> None:
+    cfg = _one("three-halves", _entry({"3g.40gb": 3}))
+    assert fit_problems(cfg, "three-halves", None, chosen=False) == []
+    assert fit_problems(cfg, "three-halves", None) == [
+        "MIG config 'three-halves' fits none of the catalogue's GPU models"]
+    assert fit_problems(_one("ok", _entry({"3g.40gb": 2})), "ok", None) == []
+
+
+def test_custom_layouts_take_both_media_extension_spellings_and_refuse_misspelt_profiles() -> None:
+    (spec,) = custom_specs([CustomGpuLayout(0, (CustomSlice("1g.10gb.me"), CustomSlice("1g.10gb", 2)))])
+    assert spec.mig_devices == {"1g.10gb+me": 1, "1g.10gb": 2}
+    with pytest.raises(MigPartedError) as e:
+        custom_specs([CustomGpuLayout(3, (CustomSlice("1g10gb"),))])
+    assert e.value.problems[0].startswith("GPU 3: ") and "'1g10gb' is not a MIG profile name" in e.value.problems[0]

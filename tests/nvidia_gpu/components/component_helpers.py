@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nvgpu.stackconfig import StackConfig, load_stack_config
+from nvgpu.stackconfig import NodeGroup, StackConfig, load_stack_config
 from nvidia_gpu.preview.engine import RecordingMonitor, install_mocks, run_in_engine
 from nvidia_gpu.preview.model import RecordedResource
 
@@ -28,6 +28,31 @@ def stack_config(
 def group(name: str = "gpu", sharing: str = "Exclusive", **gpu: Any) -> dict[str, Any]:
     """A Deckhouse-style node group (``nodeGroup`` selection) with the given ``gpu`` block."""
     return {"name": name, "nodeGroup": f"ng-{name}", "gpu": {"sharing": sharing, **gpu}}
+
+
+#: A MIG group with a custom layout on two GPUs, and a stack mixing it with the other kinds of group.
+H100_CUSTOM: dict[str, Any] = {
+    "name": "h100", "nodeGroup": "ng-h100",
+    "gpu": {"sharing": "MIG", "model": "H100-80GB", "mig": {"partedConfig": "custom", "customConfigs": [
+        {"index": 0, "slices": [{"profile": "3g.40gb"}, {"profile": "1g.10gb", "count": 4}]},
+        {"index": 1, "slices": [{"profile": "7g.80gb"}]},
+    ]}},
+}
+MIG_STACK_GROUPS: list[dict[str, Any]] = [
+    H100_CUSTOM,
+    group("a100", "MIG", model="A100-40GB", mig={"partedConfig": "all-1g.5gb"}),
+    group("l4", "TimeSlicing", model="L4"),
+    group("any", "Exclusive"),
+]
+
+
+def with_first_slice(g: NodeGroup, profile: str, count: int) -> NodeGroup:
+    """``g`` with its first custom slice replaced, built past the stack config's validators on purpose:
+    the component must not trust its caller."""
+    mig = g.gpu.effective_mig
+    bad = mig.model_copy(update={"custom_configs": [mig.custom_configs[0].model_copy(update={
+        "slices": [mig.custom_configs[0].slices[0].model_copy(update={"profile": profile, "count": count})]})]})
+    return g.model_copy(update={"gpu": g.gpu.model_copy(update={"mig": bad})})
 
 
 class Engine:

@@ -8,7 +8,7 @@ import pytest
 
 from node_agent.cli import build_parser
 from nvgpu.stackconfig import StackConfigError, load_stack_config
-from nvidia_gpu.components.mig_profile import daemonset, manager_args
+from nvidia_gpu.components.manifests.mig import daemonset, manager_args
 
 IMAGE = {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "0.1.0"}
 MIG_GROUP = {"name": "h100", "nodeGroup": "ng-h100", "gpu": {"sharing": "MIG", "model": "H100-80GB"}}

@@ -135,6 +135,21 @@ def test_selection_must_name_a_config_the_stack_defines() -> None:
     )]
 
 
+def test_selection_without_a_model_must_fit_some_catalogue_gpu() -> None:
+    """A defined config for GPUs outside the catalogue is left to mig-parted, but nodes of unknown model told
+    to apply it are not: the MigProfile component refuses the same choice (nvgpu.migparted.fit_problems)."""
+    cm = config_map({"c": mig_doc({"blackwell": [mig_entry({"1g.23gb": 7}, **{"device-filter": "0x290110DE"})],
+                                   "custom-a": [mig_entry({"1g.10gb": 2})]})})
+    ok = node_group_patch("gpu-a", {labels.MIG_CONFIG: "custom-a"})
+    assert check_stack("mig-config-fits-gpu", [(CM_TYPE, cm), (NODE_GROUP_PATCH_TYPE, ok)]) == []
+    ng = node_group_patch("gpu-b", {labels.MIG_CONFIG: "blackwell"})
+    assert check_stack("mig-config-fits-gpu", [(CM_TYPE, cm), (NODE_GROUP_PATCH_TYPE, ng)]) == [(
+        "NodeGroup 'gpu-b' spec.nodeTemplate.labels: nvidia.com/mig.config=blackwell: "
+        "MIG config 'blackwell' fits none of the catalogue's GPU models",
+        "urn:1",
+    )]
+
+
 def test_selected_defined_config_must_fit_the_groups_gpu() -> None:
     cm = config_map({"c": mig_doc({"custom-a": [mig_entry({"7g.80gb": 2})]})})
     ng = node_group_patch("gpu-h100", {labels.MIG_CONFIG: "custom-a", GPU_MODEL_KEY: "H100-80GB"})

@@ -1,4 +1,5 @@
-"""The MigProfile component: the mig-parted ConfigMap, preview-time layout checks, the manager DaemonSet."""
+"""The MIG manager's manifests (``components/manifests/mig.py``): the mig-parted ConfigMap and the
+layout checks :func:`mig_config` runs on it, the manager DaemonSet and its RBAC."""
 
 from __future__ import annotations
 
@@ -6,54 +7,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from node_agent.cli import build_parser
 from nvgpu import labels
 from nvgpu.catalogue import H100_80GB
 from nvgpu.migparted import MigConfigSpec, load_config_text, validate_for_model
 from nvgpu.nodelabels import desired_node_labels, mig_config_name
-from nvgpu.stackconfig import NodeGroup, Sharing, StackConfig, load_stack_config, load_stack_file
-from nvidia_gpu.components.mig_profile import (
+from nvgpu.stackconfig import Sharing, load_stack_file
+from nvidia_gpu.components.manifests.mig import (
     CONFIG_KEY,
-    MigProfile,
-    MigProfileArgs,
     MigProfileError,
     config_map,
     daemonset,
     mig_config,
     rbac,
 )
-from nvidia_gpu.preview.engine import install_mocks, run_in_engine
-
-IMAGE = {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "0.1.0"}
-
-
-def stack(groups: list[dict[str, Any]], node_setup: str = "deckhouse") -> StackConfig:
-    return load_stack_config({
-        "cluster": {"kubernetesVersion": "1.34", "nodeSetup": node_setup, "agentImage": IMAGE},
-        "nodeGroups": groups,
-    })
-
-
-H100_CUSTOM = {
-    "name": "h100", "nodeGroup": "ng-h100",
-    "gpu": {"sharing": "MIG", "model": "H100-80GB", "mig": {"partedConfig": "custom", "customConfigs": [
-        {"index": 0, "slices": [{"profile": "3g.40gb"}, {"profile": "1g.10gb", "count": 4}]},
-        {"index": 1, "slices": [{"profile": "7g.80gb"}]},
-    ]}},
-}
-GROUPS = [
-    H100_CUSTOM,
-    {"name": "a100", "nodeGroup": "ng-a100", "gpu": {"sharing": "MIG", "model": "A100-40GB",
-                                                    "mig": {"partedConfig": "all-1g.5gb"}}},
-    {"name": "l4", "nodeGroup": "ng-l4", "gpu": {"sharing": "TimeSlicing", "model": "L4"}},
-    {"name": "any", "nodeGroup": "ng-any", "gpu": {"sharing": "Exclusive"}},
-]
+from tests.nvidia_gpu.components.component_helpers import H100_CUSTOM, MIG_STACK_GROUPS, stack_config, with_first_slice
 
 
 def test_config_holds_standard_sets_and_group_layouts() -> None:
-    cfg = stack(GROUPS)
+    cfg = stack_config(MIG_STACK_GROUPS)
     mig = mig_config(cfg.node_groups)
     h100 = cfg.node_groups[0]
     name = mig_config_name(h100)
@@ -72,7 +45,7 @@ def _mig_group(**mig: Any) -> dict[str, Any]:
 
 
 def test_extra_configs_are_validated_against_the_declared_model() -> None:
-    groups = stack([_mig_group(partedConfig="all-balanced")]).node_groups
+    groups = stack_config([_mig_group(partedConfig="all-balanced")]).node_groups
     ok = {"ops-mixed": [MigConfigSpec(device_filter="0x233010DE", devices="all", mig_enabled=True,
                                       mig_devices={"4g.40gb": 1, "3g.40gb": 1})]}
     assert "ops-mixed" in mig_config(groups, ok).mig_configs
@@ -88,18 +61,11 @@ def test_extra_configs_are_validated_against_the_declared_model() -> None:
 
 
 def test_a_layout_named_for_another_model_fails() -> None:
-    groups = stack([_mig_group(partedConfig="all-balanced")]).node_groups
+    groups = stack_config([_mig_group(partedConfig="all-balanced")]).node_groups
     g = groups[0].model_copy(update={"gpu": groups[0].gpu.model_copy(
         update={"mig": groups[0].gpu.effective_mig.model_copy(update={"parted_config": "all-1g.5gb"})})})
     with pytest.raises(MigProfileError, match="has no entry for the H100-80GB"):
         mig_config([g])
-
-
-def _nodegroup_layout(group: NodeGroup, profile: str, count: int) -> NodeGroup:
-    mig = group.gpu.effective_mig
-    bad = mig.model_copy(update={"custom_configs": [mig.custom_configs[0].model_copy(update={
-        "slices": [mig.custom_configs[0].slices[0].model_copy(update={"profile": profile, "count": count})]})]})
-    return group.model_copy(update={"gpu": group.gpu.model_copy(update={"mig": bad})})
 
 
 @pytest.mark.parametrize(
@@ -109,15 +75,22 @@ def _nodegroup_layout(group: NodeGroup, profile: str, count: int) -> NodeGroup:
      ("3g.40gb", 3, "exceeds the 2 instance(s)")],
 )
 def test_unplaceable_custom_layouts_name_gpu_profile_and_why(profile: str, count: int, why: str) -> None:
-    # Built past the stack-config checks on purpose: the component must not trust its caller.
-    group = _nodegroup_layout(stack([H100_CUSTOM]).node_groups[0], profile, count)
+    group = with_first_slice(stack_config([H100_CUSTOM]).node_groups[0], profile, count)
     with pytest.raises(MigProfileError) as e:
         mig_config([group])
     assert "node group 'h100'" in str(e.value) and "GPU 0" in str(e.value) and why in str(e.value)
 
 
+def test_a_misspelt_custom_profile_passed_past_the_stack_config_names_the_group() -> None:
+    group = with_first_slice(stack_config([H100_CUSTOM]).node_groups[0], "3g40gb", 1)
+    with pytest.raises(MigProfileError) as e:
+        mig_config([group])
+    (problem,) = e.value.problems
+    assert problem.startswith("node group 'h100': GPU 0: ") and "'3g40gb' is not a MIG profile name" in problem
+
+
 def test_daemonset_targets_mig_capable_groups_with_a_mig_label() -> None:
-    cfg = stack(GROUPS)
+    cfg = stack_config(MIG_STACK_GROUPS)
     groups = [g for g in cfg.node_groups if g.name != "l4"]
     ds = daemonset("nvidia-gpu", cfg.cluster, groups)
     spec = ds["spec"]["template"]["spec"]
@@ -132,7 +105,7 @@ def test_daemonset_targets_mig_capable_groups_with_a_mig_label() -> None:
     assert c["lifecycle"]["preStop"]["exec"]["command"][-3:] == ["--pre-stop", "--timeout", "100"]
     assert spec["terminationGracePeriodSeconds"] > 100
     assert ds["metadata"]["labels"]["app.kubernetes.io/component"] == "mig-manager"
-    other = daemonset("nvidia-gpu", stack(GROUPS, node_setup="daemonset").cluster, groups)
+    other = daemonset("nvidia-gpu", stack_config(MIG_STACK_GROUPS, node_setup="daemonset").cluster, groups)
     assert other["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "cordon"
 
 
@@ -146,41 +119,10 @@ def test_rbac_is_least_privilege() -> None:
                                     "namespace": "nvidia-gpu"}]
 
 
-def test_component_under_the_mock_engine() -> None:
-    monitor = install_mocks("nvidia-gpu", "test")
-    cfg = stack(GROUPS)
-    run_in_engine(lambda: MigProfile("mig", MigProfileArgs(cluster=cfg.cluster, groups=cfg.node_groups)))
-    resources = {r.name: r for r in monitor.recorded_resources()}
-    comp = resources["mig"]
-    assert comp.type_token == "nvidia-gpu:index:MigProfile" and comp.is_component
-    children = {n for n, r in resources.items() if r.parent_urn == comp.urn}
-    assert children == {"mig-sa", "mig-role", "mig-binding", "mig-config", "mig-manager"}
-    manager = resources["mig-manager"]
-    assert resources["mig-config"].urn in manager.dependencies
-    data = yaml.safe_load(resources["mig-config"].inputs["data"][CONFIG_KEY])
-    assert data["version"] == "v1" and mig_config_name(cfg.node_groups[0]) in data["mig-configs"]
-
-
-def test_no_mig_capable_group_no_manager() -> None:
-    monitor = install_mocks("nvidia-gpu", "test")
-    cfg = stack([GROUPS[2]])
-    run_in_engine(lambda: MigProfile("mig", MigProfileArgs(cluster=cfg.cluster, groups=cfg.node_groups)))
-    assert [r.name for r in monitor.recorded_resources()] == ["mig"]
-
-
-def test_invalid_layout_registers_nothing() -> None:
-    monitor = install_mocks("nvidia-gpu", "test")
-    cfg = stack([H100_CUSTOM])
-    bad = _nodegroup_layout(cfg.node_groups[0], "7g.80gb", 2)
-    with pytest.raises(Exception, match="exceeds the 1 instance"):
-        run_in_engine(lambda: MigProfile("mig", MigProfileArgs(cluster=cfg.cluster, groups=[bad])))
-    assert [r for r in monitor.recorded_resources() if r.custom] == []
-
-
 @pytest.mark.parametrize("stack_file", ["Pulumi.dev.yaml", "Pulumi.prod.yaml"])
 def test_every_group_label_names_a_config_the_manager_has(stack_file: str) -> None:
     """The labels flow and the ConfigMap agree: ``nvidia.com/mig.config`` always names a known config."""
-    cfg = load_stack_file(Path(__file__).resolve().parents[2] / stack_file)
+    cfg = load_stack_file(Path(__file__).resolve().parents[3] / stack_file)
     mig = mig_config(cfg.node_groups)
     for g in cfg.node_groups:
         node_labels = desired_node_labels(g)
@@ -192,7 +134,7 @@ def test_every_group_label_names_a_config_the_manager_has(stack_file: str) -> No
 
 def test_daemonset_commands_parse_with_the_agent_cli() -> None:
     """The container args and the preStop command are accepted by ``python -m node_agent``'s parser."""
-    cfg = stack(GROUPS)
+    cfg = stack_config(MIG_STACK_GROUPS)
     (c,) = daemonset("nvidia-gpu", cfg.cluster, cfg.node_groups)["spec"]["template"]["spec"]["containers"]
     main_args = build_parser("mig-manager").parse_args(c["args"])
     assert (main_args.host_root, main_args.drain, main_args.pre_stop) == ("/host", "deckhouse", False)
