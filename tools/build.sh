@@ -13,7 +13,8 @@ export CGO_ENABLED="${CGO_ENABLED:-1}"
 print_only=0
 [ "${1:-}" = "--print" ] && print_only=1
 
-components=(kube etcd kwok mocknvml pulumi pulumi-yaml pulumi-kubernetes cdi runc nvidia-device-plugin mig-parted dra-driver-nvidia-gpu)
+components=(kube etcd kwok mocknvml pulumi pulumi-yaml pulumi-kubernetes cdi runc nvidia-device-plugin mig-parted dra-driver-nvidia-gpu
+            actionlint)
 
 key_of() {  # key_of NAME: a short hash of what decides the component's binaries
   # Every file of tools/NAME (names and contents, in a fixed order: go.mod, go.sum and any sources,
@@ -131,6 +132,12 @@ build_one() {  # build_one NAME OUTDIR
       go build -trimpath -ldflags "-s -w -X sigs.k8s.io/dra-driver-nvidia-gpu/internal/info.version=$v" -o "$out/" \
         sigs.k8s.io/dra-driver-nvidia-gpu/cmd/gpu-kubelet-plugin
       go build -trimpath -ldflags "-s -w" -o "$out/" github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook ;;
+    actionlint)
+      # actionlint, which `make test` runs over .github/workflows (tests/test_workflows.py); it runs
+      # shellcheck on each `run:` script when shellcheck is on PATH (.ci/run installs it).
+      local v; v="$(go list -m -f '{{.Version}}' github.com/rhysd/actionlint)"
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/rhysd/actionlint.version=$v" -o "$out/" \
+        github.com/rhysd/actionlint/cmd/actionlint ;;
   esac
 }
 

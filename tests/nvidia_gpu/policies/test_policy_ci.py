@@ -84,3 +84,32 @@ def test_pack_runs_in_its_own_virtualenv_when_present(tmp_path: Path) -> None:
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
     assert manifest.python(tmp_path) == str(tmp_path / "venv" / "bin" / "python")
+
+
+def test_pr_previews_use_their_own_read_only_environments_and_skip_secretless_runs() -> None:
+    """A pull request from any branch must not get the deploy environments' write credentials (or wait on
+    their approvals); forks and Dependabot get no secrets at all, so their Pulumi job is skipped."""
+    preview = _workflows()["preview.yml"]["jobs"]["pulumi"]
+    assert preview["environment"] == "${{ matrix.stack }}-preview"
+    assert "github.event.pull_request.head.repo.full_name == github.repository" in preview["if"]
+    assert "dependabot[bot]" in preview["if"]
+    up = _workflows()["pulumi-up.yml"]["jobs"]["up"]
+    assert up["environment"] == "${{ inputs.stack }}"
+
+
+def test_the_backend_and_the_stack_names_are_configurable() -> None:
+    for name in ("preview.yml", "pulumi-up.yml"):
+        for action in (s for s in _steps(_workflows()[name]) if str(s.get("uses", "")).startswith("pulumi/actions@")):
+            assert action["with"]["cloud-url"] == "${{ vars.PULUMI_BACKEND_URL }}", name
+            assert "vars.PULUMI_ORG" in action["with"]["stack-name"], name
+            assert set(action["env"]) == {"PULUMI_ACCESS_TOKEN", "PULUMI_CONFIG_PASSPHRASE"}, name
+        checks = [s for s in _steps(_workflows()[name]) if "nvidia_gpu.preview.kubecontext" in str(s.get("run"))]
+        assert checks, f"{name}: the kube context is not checked before Pulumi runs"
+
+
+def test_a_workflow_runs_make_test_with_the_history_and_the_tools() -> None:
+    job = _workflows()["test.yml"]["jobs"]["make-test"]
+    assert any("make test" in str(s.get("run")) for s in job["steps"])
+    checkout = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout@"))
+    assert checkout["with"]["fetch-depth"] == 0
+    assert any(str(s.get("uses", "")).startswith("actions/setup-go@") for s in job["steps"])
