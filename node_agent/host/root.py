@@ -11,6 +11,11 @@ Commands run either directly (resolved inside the root's ``bin``/``sbin`` dirs, 
 agent's own PATH when the root is not ``/``, so tests stay hermetic; ``HOST_ROOT`` is exported for
 fake tools) or through ``chroot <root>`` (the DaemonSet with the host mounted at ``/host``), always
 through the root's ``executor`` (``node_agent.host.exec``): tests inject a ``RecordingExec``.
+
+The services' narrow host protocols (``deviceplugin.devices.HostFiles``, ``dra.hostfs.HostPaths``,
+``mig.executor.StateFiles``) are subsets of this class's methods, with the same names and meaning:
+a missing file reads as ``None`` (``read_bytes_or_none``, ``read_text_or_none``) or ``False``
+(``exists``, ``remove``); anything else that goes wrong, a refused path included, raises ``HostError``.
 """
 
 from __future__ import annotations
