@@ -39,7 +39,7 @@ from node_agent.nvml.sim import MACHINES  # noqa: E402
 from nvgpu import labels  # noqa: E402
 from nvgpu.migparted import build_config  # noqa: E402
 from tests.kit.kmock import api, kmock_server, kube  # noqa: E402
-from tests.mig.fakes import Clock, FakeNode, MemoryFiles, Rebooter, pod  # noqa: E402
+from tests.mig.fakes import Clock, FakeNode, MemoryFiles, Rebooter, StepLock, pod  # noqa: E402
 from tests.mig.harness import clients_leave, deckhouse_approver  # noqa: E402
 
 CONFIG = build_config()
@@ -89,7 +89,8 @@ def bench_plan_apply(shared_file: bool) -> dict[str, float]:
 
 def manager_run(node: object, backend: NvmlMigBackend, drain: DrainMode) -> tuple[float, int]:
     m = MigManager(node=node, backend=backend, load_config=lambda: CONFIG, files=MemoryFiles(),  # type: ignore[arg-type]
-                   boot_id=lambda: "b", clock=Clock(), rebooter=Rebooter(), settings=Settings(drain=drain))
+                   step_lock=StepLock(), boot_id=lambda: "b", clock=Clock(), rebooter=Rebooter(),
+                   settings=Settings(drain=drain))
     t0 = time.perf_counter()
     busy = 0.0
     for _ in range(20):

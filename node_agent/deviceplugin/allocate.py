@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from node_agent.deviceplugin.config import DeviceIdStrategy, DeviceListStrategy, Settings, SharingStrategy
-from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles
+from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles, device_node_present
 from node_agent.deviceplugin.resources import PluginDevice, Resource, imex_channel_path
 
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
@@ -101,7 +101,7 @@ class Allocator:
         # Optional control nodes are passed only when the host has them (checked once per start).
         self._control = tuple(
             p for i, p in enumerate(CONTROL_DEVICES)
-            if i == 0 or host.exists(_join_root(settings.nvidia_dev_root, p))
+            if i == 0 or device_node_present(host, _join_root(settings.nvidia_dev_root, p))
         )
 
     def allocate(self, ids: Sequence[str]) -> ContainerAllocation:

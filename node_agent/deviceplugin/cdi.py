@@ -22,7 +22,7 @@ from node_agent.cdi.driveredits import host_path as _host
 from node_agent.cdi.spec import ContainerEdits, DeviceNode
 from node_agent.deviceplugin.allocate import CDI_CLASS, CDI_IMEX_KIND, CDI_KIND, CDI_VENDOR
 from node_agent.deviceplugin.config import Settings
-from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles
+from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles, device_node_present
 from node_agent.deviceplugin.resources import PluginDevice, Resource, imex_channel_path
 from nvgpu.nodescripts import facts
 
@@ -63,7 +63,7 @@ def build_spec(resources: Sequence[Resource], settings: Settings, host: HostFile
         edits = {"deviceNodes": [_node(p, dev_root) for p in d.paths]}
         for name in (d.uuid, d.index):
             devices.append({"name": name, "containerEdits": edits})
-    control = [p for i, p in enumerate(CONTROL_DEVICES) if i == 0 or host.exists(_host(dev_root, p))]
+    control = [p for i, p in enumerate(CONTROL_DEVICES) if i == 0 or device_node_present(host, _host(dev_root, p))]
     # The control nodes, then the driver's libraries, binaries and hooks (node_agent.cdi.driveredits).
     common = ContainerEdits(
         env=["NVIDIA_VISIBLE_DEVICES=void"],
@@ -93,12 +93,10 @@ def write_specs(resources: Sequence[Resource], settings: Settings, host: HostFil
     changed: list[str] = []
     if not settings.uses_cdi:
         return changed
-    if host.write_text(SPEC_FILE, render(build_spec(resources, settings, host, driver_edits))):
+    if host.write_atomic(SPEC_FILE, render(build_spec(resources, settings, host, driver_edits))):
         changed.append(SPEC_FILE)
     imex = build_imex_spec(settings)
-    if imex is not None and host.write_text(IMEX_SPEC_FILE, render(imex)):
-        changed.append(IMEX_SPEC_FILE)
-    elif imex is None and host.exists(IMEX_SPEC_FILE):
-        host.remove(IMEX_SPEC_FILE)  # no channel (left) to offer: no stale spec naming one
+    # With no channel (left) to offer, no stale spec naming one stays behind.
+    if host.write_atomic(IMEX_SPEC_FILE, render(imex)) if imex is not None else host.remove(IMEX_SPEC_FILE):
         changed.append(IMEX_SPEC_FILE)
     return changed

@@ -4,16 +4,25 @@
 re-checks) and :class:`HostFiles` its view of the host filesystem (sysfs NUMA nodes, MIG capability
 minors, device nodes, CDI spec files). Like NVIDIA's ``ResourceManager`` the plugin holds only these,
 never an NVML handle or a host path, so tests build nodes from plain values
-(``tests/deviceplugin/builders.py``) and production adapts ``node_agent.nvml`` and ``node_agent.host``
-(:mod:`node_agent.deviceplugin.nvml_devices`).
+(``tests/deviceplugin/builders.py``); production adapts ``node_agent.nvml``
+(:mod:`node_agent.deviceplugin.nvml_devices`) and passes the agent's ``node_agent.host.HostRoot`` as the
+:class:`HostFiles` itself. A host file that is missing reads as absent; one the host layer refuses or
+cannot read is never taken for absent: each caller either surfaces it (an init error naming the path)
+or logs it once (``event=host-read-refused``) and carries on without it.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import NewType, Protocol
+
+from node_agent.host import HostError
+
+log = logging.getLogger(__name__)
 
 GpuUuid = NewType("GpuUuid", str)
 ResourceName = NewType("ResourceName", str)
@@ -109,23 +118,73 @@ class NodeDevices(Protocol):
 
 
 class HostFiles(Protocol):
-    """Host-absolute paths read and written through the node's host root."""
+    """Host-absolute paths read and written through the node's host root; ``node_agent.host.HostRoot`` is
+    the production one, passed as it is.
 
-    def read_text(self, path: str) -> str | None:
-        """The file's text, or ``None`` if it does not exist or cannot be read."""
+    A file that does not exist is ``None`` / ``False``; one that exists but cannot be read, or a path the
+    root refuses (``..``), raises :class:`~node_agent.host.HostError`, so each caller decides what a refusal
+    means for it instead of mistaking it for an absent file (:func:`report_refused`)."""
+
+    def read_text_or_none(self, host_path: str) -> str | None:
+        """The file's text, or ``None`` if it does not exist."""
         ...
 
-    def exists(self, path: str) -> bool: ...
+    def exists(self, host_path: str) -> bool: ...
 
-    def listdir(self, path: str) -> list[str]:
-        """Sorted entry names; an absent directory is empty."""
-        ...
-
-    def write_text(self, path: str, text: str) -> bool:
+    def write_atomic(self, host_path: str, data: str) -> bool:
         """Write atomically; ``False`` when the content was already identical."""
         ...
 
-    def remove(self, path: str) -> None: ...
+    def remove(self, host_path: str) -> bool:
+        """Delete the file; ``False`` when it was not there."""
+        ...
+
+
+class RefusalLog:
+    """Host reads the plugin was refused, each logged once per path and reason: the plugin rebuilds its
+    devices on every reload and kubelet restart, and one refusal logged each time would bury the rest."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def report(self, host_path: str, error: HostError) -> str:
+        reason = refusal_reason(error)
+        key = (error.path or host_path, reason)
+        with self._lock:
+            first = key not in self._seen
+            self._seen.add(key)
+        if first:
+            log.warning("event=host-read-refused path=%s reason=%r", key[0], reason)
+        return reason
+
+
+#: The process's one log of refused host reads (tests may swap in a fresh one).
+REFUSALS = RefusalLog()
+
+
+def refusal_reason(error: HostError) -> str:
+    """Why the host layer refused: the OS error's text (``Permission denied``) or the host layer's own
+    message (``..`` in the path, not UTF-8)."""
+    cause = error.__cause__
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    return str(error)
+
+
+def report_refused(host_path: str, error: HostError) -> str:
+    """Log (once) that ``host_path`` exists but could not be read; returns the reason for the caller's message."""
+    return REFUSALS.report(host_path, error)
+
+
+def device_node_present(host: HostFiles, host_path: str) -> bool:
+    """An optional device node (UVM, modeset) the host has. One that cannot be checked is left out like
+    a missing one, since passing a node the plugin cannot see would fail the container, but it is logged."""
+    try:
+        return host.exists(host_path)
+    except HostError as e:
+        report_refused(host_path, e)
+        return False
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:
@@ -140,8 +199,15 @@ def sysfs_bus_id(nvml_bus_id: str) -> str:
 def numa_node(host: HostFiles, gpu: Gpu) -> int | None:
     """The GPU's NUMA node from sysfs; negative or unreadable means "no topology", as in NVIDIA's plugin.
 
-    Without the sysfs file (no host sysfs mounted) NVML's own answer is used."""
-    text = host.read_text(f"/sys/bus/pci/devices/{sysfs_bus_id(gpu.pci_bus_id)}/numa_node")
+    Without the sysfs file (no host sysfs mounted) NVML's own answer is used. A file that is there but
+    cannot be read is logged (``event=host-read-refused``) and means no topology: the device is still
+    advertised, only without a NUMA hint."""
+    path = f"/sys/bus/pci/devices/{sysfs_bus_id(gpu.pci_bus_id)}/numa_node"
+    try:
+        text = host.read_text_or_none(path)
+    except HostError as e:
+        report_refused(path, e)
+        return None
     if text is None:
         return gpu.numa_node
     try:

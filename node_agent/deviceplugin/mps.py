@@ -121,8 +121,8 @@ class MpsDaemons:
 
     def _start(self, d: MpsDaemon) -> None:
         # The settings file records the daemon's shares and creates its directories.
-        self._host.write_text(f"{d.log_dir}/plugin-settings.json", json.dumps(asdict(d), sort_keys=True) + "\n")
-        self._host.write_text(f"{d.pipe_dir}/.keep", "")
+        self._host.write_atomic(f"{d.log_dir}/plugin-settings.json", json.dumps(asdict(d), sort_keys=True) + "\n")
+        self._host.write_atomic(f"{d.pipe_dir}/.keep", "")
         try:
             # A daemon already serving this pipe (left by an earlier agent process) is adopted.
             self._run(d.control_argv(), d.defaults(), f"{d.resource} defaults")

@@ -19,7 +19,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from node_agent.deviceplugin.config import MigStrategy, Settings, SharingStrategy
-from node_agent.deviceplugin.devices import DeviceError, Gpu, HostFiles, MigDevice, numa_node
+from node_agent.deviceplugin.devices import (
+    DeviceError,
+    Gpu,
+    HostFiles,
+    MigDevice,
+    numa_node,
+    refusal_reason,
+    report_refused,
+)
+from node_agent.host import HostError
 from node_agent.host.proc import MIG_MINORS_PATH, parse_mig_minors
 from nvgpu.catalogue import MIN_COMPUTE_CAPABILITY
 
@@ -52,7 +61,16 @@ def select_imex_channels(settings: Settings, host: HostFiles) -> Settings:
     present: list[int] = []
     for channel in settings.imex_channel_ids:
         node = imex_channel_host_path(settings, channel)
-        if host.exists(node):
+        try:
+            present_node = host.exists(node)
+        except HostError as e:
+            reason = report_refused(node, e)
+            if settings.imex_required:
+                raise ImexChannelError(f"imex.required is true but IMEX channel {channel}'s device node {node} "
+                                       f"cannot be checked: {reason}") from e
+            log.warning("event=imex-channel-ignored channel=%d device=%s reason=device-node-refused", channel, node)
+            continue
+        if present_node:
             log.info("event=imex-channel-selected channel=%d device=%s", channel, node)
             present.append(channel)
         elif settings.imex_required:
@@ -131,6 +149,16 @@ def _mig_device(gpu: Gpu, mig: MigDevice, host: HostFiles, minors: dict[str, int
     )
 
 
+def _mig_minors(host: HostFiles) -> dict[str, int]:
+    """The driver's MIG capability minors. A table that cannot be read is an init error naming why: taken
+    for empty it would fail every MIG device with "capability missing", pointing at the wrong cause."""
+    try:
+        text = host.read_text_or_none(MIG_MINORS_PATH)
+    except HostError as e:
+        raise DeviceError(f"cannot read {MIG_MINORS_PATH}: {refusal_reason(e)}") from e
+    return parse_mig_minors(text or "")
+
+
 def _mig_resource_name(profile: str) -> str:
     return f"nvidia.com/mig-{profile.replace('+', '.')}"
 
@@ -138,7 +166,7 @@ def _mig_resource_name(profile: str) -> str:
 def _base_resources(gpus: Sequence[Gpu], strategy: MigStrategy, host: HostFiles) -> dict[str, list[PluginDevice]]:
     out: dict[str, list[PluginDevice]] = {}
     has_mig = any(g.mig_enabled for g in gpus)
-    minors = parse_mig_minors(host.read_text(MIG_MINORS_PATH) or "") if has_mig and strategy != "none" else {}
+    minors = _mig_minors(host) if has_mig and strategy != "none" else {}
     if strategy is MigStrategy.NONE or not has_mig:
         out[GPU_RESOURCE] = [_gpu_device(g, host) for g in gpus]
         return out

@@ -21,8 +21,7 @@ from pathlib import Path
 
 from node_agent.cdi.spec import CDI_DIR, CdiDevice, CdiSpec, ContainerEdits, DeviceNode, Mount
 from node_agent.dra.devices import Allocatable, DeviceKind
-from node_agent.dra.hostfs import HostPaths, remove
-from node_agent.host.atomic import write_atomic
+from node_agent.dra.hostfs import HostPaths
 
 __all__ = ["CDI_DIR", "CdiDevice", "CdiSpec", "ClaimDevice", "ContainerEdits", "DeviceNode", "Mount",
            "SharingEdits", "build_spec", "delete_spec", "scan_specs", "write_spec"]
@@ -35,6 +34,8 @@ DEVICES_ANNOTATION = "nvidia-gpu.io/devices"
 #: Control nodes every CUDA container needs, whichever GPU it gets; the first is required, the UVM nodes
 #: appear when ``nvidia-uvm`` is loaded and are included when present (a missing node fails the container).
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+#: Runtimes read the specs; only the agent writes them.
+SPEC_FILE_MODE = 0o644
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def missing_device_nodes(host: HostPaths, devices: Sequence[ClaimDevice]) -> lis
     needed = [n for cd in devices for n in cd.device.device_nodes]
     if any(cd.device.kind is not DeviceKind.VFIO for cd in devices):
         needed.append(CONTROL_NODES[0])
-    return [n for n in dict.fromkeys(needed) if not host.path(n).exists()]
+    return [n for n in dict.fromkeys(needed) if not host.exists(n)]
 
 
 def build_spec(driver: str, claim_uid: str, claim: str, devices: Sequence[ClaimDevice],
@@ -112,12 +113,12 @@ def build_spec(driver: str, claim_uid: str, claim: str, devices: Sequence[ClaimD
 
 def write_spec(host: HostPaths, driver: str, claim_uid: str, spec: CdiSpec) -> str:
     path = spec_path(driver, claim_uid)
-    write_atomic(host.path(path), json.dumps(spec.to_json(), indent=2, sort_keys=True).encode())
+    host.write_atomic(path, json.dumps(spec.to_json(), indent=2, sort_keys=True).encode(), mode=SPEC_FILE_MODE)
     return path
 
 
 def delete_spec(host: HostPaths, driver: str, claim_uid: str) -> bool:
-    return remove(host.path(spec_path(driver, claim_uid)))
+    return host.remove(spec_path(driver, claim_uid))
 
 
 @dataclass(frozen=True)

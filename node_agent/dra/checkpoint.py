@@ -12,7 +12,8 @@ Format (JSON, ``version`` 1)::
 - ``nodeBootID`` comes from ``/proc/sys/kernel/random/boot_id``: after a reboot the GPUs' sharing and MIG
   state and ``/var/run/cdi`` are gone, so the journal is discarded instead of claiming stale work is done
   (NVIDIA issue #951).
-- Writes are atomic (temp file, fsync, rename); callers hold the node-wide lock around read-modify-write.
+- It is read, written (atomically: temp file, fsync, rename) and removed through the host root, the
+  agent's ``HostRoot``, as the MIG journal is; callers hold the node-wide lock around read-modify-write.
 - A file that does not parse or whose checksum does not match is reported, kept aside as
   ``checkpoint.json.corrupt``, and the journal is rebuilt from the claim CDI specs still on disk, so the
   plugin never crash-loops on it (NVIDIA issue #1100).
@@ -36,8 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from node_agent.dra.cdi import FoundSpec
 from node_agent.dra.hostfs import HostPaths
-from node_agent.host import statefile
-from node_agent.host.atomic import write_atomic
+from node_agent.host import HostError, statefile
 from node_agent.host.proc import boot_id
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,9 @@ VERSION = 1
 class CheckpointError(RuntimeError):
     """The journal (or its directory) cannot be read back or written; the message names the host path."""
 
-    def __init__(self, action: str, path: str, error: OSError) -> None:
+    def __init__(self, action: str, path: str, error: OSError | HostError) -> None:
+        if isinstance(error, HostError):  # the host layer's: the OS error behind it says why, if there is one
+            error = error.__cause__ if isinstance(error.__cause__, OSError) else OSError(None, str(error))
         reason = error.strerror or str(error)
         code = errno.errorcode.get(error.errno, "") if error.errno is not None else ""
         super().__init__(f"cannot {action} {path}: {reason}" + (f" ({code})" if code else ""))
@@ -136,19 +138,21 @@ class CheckpointStore:
             self._file.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise CheckpointError("create the DRA checkpoint directory", directory, e) from e
-        probe = self._file.with_name(f".{self._file.name}.probe")
+        probe = f"{directory}/.{self._file.name}.probe"
         try:
-            write_atomic(probe, b"", mode=0o600)
-            probe.unlink()
-        except OSError as e:
+            self._host.write_atomic(probe, b"", mode=statefile.STATE_FILE_MODE)
+            self._host.remove(probe)
+        except HostError as e:
             raise CheckpointError("write in the DRA checkpoint directory", directory, e) from e
 
     def peek(self) -> CheckpointData | None:
         """The journal if it is readable and current, without any recovery (no lock needed: writes are
         atomic renames)."""
         try:
-            raw = self._file.read_bytes()
-        except OSError:
+            raw = self._host.read_bytes_or_none(self.host_path)
+        except HostError:
+            return None
+        if raw is None:
             return None
         try:
             data = self._decode(raw)
@@ -159,11 +163,11 @@ class CheckpointStore:
     def load(self, specs: Callable[[], list[FoundSpec]] | None = None, pool: str = "") -> Loaded:
         """Read the journal; on corruption rebuild it from ``specs()`` (claim CDI files still on disk)."""
         try:
-            raw = self._file.read_bytes()
-        except FileNotFoundError:
-            return Loaded(CheckpointData(node_boot_id=self.boot_id), Recovery.MISSING)
-        except OSError as e:
+            raw = self._host.read_bytes_or_none(self.host_path)
+        except HostError as e:
             raise CheckpointError("read the DRA checkpoint", self.host_path, e) from e
+        if raw is None:
+            return Loaded(CheckpointData(node_boot_id=self.boot_id), Recovery.MISSING)
         try:
             data = self._decode(raw)
         except statefile.StateFileProblem as e:
@@ -205,6 +209,6 @@ class CheckpointStore:
         data.node_boot_id = self.boot_id
         raw = statefile.encode(data.model_dump(by_alias=True, mode="json"), VERSION)
         try:
-            write_atomic(self._file, raw, mode=statefile.STATE_FILE_MODE)
-        except OSError as e:
+            self._host.write_atomic(self.host_path, raw, mode=statefile.STATE_FILE_MODE)
+        except HostError as e:
             raise CheckpointError("write the DRA checkpoint", self.host_path, e) from e

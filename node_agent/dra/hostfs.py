@@ -1,9 +1,12 @@
-"""Host files the DRA driver owns (checkpoint, locks, CDI specs, MPS pipe dirs), all under a host root.
+"""Host files the DRA driver owns (checkpoint, locks, CDI specs, MPS pipe dirs), all under the host root.
 
 Every host path is written host-absolute (``/var/run/cdi/...``) and resolved through a :class:`HostPaths`
-root, so the agent works with the host mounted at ``/host`` in its container and under ``tmp_path`` in
-tests. Writes are atomic and the node-wide lock is an ``flock``, both from ``node_agent.host.atomic``
-(the same code ``HostRoot`` writes and locks with).
+root, which is the agent's ``node_agent.host.HostRoot`` itself (in tests one over ``tmp_path``): so the
+agent works with the host mounted at ``/host`` in its container, and a path that would climb out of the
+root with ``..`` (a claim UID, a directory read back from the checkpoint) is refused with
+``HostError`` instead of resolved. Files are read, written (atomically) and removed through the root
+as well; only what it has no operation for (directories, the corrupt checkpoint's rename, the node-wide
+lock, sockets) goes through :meth:`HostPaths.path`, resolved and checked the same way.
 """
 
 from __future__ import annotations
@@ -13,27 +16,23 @@ from typing import Protocol
 
 
 class HostPaths(Protocol):
-    """Resolves host-absolute paths under the host root (``node_agent.host.HostRoot`` satisfies it)."""
-
-    def path(self, host_path: str) -> Path: ...
-
-
-class RootedPaths:
-    """The plain :class:`HostPaths`: ``root`` joined with the host path."""
-
-    def __init__(self, root: str | Path = "/") -> None:
-        self.root = Path(root)
+    """The host root as the DRA driver uses it (``node_agent.host.HostRoot`` satisfies it); failures,
+    refused paths included, raise ``node_agent.host.HostError``."""
 
     def path(self, host_path: str) -> Path:
-        if not host_path.startswith("/"):
-            raise ValueError(f"host path {host_path!r} must be absolute")
-        return self.root / host_path.lstrip("/")
+        """The local path of a host-absolute path; ``..`` is refused."""
+        ...
 
+    def exists(self, host_path: str) -> bool: ...
 
-def remove(path: Path) -> bool:
-    """Delete a file; False when it was already gone."""
-    try:
-        path.unlink()
-        return True
-    except FileNotFoundError:
-        return False
+    def read_bytes_or_none(self, host_path: str) -> bytes | None:
+        """The file's content, or None when it does not exist."""
+        ...
+
+    def write_atomic(self, host_path: str, data: bytes, mode: int) -> bool:
+        """Replace the file atomically (temp file, fsync, rename); False when it already held ``data``."""
+        ...
+
+    def remove(self, host_path: str) -> bool:
+        """Delete the file; False when it was already gone."""
+        ...

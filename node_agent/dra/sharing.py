@@ -156,6 +156,19 @@ def apply(backend: SharingBackend, host: HostPaths, claim_uid: str, *, record: A
                       pinned_limits_mib=mps.pinned_limits_mib([d.uuid for d in devices]))
 
 
+def _remove_mps_directory(host: HostPaths, mps_directory: str) -> None:
+    directory = host.path(mps_directory)
+    for sub in ("pipe", "log"):
+        d = directory / sub
+        if d.is_dir():
+            for f in d.iterdir():
+                if f.is_file() or f.is_socket() or f.is_fifo():
+                    f.unlink(missing_ok=True)
+            d.rmdir()
+    if directory.is_dir():
+        directory.rmdir()
+
+
 def undo(backend: SharingBackend, host: HostPaths, claim_uid: str, record: AppliedSharing) -> list[str]:
     """Revert one recorded change; returns problems instead of raising, so unprepare always finishes."""
     problems: list[str] = []
@@ -163,21 +176,12 @@ def undo(backend: SharingBackend, host: HostPaths, claim_uid: str, record: Appli
     def attempt(what: str, fn: Callable[[], None]) -> None:
         try:
             fn()
-        except SharingError as e:
+        except (SharingError, HostError) as e:  # HostError: the recorded directory is refused (``..``)
             problems.append(f"{what}: {e}")
 
     if record.mps_directory:
         attempt("stop MPS", lambda: backend.stop_mps(claim_uid, f"{record.mps_directory}/pipe"))
-        directory = host.path(record.mps_directory)
-        for sub in ("pipe", "log"):
-            d = directory / sub
-            if d.is_dir():
-                for f in d.iterdir():
-                    if f.is_file() or f.is_socket() or f.is_fifo():
-                        f.unlink(missing_ok=True)
-                d.rmdir()
-        if directory.is_dir():
-            directory.rmdir()
+        attempt("remove the MPS directories", lambda: _remove_mps_directory(host, record.mps_directory))
     for uuid in record.timeslice_changed:
         attempt(f"reset timeslice of {uuid}", functools.partial(backend.set_timeslice, uuid, 0))
     for uuid in record.compute_mode_changed:

@@ -33,6 +33,7 @@ from node_agent.dra.claims import AllocatedClaim, ClaimRef, DeviceResult
 from node_agent.dra.config import ConfigError, GpuSharing, effective_sharing, resolve
 from node_agent.dra.devices import Allocatable, DeviceKind
 from node_agent.dra.hostfs import HostPaths
+from node_agent.host import HostError
 from node_agent.host.atomic import LockTimeout, exclusive_lock
 
 log = logging.getLogger(__name__)
@@ -197,7 +198,7 @@ class DeviceState:
                 for (_cfg_key, (gsharing, gdevices)), applied in zip(groups.items(), record.sharing, strict=True):
                     deadline.check("applying sharing")
                     sharing.apply(self._backend, self._host, uid, record=applied, sharing=gsharing, devices=gdevices)
-                control = [n for n in cdi.CONTROL_NODES if self._host.path(n).exists()]
+                control = [n for n in cdi.CONTROL_NODES if self._host.exists(n)]
                 spec = cdi.build_spec(self.driver, uid, str(claim.ref), per_device, control,
                                       driver_edits=self._driver_edits())
                 cdi.write_spec(self._host, self.driver, uid, spec)
@@ -298,7 +299,7 @@ class DeviceState:
             problems += sharing.undo(self._backend, self._host, uid, AppliedSharing.model_validate(applied))
         try:
             cdi.delete_spec(self._host, self.driver, uid)
-        except OSError as e:
+        except HostError as e:
             log.warning("event=cdi-spec-delete-failed claim_uid=%s error=%s", uid, e)
         return problems
 

@@ -1,9 +1,16 @@
 """The host layer: the only code that touches host paths, always through a ``HostRoot``.
 
 ``root`` (files, atomic writes, commands with timeouts), ``exec`` (the one seam every host command
-goes through: the real ``HostExec`` or a test's ``RecordingExec``), ``proc`` (driver version, modules, GPU
-minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA nodes), ``vgpu`` (vGPU guests and their
-host driver, from the PCI config space).
+goes through: the real ``HostExec`` or a test's ``RecordingExec``), ``atomic`` (the atomic write and the
+one lock primitive, ``exclusive_lock``), ``statefile`` (the format of the agent's own state files),
+``proc`` (driver version, modules, GPU minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA
+nodes), ``vgpu`` (vGPU guests and their host driver, from the PCI config space).
+
+The services hold narrow protocols of their own (the device plugin's ``HostFiles``, the DRA driver's
+``HostPaths``, the MIG manager's ``StateFiles``/``JournalFiles``) and production passes a ``HostRoot``
+for each as it is: there is no adapter between them, so every path is resolved, and ``..`` refused,
+in :meth:`HostRoot.path`, and every failure is a :class:`HostError` the caller decides about (a missing
+file is ``None``/``False``, never an error; a refused or unreadable one is never taken for missing).
 """
 
 from node_agent.host.exec import Call, Exec, HostExec, RecordingExec

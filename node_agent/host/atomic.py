@@ -1,9 +1,10 @@
 """Atomic file replacement and node-wide exclusive locks on local paths: the primitives under every write.
 
-``HostRoot`` (host-absolute paths joined under the root, with ``HostError``) and the DRA driver's own
-files (checkpoint, CDI specs, the prepare lock) both need the same two things done the same way, so
-they live here once: a temp file in the target's directory, fsync, rename, fsync of the directory; and
-an ``flock`` polled until a deadline.
+``HostRoot`` writes every host file through :func:`write_atomic` and takes its named state-dir locks
+with :func:`exclusive_lock`; the two other locks of the agent, the DRA driver's node-wide prepare lock
+and the MIG manager's step lock in its container, take :func:`exclusive_lock` directly. So each is done
+once, the same way: a temp file in the target's directory, fsync, rename, fsync of the directory; and an
+``flock`` polled until a deadline. This is the agent's only user of ``fcntl`` (an import-linter contract).
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ Commands run either directly (resolved inside the root's ``bin``/``sbin`` dirs, 
 agent's own PATH when the root is not ``/``, so tests stay hermetic; ``HOST_ROOT`` is exported for
 fake tools) or through ``chroot <root>`` (the DaemonSet with the host mounted at ``/host``), always
 through the root's ``executor`` (``node_agent.host.exec``): tests inject a ``RecordingExec``.
+
+The services' narrow host protocols (``deviceplugin.devices.HostFiles``, ``dra.hostfs.HostPaths``,
+``mig.executor.StateFiles``) are subsets of this class's methods, with the same names and meaning:
+a missing file reads as ``None`` (``read_bytes_or_none``, ``read_text_or_none``) or ``False``
+(``exists``, ``remove``); anything else that goes wrong, a refused path included, raises ``HostError``.
 """
 
 from __future__ import annotations
@@ -92,10 +97,18 @@ class HostRoot:
         return self.root.joinpath(*pure.parts[1:])
 
     def exists(self, host_path: str) -> bool:
-        return self.path(host_path).exists()
+        """Whether the path exists; a path that cannot be checked (``..``, a directory it may not search)
+        raises :class:`HostError` rather than reading as absent."""
+        try:
+            return self.path(host_path).exists()
+        except OSError as e:
+            raise HostError(f"cannot check {host_path}: {e.strerror or e}", host_path) from e
 
     def is_dir(self, host_path: str) -> bool:
-        return self.path(host_path).is_dir()
+        try:
+            return self.path(host_path).is_dir()
+        except OSError as e:
+            raise HostError(f"cannot check {host_path}: {e.strerror or e}", host_path) from e
 
     def listdir(self, host_path: str) -> list[str]:
         """Sorted entry names; an absent directory is empty."""
@@ -136,11 +149,24 @@ class HostRoot:
         except UnicodeDecodeError as e:
             raise HostError(f"{host_path} is not UTF-8 text", host_path) from e
 
-    def read_text_or_none(self, host_path: str) -> str | None:
-        """The file's text, or None when it does not exist (other errors still raise)."""
-        if not self.path(host_path).exists():
+    def read_bytes_or_none(self, host_path: str) -> bytes | None:
+        """The file's content, or None when it does not exist (a refused or unreadable file still raises)."""
+        try:
+            return self.path(host_path).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        return self.read_text(host_path)
+        except OSError as e:
+            raise HostError(f"cannot read {host_path}: {e.strerror or e}", host_path) from e
+
+    def read_text_or_none(self, host_path: str) -> str | None:
+        """The file's text, or None when it does not exist (a refused, unreadable or non-UTF-8 file still raises)."""
+        data = self.read_bytes_or_none(host_path)
+        if data is None:
+            return None
+        try:
+            return data.decode()
+        except UnicodeDecodeError as e:
+            raise HostError(f"{host_path} is not UTF-8 text", host_path) from e
 
     # -- writing -----------------------------------------------------------------------------
     def write_atomic(self, host_path: str, data: bytes | str, mode: int = 0o644) -> bool:

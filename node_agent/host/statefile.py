@@ -14,8 +14,9 @@ newer agent). So both are written, and read, the same way::
 - Writes are atomic (temp file, fsync, rename, directory fsync: :func:`~node_agent.host.atomic.write_atomic`
   or ``HostRoot.write_atomic``) and owner-only (``0600``): the files hold claim and Node state.
 
-This module is the codec (bytes to data and back, with every check); each store keeps its own I/O seam
-(the DRA driver writes under its host paths, the MIG manager through ``HostRoot`` and its test fakes).
+This module is the codec (bytes to data and back, with every check). Both stores do their I/O through
+``HostRoot`` (``read_bytes_or_none``, ``write_atomic`` with :data:`STATE_FILE_MODE`, ``remove``), behind
+their domain's narrow protocol (the DRA driver's ``HostPaths``, the MIG manager's ``JournalFiles``).
 """
 
 from __future__ import annotations

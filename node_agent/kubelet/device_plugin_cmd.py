@@ -29,7 +29,6 @@ from node_agent.cdi.driveredits import DriverEditsSource
 from node_agent.context import AgentContext
 from node_agent.deviceplugin import cdi, config, mps
 from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
-from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
 from node_agent.deviceplugin.nodelabel import ConfigWatcher, LabelSource, add_config_source_arguments, config_selector
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
@@ -110,9 +109,8 @@ class PluginProcess:
         self.session = session
         self._backend = backend
         self._stack = contextlib.ExitStack()
-        root = host or HostRoot(getattr(args, "host_root", None) or "/")
-        self.host = HostRootFiles(root)
-        self.mps = mps.MpsDaemons(root, self.host)
+        self.host = host or HostRoot(getattr(args, "host_root", None) or "/")
+        self.mps = mps.MpsDaemons(self.host, self.host)
         self.metrics = PluginMetrics()
         self.board = HealthBoard()  # outlives plugin restarts: health is not reset by kubelet restarts
         self.overrides = cli_overrides(args)
@@ -163,10 +161,10 @@ class PluginProcess:
     def _driver_edits(self, settings: config.Settings) -> DriverEditsSource:
         """The driver's files under ``containerDriverRoot`` (named under ``nvidiaDriverRoot``) and the hook
         program at ``nvidiaCTKPath``, seen under ``--cdi-hook-dir`` or the host root."""
-        root = DriverRoot(cdi.discovery_root(settings, self.host.root.path("/")))
+        root = DriverRoot(cdi.discovery_root(settings, self.host.path("/")))
         hook = settings.nvidia_ctk_path
         hook_dir = getattr(self.args, "cdi_hook_dir", None)
-        seen = Path(hook_dir) / os.path.basename(hook) if hook_dir else self.host.root.path(hook)
+        seen = Path(hook_dir) / os.path.basename(hook) if hook_dir else self.host.path(hook)
         key = (root, settings.nvidia_driver_root, hook, seen)
         if self._edits is None or self._edits_key != key:
             self._edits, self._edits_key = DriverEditsSource(root, settings.nvidia_driver_root, hook, seen), key

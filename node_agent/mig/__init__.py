@@ -5,4 +5,8 @@ Layers, top to bottom: ``cli`` (the ``mig-manager`` and ``mig plan|apply|assert`
 function and its states), ``kube`` (the Node/Pod/Event calls over the official client), ``apply`` and
 ``plan`` (NVML work through the :class:`~node_agent.mig.hardware.MigBackend` protocol) and ``journal``
 (the crash-safe progress record on the host).
+
+Host files (the journal, the markers) are read and written through the ``JournalFiles``/``StateFiles``
+protocols, which the agent's ``node_agent.host.HostRoot`` satisfies as it is; ``hostfiles`` holds only
+what is not a host file: the step lock in the container, the GPU reset command and the reboot.
 """

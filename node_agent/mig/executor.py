@@ -23,10 +23,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from node_agent.host import HostError, statefile
 from node_agent.kube.errors import Conflict, KubeError
 from node_agent.mig import apply
 from node_agent.mig.hardware import GpuInfo, MigBackend, MigHardwareError, ResetUnavailable, snapshot
-from node_agent.mig.journal import JOURNAL_PATH, Journal, JournalError, JournalGpu, JournalStore, Outcome, Phase
+from node_agent.mig.journal import (
+    JOURNAL_PATH,
+    Journal,
+    JournalError,
+    JournalFiles,
+    JournalGpu,
+    JournalStore,
+    Outcome,
+    Phase,
+)
 from node_agent.mig.kube import NodeApi, NodePatch, NodeView, PodView, Taint
 from node_agent.mig.machine import Act, Action, DrainMode, MigState, Observation, TargetKind, Timeouts, decide
 from node_agent.mig.plan import NodePlan, PlanError, diff, plan
@@ -45,7 +55,6 @@ MIG_STATE_DIR = f"{facts.STATE_DIR}/mig"
 STOP_MARKER = f"{MIG_STATE_DIR}/stopping"
 FAILED_MARKER = f"{MIG_STATE_DIR}/failed-config"
 CLEARED_MARKER = f"{MIG_STATE_DIR}/labels-cleared"
-LOCK_PATH = f"{MIG_STATE_DIR}/lock"
 #: NVIDIA's GPU operator apps and this project's agents (``app.kubernetes.io/name``).
 DEFAULT_CLIENT_LABELS: tuple[tuple[str, str], ...] = (
     ("app", "nvidia-device-plugin-daemonset"),
@@ -68,18 +77,17 @@ class Rebooter(Protocol):
     def reboot(self) -> None: ...
 
 
-class StateFiles(Protocol):
-    """Host files the manager uses besides the journal: the stop marker and the step lock."""
+class StateFiles(JournalFiles, Protocol):
+    """Host files the manager uses besides the journal (the stop, failed-config and labels-cleared
+    markers), with the journal's operations; ``node_agent.host.HostRoot`` is the production one."""
 
-    def read_bytes(self, path: str) -> bytes | None: ...
 
-    def write_atomic(self, path: str, data: bytes) -> None: ...
+class StepLock(Protocol):
+    """Called for an exclusive lock held for one step, so the manager and its own ``preStop`` hook never
+    act at once (:class:`node_agent.mig.hostfiles.ContainerLock`; a lock not acquired in time raises
+    :class:`~node_agent.mig.journal.JournalError`)."""
 
-    def remove(self, path: str) -> None: ...
-
-    def lock(self, path: str) -> contextlib.AbstractContextManager[None]:
-        """An exclusive inter-process lock (flock) held for the duration of the context."""
-        ...
+    def __call__(self) -> contextlib.AbstractContextManager[None]: ...
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,7 @@ class MigManager:
     backend: MigBackend
     load_config: Callable[[], MigPartedConfig]
     files: StateFiles
+    step_lock: StepLock
     boot_id: Callable[[], str]
     clock: Callable[[], float]
     rebooter: Rebooter
@@ -173,8 +182,27 @@ class MigManager:
             return Target(TargetKind.APPLIED, node_plan=node_plan)
         return Target(TargetKind.MODE if d.mode else TargetKind.LAYOUT, node_plan=node_plan)
 
+    # Marker files: a host error is a journal error, which the loop reports and retries like the journal's.
+    def _read(self, path: str) -> bytes | None:
+        try:
+            return self.files.read_bytes_or_none(path)
+        except HostError as e:
+            raise JournalError(str(e)) from e
+
+    def _write(self, path: str, data: bytes) -> None:
+        try:
+            self.files.write_atomic(path, data, mode=statefile.STATE_FILE_MODE)
+        except HostError as e:
+            raise JournalError(str(e)) from e
+
+    def _remove(self, path: str) -> None:
+        try:
+            self.files.remove(path)
+        except HostError as e:
+            raise JournalError(str(e)) from e
+
     def _stopping(self) -> bool:
-        return self.stop.is_set() or self.files.read_bytes(STOP_MARKER) is not None
+        return self.stop.is_set() or self._read(STOP_MARKER) is not None
 
     def observe(self) -> tuple[Observation, Target]:
         node = self._read_node()
@@ -215,7 +243,7 @@ class MigManager:
             stopping=self._stopping(),
             failed_config=self._failed_config(),
             failure_reason=node.annotations.get(labels.MIG_FAILURE_REASON),
-            labels_cleared=self.files.read_bytes(CLEARED_MARKER) is not None,
+            labels_cleared=self._read(CLEARED_MARKER) is not None,
             timeouts=self.settings.timeouts,
         )
         return obs, target
@@ -229,7 +257,7 @@ class MigManager:
         )
 
     def _failed_config(self) -> str | None:
-        raw = self.files.read_bytes(FAILED_MARKER)
+        raw = self._read(FAILED_MARKER)
         return raw.decode(errors="replace").strip() if raw is not None else None
 
     def _busy(self, node_plan: NodePlan) -> tuple[str, ...]:
@@ -247,7 +275,7 @@ class MigManager:
     # --- the loop ---------------------------------------------------------------------------------
 
     def step(self) -> Action:
-        with self.files.lock(LOCK_PATH):
+        with self.step_lock():
             obs, target = self.observe()
             action = decide(obs)
             log.debug("event=mig-decision act=%s reason=%r", action.act.value, action.reason)
@@ -284,7 +312,7 @@ class MigManager:
 
     def run(self) -> None:
         """The DaemonSet loop: converge, then wait for the Node to change; returns when stopped."""
-        self.files.remove(STOP_MARKER)  # a marker from a previous pod must not stop this one
+        self._remove(STOP_MARKER)  # a marker from a previous pod must not stop this one
         while True:
             try:
                 action = self.run_until_blocked()
@@ -349,7 +377,7 @@ class MigManager:
             self._event(node, "MigConfigRejected", a.reason, warning=True)
         elif act is Act.CLEAR_LABELS:
             self._patch(NodePatch(labels={labels.MIG_CONFIG: None, labels.MIG_CONFIG_STATE: None}))
-            self.files.write_atomic(CLEARED_MARKER, b"all-disabled\n")
+            self._write(CLEARED_MARKER, b"all-disabled\n")
         elif act is Act.BEGIN:
             assert o.desired is not None
             originals: dict[str, str | None] = {}
@@ -369,7 +397,7 @@ class MigManager:
                     was_unschedulable=node.unschedulable,
                 )
             )
-            self.files.remove(CLEARED_MARKER)
+            self._remove(CLEARED_MARKER)
             log.info("event=mig-reconfigure-begin config=%s", o.desired)
         elif j is None:
             raise AssertionError(f"action {act} needs a journal")
@@ -521,10 +549,10 @@ class MigManager:
         self._patch(NodePatch(labels=new_labels, annotations=annotations, taints=taints, unschedulable=uncordon,
                               resource_version=node.resource_version if taints is not None else ""))
         if j.outcome is Outcome.SUCCESS:
-            self.files.remove(FAILED_MARKER)
+            self._remove(FAILED_MARKER)
             self._event(node, "MigReconfigured", f"MIG config {j.config!r} applied", warning=False)
         elif j.outcome is Outcome.FAILED:
-            self.files.write_atomic(FAILED_MARKER, j.config.encode())
+            self._write(FAILED_MARKER, j.config.encode())
             self._event(node, "MigReconfigureFailed", f"MIG config {j.config!r}: {j.reason}", warning=True)
         else:
             self._event(node, "MigReconfigureAborted", j.reason, warning=False)
@@ -545,7 +573,7 @@ class MigManager:
 
         Returns the outcome of the operation that was in flight, or None when there was none.
         """
-        self.files.write_atomic(STOP_MARKER, b"stop\n")
+        self._write(STOP_MARKER, b"stop\n")
         deadline = self.clock() + timeout_s
         while True:
             journal = self._peek_journal()
@@ -555,7 +583,7 @@ class MigManager:
         outcome: Outcome | None = None
         for _ in range(self.settings.max_steps):
             self._node = None
-            with self.files.lock(LOCK_PATH):
+            with self.step_lock():
                 obs, target = self.observe()
                 if obs.journal is None:
                     return outcome

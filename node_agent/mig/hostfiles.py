@@ -1,64 +1,48 @@
-"""The MIG manager's host side: journal and marker files, GPU reset and reboot, via ``HostRoot``.
+"""The MIG manager's host side besides its files: the step lock, GPU reset and reboot.
 
-Everything under the host root goes through :class:`~node_agent.host.HostRoot` (atomic writes, root-aware
-paths, bounded commands). The step lock is the exception on purpose: it only orders the manager and
-its own ``preStop`` hook, which run in the same container, so it lives in the container's ``/tmp``
-rather than on the host.
+The journal and the marker files need no adapter: the manager is handed the agent's
+:class:`~node_agent.host.HostRoot` itself as its ``StateFiles`` (atomic writes, root-aware paths that
+refuse ``..``). The step lock is the exception on purpose: it only orders the manager and its own
+``preStop`` hook, which run in the same container, so it lives in the container's ``/tmp`` rather than
+on the host; it is taken with the host layer's one lock primitive,
+:func:`node_agent.host.atomic.exclusive_lock`, with a timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from node_agent.host import HostError, HostRoot
+from node_agent.host.atomic import LockTimeout, exclusive_lock
 from node_agent.mig.journal import JournalError
 
 REBOOT_TIMEOUT_S = 60.0
+#: Longer than any one step holds the lock (a GPU reset alone may take ``RESET_TIMEOUT_S``, 120 s, plus
+#: its kill grace), so only a wedged holder makes the other side give up: the loop then retries the
+#: round, the preStop hook fails with the message instead of outliving the pod's grace period unseen.
+STEP_LOCK_TIMEOUT_S = 300.0
 
 
-class HostStateFiles:
-    """:class:`~node_agent.mig.executor.StateFiles` over a ``HostRoot``; host errors become journal errors."""
+class ContainerLock:
+    """:class:`~node_agent.mig.executor.StepLock` on ``<lock_dir>/nvidia-gpu-lock.lock`` in the container."""
 
-    def __init__(self, host: HostRoot, lock_dir: Path = Path("/tmp")) -> None:
-        self.host = host
-        self.lock_dir = lock_dir
-
-    def read_bytes(self, path: str) -> bytes | None:
-        try:
-            if not self.host.exists(path):
-                return None
-            return self.host.read_bytes(path)
-        except HostError as e:
-            raise JournalError(str(e)) from e
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        try:
-            self.host.write_atomic(path, data, mode=0o600)
-        except HostError as e:
-            raise JournalError(str(e)) from e
-
-    def remove(self, path: str) -> None:
-        try:
-            self.host.remove(path)
-        except HostError as e:
-            raise JournalError(str(e)) from e
+    def __init__(self, lock_dir: Path = Path("/tmp"), timeout_s: float = STEP_LOCK_TIMEOUT_S) -> None:
+        self.path = lock_dir / "nvidia-gpu-lock.lock"
+        self.timeout_s = timeout_s
 
     @contextlib.contextmanager
-    def lock(self, path: str) -> Iterator[None]:
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_dir / f"nvidia-gpu-{Path(path).name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+    def __call__(self) -> Iterator[None]:
+        held = contextlib.ExitStack()
+        try:  # only acquiring is translated: the step's own errors pass through unchanged
+            held.enter_context(exclusive_lock(self.path, self.timeout_s, poll_s=0.05))
+        except LockTimeout:
+            raise JournalError(f"the MIG step lock {self.path} is still held after {self.timeout_s:.0f}s") from None
+        except OSError as e:
+            raise JournalError(f"cannot open the MIG step lock {self.path}: {e.strerror or e}") from e
+        with held:
             yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-
 
 
 class HostRebooter:

@@ -9,8 +9,9 @@ survives pod restarts and, with the boot ID, tells a reboot apart from a crash.
 
 The file is the agent's own: it is read leniently (unknown keys ignored, a future version refused
 with a clear message), carries a checksum (an edited or damaged journal is never acted on: the node is
-given back and the failure reported) and is written atomically through :class:`JournalFiles`, in the
-format every state file of the agent shares (:mod:`node_agent.host.statefile`).
+given back and the failure reported) and is written atomically and owner-only through
+:class:`JournalFiles` (the agent's ``HostRoot`` itself), in the format every state file of the agent
+shares (:mod:`node_agent.host.statefile`); a host error reading or writing it is a :class:`JournalError`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from node_agent.host import statefile
+from node_agent.host import HostError, statefile
 from node_agent.host.atomic import content_checksum
 from node_agent.mig.hardware import GpuState, PlacedInstance
 from nvgpu.nodescripts import facts
@@ -122,18 +123,20 @@ class JournalError(RuntimeError):
 
 
 class JournalFiles(Protocol):
-    """The host operations the journal needs (implemented over the agent's ``HostRoot``)."""
+    """The host operations the journal needs: ``node_agent.host.HostRoot``'s own, which production passes
+    as it is; failures raise :class:`~node_agent.host.HostError` (the store makes them journal errors)."""
 
-    def read_bytes(self, path: str) -> bytes | None:
+    def read_bytes_or_none(self, host_path: str) -> bytes | None:
         """The file's content, or None when it does not exist."""
         ...
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        """Write via temp file, fsync and rename, so a crash leaves the old or the new file."""
+    def write_atomic(self, host_path: str, data: bytes, mode: int) -> bool:
+        """Write via temp file, fsync and rename, so a crash leaves the old or the new file; False when the
+        file already held ``data``."""
         ...
 
-    def remove(self, path: str) -> None:
-        """Delete the file; a missing file is not an error."""
+    def remove(self, host_path: str) -> bool:
+        """Delete the file; a missing file is not an error (False)."""
         ...
 
 
@@ -145,7 +148,10 @@ class JournalStore:
     path: str = JOURNAL_PATH
 
     def load(self) -> Journal | None:
-        raw = self.files.read_bytes(self.path)
+        try:
+            raw = self.files.read_bytes_or_none(self.path)
+        except HostError as e:
+            raise JournalError(str(e)) from e
         if raw is None:
             return None
         try:
@@ -160,10 +166,17 @@ class JournalStore:
             raise JournalError(f"MIG journal {self.path} is unreadable: {e.errors(include_url=False)[0]['msg']}") from e
 
     def save(self, journal: Journal) -> None:
-        self.files.write_atomic(self.path, statefile.encode(journal.model_dump(mode="json"), JOURNAL_VERSION))
+        raw = statefile.encode(journal.model_dump(mode="json"), JOURNAL_VERSION)
+        try:
+            self.files.write_atomic(self.path, raw, mode=statefile.STATE_FILE_MODE)
+        except HostError as e:
+            raise JournalError(str(e)) from e
 
     def clear(self) -> None:
-        self.files.remove(self.path)
+        try:
+            self.files.remove(self.path)
+        except HostError as e:
+            raise JournalError(str(e)) from e
 
 
 def _legacy(raw: bytes) -> dict[str, object] | None:

@@ -122,8 +122,8 @@ def test_dra_claim_specs_load_in_the_cdi_library(tmp_path: Path) -> None:
     from node_agent.cdi.driveredits import DriverEditsSource
     from node_agent.dra import cdi
     from node_agent.dra.devices import allocatable_devices
-    from node_agent.dra.hostfs import RootedPaths
     from node_agent.driverroot import DriverRoot
+    from node_agent.host import HostRoot
     from tests.kit.dra_builders import DRIVER, machine
 
     runtime = Runtime.pinned(tmp_path / "runc-state")
@@ -132,7 +132,7 @@ def test_dra_claim_specs_load_in_the_cdi_library(tmp_path: Path) -> None:
                               runtime.hook).edits(VERSION)
     devices = {d.name: d for d in allocatable_devices(machine(gpus=2, mig_on=(1,)))}
     claim = [cdi.ClaimDevice(devices["gpu-0"], ("gpu",)), cdi.ClaimDevice(devices["gpu-1-mig-1g10gb-19-6"], ("mig",))]
-    host = RootedPaths(tmp_path / "host")
+    host = HostRoot(tmp_path / "host")
     cdi.write_spec(host, DRIVER, "uid-1", cdi.build_spec(DRIVER, "uid-1", "ns/claim", claim, driver_edits=edits))
     listed = runtime.list_devices([tmp_path / "host/var/run/cdi"])
     assert sorted(listed) == sorted(cdi.device_id(DRIVER, "uid-1", d.device.name) for d in claim)

@@ -36,7 +36,7 @@ from node_agent.host import HostRoot
 from node_agent.host.proc import boot_id
 from node_agent.kube.transport import Kube as AgentKube
 from node_agent.mig.executor import DEPLOY_LABELS, DRAIN_ANNOTATIONS, MigManager, Settings
-from node_agent.mig.hostfiles import HostRebooter, HostStateFiles
+from node_agent.mig.hostfiles import ContainerLock, HostRebooter
 from node_agent.mig.kube import KubeNodeApi, NodeView
 from node_agent.mig.machine import DrainMode
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
@@ -549,7 +549,7 @@ def test_a_taint_added_meanwhile_survives_the_managers_taint_patches(
     with open_nvml(NvmlBackend("simulated", MACHINE, state)) as nvml:
         root = HostRoot(host, exec_mode="direct")
         manager = MigManager(node=node_api, backend=NvmlMigBackend(nvml, SimulatedReset(MACHINE, state)),
-                             load_config=lambda: config, files=HostStateFiles(root, tmp_path / "lock"),
+                             load_config=lambda: config, files=root, step_lock=ContainerLock(tmp_path / "lock"),
                              boot_id=lambda: boot_id(root), clock=time.time, rebooter=HostRebooter(root),
                              settings=Settings(drain=DrainMode.DECKHOUSE))
         waiting = manager.run_until_blocked()  # begin, pause, ask for approval: then wait for Deckhouse

@@ -50,7 +50,6 @@ from node_agent.dra.claims import ClaimRef
 from node_agent.dra.cleanup import FINALIZER, GRACE_SECONDS
 from node_agent.dra.devices import quantity_value
 from node_agent.dra.driver import DraDriver, DriverSettings
-from node_agent.dra.hostfs import RootedPaths
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.kube.transport import Kube as AgentKube
@@ -822,7 +821,7 @@ def test_mps_claim_from_the_server_is_set_up_as_allocated(kube: Kube, plugins: d
     sharing = RecordingSharing()
     driver = DraDriver(DriverSettings(driver=DRIVER, node=node),
                        api=KubeDraApi(AgentKube.connect(plugin.agent.kubeconfig)), source=source,
-                       host=RootedPaths(root), backend=sharing)
+                       host=HostRoot(root), backend=sharing)
     try:
         driver.withdrawn.set()  # prepare only: publishing stays with the plugin process
         assert driver.start() is None

@@ -84,6 +84,6 @@ def test_present_channel_carries_its_device_node(host: FakeHost, required: bool)
     assert "k8s.device-plugin.nvidia.com/imex-channel=0" in alloc.cdi_devices
     specs = {d.container_path: d.host_path for d in alloc.devices}
     assert specs[CHANNEL0] == CHANNEL0
-    spec = yaml.safe_load(host.read_text(cdi.IMEX_SPEC_FILE) or "")
+    spec = yaml.safe_load(host.read_text_or_none(cdi.IMEX_SPEC_FILE) or "")
     assert spec["devices"] == [{"name": "0", "containerEdits": {"deviceNodes": [
         {"path": CHANNEL0, "hostPath": CHANNEL0, "permissions": "rw"}]}}]

@@ -11,7 +11,6 @@ import pytest
 from node_agent import nvml
 from node_agent.deviceplugin import config
 from node_agent.deviceplugin.health import HealthPolicy
-from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
@@ -55,7 +54,7 @@ def test_every_simulated_machine_and_sharing_mode(run_plugin: Callable[..., Runn
     fake = build_fake_host(tmp_path / "root", name)
     assert fake.machine is not None
     machine = fake.machine
-    host = HostRootFiles(HostRoot(fake.root))  # the production adapter over a fake host root
+    host = HostRoot(fake.root)  # what production passes, over a fake host root
     text, replicas = MODES[mode]
     metrics = PluginMetrics()
     with nvml.open_nvml(nvml.NvmlBackend.parse(f"simulated:{name}", machine.store.path)) as session:

@@ -12,7 +12,7 @@ import pytest
 
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.driver import DraDriver, DriverSettings
-from node_agent.dra.hostfs import RootedPaths
+from node_agent.host import HostRoot
 from tests.kit.dra_builders import DRIVER, NODE, FakeSource, RecordingSharing, machine, populate_dev
 from tests.kit.kmock import FakeApiServer, fake_api_server
 from tests.kit.kubelet.common import short_root
@@ -53,7 +53,7 @@ class Env:
 def make_driver(root: Path, server: FakeApiServer, source: FakeSource, sharing: RecordingSharing,
                 **settings: object) -> DraDriver:
     cfg = DriverSettings(driver=DRIVER, node=NODE, **settings)  # type: ignore[arg-type]
-    return DraDriver(cfg, api=KubeDraApi(server.kube()), source=source, host=RootedPaths(root), backend=sharing)
+    return DraDriver(cfg, api=KubeDraApi(server.kube()), source=source, host=HostRoot(root), backend=sharing)
 
 
 @pytest.fixture

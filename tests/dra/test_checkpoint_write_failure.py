@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.dra import checkpoint
 from node_agent.dra.checkpoint import CheckpointError
 from node_agent.dra.claims import ClaimRef
+from node_agent.host import atomic
 from tests.dra.conftest import Env
 from tests.dra.test_plugin import put_claim, spec_file
 from tests.kit.dra_builders import NODE, claim, gpu_config
@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _fail_checkpoint_writes(monkeypatch: pytest.MonkeyPatch, code: int, after: int = 0) -> list[int]:
-    """Checkpoint writes raise ``OSError(code)`` after ``after`` successful ones (other files unaffected)."""
-    real = checkpoint.write_atomic
+    """Checkpoint writes raise ``OSError(code)`` after ``after`` successful ones (other files unaffected), in
+    the host layer's atomic write that ``HostRoot.write_atomic`` goes through."""
+    real = atomic.write_atomic
     seen = [0]
 
     def write(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -36,7 +37,7 @@ def _fail_checkpoint_writes(monkeypatch: pytest.MonkeyPatch, code: int, after: i
                 raise OSError(code, os.strerror(code), str(path))
         real(path, data, mode)
 
-    monkeypatch.setattr(checkpoint, "write_atomic", write)
+    monkeypatch.setattr(atomic, "write_atomic", write)
     return seen
 
 
@@ -114,14 +115,14 @@ def test_state_directory_that_cannot_be_created_fails_start_up_clearly(env: Env)
 
 
 def test_read_only_state_directory_fails_start_up_clearly(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = checkpoint.write_atomic
+    real = atomic.write_atomic
 
     def write(path: Path, data: bytes, mode: int = 0o644) -> None:
         if "nvidia-gpu-agent/dra" in str(path):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
         real(path, data, mode)
 
-    monkeypatch.setattr(checkpoint, "write_atomic", write)
+    monkeypatch.setattr(atomic, "write_atomic", write)
     with pytest.raises(CheckpointError, match=r"^cannot write in the DRA checkpoint directory "
                                               r"/var/lib/nvidia-gpu-agent/dra: Read-only file system \(EROFS\)$"):
         env.driver.start()

@@ -14,7 +14,7 @@ import pytest
 from node_agent.dra import cdi
 from node_agent.dra.checkpoint import ClaimState
 from node_agent.dra.driver import DraDriver
-from node_agent.dra.hostfs import RootedPaths
+from node_agent.host import HostRoot
 from node_agent.kubelet.dra.server import PluginServer
 from tests.dra.conftest import Env
 from tests.kit.dra_builders import DRIVER, NODE, claim, gpu_config
@@ -26,7 +26,7 @@ MIG_1G = "gpu-1-mig-1g10gb-19-6"
 @pytest.fixture
 def plugin(env: Env) -> Iterator[tuple[PluginServer, DraKubelet]]:
     env.driver.start()
-    server = PluginServer(env.driver, RootedPaths(env.root))
+    server = PluginServer(env.driver, HostRoot(env.root))
     server.start(watch_interval=0.05)
     kubelet = DraKubelet(env.root)
     kubelet.register()
@@ -205,7 +205,7 @@ def test_restart_between_prepare_and_unprepare(env: Env, plugin: tuple[PluginSer
     client.ResourceV1Api(env.server.api_client()).delete_namespaced_resource_claim("survivor", "team-a")
     restarted = env.new_driver()
     restarted.start()
-    server2 = PluginServer(restarted, RootedPaths(env.root))
+    server2 = PluginServer(restarted, HostRoot(env.root))
     server2.start()
     try:
         kubelet2 = DraKubelet(env.root)
@@ -341,7 +341,7 @@ def test_registration_socket_is_served_again_when_wiped(env: Env, plugin: tuple[
 def test_driver_requires_node_name(env: Env) -> None:
     with pytest.raises(ValueError, match="node name"):
         DraDriver(type(env.driver.settings)(node=""), api=env.driver._api, source=env.source,
-                  host=RootedPaths(env.root), backend=env.sharing)
+                  host=HostRoot(env.root), backend=env.sharing)
 
 
 def test_missing_device_nodes_refuse_instead_of_caching_an_incomplete_spec(

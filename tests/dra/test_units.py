@@ -21,9 +21,9 @@ from node_agent.dra.checkpoint import (
 )
 from node_agent.dra.config import ConfigError, GpuConfig, MigDeviceConfig, decode, parse_quantity, resolve
 from node_agent.dra.devices import DeviceKind, allocatable_devices
-from node_agent.dra.hostfs import RootedPaths
 from node_agent.dra.sharing import plan
 from node_agent.driverroot import DriverRoot
+from node_agent.host import HostRoot
 from node_agent.host.atomic import LockTimeout, content_checksum, exclusive_lock
 from tests.cdi.schema import cdi_validator
 from tests.kit.dra_builders import DRIVER, gpu_config, machine
@@ -101,7 +101,7 @@ def _store(tmp_path: Path, boot: str = "boot-1") -> CheckpointStore:
     p = tmp_path / "proc/sys/kernel/random/boot_id"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(boot + "\n")
-    return CheckpointStore(RootedPaths(tmp_path), "/var/lib/nvidia-gpu-agent/dra/checkpoint.json")
+    return CheckpointStore(HostRoot(tmp_path), "/var/lib/nvidia-gpu-agent/dra/checkpoint.json")
 
 
 def _data() -> CheckpointData:
@@ -189,7 +189,7 @@ def test_claim_specs_validate_against_the_cdi_schema(tmp_path: Path) -> None:
         [cdi.ClaimDevice(devices["gpu-1-mig-1g10gb-19-6"], ("a",)), cdi.ClaimDevice(devices["gpu-0"], ("b",))],
         [cdi.ClaimDevice(devices["gpu-vfio-0"], ("vm",))],
     ]
-    host = RootedPaths(tmp_path)
+    host = HostRoot(tmp_path)
     for i, case in enumerate(cases):
         spec = cdi.build_spec(DRIVER, f"uid-{i}", "ns/claim", case, driver_edits=driver_files)
         path = cdi.write_spec(host, DRIVER, f"uid-{i}", spec)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Literal
 
 import node_agent
-from node_agent.deviceplugin.hostfiles import HostRootFiles
 from node_agent.host import HostRoot
 from node_agent.host.pci import normalize_address
 from node_agent.nvml.sim import DEFAULT_STATE_DIR, SimulatedMachine, get_machine
@@ -93,8 +92,9 @@ class FakeHost:
     """A host root in a directory: host-absolute paths map under ``root``; ``machine`` is the simulated
     machine the tree was built for (:func:`build_fake_host`), if any.
 
-    It is also the device plugin's ``HostFiles`` (``read_text`` ... ``remove``), through the agent's own
-    :class:`HostRootFiles`, so the plugin tests read and write the tree exactly as the agent would.
+    It is also the device plugin's ``HostFiles`` (``read_text_or_none`` ... ``remove``), each call handed
+    to a :class:`~node_agent.host.HostRoot` over the tree (:attr:`host`): the one the agent passes, so the
+    plugin tests read, refuse and write exactly as the agent would.
     """
 
     root: Path
@@ -141,23 +141,21 @@ class FakeHost:
 
     # -- the device plugin's HostFiles --
     @cached_property
-    def _files(self) -> HostRootFiles:
-        return HostRootFiles(HostRoot(self.root))
+    def host(self) -> HostRoot:
+        """The agent's host layer over this tree."""
+        return HostRoot(self.root)
 
-    def read_text(self, path: str) -> str | None:
-        return self._files.read_text(path)
+    def read_text_or_none(self, host_path: str) -> str | None:
+        return self.host.read_text_or_none(host_path)
 
-    def exists(self, path: str) -> bool:
-        return self._files.exists(path)
+    def exists(self, host_path: str) -> bool:
+        return self.host.exists(host_path)
 
-    def listdir(self, path: str) -> list[str]:
-        return self._files.listdir(path)
+    def write_atomic(self, host_path: str, data: str) -> bool:
+        return self.host.write_atomic(host_path, data)
 
-    def write_text(self, path: str, text: str) -> bool:
-        return self._files.write_text(path, text)
-
-    def remove(self, path: str) -> None:
-        self._files.remove(path)
+    def remove(self, host_path: str) -> bool:
+        return self.host.remove(host_path)
 
 
 def _write(root: Path, host_path: str, text: str, mode: int = 0o644) -> None:

@@ -1,6 +1,6 @@
 """In-memory stand-ins for the MIG manager's three seams: NVML, the Node API and host files.
 
-They implement the same protocols as production (``MigBackend``, ``NodeApi``, ``StateFiles``) so the
+They implement the same protocols as production (``MigBackend``, ``NodeApi``, ``StateFiles``, ``StepLock``) so the
 executor runs unchanged; each records what it was asked to do and can be told to fail, which is how
 the crash, NVML-error and bad-node tests are written.
 """
@@ -212,21 +212,38 @@ class MemoryFiles:
     crash_on_write: int = 0  #: crash on the n-th write (before it lands)
     writes: int = 0
 
-    def read_bytes(self, path: str) -> bytes | None:
-        return self.data.get(path)
+    modes: dict[str, int] = field(default_factory=dict)  #: the mode each file was written with
 
-    def write_atomic(self, path: str, data: bytes) -> None:
+    def read_bytes_or_none(self, host_path: str) -> bytes | None:
+        return self.data.get(host_path)
+
+    def write_atomic(self, host_path: str, data: bytes, mode: int) -> bool:
         self.writes += 1
         if self.crash_on_write == self.writes:
-            raise Crash(f"crash before write #{self.writes} of {path}")
-        self.data[path] = data
+            raise Crash(f"crash before write #{self.writes} of {host_path}")
+        changed = self.data.get(host_path) != data or self.modes.get(host_path) != mode
+        self.data[host_path], self.modes[host_path] = data, mode
+        return changed
 
-    def remove(self, path: str) -> None:
-        self.data.pop(path, None)
+    def remove(self, host_path: str) -> bool:
+        return self.data.pop(host_path, None) is not None
+
+
+@dataclass
+class StepLock:
+    """Counts the steps taken under the manager's step lock (one process, so nothing to exclude)."""
+
+    held: int = 0
+    taken: int = 0
 
     @contextlib.contextmanager
-    def lock(self, path: str) -> Iterator[None]:
-        yield
+    def __call__(self) -> Iterator[None]:
+        self.held += 1
+        self.taken += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
 
 
 @dataclass

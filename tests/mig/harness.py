@@ -9,7 +9,7 @@ from node_agent.mig.journal import JournalStore
 from node_agent.mig.machine import DrainMode, Timeouts
 from nvgpu import labels
 from nvgpu.migparted import MigPartedConfig, build_config
-from tests.mig.fakes import Clock, FakeBackend, FakeNode, MemoryFiles, Rebooter
+from tests.mig.fakes import Clock, FakeBackend, FakeNode, MemoryFiles, Rebooter, StepLock
 
 CONFIG = build_config()
 
@@ -34,6 +34,7 @@ class Rig:
     backend: FakeBackend
     node: FakeNode = field(default_factory=FakeNode)
     files: MemoryFiles = field(default_factory=MemoryFiles)
+    lock: StepLock = field(default_factory=StepLock)
     clock: Clock = field(default_factory=Clock)
     rebooter: Rebooter = field(default_factory=Rebooter)
     boot: list[str] = field(default_factory=lambda: ["boot-1"])
@@ -49,6 +50,7 @@ class Rig:
             backend=self.backend,
             load_config=lambda: self.config,
             files=self.files,
+            step_lock=self.lock,
             boot_id=lambda: self.boot[0],
             clock=self.clock,
             rebooter=self.rebooter,

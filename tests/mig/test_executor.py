@@ -259,7 +259,7 @@ def test_pre_stop_while_waiting_aborts_and_the_manager_exits() -> None:
     outcome = rig.manager().pre_stop(timeout_s=5, poll_s=0)
     assert outcome is Outcome.ABORTED
     assert_returned_to_service(rig.node, None)  # type: ignore[arg-type]
-    assert rig.files.read_bytes(STOP_MARKER) is not None
+    assert rig.files.read_bytes_or_none(STOP_MARKER) is not None
     main._node = None
     assert main.run_until_blocked().act.value == "exit"
 

@@ -64,6 +64,25 @@ def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
     assert host.listdir("/sys/nothing") == []
 
 
+def test_missing_is_none_but_refused_or_unreadable_raises(tmp_path: Path) -> None:
+    """What the services' narrow protocols rely on: only a missing file reads as absent."""
+    host = HostRoot(tmp_path)
+    assert host.read_bytes_or_none("/var/lib/x/state.json") is None
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/hostname").write_text("n\n")
+    assert host.read_bytes_or_none("/etc/hostname/below") is None  # a file where a directory would be
+    assert not host.exists("/etc/hostname/below")
+    with pytest.raises(HostError, match="cannot read /etc: Is a directory"):
+        host.read_bytes_or_none("/etc")
+    (tmp_path / "etc/latin1").write_bytes(b"caf\xe9\n")
+    assert host.read_bytes_or_none("/etc/latin1") == b"caf\xe9\n"
+    with pytest.raises(HostError, match="/etc/latin1 is not UTF-8 text"):
+        host.read_text_or_none("/etc/latin1")
+    for call in (host.exists, host.is_dir, host.read_bytes_or_none, host.read_text_or_none):
+        with pytest.raises(HostError, match=r"may not contain '\.\.'"):
+            call("/etc/../../outside")
+
+
 def test_commands_resolve_inside_the_root_and_time_out(tmp_path: Path) -> None:
     host = HostRoot(tmp_path)
     tool = tmp_path / "usr/bin/hello"

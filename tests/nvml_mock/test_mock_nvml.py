@@ -114,7 +114,6 @@ def _try(fn: Callable[[], Any]) -> dict[str, Any]:
 def _probe_nvml(root: Path, backend: Any) -> dict[str, Any]:
     """What check/labels do not print: the inventory, profiles, device-plugin and DRA device lists."""
     from node_agent.deviceplugin.config import Settings
-    from node_agent.deviceplugin.hostfiles import HostRootFiles
     from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices, to_gpu
     from node_agent.deviceplugin.resources import build_resources
     from node_agent.dra.devices import Inventory, allocatable_devices
@@ -130,7 +129,7 @@ def _probe_nvml(root: Path, backend: Any) -> dict[str, Any]:
         # The plugin's own NodeDevices: inventory, topology and an event watcher, as at plugin start.
         node_devices = _try(lambda: NvmlNodeDevices(s).close())
     host = HostRoot(root)
-    resources = build_resources([to_gpu(g) for g in inv.gpus], Settings(), HostRootFiles(host))
+    resources = build_resources([to_gpu(g) for g in inv.gpus], Settings(), host)
     cuda = f"{driver.cuda_driver_version[0]}.{driver.cuda_driver_version[1]}"
     # The DRA driver's GPU mapping (NvmlInventorySource._gpu) on this inventory, then its own snapshot().
     mapped = Inventory(driver.driver_version, cuda, gpus=tuple(NvmlInventorySource._gpu(g) for g in inv.gpus))
