@@ -38,4 +38,5 @@ def test_actionlint_catches_what_github_would_refuse(tmp_path: Path) -> None:
                    "    steps:\n      - run: echo ${{ github.nope }}\n")
     done = _actionlint(bad)
     assert done.returncode == 1
-    assert 'job "missing" needed by job "a" is not defined' in done.stdout
+    assert 'job "a" needs job "missing" which does not exist' in done.stdout, done.stdout
+    assert 'property "nope" is not defined' in done.stdout, done.stdout
