@@ -60,3 +60,41 @@ def test_build_stage_pins_match_requirements() -> None:
     reqs = (REPO / "requirements.txt").read_text()
     assert re.search(r"^grpcio-tools==\d", reqs, re.MULTILINE)
     assert re.search(r"^protobuf==\d", reqs, re.MULTILINE)
+
+
+def test_no_registry_fetch_for_the_build_frontend() -> None:
+    """A ``# syntax=`` line makes BuildKit pull a frontend image first: offline and air-gapped builds fail."""
+    assert not any(line.lower().startswith("# syntax") for line in DOCKERFILE.read_text().splitlines())
+
+
+def test_a_private_index_and_its_ca_can_be_given() -> None:
+    args = [rest for word, rest in _instructions() if word == "ARG"]
+    assert any(a.startswith("PIP_INDEX_URL=") for a in args)
+    env = " ".join(rest for word, rest in _instructions() if word == "ENV")
+    assert "PIP_INDEX_URL=${PIP_INDEX_URL}" in env and "PIP_CERT=/etc/ssl/certs/ca-certificates.crt" in env
+    ca = [rest for word, rest in _instructions() if word == "COPY" and rest.startswith("node_agent/image/ca/")]
+    assert ca and (REPO / "node_agent" / "image" / "ca").is_dir()
+    assert "update-ca-certificates" in " ".join(rest for word, rest in _instructions() if word == "RUN")
+
+
+def test_the_final_stage_has_no_installer_and_no_unused_client() -> None:
+    ins = _instructions()
+    final = ins[[i for i, (word, _) in enumerate(ins) if word == "FROM"][-1]:]
+    runs = " ".join(rest for word, rest in ins if word == "RUN")
+    assert "pip uninstall -q -y pip setuptools" in runs  # the agent's venv
+    assert "site-packages/kubernetes/aio" in runs  # the asyncio client, 68 MB the agent never imports
+    final_runs = " ".join(rest for word, rest in final if word == "RUN")
+    assert "site-packages/pip" in final_runs and "/usr/local/bin/pip" in final_runs  # the base image's own
+    assert "rm -rf node_agent/Dockerfile node_agent/image" in runs  # build inputs, not agent code
+
+
+def test_the_build_context_is_only_what_the_image_copies() -> None:
+    """Without a .dockerignore, ``docker build .`` sends .venv and policies/venv (over 600 MB) to the daemon."""
+    lines = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines[0] == "*"
+    allowed = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
+    copied = {src.rstrip("/").split("/")[0] for word, rest in _instructions()
+              if word == "COPY" and not rest.startswith("--from") for src in rest.split()[:-1]}
+    assert copied <= allowed, copied - allowed
+    assert not allowed & {".venv", "tests", "policies", "nvidia_gpu", ".git"}
