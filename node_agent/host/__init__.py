@@ -3,7 +3,8 @@
 ``root`` (files, atomic writes, commands with timeouts), ``exec`` (the one seam every host command
 goes through: the real ``HostExec`` or a test's ``RecordingExec``), ``proc`` (driver version, modules, GPU
 minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA nodes), ``vgpu`` (vGPU guests and their
-host driver, from the PCI config space).
+host driver, from the PCI config space), ``driverroot`` (where the NVIDIA driver's user-space files live,
+looked up inside that root only: what ``nvml``, ``cdi`` and ``exec`` all need, so it sits below them).
 """
 
 from node_agent.host.exec import Call, Exec, HostExec, RecordingExec

@@ -123,7 +123,7 @@ def test_dra_claim_specs_load_in_the_cdi_library(tmp_path: Path) -> None:
     from node_agent.dra import cdi
     from node_agent.dra.devices import allocatable_devices
     from node_agent.dra.hostfs import RootedPaths
-    from node_agent.driverroot import DriverRoot
+    from node_agent.host.driverroot import DriverRoot
     from tests.kit.dra_builders import DRIVER, machine
 
     runtime = Runtime.pinned(tmp_path / "runc-state")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from node_agent import nvml
 from node_agent.deviceplugin.nodelabel import LabelSource
-from node_agent.kubelet import device_plugin_cmd
+from node_agent.kubelet.deviceplugin import process as device_plugin_cmd
 from tests.kit.fakehost import build_fake_host
 from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.kubelet import device_plugin_cmd
+from node_agent.kubelet.deviceplugin import process as device_plugin_cmd
 from tests.deviceplugin.plugin_process import TS, switching_plugin
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.kubelet.deviceplugin import DevicePluginKubelet

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from node_agent.cli import main
-from node_agent.context import AgentContext
-from node_agent.driverroot import (
+from node_agent.cli.context import AgentContext
+from node_agent.host.driverroot import (
     NVML_LIBRARY,
     DriverRoot,
     current_driver_root,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent import gfd
+from node_agent.labeller import gfd
 from node_agent.nvml import NvmlBackend, open_nvml
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.node_agent.agent_testkit import ApiServer, Cli

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from node_agent import gfd
 from node_agent.deviceplugin.nodelabel import ConfigSelector
 from node_agent.host import HostError, HostRoot, VgpuInfoError, VgpuScanError, vgpu_devices
 from node_agent.host.vgpu import host_driver, is_vgpu, vendor_capability
-from node_agent.labels import Sharing, SharingSource
+from node_agent.labeller import gfd
+from node_agent.labeller.labels import Sharing, SharingSource
 from node_agent.nvml import FabricInfo, FabricState, NvmlBackend, open_nvml
 from tests.kit.fakehost import FakeHost, build_fake_host, pci_config_space
 from tests.node_agent.agent_testkit import ApiServer, Cli

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from node_agent import labels as labels_cmd
-from node_agent import nodepatch
 from node_agent.cli import build_parser
-from node_agent.context import AgentContext
+from node_agent.cli.context import AgentContext
 from node_agent.kube.errors import Conflict
-from node_agent.nodeconfig import NodeConfigError, NodeSnapshot, Requested, parse_label, parse_taint, plan
+from node_agent.labeller import labels as labels_cmd
+from node_agent.labeller import nodepatch
+from node_agent.labeller.nodeconfig import NodeConfigError, NodeSnapshot, Requested, parse_label, parse_taint, plan
 from nvgpu import labels
 from nvgpu.taints import NodeTaint
 from tests.kit.fakehost import build_fake_host

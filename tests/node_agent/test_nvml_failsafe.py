@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent import vfio
-from node_agent.context import AgentContext
+from node_agent.cli.context import AgentContext
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.dra.devices import allocatable_devices
 from node_agent.dra.nvml_source import NvmlInventorySource
@@ -23,6 +22,7 @@ from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, NvmlError, NvmlTimeout, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.sim.state import SimProcess
+from node_agent.setup import vfio
 from nvgpu import labels
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.fakekernel import FakeKernelHostRoot

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from node_agent.host import HostRoot
-from node_agent.journal import Journal
-from node_agent.sysctl import DROPIN
+from node_agent.setup.journal import Journal
+from node_agent.setup.sysctl import DROPIN
 from nvgpu.nodescripts.content import sysctl_dropin
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.node_agent.agent_testkit import Cli

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from node_agent import gfd
+from node_agent.labeller import gfd
 from nvgpu import labels as names
 from nvgpu.taints import NodeTaint
 

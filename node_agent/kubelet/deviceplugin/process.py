@@ -1,6 +1,6 @@
 """``python -m node_agent device-plugin``: run the kubelet device plugin on this node.
 
-Registered in ``node_agent.commands``; the agent's global options give the host root
+Registered in ``node_agent.cli.commands``; the agent's global options give the host root
 (``--host-root``), the NVML backend (``--nvml``, ``--nvml-state``) and the node name.
 
 Flags keep NVIDIA's names (``--mig-strategy``, ``--device-list-strategy``, ...) and beat the
@@ -24,9 +24,10 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from node_agent import exitcodes, nvml
+from node_agent import nvml
 from node_agent.cdi.driveredits import DriverEditsSource
-from node_agent.context import AgentContext
+from node_agent.cli import exitcodes
+from node_agent.cli.context import AgentContext
 from node_agent.deviceplugin import cdi, config, mps
 from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
 from node_agent.deviceplugin.hostfiles import HostRootFiles
@@ -34,10 +35,10 @@ from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
 from node_agent.deviceplugin.nodelabel import ConfigWatcher, LabelSource, add_config_source_arguments, config_selector
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
-from node_agent.driverroot import DriverRoot
 from node_agent.host import HostRoot
-from node_agent.kubelet.api import DEVICE_PLUGIN_PATH
-from node_agent.kubelet.lifecycle import Supervisor
+from node_agent.host.driverroot import DriverRoot
+from node_agent.kubelet.deviceplugin.api import DEVICE_PLUGIN_PATH
+from node_agent.kubelet.deviceplugin.lifecycle import Supervisor
 
 if TYPE_CHECKING:
     from node_agent.deviceplugin.nodewatch import NodeLabelWatch
@@ -182,7 +183,7 @@ class PluginProcess:
 
 
 def register(subparsers: Any) -> None:
-    """Hook for the agent CLI (``node_agent.commands``): adds the ``device-plugin`` sub-command."""
+    """Hook for the agent CLI (``node_agent.cli.commands``): adds the ``device-plugin`` sub-command."""
     p = subparsers.add_parser("device-plugin", help="run the kubelet device plugin (nvidia.com/gpu, MIG, sharing)")
     add_arguments(p)
     p.set_defaults(run=run)

@@ -17,7 +17,7 @@ import grpc
 from node_agent.deviceplugin.allocate import AllocationError, ContainerAllocation
 from node_agent.deviceplugin.plugin import DeviceStatus, ResourcePlugin
 from node_agent.deviceplugin.preferred import PreferenceError, Request
-from node_agent.kubelet.api import grpc_api, pb
+from node_agent.kubelet.deviceplugin.api import grpc_api, pb
 
 log = logging.getLogger(__name__)
 

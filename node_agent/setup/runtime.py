@@ -41,12 +41,12 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from node_agent import exitcodes
-from node_agent.context import AgentContext
+from node_agent.cli import exitcodes
+from node_agent.cli.context import AgentContext
 from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, nvidia_gpus
 from node_agent.host.root import CommandTimeout
-from node_agent.journal import Journal
-from node_agent.tomlwrite import dumps
+from node_agent.setup.journal import Journal
+from node_agent.setup.tomlwrite import dumps
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER, dropin_for, render_crio_dropin
 

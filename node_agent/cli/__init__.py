@@ -23,7 +23,7 @@ Exit codes (every command)::
     4  Kubernetes API error
     5  refused: the GPU is in use, a file in the way is not ours, or safety cannot be confirmed
 
-Commands come from ``node_agent.commands``; only the chosen command's module is imported.
+Commands come from ``node_agent.cli.commands``; only the chosen command's module is imported.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from node_agent import exitcodes
-from node_agent.commands import COMMANDS
-from node_agent.context import UsageError
-from node_agent.driverroot import default_driver_root, set_driver_root
+from node_agent.cli import exitcodes
+from node_agent.cli.commands import COMMANDS
+from node_agent.cli.context import UsageError
+from node_agent.host.driverroot import default_driver_root, set_driver_root
 
 
 def _globals(parser: argparse.ArgumentParser, *, after_command: bool = False) -> None:

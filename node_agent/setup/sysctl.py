@@ -25,10 +25,10 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from node_agent import exitcodes
-from node_agent.context import AgentContext
+from node_agent.cli import exitcodes
+from node_agent.cli.context import AgentContext
 from node_agent.host import HostError, HostRoot, NotOurs, nvidia_gpus
-from node_agent.journal import Journal
+from node_agent.setup.journal import Journal
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER, sysctl_dropin
 

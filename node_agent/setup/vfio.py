@@ -14,8 +14,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from node_agent import exitcodes
-from node_agent.context import AgentContext, UsageError
+from node_agent.cli import exitcodes
+from node_agent.cli.context import AgentContext, UsageError
 from node_agent.host import CommandNotFound, HostError, HostRoot, PciDevice, normalize_address, nvidia_gpus, read_device
 from node_agent.host import Refused as HostRefused
 from node_agent.host.root import CommandTimeout

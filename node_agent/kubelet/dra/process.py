@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from node_agent.cdi.driveredits import DEFAULT_HOOK_PATH, DriverEditsSource
-from node_agent.context import AgentContext
+from node_agent.cli.context import AgentContext
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.checkpoint import CheckpointError
 from node_agent.dra.cleanup import UninstallWatcher
@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    """Hook for the agent CLI (``node_agent.commands``): adds the ``dra-driver`` sub-command."""
+    """Hook for the agent CLI (``node_agent.cli.commands``): adds the ``dra-driver`` sub-command."""
     p = subparsers.add_parser(COMMAND, help="run the DRA kubelet plugin (ResourceSlices, prepare/unprepare)")
     add_arguments(p)
     p.set_defaults(run=run)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, get_args
 
-from node_agent import exitcodes
-from node_agent.context import AgentContext, UsageError
+from node_agent.cli import exitcodes
+from node_agent.cli.context import AgentContext, UsageError
 from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.sim.state import FabricStateName, InitError, SimProcess
 

@@ -27,9 +27,9 @@ import grpc
 
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins, ResourcePlugin
-from node_agent.kubelet.api import KUBELET_SOCKET_NAME, VERSION, grpc_api, pb
-from node_agent.kubelet.dirwatch import DirWatcher
-from node_agent.kubelet.servicer import DevicePluginServicer
+from node_agent.kubelet.deviceplugin.api import KUBELET_SOCKET_NAME, VERSION, grpc_api, pb
+from node_agent.kubelet.deviceplugin.dirwatch import DirWatcher
+from node_agent.kubelet.deviceplugin.servicer import DevicePluginServicer
 
 log = logging.getLogger(__name__)
 

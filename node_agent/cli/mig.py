@@ -48,7 +48,7 @@ from nvgpu.migparted import MigPartedConfig, MigPartedError, load_config_text
 
 log = logging.getLogger(__name__)
 
-#: The agent's exit codes (``node_agent.exitcodes``): OK, FAILED, USAGE, KUBE, REFUSED.
+#: The agent's exit codes (``node_agent.cli.exitcodes``): OK, FAILED, USAGE, KUBE, REFUSED.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_KUBE, EXIT_REBOOT = 0, 1, 2, 4, 5
 
 
@@ -286,7 +286,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry with the agent's global options (``python -m node_agent.mig.cli``)."""
+    """Standalone entry with the agent's global options (``python -m node_agent.cli.mig``)."""
     p = argparse.ArgumentParser(prog="node_agent", description=__doc__.splitlines()[0])
     p.add_argument("--host-root", default="/")
     p.add_argument("--nvml", default="real")

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node_agent.driverroot import DriverRoot, current_driver_root, default_driver_root
 from node_agent.host import HostRoot
+from node_agent.host.driverroot import DriverRoot, current_driver_root, default_driver_root
 from node_agent.host.root import ExecMode
 from node_agent.nvml import NvmlBackend, NvmlSession, open_nvml
 
 if TYPE_CHECKING:
-    from node_agent.nodepatch import NodeApi
+    from node_agent.labeller.nodepatch import NodeApi
 
 HostFactory = Callable[[str, ExecMode], HostRoot]
 
@@ -84,13 +84,13 @@ class AgentContext:
         return self.node_name
 
     def node_api(self) -> NodeApi:
-        from node_agent.nodepatch import KubeNodeApi
+        from node_agent.labeller.nodepatch import KubeNodeApi
 
         return KubeNodeApi.connect(self.kubeconfig)
 
     def fail(self, error: Exception, **extra: Any) -> int:
         """Report an error the way every command does and return its exit code."""
-        from node_agent import exitcodes
+        from node_agent.cli import exitcodes
         from node_agent.host import HostError, Refused
 
         refused = isinstance(error, Refused)

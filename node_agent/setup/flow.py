@@ -13,14 +13,14 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from node_agent import exitcodes
-from node_agent.check import record_verdict, run_check
-from node_agent.context import AgentContext
+from node_agent.cli import exitcodes
+from node_agent.cli.context import AgentContext
 from node_agent.host import HostError, Refused
-from node_agent.labels import withdraw as withdraw_labels
-from node_agent.runtime import apply_runtime, rollback_runtime, runtime_status
-from node_agent.sysctl import apply_sysctl, rollback_sysctl
-from node_agent.vfio import prepare as vfio_prepare
+from node_agent.labeller.labels import withdraw as withdraw_labels
+from node_agent.setup.check import record_verdict, run_check
+from node_agent.setup.runtime import apply_runtime, rollback_runtime, runtime_status
+from node_agent.setup.sysctl import apply_sysctl, rollback_sysctl
+from node_agent.setup.vfio import prepare as vfio_prepare
 from nvgpu import labels
 from nvgpu.nodescripts.facts import Verdict
 

@@ -3,7 +3,7 @@
 :class:`NodeApi` is the narrow view the commands use (``labels``, ``setup``, ``vfio``); :class:`KubeNodeApi`
 implements it over the agent's one Kubernetes layer (:mod:`node_agent.kube`), and tests replace it with a
 fake or point it at an emulator. Separate from the pure
-planning in ``node_agent.nodeconfig`` so that one is tested without an API server. The read keeps the raw
+planning in ``node_agent.labeller.nodeconfig`` so that one is tested without an API server. The read keeps the raw
 JSON, so foreign taints (``timeAdded`` and any field this agent does not model) are re-sent byte for byte
 when the taint list is rewritten. The patch is one JSON merge patch of labels, annotations and, when it
 changes, the whole taint list; with the Node's ``resourceVersion`` in it the API server answers 409
@@ -21,7 +21,7 @@ from urllib.parse import quote
 from node_agent.kube import nodes
 from node_agent.kube.errors import NotFound
 from node_agent.kube.transport import Kube
-from node_agent.nodeconfig import NodePlan, NodeSnapshot
+from node_agent.labeller.nodeconfig import NodePlan, NodeSnapshot
 
 
 class NodeApi(Protocol):

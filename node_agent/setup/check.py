@@ -17,8 +17,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from node_agent import exitcodes
-from node_agent.context import AgentContext
+from node_agent.cli import exitcodes
+from node_agent.cli.context import AgentContext
 from node_agent.host import (
     DriverVersionError,
     HostError,
@@ -157,7 +157,7 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all") -> Ch
     runtime: str | None = None
     runtime_name: str | None = None
     if phase == "all":
-        from node_agent.runtime import runtime_status
+        from node_agent.setup.runtime import runtime_status
 
         status = runtime_status(host)
         runtime, runtime_name = status.detail, status.runtime

@@ -1,7 +1,7 @@
 """``labels``: GPU feature-discovery labels, as an NFD local feature file and (``--patch-node``) on the Node.
 
 One run (or, with ``--loop``, one run every ``--interval`` seconds until SIGTERM): read the GPUs
-through NVML, compute the labels (``node_agent.gfd``), replace the feature file
+through NVML, compute the labels (``node_agent.labeller.gfd``), replace the feature file
 (``/etc/kubernetes/node-feature-discovery/features.d/gfd``, atomically, only when it changed) and,
 when asked, merge-patch the Node: set what changed and delete ``nvidia.com/*`` labels we own that
 no longer apply. A node without an NVIDIA GPU gets only the timestamp and ``vgpu.present=false``.
@@ -21,7 +21,7 @@ CAP_SYS_ADMIN, which NVIDIA's GFD gets by running privileged) leaves the ``vgpu.
 warning, as NVIDIA's GFD does.
 
 With ``--patch-node`` the same patch also carries the node group's own labels and taints
-(``--node-label KEY=VALUE``, ``--node-taint KEY=VALUE:EFFECT``; rules in ``node_agent.nodeconfig``),
+(``--node-label KEY=VALUE``, ``--node-taint KEY=VALUE:EFFECT``; rules in ``node_agent.labeller.nodeconfig``),
 which is how they reach nodes on clusters without Deckhouse node templates. Those are applied even
 when NVML fails, so a broken GPU never leaves a node untainted.
 
@@ -45,13 +45,14 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from node_agent import exitcodes, gfd
-from node_agent.context import AgentContext, UsageError
+from node_agent.cli import exitcodes
+from node_agent.cli.context import AgentContext, UsageError
 from node_agent.deviceplugin import config
 from node_agent.deviceplugin.named import NamedConfigError
 from node_agent.deviceplugin.nodelabel import ConfigSelector, add_config_source_arguments, config_selector
 from node_agent.host import HostError, VgpuDevice, VgpuScanError, nvidia_gpus, vgpu_devices
-from node_agent.nodeconfig import NodeConfigError, NodePlan, Requested, plan
+from node_agent.labeller import gfd
+from node_agent.labeller.nodeconfig import NodeConfigError, NodePlan, Requested, plan
 from node_agent.nvml import FabricInfo, GpuInstanceProfile, NvmlError
 from nvgpu import labels as label_names
 
@@ -254,7 +255,7 @@ def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | 
     ``gpu-setup-complete``.
     """
     from node_agent.kube.errors import Conflict
-    from node_agent.nodepatch import apply_plan, snapshot
+    from node_agent.labeller.nodepatch import apply_plan, snapshot
 
     node = ctx.require_node_name()
     api = ctx.node_api()

@@ -7,12 +7,14 @@ modules directly, so the stubs are (re)generated before first use. The generated
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from node_agent.kubelet import codegen
 from nvgpu import hostpaths
 
-_pb2, _pb2_grpc = codegen.load("deviceplugin_v1beta1")
+#: Generated next to ``deviceplugin_v1beta1.proto`` in this directory (``make proto`` generates every protocol).
+_pb2, _pb2_grpc = codegen.load("deviceplugin_v1beta1", Path(__file__).resolve().parent)
 
 pb: Any = _pb2
 grpc_api: Any = _pb2_grpc
