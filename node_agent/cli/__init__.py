@@ -1,4 +1,11 @@
-"""``python -m node_agent [global options] <command> ...``: the node agent's command line.
+"""``python -m node_agent [global options] <command> ...``: the node agent's command line, its one CLI layer.
+
+This package is the only code that parses arguments (``argparse``): the parser and the global options
+here, the command registry (``commands``), the context built once from the global options
+(``context``), the exit codes (``exitcodes``), and one module per command group (``check``,
+``runtime``, ``sysctl``, ``vfio``, ``labels``, ``setup``, ``sim``, ``mig``, ``dra``,
+``device_plugin``), each holding its commands' ``register``/``run``: parse, build typed values, call
+the domain package, map its errors to an exit code. The domain packages below take typed values only.
 
 Global options (before or after the command)::
 
@@ -13,15 +20,7 @@ Global options (before or after the command)::
     --json                  print one JSON document instead of text
     --log-level LEVEL       warning by default; logs go to stderr as key=value
 
-Exit codes (every command)::
-
-    0  OK, or nothing to do (no GPU on this node)
-    1  not OK: GPU present but unusable, setup failed (reason printed)
-    2  bad command line
-    3  bad input on the host (malformed containerd config, unreadable /proc entry, unknown driver
-       version format, GPU model missing from the catalogue); the host is left as it was
-    4  Kubernetes API error
-    5  refused: the GPU is in use, a file in the way is not ours, or safety cannot be confirmed
+Exit codes: the one table in ``node_agent.cli.exitcodes``.
 
 Commands come from ``node_agent.cli.commands``; only the chosen command's module is imported.
 """
@@ -38,6 +37,9 @@ from node_agent.cli import exitcodes
 from node_agent.cli.commands import COMMANDS
 from node_agent.cli.context import UsageError
 from node_agent.host.driverroot import default_driver_root, set_driver_root
+
+#: ``--help``'s description.
+_DESCRIPTION = "``python -m node_agent [global options] <command> ...``: the node agent's command line."
 
 
 def _globals(parser: argparse.ArgumentParser, *, after_command: bool = False) -> None:
@@ -77,9 +79,7 @@ def _command_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentP
 
 
 def build_parser(selected: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m node_agent", description=(__doc__ or "").splitlines()[0],
-                                     epilog="exit codes: 0 ok, 1 not ok, 2 usage, 3 bad host input, "
-                                            "4 Kubernetes API, 5 refused")
+    parser = argparse.ArgumentParser(prog="python -m node_agent", description=_DESCRIPTION, epilog=exitcodes.SUMMARY)
     _globals(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
     chosen_module = next((c.module for c in COMMANDS if c.name == selected), None)

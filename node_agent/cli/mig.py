@@ -8,7 +8,7 @@
 * ``apply``: apply it now (mode, reset, layout), putting the previous layout back if NVML fails;
 * ``assert``: exit 0 when the GPUs already match, 1 with the differences otherwise.
 
-Exit codes (the agent's, see :mod:`node_agent.cli`): 0 success; 1 not applied / failed (reason printed);
+Exit codes (the agent's, see :mod:`node_agent.cli.exitcodes`): 0 success; 1 not applied / failed (reason printed);
 2 bad input on the command line (unreadable config file, unknown config name, a layout for another GPU
 model); 4 Kubernetes API error; 5 refused: the mode change needs a GPU reset the driver refuses (a
 reboot is needed). ``--json`` prints one JSON document.
@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from node_agent.cli import exitcodes
 from node_agent.host import HostRoot
 from node_agent.host.proc import boot_id
 from node_agent.kube.errors import KubeError
@@ -48,8 +48,10 @@ from nvgpu.migparted import MigPartedConfig, MigPartedError, load_config_text
 
 log = logging.getLogger(__name__)
 
-#: The agent's exit codes (``node_agent.cli.exitcodes``): OK, FAILED, USAGE, KUBE, REFUSED.
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_KUBE, EXIT_REBOOT = 0, 1, 2, 4, 5
+#: The agent's exit codes as the MIG commands use them: bad input on the command line is a usage error,
+#: a mode change that needs a reboot is refused.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_KUBE, EXIT_REBOOT = (
+    exitcodes.OK, exitcodes.FAILED, exitcodes.USAGE, exitcodes.KUBE, exitcodes.REFUSED)
 
 
 # --- shared plumbing ----------------------------------------------------------------------------------
@@ -283,23 +285,3 @@ def register(subparsers: Any) -> None:
     mig = subparsers.add_parser("mig", help="plan, apply or assert a MIG layout (no Kubernetes)")
     add_mig_arguments(mig)
     mig.set_defaults(run=run_mig)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry with the agent's global options (``python -m node_agent.cli.mig``)."""
-    p = argparse.ArgumentParser(prog="node_agent", description=__doc__.splitlines()[0])
-    p.add_argument("--host-root", default="/")
-    p.add_argument("--nvml", default="real")
-    p.add_argument("--node-name")
-    p.add_argument("--nvml-state")
-    p.add_argument("--kubeconfig")
-    p.add_argument("--json", action="store_true")
-    register(p.add_subparsers(dest="command", required=True))
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
-    args = p.parse_args(argv)
-    code: int = args.run(args)
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

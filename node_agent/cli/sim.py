@@ -31,6 +31,7 @@ from node_agent.cli import exitcodes
 from node_agent.cli.context import AgentContext, UsageError
 from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.sim.state import FabricStateName, InitError, SimProcess
+from node_agent.nvml.sim.summary import summary
 
 
 def _machine(ctx: AgentContext) -> SimulatedMachine:
@@ -109,22 +110,7 @@ def run(args: argparse.Namespace) -> int:
         m.reset_gpu(_gpu(m, args.gpu))
     elif action == "fabric":
         _fabric(m, args)
-    state = m.state
-    doc: dict[str, Any] = state.model_dump(mode="json")
-    lines = [f"{state.machine}: driver {state.driver_version or m.spec.driver_version}"
-             + (f", init fails: {state.init_error}" if state.init_error else "")
-             + (f", lacks {', '.join(state.missing_functions)}" if state.missing_functions else "")]
-    for i, g in enumerate(state.gpus):
-        faults = [name for name, on in (("lost", g.lost), ("hung", g.hang)) if on]
-        faults += [f"{fn} fails ({code})" for fn, code in sorted(g.call_errors.items())]
-        if g.fabric is not None:
-            faults.append(f"fabric {g.fabric.cluster_uuid}.{g.fabric.clique_id} {g.fabric.state}"
-                          + (f" (status {g.fabric.status})" if g.fabric.status else ""))
-        mig = f"mig {'on' if g.mig_current else 'off'}" + (" (pending)" if g.mig_current != g.mig_pending else "")
-        lines.append(f"  GPU {i}: {mig}, {len(g.instances)} GPU instance(s), {len(g.processes)} process(es)"
-                     + (f", {', '.join(faults)}" if faults else ""))
-    lines += [f"  event #{e.seq}: GPU {e.gpu} {e.kind} {e.data}" for e in state.events[-5:]]
-    ctx.emit(doc, "\n".join(lines))
+    ctx.emit(m.state.model_dump(mode="json"), summary(m))
     return exitcodes.OK
 
 

@@ -35,24 +35,20 @@ labels, the group's labels and taints it owns, the feature file. A restart for a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
-import signal
 import threading
 import time
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
-from node_agent.cli import exitcodes
-from node_agent.cli.context import AgentContext, UsageError
 from node_agent.deviceplugin import config
 from node_agent.deviceplugin.named import NamedConfigError
-from node_agent.deviceplugin.nodelabel import ConfigSelector, add_config_source_arguments, config_selector
+from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigSource
 from node_agent.host import HostError, VgpuDevice, VgpuScanError, nvidia_gpus, vgpu_devices
 from node_agent.labeller import gfd
-from node_agent.labeller.nodeconfig import NodeConfigError, NodePlan, Requested, plan
+from node_agent.labeller.nodeconfig import NodePlan, Requested, plan
+from node_agent.labeller.nodepatch import NodeEnv
 from node_agent.nvml import FabricInfo, GpuInstanceProfile, NvmlError
 from nvgpu import labels as label_names
 
@@ -72,11 +68,28 @@ class Owner:
 
     @classmethod
     def parse(cls, text: str) -> Owner:
-        """The flag's value (argparse ``type``): a malformed one is a usage error naming it."""
+        """The flag's value; a malformed one raises ``ValueError`` naming it (the command line's usage error)."""
         namespace, slash, name = text.partition("/")
         if not slash or not namespace or not name or "/" in name:
-            raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text!r}")
+            raise ValueError(f"expected NAMESPACE/NAME, got {text!r}")
         return cls(namespace, name)
+
+
+@dataclass(frozen=True)
+class LabelOptions:
+    """How one labelling run works (the ``labels`` flags, parsed)."""
+
+    #: ``--mig-strategy``, ``--replicas``, ``--sharing-strategy``: the sharing without a device-plugin config.
+    mig_strategy: gfd.MigStrategy | None = None
+    replicas: int | None = None
+    sharing_strategy: gfd.SharingStrategy | None = None
+    timestamp: bool = True
+    #: The NFD feature file (a host path); written unless ``write_file`` is off.
+    output_file: str = FEATURE_FILE
+    write_file: bool = True
+    patch_node: bool = False
+    #: The DaemonSet this runs under: gates the patches, and its retirement withdraws the labels.
+    daemonset: Owner | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +115,7 @@ class NodeConfigLabel:
     own Node (no list, no watch), so reading the label when it labels is both enough and all it may do.
     """
 
-    def __init__(self, ctx: AgentContext, key: str) -> None:
+    def __init__(self, ctx: NodeEnv, key: str) -> None:
         self.ctx = ctx
         self.key = key
 
@@ -137,10 +150,10 @@ class Sharing:
         )
 
     @classmethod
-    def from_flags(cls, args: argparse.Namespace) -> Sharing:
+    def from_flags(cls, options: LabelOptions) -> Sharing:
         """``--mig-strategy``, ``--replicas``, ``--sharing-strategy``: full GPUs shared ``--replicas`` ways."""
-        replicas = args.replicas or 1
-        return cls(mig_strategy=args.mig_strategy or "none", strategy=args.sharing_strategy or "time-slicing",
+        replicas = options.replicas or 1
+        return cls(mig_strategy=options.mig_strategy or "none", strategy=options.sharing_strategy or "time-slicing",
                    shared=(gfd.SharedResource(gfd.GPU, replicas),) if replicas > 1 else ())
 
 
@@ -177,20 +190,20 @@ class SharingSource:
         return self.current, None
 
 
-def sharing_source(ctx: AgentContext, args: argparse.Namespace) -> SharingSource | None:
+def sharing_source(ctx: NodeEnv, source: ConfigSource, mig_strategy: str | None) -> SharingSource | None:
     """The config source the flags name (None: no config, the sharing flags decide)."""
-    if args.config_file is None and args.config_dir is None:
+    if source.config_file is None and source.config_dir is None:
         return None
-    labels = NodeConfigLabel(ctx, args.config_label) if args.config_dir is not None and ctx.node_name else None
-    cli = config.Overrides(mig_strategy=args.mig_strategy) if args.mig_strategy else None
-    return SharingSource(config_selector(args, labels), cli)
+    labels = NodeConfigLabel(ctx, source.config_label) if source.config_dir is not None and ctx.node_name else None
+    cli = config.Overrides(mig_strategy=mig_strategy) if mig_strategy else None
+    return SharingSource(source.selector(labels), cli)
 
 
-def collect(ctx: AgentContext, args: argparse.Namespace, source: SharingSource | None = None
+def collect(ctx: NodeEnv, options: LabelOptions, source: SharingSource | None = None
             ) -> tuple[dict[str, str], tuple[str, ...]]:
     host = ctx.host
     warnings: list[str] = []
-    sharing = Sharing.from_flags(args)
+    sharing = Sharing.from_flags(options)
     if source is not None:
         sharing, stale = source.read()
         warnings += [stale] if stale else []
@@ -206,7 +219,7 @@ def collect(ctx: AgentContext, args: argparse.Namespace, source: SharingSource |
     settings = gfd.LabelSettings(
         mig_strategy=sharing.mig_strategy, sharing_strategy=sharing.strategy, shared=sharing.shared,
         machine=(host.read_text_or_none(DMI_PRODUCT) or "").strip() or None, gpu_mode=mode,
-        timestamp=None if args.no_timestamp else int(time.time()), vgpu=vgpu,
+        timestamp=int(time.time()) if options.timestamp else None, vgpu=vgpu,
     )
     if not on_bus:
         return gfd.compute_labels([], None, {}, settings), tuple(warnings)
@@ -223,30 +236,30 @@ def collect(ctx: AgentContext, args: argparse.Namespace, source: SharingSource |
     return gfd.compute_labels(inventory.gpus, driver, profiles, settings), tuple(warnings)
 
 
-def label_once(ctx: AgentContext, args: argparse.Namespace, want: Requested,
+def label_once(ctx: NodeEnv, options: LabelOptions, want: Requested,
                source: SharingSource | None = None) -> LabelRun:
     failure: NvmlError | HostError | None = None
     try:
-        labels, warnings = collect(ctx, args, source)
+        labels, warnings = collect(ctx, options, source)
     except (NvmlError, HostError) as e:
-        if not args.patch_node:
+        if not options.patch_node:
             raise
         # The group's labels and taints do not depend on the GPUs: apply them anyway, then report.
         labels, warnings, failure = {}, (), e
     changed = False
-    if failure is None and not args.no_output_file:
-        changed = ctx.host.write_atomic(args.output_file, gfd.feature_file(labels))
+    if failure is None and options.write_file:
+        changed = ctx.host.write_atomic(options.output_file, gfd.feature_file(labels))
     changes: dict[str, str | None] = {}
     taints: tuple[dict[str, Any], ...] | None = None
-    if args.patch_node:
-        changes, taints = patch_node(ctx, want, None if failure else labels, gated=args.daemonset is not None)
+    if options.patch_node:
+        changes, taints = patch_node(ctx, want, None if failure else labels, gated=options.daemonset is not None)
     if failure is not None:
         log.warning("node labels applied without GPU labels changes=%d error=%r", len(changes), str(failure))
         raise failure
     return LabelRun(labels, changed, changes, warnings, taints)
 
 
-def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | None, *, gated: bool = False
+def patch_node(ctx: NodeEnv, want: Requested, gpu_labels: dict[str, str] | None, *, gated: bool = False
                ) -> tuple[dict[str, str | None], tuple[dict[str, Any], ...] | None]:
     """One merge patch of the Node: GFD label changes (unless ``gpu_labels`` is None) plus the node config.
 
@@ -281,7 +294,7 @@ def patch_node(ctx: AgentContext, want: Requested, gpu_labels: dict[str, str] | 
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def withdraw(ctx: AgentContext, feature_file: str = FEATURE_FILE) -> dict[str, str | None]:
+def withdraw(ctx: NodeEnv, feature_file: str = FEATURE_FILE) -> dict[str, str | None]:
     """Take off everything the labeller put on: the GFD labels, the node-group labels and taints it owns
     (and their ownership annotations), and the feature file. Foreign labels and taints stay."""
     changes, _ = patch_node(ctx, Requested(), {})
@@ -289,7 +302,8 @@ def withdraw(ctx: AgentContext, feature_file: str = FEATURE_FILE) -> dict[str, s
     return changes
 
 
-def _withdraw_if_retired(ctx: AgentContext, owner: Owner, feature_file: str) -> None:
+def withdraw_if_retired(ctx: NodeEnv, owner: Owner, feature_file: str) -> None:
+    """On the way out (SIGTERM): withdraw the labels when ``owner`` is gone or being deleted, else leave them."""
     from node_agent.kube import KubeError
 
     try:
@@ -303,20 +317,12 @@ def _withdraw_if_retired(ctx: AgentContext, owner: Owner, feature_file: str) -> 
              len(changes))
 
 
-def _text(r: LabelRun) -> str:
-    lines = [f"{k}={v}" for k, v in sorted(r.labels.items())]
-    lines.append(f"# feature file {'updated' if r.file_changed else 'unchanged'}; "
-                 f"{len(r.node_changes)} node label change(s)"
-                 + ("" if r.node_taints is None else f"; taints now {len(r.node_taints)}"))
-    lines += [f"# warning: {w}" for w in r.warnings]
-    return "\n".join(lines)
-
-
 class _NoKube(Exception):
     """Stands in for KubeError when the Node is not patched (the kubernetes client stays unloaded)."""
 
 
-def _kube_error(patch_node: bool) -> type[Exception]:
+def kube_error(patch_node: bool) -> type[Exception]:
+    """The Kubernetes error a run can raise: ``KubeError``, imported only when the Node is patched."""
     if not patch_node:
         return _NoKube
     from node_agent.kube import KubeError
@@ -324,102 +330,28 @@ def _kube_error(patch_node: bool) -> type[Exception]:
     return KubeError
 
 
-def run(args: argparse.Namespace) -> int:
-    kube_error = _kube_error(args.patch_node)
-    if args.replicas is not None and args.replicas < 1:
-        raise UsageError(f"--replicas must be at least 1 (got {args.replicas})")
-    if (args.config_file or args.config_dir) and (args.replicas is not None or args.sharing_strategy):
-        flag = "--replicas" if args.replicas is not None else "--sharing-strategy"
-        raise UsageError(f"{flag} describes sharing without a device-plugin config; with --config-file or "
-                         "--config-dir the config's sharing section decides")
-    if (args.node_label or args.node_taint) and not args.patch_node:
-        flag = "--node-label" if args.node_label else "--node-taint"
-        raise UsageError(f"{flag} needs --patch-node (the labels and taints go onto the Node)")
-    try:
-        want = Requested.from_flags(args.node_label, args.node_taint)
-    except NodeConfigError as e:
-        raise UsageError(str(e)) from e
-    if args.daemonset is not None and not args.patch_node:
-        raise UsageError("--daemonset needs --patch-node (it gates and withdraws the Node's labels)")
-    ctx = AgentContext.from_args(args)
-    source = sharing_source(ctx, args)
-    if not args.loop:
+def label_loop(ctx: NodeEnv, options: LabelOptions, want: Requested, source: SharingSource | None,
+               stop: threading.Event, *, interval: float, iterations: int = 0) -> None:
+    """Label every ``interval`` seconds until ``stop`` is set (or after ``iterations`` runs, when not 0).
+
+    A failed run is logged and retried next interval: a GPU or API server that is back is relabelled
+    without a restart. Warnings are logged when they change, not every interval.
+    """
+    errors = (NvmlError, HostError, kube_error(options.patch_node))
+    done = 0
+    reported: tuple[str, ...] = ()
+    while not stop.is_set():
         try:
-            result = label_once(ctx, args, want, source)
-        except NvmlError as e:
-            ctx.emit({"error": f"NVML: {e}"}, f"error: NVML: {e}")
-            return exitcodes.FAILED
-        except HostError as e:
-            ctx.emit({"error": str(e)}, f"error: {e}")
-            return exitcodes.HOST_INPUT
-        except kube_error as e:
-            ctx.emit({"error": str(e)}, f"error: {e}")
-            return exitcodes.KUBE
-        ctx.emit(result.to_dict(), _text(result))
-        return exitcodes.OK
-    stop = threading.Event()
-    previous = _on_signals(stop)
-    try:
-        done = 0
-        reported: tuple[str, ...] = ()
-        while not stop.is_set():
-            try:
-                result = label_once(ctx, args, want, source)
-                log.info("labelled labels=%d file_changed=%s node_changes=%d taints_changed=%s", len(result.labels),
-                         result.file_changed, len(result.node_changes), result.node_taints is not None)
-                if result.warnings != reported:  # once, not every interval
-                    for w in result.warnings:
-                        log.warning("labelling warning=%r", w)
-                    reported = result.warnings
-            except (NvmlError, HostError, kube_error) as e:
-                log.warning("labelling failed error=%r", str(e))
-            done += 1
-            if args.iterations and done >= args.iterations:
-                break
-            stop.wait(args.interval)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if stop.is_set() and args.daemonset is not None:
-        _withdraw_if_retired(ctx, args.daemonset, args.output_file)
-    return exitcodes.OK
-
-
-def _on_signals(stop: threading.Event) -> dict[int, Any]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("labels", help="GPU feature-discovery labels: NFD feature file and Node labels",
-                              description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--mig-strategy", choices=("none", "single", "mixed"), default=None,
-                   help="default: the device-plugin config's flags.migStrategy, else none")
-    p.add_argument("--replicas", type=int, default=None,
-                   help="without a device-plugin config: time-slicing/MPS replicas per GPU (default 1 = not shared)")
-    p.add_argument("--sharing-strategy", choices=("time-slicing", "mps"), default=None,
-                   help="without a device-plugin config: how --replicas share (default time-slicing)")
-    add_config_source_arguments(p.add_argument_group(
-        "device-plugin config (the device plugin's flags: the labels follow the config it serves)"))
-    p.add_argument("--output-file", default=FEATURE_FILE, metavar="HOST_PATH")
-    p.add_argument("--no-output-file", action="store_true", help="do not write the NFD feature file")
-    p.add_argument("--no-timestamp", action="store_true", help="omit nvidia.com/gfd.timestamp")
-    p.add_argument("--patch-node", action="store_true", help="also set the labels on the Node")
-    p.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE",
-                   help="with --patch-node: a node-group label to keep on the Node (repeatable)")
-    p.add_argument("--node-taint", action="append", default=[], metavar="KEY=VALUE:EFFECT",
-                   help="with --patch-node: a node-group taint to keep on the Node (repeatable; KEY:EFFECT "
-                        "for an empty value)")
-    p.add_argument("--loop", action="store_true", help="re-label every --interval seconds until SIGTERM")
-    p.add_argument("--interval", type=float, default=60.0)
-    p.add_argument("--iterations", type=int, default=0, help="with --loop: stop after N runs (0 = never)")
-    p.add_argument("--daemonset", type=Owner.parse, metavar="NAMESPACE/NAME",
-                   help="with --patch-node: the DaemonSet this runs under; label only while the Node carries "
-                        "gpu-setup-complete, and on SIGTERM withdraw the labels if that DaemonSet is gone or "
-                        "being deleted")
-    p.set_defaults(run=run)
+            result = label_once(ctx, options, want, source)
+            log.info("labelled labels=%d file_changed=%s node_changes=%d taints_changed=%s", len(result.labels),
+                     result.file_changed, len(result.node_changes), result.node_taints is not None)
+            if result.warnings != reported:  # once, not every interval
+                for w in result.warnings:
+                    log.warning("labelling warning=%r", w)
+                reported = result.warnings
+        except errors as e:
+            log.warning("labelling failed error=%r", str(e))
+        done += 1
+        if iterations and done >= iterations:
+            break
+        stop.wait(interval)

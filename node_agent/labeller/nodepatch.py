@@ -14,14 +14,17 @@ concurrent taint.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from node_agent.host import HostRoot
 from node_agent.kube import nodes
 from node_agent.kube.errors import NotFound
 from node_agent.kube.transport import Kube
 from node_agent.labeller.nodeconfig import NodePlan, NodeSnapshot
+from node_agent.nvml import NvmlSession
 
 
 class NodeApi(Protocol):
@@ -40,6 +43,32 @@ class NodeApi(Protocol):
     def patch_labels(self, node: str, changes: Mapping[str, str | None]) -> dict[str, str]: ...
 
     def daemonset_retired(self, namespace: str, name: str) -> bool: ...
+
+
+class NodeEnv(Protocol):
+    """What the labeller and the setup flow act on: this host, its GPUs, its Node.
+
+    The agent's command context (``node_agent.cli.context.AgentContext``) is one; the domain code depends
+    on this much of it only, so it takes no command-line types and the command line stays on top.
+    """
+
+    @property
+    def host(self) -> HostRoot: ...
+
+    @property
+    def node_name(self) -> str | None: ...
+
+    def nvml(self) -> AbstractContextManager[NvmlSession]:
+        """An NVML session, opened for this call."""
+        ...
+
+    def require_node_name(self) -> str:
+        """This node's name; raises (a usage error) when it is not known."""
+        ...
+
+    def node_api(self) -> NodeApi:
+        """A fresh Node API client (a kept-alive connection to a hung API server would wait out a read)."""
+        ...
 
 
 class KubeNodeApi:

@@ -5,5 +5,5 @@ nvidia runtime and CDI), ``sysctl`` (the drop-in and live value the toolkit need
 handed to ``vfio-pci`` and back), and ``flow`` (``setup`` / ``teardown``: those steps in order, then the
 Node's gate label). Their shared means of changing host files reversibly: ``journal`` (what a file was
 before we changed it, for rollback) and ``tomlwrite`` (containerd's TOML written back). Host access only
-through ``node_agent.host``.
+through ``node_agent.host``; the command line for all of it is ``node_agent.cli``.
 """

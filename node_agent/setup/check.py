@@ -11,14 +11,11 @@ Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from node_agent.cli import exitcodes
-from node_agent.cli.context import AgentContext
 from node_agent.host import (
     DriverVersionError,
     HostError,
@@ -184,26 +181,3 @@ def report_text(report: CheckReport) -> str:
         lines.append(f"  runtime: {report.runtime}")
     lines += [f"  FAIL {f.reason.value}: {f.message}" for f in report.findings]
     return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    ctx = AgentContext.from_args(args)
-    report = run_check(ctx.host, ctx.nvml, args.phase)
-    if not args.no_record:
-        try:
-            record_verdict(ctx.host, report)
-        except HostError as e:
-            ctx.emit({"error": str(e), **report.to_dict()}, f"{report_text(report)}\nerror: {e}")
-            return exitcodes.HOST_INPUT
-    ctx.emit(report.to_dict(), report_text(report))
-    return exitcodes.FAILED if report.verdict is Verdict.UNUSABLE else exitcodes.OK
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("check", help="check whether this node's GPUs are usable",
-                              description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--phase", choices=("host", "all"), default="all",
-                   help="'host' skips the container-runtime check (setup runs it after configuring the runtime)")
-    p.add_argument("--no-record", action="store_true",
-                   help=f"do not write the verdict to {facts.CHECK_VERDICT_FILE}")
-    p.set_defaults(run=run)

@@ -9,20 +9,28 @@ back the runtime drop-in and the sysctl change, and leaves ``/etc`` as it was be
 
 from __future__ import annotations
 
-import argparse
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from node_agent.cli import exitcodes
-from node_agent.cli.context import AgentContext
 from node_agent.host import HostError, Refused
 from node_agent.labeller.labels import withdraw as withdraw_labels
+from node_agent.labeller.nodepatch import NodeEnv
 from node_agent.setup.check import record_verdict, run_check
 from node_agent.setup.runtime import apply_runtime, rollback_runtime, runtime_status
 from node_agent.setup.sysctl import apply_sysctl, rollback_sysctl
 from node_agent.setup.vfio import prepare as vfio_prepare
 from nvgpu import labels
 from nvgpu.nodescripts.facts import Verdict
+
+
+class Failure(enum.Enum):
+    """Why a flow stopped; the command line maps each to its exit code (``node_agent.cli.exitcodes``)."""
+
+    FAILED = "failed"  #: the node is not OK (unusable GPU, runtime not ready)
+    HOST_INPUT = "host-input"  #: bad input on the host; what was not done is left as it was
+    KUBE = "kube"  #: the Kubernetes API call failed
+    REFUSED = "refused"  #: a file in the way is not ours
 
 
 @dataclass
@@ -41,26 +49,28 @@ class FlowResult:
     complete: bool = False
     steps: list[Step] = field(default_factory=list)
     label_changes: dict[str, str | None] = field(default_factory=dict)
-    code: int = exitcodes.OK
+    #: None: no step failed.
+    failure: Failure | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The result without its exit code (the command line adds ``exitCode``)."""
         return {"action": self.action, "complete": self.complete, "steps": [s.to_dict() for s in self.steps],
-                "labelChanges": self.label_changes, "exitCode": self.code}
+                "labelChanges": self.label_changes}
 
-    def fail(self, name: str, detail: str, code: int = exitcodes.FAILED) -> FlowResult:
+    def fail(self, name: str, detail: str, failure: Failure = Failure.FAILED) -> FlowResult:
         self.steps.append(Step(name, False, detail))
-        self.code = code
+        self.failure = failure
         return self
 
 
-def _setup_steps(ctx: AgentContext, dra: bool, restart: bool) -> FlowResult:
+def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool) -> FlowResult:
     host = ctx.host
     result = FlowResult("setup")
     report = run_check(host, ctx.nvml, phase="host")
     try:
         record_verdict(host, report)
     except HostError as e:
-        return result.fail("check", str(e), exitcodes.HOST_INPUT)
+        return result.fail("check", str(e), Failure.HOST_INPUT)
     if report.verdict is Verdict.NO_GPU:
         result.steps.append(Step("check", True, "no NVIDIA GPU on this node: nothing to set up"))
         return result
@@ -70,9 +80,9 @@ def _setup_steps(ctx: AgentContext, dra: bool, restart: bool) -> FlowResult:
     try:
         rt = apply_runtime(host, restart=restart)
     except Refused as e:
-        return result.fail("runtime", str(e), exitcodes.REFUSED)
+        return result.fail("runtime", str(e), Failure.REFUSED)
     except HostError as e:
-        return result.fail("runtime", str(e), exitcodes.HOST_INPUT)
+        return result.fail("runtime", str(e), Failure.HOST_INPUT)
     status = runtime_status(host)
     if not status.ready:
         return result.fail("runtime", status.detail)
@@ -80,9 +90,9 @@ def _setup_steps(ctx: AgentContext, dra: bool, restart: bool) -> FlowResult:
     try:
         sc = apply_sysctl(host)
     except Refused as e:
-        return result.fail("sysctl", str(e), exitcodes.REFUSED)
+        return result.fail("sysctl", str(e), Failure.REFUSED)
     except HostError as e:
-        return result.fail("sysctl", str(e), exitcodes.HOST_INPUT)
+        return result.fail("sysctl", str(e), Failure.HOST_INPUT)
     result.steps.append(Step("sysctl", True, f"changed: {', '.join(sc.changed_files) or 'nothing'}"))
     if dra:
         try:
@@ -96,7 +106,7 @@ def _setup_steps(ctx: AgentContext, dra: bool, restart: bool) -> FlowResult:
     return result
 
 
-def setup(ctx: AgentContext, *, dra: bool, restart: bool, patch_node: bool) -> FlowResult:
+def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool) -> FlowResult:
     result = _setup_steps(ctx, dra, restart)
     wanted: dict[str, str | None] = {labels.GPU_SETUP_COMPLETE: "" if result.complete else None}
     if dra or not result.complete:
@@ -105,12 +115,12 @@ def setup(ctx: AgentContext, *, dra: bool, restart: bool, patch_node: bool) -> F
     return result
 
 
-def teardown(ctx: AgentContext, *, restart: bool, patch_node: bool) -> FlowResult:
+def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool) -> FlowResult:
     """The node leaves the group: close the gate first (the labeller, gated on it, stops writing), then take
     off the labeller's labels and taints and the feature file, then roll back the runtime and the sysctl."""
     result = FlowResult("teardown")
     _patch(ctx, result, {labels.GPU_SETUP_COMPLETE: None, labels.GPU_VFIO_READY: None}, patch_node)
-    if result.code != exitcodes.OK:
+    if result.failure is not None:
         return result
     if patch_node:
         from node_agent.kube import KubeError
@@ -118,7 +128,7 @@ def teardown(ctx: AgentContext, *, restart: bool, patch_node: bool) -> FlowResul
         try:
             withdrawn = withdraw_labels(ctx)
         except (KubeError, HostError) as e:
-            return result.fail("node-labels", f"withdrawing the labeller's labels: {e}", exitcodes.KUBE)
+            return result.fail("node-labels", f"withdrawing the labeller's labels: {e}", Failure.KUBE)
         result.label_changes |= withdrawn
         result.steps.append(Step("labels", True, f"withdrawn: {len(withdrawn)} label(s)"))
     try:
@@ -128,12 +138,12 @@ def teardown(ctx: AgentContext, *, restart: bool, patch_node: bool) -> FlowResul
         result.steps.append(Step("sysctl", True, f"restored: {', '.join(sc.changed_files) or 'nothing'}; live: "
                                  + (", ".join(f"{k}={v}" for k, v in sc.live.items()) or "unchanged")))
     except HostError as e:
-        return result.fail("rollback", str(e), exitcodes.HOST_INPUT)
+        return result.fail("rollback", str(e), Failure.HOST_INPUT)
     result.complete = True
     return result
 
 
-def _patch(ctx: AgentContext, result: FlowResult, wanted: dict[str, str | None], patch_node: bool) -> None:
+def _patch(ctx: NodeEnv, result: FlowResult, wanted: dict[str, str | None], patch_node: bool) -> None:
     if not patch_node:
         return
     from node_agent.kube import KubeError
@@ -147,39 +157,5 @@ def _patch(ctx: AgentContext, result: FlowResult, wanted: dict[str, str | None],
             api.patch_labels(node, changes)
         result.label_changes = changes
     except KubeError as e:
-        result.fail("node-labels", str(e), exitcodes.KUBE)
+        result.fail("node-labels", str(e), Failure.KUBE)
         result.complete = False
-
-
-def _text(r: FlowResult) -> str:
-    lines = [f"{r.action}: {'complete' if r.complete else 'FAILED' if r.code else 'nothing to do'}"]
-    lines += [f"  {'ok  ' if s.ok else 'FAIL'} {s.name}: {s.detail}" for s in r.steps]
-    lines += [f"  label {k}{'-' if v is None else '=' + v}" for k, v in r.label_changes.items()]
-    return "\n".join(lines)
-
-
-def run_setup(args: argparse.Namespace) -> int:
-    ctx = AgentContext.from_args(args)
-    result = setup(ctx, dra=args.dra, restart=not args.no_restart, patch_node=not args.no_patch_node)
-    ctx.emit(result.to_dict(), _text(result))
-    return result.code
-
-
-def run_teardown(args: argparse.Namespace) -> int:
-    ctx = AgentContext.from_args(args)
-    result = teardown(ctx, restart=not args.no_restart, patch_node=not args.no_patch_node)
-    ctx.emit(result.to_dict(), _text(result))
-    return result.code
-
-
-def register(subparsers: Any) -> None:
-    for name, handler, help_text in (
-        ("setup", run_setup, "check, runtime, sysctl (and vfio), then mark the node ready"),
-        ("teardown", run_teardown, "undo setup: remove the label, the runtime drop-in, the sysctl"),
-    ):
-        p = subparsers.add_parser(name, help=help_text, description=(__doc__ or "").splitlines()[0])
-        if name == "setup":
-            p.add_argument("--dra", action="store_true", help="DRA mode: also prepare VFIO")
-        p.add_argument("--no-restart", action="store_true", help="do not restart containerd / CRI-O")
-        p.add_argument("--no-patch-node", action="store_true", help="do not touch the Node's labels")
-        p.set_defaults(run=handler)

@@ -32,7 +32,6 @@ byte. A malformed config is reported and nothing is touched.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import fnmatch
 import os
@@ -41,8 +40,6 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from node_agent.cli import exitcodes
-from node_agent.cli.context import AgentContext
 from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, nvidia_gpus
 from node_agent.host.root import CommandTimeout
 from node_agent.setup.journal import Journal
@@ -441,35 +438,3 @@ def _rollback_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
         if any(p.startswith(facts.CRIO_DIR + "/") for p in result.changed):
             restart_service(host, "crio", result)
     return result
-
-
-def _text(action: str, result: RuntimeResult) -> str:
-    if result.skipped:
-        return f"runtime {action}: nothing to do ({result.skipped})"
-    lines = [f"runtime {action}: " + (", ".join(result.changed) + " changed" if result.changed else "no change")]
-    if result.restarted_units:
-        lines.append(f"{', '.join(result.restarted_units)} restarted")
-    lines += [f"note: {n}" for n in result.notes]
-    return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    ctx = AgentContext.from_args(args)
-    restart = not args.no_restart
-    try:
-        if args.action == "apply":
-            result = apply_runtime(ctx.host, restart=restart)
-        else:
-            result = rollback_runtime(ctx.host, restart=restart)
-    except HostError as e:
-        return ctx.fail(e)
-    ctx.emit(result.to_dict(), _text(args.action, result))
-    return exitcodes.OK
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("runtime", help="containerd or CRI-O: enable the nvidia runtime and CDI, or roll back",
-                              description=(__doc__ or "").splitlines()[0])
-    p.add_argument("action", choices=("apply", "rollback"))
-    p.add_argument("--no-restart", action="store_true", help="do not restart containerd / CRI-O after a change")
-    p.set_defaults(run=run)

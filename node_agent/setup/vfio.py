@@ -10,21 +10,21 @@ holds open. Both re-read the driver link afterwards and fail if the kernel did n
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from node_agent.cli import exitcodes
-from node_agent.cli.context import AgentContext, UsageError
-from node_agent.host import CommandNotFound, HostError, HostRoot, PciDevice, normalize_address, nvidia_gpus, read_device
+from node_agent.host import CommandNotFound, HostError, HostRoot, PciDevice, nvidia_gpus, read_device
 from node_agent.host import Refused as HostRefused
 from node_agent.host.root import CommandTimeout
-from node_agent.nvml import NvmlError, normalize_bus_id
-from nvgpu import labels
+from node_agent.nvml import NvmlError, NvmlSession, normalize_bus_id
 from nvgpu.nodescripts import facts
 
 MODPROBE_TIMEOUT_S = 30
 NVIDIA_DRIVER = "nvidia"
+#: Opens an NVML session (``AgentContext.nvml``): bind asks NVML whether the GPU is idle, and only then.
+NvmlOpener = Callable[[], AbstractContextManager[NvmlSession]]
 
 
 class Refused(HostRefused):
@@ -80,9 +80,9 @@ def vfio_group_holders(host: HostRoot, group: int) -> list[int]:
     return pids
 
 
-def _nvidia_processes(ctx: AgentContext, dev: PciDevice) -> list[int]:
+def _nvidia_processes(open_nvml: NvmlOpener, dev: PciDevice) -> list[int]:
     try:
-        with ctx.nvml() as nvml:
+        with open_nvml() as nvml:
             for index in range(nvml.device_count()):
                 if normalize_bus_id(nvml.gpu_bus_id(index)) == dev.address:
                     return [p.pid for p in nvml.processes(index)]
@@ -100,18 +100,19 @@ def _switch(host: HostRoot, dev: PciDevice, override: str) -> PciDevice:
     return read_device(host, dev.address)
 
 
-def bind(ctx: AgentContext, address: str) -> PciDevice:
-    with ctx.host.lock("vfio"):
-        return _bind(ctx, address)
+def bind(host: HostRoot, open_nvml: NvmlOpener, address: str) -> PciDevice:
+    """Hand the GPU at ``address`` (normalized) to ``vfio-pci``; refused while NVML lists processes on it."""
+    with host.lock("vfio"):
+        return _bind(host, open_nvml, address)
 
 
-def unbind(ctx: AgentContext, address: str) -> PciDevice:
-    with ctx.host.lock("vfio"):
-        return _unbind(ctx, address)
+def unbind(host: HostRoot, address: str) -> PciDevice:
+    """Give the GPU at ``address`` back to ``nvidia``; refused while a process holds its VFIO group."""
+    with host.lock("vfio"):
+        return _unbind(host, address)
 
 
-def _bind(ctx: AgentContext, address: str) -> PciDevice:
-    host = ctx.host
+def _bind(host: HostRoot, open_nvml: NvmlOpener, address: str) -> PciDevice:
     dev = read_device(host, address)
     if not dev.is_nvidia_gpu:
         raise HostError(f"{dev.address} is not an NVIDIA GPU", dev.address)
@@ -123,7 +124,7 @@ def _bind(ctx: AgentContext, address: str) -> PciDevice:
     if dev.iommu_group is None:
         raise HostError(f"{dev.address} has no IOMMU group", dev.address)
     if dev.driver == NVIDIA_DRIVER:
-        pids = _nvidia_processes(ctx, dev)
+        pids = _nvidia_processes(open_nvml, dev)
         if pids:
             raise Refused(f"{dev.address} is in use by process(es) {', '.join(map(str, pids))}; not unbinding it")
     after = _switch(host, dev, facts.VFIO_DRIVER)
@@ -132,8 +133,7 @@ def _bind(ctx: AgentContext, address: str) -> PciDevice:
     return after
 
 
-def _unbind(ctx: AgentContext, address: str) -> PciDevice:
-    host = ctx.host
+def _unbind(host: HostRoot, address: str) -> PciDevice:
     dev = read_device(host, address)
     if not dev.is_nvidia_gpu:
         raise HostError(f"{dev.address} is not an NVIDIA GPU", dev.address)
@@ -148,49 +148,3 @@ def _unbind(ctx: AgentContext, address: str) -> PciDevice:
     if after.driver == facts.VFIO_DRIVER:
         raise HostError(f"{dev.address}: still bound to vfio-pci after unbind")
     return after
-
-
-def _status_text(s: VfioStatus) -> str:
-    lines = [f"VFIO: {'ready' if s.ready else 'not ready'}" + (f" ({', '.join(s.problems)})" if s.problems else "")]
-    lines += [f"  {g.address}: driver={g.driver or '-'} iommu_group={g.iommu_group}" for g in s.gpus]
-    return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    ctx = AgentContext.from_args(args)
-    try:
-        if args.action in ("bind", "unbind"):
-            if not args.address:
-                raise UsageError(f"vfio {args.action} needs a PCI address (for example 0000:07:00.0)")
-            try:
-                address = normalize_address(args.address)
-            except ValueError as e:
-                raise UsageError(str(e)) from e
-            dev = bind(ctx, address) if args.action == "bind" else unbind(ctx, address)
-            ctx.emit({"address": dev.address, "driver": dev.driver}, f"{dev.address}: driver {dev.driver}")
-            return exitcodes.OK
-        status = prepare(ctx.host) if args.action == "prepare" else vfio_status(ctx.host)
-    except HostError as e:
-        return ctx.fail(e)
-    if args.action == "prepare" and args.patch_node:
-        from node_agent.kube import KubeError
-
-        value = "true" if status.ready and status.gpus else None
-        try:
-            ctx.node_api().patch_labels(ctx.require_node_name(), {labels.GPU_VFIO_READY: value})
-        except KubeError as e:
-            ctx.emit({"error": str(e), **status.to_dict()}, f"error: {e}")
-            return exitcodes.KUBE
-    ctx.emit(status.to_dict(), _status_text(status))
-    return exitcodes.OK if status.ready or args.action == "status" else exitcodes.FAILED
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("vfio", help="VFIO status, module/IOMMU preparation, bind/unbind a GPU",
-                              description=(__doc__ or "").splitlines()[0])
-    p.add_argument("action", choices=("status", "prepare", "bind", "unbind"))
-    p.add_argument("address", nargs="?", help="GPU PCI address for bind/unbind")
-    p.add_argument("--patch-node", action="store_true", help=f"prepare: set/remove {labels.GPU_VFIO_READY}")
-    p.set_defaults(run=run)
-
-

@@ -54,12 +54,12 @@ def test_bind_and_unbind_round_trip(tmp_path: Path) -> None:
     host = build_fake_host(tmp_path, "a30x4")
     ctx = _ctx(host)
     vfio.prepare(ctx.host)
-    assert vfio.bind(ctx, GPU1).driver == "vfio-pci"
+    assert vfio.bind(ctx.host, ctx.nvml, GPU1).driver == "vfio-pci"
     assert host.path(f"/sys/bus/pci/devices/{GPU1}/driver_override").read_text() == "vfio-pci\n"
-    assert vfio.bind(ctx, GPU1).driver == "vfio-pci"  # idempotent
+    assert vfio.bind(ctx.host, ctx.nvml, GPU1).driver == "vfio-pci"  # idempotent
     assert read_device(ctx.host, "0000:17:00.0").driver == "nvidia"
-    assert vfio.unbind(ctx, GPU1).driver == "nvidia"
-    assert vfio.unbind(ctx, GPU1).driver == "nvidia"
+    assert vfio.unbind(ctx.host, GPU1).driver == "nvidia"
+    assert vfio.unbind(ctx.host, GPU1).driver == "nvidia"
 
 
 def test_bind_refuses_a_gpu_in_use(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_bind_refuses_a_gpu_in_use(tmp_path: Path) -> None:
     ctx = _ctx(host)
     vfio.prepare(ctx.host)
     with pytest.raises(vfio.Refused, match="31337"):
-        vfio.bind(ctx, GPU1)
+        vfio.bind(ctx.host, ctx.nvml, GPU1)
     assert read_device(ctx.host, GPU1).driver == "nvidia"
     assert host.path(f"/sys/bus/pci/devices/{GPU1}/driver_override").read_text() == "(null)\n"
 
@@ -81,19 +81,19 @@ def test_bind_refuses_when_nvml_cannot_confirm(tmp_path: Path) -> None:
     ctx = _ctx(host)
     vfio.prepare(ctx.host)
     with pytest.raises(vfio.Refused, match="cannot confirm"):
-        vfio.bind(ctx, GPU1)
+        vfio.bind(ctx.host, ctx.nvml, GPU1)
 
 
 def test_unbind_refuses_a_vfio_group_held_by_a_vm(tmp_path: Path) -> None:
     host = build_fake_host(tmp_path, "a30x4")
     ctx = _ctx(host)
     vfio.prepare(ctx.host)
-    bound = vfio.bind(ctx, GPU1)
+    bound = vfio.bind(ctx.host, ctx.nvml, GPU1)
     fd_dir = host.path("/proc/4242/fd")
     fd_dir.mkdir(parents=True)
     os.symlink(f"/dev/vfio/{bound.iommu_group}", fd_dir / "17")
     with pytest.raises(vfio.Refused, match="4242"):
-        vfio.unbind(ctx, GPU1)
+        vfio.unbind(ctx.host, GPU1)
     assert read_device(ctx.host, GPU1).driver == "vfio-pci"
 
 
@@ -101,10 +101,10 @@ def test_bind_needs_prepare_and_a_gpu(tmp_path: Path, cli: Cli) -> None:
     host = build_fake_host(tmp_path, "a30x4")
     ctx = _ctx(host)
     with pytest.raises(HostError, match="vfio prepare"):
-        vfio.bind(ctx, GPU1)
+        vfio.bind(ctx.host, ctx.nvml, GPU1)
     vfio.prepare(ctx.host)
     with pytest.raises(HostError, match="not an NVIDIA GPU"):
-        vfio.bind(ctx, "0000:00:1f.6")
+        vfio.bind(ctx.host, ctx.nvml, "0000:00:1f.6")
     code, _ = cli(host.root, A30, "vfio", "bind")
     assert code == 2
     code, _ = cli(host.root, A30, "vfio", "bind", "garbage")
