@@ -17,8 +17,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = ["tests/node_agent/test_exec_pinned.py", "tests/deviceplugin/test_exec_pinned.py",
-         "tests/dra/test_exec_pinned.py", "tests/node_agent/test_host_layer.py",
-         "tests/node_agent/test_vfio_command.py", "tests/cdi/test_driver_files.py", "tests/mig"]
+         "tests/dra/test_exec_pinned.py", "tests/node_agent/host/test_host_layer.py",
+         "tests/node_agent/setup/test_vfio_command.py", "tests/cdi/test_driver_files.py", "tests/mig"]
 
 #: (file, original text, mutated text, what the slip would do on a node)
 MUTANTS: list[tuple[str, str, str, str]] = [

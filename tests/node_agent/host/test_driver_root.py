@@ -22,7 +22,7 @@ from node_agent.host.driverroot import (
     set_driver_root,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _cache(entries: list[tuple[int, str, str]]) -> bytes:
