@@ -1,8 +1,9 @@
 """What every agent command gets: host and driver roots, the NVML backend, the node name, Kubernetes access.
 
-Built once from the global CLI options (``AgentContext.from_args``) so commands registered by other
-modules read the same settings the same way. Kubernetes and NVML are opened lazily: ``check`` on a
-node without a GPU never loads either.
+Built once from the global CLI options (``AgentContext.from_args``) so every command module of this
+package reads the same settings the same way. Kubernetes and NVML are opened lazily: ``check`` on a
+node without a GPU never loads either. The labeller and the setup flow take it as their
+``node_agent.labeller.nodepatch.NodeEnv`` (the part of it they use), so they never see the command line.
 """
 
 from __future__ import annotations
