@@ -22,7 +22,6 @@ preview: venv
 ## gRPC stubs for the kubelet protocols (also generated on first import; the agent image runs this at build time).
 proto: venv
 	$(PY) -m node_agent.kubelet.codegen
-	$(PY) -m node_agent.kubelet.dra.protos
 
 ## The pinned real components (kube-apiserver, scheduler, controller-manager, etcd, kwok) from their Go
 ## modules, built into a cache outside the clone ($$XDG_CACHE_HOME/nvidia-gpu/tools); the last line printed

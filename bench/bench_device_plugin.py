@@ -35,7 +35,7 @@ from node_agent import nvml  # noqa: E402
 from node_agent.deviceplugin.devices import Link  # noqa: E402
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices  # noqa: E402
 from node_agent.deviceplugin.preferred import best_set, set_score  # noqa: E402
-from node_agent.kubelet.api import grpc_api, pb  # noqa: E402
+from node_agent.kubelet.deviceplugin.api import grpc_api, pb  # noqa: E402
 from node_agent.nvml.sim import SimulatedMachine  # noqa: E402
 from tests.deviceplugin.builders import hybrid_cube_mesh  # noqa: E402
 from tests.deviceplugin.reference import exhaustive, nvidia_best_effort  # noqa: E402

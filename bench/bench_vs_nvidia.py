@@ -70,7 +70,7 @@ import pytest  # noqa: E402  (tests.tools.required_bin skips through pytest when
 from kubernetes import client  # noqa: E402
 
 from localcluster import ControlPlane  # noqa: E402
-from node_agent.kubelet.api import pb  # noqa: E402
+from node_agent.kubelet.deviceplugin.api import pb  # noqa: E402
 from nvgpu import labels  # noqa: E402
 from nvgpu.stackconfig import NodeGroup, StackConfig, load_stack_config  # noqa: E402
 from nvidia_gpu.components.manifests import dra as dra_manifests  # noqa: E402

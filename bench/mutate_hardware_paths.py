@@ -17,8 +17,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = ["tests/node_agent/test_exec_pinned.py", "tests/deviceplugin/test_exec_pinned.py",
-         "tests/dra/test_exec_pinned.py", "tests/node_agent/test_host_layer.py",
-         "tests/node_agent/test_vfio_command.py", "tests/cdi/test_driver_files.py", "tests/mig"]
+         "tests/dra/test_exec_pinned.py", "tests/node_agent/host/test_host_layer.py",
+         "tests/node_agent/setup/test_vfio_command.py", "tests/cdi/test_driver_files.py", "tests/mig"]
 
 #: (file, original text, mutated text, what the slip would do on a node)
 MUTANTS: list[tuple[str, str, str, str]] = [
@@ -36,11 +36,11 @@ MUTANTS: list[tuple[str, str, str, str]] = [
      '{"CUDA_MPS_PIPE_DIRECTORY": self._host.command_path(pipe_dir)}, ""', "MPS daemons are never stopped"),
     ("node_agent/deviceplugin/mps.py", 'return [*self._env(), MPS_CONTROL, "-d"]', 'return [*self._env(), MPS_CONTROL]',
      "the device plugin's MPS daemon is never started"),
-    ("node_agent/vfio.py", 'host.run(["modprobe", module], timeout_s=MODPROBE_TIMEOUT_S)',
+    ("node_agent/setup/vfio.py", 'host.run(["modprobe", module], timeout_s=MODPROBE_TIMEOUT_S)',
      'host.run(["modprobe", "-r", module], timeout_s=MODPROBE_TIMEOUT_S)', "VFIO modules unloaded, not loaded"),
-    ("node_agent/vfio.py", 'host.write_kernel(f"{base}/driver_override", override + "\\n")',
+    ("node_agent/setup/vfio.py", 'host.write_kernel(f"{base}/driver_override", override + "\\n")',
      'host.write_kernel(f"{base}/driver_override", "vfio-pci\\n")', "unbind leaves the GPU on vfio-pci"),
-    ("node_agent/runtime.py", '["systemctl", "restart", unit]', '["systemctl", "stop", unit]',
+    ("node_agent/setup/runtime.py", '["systemctl", "restart", unit]', '["systemctl", "stop", unit]',
      "the container runtime is stopped, not restarted"),
     ("node_agent/host/exec.py",
      'return ["chroot", str(driver.path), "/" + str(tool.relative_to(driver.path)), *argv[1:]]',

@@ -21,7 +21,7 @@ DRAINED = "update.node.deckhouse.io/drained"
 NODE_GROUP = "gpu.nvidia-gpu.io/node-group"  #: the stack's node group a node belongs to
 ALLOCATION_MODE = "gpu.nvidia-gpu.io/allocation-mode"  #: devicePlugin | dra
 #: Annotations on a Node: the label keys / taints (``key:effect``) the agent's labeller set there, comma-separated,
-#: so it removes only its own when the stack stops asking for them (``node_agent.nodeconfig``).
+#: so it removes only its own when the stack stops asking for them (``node_agent.labeller.nodeconfig``).
 OWNED_NODE_LABELS = "gpu.nvidia-gpu.io/labeller-owned-labels"
 OWNED_NODE_TAINTS = "gpu.nvidia-gpu.io/labeller-owned-taints"
 #: Annotation: why the last MIG reconfiguration failed (set with state ``failed``, removed on success).

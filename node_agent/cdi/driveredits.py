@@ -25,7 +25,7 @@ from pathlib import Path
 
 from node_agent.cdi.driverfiles import DriverFiles, discover
 from node_agent.cdi.spec import ContainerEdits, Hook, Mount
-from node_agent.driverroot import DriverRoot
+from node_agent.host.driverroot import DriverRoot
 from nvgpu.nodescripts import facts
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node_agent.cdi.elf import soname
-from node_agent.driverroot import DRIVER_BINARIES, NVML_LIBRARY, DriverRoot
+from node_agent.host.driverroot import DRIVER_BINARIES, NVML_LIBRARY, DriverRoot
 
 SOCKETS = ("/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket")
 FIRMWARE_DIR = "/lib/firmware/nvidia"

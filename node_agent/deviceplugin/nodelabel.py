@@ -10,11 +10,10 @@ label watch, or the labeller's one read per run.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -32,28 +31,22 @@ class LabelSource(Protocol):
         ...
 
 
-def _env_path(name: str) -> Path | None:
-    value = os.environ.get(name)
-    return Path(value) if value else None
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where the device-plugin config comes from: NVIDIA's plugin and config-manager flags
+    (``--config-file``, ``--config-dir``, ``--config-label``, ``--default-config``,
+    ``--fallback-strategies``) and the environment variables they read. The device plugin and the
+    labeller share them, so the labeller reads the very config the plugin serves."""
 
+    config_file: Path | None = None
+    config_dir: Path | None = None
+    config_label: str = CONFIG_LABEL
+    default_config: str | None = None
+    fallbacks: tuple[str, ...] = DEFAULT_FALLBACKS
 
-def add_config_source_arguments(g: argparse._ActionsContainer) -> None:
-    """The flags naming where the device-plugin config comes from (NVIDIA's plugin and config-manager spell
-    them so, and read the same environment variables). The device plugin and the labeller share them, so
-    the labeller reads the very config the plugin serves (:func:`config_selector`)."""
-    g.add_argument("--config-file", type=Path, default=_env_path("CONFIG_FILE"))
-    g.add_argument("--config-dir", type=Path, default=_env_path("CONFIG_FILE_SRCDIR"),
-                   help="directory of named configs (one file per name), chosen by the node label")
-    g.add_argument("--config-label", default=os.environ.get("CONFIG_LABEL") or CONFIG_LABEL,
-                   help=f"node label naming the config in --config-dir (default {CONFIG_LABEL})")
-    g.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
-    g.add_argument("--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES", ",".join(DEFAULT_FALLBACKS)))
-
-
-def config_selector(args: argparse.Namespace, labels: LabelSource | None) -> ConfigSelector:
-    """The selector for the flags of :func:`add_config_source_arguments`."""
-    fallbacks = [s.strip() for s in args.fallback_strategies.split(",") if s.strip()]
-    return ConfigSelector(args.config_file, args.config_dir, labels, args.default_config, fallbacks)
+    def selector(self, labels: LabelSource | None) -> ConfigSelector:
+        """The selector for these settings, reading the node label from ``labels``."""
+        return ConfigSelector(self.config_file, self.config_dir, labels, self.default_config, self.fallbacks)
 
 
 class ConfigSelector:

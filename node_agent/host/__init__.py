@@ -4,7 +4,9 @@
 goes through: the real ``HostExec`` or a test's ``RecordingExec``), ``atomic`` (the atomic write and the
 one lock primitive, ``exclusive_lock``), ``statefile`` (the format of the agent's own state files),
 ``proc`` (driver version, modules, GPU minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA
-nodes), ``vgpu`` (vGPU guests and their host driver, from the PCI config space).
+nodes), ``vgpu`` (vGPU guests and their host driver, from the PCI config space), ``driverroot`` (where
+the NVIDIA driver's user-space files live, looked up inside that root only: what ``nvml``, ``cdi`` and
+``exec`` all need, so it sits below them).
 
 The services hold narrow protocols of their own (the device plugin's ``HostFiles``, the DRA driver's
 ``HostPaths``, the MIG manager's ``StateFiles``/``JournalFiles``) and production passes a ``HostRoot``

@@ -48,7 +48,7 @@ class HostExec:
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """The argv that runs ``argv`` (see the class docstring); ``CommandNotFound`` if neither root has it."""
-        from node_agent.driverroot import DRIVER_BINARIES, current_driver_root
+        from node_agent.host.driverroot import DRIVER_BINARIES, current_driver_root
         from node_agent.host.root import CommandNotFound
 
         host = self.host

@@ -3,7 +3,7 @@
 Every agent process talks to the API server through here: the device plugin (its node label watch),
 the DRA kubelet plugin, the MIG manager, the labeller and the one-shot commands. Consumers keep narrow
 Protocols of their own (``node_agent.dra.api.DraApi``, ``node_agent.mig.kube.NodeApi``, the labeller's
-``node_agent.nodepatch.NodeApi``) implemented over these modules, and fakes of those in tests.
+``node_agent.labeller.nodepatch.NodeApi``) implemented over these modules, and fakes of those in tests.
 
 * :mod:`.credentials`: ``--kubeconfig``, the pod's ServiceAccount, or the default kubeconfig;
 * :mod:`.transport`: :class:`~.transport.Kube`, raw JSON over the official client's urllib3 transport,

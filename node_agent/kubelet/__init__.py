@@ -1,6 +1,8 @@
 """The kubelet-facing edge of the node agent: the only package that imports grpc.
 
-It holds the kubelet protocols (``.proto`` files, generated stubs), thin servicers that translate
-between protobuf and the domain packages (``node_agent.deviceplugin``), and the lifecycle that serves,
-registers and re-registers plugins when kubelet restarts.
+One sub-package per kubelet protocol, each with its ``.proto`` files (stubs generated, never committed),
+thin servicers that translate between protobuf and the domain packages, and the process that serves
+them: ``deviceplugin`` (the device plugin API, over ``node_agent.deviceplugin``) and ``dra`` (plugin
+registration and the DRA services, over ``node_agent.dra``). Shared here: ``codegen`` (stub generation:
+``make proto``, the image build and first import).
 """

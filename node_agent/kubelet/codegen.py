@@ -1,4 +1,4 @@
-"""Generates the Python gRPC stubs from this package's ``.proto`` files.
+"""Generates the Python gRPC stubs from the ``.proto`` files of the kubelet sub-packages (``deviceplugin``, ``dra``).
 
 Stubs are build products, never committed: ``make proto`` (and the image build) run
 ``python -m node_agent.kubelet.codegen``, and :func:`load` regenerates lazily on import when a stub is
@@ -22,10 +22,8 @@ log = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 #: protoc's include root: the directory holding the ``node_agent`` package, so generated modules import
-#: each other as ``node_agent.kubelet.<name>_pb2``.
+#: each other by their package path (``node_agent.kubelet.deviceplugin.<name>_pb2``).
 SOURCE_ROOT = PACKAGE_DIR.parent.parent
-PACKAGE = "node_agent.kubelet"
-PROTOS: tuple[str, ...] = ("deviceplugin_v1beta1",)
 
 _lock = threading.Lock()
 
@@ -34,19 +32,19 @@ class CodegenError(RuntimeError):
     """The stubs are missing or stale and could not be generated."""
 
 
-def _outputs(stem: str, directory: Path = PACKAGE_DIR) -> tuple[Path, ...]:
+def _outputs(stem: str, directory: Path) -> tuple[Path, ...]:
     return (directory / f"{stem}_pb2.py", directory / f"{stem}_pb2_grpc.py", directory / f"{stem}_pb2.pyi")
 
 
-def is_stale(stem: str, directory: Path = PACKAGE_DIR) -> bool:
+def is_stale(stem: str, directory: Path) -> bool:
     proto = directory / f"{stem}.proto"
     src_mtime = proto.stat().st_mtime
     return any(not out.exists() or out.stat().st_mtime < src_mtime for out in _outputs(stem, directory))
 
 
-def generate(stem: str, directory: Path = PACKAGE_DIR) -> None:
-    """Run protoc for one ``.proto`` file of this package, or of a sub-package ``directory`` such as
-    ``kubelet/dra`` (atomically replaces the three outputs)."""
+def generate(stem: str, directory: Path) -> None:
+    """Run protoc for one ``.proto`` file of a sub-package ``directory`` such as ``kubelet/dra``
+    (atomically replaces the three outputs)."""
     try:
         from grpc_tools import protoc
     except ImportError as e:
@@ -67,13 +65,13 @@ def generate(stem: str, directory: Path = PACKAGE_DIR) -> None:
     log.info("event=stubs-generated proto=%s", rel)
 
 
-def ensure(stem: str, directory: Path = PACKAGE_DIR) -> None:
+def ensure(stem: str, directory: Path) -> None:
     with _lock:
         if is_stale(stem, directory):
             generate(stem, directory)
 
 
-def load(stem: str, directory: Path = PACKAGE_DIR) -> tuple[ModuleType, ModuleType]:
+def load(stem: str, directory: Path) -> tuple[ModuleType, ModuleType]:
     """Return ``(<stem>_pb2, <stem>_pb2_grpc)``, generating them first when needed."""
     ensure(stem, directory)
     importlib.invalidate_caches()
@@ -81,10 +79,16 @@ def load(stem: str, directory: Path = PACKAGE_DIR) -> tuple[ModuleType, ModuleTy
     return (importlib.import_module(f"{package}.{stem}_pb2"), importlib.import_module(f"{package}.{stem}_pb2_grpc"))
 
 
+def protos() -> list[Path]:
+    """Every ``.proto`` file of the kubelet package's sub-packages (``deviceplugin``, ``dra``)."""
+    return sorted(PACKAGE_DIR.rglob("*.proto"))
+
+
 def main() -> int:
-    for stem in PROTOS:
+    """Generate (or refresh) the stubs of every kubelet protocol: ``make proto``."""
+    for proto in protos():
         try:
-            ensure(stem)
+            ensure(proto.stem, proto.parent)
         except CodegenError as e:
             print(f"codegen: {e}", file=sys.stderr)
             return 1

@@ -15,7 +15,7 @@ Public surface (import from ``node_agent.nvml``):
   ``NvmlTimeout``, ...), each with the ``NVMLError`` chained.
 * ``node_agent.nvml.sim``: the simulated machines and their fault injection.
 * ``node_agent.nvml.loader``: ``real`` loads ``libnvidia-ml.so.1`` from the driver root
-  (``NvmlBackend.driver_root``, else the process's ``--driver-root``; see ``node_agent.driverroot``)
+  (``NvmlBackend.driver_root``, else the process's ``--driver-root``; see ``node_agent.host.driverroot``)
   into nvidia-ml-py before ``nvmlInit``, never from the process's own library path.
 """
 

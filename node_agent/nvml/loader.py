@@ -3,7 +3,7 @@
 nvidia-ml-py's ``_LoadNvmlLibrary`` only does ``CDLL("libnvidia-ml.so.1")`` when ``pynvml.nvmlLib`` is
 still None, i.e. the process's own library path: in an agent container that has no NVML (the image
 ships none and the NVIDIA runtime may not be configured yet). So before ``nvmlInit`` the library is
-found under the driver root (``node_agent.driverroot``), loaded with ctypes and set as
+found under the driver root (``node_agent.host.driverroot``), loaded with ctypes and set as
 ``pynvml.nvmlLib`` under nvidia-ml-py's own ``libLoadLock``; ``nvmlInit`` then uses it as is.
 
 With the driver root ``/`` (the agent's own root: run directly on a host) the dynamic linker's own
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pynvml
 
-from node_agent.driverroot import NVML_LIBRARY, DriverRoot, current_driver_root
+from node_agent.host.driverroot import NVML_LIBRARY, DriverRoot, current_driver_root
 from node_agent.nvml.errors import NvmlUnavailable
 
 log = logging.getLogger(__name__)

@@ -93,7 +93,7 @@ class NvmlBackend:
     #: For simulated machines: share state with other processes through this JSON file.
     state_file: Path | None = None
     #: For ``real``: the driver root the library is loaded from, as the agent sees it
-    #: (``node_agent.driverroot``); None: the process's driver root (``--driver-root``).
+    #: (``node_agent.host.driverroot``); None: the process's driver root (``--driver-root``).
     driver_root: Path | None = None
 
     @classmethod

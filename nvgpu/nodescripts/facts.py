@@ -63,7 +63,7 @@ CONMON_PATHS = ("/usr/libexec/crio/conmon", "/usr/local/libexec/crio/conmon", "/
                 "/usr/local/bin/conmon")
 
 #: ``99-zz-``: systemd-sysctl applies files in file-name order, a later one wins; this sorts after the
-#: distributions' ``99-sysctl.conf`` (see ``node_agent.sysctl``).
+#: distributions' ``99-sysctl.conf`` (see ``node_agent.setup.sysctl``).
 SYSCTL_DROPIN = "/etc/sysctl.d/99-zz-nvidia-gpu.conf"
 #: Former names of the sysctl drop-in: removed when they carry our header (migration).
 SYSCTL_FORMER_DROPINS = ("/etc/sysctl.d/99-nvidia-gpu.conf",)

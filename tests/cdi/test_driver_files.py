@@ -10,7 +10,7 @@ import pytest
 from node_agent.cdi.driveredits import DriverEditsSource, HookTool, driver_edits, find_hook_tool
 from node_agent.cdi.driverfiles import discover
 from node_agent.cdi.elf import soname
-from node_agent.driverroot import DriverRoot
+from node_agent.host.driverroot import DriverRoot
 from tests.kit.driverinstall import LIBRARIES, install_driver, shared_object
 
 V = "550.54.15"

@@ -122,8 +122,8 @@ def test_dra_claim_specs_load_in_the_cdi_library(tmp_path: Path) -> None:
     from node_agent.cdi.driveredits import DriverEditsSource
     from node_agent.dra import cdi
     from node_agent.dra.devices import allocatable_devices
-    from node_agent.driverroot import DriverRoot
     from node_agent.host import HostRoot
+    from node_agent.host.driverroot import DriverRoot
     from tests.kit.dra_builders import DRIVER, machine
 
     runtime = Runtime.pinned(tmp_path / "runc-state")

@@ -39,13 +39,13 @@ import yaml
 from localcluster import ApiError, ControlPlane, Kube
 from localcluster.client import MERGE_PATCH
 from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
-from node_agent import gfd
-from node_agent import labels as labels_cmd
-from node_agent.context import AgentContext
+from node_agent.cli.context import AgentContext
 from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
 from node_agent.kube.errors import Conflict, Gone, KubeError
-from node_agent.nodeconfig import NodePlan, Requested
-from node_agent.nodepatch import KubeNodeApi, apply_plan
+from node_agent.labeller import gfd
+from node_agent.labeller import labels as labels_cmd
+from node_agent.labeller.nodeconfig import NodePlan, Requested
+from node_agent.labeller.nodepatch import KubeNodeApi, apply_plan
 from node_agent.nvml.sim import get_machine
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend

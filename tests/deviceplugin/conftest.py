@@ -13,7 +13,7 @@ from node_agent.deviceplugin import config
 from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins
-from node_agent.kubelet.lifecycle import Supervisor
+from node_agent.kubelet.deviceplugin.lifecycle import Supervisor
 from tests.deviceplugin.builders import FakeNode
 from tests.kit.fakehost import FakeHost
 from tests.kit.kubelet.deviceplugin import DevicePluginKubelet

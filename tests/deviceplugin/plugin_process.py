@@ -10,8 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from node_agent import nvml
+from node_agent.cli import device_plugin as device_plugin_cli
 from node_agent.deviceplugin.nodelabel import LabelSource
-from node_agent.kubelet import device_plugin_cmd
+from node_agent.host import HostRoot
+from node_agent.kubelet.deviceplugin import process as device_plugin_cmd
 from tests.kit.fakehost import build_fake_host
 from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 
@@ -34,14 +36,15 @@ def switching_plugin(tmp_path: Path, sock_dir: Path, labels: LabelSource, *, def
     (configs / "shared").write_text(TS)
     host = build_fake_host(tmp_path / "host", MACHINE)
     p = argparse.ArgumentParser()
-    device_plugin_cmd.add_arguments(p)
+    device_plugin_cli.add_arguments(p)
     args = p.parse_args(["--config-dir", str(configs), "--socket-dir", str(sock_dir), "--metrics-port", "0",
                          "--config-poll-interval", poll_interval])
     args.host_root = str(host.root)
     kubelet = DevicePluginKubelet(sock_dir)
     kubelet.start()
     with nvml.open_nvml(nvml.NvmlBackend.parse(f"simulated:{MACHINE}")) as session:
-        proc = device_plugin_cmd.PluginProcess(args, {}, session, labels)
+        proc = device_plugin_cmd.PluginProcess(device_plugin_cli.options(args), {}, session, labels,
+                                               host=HostRoot(args.host_root))
         t = threading.Thread(target=proc.supervisor.run, daemon=True)
         t.start()
         proc.watcher.start()

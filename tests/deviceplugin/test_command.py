@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.kubelet import device_plugin_cmd
+from node_agent.cli import device_plugin as device_plugin_cli
 from tests.deviceplugin.plugin_process import TS, switching_plugin
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
@@ -89,11 +89,11 @@ def test_invalid_config_fails_loudly_naming_the_field(tmp_path: Path, sock_dir: 
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("version: v1\nflags:\n  migStrategy: sometimes\n")
     p = argparse.ArgumentParser()
-    device_plugin_cmd.add_arguments(p)
+    device_plugin_cli.add_arguments(p)
     args = p.parse_args(["--config-file", str(cfg), "--socket-dir", str(sock_dir), "--metrics-port", "0"])
     args.nvml = "simulated:t4x1"
     args.host_root = str(build_fake_host(tmp_path / "host", "t4x1").root)
-    assert device_plugin_cmd.run(args, env={}) == 3
+    assert device_plugin_cli.run(args, env={}) == 3
 
 
 def test_node_label_switches_config_live(tmp_path: Path, sock_dir: Path) -> None:

@@ -314,7 +314,7 @@ def test_status_endpoints(run_plugin: Callable[..., Running], host: FakeHost) ->
 
 def test_half_started_servers_are_cleaned_up_before_retry(run_plugin: Callable[..., Running], host: FakeHost,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from node_agent.kubelet import lifecycle
+    from node_agent.kubelet.deviceplugin import lifecycle
 
     real_start = lifecycle.ResourceServer.start
     calls: list[str] = []

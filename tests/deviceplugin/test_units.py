@@ -18,7 +18,7 @@ from node_agent.deviceplugin.named import NamedConfigError, available_configs, s
 from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigWatcher
 from node_agent.deviceplugin.preferred import Request, best_set, greedy_preference, set_score
 from node_agent.deviceplugin.resources import build_resources
-from node_agent.driverroot import DriverRoot
+from node_agent.host.driverroot import DriverRoot
 from nvgpu import catalogue
 from tests.cdi.schema import cdi_validator
 from tests.deviceplugin.builders import dgx_links, full_gpu, hybrid_cube_mesh, machine, mig_gpu

@@ -22,9 +22,9 @@ from node_agent.dra.checkpoint import (
 from node_agent.dra.config import ConfigError, GpuConfig, MigDeviceConfig, decode, parse_quantity, resolve
 from node_agent.dra.devices import DeviceKind, allocatable_devices
 from node_agent.dra.sharing import plan
-from node_agent.driverroot import DriverRoot
 from node_agent.host import HostRoot
 from node_agent.host.atomic import LockTimeout, content_checksum, exclusive_lock
+from node_agent.host.driverroot import DriverRoot
 from tests.cdi.schema import cdi_validator
 from tests.kit.dra_builders import DRIVER, gpu_config, machine
 from tests.kit.driverinstall import install_driver

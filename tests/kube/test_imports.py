@@ -18,10 +18,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 #: What each agent process imports to talk to the API server, and one call through it.
 ENTRY_POINTS = {
-    "device plugin": "import node_agent.kubelet.device_plugin_cmd, node_agent.deviceplugin.nodewatch",
-    "DRA plugin": "import node_agent.kubelet.dra.command",
-    "MIG manager": "import node_agent.mig.cli",
-    "labeller": "import node_agent.labels, node_agent.nodepatch",
+    "device plugin": "import node_agent.kubelet.deviceplugin.process, node_agent.deviceplugin.nodewatch",
+    "DRA plugin": "import node_agent.kubelet.dra.process",
+    "MIG manager": "import node_agent.cli.mig",
+    "labeller": "import node_agent.labeller.labels, node_agent.labeller.nodepatch",
 }
 PROBE = """
 import json, sys

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from node_agent.mig.cli import main
+from node_agent.cli import main
 from node_agent.mig.kube import KubeNodeApi, NodePatch, Taint
 from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine

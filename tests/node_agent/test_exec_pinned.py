@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent import runtime, vfio
-from node_agent.context import AgentContext
+from node_agent.cli.context import AgentContext
 from node_agent.host import Call, CommandResult, HostError, HostRoot, RecordingExec
 from node_agent.host.exec import HostExec
 from node_agent.mig import apply
@@ -23,6 +22,7 @@ from node_agent.mig.journal import JournalError
 from node_agent.mig.nvmlbackend import NvidiaSmiReset, NvmlMigBackend
 from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
+from node_agent.setup import runtime, vfio
 from nvgpu.nodescripts.facts import VFIO_MODULES
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import DEFAULT_MODULES, build_fake_host

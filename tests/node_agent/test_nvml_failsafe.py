@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent import vfio
-from node_agent.context import AgentContext
+from node_agent.cli.context import AgentContext
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.dra.devices import allocatable_devices
 from node_agent.dra.nvml_source import NvmlInventorySource
@@ -23,6 +22,7 @@ from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, NvmlError, NvmlTimeout, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.sim.state import SimProcess
+from node_agent.setup import vfio
 from nvgpu import labels
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.fakekernel import FakeKernelHostRoot
@@ -152,7 +152,7 @@ def test_vfio_bind_refuses_a_busy_gpu_on_an_old_driver(tmp_path: Path, cli: Cli,
     host.machine.set_driver_version(driver)
     host.machine.set_processes(1, [SimProcess(pid=31337, used_mib=2048)])
     with pytest.raises(vfio.Refused, match="31337"):
-        vfio.bind(ctx, GPU1)
+        vfio.bind(ctx.host, ctx.nvml, GPU1)
     assert read_device(ctx.host, GPU1).driver == "nvidia"
     code, doc = cli(host.root, A30, "vfio", "bind", GPU1)
     assert (code, doc["refused"]) == (5, True)
@@ -165,7 +165,7 @@ def test_vfio_bind_refuses_when_no_listing_symbol_answers(tmp_path: Path, cli: C
     assert host.machine is not None
     host.machine.remove_functions(ALL_LISTINGS)
     with pytest.raises(vfio.Refused, match="cannot tell whether GPU 1 is in use"):
-        vfio.bind(ctx, GPU1)
+        vfio.bind(ctx.host, ctx.nvml, GPU1)
     code, doc = cli(host.root, A30, "vfio", "bind", GPU1)
     assert (code, doc["refused"]) == (5, True)
     assert "cannot tell whether GPU 1 is in use" in doc["error"]

@@ -7,7 +7,8 @@ that falls off the bus, a hung GPU, one C function failing on one GPU (``fail_ca
 999), functions the library lacks (``remove_functions``, and by driver version: see
 ``lib.FUNCTION_SINCE``), NVML init failure, processes holding a GPU, overridden driver version /
 name / compute capability for bad-node scenarios, and NVLink fabric registration (``set_fabric``: a
-multi-node NVLink machine such as a GB200 NVL72 tray; by default no GPU is in a fabric).
+multi-node NVLink machine such as a GB200 NVL72 tray; by default no GPU is in a fabric). ``summary``
+renders a machine's state for the ``sim`` command (``node_agent.cli.sim``); ``smi`` is the simulated ``nvidia-smi``.
 """
 
 from __future__ import annotations

@@ -359,7 +359,7 @@ def labeller_args(ctx: GroupContext) -> list[str]:
     DRA groups have no such config (and no ConfigMap): their labels take the group's sharing as flags.
 
     ``--daemonset`` names the labeller's own DaemonSet: it labels only behind that DaemonSet's setup gate and
-    withdraws its labels when the DaemonSet is deleted (``node_agent.labels``).
+    withdraws its labels when the DaemonSet is deleted (``node_agent.labeller.labels``).
 
     On the daemonset backend there is no NodeGroup node template, so the labeller also keeps the group's
     own labels and taints on each node (``--node-label``/``--node-taint``, from ``nvgpu.nodelabels``, the

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from node_agent.kubelet.api import grpc_api, pb
+from node_agent.kubelet.deviceplugin.api import grpc_api, pb
 from tests.kit.kubelet.common import KUBELET_SOCKET, dial, remove_sockets
 
 

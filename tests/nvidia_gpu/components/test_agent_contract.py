@@ -19,7 +19,7 @@ from node_agent.cli import build_parser
 from node_agent.deviceplugin.allocate import Mount
 from node_agent.deviceplugin.config import Settings
 from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
-from node_agent.kubelet.device_plugin_cmd import DEFAULT_METRICS_PORT
+from node_agent.kubelet.deviceplugin.process import DEFAULT_METRICS_PORT
 from nvgpu import labels
 from nvgpu.stackconfig import NodeSetupBackend, load_stack_file
 from nvidia_gpu.components.manifests import workloads

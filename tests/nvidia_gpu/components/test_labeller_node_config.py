@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from node_agent.cli import build_parser
-from node_agent.nodeconfig import Requested
+from node_agent.labeller.nodeconfig import Requested
 from nvgpu import labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.stackconfig import NodeSetupBackend, StackConfig, load_stack_file

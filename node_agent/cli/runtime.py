@@ -1,0 +1,44 @@
+"""``runtime apply|rollback [--no-restart]``: the command line of ``node_agent.setup.runtime``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from node_agent.cli import exitcodes
+from node_agent.cli.context import AgentContext
+from node_agent.host import HostError
+from node_agent.setup import runtime
+from node_agent.setup.runtime import RuntimeResult
+
+
+def _text(action: str, result: RuntimeResult) -> str:
+    if result.skipped:
+        return f"runtime {action}: nothing to do ({result.skipped})"
+    lines = [f"runtime {action}: " + (", ".join(result.changed) + " changed" if result.changed else "no change")]
+    if result.restarted_units:
+        lines.append(f"{', '.join(result.restarted_units)} restarted")
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = AgentContext.from_args(args)
+    restart = not args.no_restart
+    try:
+        if args.action == "apply":
+            result = runtime.apply_runtime(ctx.host, restart=restart)
+        else:
+            result = runtime.rollback_runtime(ctx.host, restart=restart)
+    except HostError as e:
+        return ctx.fail(e)
+    ctx.emit(result.to_dict(), _text(args.action, result))
+    return exitcodes.OK
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("runtime", help="containerd or CRI-O: enable the nvidia runtime and CDI, or roll back",
+                              description=(runtime.__doc__ or "").splitlines()[0])
+    p.add_argument("action", choices=("apply", "rollback"))
+    p.add_argument("--no-restart", action="store_true", help="do not restart containerd / CRI-O after a change")
+    p.set_defaults(run=run)

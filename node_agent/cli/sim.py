@@ -1,0 +1,154 @@
+"""``sim``: look at and inject faults into a simulated machine (``--nvml simulated:<machine>``).
+
+The state lives in the simulated machine's JSON file (``--nvml-state``, or by default under the host
+root's ``/run/nvidia-gpu-agent/nvml-sim/``), so a fault injected here reaches every agent process
+using the same machine: the device plugin's health loop sees the XID, ``check`` sees the lost GPU.
+
+    sim status                      GPUs, MIG mode and instances, faults, queued events
+    sim xid GPU XID [--gi N --ci N] raise an XID event (79 = fell off the bus, 48 = DBE, ...)
+    sim ecc GPU single|double       raise an ECC event
+    sim lose GPU | sim hang GPU     the GPU falls off the bus | stops answering
+    sim restore GPU                 undo lose/hang/fail
+    sim fail GPU FUNCTION [CODE]    every call of C function FUNCTION on the GPU returns CODE
+                                    (default 999, NVML_ERROR_UNKNOWN; "none" stops failing it)
+    sim missing [FUNCTION ...]      the library lacks these C functions (none given: it has all);
+                                    an old `sim driver` also lacks the symbols newer drivers added
+    sim processes GPU [PID[:MIB]..] set the processes on a GPU (none: idle)
+    sim fail-init REASON|none       NVML init fails (driver-not-loaded, library-not-found, ...)
+    sim driver VERSION|default      report another driver version
+    sim reset GPU                   GPU reset: a pending MIG mode takes effect
+    sim fabric UUID CLIQUE [--gpu N ..] [--state S] [--status CODE]
+                                    the GPUs (default all) registered with an NVLink fabric
+                                    (GB200 NVL72 style); `sim fabric none`: no fabric
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, get_args
+
+from node_agent.cli import exitcodes
+from node_agent.cli.context import AgentContext, UsageError
+from node_agent.nvml.sim import SimulatedMachine
+from node_agent.nvml.sim.state import FabricStateName, InitError, SimProcess
+from node_agent.nvml.sim.summary import summary
+
+
+def _machine(ctx: AgentContext) -> SimulatedMachine:
+    backend = ctx.nvml_backend
+    if backend.kind != "simulated" or backend.machine is None:
+        raise UsageError("sim needs --nvml simulated:<machine>")
+    if backend.state_file is None:
+        raise UsageError("sim needs a state file shared with the agent: pass --nvml-state PATH "
+                         "(or a --host-root other than /)")
+    return SimulatedMachine(backend.machine, backend.state_file)
+
+
+def _gpu(machine: SimulatedMachine, index: int) -> int:
+    if not 0 <= index < machine.spec.gpu_count:
+        raise UsageError(f"GPU {index} does not exist; {machine.spec.name} has GPUs 0-{machine.spec.gpu_count - 1}")
+    return index
+
+
+def _processes(specs: list[str]) -> list[SimProcess]:
+    out = []
+    for spec in specs:
+        pid, _, mib = spec.partition(":")
+        if not pid.isdigit() or (mib and not mib.isdigit()):
+            raise UsageError(f"process {spec!r}: expected PID or PID:MIB")
+        out.append(SimProcess(pid=int(pid), used_mib=int(mib) if mib else None))
+    return out
+
+
+def _code(text: str) -> int | None:
+    if text == "none":
+        return None
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise UsageError(f"NVML return code {text!r}: expected a number (999 = unknown error) or none") from None
+
+
+def _fabric(m: SimulatedMachine, args: argparse.Namespace) -> None:
+    gpus = [_gpu(m, i) for i in args.gpu] or None
+    if args.cluster_uuid == "none":
+        m.set_fabric(None, gpus=gpus)
+        return
+    if args.clique is None:
+        raise UsageError("sim fabric UUID CLIQUE: the clique ID is missing")
+    try:
+        m.set_fabric(args.cluster_uuid, args.clique, gpus=gpus, state=args.state, status=_code(args.status) or 0)
+    except ValueError as e:
+        raise UsageError(f"sim fabric: {e}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = AgentContext.from_args(args)
+    m = _machine(ctx)
+    action = args.action
+    if action == "xid":
+        m.inject_xid(_gpu(m, args.gpu), args.xid, args.gi, args.ci)
+    elif action == "ecc":
+        m.inject_event(_gpu(m, args.gpu), "single-bit-ecc" if args.kind == "single" else "double-bit-ecc")
+    elif action == "lose":
+        m.lose_gpu(_gpu(m, args.gpu))
+    elif action == "hang":
+        m.hang_gpu(_gpu(m, args.gpu))
+    elif action == "fail":
+        m.fail_call(_gpu(m, args.gpu), args.function, _code(args.code))
+    elif action == "missing":
+        m.remove_functions(args.functions)
+    elif action == "restore":
+        m.restore_gpu(_gpu(m, args.gpu))
+    elif action == "processes":
+        m.set_processes(_gpu(m, args.gpu), _processes(args.processes))
+    elif action == "fail-init":
+        m.fail_init(None if args.reason == "none" else args.reason)
+    elif action == "driver":
+        m.set_driver_version(None if args.version == "default" else args.version)
+    elif action == "reset":
+        m.reset_gpu(_gpu(m, args.gpu))
+    elif action == "fabric":
+        _fabric(m, args)
+    ctx.emit(m.state.model_dump(mode="json"), summary(m))
+    return exitcodes.OK
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("sim", help="inspect a simulated machine or inject faults into it",
+                              description=(__doc__ or "").splitlines()[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="\n".join((__doc__ or "").splitlines()[6:]))
+    sub = p.add_subparsers(dest="action", required=True, metavar="<action>")
+    sub.add_parser("status", help="show the machine's state")
+    xid = sub.add_parser("xid", help="raise an XID event")
+    xid.add_argument("gpu", type=int)
+    xid.add_argument("xid", type=int)
+    xid.add_argument("--gi", type=int, default=None)
+    xid.add_argument("--ci", type=int, default=None)
+    ecc = sub.add_parser("ecc", help="raise an ECC event")
+    ecc.add_argument("gpu", type=int)
+    ecc.add_argument("kind", choices=("single", "double"))
+    for name, text in (("lose", "the GPU falls off the bus"), ("hang", "the GPU stops answering"),
+                       ("restore", "undo lose/hang"), ("reset", "reset the GPU (pending MIG mode applies)")):
+        sub.add_parser(name, help=text).add_argument("gpu", type=int)
+    fail = sub.add_parser("fail", help="make one C function fail on one GPU")
+    fail.add_argument("gpu", type=int)
+    fail.add_argument("function", help="C function name, e.g. nvmlDeviceGetMemoryInfo")
+    fail.add_argument("code", nargs="?", default="999", help="NVML return code (default 999) or none")
+    missing = sub.add_parser("missing", help="remove C functions from the simulated library")
+    missing.add_argument("functions", nargs="*", metavar="FUNCTION")
+    procs = sub.add_parser("processes", help="set the processes running on a GPU")
+    procs.add_argument("gpu", type=int)
+    procs.add_argument("processes", nargs="*", metavar="PID[:MIB]")
+    init = sub.add_parser("fail-init", help="make NVML init fail")
+    init.add_argument("reason", choices=(*get_args(InitError), "none"))
+    drv = sub.add_parser("driver", help="report another driver version")
+    drv.add_argument("version")
+    fabric = sub.add_parser("fabric", help="register GPUs with an NVLink fabric (none: no fabric)")
+    fabric.add_argument("cluster_uuid", metavar="UUID|none")
+    fabric.add_argument("clique", nargs="?", type=int, default=None, metavar="CLIQUE")
+    fabric.add_argument("--gpu", type=int, action="append", default=[], help="only this GPU (repeatable)")
+    fabric.add_argument("--state", choices=get_args(FabricStateName), default="completed")
+    fabric.add_argument("--status", default="0", help="NVML return code of the registration (default 0)")
+    p.set_defaults(run=run)

@@ -1,0 +1,357 @@
+"""``labels``: GPU feature-discovery labels, as an NFD local feature file and (``--patch-node``) on the Node.
+
+One run (or, with ``--loop``, one run every ``--interval`` seconds until SIGTERM): read the GPUs
+through NVML, compute the labels (``node_agent.labeller.gfd``), replace the feature file
+(``/etc/kubernetes/node-feature-discovery/features.d/gfd``, atomically, only when it changed) and,
+when asked, merge-patch the Node: set what changed and delete ``nvidia.com/*`` labels we own that
+no longer apply. A node without an NVIDIA GPU gets only the timestamp and ``vgpu.present=false``.
+
+Sharing (``.replicas``, ``.sharing-strategy``, ``-SHARED``, ``mps.capable``) and the MIG strategy come
+from the device plugin's own config, as NVIDIA's GFD reads it: ``--config-file``, or ``--config-dir``
+with the named config the node label ``--config-label`` picks (else ``--default-config``), the device
+plugin's flags and selection code (``node_agent.deviceplugin.nodelabel``). Every run reads the label
+(one GET of the own Node) and the file again, so the labels follow a config the plugin switched to
+within one ``--interval``; a label naming no config, or a config that does not parse, keeps the last
+good one, as the plugin does. Without a config, ``--replicas``/``--sharing-strategy`` describe the
+sharing. ``--mig-strategy`` beats the config's ``flags.migStrategy``.
+
+``nvidia.com/gpu.clique`` comes from NVML's fabric info, ``nvidia.com/vgpu.*`` from the PCI config
+space (``node_agent.host.vgpu``); a config space this process cannot read whole (it needs
+CAP_SYS_ADMIN, which NVIDIA's GFD gets by running privileged) leaves the ``vgpu.*`` labels out with a
+warning, as NVIDIA's GFD does.
+
+With ``--patch-node`` the same patch also carries the node group's own labels and taints
+(``--node-label KEY=VALUE``, ``--node-taint KEY=VALUE:EFFECT``; rules in ``node_agent.labeller.nodeconfig``),
+which is how they reach nodes on clusters without Deckhouse node templates. Those are applied even
+when NVML fails, so a broken GPU never leaves a node untainted.
+
+Run by the stack's DaemonSet (``--daemonset NAMESPACE/NAME``), the labeller also owns the way out. It
+patches only while the Node carries ``gpu-setup-complete`` (its DaemonSet's own gate), with the Node's
+``resourceVersion`` in every patch, so a teardown that removed the gate meanwhile wins (409, re-read,
+nothing written). And on SIGTERM it asks whether that DaemonSet is gone or being deleted (its group
+was removed, its stack destroyed): then it takes off what it put on (:func:`withdraw`): the GFD
+labels, the group's labels and taints it owns, the feature file. A restart for a new image leaves them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from node_agent.deviceplugin import config
+from node_agent.deviceplugin.named import NamedConfigError
+from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigSource
+from node_agent.host import HostError, VgpuDevice, VgpuScanError, nvidia_gpus, vgpu_devices
+from node_agent.labeller import gfd
+from node_agent.labeller.nodeconfig import NodePlan, Requested, plan
+from node_agent.labeller.nodepatch import NodeEnv
+from node_agent.nvml import FabricInfo, GpuInstanceProfile, NvmlError
+from nvgpu import labels as label_names
+
+log = logging.getLogger(__name__)
+FEATURE_FILE = f"{label_names.NFD_FEATURES_DIR}/gfd"
+DMI_PRODUCT = "/sys/class/dmi/id/product_name"
+#: Re-reads after a 409 (the Node changed between read and patch) before the run reports the conflict.
+CONFLICT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The DaemonSet this labeller runs under (``--daemonset NAMESPACE/NAME``)."""
+
+    namespace: str
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> Owner:
+        """The flag's value; a malformed one raises ``ValueError`` naming it (the command line's usage error)."""
+        namespace, slash, name = text.partition("/")
+        if not slash or not namespace or not name or "/" in name:
+            raise ValueError(f"expected NAMESPACE/NAME, got {text!r}")
+        return cls(namespace, name)
+
+
+@dataclass(frozen=True)
+class LabelOptions:
+    """How one labelling run works (the ``labels`` flags, parsed)."""
+
+    #: ``--mig-strategy``, ``--replicas``, ``--sharing-strategy``: the sharing without a device-plugin config.
+    mig_strategy: gfd.MigStrategy | None = None
+    replicas: int | None = None
+    sharing_strategy: gfd.SharingStrategy | None = None
+    timestamp: bool = True
+    #: The NFD feature file (a host path); written unless ``write_file`` is off.
+    output_file: str = FEATURE_FILE
+    write_file: bool = True
+    patch_node: bool = False
+    #: The DaemonSet this runs under: gates the patches, and its retirement withdraws the labels.
+    daemonset: Owner | None = None
+
+
+@dataclass(frozen=True)
+class LabelRun:
+    labels: dict[str, str]
+    file_changed: bool
+    node_changes: dict[str, str | None]
+    warnings: tuple[str, ...] = ()
+    #: The Node's new taint list when this run changed it.
+    node_taints: tuple[dict[str, Any], ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"labels": self.labels, "fileChanged": self.file_changed, "nodeChanges": self.node_changes,
+                "nodeTaints": None if self.node_taints is None else list(self.node_taints),
+                "warnings": list(self.warnings)}
+
+
+class NodeConfigLabel:
+    """The node label naming this node's device-plugin config, read with one GET of the own Node per run.
+
+    A :class:`~node_agent.deviceplugin.nodelabel.LabelSource`. The device plugin keeps a watch on its
+    Node for this; the labeller relabels once per interval anyway, and its role may only get and patch its
+    own Node (no list, no watch), so reading the label when it labels is both enough and all it may do.
+    """
+
+    def __init__(self, ctx: NodeEnv, key: str) -> None:
+        self.ctx = ctx
+        self.key = key
+
+    def label(self) -> str | None:
+        """The label now. A fresh client per read, as :func:`patch_node` has: a kept-alive connection to an
+        API server that hangs would wait out the whole read timeout instead of failing at connect."""
+        from node_agent.kube import KubeError
+
+        try:
+            return self.ctx.node_api().labels(self.ctx.require_node_name()).get(self.key)
+        except KubeError as e:  # the selector keeps the last label it read
+            raise OSError(f"cannot read node label {self.key}: {e}") from e
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """What the labels say about sharing: the MIG strategy and the replicated resources."""
+
+    mig_strategy: gfd.MigStrategy = "none"
+    strategy: gfd.SharingStrategy = "time-slicing"
+    shared: tuple[gfd.SharedResource, ...] = ()
+
+    @classmethod
+    def from_settings(cls, s: config.Settings) -> Sharing:
+        """The device plugin's resolved config, as NVIDIA's resource labeller reads ``sharing``: every
+        replicated resource with its replicas, renamed when ``renameByDefault`` advertises ``.shared``."""
+        return cls(
+            mig_strategy=s.mig_strategy.value,
+            strategy="mps" if s.sharing.strategy is config.SharingStrategy.MPS else "time-slicing",
+            shared=tuple(gfd.SharedResource(r.name, r.replicas, r.advertised_as != r.name)
+                         for r in s.sharing.resources),
+        )
+
+    @classmethod
+    def from_flags(cls, options: LabelOptions) -> Sharing:
+        """``--mig-strategy``, ``--replicas``, ``--sharing-strategy``: full GPUs shared ``--replicas`` ways."""
+        replicas = options.replicas or 1
+        return cls(mig_strategy=options.mig_strategy or "none", strategy=options.sharing_strategy or "time-slicing",
+                   shared=(gfd.SharedResource(gfd.GPU, replicas),) if replicas > 1 else ())
+
+
+class SharingSource:
+    """The device plugin's config, re-read on every run: the selection (node label, files) and its content.
+
+    Like the plugin (``ConfigSelector`` and ``config.load``, the same code; without the checks only the
+    plugin makes at start, as NVIDIA's GFD reads the file), a config that cannot be selected or parsed
+    keeps the last good one, so the labels keep describing what the plugin still serves; with none yet
+    the run fails (the plugin would not start either). ``cli`` carries ``--mig-strategy``, which beats
+    the file as the plugin's own flag does.
+    """
+
+    def __init__(self, selector: ConfigSelector, cli: config.Overrides | None = None) -> None:
+        self.selector = selector
+        self.cli = cli or config.Overrides()
+        self.current: Sharing | None = None
+        self._seen: tuple[str | None, str | None] | None = None
+
+    def read(self) -> tuple[Sharing, str | None]:
+        """The sharing to label with, and a warning when the last good config stands in."""
+        try:
+            sel, text = self.selector.read()
+            settings = config.load(text, None, self.cli, source=f"config {sel.name or '(none)'}",
+                                   plugin_checks=False)
+        except (NamedConfigError, config.ConfigError, OSError) as e:
+            if self.current is None:
+                raise HostError(f"device-plugin config: {e}") from e
+            return self.current, f"device-plugin config unusable, labelling with the last good one: {e}"
+        if (sel.name, text) != self._seen:
+            log.info("event=config name=%s reason=%s", sel.name, sel.reason)
+            self._seen = (sel.name, text)
+        self.current = Sharing.from_settings(settings)
+        return self.current, None
+
+
+def sharing_source(ctx: NodeEnv, source: ConfigSource, mig_strategy: str | None) -> SharingSource | None:
+    """The config source the flags name (None: no config, the sharing flags decide)."""
+    if source.config_file is None and source.config_dir is None:
+        return None
+    labels = NodeConfigLabel(ctx, source.config_label) if source.config_dir is not None and ctx.node_name else None
+    cli = config.Overrides(mig_strategy=mig_strategy) if mig_strategy else None
+    return SharingSource(source.selector(labels), cli)
+
+
+def collect(ctx: NodeEnv, options: LabelOptions, source: SharingSource | None = None
+            ) -> tuple[dict[str, str], tuple[str, ...]]:
+    host = ctx.host
+    warnings: list[str] = []
+    sharing = Sharing.from_flags(options)
+    if source is not None:
+        sharing, stale = source.read()
+        warnings += [stale] if stale else []
+    vgpu: tuple[VgpuDevice, ...] | None
+    try:
+        vgpu = vgpu_devices(host)
+    except VgpuScanError as e:  # cannot tell: NVIDIA's GFD leaves the vgpu labels out then
+        vgpu = None
+        warnings.append(f"no vGPU labels: {e}")
+    on_bus = nvidia_gpus(host)
+    classes = {d.pci_class[:6] for d in on_bus}
+    mode = "compute" if classes == {"0x0302"} else "graphics" if classes == {"0x0300"} else "unknown"
+    settings = gfd.LabelSettings(
+        mig_strategy=sharing.mig_strategy, sharing_strategy=sharing.strategy, shared=sharing.shared,
+        machine=(host.read_text_or_none(DMI_PRODUCT) or "").strip() or None, gpu_mode=mode,
+        timestamp=int(time.time()) if options.timestamp else None, vgpu=vgpu,
+    )
+    if not on_bus:
+        return gfd.compute_labels([], None, {}, settings), tuple(warnings)
+    with ctx.nvml() as nvml:
+        inventory = nvml.inventory()
+        driver = nvml.driver()
+        profiles: dict[int, tuple[GpuInstanceProfile, ...]] = {
+            g.index: nvml.gpu_instance_profiles(g.index) for g in inventory.gpus if g.mig_enabled}
+        fabric: dict[int, FabricInfo | None] = {g.index: nvml.fabric_info(g.index) for g in inventory.gpus}
+    clique, disagreement = gfd.fabric_clique(fabric)
+    warnings += [f"GPU {lost.index} left out: {lost.reason}" for lost in inventory.lost]
+    warnings += [disagreement] if disagreement else []
+    settings = dataclasses.replace(settings, clique=clique)
+    return gfd.compute_labels(inventory.gpus, driver, profiles, settings), tuple(warnings)
+
+
+def label_once(ctx: NodeEnv, options: LabelOptions, want: Requested,
+               source: SharingSource | None = None) -> LabelRun:
+    failure: NvmlError | HostError | None = None
+    try:
+        labels, warnings = collect(ctx, options, source)
+    except (NvmlError, HostError) as e:
+        if not options.patch_node:
+            raise
+        # The group's labels and taints do not depend on the GPUs: apply them anyway, then report.
+        labels, warnings, failure = {}, (), e
+    changed = False
+    if failure is None and options.write_file:
+        changed = ctx.host.write_atomic(options.output_file, gfd.feature_file(labels))
+    changes: dict[str, str | None] = {}
+    taints: tuple[dict[str, Any], ...] | None = None
+    if options.patch_node:
+        changes, taints = patch_node(ctx, want, None if failure else labels, gated=options.daemonset is not None)
+    if failure is not None:
+        log.warning("node labels applied without GPU labels changes=%d error=%r", len(changes), str(failure))
+        raise failure
+    return LabelRun(labels, changed, changes, warnings, taints)
+
+
+def patch_node(ctx: NodeEnv, want: Requested, gpu_labels: dict[str, str] | None, *, gated: bool = False
+               ) -> tuple[dict[str, str | None], tuple[dict[str, Any], ...] | None]:
+    """One merge patch of the Node: GFD label changes (unless ``gpu_labels`` is None) plus the node config.
+
+    Retried from a fresh read when the Node changed underneath (409 on the resourceVersion, sent with a
+    new taint list and, when ``gated``, always). ``gated``: write nothing unless the Node carries
+    ``gpu-setup-complete``.
+    """
+    from node_agent.kube.errors import Conflict
+    from node_agent.labeller.nodepatch import apply_plan, snapshot
+
+    node = ctx.require_node_name()
+    api = ctx.node_api()
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        snap = snapshot(api, node)
+        if gated and label_names.GPU_SETUP_COMPLETE not in snap.labels:
+            log.info("node setup is not complete (or was undone): not labelling node=%s", node)
+            return {}, None
+        config = plan(snap, want)
+        label_patch = gfd.label_changes(snap.labels, gpu_labels) if gpu_labels is not None else {}
+        label_patch |= config.labels
+        full = NodePlan(label_patch, config.annotations, config.taints)
+        if full.empty:
+            return {}, None
+        try:
+            apply_plan(api, node, full, snap.resource_version if gated or full.taints is not None else "")
+        except Conflict:
+            if attempt == CONFLICT_ATTEMPTS:
+                raise
+            log.info("node changed while patching, re-reading node=%s attempt=%d", node, attempt)
+            continue
+        return label_patch, full.taints
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def withdraw(ctx: NodeEnv, feature_file: str = FEATURE_FILE) -> dict[str, str | None]:
+    """Take off everything the labeller put on: the GFD labels, the node-group labels and taints it owns
+    (and their ownership annotations), and the feature file. Foreign labels and taints stay."""
+    changes, _ = patch_node(ctx, Requested(), {})
+    ctx.host.remove(feature_file)
+    return changes
+
+
+def withdraw_if_retired(ctx: NodeEnv, owner: Owner, feature_file: str) -> None:
+    """On the way out (SIGTERM): withdraw the labels when ``owner`` is gone or being deleted, else leave them."""
+    from node_agent.kube import KubeError
+
+    try:
+        if not ctx.node_api().daemonset_retired(owner.namespace, owner.name):
+            return
+        changes = withdraw(ctx, feature_file)
+    except (HostError, KubeError) as e:  # the pod is stopping: report and exit
+        log.warning("could not withdraw the labels daemonset=%s/%s error=%r", owner.namespace, owner.name, str(e))
+        return
+    log.info("daemonset retired, labels withdrawn daemonset=%s/%s node_changes=%d", owner.namespace, owner.name,
+             len(changes))
+
+
+class _NoKube(Exception):
+    """Stands in for KubeError when the Node is not patched (the kubernetes client stays unloaded)."""
+
+
+def kube_error(patch_node: bool) -> type[Exception]:
+    """The Kubernetes error a run can raise: ``KubeError``, imported only when the Node is patched."""
+    if not patch_node:
+        return _NoKube
+    from node_agent.kube import KubeError
+
+    return KubeError
+
+
+def label_loop(ctx: NodeEnv, options: LabelOptions, want: Requested, source: SharingSource | None,
+               stop: threading.Event, *, interval: float, iterations: int = 0) -> None:
+    """Label every ``interval`` seconds until ``stop`` is set (or after ``iterations`` runs, when not 0).
+
+    A failed run is logged and retried next interval: a GPU or API server that is back is relabelled
+    without a restart. Warnings are logged when they change, not every interval.
+    """
+    errors = (NvmlError, HostError, kube_error(options.patch_node))
+    done = 0
+    reported: tuple[str, ...] = ()
+    while not stop.is_set():
+        try:
+            result = label_once(ctx, options, want, source)
+            log.info("labelled labels=%d file_changed=%s node_changes=%d taints_changed=%s", len(result.labels),
+                     result.file_changed, len(result.node_changes), result.node_taints is not None)
+            if result.warnings != reported:  # once, not every interval
+                for w in result.warnings:
+                    log.warning("labelling warning=%r", w)
+                reported = result.warnings
+        except errors as e:
+            log.warning("labelling failed error=%r", str(e))
+        done += 1
+        if iterations and done >= iterations:
+            break
+        stop.wait(interval)

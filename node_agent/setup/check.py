@@ -1,0 +1,183 @@
+"""``check``: is this node's GPU usable? The Python twin of ``gpu-check.sh`` (same reasons, same verdicts).
+
+Checks, in order: an NVIDIA GPU on the PCI bus (none → verdict ``no-gpu``, a silent success); the
+driver version in ``/proc/driver/nvidia/version`` (present, parseable, at least the catalogue
+minimum for every GPU model found); kernel modules ``nvidia`` and ``nvidia_uvm``; ``/dev/nvidiactl``
+and ``/dev/nvidia<minor>`` per GPU; NVML initialises and lists GPUs; each model is in the catalogue
+and has compute capability >= 6.0; and (phase ``all``) the container runtime is ready: containerd has
+the nvidia runtime or CDI, CRI-O has the nvidia runtime (``runtimeName`` says which was found).
+Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts.Reason``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from node_agent.host import (
+    DriverVersionError,
+    HostError,
+    HostRoot,
+    gpu_minors,
+    loaded_modules,
+    nvidia_gpus,
+    read_driver_version,
+)
+from node_agent.nvml import NvmlError, NvmlSession
+from nvgpu import catalogue
+from nvgpu.nodescripts import facts
+from nvgpu.nodescripts.facts import Reason, Verdict
+
+Phase = Literal["host", "all"]
+NvmlOpener = Callable[[], AbstractContextManager[NvmlSession]]
+
+
+@dataclass(frozen=True)
+class Finding:
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    index: int
+    name: str
+    uuid: str
+    compute_capability: tuple[int, int]
+    model: str | None
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    verdict: Verdict
+    findings: tuple[Finding, ...] = ()
+    driver_version: str | None = None
+    required_driver: str | None = None
+    gpus: tuple[GpuSummary, ...] = ()
+    runtime: str | None = None
+    runtime_name: str | None = None
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(sorted({f.reason.value for f in self.findings}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict.value,
+            "reasons": list(self.reasons),
+            "findings": [{"reason": f.reason.value, "message": f.message} for f in self.findings],
+            "driverVersion": self.driver_version,
+            "requiredDriver": self.required_driver,
+            "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid, "model": g.model,
+                      "computeCapability": f"{g.compute_capability[0]}.{g.compute_capability[1]}"}
+                     for g in self.gpus],
+            "runtime": self.runtime,
+            "runtimeName": self.runtime_name,
+        }
+
+    def verdict_file(self) -> str:
+        """The same ``key=value`` record ``gpu-check.sh`` writes."""
+        return f"verdict={self.verdict.value}\nreasons={','.join(self.reasons)}\ndriver={self.driver_version or ''}\n"
+
+
+@dataclass
+class _Run:
+    host: HostRoot
+    findings: list[Finding] = field(default_factory=list)
+
+    def fail(self, reason: Reason, message: str) -> None:
+        self.findings.append(Finding(reason, message))
+
+
+def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all") -> CheckReport:
+    try:
+        if not nvidia_gpus(host):
+            return CheckReport(Verdict.NO_GPU)
+    except HostError as e:
+        return CheckReport(Verdict.UNUSABLE, (Finding(Reason.PROC_UNREADABLE, str(e)),))
+    r = _Run(host)
+    driver: str | None = None
+    try:
+        driver = read_driver_version(host)
+    except DriverVersionError as e:
+        r.fail(Reason.DRIVER_MISSING if e.missing else Reason.DRIVER_UNPARSEABLE, str(e))
+    except HostError as e:
+        r.fail(Reason.PROC_UNREADABLE, str(e))
+
+    try:
+        modules = loaded_modules(host)
+    except HostError as e:
+        r.fail(Reason.PROC_UNREADABLE, str(e))
+    else:
+        for m in facts.REQUIRED_MODULES:
+            if m not in modules:
+                r.fail(Reason.MODULE_MISSING, f"kernel module {m} is not loaded")
+
+    if not host.exists(facts.NVIDIACTL):
+        r.fail(Reason.DEVICE_NODE_MISSING, f"{facts.NVIDIACTL} is missing")
+    for minor in sorted(gpu_minors(host).values()):
+        if not host.exists(f"/dev/nvidia{minor}"):
+            r.fail(Reason.DEVICE_NODE_MISSING, f"/dev/nvidia{minor} is missing")
+
+    gpus: list[GpuSummary] = []
+    required: str | None = None
+    try:
+        with open_nvml() as nvml:
+            inventory = nvml.inventory()
+    except NvmlError as e:
+        r.fail(Reason.NVML_FAILED, f"NVML: {e}")
+    else:
+        for lost in inventory.lost:
+            r.fail(Reason.NVML_FAILED, f"GPU {lost.index}: {lost.reason}")
+        if not inventory.lost:
+            required = catalogue.GLOBAL_MIN_DRIVER
+            for g in inventory.gpus:
+                # By PCI device ID first: names vary by driver and board (and NVIDIA's mock A100 has its own).
+                model = catalogue.identify_model(g.pci_device_id, g.name)
+                gpus.append(GpuSummary(g.index, g.name, g.uuid, g.compute_capability, model.key if model else None))
+                if model is None:
+                    r.fail(Reason.MODEL_UNKNOWN, f"GPU model {g.name!r} is not in the catalogue (PCI device ID "
+                           f"0x{g.pci_device_id:04X}); known models: {', '.join(catalogue.MODEL_KEYS)}")
+                else:
+                    required = max(required, model.effective_min_driver, key=catalogue.parse_driver_version)
+                if g.compute_capability < catalogue.MIN_COMPUTE_CAPABILITY:
+                    major, minor = catalogue.MIN_COMPUTE_CAPABILITY
+                    r.fail(Reason.COMPUTE_TOO_OLD, f"GPU {g.index} {g.name!r} has compute capability "
+                           f"{g.compute_capability[0]}.{g.compute_capability[1]}, below {major}.{minor}")
+            if not inventory.gpus:
+                r.fail(Reason.NO_GPUS_LISTED, "NVML lists no GPU")
+            if driver is not None and not catalogue.driver_at_least(driver, required):
+                r.fail(Reason.DRIVER_TOO_OLD, f"driver {driver} is older than the required {required}")
+
+    runtime: str | None = None
+    runtime_name: str | None = None
+    if phase == "all":
+        from node_agent.setup.runtime import runtime_status
+
+        status = runtime_status(host)
+        runtime, runtime_name = status.detail, status.runtime
+        if not status.ready:
+            r.fail(Reason.RUNTIME_NOT_READY, status.detail)
+
+    verdict = Verdict.UNUSABLE if r.findings else Verdict.OK
+    return CheckReport(verdict, tuple(r.findings), driver, required, tuple(gpus), runtime, runtime_name)
+
+
+def record_verdict(host: HostRoot, report: CheckReport) -> None:
+    host.write_atomic(facts.CHECK_VERDICT_FILE, report.verdict_file())
+
+
+def report_text(report: CheckReport) -> str:
+    if report.verdict is Verdict.NO_GPU:
+        return "GPU check: no NVIDIA GPU on this node (nothing to do)"
+    lines = [f"GPU check: {report.verdict.value}"]
+    if report.gpus:
+        names = sorted({g.name for g in report.gpus})
+        lines.append(f"  GPUs: {len(report.gpus)} x {', '.join(names)}; driver {report.driver_version or '?'}"
+                     f" (required {report.required_driver})")
+    if report.runtime:
+        lines.append(f"  runtime: {report.runtime}")
+    lines += [f"  FAIL {f.reason.value}: {f.message}" for f in report.findings]
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""``setup`` and ``teardown``: the node-setup flow, the Python twin of the Deckhouse scripts.
+
+``setup``: check (host phase) → runtime apply → runtime ready? → sysctl apply → (``--dra``) VFIO
+prepare → label ``node.deckhouse.io/gpu-setup-complete`` (and ``gpu-vfio-ready``). The first failing
+step stops the flow, removes the label(s) and reports the reason; a node without a GPU gets the
+labels removed and exits 0. ``teardown`` (GPU turned off for the node) removes the labels, rolls
+back the runtime drop-in and the sysctl change, and leaves ``/etc`` as it was before setup.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from node_agent.host import HostError, Refused
+from node_agent.labeller.labels import withdraw as withdraw_labels
+from node_agent.labeller.nodepatch import NodeEnv
+from node_agent.setup.check import record_verdict, run_check
+from node_agent.setup.runtime import apply_runtime, rollback_runtime, runtime_status
+from node_agent.setup.sysctl import apply_sysctl, rollback_sysctl
+from node_agent.setup.vfio import prepare as vfio_prepare
+from nvgpu import labels
+from nvgpu.nodescripts.facts import Verdict
+
+
+class Failure(enum.Enum):
+    """Why a flow stopped; the command line maps each to its exit code (``node_agent.cli.exitcodes``)."""
+
+    FAILED = "failed"  #: the node is not OK (unusable GPU, runtime not ready)
+    HOST_INPUT = "host-input"  #: bad input on the host; what was not done is left as it was
+    KUBE = "kube"  #: the Kubernetes API call failed
+    REFUSED = "refused"  #: a file in the way is not ours
+
+
+@dataclass
+class Step:
+    name: str
+    ok: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass
+class FlowResult:
+    action: str
+    complete: bool = False
+    steps: list[Step] = field(default_factory=list)
+    label_changes: dict[str, str | None] = field(default_factory=dict)
+    #: None: no step failed.
+    failure: Failure | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result without its exit code (the command line adds ``exitCode``)."""
+        return {"action": self.action, "complete": self.complete, "steps": [s.to_dict() for s in self.steps],
+                "labelChanges": self.label_changes}
+
+    def fail(self, name: str, detail: str, failure: Failure = Failure.FAILED) -> FlowResult:
+        self.steps.append(Step(name, False, detail))
+        self.failure = failure
+        return self
+
+
+def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool) -> FlowResult:
+    host = ctx.host
+    result = FlowResult("setup")
+    report = run_check(host, ctx.nvml, phase="host")
+    try:
+        record_verdict(host, report)
+    except HostError as e:
+        return result.fail("check", str(e), Failure.HOST_INPUT)
+    if report.verdict is Verdict.NO_GPU:
+        result.steps.append(Step("check", True, "no NVIDIA GPU on this node: nothing to set up"))
+        return result
+    if report.verdict is Verdict.UNUSABLE:
+        return result.fail("check", "; ".join(f"{f.reason.value}: {f.message}" for f in report.findings))
+    result.steps.append(Step("check", True, f"{len(report.gpus)} GPU(s), driver {report.driver_version}"))
+    try:
+        rt = apply_runtime(host, restart=restart)
+    except Refused as e:
+        return result.fail("runtime", str(e), Failure.REFUSED)
+    except HostError as e:
+        return result.fail("runtime", str(e), Failure.HOST_INPUT)
+    status = runtime_status(host)
+    if not status.ready:
+        return result.fail("runtime", status.detail)
+    result.steps.append(Step("runtime", True, f"{status.detail}; changed: {', '.join(rt.changed) or 'nothing'}"))
+    try:
+        sc = apply_sysctl(host)
+    except Refused as e:
+        return result.fail("sysctl", str(e), Failure.REFUSED)
+    except HostError as e:
+        return result.fail("sysctl", str(e), Failure.HOST_INPUT)
+    result.steps.append(Step("sysctl", True, f"changed: {', '.join(sc.changed_files) or 'nothing'}"))
+    if dra:
+        try:
+            vfio = vfio_prepare(host)
+        except HostError as e:
+            return result.fail("vfio", str(e))
+        if not vfio.ready:
+            return result.fail("vfio", ", ".join(vfio.problems))
+        result.steps.append(Step("vfio", True, "modules loaded, IOMMU on"))
+    result.complete = True
+    return result
+
+
+def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool) -> FlowResult:
+    result = _setup_steps(ctx, dra, restart)
+    wanted: dict[str, str | None] = {labels.GPU_SETUP_COMPLETE: "" if result.complete else None}
+    if dra or not result.complete:
+        wanted[labels.GPU_VFIO_READY] = "true" if (dra and result.complete) else None
+    _patch(ctx, result, wanted, patch_node)
+    return result
+
+
+def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool) -> FlowResult:
+    """The node leaves the group: close the gate first (the labeller, gated on it, stops writing), then take
+    off the labeller's labels and taints and the feature file, then roll back the runtime and the sysctl."""
+    result = FlowResult("teardown")
+    _patch(ctx, result, {labels.GPU_SETUP_COMPLETE: None, labels.GPU_VFIO_READY: None}, patch_node)
+    if result.failure is not None:
+        return result
+    if patch_node:
+        from node_agent.kube import KubeError
+
+        try:
+            withdrawn = withdraw_labels(ctx)
+        except (KubeError, HostError) as e:
+            return result.fail("node-labels", f"withdrawing the labeller's labels: {e}", Failure.KUBE)
+        result.label_changes |= withdrawn
+        result.steps.append(Step("labels", True, f"withdrawn: {len(withdrawn)} label(s)"))
+    try:
+        rt = rollback_runtime(ctx.host, restart=restart)
+        result.steps.append(Step("runtime", True, f"restored: {', '.join(rt.changed) or 'nothing'}"))
+        sc = rollback_sysctl(ctx.host)
+        result.steps.append(Step("sysctl", True, f"restored: {', '.join(sc.changed_files) or 'nothing'}; live: "
+                                 + (", ".join(f"{k}={v}" for k, v in sc.live.items()) or "unchanged")))
+    except HostError as e:
+        return result.fail("rollback", str(e), Failure.HOST_INPUT)
+    result.complete = True
+    return result
+
+
+def _patch(ctx: NodeEnv, result: FlowResult, wanted: dict[str, str | None], patch_node: bool) -> None:
+    if not patch_node:
+        return
+    from node_agent.kube import KubeError
+
+    try:
+        node = ctx.require_node_name()
+        api = ctx.node_api()
+        current = api.labels(node)
+        changes = {k: v for k, v in wanted.items() if current.get(k) != v and not (v is None and k not in current)}
+        if changes:
+            api.patch_labels(node, changes)
+        result.label_changes = changes
+    except KubeError as e:
+        result.fail("node-labels", str(e), Failure.KUBE)
+        result.complete = False

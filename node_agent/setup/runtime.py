@@ -1,0 +1,440 @@
+"""``runtime apply|rollback``: containerd or CRI-O with the nvidia runtime and CDI, as a drop-in.
+
+Which runtime: containerd when ``/etc/containerd/config.toml`` exists; CRI-O when any of
+``/etc/crio/crio.conf``, ``/etc/crio/crio.conf.d``, a ``crio`` binary or its socket is there. Both
+or neither is refused (exit 3) with the paths looked at; nothing is written.
+
+containerd layouts, chosen from ``/etc/containerd/config.toml``'s ``version``: 2 (containerd 1.x, CRI plugin
+``io.containerd.grpc.v1.cri``) and 3 (containerd 2.x, ``io.containerd.cri.v1.runtime``).
+
+* Deckhouse nodes (``/etc/containerd/deckhouse.toml`` present): the drop-in goes to ``conf.d``
+  (1.x) or ``conf2.d`` (2.x) and bashible merges it; the file is byte-identical to what
+  ``gpu-runtime.sh`` writes.
+* Elsewhere: the drop-in goes to ``/etc/containerd/conf.d`` and ``config.toml`` gets an ``imports``
+  entry for it if it has none. containerd 1.x replaces a whole plugin section from an import
+  (containerd#5837), so on 1.x the drop-in carries a copy of the CRI section plus our keys, as
+  NVIDIA's toolkit installer does; 2.x merges sections, so there it carries only our keys.
+
+* CRI-O: ``/etc/crio/crio.conf.d/99-nvidia.conf`` registers the ``nvidia`` handler
+  (``runtime_path = "/usr/bin/nvidia-container-runtime"``, ``runtime_type = "oci"``, conmon's
+  ``monitor_path`` when one is installed), makes it the default and names the CDI spec dirs. It is
+  written only when the nvidia runtime binary exists (CRI-O does not start with a handler whose
+  ``runtime_path`` is missing). CRI-O is restarted, not reloaded: SIGHUP (``systemctl reload
+  crio``) re-reads only a few options, not the runtimes table or ``default_runtime``; running
+  containers survive the restart (conmon holds them). The toolkit's own
+  ``/etc/nvidia-container-runtime/config.toml`` is not managed (as for containerd); a note is
+  given when none of its low-level ``runtimes`` is installed.
+
+Apply is idempotent (nothing is written when the files are already right) and atomic per file;
+every file is recorded in the rollback journal first, so ``rollback`` restores ``/etc`` byte for
+byte. A malformed config is reported and nothing is touched.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, nvidia_gpus
+from node_agent.host.root import CommandTimeout
+from node_agent.setup.journal import Journal
+from node_agent.setup.tomlwrite import dumps
+from nvgpu.nodescripts import facts
+from nvgpu.nodescripts.content import HEADER, dropin_for, render_crio_dropin
+
+RESTART_TIMEOUT_S = 120
+VERSION_TIMEOUT_S = 10
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+
+Runtime = Literal["containerd", "crio"]
+
+
+class RuntimeDetectionError(HostError):
+    """Neither or both of containerd and CRI-O were found: the agent will not guess."""
+
+
+class CrioConfigError(HostError):
+    """A CRI-O config file is not valid TOML."""
+
+
+def _crio_markers(host: HostRoot) -> list[str]:
+    """The CRI-O paths present on the host: config, drop-in dir, binary, socket."""
+    files = [facts.CRIO_CONFIG] if host.path(facts.CRIO_CONFIG).is_file() else []
+    files += [facts.CRIO_DROPIN_DIR] if host.is_dir(facts.CRIO_DROPIN_DIR) else []
+    files += [p for p in facts.CRIO_BINARIES if host.path(p).is_file()]
+    return files + [p for p in facts.CRIO_SOCKETS if host.exists(p)]
+
+
+def detect_runtime(host: HostRoot) -> Runtime:
+    """The node's container runtime; refuses (``RuntimeDetectionError``) when both or neither are there."""
+    containerd = host.exists(facts.CONTAINERD_CONFIG)
+    crio = _crio_markers(host)
+    if containerd and crio:
+        raise RuntimeDetectionError(
+            f"both containerd ({facts.CONTAINERD_CONFIG}) and CRI-O ({', '.join(crio)}) are on this host; "
+            "not guessing which one kubelet uses: remove the unused one's config", facts.CONTAINERD_CONFIG)
+    if crio:
+        return "crio"
+    if containerd:
+        return "containerd"
+    looked = ", ".join((facts.CRIO_CONFIG, facts.CRIO_DROPIN_DIR, *facts.CRIO_BINARIES, *facts.CRIO_SOCKETS))
+    raise RuntimeDetectionError(f"{facts.CONTAINERD_CONFIG} is missing and there is no CRI-O either (looked at "
+                                f"{looked}): is a container runtime installed?", facts.CONTAINERD_CONFIG)
+
+
+class ContainerdConfigError(HostError):
+    """containerd's config is missing, malformed or of an unsupported version."""
+
+
+@dataclass(frozen=True)
+class ContainerdConfig:
+    version: int
+    doc: dict[str, Any]
+    text: str
+    deckhouse: bool
+
+    @property
+    def cri_plugin(self) -> str:
+        return facts.CRI_PLUGIN[self.version]
+
+    @property
+    def dropin_dir(self) -> str:
+        return facts.DECKHOUSE_DROPIN_DIRS[self.version] if self.deckhouse else facts.CONTAINERD_IMPORT_DIR
+
+    @property
+    def dropin_path(self) -> str:
+        return f"{self.dropin_dir}/{facts.RUNTIME_DROPIN_NAME}"
+
+
+def load_config(host: HostRoot) -> ContainerdConfig:
+    text = host.read_text_or_none(facts.CONTAINERD_CONFIG)
+    if text is None:
+        raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG} is missing: is containerd installed?",
+                                    facts.CONTAINERD_CONFIG)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG} is not valid TOML: {e}", facts.CONTAINERD_CONFIG) from e
+    version = doc.get("version", 1)
+    if version not in facts.CRI_PLUGIN:
+        raise ContainerdConfigError(
+            f"{facts.CONTAINERD_CONFIG}: config version {version!r} is not supported; "
+            "expected 2 (containerd 1.x) or 3 (containerd 2.x)", facts.CONTAINERD_CONFIG)
+    return ContainerdConfig(int(version), doc, text, host.exists(facts.DECKHOUSE_CONTAINERD_BASE))
+
+
+def _dig(doc: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(k)
+    return doc
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _dropin_files(host: HostRoot, cfg: ContainerdConfig) -> list[str]:
+    if cfg.deckhouse:
+        d = cfg.dropin_dir
+        return [f"{d}/{n}" for n in host.listdir(d) if n.endswith(".toml")]
+    out: list[str] = []
+    for pattern in cfg.doc.get("imports", []) or []:
+        if not isinstance(pattern, str) or not pattern.startswith("/"):
+            continue
+        parent = pattern.rsplit("/", 1)[0] or "/"
+        out += [f"{parent}/{n}" for n in host.listdir(parent) if fnmatch.fnmatch(f"{parent}/{n}", pattern)]
+    return sorted(set(out))
+
+
+def effective_config(host: HostRoot, cfg: ContainerdConfig) -> dict[str, Any]:
+    """config.toml with its drop-ins merged in (what containerd will run with)."""
+    doc = cfg.doc
+    for path in _dropin_files(host, cfg):
+        try:
+            doc = _merge(doc, tomllib.loads(host.read_text(path)))
+        except tomllib.TOMLDecodeError as e:
+            raise ContainerdConfigError(f"{path} is not valid TOML: {e}", path) from e
+    return doc
+
+
+@dataclass(frozen=True)
+class RuntimeStatus:
+    ready: bool
+    detail: str
+    version: int | None = None
+    runtime: Runtime | None = None
+
+
+def crio_files(host: HostRoot) -> list[str]:
+    """crio.conf, then the drop-ins in lexical order (CRI-O's own order; hidden files skipped)."""
+    files = [facts.CRIO_CONFIG] if host.path(facts.CRIO_CONFIG).is_file() else []
+    d = facts.CRIO_DROPIN_DIR
+    return files + [f"{d}/{n}" for n in host.listdir(d) if not n.startswith(".") and host.path(f"{d}/{n}").is_file()]
+
+
+def crio_effective_config(host: HostRoot) -> dict[str, Any]:
+    """CRI-O's config as it will run: crio.conf with every drop-in merged over it."""
+    doc: dict[str, Any] = {}
+    for path in crio_files(host):
+        try:
+            doc = _merge(doc, tomllib.loads(host.read_text(path)))
+        except tomllib.TOMLDecodeError as e:
+            raise CrioConfigError(f"{path} is not valid TOML: {e}", path) from e
+    return doc
+
+
+def crio_version(host: HostRoot) -> str | None:
+    """``crio --version``'s version number, None when crio is not there or says nothing usable."""
+    try:
+        run = host.run(["crio", "--version"], timeout_s=VERSION_TIMEOUT_S)
+    except HostError:
+        return None
+    m = re.search(r"(?i)\bversion\b[:\s]+v?(\d+\.\d+(?:\.\d+)?)", run.stdout + run.stderr) if run.ok else None
+    return m.group(1) if m else None
+
+
+def _crio_status(host: HostRoot) -> RuntimeStatus:
+    """Ready when CRI-O has the nvidia handler and its runtime_path exists. CRI-O always has CDI on, so
+    CDI alone does not tell a configured node from a bare one (and the device plugin's default
+    ``envvar`` strategy needs the nvidia runtime)."""
+    version = crio_version(host)
+    name = f"crio {version}" if version else "crio"
+    try:
+        eff = crio_effective_config(host)
+    except CrioConfigError as e:
+        return RuntimeStatus(False, f"{name}: {e}", runtime="crio")
+    path = _dig(eff, "crio", "runtime", "runtimes", facts.NVIDIA_RUNTIME_NAME, "runtime_path")
+    if isinstance(path, str) and path.startswith("/") and host.which(path):
+        return RuntimeStatus(True, f"{name}: nvidia runtime configured ({path})", runtime="crio")
+    return RuntimeStatus(False, f"{name}: CRI-O has no nvidia runtime (crio.runtime.runtimes."
+                                f"{facts.NVIDIA_RUNTIME_NAME} with an existing runtime_path)", runtime="crio")
+
+
+def runtime_status(host: HostRoot) -> RuntimeStatus:
+    """containerd: ready with the nvidia runtime (whose binary exists) or CDI enabled; CRI-O: ready with
+    the nvidia runtime (whose binary exists)."""
+    try:
+        if detect_runtime(host) == "crio":
+            return _crio_status(host)
+        cfg = load_config(host)
+        eff = effective_config(host, cfg)
+    except (ContainerdConfigError, RuntimeDetectionError) as e:
+        return RuntimeStatus(False, str(e))
+    cri = _dig(eff, "plugins", cfg.cri_plugin) or {}
+    binary = _dig(cri, "containerd", "runtimes", facts.NVIDIA_RUNTIME_NAME, "options", "BinaryName")
+    if isinstance(binary, str) and binary.startswith("/") and host.which(binary):
+        return RuntimeStatus(True, f"nvidia runtime configured ({binary})", cfg.version, "containerd")
+    if cri.get("enable_cdi", cfg.version == 3) is True:
+        return RuntimeStatus(True, "CDI enabled", cfg.version, "containerd")
+    return RuntimeStatus(False, "containerd has neither the nvidia runtime nor CDI enabled", cfg.version,
+                         "containerd")
+
+
+def _nvidia_runtime_present(host: HostRoot) -> bool:
+    local = host.path(facts.NVIDIA_CONTAINER_RUNTIME)
+    return local.is_file() and os.access(local, os.X_OK)
+
+
+def render_dropin(host: HostRoot, cfg: ContainerdConfig) -> str:
+    systemd = _dig(cfg.doc, "plugins", cfg.cri_plugin, "containerd", "runtimes", "runc", "options",
+                   "SystemdCgroup") is True
+    nvidia_default = _nvidia_runtime_present(host)
+    ours = dropin_for(cfg.version, systemd, nvidia_default)
+    if cfg.deckhouse or cfg.version == 3:
+        return ours
+    # containerd 1.x imports replace whole plugin sections: carry the existing CRI section along.
+    section = copy.deepcopy(_dig(cfg.doc, "plugins", cfg.cri_plugin) or {})
+    merged = _merge(section, tomllib.loads(ours)["plugins"][cfg.cri_plugin])
+    return HEADER + "\n" + dumps({"plugins": {cfg.cri_plugin: merged}})
+
+
+_IMPORTS_RE = re.compile(r"^imports\s*=\s*\[.*?\][ \t]*(#[^\n]*)?$", re.MULTILINE | re.DOTALL)
+
+
+def with_import(cfg: ContainerdConfig, pattern: str) -> str | None:
+    """config.toml text that imports ``pattern`` (None when it already does)."""
+    imports = cfg.doc.get("imports", []) or []
+    target = f"{facts.CONTAINERD_IMPORT_DIR}/{facts.RUNTIME_DROPIN_NAME}"
+    if any(isinstance(p, str) and fnmatch.fnmatch(target, p) for p in imports):
+        return None
+    line = "imports = [" + ", ".join(f'"{p}"' for p in [*imports, pattern]) + "]"
+    first_table = re.search(r"^\s*\[", cfg.text, re.MULTILINE)
+    head_end = first_table.start() if first_table else len(cfg.text)
+    m = _IMPORTS_RE.search(cfg.text, 0, head_end)
+    if "imports" in cfg.doc:
+        if m is None:
+            raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG}: cannot locate the top-level imports line to "
+                                        f"add {pattern!r}; add it by hand", facts.CONTAINERD_CONFIG)
+        text = cfg.text[: m.start()] + line + cfg.text[m.end():]
+    else:
+        v = re.search(r"^version\s*=.*$", cfg.text[:head_end], re.MULTILINE)
+        at = v.end() + 1 if v else 0
+        text = cfg.text[:at] + line + "\n" + cfg.text[at:]
+    new_doc = tomllib.loads(text)
+    if {k: v for k, v in new_doc.items() if k != "imports"} != {k: v for k, v in cfg.doc.items() if k != "imports"}:
+        raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG}: adding imports would change other settings; "
+                                    "add it by hand", facts.CONTAINERD_CONFIG)
+    return text
+
+
+@dataclass
+class RuntimeResult:
+    skipped: str | None = None
+    containerd_version: int | None = None
+    changed: list[str] = field(default_factory=list)
+    restarted: bool = False
+    notes: list[str] = field(default_factory=list)
+    runtime: Runtime | None = None
+    restarted_units: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"skipped": self.skipped, "runtime": self.runtime, "containerdConfigVersion": self.containerd_version,
+                "changed": self.changed, "restarted": self.restarted, "notes": self.notes}
+
+
+def _check_ours(host: HostRoot, path: str) -> str | None:
+    existing = host.read_text_or_none(path)
+    if existing is not None and not existing.startswith(HEADER):
+        raise NotOurs(f"{path} exists and was not written by nvidia-gpu; not overwriting it", path)
+    return existing
+
+
+def restart_service(host: HostRoot, unit: str, result: RuntimeResult) -> None:
+    """``systemctl restart <unit>`` through the host's exec seam; failures become notes."""
+    try:
+        run = host.run(["systemctl", "restart", unit], timeout_s=RESTART_TIMEOUT_S)
+    except CommandNotFound:
+        result.notes.append(f"systemctl not found: restart {unit} to apply the change")
+        return
+    except CommandTimeout as e:
+        result.notes.append(str(e))
+        return
+    if run.ok:
+        result.restarted_units.append(unit)
+    result.restarted = run.ok
+    if not run.ok:
+        result.notes.append(f"systemctl restart {unit} failed: {run.stderr.strip()}")
+
+
+def restart_containerd(host: HostRoot, result: RuntimeResult) -> None:
+    restart_service(host, "containerd", result)
+
+
+def apply_runtime(host: HostRoot, *, restart: bool = True) -> RuntimeResult:
+    if not nvidia_gpus(host):
+        return RuntimeResult(skipped="no-gpu")
+    # bad input is refused before anything (even a lock) is written
+    if detect_runtime(host) == "crio":
+        crio_effective_config(host)
+        with host.lock("runtime"):
+            return _apply_crio(host, restart)
+    effective_config(host, load_config(host))
+    with host.lock("runtime"):
+        return _apply_runtime(host, restart)
+
+
+def _conmon(host: HostRoot) -> str | None:
+    for p in facts.CONMON_PATHS:
+        local = host.path(p)
+        if local.is_file() and os.access(local, os.X_OK):
+            return p
+    return None
+
+
+def _toolkit_runtimes_note(host: HostRoot) -> str | None:
+    """A note when the toolkit's config lists low-level runtimes of which none is installed."""
+    try:
+        text = host.read_text_or_none(TOOLKIT_CONFIG)
+        doc = tomllib.loads(text) if text is not None else {}
+    except (HostError, tomllib.TOMLDecodeError):
+        return None
+    names = _dig(doc, "nvidia-container-runtime", "runtimes")
+    if not isinstance(names, list) or not names or any(isinstance(n, str) and host.which(n) for n in names):
+        return None
+    return (f"{TOOLKIT_CONFIG} lists runtimes {names!r}, none of which is installed: the nvidia runtime "
+            'will not find a low-level runtime (CRI-O hosts usually want runtimes = ["crun", "runc"])')
+
+
+def _apply_crio(host: HostRoot, restart: bool) -> RuntimeResult:
+    crio_effective_config(host)
+    result = RuntimeResult(runtime="crio")
+    existing = _check_ours(host, facts.CRIO_DROPIN)
+    if not _nvidia_runtime_present(host):
+        result.notes.append(f"{facts.NVIDIA_CONTAINER_RUNTIME} is missing: {facts.CRIO_DROPIN} not written "
+                            "(CRI-O does not start with a runtime whose runtime_path is missing)")
+        if existing is not None:
+            result.notes.append(f"{facts.CRIO_DROPIN} from an earlier apply names the missing runtime: reinstall "
+                                "the NVIDIA container toolkit or run 'runtime rollback' before CRI-O restarts")
+        return result
+    dropin = render_crio_dropin(_conmon(host))
+    tomllib.loads(dropin)
+    note = _toolkit_runtimes_note(host)
+    if note:
+        result.notes.append(note)
+    if existing != dropin:
+        Journal(host, "runtime").record(facts.CRIO_DROPIN)
+        host.write_atomic(facts.CRIO_DROPIN, dropin)
+        result.changed.append(facts.CRIO_DROPIN)
+    if result.changed and restart:
+        restart_service(host, "crio", result)
+    return result
+
+
+def _apply_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
+    cfg = load_config(host)
+    effective_config(host, cfg)  # refuse early when a drop-in is malformed
+    result = RuntimeResult(containerd_version=cfg.version, runtime="containerd")
+    dropin = render_dropin(host, cfg)
+    tomllib.loads(dropin)
+    existing = _check_ours(host, cfg.dropin_path)
+    new_config = None if cfg.deckhouse else with_import(cfg, f"{facts.CONTAINERD_IMPORT_DIR}/*.toml")
+    if not _nvidia_runtime_present(host):
+        result.notes.append(f"{facts.NVIDIA_CONTAINER_RUNTIME} is missing: runc stays the default runtime")
+    journal = Journal(host, "runtime")
+    if existing != dropin:
+        journal.record(cfg.dropin_path)
+        host.write_atomic(cfg.dropin_path, dropin)
+        result.changed.append(cfg.dropin_path)
+    if new_config is not None:
+        journal.record(facts.CONTAINERD_CONFIG)
+        host.write_atomic(facts.CONTAINERD_CONFIG, new_config, mode=host.path(facts.CONTAINERD_CONFIG).stat().st_mode
+                          & 0o777)
+        result.changed.append(facts.CONTAINERD_CONFIG)
+    if result.changed and restart:
+        restart_containerd(host, result)
+    return result
+
+
+def rollback_runtime(host: HostRoot, *, restart: bool = True) -> RuntimeResult:
+    """Undo ``apply``: restore journaled files, and remove our drop-ins a script wrote without a journal."""
+    with host.lock("runtime"):
+        return _rollback_runtime(host, restart)
+
+
+def _rollback_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
+    result = RuntimeResult()
+    result.changed = Journal(host, "runtime").restore()
+    for d in {*facts.DECKHOUSE_DROPIN_DIRS.values(), facts.CONTAINERD_IMPORT_DIR}:
+        path = f"{d}/{facts.RUNTIME_DROPIN_NAME}"
+        text = host.read_text_or_none(path)
+        if text is not None and text.startswith(HEADER) and host.remove(path):
+            result.changed.append(path)
+    text = host.read_text_or_none(facts.CRIO_DROPIN)
+    if text is not None and text.startswith(HEADER) and host.remove(facts.CRIO_DROPIN):
+        result.changed.append(facts.CRIO_DROPIN)
+    if result.changed and restart:  # restart whichever runtime's files changed
+        if any(p.startswith(facts.CONTAINERD_DIR + "/") for p in result.changed):
+            restart_containerd(host, result)
+        if any(p.startswith(facts.CRIO_DIR + "/") for p in result.changed):
+            restart_service(host, "crio", result)
+    return result
