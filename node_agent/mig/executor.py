@@ -95,7 +95,10 @@ class Settings:
     drain: DrainMode = DrainMode.DECKHOUSE
     allow_reboot: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
-    idle_wait_s: float = 60.0  #: watch timeout while idle
+    #: Watch timeout while idle. It also bounds how long the manager can be deaf to its Node: a watch
+    #: opened across an API-server restart can stay silent (no event, no bookmark) until it times out,
+    #: which at 60 s left a reconfiguration begun just after a restart waiting past a minute.
+    idle_wait_s: float = 20.0
     busy_wait_s: float = 5.0  #: re-check interval while waiting for approval, drain or clients
     max_steps: int = 64  #: actions per :meth:`MigManager.run_until_blocked`, a guard against loops
     #: Pod labels (``key``, ``value``) marking GPU agents (device plugin, feature discovery, DCGM) whose

@@ -125,7 +125,7 @@ class NodeApi(Protocol):
         """End the wait in progress now, and make later ones return at once: the manager is stopping.
 
         Safe from a signal handler and from another thread. Without it a SIGTERM while idle sat out
-        the rest of a 60 s watch, past the pod's grace period, and the kubelet killed the manager.
+        the rest of its watch (up to a minute then), past the pod's grace period, and the kubelet killed the manager.
         """
         ...
 
