@@ -74,7 +74,7 @@ def _split(lines: list[str], renames: tuple[tuple[str, str], ...], whole: str) -
     the whole config (no path of its own) is reported against ``whole``."""
     out = []
     for line in lines:
-        path, _, reason = line.strip().removeprefix("- ").partition(": ")
+        path, _, reason = line.strip().partition(": ")
         for old, new in renames:
             if path == old or path.startswith((f"{old}.", f"{old}[")):
                 path = new + path[len(old):]
@@ -83,33 +83,38 @@ def _split(lines: list[str], renames: tuple[tuple[str, str], ...], whole: str) -
     return out
 
 
-def _validated(component: str, name: str, args: GpuPlatformInputs,
-               groups: list[dict[str, Any]]) -> tuple[platform.GpuPlatformArgs, StackConfig | None]:
-    """The platform args (cluster settings, namespace, image, labels checked) and, with ``groups``, the
-    whole stack config validated as one; problems raise :class:`InputsError` in this package's terms."""
-    cluster = integral(args["cluster"])
+def _platform_args(component: str, name: str, args: GpuPlatformInputs) -> platform.GpuPlatformArgs:
+    """The platform args (cluster settings, namespace, image, labels checked), or :class:`InputsError`."""
     try:
-        platform_args = platform.GpuPlatformArgs(
-            cluster=cluster, namespace=args.get("namespace"), agent_image=args.get("agent_image"),
+        return platform.GpuPlatformArgs(
+            cluster=integral(args["cluster"]), namespace=args.get("namespace"), agent_image=args.get("agent_image"),
             extra_labels=args.get("extra_labels"))
     except ValueError as e:
         renames: tuple[tuple[str, str], ...] = (
             ("GpuPlatformArgs.agent_image", "agentImage"), ("GpuPlatformArgs.extra_labels", "extraLabels"),
             ("GpuPlatformArgs", ""))
         raise InputsError(component, name, _split(str(e).splitlines(), renames, "cluster")) from None
-    if not groups:
-        return platform_args, None
-    # The settings as validated (the namespace and image overrides folded in, an Output as its stand-in),
-    # so the stack-wide checks see what the components will use.
+
+
+def _stack_config(component: str, name: str, platform_args: platform.GpuPlatformArgs,
+                  groups: list[dict[str, Any]]) -> StackConfig:
+    """The cluster settings as validated (the namespace and image overrides folded in, an Output as its
+    stand-in) and ``groups``, validated as one stack config, so the stack-wide checks see what the
+    components will use; problems raise :class:`InputsError` in this package's terms."""
     settings = platform_args.settings.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     try:
-        config = load_stack_config({"cluster": settings, "nodeGroups": integral(groups)})
+        return load_stack_config({"cluster": settings, "nodeGroups": integral(groups)})
     except StackConfigError as e:
         group = "group" if component == "GpuNodeGroup" else "groups[0]"
         renames = (("nvidia-gpu:nodeGroups[0]", group), ("nvidia-gpu:nodeGroups", "groups"),
                    ("nvidia-gpu:cluster", "cluster"), ("nvidia-gpu:", ""))
         raise InputsError(component, name, _split(e.problems, renames, group.partition("[")[0])) from None
-    return platform_args, config
+
+
+def _validated(component: str, name: str, args: GpuPlatformInputs,
+               groups: list[dict[str, Any]]) -> tuple[platform.GpuPlatformArgs, StackConfig]:
+    platform_args = _platform_args(component, name, args)
+    return platform_args, _stack_config(component, name, platform_args, groups)
 
 
 class GpuPlatform(platform.GpuPlatform):
@@ -123,8 +128,7 @@ class GpuPlatform(platform.GpuPlatform):
     """The agents' ServiceAccounts, by role."""
 
     def __init__(self, name: str, args: GpuPlatformInputs, opts: pulumi.ResourceOptions | None = None) -> None:
-        platform_args, _ = _validated("GpuPlatform", name, args, [])
-        super().__init__(name, platform_args, opts)
+        super().__init__(name, _platform_args("GpuPlatform", name, args), opts)
 
 
 class GpuNodeGroup(node_group.GpuNodeGroup):
@@ -139,7 +143,6 @@ class GpuNodeGroup(node_group.GpuNodeGroup):
 
     def __init__(self, name: str, args: GpuNodeGroupInputs, opts: pulumi.ResourceOptions | None = None) -> None:
         platform_args, config = _validated("GpuNodeGroup", name, args, [args["group"]])
-        assert config is not None
         group: NodeGroup = config.node_groups[0]
         super().__init__(name, node_group.GpuNodeGroupArgs(
             platform=platform.PlatformRefs.deployed(platform_args), group=group,
@@ -157,7 +160,6 @@ class MigProfile(mig_profile.MigProfile):
 
     def __init__(self, name: str, args: GroupsInputs, opts: pulumi.ResourceOptions | None = None) -> None:
         platform_args, config = _validated("MigProfile", name, args, args["groups"])
-        assert config is not None
         super().__init__(name, mig_profile.MigProfileArgs(cluster=platform_args.settings, groups=config.node_groups),
                          opts)
 
@@ -169,7 +171,6 @@ class DraStack(dra_stack.DraStack):
 
     def __init__(self, name: str, args: GroupsInputs, opts: pulumi.ResourceOptions | None = None) -> None:
         platform_args, config = _validated("DraStack", name, args, args["groups"])
-        assert config is not None
         dra_groups = [g for g in config.node_groups if config.allocation_mode(g) is AllocationMode.DRA]
         if not dra_groups:
             raise ValueError(f"DraStack {name!r}: groups: none has allocationMode 'dra' (nor does the cluster)")

@@ -32,10 +32,11 @@ from node_agent.nvml.sim.state import (
     SimStateError,
     SimStore,
 )
+from nvgpu import hostpaths
 
 #: Under a host root that is not ``/``, the CLI keeps a simulated machine's state here, so separate
 #: agent processes against the same root see the same machine.
-DEFAULT_STATE_DIR = "/run/nvidia-gpu-agent/nvml-sim"
+DEFAULT_STATE_DIR = f"{hostpaths.AGENT_RUN_DIR}/nvml-sim"
 
 __all__ = [
     "DEFAULT_STATE_DIR",
