@@ -704,8 +704,10 @@ def _after_outage(kube: Kube, agents: Agents, before: Before, *, devices: set[st
     plugin.kubelet.wait_registered({"nvidia.com/gpu"}, timeout=30, after=t_label)
     plugin.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == plugin_devices, timeout=10)
 
-    # MIG manager: the config label set after the restart is applied and the node given back.
-    node = wait_for(lambda: _mig_given_back(kube, mig, mig_config, mig_layout), timeout=60, interval=0.2,
+    # MIG manager: the config label set after the restart is applied and the node given back. Allowed
+    # 150 s: in about one full run in two the manager's first Node watch after the restart stays silent
+    # until its read times out (~70 s seen), a known gap written up in the issue note.
+    node = wait_for(lambda: _mig_given_back(kube, mig, mig_config, mig_layout), timeout=150, interval=0.2,
                     what=f"the MIG manager applying {mig_config}")
     _assert_mig_node_clean(node, mig)
     _wait_journal_cleared(mig)
