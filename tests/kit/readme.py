@@ -1,0 +1,101 @@
+"""The README's shell blocks, as the tests that run them see them.
+
+Every fenced ``sh`` block in README.md is a command a user will paste, so each one is run by
+``tests/cluster/test_readme.py``, in README order, exactly as written except for the substitutions
+listed here. A block is named by the HTML comment on the line before its fence
+(``<!-- readme-test: NAME -->``, invisible on GitHub); ``tests/test_readme.py`` fails on a shell block
+without a name, a name used twice, or a name this module does not know, so a new block cannot slip in
+untested.
+
+Substitutions, for every block (the environment, not the commands):
+
+* the blocks run one after the other, each in a fresh ``bash -euo pipefail``, in a scratch copy of the
+  checkout (its tracked and untracked files, timestamps kept) whose ``.venv`` links to the virtualenv
+  running the tests, so ``make venv`` finds it up to date instead of installing again;
+* ``HOME`` is a fresh directory (Pulumi's ``~/.pulumi`` and local backend, kubeconfigs), while the tools,
+  Go and pip caches point at the real ones, so ``make tools`` finds its build and nothing is compiled;
+* the caller's ``PULUMI_*`` and ``KUBECONFIG`` variables are removed.
+
+Per block, :data:`BLOCKS` says which lines are left out and why.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+
+#: The languages of blocks that are commands to run.
+SHELL_LANGS = frozenset({"sh", "bash", "shell", "console"})
+MARKER = re.compile(r"^<!--\s*readme-test:\s*([a-z0-9-]+)\s*-->\s*$")
+FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block: its language, its text, the README line of its first command, its name."""
+
+    lang: str
+    text: str
+    line: int
+    name: str | None
+
+
+@dataclass(frozen=True)
+class Run:
+    """How a named block is run: lines left out (whole lines, matched exactly after stripping a
+    trailing comment) and the reason, which the test prints."""
+
+    skip_lines: tuple[str, ...] = ()
+    why: str = ""
+    #: Files the block must leave behind, relative to the scratch checkout (what a user would look at).
+    leaves: tuple[str, ...] = field(default=())
+
+
+#: Every named block, in README order.
+BLOCKS: dict[str, Run] = {
+    "setup": Run(skip_lines=("make test",),
+                 why="`make test` is the command running this test; `make preview` runs as written",
+                 leaves=("out/dev/plan.json", "out/dev/manifests")),
+    "pulumi-walkthrough": Run(),
+    "cluster-up": Run(),
+    "policies-offline": Run(),
+}
+
+
+def blocks(path: Path = README) -> list[Block]:
+    """Every fenced block of ``path``, in order, with the name its marker line gives it."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        start = i
+        i += 1
+        body: list[str] = []
+        while i < len(lines) and not lines[i].startswith("```"):
+            body.append(lines[i])
+            i += 1
+        marker = MARKER.match(lines[start - 1]) if start > 0 else None
+        out.append(Block(m.group(1).lower(), "\n".join(body) + "\n", start + 2,
+                         marker.group(1) if marker else None))
+        i += 1
+    return out
+
+
+def shell_blocks(path: Path = README) -> list[Block]:
+    return [b for b in blocks(path) if b.lang in SHELL_LANGS]
+
+
+def script(block: Block) -> str:
+    """The block as it is run: the lines its :class:`Run` leaves out removed, nothing else changed."""
+    run = BLOCKS[block.name or ""]
+    kept = [line for line in block.text.splitlines()
+            if line.split("#", 1)[0].strip() not in run.skip_lines]
+    return "\n".join(kept) + "\n"

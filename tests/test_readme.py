@@ -1,0 +1,51 @@
+"""Every shell block in the README is named and known to the test that runs it (``tests/cluster/test_readme.py``).
+
+A block nobody runs is how a README drifts from the code; this fails as soon as one is added without a
+name, named twice, or given a name the runner does not know, and when a runner's name has no block.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.kit import readme
+
+
+def test_every_shell_block_is_named_once_and_known_to_the_runner() -> None:
+    shell = readme.shell_blocks()
+    unnamed = [b.line for b in shell if b.name is None]
+    assert not unnamed, (f"README.md shell blocks at lines {unnamed} have no `<!-- readme-test: NAME -->` line before "
+                         f"their fence: name them and say in tests/kit/readme.py how they run")
+    names = [b.name for b in shell]
+    assert len(names) == len(set(names)), f"a block name is used twice: {names}"
+    unknown = sorted(set(names) - set(readme.BLOCKS))
+    assert not unknown, f"README blocks {unknown} are not in tests/kit/readme.BLOCKS"
+    orphans = sorted(set(readme.BLOCKS) - set(names))
+    assert not orphans, f"tests/kit/readme.BLOCKS names {orphans}, which the README no longer has"
+    assert names == [n for n in readme.BLOCKS if n in names], "BLOCKS lists the blocks in README order"
+
+
+def test_a_marker_names_only_a_fenced_block(tmp_path: Path) -> None:
+    doc = tmp_path / "README.md"
+    doc.write_text("# x\n\n<!-- readme-test: setup -->\n```sh\nmake preview\nmake test\n```\n\n```sh\necho hi\n```\n"
+                   "```text\nnot a command\n```\n")
+    found = readme.blocks(doc)
+    assert [(b.lang, b.name, b.line) for b in found] == [("sh", "setup", 5), ("sh", None, 10), ("text", None, 13)]
+    assert [b.name for b in readme.shell_blocks(doc)] == ["setup", None]
+
+
+def test_skipped_lines_are_whole_commands_only() -> None:
+    block = readme.Block("sh", "make preview STACK=dev   # render\nmake test                # all\n"
+                               "make test-extra\n", 3, "setup")
+    assert readme.script(block) == "make preview STACK=dev   # render\nmake test-extra\n"
+
+
+@pytest.mark.parametrize("name", sorted(readme.BLOCKS))
+def test_every_skipped_line_is_in_its_block(name: str) -> None:
+    """A skip for a line the block no longer has would hide nothing, and means the README changed."""
+    block = next(b for b in readme.shell_blocks() if b.name == name)
+    commands = {line.split("#", 1)[0].strip() for line in block.text.splitlines()}
+    missing = [s for s in readme.BLOCKS[name].skip_lines if s not in commands]
+    assert not missing, f"{name}: skip_lines {missing} are not lines of the block"
