@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -27,10 +28,33 @@ if TYPE_CHECKING:
     from node_agent.labeller.nodepatch import NodeApi
 
 HostFactory = Callable[[str, ExecMode], HostRoot]
+log = logging.getLogger(__name__)
 
 
 class UsageError(ValueError):
     """A bad option value; the CLI prints it and exits 2."""
+
+
+def simulated_host(root: Path, machine: str | None) -> bool:
+    """Whether ``root`` is (now) a simulated host for ``--nvml simulated:<machine>``.
+
+    An empty or missing directory is laid out for the machine on first use, so ``--host-root $(mktemp -d)
+    --nvml simulated:dgx-h100 check`` finds the machine's GPUs (``sim host`` does it explicitly). A
+    directory laid out for another machine is refused rather than mixed with this one; any other
+    non-empty directory is taken as it is (a host mounted somewhere, a test's tree)."""
+    from node_agent.nvml.sim import host as sim_host
+
+    if sim_host.is_simulated_host(root):
+        laid_out = sim_host.machine_of(root)
+        if machine is not None and laid_out is not None and laid_out != machine:
+            raise UsageError(f"--host-root {root} is a simulated {laid_out} host; --nvml simulated:{machine} does "
+                             f"not match it (use --nvml simulated:{laid_out}, or an empty directory)")
+        return True
+    if machine is None or (root.exists() and (not root.is_dir() or any(root.iterdir()))):
+        return False
+    sim_host.lay_out(root, machine)
+    log.info("event=simulated-host-laid-out root=%s machine=%s", root, machine)
+    return True
 
 
 @dataclass(frozen=True)
@@ -45,8 +69,6 @@ class AgentContext:
     @classmethod
     def from_args(cls, args: argparse.Namespace, host_factory: HostFactory | None = None) -> AgentContext:
         root = str(getattr(args, "host_root", "/") or "/")
-        exec_mode: ExecMode = getattr(args, "host_exec", None) or ("direct" if root == "/" else "chroot")
-        host = (host_factory or (lambda r, m: HostRoot(r, exec_mode=m)))(root, exec_mode)
         state = getattr(args, "nvml_state", None)
         spec = getattr(args, "nvml", None) or "real"
         driver_root = DriverRoot(Path(str(getattr(args, "driver_root", None) or default_driver_root())))
@@ -54,6 +76,10 @@ class AgentContext:
             backend = NvmlBackend.parse(spec, Path(state) if state else None, driver_root.path)
         except ValueError as e:
             raise UsageError(str(e)) from e
+        simulated = backend.kind == "simulated" and root != "/" and simulated_host(Path(root), backend.machine)
+        # A simulated host has no OS to chroot into: its tools are resolved inside it and run directly.
+        exec_mode: ExecMode = getattr(args, "host_exec", None) or ("direct" if root == "/" or simulated else "chroot")
+        host = (host_factory or (lambda r, m: HostRoot(r, exec_mode=m)))(root, exec_mode)
         if backend.kind == "simulated" and backend.state_file is None and not host.is_real_root:
             from node_agent.nvml.sim import DEFAULT_STATE_DIR
 

@@ -4,6 +4,9 @@ The state lives in the simulated machine's JSON file (``--nvml-state``, or by de
 root's ``/run/nvidia-gpu-agent/nvml-sim/``), so a fault injected here reaches every agent process
 using the same machine: the device plugin's health loop sees the XID, ``check`` sees the lost GPU.
 
+    sim host                        lay out the simulated machine's node under --host-root (PCI
+                                    devices, /proc/driver/nvidia, device nodes, modules, containerd,
+                                    stand-in tools); an empty --host-root is laid out on first use
     sim status                      GPUs, MIG mode and instances, faults, queued events
     sim xid GPU XID [--gi N --ci N] raise an XID event (79 = fell off the bus, 48 = DBE, ...)
     sim ecc GPU single|double       raise an ECC event
@@ -25,11 +28,14 @@ using the same machine: the device plugin's health loop sees the XID, ``check`` 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any, get_args
 
 from node_agent.cli import exitcodes
 from node_agent.cli.context import AgentContext, UsageError
-from node_agent.nvml.sim import SimulatedMachine
+from node_agent.nvml.sim import SimulatedMachine, UnknownMachineError
+from node_agent.nvml.sim import host as sim_host
 from node_agent.nvml.sim.state import FabricStateName, InitError, SimProcess
 from node_agent.nvml.sim.summary import summary
 
@@ -82,7 +88,34 @@ def _fabric(m: SimulatedMachine, args: argparse.Namespace) -> None:
         raise UsageError(f"sim fabric: {e}") from None
 
 
+def _host(args: argparse.Namespace) -> int:
+    """``sim host``: an empty directory, or one laid out before for the same machine, becomes the machine's node."""
+    root = Path(str(getattr(args, "host_root", "/") or "/"))
+    spec = str(getattr(args, "nvml", "") or "")
+    if not spec.startswith("simulated:"):
+        raise UsageError(f"sim host needs --nvml simulated:<machine> (got {spec or 'real'!r})")
+    if root == Path("/"):
+        raise UsageError("sim host lays out a simulated node under --host-root, never on this machine's own root /: "
+                         "pass --host-root DIR (an empty directory)")
+    machine = spec.removeprefix("simulated:")
+    if root.exists() and not sim_host.is_simulated_host(root) and (not root.is_dir() or any(root.iterdir())):
+        print(f"error: --host-root {root} is not empty and not a simulated host: lay out an empty directory",
+              file=sys.stderr)
+        return exitcodes.HOST_INPUT
+    ctx = AgentContext.from_args(args)  # an empty root is laid out here; another machine's is refused
+    try:
+        sim_host.lay_out(root, machine)  # brings an earlier layout back, the machine's state kept
+    except UnknownMachineError as e:
+        raise UsageError(str(e)) from None
+    m = _machine(ctx)
+    ctx.emit({"hostRoot": str(root), "machine": machine, "gpus": m.spec.gpu_count},
+             f"{root}: a simulated {machine} node ({m.spec.gpu_count} GPUs)")
+    return exitcodes.OK
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.action == "host":
+        return _host(args)
     ctx = AgentContext.from_args(args)
     m = _machine(ctx)
     action = args.action
@@ -120,6 +153,7 @@ def register(subparsers: Any) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="\n".join((__doc__ or "").splitlines()[6:]))
     sub = p.add_subparsers(dest="action", required=True, metavar="<action>")
+    sub.add_parser("host", help="lay out the simulated machine's node under --host-root")
     sub.add_parser("status", help="show the machine's state")
     xid = sub.add_parser("xid", help="raise an XID event")
     xid.add_argument("gpu", type=int)

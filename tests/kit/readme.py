@@ -60,6 +60,7 @@ BLOCKS: dict[str, Run] = {
     "setup": Run(skip_lines=("make test",),
                  why="`make test` is the command running this test; `make preview` runs as written",
                  leaves=("out/dev/plan.json", "out/dev/manifests")),
+    "agent-quickstart": Run(),
     "pulumi-walkthrough": Run(),
     "cluster-up": Run(),
     "policies-offline": Run(),

@@ -38,9 +38,13 @@ def test_the_real_executor_is_the_default_and_keeps_the_exec_modes(tmp_path: Pat
 
 
 def test_the_cli_options_select_the_real_executor_and_tests_inject_the_recorder(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()  # a host mounted somewhere: its commands run in it (chroot)
     args = argparse.Namespace(host_root=str(tmp_path), nvml="simulated:l4x2")
     ctx = AgentContext.from_args(args)
     assert isinstance(ctx.host.executor, HostExec) and ctx.host.exec_mode == "chroot"
+    # An empty root is laid out as the simulated machine's node, which has no OS to chroot into.
+    simulated = AgentContext.from_args(argparse.Namespace(host_root=str(tmp_path / "sim"), nvml="simulated:l4x2"))
+    assert simulated.host.exec_mode == "direct"
     rec = RecordingExec()
     ctx = AgentContext.from_args(args, host_factory=lambda r, m: HostRoot(r, exec_mode=m, executor=rec))
     assert ctx.host.executor is rec

@@ -1,0 +1,302 @@
+"""A simulated GPU node laid out in a directory: what ``--nvml simulated:<machine>`` needs besides NVML.
+
+The agent finds GPUs the way it does on a node, through the host root: PCI functions in sysfs (under
+their root complex, with ``/sys/bus/pci/devices`` links, as the kernel lays them out: that link is what
+Kubernetes and both DRA plugins read ``resource.kubernetes.io/pcieRoot`` from), ``/proc/driver/nvidia``,
+the device nodes, loaded kernel modules, the container runtime's config. A simulated machine's NVML alone
+answers none of that, so ``check`` on an empty host root said "no GPU". :func:`lay_out` writes a tree
+that matches the machine (same bus IDs, minors, driver version, NUMA nodes) plus the host's stand-in
+tools: an ``nvidia-smi`` backed by the same simulated state file, and ``modprobe``, ``systemctl`` and
+``kubectl`` that only record their calls (``/var/log/simulated-<tool>.log``), so nothing reaches the
+machine the agent runs on. The ``sim host`` command and an empty ``--host-root`` with ``--nvml
+simulated:<machine>`` use it; the tests' fake hosts (``tests/kit/fakehost.py``) are it with the options
+that make bad nodes (no driver, old driver, missing modules, no IOMMU, containerd 1.x or 2.x, CRI-O).
+
+:data:`MARKER` records which machine a tree was laid out for: the CLI runs host commands directly
+(resolved inside the tree) on such a root, since there is no OS in it to ``chroot`` into.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import node_agent
+from node_agent.host.pci import normalize_address
+from node_agent.nvml.sim import DEFAULT_STATE_DIR, SimulatedMachine, get_machine
+from nvgpu import hostpaths
+
+#: The file that says a tree is a simulated host, and of which machine.
+MARKER = f"{hostpaths.AGENT_RUN_DIR}/simulated-host.json"
+DEFAULT_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
+#: The stand-in tools of a simulated host; each records its arguments in /var/log/simulated-<tool>.log.
+RECORDING_TOOLS = ("kubectl", "systemctl")
+
+CONTAINERD_V1_CONFIG = """\
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+oom_score = -999
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.9"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes]
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+          runtime_type = "io.containerd.runc.v2"
+          [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+            SystemdCgroup = true
+    [plugins."io.containerd.grpc.v1.cri".registry]
+      config_path = "/etc/containerd/registry.d"
+"""
+
+CONTAINERD_V2_CONFIG = """\
+version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = false
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = "runc"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  SystemdCgroup = true
+"""
+
+
+def sim_state_file(root: Path, machine: str) -> Path:
+    """The simulated machine's state file under a host root: where the agent's ``--nvml simulated:<machine>``
+    keeps it by default, so the tests, the simulated ``nvidia-smi`` and the agent share one machine."""
+    return root / DEFAULT_STATE_DIR.lstrip("/") / f"{machine}.json"
+
+
+def driver_version_text(version: str) -> str:
+    """``/proc/driver/nvidia/version`` as an open kernel module of ``version`` writes it."""
+    return (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
+            "(dvs-builder@U16-I3-B03-4-3)  Thu Jul 18 22:18:41 UTC 2024\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+
+
+def is_simulated_host(root: Path) -> bool:
+    return (root / MARKER.lstrip("/")).is_file()
+
+
+def machine_of(root: Path) -> str | None:
+    """The machine ``root`` was laid out for, or None when it is no simulated host."""
+    try:
+        data = json.loads((root / MARKER.lstrip("/")).read_text())
+    except (OSError, ValueError):
+        return None
+    machine = data.get("machine") if isinstance(data, dict) else None
+    return str(machine) if machine else None
+
+
+def _write(root: Path, host_path: str, text: str, mode: int = 0o644) -> None:
+    p = root / host_path.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    p.chmod(mode)
+
+
+def _link(root: Path, host_path: str, target: str) -> None:
+    p = root / host_path.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.is_symlink() or p.exists():
+        p.unlink()
+    p.symlink_to(target)
+
+
+#: The PCIe root complex the simulated hosts' devices sit under: neither the simulated machines nor NVIDIA's mock
+#: model a PCI topology, so there is one root, as on a single-socket board.
+PCIE_ROOT = "pci0000:00"
+PCI_DEVICES = "/sys/bus/pci/devices"
+PCI_DRIVERS = "/sys/bus/pci/drivers"
+SYS_DEVICES = "/sys/devices"
+IOMMU_GROUPS = "/sys/kernel/iommu_groups"
+NVIDIA_VENDOR, GPU_CLASS = 0x10DE, 0x030200
+
+
+def pci_device(root: Path, address: str, *, vendor: int, device: int, pci_class: int,
+               driver: str | None = None, numa_node: int | None = None, iommu_group: int | None = None,
+               config: bytes | None = None, pcie_root: str = PCIE_ROOT) -> Path:
+    """A PCI function as sysfs lays it out, under the host root ``root``; its sysfs directory.
+
+    The directory is ``/sys/devices/<root complex>/<address>`` and ``/sys/bus/pci/devices/<address>`` is a
+    link to it, as on a real node: that link is what Kubernetes (and so both DRA plugins) read
+    ``resource.kubernetes.io/pcieRoot`` from. It holds ``vendor``, ``device``, ``class``, and if given
+    ``numa_node``, the ``config`` space, the ``driver`` link (:func:`set_driver`) and the ``iommu_group``
+    link with the group's ``devices`` entry.
+    """
+    addr = normalize_address(address)
+    sysfs = root / SYS_DEVICES.lstrip("/") / pcie_root / addr
+    sysfs.mkdir(parents=True, exist_ok=True)
+    _link(root, f"{PCI_DEVICES}/{addr}", f"../../..{SYS_DEVICES.removeprefix('/sys')}/{pcie_root}/{addr}")
+    base = f"{SYS_DEVICES}/{pcie_root}/{addr}"
+    _write(root, f"{base}/vendor", f"0x{vendor:04x}\n")
+    _write(root, f"{base}/device", f"0x{device:04x}\n")
+    _write(root, f"{base}/class", f"0x{pci_class:06x}\n")
+    if numa_node is not None:
+        _write(root, f"{base}/numa_node", f"{numa_node}\n")
+    if config is not None:
+        (sysfs / "config").write_bytes(config)
+    if driver is not None:
+        set_driver(sysfs, driver)
+    if iommu_group is not None:
+        (root / IOMMU_GROUPS.lstrip("/") / str(iommu_group) / "devices" / addr).mkdir(parents=True, exist_ok=True)
+        _link(root, f"{base}/iommu_group", f"../../..{IOMMU_GROUPS.removeprefix('/sys')}/{iommu_group}")
+    return sysfs
+
+
+def set_driver(sysfs: Path, driver: str | None) -> None:
+    """Bind the device whose sysfs directory is ``sysfs`` (the real directory or its bus link) to ``driver``
+    (None: unbound), as the kernel shows it: a ``driver`` link into ``/sys/bus/pci/drivers``."""
+    link = sysfs / "driver"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    if driver is not None:
+        link.symlink_to(f"../../..{PCI_DRIVERS.removeprefix('/sys')}/{driver}")
+
+
+def pci_config_space(device_id: int, *, vgpu_host_driver: tuple[str, str] | None = None) -> bytes:
+    """A 256-byte PCI config space of an NVIDIA 3D controller, as a privileged reader of sysfs gets it.
+
+    Without ``vgpu_host_driver`` it carries the IDs and class and no capability list (not a vGPU). With
+    ``(version, branch)`` it is a vGPU guest's: a capability list whose vendor-specific capability has
+    the ``VF`` signature and the host driver record NVIDIA's GFD reads (``node_agent.host.vgpu``).
+    """
+    config = bytearray(256)
+    config[0:4] = (0x10DE).to_bytes(2, "little") + device_id.to_bytes(2, "little")
+    config[9:12] = bytes((0x00, 0x02, 0x03))  # programming interface, subclass 3D, class display
+    if vgpu_host_driver is not None:
+        version, branch = (v.encode().ljust(10, b"\0")[:10] for v in vgpu_host_driver)
+        config[0x06] |= 0x10  # status: capability list
+        config[0x34] = 0x60  # first capability: power management, then the vendor's
+        config[0x60:0x62] = bytes((0x01, 0x68))
+        records = bytes((0x00, 22)) + version + branch  # record 0: host driver version and branch
+        capability = bytes((0x09, 0x00, 5 + len(records))) + b"VF" + records
+        config[0x68:0x68 + len(capability)] = capability
+    return bytes(config)
+
+
+def lay_out(
+    root: Path,
+    machine: str | None = "dgx-h100",
+    *,
+    containerd: Literal[1, 2] | None = 1,
+    deckhouse: bool = False,
+    driver_loaded: bool = True,
+    driver_version: str | None = None,
+    driver_text: str | None = None,
+    modules: Iterable[str] = DEFAULT_MODULES,
+    device_nodes: bool = True,
+    iommu: bool = True,
+    nvidia_container_runtime: bool = True,
+    nvidia_smi: bool = True,
+    bpf_jit_harden: str = "2",
+) -> SimulatedMachine | None:
+    """Lay out a simulated node for ``machine`` under ``root`` (None: a node with no GPU) and answer the
+    machine's handle. Idempotent: an existing tree is brought back to this layout, its simulated state kept.
+    ``deckhouse`` adds the containerd drop-in layout Deckhouse manages; the other options make the bad
+    nodes the tests need."""
+    root.mkdir(parents=True, exist_ok=True)
+    bin_dir = root / "usr/bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    modules = tuple(modules)
+    sim: SimulatedMachine | None = None
+
+    # Ordinary PCI devices every server has, so GPU detection has something to skip.
+    for drv in ("nvidia", "vfio-pci", "e1000e"):
+        for attr in ("bind", "unbind", "new_id"):
+            _write(root, f"{PCI_DRIVERS}/{drv}/{attr}", "")
+    _write(root, "/sys/bus/pci/drivers_probe", "")
+    pci_device(root, "0000:00:1f.6", vendor=0x8086, device=0x15FA, pci_class=0x020000, driver="e1000e")
+    if iommu:
+        (root / "sys/kernel/iommu_groups/0/devices").mkdir(parents=True, exist_ok=True)
+    else:
+        (root / "sys/kernel/iommu_groups").mkdir(parents=True, exist_ok=True)
+
+    proc_modules = ["e1000e 327680 0 - Live 0x0000000000000000"]
+    if machine is not None:
+        spec = get_machine(machine)
+        sim = SimulatedMachine(spec.name, sim_state_file(root, spec.name))
+        version = driver_version or spec.driver_version
+        if driver_version:
+            sim.set_driver_version(driver_version)
+        _write(root, "/sys/class/dmi/id/product_name", spec.dmi_product + "\n")
+        for i, bus in enumerate(spec.bus_ids):
+            addr = normalize_address(bus)
+            sysfs = pci_device(root, addr, vendor=NVIDIA_VENDOR, device=spec.pci_device_id, pci_class=GPU_CLASS,
+                               driver="nvidia" if driver_loaded else None, numa_node=spec.numa_nodes[i],
+                               iommu_group=10 + i if iommu else None, config=pci_config_space(spec.pci_device_id))
+            (sysfs / "driver_override").write_text("(null)\n")
+            if driver_loaded:
+                _write(root, f"/proc/driver/nvidia/gpus/{addr}/information",
+                       f"Model: \t\t {spec.product_name}\nIRQ:   \t\t {100 + i}\nGPU UUID: \t {spec.gpu_uuid(i)}\n"
+                       f"Bus Type: \t PCIe\nBus Location: \t {addr}\nDevice Minor: \t {i}\nGPU Excluded:\t No\n")
+            if device_nodes and driver_loaded:
+                _write(root, f"/dev/nvidia{i}", "")
+        if driver_loaded:
+            _write(root, "/proc/driver/nvidia/version", driver_text or driver_version_text(version))
+            if device_nodes:
+                for node in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
+                    _write(root, f"/dev/{node}", "")
+            proc_modules += [f"{m} 1234567 0 - Live 0x0000000000000000" for m in modules]
+            for m in modules:
+                (root / f"sys/module/{m}").mkdir(parents=True, exist_ok=True)
+        else:
+            sim.fail_init("driver-not-loaded")
+        if nvidia_smi:
+            state = sim_state_file(root, spec.name)
+            repo = Path(node_agent.__file__).resolve().parent.parent  # the agent's own import root
+            _write(root, "/usr/bin/nvidia-smi",
+                   f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+                   f'-m node_agent.nvml.sim.smi --machine {spec.name} --state "{state}" "$@"\n', 0o755)
+    _write(root, "/proc/modules", "\n".join(proc_modules) + "\n")
+    _write(root, "/proc/sys/net/core/bpf_jit_harden", bpf_jit_harden + "\n")
+
+    if containerd is not None:
+        _write(root, "/etc/containerd/config.toml", CONTAINERD_V1_CONFIG if containerd == 1 else CONTAINERD_V2_CONFIG)
+        if deckhouse:
+            _write(root, "/etc/containerd/deckhouse.toml", CONTAINERD_V1_CONFIG if containerd == 1
+                   else CONTAINERD_V2_CONFIG)
+            (root / ("etc/containerd/conf.d" if containerd == 1 else "etc/containerd/conf2.d")).mkdir(
+                parents=True, exist_ok=True)
+    _write(root, "/etc/sysctl.d/99-sysctl.conf", "# distribution defaults\nnet.core.bpf_jit_harden = 2\n")
+    _write(root, "/etc/kubernetes/kubelet.conf", "apiVersion: v1\nkind: Config\n")
+    _write(root, "/etc/hostname", "gpu-node-1\n")
+    if nvidia_container_runtime:
+        _write(root, "/usr/bin/nvidia-container-runtime", "#!/bin/sh\nexit 0\n", 0o755)
+
+    logs = root / "var/log"
+    logs.mkdir(parents=True, exist_ok=True)
+    for tool in RECORDING_TOOLS:
+        _write(root, f"/usr/bin/{tool}", f'#!/bin/sh\necho "$*" >>"{logs}/simulated-{tool}.log"\n', 0o755)
+    _write(root, "/usr/sbin/modprobe",
+           "#!/bin/sh\n# simulated modprobe: marks each module loaded in this root\n"
+           'for m in "$@"; do\n  case "$m" in -*) continue ;; esac\n'
+           f'  mkdir -p "{root}/sys/module/$m"\n'
+           f'  echo "$m 16384 0 - Live 0x0000000000000000" >>"{root}/proc/modules"\n'
+           f'  echo "$m" >>"{logs}/simulated-modprobe.log"\n'
+           "done\n", 0o755)
+    _write(root, MARKER, json.dumps({"machine": machine}) + "\n")
+    return sim
