@@ -11,11 +11,10 @@ containerd 1.x or 2.x layouts, Deckhouse-managed or plain containerd. Tests defa
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 from node_agent.host import HostRoot
 from node_agent.nvml.sim import SimulatedMachine
@@ -114,28 +113,11 @@ class FakeHost:
         return self.host.remove(host_path)
 
 
-def build_fake_host(
-    root: Path,
-    machine: str | None = "dgx-h100",
-    *,
-    containerd: Literal[1, 2] | None = 1,
-    deckhouse: bool = True,
-    driver_loaded: bool = True,
-    driver_version: str | None = None,
-    driver_text: str | None = None,
-    modules: Iterable[str] = DEFAULT_MODULES,
-    device_nodes: bool = True,
-    iommu: bool = True,
-    nvidia_container_runtime: bool = True,
-    nvidia_smi: bool = True,
-    bpf_jit_harden: str = "2",
-) -> FakeHost:
-    """:func:`node_agent.nvml.sim.host.lay_out` with the tests' defaults (a Deckhouse node)."""
-    sim = lay_out(root, machine, containerd=containerd, deckhouse=deckhouse, driver_loaded=driver_loaded,
-                  driver_version=driver_version, driver_text=driver_text, modules=modules, device_nodes=device_nodes,
-                  iommu=iommu, nvidia_container_runtime=nvidia_container_runtime, nvidia_smi=nvidia_smi,
-                  bpf_jit_harden=bpf_jit_harden)
-    return FakeHost(root, sim)
+def build_fake_host(root: Path, machine: str | None = "dgx-h100", *, deckhouse: bool = True,
+                    **options: Any) -> FakeHost:
+    """:func:`node_agent.nvml.sim.host.lay_out` (its options: ``containerd``, ``driver_loaded``, ``modules``...)
+    with the tests' default, a Deckhouse node."""
+    return FakeHost(root, lay_out(root, machine, deckhouse=deckhouse, **options))
 
 
 def _write(root: Path, host_path: str, text: str, mode: int = 0o644) -> None:
