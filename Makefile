@@ -42,7 +42,7 @@ test: venv tools lint
 
 ## The fast tests only (no control plane).
 unit: venv
-	$(PY) -m pytest -q -m "not cluster and not compare"
+	$(PY) -m pytest -q -m "not cluster and not compare and not image"
 
 ## NVIDIA's device plugin/GFD/mig-parted/DRA plugin beside ours on one mock machine: the comparison report
 ## (its tests, marked compare, run in make test; the known differences are docs/compatibility.md).

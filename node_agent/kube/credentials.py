@@ -158,8 +158,17 @@ def _data_file(data: object, name: str) -> str:
 
 
 def _official_kubeconfig(path: Path) -> Any:
-    """Exec-plugin and auth-provider users, through ``kubernetes.config.load_kube_config`` (its full import)."""
-    from kubernetes import config  # the whole client: only on this path
+    """Exec-plugin and auth-provider users, through ``kubernetes.config.load_kube_config`` (its full import).
+
+    The agent image leaves out the client's API classes and models (57 MB; see node_agent/Dockerfile):
+    in a pod the agent uses its ServiceAccount, and an exec plugin's binary (aws, gcloud, kubelogin) is
+    not in the image either. There this path says so instead of failing with an import error."""
+    try:
+        from kubernetes import config  # the whole client: only on this path
+    except ImportError as e:
+        raise NoCredentials(f"kubeconfig {path}: its user needs an exec plugin or auth provider, which needs the "
+                            f"full kubernetes client; this installation has only its transport ({e}). Use a "
+                            "token or client-certificate kubeconfig, or the pod's ServiceAccount") from e
 
     kube_config: Any = config  # its loaders have no type hints
 

@@ -60,6 +60,7 @@ def _venv_is_current(checkout: Path, env: dict[str, str]) -> bool:
     return done.returncode == 0
 
 
+@pytest.mark.timeout(2400)
 def test_the_readme_shell_blocks_run_as_written(tmp_path: Path) -> None:
     bin_dir = required_bin("pulumi", "pulumi-language-python", "pulumi-resource-kubernetes", "kube-apiserver")
     if shutil.which("kubectl") is None:

@@ -209,6 +209,24 @@ def test_exec_plugin_users_go_to_the_official_loader(api: LoopbackApi, tmp_path:
     assert api.seen[-1].headers["authorization"] == "Bearer from-exec"
 
 
+def test_exec_plugin_users_are_refused_by_name_where_the_full_client_is_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent image removes the client's API classes and models: its kubeconfig loader cannot import."""
+    path = _kubeconfig(tmp_path / "kubeconfig", {"server": "https://127.0.0.1:1"}, {"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1", "command": "aws", "interactiveMode": "Never"}})
+    real_import = __import__
+
+    def no_models(name: str, *args: object, **kwargs: object) -> object:
+        if name == "kubernetes" and args and "config" in (args[2] or ()):  # type: ignore[operator]
+            raise ModuleNotFoundError("No module named 'kubernetes.client.models'")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("builtins.__import__", no_models)
+    with pytest.raises(errors.NoCredentials, match=r"needs an exec plugin or auth provider, which needs the full "
+                                                   r"kubernetes client.*kubernetes.client.models"):
+        credentials.load(path)
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("[]", "not a mapping"),
     ("current-context: nope\ncontexts: []\n", "no context named 'nope'"),
