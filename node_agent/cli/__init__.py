@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -113,4 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return exitcodes.USAGE
+    except BrokenPipeError:
+        # The reader of stdout went away (`labels | head`): the command did its work; say nothing more, and
+        # point stdout at /dev/null so the interpreter's final flush does not print a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exitcodes.OK
     return code

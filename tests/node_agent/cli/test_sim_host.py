@@ -9,6 +9,7 @@ layout applied by one process is what the next one asserts, and the roots that m
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,16 @@ def test_a_foreign_root_is_used_as_it_is(tmp_path: Path) -> None:
     done = agent("--host-root", str(tmp_path), "--nvml", "simulated:dgx-h100", "check", "--json")
     assert json.loads(done.stdout)["verdict"] == "no-gpu", done.stdout
     assert not sim_host.is_simulated_host(tmp_path)
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path: Path) -> None:
+    """``labels | head -1``: stdout's reader is gone before the output is written; no traceback, exit 0."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "node_agent", "--host-root", str(tmp_path), "--nvml",
+                               "simulated:l4x2", "labels", "--no-output-file"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    assert done.returncode == exitcodes.OK and "Traceback" not in done.stderr, done.stderr
