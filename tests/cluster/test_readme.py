@@ -10,6 +10,7 @@ offline policy run need no cluster. A failing block is reported with its README 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import time
@@ -70,6 +71,9 @@ def test_the_readme_shell_blocks_run_as_written(tmp_path: Path) -> None:
     env = _environment(tmp_path / "home", bin_dir)
     assert _venv_is_current(checkout, env), "the .venv is older than the requirements: run `make venv` first"
 
+    # Nothing may land in the account's own Pulumi state (`pulumi login --local` would put it there).
+    account_stacks = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".pulumi" / "stacks" / "nvidia-gpu"
+    stacks_before = sorted(account_stacks.glob("*")) if account_stacks.exists() else []
     timings: list[str] = []
     try:
         for block in readme.shell_blocks():
@@ -87,6 +91,7 @@ def test_the_readme_shell_blocks_run_as_written(tmp_path: Path) -> None:
             for path in run.leaves:
                 assert (checkout / path).exists(), f"block {block.name!r} left no {path}:\n{output[-3000:]}"
             assert "Traceback" not in output, f"block {block.name!r} printed a traceback:\n{output[-6000:]}"
+        assert (sorted(account_stacks.glob("*")) if account_stacks.exists() else []) == stacks_before
     finally:
         if (checkout / "out" / "cluster" / "state.json").exists():  # a walk-through cut short
             subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-m", "localcluster", "down"], check=False,

@@ -16,7 +16,7 @@ Substitutions, for every block (the environment, not the commands):
   Go and pip caches point at the real ones, so ``make tools`` finds its build and nothing is compiled;
 * the caller's ``PULUMI_*`` and ``KUBECONFIG`` variables are removed.
 
-Per block, :data:`BLOCKS` says which lines are left out and why.
+Per block, :data:`BLOCKS` says which lines are left out or replaced, and why.
 """
 
 from __future__ import annotations
@@ -46,10 +46,12 @@ class Block:
 
 @dataclass(frozen=True)
 class Run:
-    """How a named block is run: lines left out (whole lines, matched exactly after stripping a
-    trailing comment) and the reason, which the test prints."""
+    """How a named block is run: lines left out or replaced (whole lines, matched exactly after
+    stripping a trailing comment), and the reason."""
 
     skip_lines: tuple[str, ...] = ()
+    #: (command, what runs instead)
+    replace_lines: tuple[tuple[str, str], ...] = ()
     why: str = ""
     #: Files the block must leave behind, relative to the scratch checkout (what a user would look at).
     leaves: tuple[str, ...] = field(default=())
@@ -61,7 +63,10 @@ BLOCKS: dict[str, Run] = {
                  why="`make test` is the command running this test; `make preview` runs as written",
                  leaves=("out/dev/plan.json", "out/dev/manifests")),
     "agent-quickstart": Run(),
-    "pulumi-walkthrough": Run(),
+    "pulumi-walkthrough": Run(
+        replace_lines=(("pulumi login --local", 'pulumi login "file://$HOME"'),),
+        why="`--local` is `file://~`, the account's home from the password database, not $HOME: the test's "
+            "stacks go to its fresh HOME instead of the machine's ~/.pulumi"),
     "cluster-up": Run(),
     "policies-offline": Run(),
 }
@@ -97,6 +102,10 @@ def shell_blocks(path: Path = README) -> list[Block]:
 def script(block: Block) -> str:
     """The block as it is run: the lines its :class:`Run` leaves out removed, nothing else changed."""
     run = BLOCKS[block.name or ""]
-    kept = [line for line in block.text.splitlines()
-            if line.split("#", 1)[0].strip() not in run.skip_lines]
+    replace = dict(run.replace_lines)
+    kept = []
+    for line in block.text.splitlines():
+        command = line.split("#", 1)[0].strip()
+        if command not in run.skip_lines:
+            kept.append(replace.get(command, line))
     return "\n".join(kept) + "\n"
