@@ -13,12 +13,15 @@ import re
 from collections.abc import Callable
 
 _NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 QUALIFIED_NAME_RULE = ("an optional DNS-subdomain prefix and '/' (at most 253 characters), then a name of at most "
                        "63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric")
 DNS_SUBDOMAIN_RULE = ("at most 253 characters: lowercase alphanumerics, '-' or '.', starting and ending with an "
                       "alphanumeric")
+DNS_LABEL_RULE = ("at most 63 characters: lowercase letters, digits or '-', starting and ending with a letter or "
+                  "digit (no dots)")
 LABEL_VALUE_RULE = ("empty, or at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with an "
                     "alphanumeric")
 
@@ -42,8 +45,11 @@ def label_value_problem(value: str) -> str | None:
     return None
 
 
-
-
+def dns_label_problem(name: str) -> str | None:
+    """Why ``name`` is not a DNS label (a namespace or node group name: apimachinery's ``IsDNS1123Label``)."""
+    if not name or len(name) > 63 or not _DNS_LABEL.match(name):
+        return f"{name!r} is not a lowercase DNS label: {DNS_LABEL_RULE}"
+    return None
 
 
 def dns_subdomain_problem(name: str) -> str | None:
@@ -65,7 +71,8 @@ def _validator(problem_of: Callable[[str], str | None]) -> Callable[[str], str]:
     return check
 
 
-#: Pydantic validators: a label or taint key, a label or taint value, a DNS-subdomain object name.
+#: Pydantic validators: a label or taint key, a label or taint value, a DNS-subdomain object name, a DNS label.
 check_key = _validator(qualified_name_problem)
 check_label_value = _validator(label_value_problem)
 check_dns_subdomain = _validator(dns_subdomain_problem)
+check_dns_label = _validator(dns_label_problem)

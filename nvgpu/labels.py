@@ -49,5 +49,17 @@ GPU_TAINT_VALUE = "present"
 GPU_TAINT_EFFECT = "NoSchedule"
 MIG_RECONFIGURE_TAINT_KEY = "mig-reconfigure"
 
+#: Label keys the stack's own agents write on GPU nodes (the labeller, node setup, the MIG manager, on
+#: Deckhouse the node template): every agent is scheduled by the group's node selector, so a selector
+#: on one of them never matches a node the agents have not reached yet.
+AGENT_LABEL_PREFIXES = ("nvidia.com/", "gpu.nvidia-gpu.io/")
+AGENT_LABEL_KEYS = (GPU_NODE, DEVICE_GPU_CONFIG, GPU_SETUP_COMPLETE, GPU_VFIO_READY)
+
+
+def written_by_agents(key: str) -> bool:
+    """Is ``key`` a node label this stack's agents set (so it cannot be what selects the nodes)?"""
+    return key in AGENT_LABEL_KEYS or key.startswith(AGENT_LABEL_PREFIXES)
+
+
 # Feature files
 NFD_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"

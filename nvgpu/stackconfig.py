@@ -19,11 +19,21 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
-from nvgpu import catalogue
-from nvgpu.k8snames import check_dns_subdomain, check_key, check_label_value
+from nvgpu import catalogue, labels
+from nvgpu.k8snames import check_dns_label, check_dns_subdomain, check_key, check_label_value, dns_subdomain_problem
+from nvgpu.mig import balanced_layout
 from nvgpu.migparted import (
     CustomGpuLayout,
     CustomSlice,
@@ -45,8 +55,85 @@ DRA_GA_MINOR = 34
 #: MPS control daemons accept at most 48 clients per GPU on Volta and newer.
 MPS_MAX_CLIENTS = 48
 
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _PARTED_NAME = re.compile(r"^all-(balanced|disabled|enabled|[0-9]g\.[0-9]+gb(\.me)?)$|^custom$")
+
+
+#: A path below the model that raised the problem, in the config's own key names.
+Loc = tuple[int | str, ...]
+
+
+class FieldProblems(ValueError):
+    """Problems a model validator finds across fields, each at the path of the field to change.
+
+    A validator of the whole model is reported by pydantic at the model's own location (the top-level
+    one printed as the empty path ``nvidia-gpu:``); raising this instead puts each problem where the
+    user has to look, relative to that model (:func:`_problems` joins the two).
+    """
+
+    def __init__(self, problems: list[tuple[Loc, str]]):
+        self.problems = problems
+        super().__init__("; ".join(message for _, message in problems))
+
+
+def _raise_all(problems: list[tuple[Loc, str]]) -> None:
+    if problems:
+        raise FieldProblems(problems)
+
+
+def _strict_bool(v: Any) -> Any:
+    """A boolean, never its spelling: pydantic would read ``"false"``, ``"no"`` or ``0`` as False, but a
+    quoted ``"false"`` in YAML is a string, and a reader that is not this program (a policy, kubectl,
+    another Pulumi language) may take it as true."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        raise ValueError("must be a boolean, not a string: write true or false without quotes")
+    raise ValueError("must be a boolean: true or false")
+
+
+Bool = Annotated[bool, BeforeValidator(_strict_bool)]
+DnsLabel = Annotated[str, AfterValidator(check_dns_label)]
+
+
+def _group_name(v: str) -> str:
+    check_dns_label(v)
+    if len(v) > 32:
+        raise ValueError(f"{v!r} is {len(v)} characters; at most 32: the objects named after a group "
+                         "(DaemonSets, ConfigMaps, NodeGroupConfigurations) must stay within 63")
+    return v
+
+
+def _driver_name(v: str) -> str:
+    problem = dns_subdomain_problem(v)
+    if problem or "." not in v or len(v) > 63:
+        raise ValueError("must be a DNS subdomain with at least one dot and at most 63 characters, like "
+                         "gpu.example.com (lowercase letters, digits, '-' and '.')")
+    return v
+
+
+_REPOSITORY = re.compile(r"^[a-z0-9]+([._/:-][a-z0-9]+)*$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _repository(v: str) -> str:
+    if len(v) > 255 or not _REPOSITORY.match(v):
+        raise ValueError("must be an image repository without tag or digest, like "
+                         "registry.example.com/platform/nvidia-gpu-agent (lowercase, at most 255 characters)")
+    return v
+
+
+def _tag(v: str) -> str:
+    if not _TAG.match(v):
+        raise ValueError("must be an image tag: letters, digits, '_', '.' or '-', at most 128 characters, "
+                         "not starting with '.' or '-'")
+    return v
+
+
+def _digest(v: str) -> str:
+    if not _DIGEST.match(v):
+        raise ValueError("must be an image digest: 'sha256:' and 64 lowercase hexadecimal digits")
+    return v
 
 
 class StackConfigError(ValueError):
@@ -88,19 +175,19 @@ class MigStrategy(StrEnum):
 class AgentImage(_Model):
     """The node-agent image; pinned by tag and/or digest (``latest`` is refused)."""
 
-    repository: Annotated[str, Field(pattern=r"^[a-z0-9]+([._/:-][a-z0-9]+)*$", max_length=255)]
-    tag: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")] = None
-    digest: Annotated[str | None, Field(pattern=r"^sha256:[0-9a-f]{64}$")] = None
+    repository: Annotated[str, AfterValidator(_repository)]
+    tag: Annotated[str, AfterValidator(_tag)] | None = None
+    digest: Annotated[str, AfterValidator(_digest)] | None = None
     pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
 
     @model_validator(mode="after")
     def _pinned(self) -> AgentImage:
         if self.tag is None and self.digest is None:
-            raise ValueError("set tag or digest: an unpinned image is not allowed")
+            raise FieldProblems([(("tag",), "set tag or digest: an unpinned image is not allowed")])
         if self.tag == "latest":
-            raise ValueError("tag 'latest' is not allowed: pin a version or a digest")
+            raise FieldProblems([(("tag",), "'latest' is not allowed: pin a version or a digest")])
         if self.repository.rsplit("/", 1)[-1].count(":"):
-            raise ValueError("put the tag in 'tag', not in 'repository'")
+            raise FieldProblems([(("repository",), f"{self.repository!r} carries a tag: put it in 'tag'")])
         return self
 
     @property
@@ -115,7 +202,7 @@ class AgentImage(_Model):
 
 class Monitoring(_Model):
     #: ``prometheus.io/*`` scrape annotations on the device-plugin pods.
-    enabled: bool = True
+    enabled: Bool = True
 
 
 class MigManagerSettings(_Model):
@@ -123,9 +210,11 @@ class MigManagerSettings(_Model):
 
     #: Reboot the node when a MIG mode change needs a GPU reset that fails (the manager's ``--allow-reboot``);
     #: off, such a change is rolled back and reported as failed.
-    allow_reboot: bool = False
+    allow_reboot: Bool = False
 
 
+#: NVIDIA's DRA driver name: the one the DeviceClasses of a cluster running NVIDIA's driver select.
+DRA_DEFAULT_DRIVER = "gpu.nvidia.com"
 #: DeviceClasses the DRA stack publishes (NVIDIA's names, so claims written for its driver keep working).
 DRA_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com")
 #: DRADeviceTaints is beta (on by default) from this minor; before it, device taints are dropped.
@@ -136,7 +225,7 @@ class ClaimQuota(_Model):
     """A ResourceQuota on DRA claims in one namespace (``count/resourceclaims.resource.k8s.io`` and
     ``<class>.deviceclass.resource.k8s.io/devices``)."""
 
-    namespace: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+    namespace: DnsLabel
     #: Most ResourceClaims the namespace may hold.
     claims: Annotated[int | None, Field(ge=0)] = None
     #: Most devices the namespace may request per DeviceClass, e.g. ``{gpu.nvidia.com: 4}``.
@@ -145,35 +234,40 @@ class ClaimQuota(_Model):
     @model_validator(mode="after")
     def _some_limit(self) -> ClaimQuota:
         if self.claims is None and not self.devices:
-            raise ValueError("set claims and/or devices: a quota without limits would do nothing")
+            raise FieldProblems([((), "set claims and/or devices: a quota without limits would do nothing")])
         unknown = sorted(set(self.devices) - set(DRA_DEVICE_CLASSES))
-        if unknown:
-            raise ValueError(
-                f"devices: unknown DeviceClass {', '.join(unknown)}; allowed: {', '.join(DRA_DEVICE_CLASSES)}"
-            )
+        _raise_all([(("devices", name), f"unknown DeviceClass {name!r}; allowed: {', '.join(DRA_DEVICE_CLASSES)}")
+                    for name in unknown])
         return self
 
 
 class DraSettings(_Model):
     #: ResourceSlice driver (DNS subdomain, at most 63 characters); NVIDIA's name by default.
-    driver_name: Annotated[
-        str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$", max_length=63)
-    ] = "gpu.nvidia.com"
+    driver_name: Annotated[str, AfterValidator(_driver_name)] = "gpu.nvidia.com"
     #: Unhealthy GPUs are withdrawn from the ResourceSlices, or published with a device taint (1.36+).
     health_action: Literal["withdraw", "taint"] = "withdraw"
     claim_quotas: list[ClaimQuota] = []
     #: Off when the cluster already has the DeviceClasses (NVIDIA's DRA driver installed them): they have
     #: fixed names, and the provider would take the existing ones over (and ``destroy`` delete them).
-    create_device_classes: bool = True
+    create_device_classes: Bool = True
 
     @field_validator("claim_quotas")
     @classmethod
     def _unique_namespaces(cls, v: list[ClaimQuota]) -> list[ClaimQuota]:
         names = [q.namespace for q in v]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"one quota per namespace; repeated: {', '.join(dupes)}")
+        _raise_all([((i, "namespace"), f"one quota per namespace: {n!r} has one already "
+                                       f"(claimQuotas[{names.index(n)}])")
+                    for i, n in enumerate(names) if names.index(n) != i])
         return v
+
+    @model_validator(mode="after")
+    def _classes_select_the_driver(self) -> DraSettings:
+        if not self.create_device_classes and self.driver_name != DRA_DEFAULT_DRIVER:
+            raise FieldProblems([(("driverName",), (
+                f"{self.driver_name!r} with createDeviceClasses false: the cluster's existing DeviceClasses "
+                f"({', '.join(DRA_DEVICE_CLASSES)}) select devices of driver {DRA_DEFAULT_DRIVER!r}, so no claim "
+                "would ever get one of this driver's GPUs; keep the driver name or let the stack create the classes"))])
+        return self
 
 
 class RuntimeClassSettings(_Model):
@@ -181,7 +275,7 @@ class RuntimeClassSettings(_Model):
     NVIDIA's docs ask for ``runtimeClassName: nvidia``)."""
 
     #: Off when the cluster already has one under that name (NVIDIA's GPU Operator, another stack).
-    create: bool = True
+    create: Bool = True
     name: Annotated[str, AfterValidator(check_dns_subdomain)] = "nvidia"
 
 
@@ -194,7 +288,7 @@ def _absolute(v: str, example: str) -> str:
 
 class Cluster(_Model):
     kubernetes_version: str
-    namespace: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)] = "nvidia-gpu"
+    namespace: DnsLabel = "nvidia-gpu"
     allocation_mode: AllocationMode = AllocationMode.DEVICE_PLUGIN
     node_setup: NodeSetupBackend = NodeSetupBackend.DAEMONSET
     agent_image: AgentImage
@@ -214,6 +308,27 @@ class Cluster(_Model):
     cdi_hook_path: str = facts.CDI_HOOK_PATH
     #: The kubeconfig context the stack's Kubernetes provider uses (default: the current context).
     kube_context: str | None = None
+
+    @field_validator("kubernetes_version", mode="before")
+    @classmethod
+    def _version_is_text(cls, v: Any) -> Any:
+        """YAML reads an unquoted ``1.30`` as the number 1.3: say so instead of refusing a 'number'."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            text = repr(v)
+            major, _, minor = text.partition(".")
+            meant = f"{major}.{minor}0" if len(minor) == 1 and MIN_KUBERNETES_MINOR <= int(minor) * 10 <= \
+                MAX_KUBERNETES_MINOR else text
+            why = f" ({meant} becomes {text})" if meant != text else ""
+            raise ValueError(f"must be a quoted string: YAML reads an unquoted version as a number{why}; "
+                             f"write kubernetesVersion: \"{meant}\"")
+        return v
+
+    @field_validator("kube_context")
+    @classmethod
+    def _context(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must not be empty: leave kubeContext out to use the kubeconfig's current context")
+        return v
 
     @field_validator("kubernetes_version")
     @classmethod
@@ -273,7 +388,52 @@ class NodeSelector(_Model):
     def _non_empty(self) -> NodeSelector:
         if not self.match_labels and not self.match_expressions:
             raise ValueError("an empty selector would match every node; set matchLabels or matchExpressions")
+        _raise_all(self._never_matching())
         return self
+
+    def _never_matching(self) -> list[tuple[Loc, str]]:
+        """Selectors Kubernetes accepts that match no node: a key this stack's agents write (they are
+        scheduled by this very selector), or requirements that contradict each other."""
+        problems: list[tuple[Loc, str]] = []
+        agent_key = ("is a label this stack's agents write on nodes they already run on; the agents are "
+                     "scheduled by this selector, so it would never match a new node: select on a label the "
+                     "node has from the start (its pool, its instance type, or NFD's "
+                     "feature.node.kubernetes.io/pci-10de.present)")
+        for key in self.match_labels:
+            if labels.written_by_agents(key):
+                problems.append((("matchLabels", key), f"{key!r} {agent_key}"))
+        for i, r in enumerate(self.match_expressions):
+            where: Loc = ("matchExpressions", i)
+            if labels.written_by_agents(r.key) and r.operator in ("In", "Exists"):
+                problems.append(((*where, "key"), f"{r.key!r} {agent_key}"))
+            if r.key in self.match_labels:
+                value = self.match_labels[r.key]
+                contradicts = ((r.operator == "In" and value not in r.values)
+                               or (r.operator == "NotIn" and value in r.values) or r.operator == "DoesNotExist")
+                if contradicts:
+                    shown = f" {r.values}" if r.values else ""
+                    problems.append((where, f"{r.key} {r.operator}{shown} contradicts matchLabels {r.key}={value!r}: "
+                                            "no node matches both"))
+            for j, other in enumerate(self.match_expressions[:i]):
+                if other.key != r.key:
+                    continue
+                ops = {r.operator, other.operator}
+                disjoint = (r.operator == other.operator == "In" and not set(r.values) & set(other.values))
+                if disjoint or ops in ({"Exists", "DoesNotExist"}, {"In", "DoesNotExist"}):
+                    problems.append((where, f"{r.key} {r.operator} contradicts matchExpressions[{j}] "
+                                            f"({other.key} {other.operator}): no node matches both"))
+        return problems
+
+
+#: Taints Kubernetes' own controllers set and clear (the node lifecycle controller's conditions, the
+#: cloud node controller's, and ``out-of-service``, which force-deletes every pod): one the stack sets
+#: is removed again, or evicts everything, or is fought over on every reconcile.
+CONTROLLER_TAINTS = frozenset({
+    "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.kubernetes.io/unschedulable",
+    "node.kubernetes.io/memory-pressure", "node.kubernetes.io/disk-pressure", "node.kubernetes.io/pid-pressure",
+    "node.kubernetes.io/network-unavailable", "node.kubernetes.io/out-of-service",
+    "node.cloudprovider.kubernetes.io/uninitialized", "node.cloudprovider.kubernetes.io/shutdown",
+})
 
 
 class Taint(_Model):
@@ -317,12 +477,14 @@ class Mig(_Model):
     @model_validator(mode="after")
     def _custom(self) -> Mig:
         if self.parted_config == "custom" and not self.custom_configs:
-            raise ValueError("partedConfig 'custom' needs customConfigs")
+            raise FieldProblems([(("customConfigs",), "partedConfig 'custom' needs customConfigs "
+                                                      "(a layout per GPU index)")])
         if self.parted_config != "custom" and self.custom_configs:
-            raise ValueError("customConfigs is only allowed with partedConfig 'custom'")
+            raise FieldProblems([(("customConfigs",), f"only allowed with partedConfig 'custom' (partedConfig is "
+                                                      f"{self.parted_config!r})")])
         indices = [c.index for c in self.custom_configs]
-        if len(indices) != len(set(indices)):
-            raise ValueError(f"customConfigs has duplicate GPU indices: {sorted(indices)}")
+        _raise_all([(("customConfigs", i, "index"), f"GPU {n} has a layout already (customConfigs[{indices.index(n)}])")
+                    for i, n in enumerate(indices) if indices.index(n) != i])
         return self
 
     @property
@@ -364,25 +526,26 @@ class Gpu(_Model):
             Sharing.MPS: ("mps", self.mps),
             Sharing.MIG: ("mig", self.mig),
         }
+        problems: list[tuple[Loc, str]] = []
         for mode, (key, block) in blocks.items():
             if block is not None and self.sharing is not mode:
-                raise ValueError(f"'{key}' is only allowed with sharing {mode.value} (sharing is {self.sharing.value})")
-        if self.sharing is Sharing.MIG:
-            self._check_mig()
-        if self.model and self.driver_version:
-            model = catalogue.get_model(self.model)
-            minimum = model.effective_min_driver
-            if self.sharing is Sharing.MIG and model.mig:
-                minimum = max(minimum, model.mig.min_driver, key=catalogue.parse_driver_version)
-            if not catalogue.driver_at_least(self.driver_version, minimum):
-                raise ValueError(f"driverVersion {self.driver_version} is below the {model.key} minimum {minimum}")
-        return self
-
-    def _check_mig(self) -> None:
-        """The model can do MIG at all; whether the layout fits it is the group's check (it needs the name)."""
+                problems.append(((key,), f"only allowed with sharing {mode.value} (sharing is {self.sharing.value})"))
         model = self.declared_model
-        if model is not None and model.mig is None:
-            raise ValueError(f"sharing MIG needs a MIG-capable GPU; {model.key} is not")
+        if self.sharing is Sharing.MIG and model is not None and model.mig is None:
+            # Whether the layout fits the model is the group's check (it needs the group's name).
+            mig_models = ", ".join(m.key for m in catalogue.MODELS if m.mig)
+            problems.append((("sharing",), f"MIG needs a MIG-capable GPU and {model.key} is not one "
+                                           f"({mig_models} are)"))
+        if model is not None and self.driver_version:
+            minimum = model.effective_min_driver
+            what = f"the {model.key} minimum"
+            mig_floor = model.mig.min_driver if self.sharing is Sharing.MIG and model.mig else None
+            if mig_floor and catalogue.parse_driver_version(mig_floor) > catalogue.parse_driver_version(minimum):
+                minimum, what = mig_floor, f"the minimum for MIG on {model.key}"
+            if not catalogue.driver_at_least(self.driver_version, minimum):
+                problems.append((("driverVersion",), f"{self.driver_version} is below {what}, {minimum}"))
+        _raise_all(problems)
+        return self
 
     @property
     def declared_model(self) -> catalogue.GpuModel | None:
@@ -403,18 +566,18 @@ class Gpu(_Model):
 
 
 class NodeGroup(_Model):
-    name: Annotated[str, Field(pattern=_DNS_LABEL, max_length=32)]
+    name: Annotated[str, AfterValidator(_group_name)]
     #: The Deckhouse NodeGroup whose nodes form this group (selects ``node.deckhouse.io/group=<name>``).
-    node_group: Annotated[str | None, Field(pattern=_DNS_LABEL, max_length=63)] = None
+    node_group: Annotated[str, AfterValidator(check_dns_label)] | None = None
     #: An explicit label selector, for clusters without Deckhouse NodeGroups.
     node_selector: NodeSelector | None = None
     gpu: Gpu = Gpu()
     #: Taint GPU nodes ``nvidia.com/gpu=present:NoSchedule`` so only GPU workloads land there.
-    gpu_taint: bool = True
+    gpu_taint: Bool = True
     extra_taints: list[Taint] = []
     allocation_mode: AllocationMode | None = None
     #: DRA only: GPUs of this group may be bound to vfio-pci and handed to VMs (IOMMU on, gpu-vfio.sh).
-    passthrough: bool = False
+    passthrough: Bool = False
 
     @model_validator(mode="after")
     def _selection(self) -> NodeGroup:
@@ -423,11 +586,59 @@ class NodeGroup(_Model):
         return self
 
     @model_validator(mode="after")
-    def _mig_layout(self) -> NodeGroup:
-        problems = mig_layout_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
+    def _taints(self) -> NodeGroup:
+        """Taints the API server refuses (two with one key and effect) or that would be lost or fought over:
+        the GPU taint's key while ``gpuTaint`` sets it, a key the node lifecycle controller or the cloud
+        provider owns, the MIG manager's own taint."""
+        problems: list[tuple[Loc, str]] = []
+        seen: dict[tuple[str, str], int] = {}
+        for i, t in enumerate(self.extra_taints):
+            where: Loc = ("extraTaints", i, "key")
+            if (t.key, t.effect) in seen:
+                problems.append((where, f"{t.key}:{t.effect} is also extraTaints[{seen[t.key, t.effect]}]; the API "
+                                        "server refuses two taints with one key and effect"))
+            seen.setdefault((t.key, t.effect), i)
+            if t.key == labels.GPU_TAINT_KEY and self.gpu_taint:
+                problems.append((where, f"{t.key} is the GPU taint's key and gpuTaint is on, so this taint would "
+                                        "be replaced by the GPU taint; drop it, or set gpuTaint: false"))
+            elif t.key == labels.MIG_RECONFIGURE_TAINT_KEY:
+                problems.append((where, f"{t.key} is the MIG manager's own taint (set while it reconfigures); "
+                                        "choose another key"))
+            elif t.key in CONTROLLER_TAINTS:
+                problems.append((where, f"{t.key} is a taint Kubernetes' node controllers set and remove by "
+                                        "themselves; choose another key"))
+        _raise_all(problems)
         return self
+
+    @model_validator(mode="after")
+    def _mig_layout(self) -> NodeGroup:
+        if self.gpu.sharing is not Sharing.MIG:
+            return self
+        mig = self.gpu.effective_mig
+        field = "customConfigs" if mig.parted_config == "custom" else "partedConfig"
+        problems: list[tuple[Loc, str]] = [(("gpu", "mig", field), p.removeprefix(f"node group {self.name!r}: "))
+                                           for p in mig_layout_problems(self)]
+        if not problems and mig.strategy is MigStrategy.SINGLE:
+            mixed = self._mixed_profiles()
+            if len(mixed) > 1:
+                problems.append((("gpu", "mig", "strategy"), (
+                    f"'single' exposes every MIG device as nvidia.com/gpu, so the GPUs must all carry one profile; "
+                    f"partedConfig {self.mig_config_name!r} mixes {', '.join(mixed)}: use strategy 'mixed' "
+                    "(nvidia.com/mig-<profile> resources) or an all-<profile> config")))
+        _raise_all(problems)
+        return self
+
+    def _mixed_profiles(self) -> list[str]:
+        """The MIG profiles the group's layout creates across its GPUs (a guess over the catalogue's MIG
+        models for ``all-balanced`` when no model is declared: it mixes profiles on every one of them)."""
+        mig = self.gpu.effective_mig
+        if mig.parted_config == "custom":
+            return sorted({s.profile for c in mig.custom_configs for s in c.slices})
+        if mig.parted_config != "all-balanced":
+            return []
+        model = self.gpu.declared_model
+        models = [model] if model is not None else [m for m in catalogue.MODELS if m.mig]
+        return sorted({p for m in models for p in balanced_layout(m)})
 
     @property
     def mig_config_name(self) -> str:
@@ -470,38 +681,40 @@ class StackConfig(_Model):
 
     @model_validator(mode="after")
     def _cross(self) -> StackConfig:
+        problems: list[tuple[Loc, str]] = []
         names = [g.name for g in self.node_groups]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"node group names must be unique; repeated: {', '.join(dupes)}")
-        if self.cluster.node_setup is NodeSetupBackend.DECKHOUSE:
-            for g in self.node_groups:
-                if g.node_group is None:
-                    raise ValueError(
-                        f"node group {g.name!r}: nodeSetup 'deckhouse' targets Deckhouse NodeGroups, so set nodeGroup"
-                    )
-        for g in self.node_groups:
+        problems += [(("nodeGroups", i, "name"), f"{n!r} is the name of nodeGroups[{names.index(n)}] already; "
+                                                 "node group names must be unique")
+                     for i, n in enumerate(names) if names.index(n) != i]
+        for i, g in enumerate(self.node_groups):
+            if self.cluster.node_setup is NodeSetupBackend.DECKHOUSE and g.node_group is None:
+                problems.append((("nodeGroups", i, "nodeGroup"), "required with cluster.nodeSetup 'deckhouse', which "
+                                                                 "configures Deckhouse NodeGroups (nodeSelector is for "
+                                                                 "nodeSetup 'daemonset')"))
             if self.allocation_mode(g) is AllocationMode.DRA and self.cluster.kubernetes_minor < DRA_GA_MINOR:
-                raise ValueError(
-                    f"node group {g.name!r}: allocationMode 'dra' needs Kubernetes 1.{DRA_GA_MINOR}+ "
-                    f"(resource.k8s.io/v1); the cluster is {self.cluster.kubernetes_version}"
-                )
+                where: Loc = ("nodeGroups", i, "allocationMode") if g.allocation_mode else ("cluster", "allocationMode")
+                problems.append((where, f"'dra' needs Kubernetes 1.{DRA_GA_MINOR}+ (resource.k8s.io/v1) and "
+                                        f"cluster.kubernetesVersion is {self.cluster.kubernetes_version}"
+                                        + ("" if g.allocation_mode else f" (node group {g.name!r} inherits it)")))
+        _raise_all(problems + self._dra_problems())
         return self
 
-    @model_validator(mode="after")
-    def _dra(self) -> StackConfig:
-        for g in self.node_groups:
+    def _dra_problems(self) -> list[tuple[Loc, str]]:
+        problems: list[tuple[Loc, str]] = []
+        for i, g in enumerate(self.node_groups):
             if g.passthrough and self.allocation_mode(g) is not AllocationMode.DRA:
-                raise ValueError(f"node group {g.name!r}: passthrough needs allocationMode 'dra' (VFIO devices "
-                                 "are offered through the vfio.gpu.nvidia.com DeviceClass)")
+                problems.append((("nodeGroups", i, "passthrough"), "needs allocationMode 'dra' (VFIO devices "
+                                                                   "are offered through the vfio.gpu.nvidia.com "
+                                                                   "DeviceClass)"))
         dra = self.cluster.dra
         if dra.health_action == "taint" and self.cluster.kubernetes_minor < DRA_DEVICE_TAINTS_MINOR:
-            raise ValueError(f"cluster.dra.healthAction 'taint' needs DRADeviceTaints, on by default from "
-                             f"Kubernetes 1.{DRA_DEVICE_TAINTS_MINOR}; the cluster is "
-                             f"{self.cluster.kubernetes_version} (use 'withdraw')")
+            problems.append((("cluster", "dra", "healthAction"), (
+                f"'taint' needs DRADeviceTaints, on by default from Kubernetes 1.{DRA_DEVICE_TAINTS_MINOR}, and "
+                f"cluster.kubernetesVersion is {self.cluster.kubernetes_version} (use 'withdraw')")))
         if dra.claim_quotas and not self.uses_dra:
-            raise ValueError("cluster.dra.claimQuotas is set but no node group uses allocationMode 'dra'")
-        return self
+            problems.append((("cluster", "dra", "claimQuotas"), "set, but no node group uses allocationMode 'dra': "
+                                                                "the quotas would limit claims nobody can satisfy"))
+        return problems
 
     @property
     def uses_dra(self) -> bool:
@@ -578,6 +791,10 @@ def _problems(err: ValidationError) -> list[str]:
             allowed = _allowed_keys(loc)
             hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
             problems.append(f"{where}: unknown key{hint}")
+            continue
+        error = (e.get("ctx") or {}).get("error")
+        if isinstance(error, FieldProblems):
+            problems += [f"{_format_loc(loc + rel)}: {message}" for rel, message in error.problems]
             continue
         msg = e["msg"].removeprefix("Value error, ")
         if kind == "enum":

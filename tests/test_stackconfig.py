@@ -94,7 +94,7 @@ def test_deckhouse_backend_requires_deckhouse_node_groups() -> None:
         v["nodeGroups"][0]["nodeSelector"] = {"matchLabels": {"a": "b"}}
 
     (problem,) = _problems(mutate)
-    assert "nodeSetup 'deckhouse'" in problem and "'l4'" in problem
+    assert problem.startswith("nvidia-gpu:nodeGroups[0].nodeGroup: required with cluster.nodeSetup 'deckhouse'")
 
 
 def test_kube_context_is_optional() -> None:
@@ -167,7 +167,7 @@ def test_runtime_class_defaults_and_switch() -> None:
         ({"name": "nvidia_gpu"}, "cluster.runtimeClass.name", "is not a valid object name"),
         ({"name": ""}, "cluster.runtimeClass.name", "'' is not a valid object name"),
         ({"name": "a" * 254}, "cluster.runtimeClass.name", "is not a valid object name"),
-        ({"create": "maybe"}, "cluster.runtimeClass.create", "valid boolean"),
+        ({"create": "maybe"}, "cluster.runtimeClass.create", "must be a boolean, not a string"),
         ({"handler": "runc"}, "cluster.runtimeClass.handler", "unknown key; allowed keys: create, name"),
     ],
 )
@@ -238,12 +238,13 @@ def _custom(slices: list[dict[str, Any]], model: str | None = "H100-80GB") -> di
 
 def test_mig_needs_a_mig_capable_model() -> None:
     assert _mig_problem({"sharing": "MIG", "model": "L4"}) == (
-        "nvidia-gpu:nodeGroups[0].gpu: sharing MIG needs a MIG-capable GPU; L4 is not")
+        "nvidia-gpu:nodeGroups[0].gpu.sharing: MIG needs a MIG-capable GPU and L4 is not one (A100-40GB, "
+        "A100-80GB, H100-80GB, H200-141GB, A30-24GB are)")
 
 
 def test_a_profile_set_of_another_model_names_the_allowed_profiles() -> None:
     problem = _mig_problem({"sharing": "MIG", "model": "H100-80GB", "mig": {"partedConfig": "all-1g.5gb"}})
-    assert problem.startswith("nvidia-gpu:nodeGroups[0]: node group 'h100': MIG config 'all-1g.5gb' has no entry "
+    assert problem.startswith("nvidia-gpu:nodeGroups[0].gpu.mig.partedConfig: MIG config 'all-1g.5gb' has no entry "
                               "for the H100-80GB (profile '1g.5gb' is unknown for H100-80GB; allowed: 1g.10gb, ")
 
 
@@ -263,13 +264,13 @@ def test_a_profile_set_of_another_model_names_the_allowed_profiles() -> None:
 def test_unplaceable_custom_layouts_name_group_config_gpu_profile_and_why(slices: list[dict[str, Any]],
                                                                           why: str) -> None:
     problem = _mig_problem(_custom(slices))
-    assert problem.startswith("nvidia-gpu:nodeGroups[0]: node group 'h100': MIG config 'custom-h100-")
+    assert problem.startswith("nvidia-gpu:nodeGroups[0].gpu.mig.customConfigs: MIG config 'custom-h100-")
     assert f": GPU 1: {why}" in problem
 
 
 def test_a_misspelt_custom_profile_names_the_gpu() -> None:
     problem = _mig_problem(_custom([{"profile": "1g10gb"}]))
-    assert problem.startswith("nvidia-gpu:nodeGroups[0]: node group 'h100': GPU 1: ")
+    assert problem.startswith("nvidia-gpu:nodeGroups[0].gpu.mig.customConfigs: GPU 1: ")
     assert "'1g10gb' is not a MIG profile name" in problem
 
 

@@ -28,9 +28,13 @@ Commands come from ``node_agent.cli.commands``; only the chosen command's module
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import importlib
+import io
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -106,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     set_driver_root(args.driver_root)  # what open_nvml("real") and driver_binary() use in this process
+    # `kill -USR1 <pid>` writes every thread's stack to the log: what a hung agent is waiting on, without
+    # a debugger in a distroless-like image (the long-running commands are exactly the ones that can hang).
+    with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):  # stderr without a descriptor
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
     run = getattr(args, "run", None)
     if run is None:
         parser.error(f"command {args.command!r} is not available")

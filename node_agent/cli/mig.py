@@ -37,7 +37,7 @@ from node_agent.kube.transport import Kube
 from node_agent.mig import apply
 from node_agent.mig.executor import MigManager, Settings
 from node_agent.mig.hardware import GpuInfo, MigBackend, MigHardwareError, ResetUnavailable, snapshot
-from node_agent.mig.hostfiles import ContainerLock, HostCommandRunner, HostRebooter
+from node_agent.mig.hostfiles import HostCommandRunner, HostRebooter, HostStepLock
 from node_agent.mig.journal import JournalError
 from node_agent.mig.kube import KubeNodeApi
 from node_agent.mig.machine import DrainMode, Timeouts
@@ -236,7 +236,7 @@ def run_manager(args: argparse.Namespace) -> int:
                 backend=backend,
                 load_config=lambda: load_config(args.config),
                 files=host,
-                step_lock=ContainerLock(),
+                step_lock=HostStepLock(host),
                 boot_id=lambda: boot_id(host),
                 clock=time.time,
                 rebooter=HostRebooter(host),

@@ -84,7 +84,7 @@ class StateFiles(JournalFiles, Protocol):
 
 class StepLock(Protocol):
     """Called for an exclusive lock held for one step, so the manager and its own ``preStop`` hook never
-    act at once (:class:`node_agent.mig.hostfiles.ContainerLock`; a lock not acquired in time raises
+    act at once (:class:`node_agent.mig.hostfiles.HostStepLock`; a lock not acquired in time raises
     :class:`~node_agent.mig.journal.JournalError`)."""
 
     def __call__(self) -> contextlib.AbstractContextManager[None]: ...

@@ -2,9 +2,11 @@
 
 The journal and the marker files need no adapter: the manager is handed the agent's
 :class:`~node_agent.host.HostRoot` itself as its ``StateFiles`` (atomic writes, root-aware paths that
-refuse ``..``). The step lock is the exception on purpose: it only orders the manager and its own
-``preStop`` hook, which run in the same container, so it lives in the container's ``/tmp`` rather than
-on the host; it is taken with the host layer's one lock primitive,
+refuse ``..``). The step lock lives beside the journal in the host's state directory: it orders every
+process that acts on this node's GPUs for the manager (the manager, its own ``preStop`` hook, a second
+manager pod of a rollout gone wrong), since what it protects, the GPUs and the journal, is the host's. In
+the container's ``/tmp`` it ordered only one pod's processes, and every manager on a machine running
+several simulated nodes shared one lock file. It is taken with the host layer's one lock primitive,
 :func:`node_agent.host.atomic.exclusive_lock`, with a timeout.
 """
 
@@ -12,11 +14,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 
 from node_agent.host import HostError, HostRoot
 from node_agent.host.atomic import LockTimeout, exclusive_lock
 from node_agent.mig.journal import JournalError
+from nvgpu.nodescripts.facts import STATE_DIR
 
 REBOOT_TIMEOUT_S = 60.0
 #: Longer than any one step holds the lock (a GPU reset alone may take ``RESET_TIMEOUT_S``, 120 s, plus
@@ -25,11 +27,15 @@ REBOOT_TIMEOUT_S = 60.0
 STEP_LOCK_TIMEOUT_S = 300.0
 
 
-class ContainerLock:
-    """:class:`~node_agent.mig.executor.StepLock` on ``<lock_dir>/nvidia-gpu-lock.lock`` in the container."""
+#: The step lock, beside the journal on the host.
+STEP_LOCK_PATH = f"{STATE_DIR}/mig/step.lock"
 
-    def __init__(self, lock_dir: Path = Path("/tmp"), timeout_s: float = STEP_LOCK_TIMEOUT_S) -> None:
-        self.path = lock_dir / "nvidia-gpu-lock.lock"
+
+class HostStepLock:
+    """:class:`~node_agent.mig.executor.StepLock` on :data:`STEP_LOCK_PATH` under the host root."""
+
+    def __init__(self, host: HostRoot, timeout_s: float = STEP_LOCK_TIMEOUT_S) -> None:
+        self.path = host.path(STEP_LOCK_PATH)
         self.timeout_s = timeout_s
 
     @contextlib.contextmanager

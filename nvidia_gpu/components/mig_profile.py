@@ -47,7 +47,7 @@ class MigProfile(pulumi.ComponentResource):
         self.manager: pulumi.CustomResource | None = None
         if groups:
             after = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
-            sa, role, binding = rbac(ns)
+            sa, role, binding = rbac(ns, args.cluster)
             sa_res = register(f"{name}-sa", sa, after)
             role_res = register(f"{name}-role", role, pulumi.ResourceOptions(parent=self))
             binding_res = register(f"{name}-binding", binding,

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from nvgpu.stackconfig import Cluster, NodeSetupBackend
 from nvidia_gpu.components import inputs
+from nvidia_gpu.components.manifests import confinement
 from nvidia_gpu.components.manifests import platform as manifests
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.register import register as register_object
@@ -145,6 +146,12 @@ class GpuPlatform(pulumi.ComponentResource):
                               pulumi.ResourceOptions(parent=self, depends_on=[sa, r]))
                 deps += [r, rb]
                 per_role[role] = (sa, crb, rb)
+        # Each node agent that writes Nodes or Pods may touch only its own node (RBAC cannot say so).
+        if cluster.kubernetes_minor >= confinement.MIN_MINOR:
+            policy = register(f"{name}-own-node-policy", confinement.admission_policy(ns_name), child)
+            binding = register(f"{name}-own-node-policy-binding", confinement.admission_policy_binding(ns_name),
+                               pulumi.ResourceOptions(parent=self, depends_on=[policy]))
+            deps += [policy, binding]
         # Users' GPU pods only; the agents do not run under it (see nvidia_gpu.components.manifests.platform).
         # Not in ``deps``: no agent waits for it.
         settings = cluster.runtime_class

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from nvgpu import yamltext
+from nvgpu import capacity, yamltext
 from nvidia_gpu.preview.model import PreviewResult, RecordedResource, RenderedManifest
 
 STEP = "render"
@@ -87,6 +87,7 @@ def plan(result: PreviewResult) -> dict[str, Any]:
     return {
         "project": result.project,
         "stack": result.stack,
+        "capacity": [g.as_json() for g in capacity.plan(result.config)] if result.config else [],
         "resources": [r.as_json() for r in result.resources],
         "manifests": [
             {"file": m.filename, "kind": m.kind, "name": m.name, "namespace": m.namespace, "urn": m.resource.urn}
@@ -131,11 +132,13 @@ def _write_all(files: list[tuple[Path, str]]) -> None:
 
 def plan_text(data: dict[str, Any]) -> str:
     """JSON with one resource (and one manifest) per line: diffable, and written by the C encoder."""
-    head = {k: v for k, v in data.items() if k not in ("resources", "manifests")}
+    listed = [k for k in ("capacity", "resources", "manifests") if k in data]
+    head = {k: v for k, v in data.items() if k not in listed}
     lines = ["{"] + [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
-    for key in ("resources", "manifests"):
+    for n, key in enumerate(listed):
         items = ",\n".join(f"    {json.dumps(item, separators=(', ', ': '))}" for item in data[key])
-        lines.append(f'  "{key}": [\n{items}\n  ]' + ("," if key == "resources" else ""))
+        body = f"[\n{items}\n  ]" if items else "[]"
+        lines.append(f'  "{key}": {body}' + ("," if n < len(listed) - 1 else ""))
     return "\n".join(lines) + "\n}\n"
 
 

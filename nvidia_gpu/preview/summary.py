@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from nvgpu import capacity
 from nvidia_gpu.preview.model import PreviewResult, RecordedResource
 from nvidia_gpu.preview.policyrun.analyzer_client import ROOT_STACK_TYPE
 
@@ -56,6 +57,8 @@ def tree_lines(result: PreviewResult) -> list[str]:
 def summary_lines(result: PreviewResult) -> list[str]:
     lines = [f"Previewing update ({result.stack}) offline, under the Pulumi mock engine:", ""]
     lines += tree_lines(result)
+    if result.config is not None:
+        lines += ["", *capacity.lines(capacity.plan(result.config))]
     for section in result.report_sections:
         lines += ["", *section.splitlines()]
     kinds = Counter(_kind(r) for r in result.resources)

@@ -576,8 +576,14 @@ def _refused(agent: AgentIdentity, request: dict[str, Any]) -> ApiError:
 def test_labeller_identity_reads_and_patches_its_own_node(kube: Kube, labeller: Labeller) -> None:
     me = labeller.agent
     assert me.kube.get("v1", "Node", labeller.node)["metadata"]["name"] == labeller.node
-    me.kube.request("PATCH", f"/api/v1/nodes/{labeller.node}", {"metadata": {"labels": {"lab.example.com/probe": "x"}}},
+    path = f"/api/v1/nodes/{labeller.node}"
+    me.kube.request("PATCH", path, {"metadata": {"labels": {"gpu.nvidia-gpu.io/probe": "x"}}},
                     content_type=MERGE_PATCH, query={"dryRun": "All"})
+    # Outside the GPU label domains the node-confinement policy refuses, on its own node too.
+    with pytest.raises(ApiError) as caught:
+        me.kube.request("PATCH", path, {"metadata": {"labels": {"lab.example.com/probe": "x"}}},
+                        content_type=MERGE_PATCH, query={"dryRun": "All"})
+    assert caught.value.status == 403 and "may not change node label(s) lab.example.com/probe" in caught.value.message
     assert me.kube.can_i("get", "nodes", name=labeller.node) and me.kube.can_i("patch", "nodes", name=labeller.node)
     # The token is the pod's: bound to it and carrying its node, as the kubelet would mount it.
     review = me.kube.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
@@ -597,19 +603,14 @@ def test_labeller_identity_is_denied(labeller: Labeller, other_node: str, secret
     assert not labeller.agent.kube.can_i(**attributes)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "known gap (issue 'inventory and confinement'): ClusterRole nvidia-gpu-gpu-labeller grants nodes get/patch "
-    "with no per-node restriction (no resourceNames, no admission policy tying the ServiceAccount to the node "
-    "in its token), so a labeller can rewrite the labels and taints of any Node"))
-def test_labeller_can_patch_other_nodes_known_gap(kube: Kube, labeller: Labeller, other_node: str) -> None:
-    try:
-        labeller.agent.kube.patch("v1", "Node", other_node,
-                                  {"metadata": {"labels": {"lab.example.com/by": "labeller"}}})
-    except ApiError as e:
-        assert e.status == 403, e
-        return
-    landed = _labels(_node(kube, other_node)).get("lab.example.com/by")
-    raise AssertionError(f"the labeller on {labeller.node} patched Node {other_node} (label landed: {landed!r})")
+def test_labeller_cannot_patch_other_nodes(kube: Kube, labeller: Labeller, other_node: str) -> None:
+    """RBAC's ``patch nodes`` has no "own node"; the node-confinement policy does, from the token's node claim."""
+    with pytest.raises(ApiError) as caught:
+        labeller.agent.kube.patch("v1", "Node", other_node, {"metadata": {"labels": {"nvidia.com/gpu.count": "0"}}})
+    assert (caught.value.status, caught.value.reason) == (403, "Forbidden"), caught.value
+    assert (f"the gpu-labeller on node {labeller.node} may only change its own node, not node {other_node}"
+            in caught.value.message)
+    assert _labels(_node(kube, other_node)).get("nvidia.com/gpu.count") != "0"
 
 
 # --- the device plugin's Node watch ------------------------------------------------------------------

@@ -14,9 +14,10 @@ What the fakes in ``tests/mig`` cannot show and this module does: the merge patc
 and cordon as the real API server applies them; the real Eviction API with a PodDisruptionBudget whose
 status the disruption controller keeps (``429`` for the blocked pod); the DaemonSet controller keeping
 the GPU agents away while the ``mig-reconfigure`` taint is on and bringing them back afterwards; Events
-the real server accepts; what the manager's ClusterRole allows and denies (and, as strict xfails, what
-it still allows on other nodes); and that the taint list the manager writes whole never drops a taint
-another controller added since the manager read the Node (a resourceVersion precondition, 409).
+the real server accepts; what the manager's ClusterRole and the node-confinement policy allow and deny
+(and, as a strict xfail, the eviction no policy can keep to its node); and that the taint list the
+manager writes whole never drops a taint another controller added since the manager read the Node (a
+resourceVersion precondition, 409).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from node_agent.host import HostRoot
 from node_agent.host.proc import boot_id
 from node_agent.kube.transport import Kube as AgentKube
 from node_agent.mig.executor import DEPLOY_LABELS, DRAIN_ANNOTATIONS, MigManager, Settings
-from node_agent.mig.hostfiles import ContainerLock, HostRebooter
+from node_agent.mig.hostfiles import HostRebooter, HostStepLock
 from node_agent.mig.kube import KubeNodeApi, NodeView
 from node_agent.mig.machine import DrainMode
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
@@ -45,6 +46,7 @@ from nvgpu import labels
 from nvgpu.migparted import load_config_text
 from nvgpu.stackconfig import NodeSetupBackend
 from nvidia_gpu.components.manifests.mig import manager_args
+from nvidia_gpu.components.manifests.mig import rbac as mig_rbac
 from tests.cluster.agents import NS, REPO, AgentIdentity, agent_command, identity
 from tests.cluster.mig_manager import ManagerProcess, Rendered, layout, start_manager
 from tests.cluster.stack import AppliedStack, rendered
@@ -177,10 +179,11 @@ def assert_given_back(node: dict[str, Any], rendered_stack: Rendered) -> None:
     assert not [k for k in annotations if k in DRAIN_ANNOTATIONS or k == labels.MIG_FAILURE_REASON], annotations
 
 
-def evict(kube: Kube, name: str, namespace: str = WORK_NS) -> None:
+def evict(kube: Kube, name: str, namespace: str = WORK_NS, *, dry_run: bool = False) -> None:
     """The Eviction API (``pods/eviction``), as ``kubectl drain`` and Deckhouse's node-manager call it."""
     kube.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
-                 {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}})
+                 {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}},
+                 query={"dryRun": "All"} if dry_run else None)
 
 
 # --- 1. Deckhouse: approval and drain by node-manager ---------------------------------------------------
@@ -287,7 +290,24 @@ def pdb_status(kube: Kube, name: str) -> dict[str, Any] | None:
     return status if status.get("observedGeneration") == pdb["metadata"]["generation"] else None
 
 
-@pytest.mark.usefixtures("work_ns")
+@pytest.fixture
+def cordon_rbac(kube: Kube, dev_stack: AppliedStack) -> Iterator[None]:
+    """The manager's ClusterRole as the stack renders it for clusters without Deckhouse: there it drains
+    itself and may evict (on Deckhouse, the dev stack's own, it may not); the dev stack's is put back after."""
+    config = rendered(dev_stack.name).config
+    assert config is not None
+    elsewhere = config.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET})
+    _, role, _ = mig_rbac(NS, elsewhere)
+    _, deckhouse_role, _ = mig_rbac(NS, config.cluster)
+    assert any("pods/eviction" in r["resources"] for r in role["rules"])
+    kube.apply(role)
+    try:
+        yield
+    finally:
+        kube.apply(deckhouse_role)
+
+
+@pytest.mark.usefixtures("work_ns", "cordon_rbac")
 def test_cordon_flow_evicts_gpu_pods_through_the_pdb_and_uncordons(
         kube: Kube, dev_stack: AppliedStack, stack: Rendered, tmp_path: Path, managers: list[ManagerProcess]) -> None:
     name = f"{PREFIX}h100-cordon"
@@ -466,41 +486,50 @@ def test_rbac_denies_everything_else(kube: Kube, rbac_identity: AgentIdentity, d
     assert kube.get("v1", "Node", node)["status"]["capacity"].get("nvidia.com/gpu") != "99"
 
 
-GAP = ("known gap, filed for the issue 'every node agent confined to its own node': the mig-manager "
-       "ClusterRole grants pods/eviction and nodes patch cluster-wide, so any node's manager can evict pods "
-       "on, and relabel, every other node")
+POLICY = "nvidia-gpu-node-agents-own-node"
+DENIED_BY = f"ValidatingAdmissionPolicy '{POLICY}' with binding '{POLICY}' denied request"
+GAP = ("known gap (issue 'inventory and confinement'): an Eviction names only the pod, so no admission policy "
+       "can keep it to the manager's node; where the manager drains itself (nodeSetup daemonset) its ClusterRole "
+       "grants pods/eviction cluster-wide")
 
 
+def test_manager_on_deckhouse_cannot_evict_at_all(kube: Kube, rbac_identity: AgentIdentity,
+                                                  other_node_pod: dict[str, Any]) -> None:
+    """On Deckhouse node-manager drains: the stack gives the manager no eviction right, so no Eviction of
+    its, on any node, passes the authorizer."""
+    with pytest.raises(ApiError) as caught:
+        evict(rbac_identity.kube, "elsewhere")
+    assert caught.value.status == 403 and 'cannot create resource "pods/eviction"' in caught.value.message
+    assert not gone(kube, "elsewhere")
+
+
+@pytest.mark.usefixtures("cordon_rbac")
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=GAP)
-def test_manager_cannot_evict_pods_on_another_node(kube: Kube, rbac_identity: AgentIdentity,
-                                                   other_node_pod: dict[str, Any]) -> None:
+def test_manager_that_drains_itself_cannot_evict_pods_on_another_node(kube: Kube, rbac_identity: AgentIdentity,
+                                                                      other_node_pod: dict[str, Any]) -> None:
     mine = rbac_identity.pod["spec"]["nodeName"]
     assert other_node_pod["spec"]["nodeName"] != mine
     try:
-        evict(rbac_identity.kube, "elsewhere")
+        evict(rbac_identity.kube, "elsewhere", dry_run=True)
     except ApiError as e:
         if e.status != 403:
             raise
         return
-    # Today the eviction goes through: the pod on the other node is really gone.
-    wait_for(lambda: gone(kube, "elsewhere"), timeout=30, what="the other node's pod evicted")
     other = other_node_pod["spec"]["nodeName"]
-    raise AssertionError(f"the mig-manager of {mine} evicted {WORK_NS}/elsewhere on {other}")
+    raise AssertionError(f"the mig-manager of {mine} may evict {WORK_NS}/elsewhere on {other} (dry run)")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=GAP)
 def test_manager_cannot_patch_another_node(kube: Kube, rbac_identity: AgentIdentity) -> None:
+    """The node-confinement policy: the manager's token names its node, and only that Node may be changed."""
     other = f"{PREFIX}worker-2"
     create_kwok_node(kube, other, {"node.deckhouse.io/group": "mig-worker"})
-    try:
+    mine = rbac_identity.pod["spec"]["nodeName"]
+    with pytest.raises(ApiError) as caught:
         rbac_identity.kube.patch("v1", "Node", other, {"spec": {"unschedulable": True}})
-    except ApiError as e:
-        if e.status != 403:
-            raise
-        return
-    cordoned = bool(kube.get("v1", "Node", other)["spec"].get("unschedulable"))
-    kube.patch("v1", "Node", other, {"spec": {"unschedulable": False}})
-    assert not cordoned, f"the mig-manager of {rbac_identity.pod['spec']['nodeName']} cordoned {other}"
+    assert (caught.value.status, caught.value.reason) == (403, "Forbidden"), caught.value
+    assert DENIED_BY in caught.value.message
+    assert f"the mig-manager on node {mine} may only change its own node, not node {other}" in caught.value.message
+    assert not kube.get("v1", "Node", other)["spec"].get("unschedulable")
 
 
 # --- 4. Concurrent writers: the taint list is never written from a stale read ---------------------------
@@ -549,7 +578,7 @@ def test_a_taint_added_meanwhile_survives_the_managers_taint_patches(
     with open_nvml(NvmlBackend("simulated", MACHINE, state)) as nvml:
         root = HostRoot(host, exec_mode="direct")
         manager = MigManager(node=node_api, backend=NvmlMigBackend(nvml, SimulatedReset(MACHINE, state)),
-                             load_config=lambda: config, files=root, step_lock=ContainerLock(tmp_path / "lock"),
+                             load_config=lambda: config, files=root, step_lock=HostStepLock(root),
                              boot_id=lambda: boot_id(root), clock=time.time, rebooter=HostRebooter(root),
                              settings=Settings(drain=DrainMode.DECKHOUSE))
         waiting = manager.run_until_blocked()  # begin, pause, ask for approval: then wait for Deckhouse

@@ -32,6 +32,7 @@ and the one shared object the DRA plugin touches, the uninstall marker, is given
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -136,11 +137,35 @@ class Agent:
     def tail(self) -> str:
         return f"--- {self.name} log ({self.log}) ---\n{self.text()[-5000:]}"
 
+    def stacks(self) -> str:
+        """Every thread's stack, as the agent writes it on SIGUSR1, then the log's tail: what it waits on."""
+        if self.alive():
+            assert self.proc is not None
+            size = self.log.stat().st_size
+            self.proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: self.log.stat().st_size > size, timeout=5, interval=0.05, what="stacks")
+            time.sleep(0.2)
+        return self.tail()
+
     def kill(self) -> None:
         """SIGKILL: no handler runs, nothing is cleaned up (an OOM kill, a node's hard stop)."""
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def _explained(*agents: Agent) -> Iterator[None]:
+    """On any failure in the block (a timeout from pytest-timeout included), print what each agent is
+    doing: its threads' stacks and its log's tail land in the test's captured output, so a failure in
+    CI says where an agent waits instead of only that it did not converge."""
+    try:
+        yield
+    except BaseException:
+        for a in agents:
+            print(a.stacks())
+        raise
 
 
 def _stop_all(agents: list[Agent], grace: float = 2.0) -> None:
@@ -707,8 +732,9 @@ def _after_outage(kube: Kube, agents: Agents, before: Before, *, devices: set[st
     # MIG manager: the config label set after the restart is applied and the node given back. Allowed
     # 150 s: in about one full run in two the manager's first Node watch after the restart stays silent
     # until its read times out (~70 s seen), a known gap written up in the issue note.
-    node = wait_for(lambda: _mig_given_back(kube, mig, mig_config, mig_layout), timeout=150, interval=0.2,
-                    what=f"the MIG manager applying {mig_config}")
+    with _explained(mig.agent):
+        node = wait_for(lambda: _mig_given_back(kube, mig, mig_config, mig_layout), timeout=150, interval=0.2,
+                        what=f"the MIG manager applying {mig_config}")
     _assert_mig_node_clean(node, mig)
     _wait_journal_cleared(mig)
 
@@ -717,6 +743,7 @@ def _after_outage(kube: Kube, agents: Agents, before: Before, *, devices: set[st
     agents.assert_alive()
 
 
+@pytest.mark.timeout(360)  # its own waits bound it (the MIG step alone may take 150 s), not the default
 def test_agents_reconnect_after_an_api_server_restart(kube: Kube, control_plane: ControlPlane,
                                                       agents: Agents) -> None:
     """The API server stops (SIGTERM), stays down 2 s and starts again on the same port. While it is
@@ -759,6 +786,7 @@ def test_agents_reconnect_after_an_api_server_restart(kube: Kube, control_plane:
 HANG_S = 10.5
 
 
+@pytest.mark.timeout(360)  # its own waits bound it (the MIG step alone may take 150 s), not the default
 def test_agents_recover_from_a_hung_then_crashed_api_server(kube: Kube, control_plane: ControlPlane,
                                                             agents: Agents) -> None:
     """The API server stops answering (SIGSTOP: connections are accepted by the kernel, nothing replies)
@@ -787,8 +815,12 @@ def test_agents_recover_from_a_hung_then_crashed_api_server(kube: Kube, control_
                   plugin_config="Exclusive", plugin_devices=agents.plugin.gpus,
                   mig_config="all-2g.20gb", mig_layout=[["2g.20gb"] * 3] * 8)
     _assert_met_the_outage(agents, marks)
-    # The hang outlasted the labeller's request timeout (5 s to connect, on each of urllib3's attempts).
-    assert "Read timed out" in _since(agents.labeller.agent, marks), agents.labeller.agent.tail()
+    # The hang outlasted the labeller's handshake timeout (5 s on each of urllib3's attempts), so a call
+    # begun during the hang timed out. One whose handshake was done when the server stopped waits for its
+    # answer (30 s) instead and is cut by the crash: on a loaded machine the stop can land there.
+    since = _since(agents.labeller.agent, marks)
+    assert "Read timed out" in since or "Remote end closed connection without response" in since, \
+        agents.labeller.agent.tail()
     # A GPU that stays lost is reported when it is lost, not on every inventory poll (twice a second).
     dra_log = agents.dra.agent.text()
     assert (dra_log.count("event=gpu-lost index=7"), dra_log.count("event=gpu-lost index=6")) == (1, 1)

@@ -34,13 +34,16 @@ def test_defaults_and_full_dra_block() -> None:
 
 
 def test_dra_below_1_34_is_a_clear_error() -> None:
-    assert "allocationMode 'dra' needs Kubernetes 1.34+" in problems(config(version="1.33"))
+    assert ("nvidia-gpu:cluster.allocationMode: 'dra' needs Kubernetes 1.34+ (resource.k8s.io/v1) and "
+            "cluster.kubernetesVersion is 1.33 (node group 'h100' inherits it)") in problems(config(version="1.33"))
 
 
 @pytest.mark.parametrize(("dra", "needle"), [
     ({"claimQuotas": [{"namespace": "team-a"}]}, "a quota without limits"),
-    ({"claimQuotas": [{"namespace": "team-a", "devices": {"gpu.nvidia.co": 1}}]}, "unknown DeviceClass gpu.nvidia.co"),
-    ({"claimQuotas": [{"namespace": "a", "claims": 1}, {"namespace": "a", "claims": 2}]}, "repeated: a"),
+    ({"claimQuotas": [{"namespace": "team-a", "devices": {"gpu.nvidia.co": 1}}]},
+     "claimQuotas[0].devices.gpu.nvidia.co: unknown DeviceClass 'gpu.nvidia.co'"),
+    ({"claimQuotas": [{"namespace": "a", "claims": 1}, {"namespace": "a", "claims": 2}]},
+     "claimQuotas[1].namespace: one quota per namespace: 'a' has one already (claimQuotas[0])"),
     ({"claimQuotas": [{"namespace": "a", "claims": -1}]}, "claimQuotas[0].claims"),
     ({"healthAction": "taint"}, "needs DRADeviceTaints"),
     ({"healthAction": "drop"}, "cluster.dra.healthAction"),
@@ -59,4 +62,4 @@ def test_taint_allowed_from_1_36() -> None:
 def test_passthrough_needs_dra() -> None:
     values = config(passthrough=True)
     values["cluster"]["allocationMode"] = "devicePlugin"
-    assert "passthrough needs allocationMode 'dra'" in problems(values)
+    assert "nvidia-gpu:nodeGroups[0].passthrough: needs allocationMode 'dra'" in problems(values)

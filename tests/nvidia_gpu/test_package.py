@@ -45,7 +45,8 @@ def test_whole_numbers_from_other_languages_validate_as_integers() -> None:
     ("DraStack", {"cluster": {**CLUSTER, "kubernetesVersion": "1.33"}},
      [{**L4, "allocationMode": "dra", "gpu": {"model": "L4"}}], ("groups", "needs Kubernetes 1.34+")),
     ("GpuPlatform", {"cluster": CLUSTER, "namespace": "Not_A_Label"}, [], ("namespace", "not a namespace name")),
-    ("GpuPlatform", {"cluster": CLUSTER, "agent_image": "UPPER CASE"}, [], ("agentImage", "should match pattern")),
+    ("GpuPlatform", {"cluster": CLUSTER, "agent_image": "UPPER CASE"}, [],
+     ("agentImage", "must be an image repository without tag or digest")),
 ])
 def test_a_bad_input_names_the_component_and_the_property(component: str, args: Any, groups: list[dict[str, Any]],
                                                          problem: tuple[str, str]) -> None:

@@ -45,13 +45,21 @@ TERMINATION_GRACE_S = 120
 RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "192Mi"}}
 RBAC_API = "rbac.authorization.k8s.io/v1"
 #: The manager reads and patches its Node (labels, taint, annotations, cordon), lists the pods on it,
-#: deletes the GPU agents' pods, evicts GPU workloads (cordon mode) and records Events.
+#: deletes the GPU agents' pods and records Events; the node-confinement admission policy keeps the
+#: Node writes and pod deletions to its own node (``nvidia_gpu.components.manifests.confinement``).
 RULES: tuple[dict[str, list[str]], ...] = (
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]},
-    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
 )
+#: Where it drains itself (``--drain cordon``) it also evicts GPU workloads. An Eviction names only the
+#: pod, so no admission policy can keep it to its node: the right is given only where it is used (on
+#: Deckhouse, node-manager drains).
+EVICT_RULE: dict[str, list[str]] = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
+
+
+def drain_mode(cluster: Cluster) -> str:
+    return "deckhouse" if cluster.node_setup is NodeSetupBackend.DECKHOUSE else "cordon"
 
 
 class MigProfileError(ValueError):
@@ -137,7 +145,7 @@ def _tolerations(groups: Sequence[NodeGroup]) -> list[dict[str, Any]]:
 
 
 def manager_args(cluster: Cluster) -> list[str]:
-    drain = "deckhouse" if cluster.node_setup is NodeSetupBackend.DECKHOUSE else "cordon"
+    drain = drain_mode(cluster)
     args = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS,
             "mig-manager", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", "--drain", drain]
     return [*args, "--allow-reboot"] if cluster.mig.allow_reboot else args
@@ -207,7 +215,7 @@ def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> 
     }
 
 
-def rbac(namespace: str) -> tuple[Manifest, Manifest, Manifest]:
+def rbac(namespace: str, cluster: Cluster) -> tuple[Manifest, Manifest, Manifest]:
     """ServiceAccount, ClusterRole and binding of the manager (verbs spelled out, no wildcards)."""
     name = cluster_object_name(namespace, COMPONENT)
     meta = app_labels(COMPONENT, namespace)
@@ -218,7 +226,7 @@ def rbac(namespace: str) -> tuple[Manifest, Manifest, Manifest]:
         "automountServiceAccountToken": False,
     }
     role = {"apiVersion": RBAC_API, "kind": "ClusterRole", "metadata": {"name": name, "labels": meta},
-            "rules": [dict(r) for r in RULES]}
+            "rules": [dict(r) for r in RULES] + ([dict(EVICT_RULE)] if drain_mode(cluster) == "cordon" else [])}
     binding = {
         "apiVersion": RBAC_API,
         "kind": "ClusterRoleBinding",

@@ -40,9 +40,14 @@ def test_platform_registers_namespace_accounts_and_rbac_as_its_children(engine: 
     children = [r for r in resources if r.parent_urn == comp.urn]
     assert sorted(r.type_token.rsplit(":", 1)[-1] for r in children) == [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Namespace", "Role", "RoleBinding",
-        "RuntimeClass", "ServiceAccount", "ServiceAccount",
+        "RuntimeClass", "ServiceAccount", "ServiceAccount", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     assert all(r.name.startswith("nvidia-gpu-") for r in children)
+    # The policy keeping the node agents to their own node is bound (and refuses when it cannot judge).
+    policy, binding = by_name(resources)["nvidia-gpu-own-node-policy"], by_name(resources)[
+        "nvidia-gpu-own-node-policy-binding"]
+    assert policy.inputs["spec"]["failurePolicy"] == "Fail" and policy.urn in binding.dependencies
     (ns,) = of_kind(resources, "Namespace")
     assert ns.inputs["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     binding = by_name(resources)["nvidia-gpu-device-plugin-binding"]

@@ -110,7 +110,13 @@ def test_daemonset_targets_mig_capable_groups_with_a_mig_label() -> None:
 
 
 def test_rbac_is_least_privilege() -> None:
-    sa, role, binding = rbac("nvidia-gpu")
+    """Evictions only where the manager drains itself: an Eviction names only the pod, so the admission
+    policy that keeps the manager's other writes to its node cannot confine it."""
+    deckhouse = stack_config(MIG_STACK_GROUPS).cluster
+    assert deckhouse.node_setup.value == "deckhouse"
+    _, role, _ = rbac("nvidia-gpu", deckhouse)
+    assert not [r for r in role["rules"] if "pods/eviction" in r["resources"]]
+    sa, role, binding = rbac("nvidia-gpu", stack_config(MIG_STACK_GROUPS, node_setup="daemonset").cluster)
     verbs = {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]}
     assert (("pods/eviction",), ("create",)) in verbs
     assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in role["rules"])

@@ -1,0 +1,160 @@
+"""Every node agent that writes Nodes or Pods is kept to its own node by the API server itself.
+
+The dev stack as applied to the real control plane, two kwok Nodes per agent, and each agent's own
+pod-bound token (the one its pod gets, carrying ``authentication.kubernetes.io/node-name``): the calls
+the agent makes on its own node pass; the same calls aimed at the other node, and the writes no agent
+needs (a label outside the GPU domains, a controller's taint, a cordon by the labeller), are refused by
+the stack's ValidatingAdmissionPolicy with its own message. Writes are dry runs (admission runs on them
+too), so the agents' real Nodes are left as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster import ApiError, Kube
+from localcluster.client import MERGE_PATCH
+from localcluster.objects import kwok_node, service_account_kube, wait_for
+from nvgpu import labels as names
+from nvidia_gpu.components.manifests import confinement
+from nvidia_gpu.components.manifests.platform import AgentRole
+from tests.cluster.agents import NS, AgentIdentity, identity
+from tests.cluster.stack import AppliedStack
+
+pytestmark = pytest.mark.cluster
+
+POLICY = confinement.policy_name(NS)
+DENIED_BY = f"ValidatingAdmissionPolicy '{POLICY}' with binding '{POLICY}' denied request"
+#: (DaemonSet, Deckhouse NodeGroup) of the agents under test, from the dev stack.
+LABELLER = ("gpu-labeller-a100-train", "gpu-a100")
+MIG = ("nvidia-gpu-mig-manager", "gpu-h100")
+
+
+def _nodes_for(kube: Kube, stack: AppliedStack, node_group: str, names_: tuple[str, str]) -> None:
+    template = dict(stack.object("NodeGroup", node_group)["spec"]["nodeTemplate"])
+    node_labels = {names.DECKHOUSE_NODE_GROUP: node_group, **template.get("labels", {}), names.GPU_SETUP_COMPLETE: ""}
+    for name in names_:
+        kube.create(kwok_node(name, node_labels, template.get("taints", [])))
+
+
+@pytest.fixture(scope="module")
+def agents(kube: Kube, dev_stack: AppliedStack, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[dict[str, AgentIdentity]]:
+    work = tmp_path_factory.mktemp("confinement")
+    nodes = {"labeller": ("conf-a100-a", "conf-a100-b"), "mig": ("conf-h100-a", "conf-h100-b")}
+    _nodes_for(kube, dev_stack, LABELLER[1], nodes["labeller"])
+    _nodes_for(kube, dev_stack, MIG[1], nodes["mig"])
+    try:
+        yield {
+            "labeller": identity(kube, LABELLER[0], nodes["labeller"][0], work),
+            "mig": identity(kube, MIG[0], nodes["mig"][0], work),
+        }
+    finally:
+        for name in (*nodes["labeller"], *nodes["mig"]):
+            kube.delete("v1", "Node", name)
+
+
+def _dry_patch(me: Kube, node: str, body: dict[str, Any]) -> Any:
+    return me.request("PATCH", me.resource("v1", "Node").path(None, node), body, content_type=MERGE_PATCH,
+                      query={"dryRun": "All"})
+
+
+def _refused(call: Callable[[], Any]) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        call()
+    return caught.value
+
+
+def _denied(call: Callable[[], Any], message: str) -> None:
+    """Refused by the confinement policy (403 Forbidden, not 422: who writes, not what), with ``message``."""
+    e = _refused(call)
+    assert (e.status, e.reason) == (403, "Forbidden"), e
+    assert DENIED_BY in e.message and message in e.message, e.message
+
+
+def _taints(kube: Kube, node: str) -> list[dict[str, Any]]:
+    return list(kube.get("v1", "Node", node)["spec"].get("taints") or [])
+
+
+def test_the_labeller_changes_only_its_own_node_and_only_its_own_labels(kube: Kube,
+                                                                        agents: dict[str, AgentIdentity]) -> None:
+    me = agents["labeller"].kube
+    own = agents["labeller"].pod["spec"]["nodeName"]
+    other = "conf-a100-b" if own == "conf-a100-a" else "conf-a100-a"
+    who = f"the {AgentRole.LABELLER.value} on node {own}"
+
+    # What it does on its own node passes: GPU labels, its ownership annotations, the group's taints.
+    _dry_patch(me, own, {"metadata": {"labels": {"nvidia.com/gpu.count": "8", names.NODE_GROUP: "a100-train"},
+                                      "annotations": {names.OWNED_NODE_LABELS: "nvidia.com/gpu.count"}}})
+    dedicated = {"key": "example.com/team", "value": "vision", "effect": "PreferNoSchedule"}
+    _dry_patch(me, own, {"spec": {"taints": [*_taints(kube, own), dedicated]}})
+
+    # The same call aimed at the other node is refused.
+    _denied(lambda: _dry_patch(me, other, {"metadata": {"labels": {"nvidia.com/gpu.count": "8"}}}),
+            f"{who} may only change its own node, not node {other}")
+    # On its own node: no label outside the GPU domains (a node that names itself control plane would
+    # attract its workloads), no controller's taint, no cordon, no other spec field.
+    _denied(lambda: _dry_patch(me, own, {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}),
+            "may not change node label(s) node-role.kubernetes.io/control-plane: it owns only its own GPU labels")
+    _denied(lambda: _dry_patch(me, own, {"metadata": {"annotations": {"example.com/owner": "me"}}}),
+            "may not change node annotation(s) example.com/owner")
+    out_of_service = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+    _denied(lambda: _dry_patch(me, own, {"spec": {"taints": [*_taints(kube, own), out_of_service]}}),
+            "may not change taint(s) node.kubernetes.io/out-of-service that Kubernetes' controllers own")
+    _denied(lambda: _dry_patch(me, own, {"spec": {"unschedulable": True}}), "may not cordon or uncordon its node")
+    _denied(lambda: _dry_patch(me, own, {"spec": {"providerID": "kwok://somewhere-else"}}),
+            "may change only labels, annotations, taints and cordon on its node")
+
+
+def test_the_mig_manager_cordons_and_deletes_only_on_its_own_node(kube: Kube, agents: dict[str, AgentIdentity],
+                                                                   tmp_path: Path) -> None:
+    me = agents["mig"].kube
+    own = agents["mig"].pod["spec"]["nodeName"]
+    other = "conf-h100-b" if own == "conf-h100-a" else "conf-h100-a"
+    who = f"the {confinement.MIG_MANAGER_SA} on node {own}"
+
+    _dry_patch(me, own, {"spec": {"unschedulable": True},
+                         "metadata": {"labels": {names.MIG_CONFIG_STATE: "pending"},
+                                      "annotations": {names.DISRUPTION_REQUIRED: ""}}})
+    _denied(lambda: _dry_patch(me, other, {"spec": {"unschedulable": True}}),
+            f"{who} may only change its own node, not node {other}")
+
+    # Pods: one on each node (bound by name, as the scheduler binds them), deleted only on its own node.
+    pods = {}
+    for node in (own, other):
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"gpu-job-{node}", "namespace": "default"},
+               "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
+                        "containers": [{"name": "c", "image": "registry.example.com/cuda:12"}]}}
+        pods[node] = kube.create(pod)
+    try:
+        me.delete("v1", "Pod", pods[own]["metadata"]["name"], "default", dryRun="All")
+        _denied(lambda: me.delete("v1", "Pod", pods[other]["metadata"]["name"], "default", dryRun="All"),
+                f"{who} may only change its own node, not a pod on node {other}")
+        # On Deckhouse the manager never evicts (node-manager drains): RBAC refuses it, as no policy could
+        # keep an Eviction to its node.
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": pods[own]["metadata"]["name"], "namespace": "default"}}
+        refused = _refused(lambda: me.request(
+            "POST", me.resource("v1", "Pod").path("default", pods[own]["metadata"]["name"]) + "/eviction",
+            eviction, query={"dryRun": "All"}))
+        assert refused.status == 403 and 'cannot create resource "pods/eviction"' in refused.message, refused
+    finally:
+        for pod in pods.values():
+            kube.delete("v1", "Pod", pod["metadata"]["name"], "default", gracePeriodSeconds="0")
+        wait_for(lambda: not [n for n in (own, other) if kube.get_or_none("v1", "Pod", f"gpu-job-{n}", "default")],
+                 timeout=30, what="the test pods gone")
+
+
+def test_an_agent_token_without_a_node_is_refused_whatever_it_writes(kube: Kube, agents: dict[str, AgentIdentity],
+                                                                      dev_stack: AppliedStack) -> None:
+    """A token of the labeller's ServiceAccount not bound to a pod (no node claim) may change no Node."""
+    sa = dev_stack.object("DaemonSet", LABELLER[0])["spec"]["template"]["spec"]["serviceAccountName"]
+    unbound = service_account_kube(kube, NS, sa)
+    own = agents["labeller"].pod["spec"]["nodeName"]
+    _denied(lambda: _dry_patch(unbound, own, {"metadata": {"labels": {"nvidia.com/gpu.count": "8"}}}),
+            f"the {sa} token carries no node name; it must run in a pod on a node")
