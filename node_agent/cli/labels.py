@@ -13,7 +13,7 @@ from node_agent.cli.configsource import add_config_source_arguments, config_sour
 from node_agent.cli.context import AgentContext, UsageError
 from node_agent.host import HostError
 from node_agent.labeller import labels
-from node_agent.labeller.labels import FEATURE_FILE, LabelOptions, LabelRun, Owner
+from node_agent.labeller.labels import FEATURE_FILE, InventoryContext, LabelOptions, LabelRun, Owner
 from node_agent.labeller.nodeconfig import NodeConfigError, Requested
 from node_agent.nvml import NvmlError
 
@@ -46,9 +46,18 @@ def options(args: argparse.Namespace) -> LabelOptions:
     if (args.node_label or args.node_taint) and not args.patch_node:
         flag = "--node-label" if args.node_label else "--node-taint"
         raise UsageError(f"{flag} needs --patch-node (the labels and taints go onto the Node)")
+    inventory = None
+    if args.inventory:
+        if not args.patch_node:
+            raise UsageError("--inventory needs --patch-node (the GPU objects belong to the Node)")
+        if not args.inventory_sharing:
+            raise UsageError("--inventory needs --inventory-sharing (the node group's sharing mode)")
+        inventory = InventoryContext(sharing=args.inventory_sharing, allocation_mode=args.inventory_allocation_mode,
+                                     dra_driver=args.inventory_dra_driver)
     return LabelOptions(mig_strategy=args.mig_strategy, replicas=args.replicas, sharing_strategy=args.sharing_strategy,
                         timestamp=not args.no_timestamp, output_file=args.output_file,
-                        write_file=not args.no_output_file, patch_node=args.patch_node, daemonset=args.daemonset)
+                        write_file=not args.no_output_file, patch_node=args.patch_node, daemonset=args.daemonset,
+                        inventory=inventory)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,6 +127,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--node-taint", action="append", default=[], metavar="KEY=VALUE:EFFECT",
                    help="with --patch-node: a node-group taint to keep on the Node (repeatable; KEY:EFFECT "
                         "for an empty value)")
+    g = p.add_argument_group("GPU inventory (one gpus.gpu.nvidia-gpu.io object per GPU of this node)")
+    g.add_argument("--inventory", action="store_true",
+                   help="with --patch-node: keep this node's GPU objects current on every run")
+    g.add_argument("--inventory-sharing", choices=("Exclusive", "TimeSlicing", "MPS", "MIG"), default=None,
+                   help="the node group's sharing mode, as the objects report it")
+    g.add_argument("--inventory-allocation-mode", choices=("devicePlugin", "dra"), default="devicePlugin")
+    g.add_argument("--inventory-dra-driver", default="gpu.nvidia.com", metavar="NAME",
+                   help="the DRA driver whose devices expose the GPUs (allocation mode dra)")
     p.add_argument("--loop", action="store_true", help="re-label every --interval seconds until SIGTERM")
     p.add_argument("--interval", type=float, default=60.0)
     p.add_argument("--iterations", type=int, default=0, help="with --loop: stop after N runs (0 = never)")

@@ -76,6 +76,19 @@ class Owner:
 
 
 @dataclass(frozen=True)
+class InventoryContext:
+    """What the GPU objects say beyond NVML (the group's sharing and allocation mode; the MIG strategy and
+    replicas are filled in from the device plugin's config on each run). Mirrors
+    ``node_agent.labeller.inventory.Context``, which is imported only when the inventory is kept."""
+
+    sharing: str
+    allocation_mode: str = "devicePlugin"
+    dra_driver: str = "gpu.nvidia.com"
+    mig_strategy: str = "none"
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
 class LabelOptions:
     """How one labelling run works (the ``labels`` flags, parsed)."""
 
@@ -90,6 +103,8 @@ class LabelOptions:
     patch_node: bool = False
     #: The DaemonSet this runs under: gates the patches, and its retirement withdraws the labels.
     daemonset: Owner | None = None
+    #: Keep this node's GPU inventory objects (``node_agent.labeller.inventory``) current, as this says.
+    inventory: InventoryContext | None = None
 
 
 @dataclass(frozen=True)
@@ -256,7 +271,37 @@ def label_once(ctx: NodeEnv, options: LabelOptions, want: Requested,
     if failure is not None:
         log.warning("node labels applied without GPU labels changes=%d error=%r", len(changes), str(failure))
         raise failure
+    if options.inventory is not None:
+        try:
+            sync_inventory(ctx, options, options.inventory, source)
+        except (NvmlError, kube_error(True)) as e:  # the labels landed; the objects follow next run
+            log.warning("event=gpu-inventory-failed error=%s", e)
+            warnings = (*warnings, f"GPU inventory not updated: {e}")
     return LabelRun(labels, changed, changes, warnings, taints)
+
+
+def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContext,
+                   source: SharingSource | None = None) -> Any:
+    """This node's GPU objects made to match the GPUs NVML lists (``node_agent.labeller.inventory``)."""
+    from node_agent.labeller import inventory
+    from node_agent.labeller.nodepatch import KubeNodeApi
+
+    api = ctx.node_api()
+    if not isinstance(api, KubeNodeApi):
+        raise TypeError("the GPU inventory needs the API server client")
+    sharing = source.read()[0] if source is not None else Sharing.from_flags(options)
+    replicas = next((r.replicas for r in sharing.shared if r.name == "nvidia.com/gpu"), 1)
+    with ctx.nvml() as nvml:
+        inv = nvml.inventory()
+        driver = nvml.driver() if inv.gpus else None
+    node = ctx.require_node_name()
+
+    def node_uid() -> str:
+        return str(api.read_node(node)["metadata"]["uid"])
+
+    return inventory.sync(api.kube, node, inv, driver,
+                          dataclasses.replace(inv_ctx, mig_strategy=sharing.mig_strategy, replicas=replicas),
+                          node_uid=node_uid)
 
 
 def patch_node(ctx: NodeEnv, want: Requested, gpu_labels: dict[str, str] | None, *, gated: bool = False

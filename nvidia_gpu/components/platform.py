@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from nvgpu.stackconfig import Cluster, NodeSetupBackend
 from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import confinement
+from nvidia_gpu.components.manifests import inventory as inventory_manifests
 from nvidia_gpu.components.manifests import platform as manifests
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.register import register as register_object
@@ -146,6 +147,8 @@ class GpuPlatform(pulumi.ComponentResource):
                               pulumi.ResourceOptions(parent=self, depends_on=[sa, r]))
                 deps += [r, rb]
                 per_role[role] = (sa, crb, rb)
+        # The GPU inventory's kind (its objects are the labellers'): before the agents that write them.
+        deps.append(register(f"{name}-gpu-inventory-crd", inventory_manifests.crd(ns_name), child))
         # Each node agent that writes Nodes or Pods may touch only its own node (RBAC cannot say so).
         if cluster.kubernetes_minor >= confinement.MIN_MINOR:
             policy = register(f"{name}-own-node-policy", confinement.admission_policy(ns_name), child)

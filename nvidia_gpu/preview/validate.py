@@ -94,6 +94,9 @@ def builtin_validator(kubernetes_version: str, api_version: str, kind: str) -> j
     definitions = _schema(f"kubernetes-json-schema/{directory}/_definitions.json", kubernetes_version)
     registry: Registry[Any] = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
     inlined = inline_refs(schema, definitions["$defs"], _inlined_definitions(directory))
+    # A recursive definition keeps its ``#/$defs/...`` reference (a CRD's JSONSchemaProps), which resolves
+    # against the kind's own document: give that document the definitions.
+    inlined = {**inlined, "$defs": definitions["$defs"]}
     result: jsonschema.protocols.Validator = jsonschema.Draft202012Validator(inlined, registry=registry)
     return result
 

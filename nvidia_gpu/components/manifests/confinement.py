@@ -16,6 +16,7 @@ For the labeller, the node-setup agent and the MIG manager, the policy allows:
   and ``node-role.kubernetes.io/*``): removing ``unreachable`` or adding ``out-of-service`` would steer or
   evict workloads; ``spec.unschedulable`` (cordon) only by the MIG manager; no other spec field.
 * Pod deletion by the MIG manager only of pods bound to its own Node.
+* GPU inventory objects (``gpus.gpu.nvidia-gpu.io``) written by the labeller only for its own Node.
 
 What no admission policy can confine: an Eviction names only the pod, so the policy cannot see the
 pod's node. The MIG manager is given ``pods/eviction`` only where it drains itself (``--drain cordon``,
@@ -24,7 +25,7 @@ clusters without Deckhouse); on Deckhouse, node-manager drains and the manager h
 
 from __future__ import annotations
 
-from nvgpu import labels
+from nvgpu import inventory, labels
 from nvgpu.stackconfig import CONTROLLER_TAINTS
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name
@@ -60,6 +61,7 @@ def policy_name(namespace: str) -> str:
 def admission_policy(namespace: str) -> Manifest:
     users = agent_users(namespace)
     mig_user = f"system:serviceaccount:{namespace}:{MIG_MANAGER_SA}"
+    labeller_user = f"system:serviceaccount:{namespace}:{AgentRole.LABELLER.value}"
     label_ok = (f"(k in {_cel_list(labels.AGENT_LABEL_KEYS)} || "
                 + " || ".join(f"k.startsWith('{p}')" for p in labels.AGENT_LABEL_PREFIXES) + ")")
     annotation_ok = "(" + " || ".join(f"k.startsWith('{p}')" for p in ANNOTATION_PREFIXES) + ")"
@@ -78,6 +80,8 @@ def admission_policy(namespace: str) -> Manifest:
             "matchConstraints": {"resourceRules": [
                 {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]},
                 {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"], "resources": ["pods"]},
+                {"apiGroups": [inventory.GROUP], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE", "DELETE"],
+                 "resources": [inventory.PLURAL, f"{inventory.PLURAL}/status"]},
             ]},
             "matchConditions": [{"name": "is-node-agent",
                                  "expression": f"request.userInfo.username in {_cel_list(tuple(users))}"}],
@@ -86,8 +90,11 @@ def admission_policy(namespace: str) -> Manifest:
                 {"name": "userNodeName",
                  "expression": "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')"},
                 {"name": "isNode", "expression": "request.resource.resource == 'nodes'"},
-                {"name": "targetNode",
-                 "expression": "variables.isNode ? object.metadata.name : oldObject.spec.?nodeName.orValue('')"},
+                {"name": "isPod", "expression": "request.resource.resource == 'pods'"},
+                {"name": "targetNode", "expression": (
+                    "variables.isNode ? object.metadata.name : variables.isPod ? "
+                    "oldObject.spec.?nodeName.orValue('') : "
+                    "(request.operation == 'DELETE' ? oldObject : object).spec.?node.orValue('')")},
                 {"name": "oldLabels", "expression": "variables.isNode ? oldObject.metadata.?labels.orValue({}) : {}"},
                 {"name": "newLabels", "expression": "variables.isNode ? object.metadata.?labels.orValue({}) : {}"},
                 {"name": "oldAnnotations",
@@ -113,10 +120,15 @@ def admission_policy(namespace: str) -> Manifest:
                 {"expression": "variables.targetNode == variables.userNodeName", "reason": "Forbidden",
                  "messageExpression": "'the ' + variables.agent + ' on node ' + variables.userNodeName + "
                                       "' may only change its own node, not ' + (variables.isNode ? 'node ' + "
-                                      "variables.targetNode : (variables.targetNode == '' ? 'an unscheduled pod' "
-                                      ": 'a pod on node ' + variables.targetNode))"},
-                {"expression": f"variables.isNode || request.userInfo.username == '{mig_user}'",
+                                      "variables.targetNode : variables.isPod ? (variables.targetNode == '' ? "
+                                      "'an unscheduled pod' : 'a pod on node ' + variables.targetNode) : "
+                                      "'the GPUs of node ' + (variables.targetNode == '' ? '(none)' : "
+                                      "variables.targetNode))"},
+                {"expression": f"!variables.isPod || request.userInfo.username == '{mig_user}'",
                  "reason": "Forbidden", "messageExpression": "'the ' + variables.agent + ' may not delete pods'"},
+                {"expression": f"variables.isNode || variables.isPod || request.userInfo.username == '{labeller_user}'",
+                 "reason": "Forbidden",
+                 "messageExpression": "'the ' + variables.agent + ' may not write GPU inventory objects'"},
                 {"expression": "size(variables.badLabels) == 0", "reason": "Forbidden",
                  "messageExpression": "'the ' + variables.agent + ' may not change node label(s) ' + "
                                       "variables.badLabels.join(', ') + ': it owns only its own GPU labels'"},

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from nvgpu import labels
+from nvgpu import inventory, labels
 from nvgpu.nodescripts.facts import NVIDIA_RUNTIME_NAME
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name
@@ -55,13 +55,16 @@ _READ_NODES = Rule(("",), ("nodes",), ("get", "list", "watch"))
 _PATCH_NODES = Rule(("",), ("nodes",), ("get", "list", "watch", "patch"))
 #: The labeller reads and merge-patches its own Node (labels, taints, its ownership annotations), nothing else.
 _PATCH_OWN_NODE = Rule(("",), ("nodes",), ("get", "patch"))
+#: ... and keeps its node's GPU inventory objects (the node-confinement policy keeps it to its own node's).
+_GPU_INVENTORY = Rule((inventory.GROUP,), (inventory.PLURAL,), ("get", "list", "create", "delete"))
+_GPU_INVENTORY_STATUS = Rule((inventory.GROUP,), (f"{inventory.PLURAL}/status",), ("patch",))
 _EVENTS = Rule(("", "events.k8s.io"), ("events",), ("create", "patch"))
 
 #: The device plugin reads its own Node to pick the named sharing config from the node label.
 #: The labeller and the setup agent patch labels (and the setup-complete label) onto their own Node.
 ROLE_RULES: dict[AgentRole, tuple[Rule, ...]] = {
     AgentRole.DEVICE_PLUGIN: (_READ_NODES, _EVENTS),
-    AgentRole.LABELLER: (_PATCH_OWN_NODE,),
+    AgentRole.LABELLER: (_PATCH_OWN_NODE, _GPU_INVENTORY, _GPU_INVENTORY_STATUS),
     AgentRole.NODE_SETUP: (_PATCH_NODES, _EVENTS),
 }
 

@@ -379,6 +379,11 @@ def labeller_args(ctx: GroupContext) -> list[str]:
         # Its own DaemonSet: the labels go when it does (group removed, stack destroyed), not on a restart.
         "--daemonset", f"{ctx.namespace}/{group_object_name(AgentRole.LABELLER.value, ctx.group.name)}",
     ]
+    # One gpus.gpu.nvidia-gpu.io object per GPU of the node (nvidia_gpu.components.manifests.inventory).
+    args += ["--inventory", "--inventory-sharing", gpu.sharing.value,
+             "--inventory-allocation-mode", ctx.allocation_mode.value]
+    if ctx.allocation_mode is AllocationMode.DRA:
+        args += ["--inventory-dra-driver", ctx.cluster.dra.driver_name]
     if ctx.cluster.node_setup is NodeSetupBackend.DAEMONSET:
         for key, value in desired_node_labels(ctx.group).items():
             args += ["--node-label", f"{key}={value}"]

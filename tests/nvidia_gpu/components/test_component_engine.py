@@ -39,7 +39,8 @@ def test_platform_registers_namespace_accounts_and_rbac_as_its_children(engine: 
     assert comp.type_token == "nvidia-gpu:index:GpuPlatform" and comp.is_component
     children = [r for r in resources if r.parent_urn == comp.urn]
     assert sorted(r.type_token.rsplit(":", 1)[-1] for r in children) == [
-        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Namespace", "Role", "RoleBinding",
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "CustomResourceDefinition",
+        "Namespace", "Role", "RoleBinding",
         "RuntimeClass", "ServiceAccount", "ServiceAccount", "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ]

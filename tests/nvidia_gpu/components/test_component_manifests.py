@@ -239,7 +239,9 @@ def test_labeller_reads_the_device_plugins_config(gpu: dict[str, Any]) -> None:
     ctx = _ctx([{"name": "g", "nodeGroup": "ng", "gpu": gpu}])
     args = workloads.labeller_args(ctx)
     assert args[:7] == ["--driver-root", "/driver-root", "labels", "--loop", "--interval", "60", "--patch-node"]
-    assert args[7:] == [*CONFIG_SOURCE, "--default-config", gpu["sharing"], "--daemonset", "nvidia-gpu/gpu-labeller-g"]
+    assert args[7:] == [*CONFIG_SOURCE, "--default-config", gpu["sharing"], "--daemonset", "nvidia-gpu/gpu-labeller-g",
+                        "--inventory", "--inventory-sharing", gpu["sharing"], "--inventory-allocation-mode",
+                        "devicePlugin"]
     plugin = workloads.device_plugin_daemonset(ctx)["spec"]["template"]["spec"]
     assert "--replicas" not in args and "--mig-strategy" not in args
     plugin_args = plugin["containers"][0]["args"]
@@ -263,7 +265,9 @@ def test_dra_labeller_labels_with_the_groups_sharing(gpu: dict[str, Any], expect
     """A DRA group has no device plugin and no device-plugin ConfigMap: the group's sharing goes as flags."""
     ctx = _ctx([{"name": "g", "nodeGroup": "ng", "allocationMode": "dra", "gpu": gpu}])
     args = workloads.labeller_args(ctx)
-    assert args[7:] == [*expected, "--daemonset", "nvidia-gpu/gpu-labeller-g"]
+    assert args[7:] == [*expected, "--daemonset", "nvidia-gpu/gpu-labeller-g", "--inventory", "--inventory-sharing",
+                        gpu["sharing"], "--inventory-allocation-mode", "dra",
+                        "--inventory-dra-driver", "gpu.nvidia.com"]
     pod = workloads.labeller_daemonset(ctx)["spec"]["template"]["spec"]
     assert "config" not in {v["name"] for v in pod["volumes"]}
 
@@ -301,7 +305,9 @@ def test_rbac_is_least_privilege(role: AgentRole) -> None:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field]
         assert "secrets" not in rule["resources"]
-        assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+        assert not {"deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+        # The one delete: the labeller's own node's GPU inventory objects (the confinement policy's rule).
+        assert "delete" not in rule["verbs"] or (role, rule["resources"]) == (AgentRole.LABELLER, ["gpus"])
     crb = platform.cluster_role_binding("nvidia-gpu", role)
     assert crb["roleRef"]["name"] == cr["metadata"]["name"] == f"nvidia-gpu-{role.value}"
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": role.value, "namespace": "nvidia-gpu"}]

@@ -69,11 +69,15 @@ def test_deckhouse_backend_leaves_node_labels_to_the_node_template(engine: Engin
     assert template["labels"] == desired_node_labels(group)
 
 
-def test_labeller_role_only_gets_and_patches_nodes(engine: Engine) -> None:
+def test_labeller_role_only_gets_and_patches_nodes_and_keeps_the_gpu_inventory(engine: Engine) -> None:
     cfg = stack_config([MIG_GROUP], node_setup="daemonset")
     resources = engine.run(lambda: _register(cfg))
     role = next(r for r in of_kind(resources, "ClusterRole") if r.inputs["metadata"]["name"].endswith("gpu-labeller"))
-    assert role.inputs["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert role.inputs["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": ["gpu.nvidia-gpu.io"], "resources": ["gpus"], "verbs": ["get", "list", "create", "delete"]},
+        {"apiGroups": ["gpu.nvidia-gpu.io"], "resources": ["gpus/status"], "verbs": ["patch"]},
+    ]
 
 
 def test_shipped_stacks_render_labeller_flags_the_agent_accepts() -> None:

@@ -32,10 +32,12 @@ def test_dev_stack_renders_and_validates_clean(tmp_path: Path) -> None:
     assert "to create" in proc.stdout and "By node group:" in proc.stdout
 
     files = sorted(p.name for p in (out / "manifests").iterdir())
-    assert files[0] == "001-namespace-nvidia-gpu.yaml"
+    # Kinds first, then the namespace: both before anything that uses them.
+    assert files[:2] == ["001-customresourcedefinition-gpus.gpu.nvidia-gpu.io.yaml", "002-namespace-nvidia-gpu.yaml"]
     assert [int(f[:3]) for f in files] == list(range(1, len(files) + 1))
     kinds = [yaml.safe_load(p.read_text())["kind"] for p in sorted((out / "manifests").iterdir())]
-    order = ["Namespace", "RuntimeClass", "ClusterRole", "Role", "ServiceAccount", "ClusterRoleBinding", "RoleBinding",
+    order = ["CustomResourceDefinition", "Namespace",
+             "RuntimeClass", "ClusterRole", "Role", "ServiceAccount", "ClusterRoleBinding", "RoleBinding",
              "ConfigMap", "DeviceClass", "DaemonSet"]
     ranks = [order.index(k) if k in order else len(order) for k in kinds]
     assert ranks == sorted(ranks), f"not in apply order: {kinds}"
@@ -54,8 +56,8 @@ def test_dev_stack_renders_and_validates_clean(tmp_path: Path) -> None:
     assert len(plan["manifests"]) == len(files)
 
     # Users' GPU pods (runtimeClassName: nvidia) get the nvidia handler, on set-up GPU nodes only.
-    assert files[1] == "002-runtimeclass-nvidia.yaml"
-    rc = yaml.safe_load((out / "manifests" / files[1]).read_text())
+    assert files[2] == "003-runtimeclass-nvidia.yaml"
+    rc = yaml.safe_load((out / "manifests" / files[2]).read_text())
     assert rc["apiVersion"] == "node.k8s.io/v1" and "namespace" not in rc["metadata"]
     assert rc["handler"] == "nvidia"
     assert rc["scheduling"] == {

@@ -1,0 +1,164 @@
+"""This node's GPU objects (:mod:`nvgpu.inventory`): created, updated when what NVML says changed, deleted
+when a GPU is gone from the node.
+
+The labeller keeps them because it runs on every GPU node of every group, in both allocation modes, and
+already reads the GPUs once per interval. It writes with its own pod's identity; the node-confinement
+admission policy lets it write only objects of its own node. A GPU NVML reports as lost keeps its object,
+marked ``Unhealthy`` with NVML's reason; one that is no longer listed at all is deleted. The objects are
+owned by the Node, so the garbage collector removes them with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from node_agent.kube.errors import NotFound
+from node_agent.kube.transport import Kube
+from node_agent.labeller.labels import InventoryContext as Context
+from node_agent.nvml.types import DriverInfo, Gpu, Inventory
+from nvgpu import catalogue, inventory
+
+log = logging.getLogger(__name__)
+
+JSON_MERGE = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    created: tuple[str, ...] = ()
+    updated: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated or self.deleted)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def exposed_as(gpu: Gpu, ctx: Context) -> list[dict[str, Any]]:
+    """What a workload asks for to get (a share of) ``gpu``: the device plugin's resources, or DRA devices."""
+    counts: dict[str, int] = {}
+    if gpu.mig_enabled:
+        for d in gpu.mig_devices:
+            if ctx.allocation_mode == "dra":
+                name = f"mig.{ctx.dra_driver.partition('.')[2] or 'nvidia.com'}"
+            elif ctx.mig_strategy == "single":
+                name = "nvidia.com/gpu"
+            else:
+                name = "nvidia.com/mig-" + d.profile.replace("+", ".")
+            counts[name] = counts.get(name, 0) + 1
+    elif ctx.allocation_mode == "dra":
+        counts[f"{ctx.dra_driver}/gpu-{gpu.minor}"] = 1
+    else:
+        counts["nvidia.com/gpu"] = max(1, ctx.replicas)
+    return [{"name": n, "count": c} for n, c in sorted(counts.items())]
+
+
+def gpu_status(gpu: Gpu, driver: DriverInfo | None, ctx: Context) -> dict[str, Any]:
+    model = catalogue.identify_model(gpu.pci_device_id, gpu.name)
+    mig: dict[str, Any] = {"mode": "Unsupported"}
+    if gpu.mig_mode is not None:
+        mig = {"mode": "Enabled" if gpu.mig_mode.current else "Disabled"}
+        if gpu.mig_mode.change_pending:
+            mig["pendingMode"] = "Enabled" if gpu.mig_mode.pending else "Disabled"
+        if gpu.mig_enabled:
+            mig["instances"] = [{"profile": d.profile, "gpuInstance": d.gi_id, "computeInstance": d.ci_id,
+                                 "uuid": str(d.uuid), "memoryMiB": d.memory_mib}
+                                for d in sorted(gpu.mig_devices, key=lambda d: (d.gi_id, d.ci_id))]
+    status: dict[str, Any] = {
+        "uuid": str(gpu.uuid), "pciBusID": gpu.sysfs_bus_id, "productName": gpu.name,
+        "model": model.key if model else "", "architecture": gpu.architecture, "memoryMiB": gpu.memory_mib,
+        "computeCapability": f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}",
+        "sharing": ctx.sharing, "allocationMode": ctx.allocation_mode, "mig": mig,
+        "exposedAs": exposed_as(gpu, ctx), "health": {"state": "Healthy"},
+    }
+    if driver is not None:
+        status["driverVersion"] = driver.driver_version
+        status["cudaVersion"] = f"{driver.cuda_driver_version[0]}.{driver.cuda_driver_version[1]}"
+    return status
+
+
+def desired(inv: Inventory, driver: DriverInfo | None, ctx: Context,
+            existing: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per NVML index, the status each GPU's object should have. A lost GPU keeps what was known of it
+    (``existing``: index to current status) and is marked unhealthy with NVML's reason."""
+    out = {g.index: gpu_status(g, driver, ctx) for g in inv.gpus}
+    for lost in inv.lost:
+        before = dict(existing.get(lost.index) or {})
+        before["health"] = {"state": "Unhealthy", "reason": lost.reason}
+        out[lost.index] = before
+    return out
+
+
+def _merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch turning ``old`` into ``new`` (keys gone are set to null; lists replaced)."""
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        was = old.get(k)
+        if isinstance(v, dict) and isinstance(was, dict):
+            sub = _merge_patch(was, v)
+            if sub:
+                patch[k] = sub
+        elif v != was:
+            patch[k] = v
+    return patch
+
+
+def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
+    """A status without the time its health state was stamped (that is kept, not compared)."""
+    health = {k: v for k, v in (status.get("health") or {}).items() if k != "since"}
+    return {**status, "health": health}
+
+
+def sync(kube: Kube, node: str, inv: Inventory, driver: DriverInfo | None, ctx: Context, *,
+         node_uid: Callable[[], str], now: Callable[[], str] = _now) -> SyncResult:
+    """Make this node's GPU objects match ``inv``: one list, then a write only where something changed."""
+    listed = kube.get(inventory.collection_path(), query={"labelSelector": f"{inventory.NODE_LABEL}={node}"},
+                      what=f"list GPUs of node {node}") or {}
+    current = {int(o["spec"]["index"]): o for o in listed.get("items") or [] if o.get("spec", {}).get("node") == node}
+    want = desired(inv, driver, ctx, {i: o.get("status") or {} for i, o in current.items()})
+    created, updated, deleted = [], [], []
+    for index, status in sorted(want.items()):
+        obj = current.get(index)
+        old = dict((obj or {}).get("status") or {})
+        health = status["health"]
+        before = old.get("health") or {}
+        health["since"] = before["since"] if before.get("state") == health["state"] and "since" in before else now()
+        if obj is None:
+            name = inventory.object_name(node, index)
+            kube.request("POST", inventory.collection_path(), {
+                "apiVersion": inventory.API_VERSION, "kind": inventory.KIND,
+                "metadata": {"name": name, "labels": {inventory.NODE_LABEL: node}, "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid()}]},
+                "spec": {"node": node, "index": index},
+            }, query={"fieldManager": inventory.FIELD_MANAGER}, what=f"create GPU {name}")
+            created.append(name)
+            old = {}
+        elif _comparable(old) == _comparable(status):
+            continue
+        else:
+            updated.append(obj["metadata"]["name"])
+        name = inventory.object_name(node, index) if obj is None else obj["metadata"]["name"]
+        kube.request("PATCH", inventory.object_path(name) + "/status", {"status": _merge_patch(old, status)},
+                     content_type=JSON_MERGE, query={"fieldManager": inventory.FIELD_MANAGER},
+                     what=f"update GPU {name} status")
+    for index, obj in sorted(current.items()):
+        if index in want:
+            continue
+        name = obj["metadata"]["name"]
+        with contextlib.suppress(NotFound):  # gone already (the Node went first)
+            kube.request("DELETE", inventory.object_path(name), what=f"delete GPU {name}")
+        deleted.append(name)
+    result = SyncResult(tuple(created), tuple(updated), tuple(deleted))
+    if result.changed:
+        log.info("event=gpu-inventory node=%s created=%s updated=%s deleted=%s", node, ",".join(created) or "-",
+                 ",".join(updated) or "-", ",".join(deleted) or "-")
+    return result

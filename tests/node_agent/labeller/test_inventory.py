@@ -1,0 +1,175 @@
+"""The GPU inventory objects the labeller writes: what they say, that it fits the CRD's schema, and that a
+run writes only what changed (the real API server's side is ``tests/cluster/test_gpu_inventory.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from node_agent.labeller import inventory
+from node_agent.labeller.labels import InventoryContext
+from node_agent.nvml import NvmlBackend, open_nvml
+from node_agent.nvml.types import DriverInfo, Inventory, LostGpu
+from nvgpu import inventory as api
+from nvgpu.migparted import build_config
+from nvidia_gpu.components.manifests.inventory import PRINTER_COLUMNS, SCHEMA, crd
+from tests.kit.fakehost import build_fake_host, sim_state_file
+
+REPO = Path(__file__).resolve().parents[3]
+
+CTX = InventoryContext(sharing="Exclusive")
+
+
+def _read(tmp_path: Path, machine: str, mig: str | None = None) -> tuple[Inventory, DriverInfo]:
+    """The GPUs of a simulated machine, after ``mig apply --name MIG`` (the agent's own command) if given."""
+    root = build_fake_host(tmp_path / "host", machine).root
+    state = sim_state_file(root, machine)
+    if mig:
+        config = tmp_path / "mig.yaml"
+        config.write_text(build_config().to_yaml())
+        done = subprocess.run([sys.executable, "-m", "node_agent", "--host-root", str(root), "--nvml",
+                               f"simulated:{machine}", "mig", "apply", "--config", str(config), "--name", mig],
+                              capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+    with open_nvml(NvmlBackend("simulated", machine, state)) as nvml:
+        return nvml.inventory(), nvml.driver()
+
+
+@pytest.fixture
+def dgx(tmp_path: Path) -> tuple[Inventory, DriverInfo]:
+    return _read(tmp_path, "dgx-h100")
+
+
+def _validator() -> jsonschema.protocols.Validator:
+    return jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
+
+
+def test_a_gpu_object_says_what_nvml_says_and_fits_the_crd(dgx: tuple[Inventory, DriverInfo]) -> None:
+    inv, driver = dgx
+    status = inventory.gpu_status(inv.gpus[0], driver, CTX)
+    assert status["productName"] == inv.gpus[0].name and status["model"] == "H100-80GB"
+    assert status["pciBusID"] == inv.gpus[0].sysfs_bus_id and status["computeCapability"] == "9.0"
+    assert status["mig"] == {"mode": "Disabled"} and status["health"] == {"state": "Healthy"}
+    assert status["driverVersion"] == driver.driver_version
+    obj = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "n-gpu0"},
+           "spec": {"node": "n", "index": 0}, "status": {**status, "health": {"state": "Healthy",
+                                                                              "since": "2026-12-03T10:00:00Z"}}}
+    _validator().validate(obj)
+
+
+@pytest.mark.parametrize(("ctx", "expected"), [
+    (CTX, [{"name": "nvidia.com/gpu", "count": 1}]),
+    (dataclasses.replace(CTX, sharing="TimeSlicing", replicas=4), [{"name": "nvidia.com/gpu", "count": 4}]),
+    (dataclasses.replace(CTX, allocation_mode="dra"), [{"name": "gpu.nvidia.com/gpu-0", "count": 1}]),
+])
+def test_whole_gpus_are_exposed_as_the_device_plugin_or_dra_offers_them(
+        dgx: tuple[Inventory, DriverInfo], ctx: InventoryContext, expected: list[dict[str, Any]]) -> None:
+    gpu = next(g for g in dgx[0].gpus if g.minor == 0)
+    assert inventory.exposed_as(gpu, ctx) == expected
+
+
+def test_mig_instances_and_their_resources(tmp_path: Path) -> None:
+    inv, driver = _read(tmp_path, "dgx-h100", mig="all-3g.40gb")
+    gpu = inv.gpus[0]
+    status = inventory.gpu_status(gpu, driver, dataclasses.replace(CTX, sharing="MIG", mig_strategy="mixed"))
+    assert status["mig"]["mode"] == "Enabled"
+    assert [i["profile"] for i in status["mig"]["instances"]] == ["3g.40gb", "3g.40gb"]
+    assert status["exposedAs"] == [{"name": "nvidia.com/mig-3g.40gb", "count": 2}]
+    single = dataclasses.replace(CTX, sharing="MIG", mig_strategy="single")
+    assert inventory.exposed_as(gpu, single) == [{"name": "nvidia.com/gpu", "count": 2}]
+    dra = dataclasses.replace(CTX, sharing="MIG", allocation_mode="dra")
+    assert inventory.exposed_as(gpu, dra) == [{"name": "mig.nvidia.com", "count": 2}]
+    _validator().validate({"spec": {"node": "n", "index": 0}, "status": status})
+
+
+def test_a_lost_gpu_keeps_what_was_known_and_turns_unhealthy(dgx: tuple[Inventory, DriverInfo]) -> None:
+    inv, driver = dgx
+    before = inventory.gpu_status(inv.gpus[3], driver, CTX)
+    lost = Inventory(tuple(g for g in inv.gpus if g.index != 3), (LostGpu(3, "GPU is lost (NVML error 15)"),))
+    want = inventory.desired(lost, driver, CTX, {3: before})
+    assert want[3] == {**before, "health": {"state": "Unhealthy", "reason": "GPU is lost (NVML error 15)"}}
+
+
+def test_the_status_patch_removes_what_is_no_longer_true() -> None:
+    old = {"health": {"state": "Unhealthy", "reason": "lost", "since": "t0"}, "memoryMiB": 1, "gone": "x"}
+    new = {"health": {"state": "Healthy", "since": "t1"}, "memoryMiB": 1}
+    assert inventory._merge_patch(old, new) == {"gone": None, "health": {"state": "Healthy", "reason": None,
+                                                                          "since": "t1"}}
+
+
+class FakeKube:
+    """Records the calls; lists what it holds. Enough for the write-only-on-change logic."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    def get(self, path: str, *, query: dict[str, str] | None = None, what: str = "") -> Any:
+        self.calls.append(("GET", path))
+        return {"items": list(self.objects.values())}
+
+    def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        self.calls.append((method, path))
+        name = path.rsplit("/", 2)[-2] if path.endswith("/status") else path.rsplit("/", 1)[-1]
+        if method == "POST":
+            self.objects[body["metadata"]["name"]] = {**body, "status": {}}
+        elif method == "PATCH":
+            self.objects[name]["status"] = _apply(self.objects[name]["status"], body["status"])
+        elif method == "DELETE":
+            del self.objects[name]
+        return None
+
+
+def _apply(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = dict(target)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict):
+            out[k] = _apply(out.get(k) or {}, v)
+        else:
+            out[k] = v
+    return out
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    yield FakeKube()
+
+
+def test_sync_creates_then_writes_only_changes_then_deletes(kube: FakeKube, dgx: tuple[Inventory, DriverInfo]) -> None:
+    inv, driver = dgx
+    times = iter(f"2026-12-03T10:00:0{i}Z" for i in range(10))
+
+    def sync(i: Inventory) -> inventory.SyncResult:
+        return inventory.sync(kube, "n", i, driver, CTX, node_uid=lambda: "uid-1", now=lambda: next(times))
+
+    first = sync(inv)
+    assert first.created == tuple(api.object_name("n", i) for i in range(8))
+    assert kube.objects["n-gpu0"]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert kube.objects["n-gpu0"]["status"]["health"] == {"state": "Healthy", "since": "2026-12-03T10:00:00Z"}
+    kube.calls.clear()
+    assert not sync(inv).changed and kube.calls == [("GET", api.collection_path())]  # one list, no write
+    lost = Inventory(inv.gpus[:7], (LostGpu(7, "GPU is lost"),))
+    assert sync(lost).updated == ("n-gpu7",)
+    assert kube.objects["n-gpu7"]["status"]["health"]["state"] == "Unhealthy"
+    assert kube.objects["n-gpu0"]["status"]["health"]["since"] == "2026-12-03T10:00:00Z", "unchanged, kept"
+    assert sync(Inventory(inv.gpus[:6])).deleted == ("n-gpu6", "n-gpu7")
+    assert sorted(kube.objects) == [api.object_name("n", i) for i in range(6)]
+
+
+def test_the_crd_is_cluster_scoped_with_a_status_subresource_and_kubectl_columns() -> None:
+    c = crd("nvidia-gpu")
+    assert c["metadata"]["name"] == api.CRD_NAME == "gpus.gpu.nvidia-gpu.io"
+    assert c["spec"]["scope"] == "Cluster"
+    (version,) = c["spec"]["versions"]
+    assert version["subresources"] == {"status": {}} and version["storage"]
+    assert [col["name"] for col in PRINTER_COLUMNS if not col.get("priority")] == [
+        "Node", "Index", "Model", "Memory(MiB)", "MIG", "Health", "Age"]
