@@ -42,8 +42,6 @@ SCHEMA: dict[str, Any] = {
                 "node": _string("The Node the GPU is in.", maxLength=253),
                 "index": _integer("NVML's index of the GPU on its node (PCI bus order)."),
             },
-            "x-kubernetes-validations": [
-                {"rule": "self == oldSelf", "message": "spec is the GPU's identity and cannot change"}],
         },
         "status": {
             "type": "object",
