@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stop.is_set() and args.daemonset is not None:
-        labels.withdraw_if_retired(ctx, args.daemonset, args.output_file)
+        labels.withdraw_if_retired(ctx, args.daemonset, args.output_file, opts.inventory)
     return exitcodes.OK
 
 

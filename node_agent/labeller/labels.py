@@ -280,6 +280,18 @@ def label_once(ctx: NodeEnv, options: LabelOptions, want: Requested,
     return LabelRun(labels, changed, changes, warnings, taints)
 
 
+def remove_inventory(ctx: NodeEnv, inv_ctx: InventoryContext) -> Any:
+    """Delete this node's GPU objects (a sync against no GPUs)."""
+    from node_agent.labeller import inventory
+    from node_agent.labeller.nodepatch import KubeNodeApi
+    from node_agent.nvml.types import Inventory
+
+    api = ctx.node_api()
+    if not isinstance(api, KubeNodeApi):
+        raise TypeError("the GPU inventory needs the API server client")
+    return inventory.sync(api.kube, ctx.require_node_name(), Inventory(()), None, inv_ctx, node_uid=lambda: "")
+
+
 def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContext,
                    source: SharingSource | None = None) -> Any:
     """This node's GPU objects made to match the GPUs NVML lists (``node_agent.labeller.inventory``)."""
@@ -347,14 +359,19 @@ def withdraw(ctx: NodeEnv, feature_file: str = FEATURE_FILE) -> dict[str, str | 
     return changes
 
 
-def withdraw_if_retired(ctx: NodeEnv, owner: Owner, feature_file: str) -> None:
-    """On the way out (SIGTERM): withdraw the labels when ``owner`` is gone or being deleted, else leave them."""
+def withdraw_if_retired(ctx: NodeEnv, owner: Owner, feature_file: str,
+                        inventory: InventoryContext | None = None) -> None:
+    """On the way out (SIGTERM): withdraw the labels when ``owner`` is gone or being deleted, else leave them.
+    With ``inventory``, the node's GPU objects go too: a node group removed from the stack leaves no GPUs
+    listed for nodes nobody keeps them current on (the stack's destroy removes the kind, and them, anyway)."""
     from node_agent.kube import KubeError
 
     try:
         if not ctx.node_api().daemonset_retired(owner.namespace, owner.name):
             return
         changes = withdraw(ctx, feature_file)
+        if inventory is not None:
+            remove_inventory(ctx, inventory)
     except (HostError, KubeError) as e:  # the pod is stopping: report and exit
         log.warning("could not withdraw the labels daemonset=%s/%s error=%r", owner.namespace, owner.name, str(e))
         return

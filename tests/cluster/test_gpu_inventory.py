@@ -10,6 +10,7 @@ node's labeller, carry no finalizer, and go with their Node.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -202,6 +203,38 @@ def test_another_nodes_labeller_may_not_write_these_gpus(kube: Kube, labeller: L
         other.kube.request("DELETE", inventory.object_path(name))
     assert caught.value.status == 403
     assert _gpus(kube)[name]["status"]["health"]["state"] == "Healthy"
+
+
+def test_a_labeller_whose_daemonset_is_gone_takes_its_gpus_with_it(kube: Kube, labeller: Labeller,
+                                                                    tmp_path: Path) -> None:
+    """The node group removed from the stack: its labeller, stopped (SIGTERM) and finding its DaemonSet gone,
+    withdraws its labels and deletes its node's GPU objects (nobody would keep them current)."""
+    labeller.run()
+    assert len(_gpus(kube)) == 8
+    args = list(labeller.args)
+    args[args.index("--daemonset") + 1] = f"{NS}/gpu-labeller-removed-group"
+    i = args.index("labels") + 1
+    args[i:i] = ["--loop", "--interval", "1"]
+    log = tmp_path / "labeller.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(agent_command("--host-root", str(labeller.root), "--host-exec", "direct", "--nvml",
+                                              f"simulated:{MACHINE}", "--kubeconfig",
+                                              str(labeller.identity.kubeconfig), "--log-level", "info", *args),
+                                cwd=REPO, env=labeller.env, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Once it has labelled, its SIGTERM handler is in place.
+        wait_for(lambda: proc.poll() is None and "labelled labels=" in log.read_text(), timeout=60,
+                 what="the loop's first run")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    out = log.read_text()
+    assert proc.returncode == 0, out
+    assert "daemonset retired, labels withdrawn" in out, out
+    assert _gpus(kube) == {}, out
 
 
 def test_deleting_the_node_deletes_its_gpus(kube: Kube, labeller: Labeller) -> None:
