@@ -262,14 +262,26 @@ class ControlPlane:
         self.pids.pop(name, None)
 
     def restart_apiserver(self, *, down_s: float = 0.0, timeout: float = 120.0) -> float:
-        """Stop the API server, wait ``down_s``, start it on the same port; answers the seconds it was down."""
+        """Stop the API server, wait ``down_s``, start it on the same port; answers the seconds it was down.
+
+        Once it is ready, the controller manager and the scheduler are restarted too, as a control-plane
+        node's kubelet restarts them: with leader election on (as in real clusters) they lose their lease
+        during the outage and exit. Here leader election is off, and a controller manager that lived
+        through the restart kept the watches the restarted server refused (403 while its authorizer was
+        still syncing) for minutes: DaemonSet pods the MIG manager waited on were never removed.
+        """
         t0 = time.monotonic()
         self.stop_component("kube-apiserver")
         time.sleep(down_s)
         self._spawn("kube-apiserver", detach=False)
         self.wait_ready(timeout=timeout)
+        down = time.monotonic() - t0
+        for name in ("kube-controller-manager", "kube-scheduler"):
+            if name in self.components:
+                self.stop_component(name)
+                self._spawn(name, detach=False)
         self._save_state()
-        return time.monotonic() - t0
+        return down
 
     def stop(self, *, remove: bool = True) -> None:
         """Stop every component (reverse order); ``remove`` deletes the state directory."""
