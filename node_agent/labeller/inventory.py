@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from node_agent.dra.devices import mig_device_name
 from node_agent.kube.errors import NotFound
 from node_agent.kube.transport import Kube
 from node_agent.labeller.labels import InventoryContext as Context
@@ -48,8 +49,8 @@ def exposed_as(gpu: Gpu, ctx: Context) -> list[dict[str, Any]]:
     counts: dict[str, int] = {}
     if gpu.mig_enabled:
         for d in gpu.mig_devices:
-            if ctx.allocation_mode == "dra":
-                name = f"mig.{ctx.dra_driver.partition('.')[2] or 'nvidia.com'}"
+            if ctx.allocation_mode == "dra":  # the device the DRA plugin publishes, by its own naming
+                name = f"{ctx.dra_driver}/" + mig_device_name(gpu.minor, d.profile, d.gi_profile_id, d.placement.start)
             elif ctx.mig_strategy == "single":
                 name = "nvidia.com/gpu"
             else:

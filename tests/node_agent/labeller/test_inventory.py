@@ -85,7 +85,21 @@ def test_mig_instances_and_their_resources(tmp_path: Path) -> None:
     single = dataclasses.replace(CTX, sharing="MIG", mig_strategy="single")
     assert inventory.exposed_as(gpu, single) == [{"name": "nvidia.com/gpu", "count": 2}]
     dra = dataclasses.replace(CTX, sharing="MIG", allocation_mode="dra")
-    assert inventory.exposed_as(gpu, dra) == [{"name": "mig.nvidia.com", "count": 2}]
+    # The DRA plugin's own device names for these instances, under its driver.
+    from node_agent.dra.devices import allocatable_devices
+    from node_agent.dra.nvml_source import NvmlInventorySource
+    from node_agent.host import HostRoot
+
+    root = tmp_path / "host"
+    source = NvmlInventorySource(NvmlBackend("simulated", "dgx-h100", sim_state_file(root, "dgx-h100")),
+                                 HostRoot(root))
+    try:
+        published = {d.name for d in allocatable_devices(source.snapshot())}
+    finally:
+        source.close()
+    exposed = inventory.exposed_as(gpu, dra)
+    assert [e["count"] for e in exposed] == [1, 1]
+    assert {e["name"].removeprefix("gpu.nvidia.com/") for e in exposed} <= published
     _validator().validate({"spec": {"node": "n", "index": 0}, "status": status})
 
 
