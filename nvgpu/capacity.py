@@ -18,14 +18,13 @@ from typing import Any, Literal
 from nvgpu import catalogue
 from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout
 from nvgpu.migparted import ALL_DISABLED, ALL_ENABLED
-from nvgpu.stackconfig import AllocationMode, MigStrategy, NodeGroup, Sharing, StackConfig
+from nvgpu.stackconfig import DRA_DEVICE_CLASSES, AllocationMode, MigStrategy, NodeGroup, Sharing, StackConfig
 
 MemoryKind = Literal["isolated", "limit", "shared"]
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-GPU_CLASS = "gpu.nvidia.com"
-MIG_CLASS = "mig.nvidia.com"
-VFIO_CLASS = "vfio.gpu.nvidia.com"
+#: The DRA DeviceClasses, in the stack config's one list.
+GPU_CLASS, MIG_CLASS, VFIO_CLASS = DRA_DEVICE_CLASSES
 
 
 @dataclass(frozen=True)

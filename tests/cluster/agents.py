@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from localcluster import Kube
-from localcluster.objects import service_account_kube, wait_for, write_kubeconfig
+from localcluster.objects import kwok_node, service_account_kube, wait_for, write_kubeconfig
+from nvgpu import labels as names_
 
 NS = "nvidia-gpu"
 REPO = Path(__file__).resolve().parents[2]
@@ -132,3 +133,12 @@ def one_run(args: list[str]) -> list[str]:
         else:
             out.append(a)
     return out
+
+
+def create_group_nodes(kube: Kube, stack: Any, node_group: str, names: Sequence[str]) -> None:
+    """kwok Nodes of a Deckhouse NodeGroup, as Deckhouse makes them from the stack's node template (its
+    labels and taints) and past node setup, so the group's DaemonSets schedule their pods there."""
+    template = dict(stack.object("NodeGroup", node_group)["spec"]["nodeTemplate"])
+    labels = {names_.DECKHOUSE_NODE_GROUP: node_group, **template.get("labels", {}), names_.GPU_SETUP_COMPLETE: ""}
+    for name in names:
+        kube.create(kwok_node(name, labels, template.get("taints", [])))

@@ -20,10 +20,9 @@ from typing import Any
 import pytest
 
 from localcluster import ApiError, ControlPlane, Kube
-from localcluster.objects import kwok_node, wait_for
+from localcluster.objects import wait_for
 from node_agent.nvml.sim import SimulatedMachine
 from nvgpu import inventory
-from nvgpu import labels as names
 from tests.cluster.agents import (
     NS,
     REPO,
@@ -31,6 +30,7 @@ from tests.cluster.agents import (
     agent_command,
     config_map_files,
     container_env,
+    create_group_nodes,
     identity,
     with_config_dir,
 )
@@ -77,10 +77,7 @@ def _once(args: list[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def labeller(kube: Kube, dev_stack: AppliedStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Labeller]:
     work = tmp_path_factory.mktemp("inventory")
-    template = dict(dev_stack.object("NodeGroup", NODE_GROUP)["spec"]["nodeTemplate"])
-    node_labels = {names.DECKHOUSE_NODE_GROUP: NODE_GROUP, **template.get("labels", {}), names.GPU_SETUP_COMPLETE: ""}
-    for name in (NODE, OTHER):
-        kube.create(kwok_node(name, node_labels, template.get("taints", [])))
+    create_group_nodes(kube, dev_stack, NODE_GROUP, (NODE, OTHER))
     try:
         ds = dev_stack.object("DaemonSet", DAEMONSET)["spec"]["template"]["spec"]
         (container,) = ds["containers"]

@@ -18,11 +18,11 @@ import pytest
 
 from localcluster import ApiError, Kube
 from localcluster.client import MERGE_PATCH
-from localcluster.objects import kwok_node, service_account_kube, wait_for
+from localcluster.objects import service_account_kube, wait_for
 from nvgpu import labels as names
 from nvidia_gpu.components.manifests import confinement
 from nvidia_gpu.components.manifests.platform import AgentRole
-from tests.cluster.agents import NS, AgentIdentity, identity
+from tests.cluster.agents import NS, AgentIdentity, create_group_nodes, identity
 from tests.cluster.stack import AppliedStack
 
 pytestmark = pytest.mark.cluster
@@ -34,20 +34,13 @@ LABELLER = ("gpu-labeller-a100-train", "gpu-a100")
 MIG = ("nvidia-gpu-mig-manager", "gpu-h100")
 
 
-def _nodes_for(kube: Kube, stack: AppliedStack, node_group: str, names_: tuple[str, str]) -> None:
-    template = dict(stack.object("NodeGroup", node_group)["spec"]["nodeTemplate"])
-    node_labels = {names.DECKHOUSE_NODE_GROUP: node_group, **template.get("labels", {}), names.GPU_SETUP_COMPLETE: ""}
-    for name in names_:
-        kube.create(kwok_node(name, node_labels, template.get("taints", [])))
-
-
 @pytest.fixture(scope="module")
 def agents(kube: Kube, dev_stack: AppliedStack, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[dict[str, AgentIdentity]]:
     work = tmp_path_factory.mktemp("confinement")
     nodes = {"labeller": ("conf-a100-a", "conf-a100-b"), "mig": ("conf-h100-a", "conf-h100-b")}
-    _nodes_for(kube, dev_stack, LABELLER[1], nodes["labeller"])
-    _nodes_for(kube, dev_stack, MIG[1], nodes["mig"])
+    create_group_nodes(kube, dev_stack, LABELLER[1], nodes["labeller"])
+    create_group_nodes(kube, dev_stack, MIG[1], nodes["mig"])
     try:
         yield {
             "labeller": identity(kube, LABELLER[0], nodes["labeller"][0], work),
