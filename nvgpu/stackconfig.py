@@ -31,7 +31,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from nvgpu import catalogue, labels
+from nvgpu import catalogue, devicelist, labels
+from nvgpu.devicelist import DeviceListStrategy
 from nvgpu.k8snames import check_dns_label, check_dns_subdomain, check_key, check_label_value, dns_subdomain_problem
 from nvgpu.mig import balanced_layout
 from nvgpu.migparted import (
@@ -496,6 +497,22 @@ class Mig(_Model):
         )
 
 
+def _strategy_list(v: object) -> object:
+    # NVIDIA's config takes one strategy, a comma list or a YAML list; so does ours.
+    if isinstance(v, str):
+        return [part.strip() for part in v.split(",")]
+    return v
+
+
+def _strategies(v: list[DeviceListStrategy]) -> list[DeviceListStrategy]:
+    if not v:
+        raise ValueError("must name at least one of " + ", ".join(s.value for s in DeviceListStrategy))
+    twice = sorted({s.value for s in v if v.count(s) > 1})
+    if twice:
+        raise ValueError(f"names {', '.join(twice)} twice")
+    return v
+
+
 class Gpu(_Model):
     model: str | None = None
     sharing: Sharing = Sharing.EXCLUSIVE
@@ -504,6 +521,10 @@ class Gpu(_Model):
     mig: Mig | None = None
     #: The driver installed on the nodes, when known; checked against the model's minimum.
     driver_version: str | None = None
+    #: How the device plugin names allocated GPUs to the container (``nvgpu.devicelist``); node setup makes
+    #: the NVIDIA toolkit accept exactly that. ``envvar`` lets any pod take any GPU of its node.
+    device_list_strategy: Annotated[list[DeviceListStrategy], BeforeValidator(_strategy_list),
+                                    AfterValidator(_strategies)] = list(devicelist.DEFAULT)
 
     @field_validator("model")
     @classmethod
@@ -578,6 +599,12 @@ class NodeGroup(_Model):
     allocation_mode: AllocationMode | None = None
     #: DRA only: GPUs of this group may be bound to vfio-pci and handed to VMs (IOMMU on, gpu-vfio.sh).
     passthrough: Bool = False
+
+    def toolkit_accepts_envvar(self, mode: AllocationMode) -> bool:
+        """Whether node setup must let the toolkit honour unprivileged containers' ``NVIDIA_VISIBLE_DEVICES``
+        (``mode``: the group's allocation mode): only for a device-plugin group that chose the ``envvar``
+        strategy, which hands out GPUs no other way."""
+        return mode is AllocationMode.DEVICE_PLUGIN and devicelist.needs_envvar(self.gpu.device_list_strategy)
 
     @model_validator(mode="after")
     def _selection(self) -> NodeGroup:
@@ -706,6 +733,10 @@ class StackConfig(_Model):
                 problems.append((("nodeGroups", i, "passthrough"), "needs allocationMode 'dra' (VFIO devices "
                                                                    "are offered through the vfio.gpu.nvidia.com "
                                                                    "DeviceClass)"))
+            if "device_list_strategy" in g.gpu.model_fields_set and self.allocation_mode(g) is AllocationMode.DRA:
+                problems.append((("nodeGroups", i, "gpu", "deviceListStrategy"), (
+                    "only for allocationMode 'devicePlugin': under DRA the kubelet plugin hands out GPUs as CDI "
+                    "devices; remove it")))
         dra = self.cluster.dra
         if dra.health_action == "taint" and self.cluster.kubernetes_minor < DRA_DEVICE_TAINTS_MINOR:
             problems.append((("cluster", "dra", "healthAction"), (

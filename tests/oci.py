@@ -207,6 +207,8 @@ class PodContainer:
             volume = volumes[m["name"]]
             if "hostPath" in volume:
                 source = node_root / volume["hostPath"]["path"].lstrip("/")
+                if volume["hostPath"]["path"] == "/dev/null":  # the node's /dev/null is this machine's
+                    source = Path("/dev/null")
                 if volume["hostPath"].get("type") == "DirectoryOrCreate":
                     source.mkdir(parents=True, exist_ok=True)
             elif "emptyDir" in volume:

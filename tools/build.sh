@@ -102,8 +102,12 @@ build_one() {  # build_one NAME OUTDIR
       # Container Toolkit's nvidia-cdi-hook, the program the hooks in our specs run.
       go build -trimpath -ldflags "-s -w" -o "$out/cdi-inject" .
       local v; v="$(go list -m -f '{{.Version}}' github.com/NVIDIA/nvidia-container-toolkit)"
+      # Also the toolkit's prestart hook (nvidia-container-runtime-hook), which nvidia-container-runtime adds to
+      # every container in its default (legacy) mode: it reads the toolkit config node setup writes and decides
+      # which GPUs the container is given. (The runtime itself does not build against this module's CDI library.)
       go build -trimpath -ldflags "-s -w -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=${v#v}" \
-        -o "$out/nvidia-cdi-hook" github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook ;;
+        -o "$out/" github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
+        github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime-hook ;;
     runc)
       # runc, the OCI runtime containerd and CRI-O start containers with, in its own module (runc 1.3
       # and the CDI library want different runtime-spec versions). Built without the seccomp tag (no

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     restart = not args.no_restart
     try:
         if args.action == "apply":
-            result = runtime.apply_runtime(ctx.host, restart=restart)
+            result = runtime.apply_runtime(ctx.host, restart=restart,
+                                           accept_envvar=args.accept_envvar_when_unprivileged)
         else:
             result = runtime.rollback_runtime(ctx.host, restart=restart)
     except HostError as e:
@@ -41,4 +42,11 @@ def register(subparsers: Any) -> None:
                               description=(runtime.__doc__ or "").splitlines()[0])
     p.add_argument("action", choices=("apply", "rollback"))
     p.add_argument("--no-restart", action="store_true", help="do not restart containerd / CRI-O after a change")
+    add_envvar_flag(p)
     p.set_defaults(run=run)
+
+
+def add_envvar_flag(p: Any) -> None:
+    p.add_argument("--accept-envvar-when-unprivileged", action="store_true",
+                   help="let the toolkit honour an unprivileged container's own NVIDIA_VISIBLE_DEVICES (only for "
+                        "the device plugin's envvar strategy: any pod can then take any GPU of the node)")

@@ -7,6 +7,7 @@ from typing import Any
 
 from node_agent.cli import exitcodes
 from node_agent.cli.context import AgentContext
+from node_agent.cli.runtime import add_envvar_flag
 from node_agent.setup import flow
 from node_agent.setup.flow import Failure, FlowResult
 
@@ -38,7 +39,8 @@ def _report(ctx: AgentContext, result: FlowResult) -> int:
 
 def run_setup(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
-    return _report(ctx, flow.setup(ctx, dra=args.dra, restart=not args.no_restart, patch_node=not args.no_patch_node))
+    return _report(ctx, flow.setup(ctx, dra=args.dra, restart=not args.no_restart, patch_node=not args.no_patch_node,
+                                   accept_envvar=args.accept_envvar_when_unprivileged))
 
 
 def run_teardown(args: argparse.Namespace) -> int:
@@ -54,6 +56,7 @@ def register(subparsers: Any) -> None:
         p = subparsers.add_parser(name, help=help_text, description=(flow.__doc__ or "").splitlines()[0])
         if name == "setup":
             p.add_argument("--dra", action="store_true", help="DRA mode: also prepare VFIO")
+            add_envvar_flag(p)
         p.add_argument("--no-restart", action="store_true", help="do not restart containerd / CRI-O")
         p.add_argument("--no-patch-node", action="store_true", help="do not touch the Node's labels")
         p.set_defaults(run=handler)

@@ -13,9 +13,10 @@ import uuid as uuidlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from node_agent.deviceplugin.config import DeviceIdStrategy, DeviceListStrategy, Settings, SharingStrategy
+from node_agent.deviceplugin.config import DeviceIdStrategy, Settings, SharingStrategy
 from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles, device_node_present
 from node_agent.deviceplugin.resources import PluginDevice, Resource, imex_channel_path
+from nvgpu.devicelist import DeviceListStrategy
 
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 CDI_CLASS = "gpu"

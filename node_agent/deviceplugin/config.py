@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nvgpu import hostpaths
+from nvgpu.devicelist import DeviceListStrategy
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +44,6 @@ class MigStrategy(StrEnum):
     NONE = "none"
     SINGLE = "single"
     MIXED = "mixed"
-
-
-class DeviceListStrategy(StrEnum):
-    ENVVAR = "envvar"
-    VOLUME_MOUNTS = "volume-mounts"
-    CDI_ANNOTATIONS = "cdi-annotations"
-    CDI_CRI = "cdi-cri"
-
-    @property
-    def is_cdi(self) -> bool:
-        return self in (DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI)
 
 
 class DeviceIdStrategy(StrEnum):

@@ -1,7 +1,7 @@
 """``setup`` and ``teardown``: the node-setup flow, the Python twin of the Deckhouse scripts.
 
-``setup``: check (host phase) → runtime apply → runtime ready? → sysctl apply → (``--dra``) VFIO
-prepare → label ``node.deckhouse.io/gpu-setup-complete`` (and ``gpu-vfio-ready``). The first failing
+``setup``: check (host phase) → runtime apply (and the toolkit config) → runtime ready? → sysctl apply →
+(``--dra``) VFIO prepare → label ``node.deckhouse.io/gpu-setup-complete`` (and ``gpu-vfio-ready``). The first failing
 step stops the flow, removes the label(s) and reports the reason; a node without a GPU gets the
 labels removed and exits 0. ``teardown`` (GPU turned off for the node) removes the labels, rolls
 back the runtime drop-in and the sysctl change, and leaves ``/etc`` as it was before setup.
@@ -63,7 +63,7 @@ class FlowResult:
         return self
 
 
-def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool) -> FlowResult:
+def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, accept_envvar: bool) -> FlowResult:
     host = ctx.host
     result = FlowResult("setup")
     report = run_check(host, ctx.nvml, phase="host")
@@ -78,7 +78,7 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool) -> FlowResult:
         return result.fail("check", "; ".join(f"{f.reason.value}: {f.message}" for f in report.findings))
     result.steps.append(Step("check", True, f"{len(report.gpus)} GPU(s), driver {report.driver_version}"))
     try:
-        rt = apply_runtime(host, restart=restart)
+        rt = apply_runtime(host, restart=restart, accept_envvar=accept_envvar)
     except Refused as e:
         return result.fail("runtime", str(e), Failure.REFUSED)
     except HostError as e:
@@ -106,8 +106,8 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool) -> FlowResult:
     return result
 
 
-def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool) -> FlowResult:
-    result = _setup_steps(ctx, dra, restart)
+def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool, accept_envvar: bool = False) -> FlowResult:
+    result = _setup_steps(ctx, dra, restart, accept_envvar)
     wanted: dict[str, str | None] = {labels.GPU_SETUP_COMPLETE: "" if result.complete else None}
     if dra or not result.complete:
         wanted[labels.GPU_VFIO_READY] = "true" if (dra and result.complete) else None

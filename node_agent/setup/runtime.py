@@ -21,9 +21,17 @@ containerd layouts, chosen from ``/etc/containerd/config.toml``'s ``version``: 2
   written only when the nvidia runtime binary exists (CRI-O does not start with a handler whose
   ``runtime_path`` is missing). CRI-O is restarted, not reloaded: SIGHUP (``systemctl reload
   crio``) re-reads only a few options, not the runtimes table or ``default_runtime``; running
-  containers survive the restart (conmon holds them). The toolkit's own
-  ``/etc/nvidia-container-runtime/config.toml`` is not managed (as for containerd); a note is
-  given when none of its low-level ``runtimes`` is installed.
+  containers survive the restart (conmon holds them). A note is given when none of the low-level
+  ``runtimes`` the toolkit's config names is installed.
+
+* The NVIDIA toolkit's ``/etc/nvidia-container-runtime/config.toml`` (both runtimes, only where the
+  nvidia runtime is installed): our block on top sets
+  ``accept-nvidia-visible-devices-envvar-when-unprivileged = false`` (unless the node group chose the
+  device plugin's ``envvar`` strategy) and ``accept-nvidia-visible-devices-as-volume-mounts = true``, so an
+  unprivileged pod that sets ``NVIDIA_VISIBLE_DEVICES=all`` gets no GPU: it gets the ones its device
+  list names. The toolkit's package owns the file, so it is edited in place, not journaled: rollback
+  removes the block and re-enables the lines it disabled, and a package upgrade in between is not undone.
+  The toolkit reads it for each new container: no restart.
 
 Apply is idempotent (nothing is written when the files are already right) and atomic per file;
 every file is recorded in the rollback journal first, so ``rollback`` restores ``/etc`` byte for
@@ -45,11 +53,17 @@ from node_agent.host.root import CommandTimeout
 from node_agent.setup.journal import Journal
 from node_agent.setup.tomlwrite import dumps
 from nvgpu.nodescripts import facts
-from nvgpu.nodescripts.content import HEADER, dropin_for, render_crio_dropin
+from nvgpu.nodescripts.content import (
+    HEADER,
+    dropin_for,
+    render_crio_dropin,
+    toolkit_config_edited,
+    toolkit_config_restored,
+)
 
 RESTART_TIMEOUT_S = 120
 VERSION_TIMEOUT_S = 10
-TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+TOOLKIT_CONFIG = facts.TOOLKIT_CONFIG
 
 Runtime = Literal["containerd", "crio"]
 
@@ -60,6 +74,10 @@ class RuntimeDetectionError(HostError):
 
 class CrioConfigError(HostError):
     """A CRI-O config file is not valid TOML."""
+
+
+class ToolkitConfigError(HostError):
+    """The NVIDIA toolkit's config is not valid TOML, or our block cannot be added without changing it."""
 
 
 def _crio_markers(host: HostRoot) -> list[str]:
@@ -296,10 +314,13 @@ class RuntimeResult:
     notes: list[str] = field(default_factory=list)
     runtime: Runtime | None = None
     restarted_units: list[str] = field(default_factory=list)
+    #: What the toolkit config now says about unprivileged containers' NVIDIA_VISIBLE_DEVICES (None: left alone).
+    toolkit_accept_envvar: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"skipped": self.skipped, "runtime": self.runtime, "containerdConfigVersion": self.containerd_version,
-                "changed": self.changed, "restarted": self.restarted, "notes": self.notes}
+                "changed": self.changed, "restarted": self.restarted, "notes": self.notes,
+                "toolkitAcceptsEnvvarWhenUnprivileged": self.toolkit_accept_envvar}
 
 
 def _check_ours(host: HostRoot, path: str) -> str | None:
@@ -330,17 +351,84 @@ def restart_containerd(host: HostRoot, result: RuntimeResult) -> None:
     restart_service(host, "containerd", result)
 
 
-def apply_runtime(host: HostRoot, *, restart: bool = True) -> RuntimeResult:
+def apply_runtime(host: HostRoot, *, restart: bool = True, accept_envvar: bool = False) -> RuntimeResult:
+    """Configure the container runtime and the toolkit. ``accept_envvar``: the node group's device plugin
+    hands out GPUs with the ``envvar`` strategy, so the toolkit must honour unprivileged containers'
+    ``NVIDIA_VISIBLE_DEVICES`` (every pod can then name any GPU)."""
     if not nvidia_gpus(host):
         return RuntimeResult(skipped="no-gpu")
     # bad input is refused before anything (even a lock) is written
+    toolkit = _toolkit_plan(host, accept_envvar)
     if detect_runtime(host) == "crio":
         crio_effective_config(host)
         with host.lock("runtime"):
-            return _apply_crio(host, restart)
+            result = _apply_crio(host, restart)
+            _apply_toolkit(host, toolkit, result)
+            return result
     effective_config(host, load_config(host))
     with host.lock("runtime"):
-        return _apply_runtime(host, restart)
+        result = _apply_runtime(host, restart)
+        _apply_toolkit(host, toolkit, result)
+        return result
+
+
+@dataclass(frozen=True)
+class _ToolkitPlan:
+    text: str | None  #: the config as it is (None: no file)
+    edited: str | None  #: what it becomes (None: the nvidia runtime is not installed, leave it)
+    accept_envvar: bool
+
+
+def _toolkit_doc(text: str, what: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ToolkitConfigError(f"{TOOLKIT_CONFIG}{what} is not valid TOML ({e}); nothing written",
+                                 TOOLKIT_CONFIG) from e
+
+
+def _toolkit_plan(host: HostRoot, accept_envvar: bool) -> _ToolkitPlan:
+    """The toolkit config's edit, checked: the file parses, and the edit changes our two keys and nothing else."""
+    text = host.read_text_or_none(TOOLKIT_CONFIG)
+    if not _nvidia_runtime_present(host):
+        return _ToolkitPlan(text, None, accept_envvar)
+    before = _toolkit_doc(toolkit_config_restored(text), "") if text is not None else {}
+    edited = toolkit_config_edited(text, accept_envvar)
+    after = _toolkit_doc(edited, " with our block added")
+    ours = {facts.TOOLKIT_ENVVAR_KEY, facts.TOOLKIT_VOLUME_MOUNTS_KEY}
+    if {k: v for k, v in after.items() if k not in ours} != {k: v for k, v in before.items() if k not in ours}:
+        raise ToolkitConfigError(f"{TOOLKIT_CONFIG}: setting {', '.join(sorted(ours))} would change other settings "
+                                 "(are they set in an unusual way, such as quoted keys?); set them by hand",
+                                 TOOLKIT_CONFIG)
+    return _ToolkitPlan(text, edited, accept_envvar)
+
+
+def _apply_toolkit(host: HostRoot, plan: _ToolkitPlan, result: RuntimeResult) -> None:
+    if plan.edited is None:
+        result.notes.append(f"{facts.NVIDIA_CONTAINER_RUNTIME} is missing: {TOOLKIT_CONFIG} left alone")
+        return
+    result.toolkit_accept_envvar = plan.accept_envvar
+    if plan.edited != plan.text:
+        local = host.path(TOOLKIT_CONFIG)
+        mode = local.stat().st_mode & 0o777 if plan.text is not None else 0o644
+        host.write_atomic(TOOLKIT_CONFIG, plan.edited, mode=mode)
+        result.changed.append(TOOLKIT_CONFIG)
+
+
+def _rollback_toolkit(host: HostRoot, result: RuntimeResult) -> None:
+    """Take our block out of the toolkit config and re-enable the lines it disabled; a file that was only our
+    block (there was none before) goes."""
+    text = host.read_text_or_none(TOOLKIT_CONFIG)
+    if text is None:
+        return
+    restored = toolkit_config_restored(text)
+    if restored == text:
+        return
+    if restored.strip():
+        host.write_atomic(TOOLKIT_CONFIG, restored, mode=host.path(TOOLKIT_CONFIG).stat().st_mode & 0o777)
+    else:
+        host.remove(TOOLKIT_CONFIG)
+    result.changed.append(TOOLKIT_CONFIG)
 
 
 def _conmon(host: HostRoot) -> str | None:
@@ -432,6 +520,7 @@ def _rollback_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
     text = host.read_text_or_none(facts.CRIO_DROPIN)
     if text is not None and text.startswith(HEADER) and host.remove(facts.CRIO_DROPIN):
         result.changed.append(facts.CRIO_DROPIN)
+    _rollback_toolkit(host, result)  # the toolkit reads it per container: no restart for it
     if result.changed and restart:  # restart whichever runtime's files changed
         if any(p.startswith(facts.CONTAINERD_DIR + "/") for p in result.changed):
             restart_containerd(host, result)

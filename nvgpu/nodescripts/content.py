@@ -1,5 +1,5 @@
 """File contents written on the node: the containerd drop-in (nvidia runtime and CDI, both config
-layouts), the CRI-O drop-in and the sysctl drop-in.
+layouts), the CRI-O drop-in, the sysctl drop-in and our block in the NVIDIA toolkit's config.
 
 One function renders it for the agent (concrete values) and for the bash script (shell variables
 as values), so the two paths write byte-identical files. containerd 1.x (config ``version = 2``)
@@ -10,7 +10,20 @@ keeps the CRI settings under ``io.containerd.grpc.v1.cri``; containerd 2.x (``ve
 
 from __future__ import annotations
 
-from nvgpu.nodescripts.facts import CDI_SPEC_DIRS, CRI_PLUGIN, NVIDIA_CONTAINER_RUNTIME, NVIDIA_RUNTIME_NAME, SYSCTLS
+import re
+
+from nvgpu.nodescripts.facts import (
+    CDI_SPEC_DIRS,
+    CRI_PLUGIN,
+    NVIDIA_CONTAINER_RUNTIME,
+    NVIDIA_RUNTIME_NAME,
+    SYSCTLS,
+    TOOLKIT_BLOCK_BEGIN,
+    TOOLKIT_BLOCK_END,
+    TOOLKIT_DISABLED_PREFIX,
+    TOOLKIT_ENVVAR_KEY,
+    TOOLKIT_VOLUME_MOUNTS_KEY,
+)
 
 HEADER = "# Managed by nvidia-gpu (gpu-runtime.sh or the node agent); removed by teardown."
 
@@ -72,3 +85,61 @@ def sysctl_dropin() -> str:
     """``/etc/sysctl.d`` drop-in with the sysctls the NVIDIA container toolkit needs."""
     body = "".join(f"{name} = {value}\n" for name, value in SYSCTLS.items())
     return f"{HEADER}\n{body}"
+
+
+#: A line of the toolkit config's root table that sets one of our keys (ERE: the script's awk uses it too).
+#: The keys are plain ``[a-z-]`` words, so they go in unescaped (awk warns about ``\-``).
+TOOLKIT_KEY_ERE = f"^[[:space:]]*({TOOLKIT_ENVVAR_KEY}|{TOOLKIT_VOLUME_MOUNTS_KEY})[[:space:]]*="
+#: The first table header: root keys (ours) must come before it.
+TOOLKIT_TABLE_ERE = r"^[[:space:]]*\["
+
+
+def _ere(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern.replace("[[:space:]]", r"[ \t]"))
+
+
+def toolkit_block(accept_envvar: bool) -> list[str]:
+    """Our lines at the top of the toolkit's config. ``accept_envvar`` is true only for a node group that
+    chose the device plugin's ``envvar`` strategy, which cannot work without it."""
+    return [
+        TOOLKIT_BLOCK_BEGIN,
+        f"{TOOLKIT_ENVVAR_KEY} = {'true' if accept_envvar else 'false'}",
+        f"{TOOLKIT_VOLUME_MOUNTS_KEY} = true",
+        TOOLKIT_BLOCK_END,
+    ]
+
+
+def _lines(text: str) -> list[str]:
+    """Lines as awk reads them: split on newline only, no empty last line for a final newline."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def toolkit_config_restored(text: str) -> str:
+    """``text`` without our block and with the lines we disabled enabled again: the file as it was."""
+    out: list[str] = []
+    inside = False
+    for line in _lines(text):
+        if line == TOOLKIT_BLOCK_BEGIN:
+            inside = True
+        elif inside:
+            inside = line != TOOLKIT_BLOCK_END
+        else:
+            out.append(line.removeprefix(TOOLKIT_DISABLED_PREFIX))
+    return "".join(f"{line}\n" for line in out)
+
+
+def toolkit_config_edited(text: str | None, accept_envvar: bool) -> str:
+    """The toolkit config with our block on top, and the root-table lines that set our keys disabled (TOML
+    refuses a key twice). Edited in place rather than replaced: the toolkit's package owns the file, and its
+    other settings (runtimes, modes, paths) stay as the package or the admin left them. The same edit as
+    ``gpu-runtime.sh``'s awk, byte for byte, and undone exactly by :func:`toolkit_config_restored`."""
+    key, table = _ere(TOOLKIT_KEY_ERE), _ere(TOOLKIT_TABLE_ERE)
+    out = toolkit_block(accept_envvar)
+    in_tables = False
+    for line in _lines(toolkit_config_restored(text or "")):
+        in_tables = in_tables or bool(table.match(line))
+        out.append(TOOLKIT_DISABLED_PREFIX + line if not in_tables and key.match(line) else line)
+    return "".join(f"{line}\n" for line in out)

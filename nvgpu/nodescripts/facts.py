@@ -34,6 +34,22 @@ NVIDIA_SMI_TIMEOUT_S = 15
 NVIDIA_SMI_KILL_AFTER_S = 5
 NVIDIA_CONTAINER_RUNTIME = "/usr/bin/nvidia-container-runtime"
 
+#: The NVIDIA Container Toolkit's own config (its package ships it): the two keys below decide whether a
+#: container can name GPUs itself. Node setup sets them in a marked block (``nvgpu.nodescripts.content``).
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+#: ``false``: an unprivileged container's own ``NVIDIA_VISIBLE_DEVICES`` is ignored (the toolkit's default
+#: is ``true``: any pod that sets ``NVIDIA_VISIBLE_DEVICES=all`` gets every GPU of the node).
+TOOLKIT_ENVVAR_KEY = "accept-nvidia-visible-devices-envvar-when-unprivileged"
+#: ``true``: the device list comes from ``/dev/null`` mounts under ``/var/run/nvidia-container-devices``,
+#: which the device plugin's ``volume-mounts`` strategy hands out and a pod cannot make without hostPath.
+TOOLKIT_VOLUME_MOUNTS_KEY = "accept-nvidia-visible-devices-as-volume-mounts"
+#: Where the toolkit reads a device list from volume mounts (the device plugin's ``volume-mounts``).
+TOOLKIT_DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
+TOOLKIT_BLOCK_BEGIN = "# BEGIN nvidia-gpu: the GPUs a container gets come from its device list (removed by teardown)"
+TOOLKIT_BLOCK_END = "# END nvidia-gpu"
+#: Prefix of a line of the toolkit config that sets one of our keys: disabled while our block is there.
+TOOLKIT_DISABLED_PREFIX = "#nvidia-gpu# "
+
 CONTAINERD_DIR = "/etc/containerd"
 CONTAINERD_CONFIG = f"{CONTAINERD_DIR}/config.toml"
 #: Present on Deckhouse nodes: bashible merges conf.d (containerd 1.x) / conf2.d (2.x) into config.toml.

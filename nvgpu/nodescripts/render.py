@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Literal
 
 from nvgpu import catalogue, labels
 from nvgpu.nodescripts import facts, templates
-from nvgpu.nodescripts.content import HEADER, render_crio_dropin, render_dropin, sysctl_dropin
+from nvgpu.nodescripts.content import (
+    HEADER,
+    TOOLKIT_KEY_ERE,
+    TOOLKIT_TABLE_ERE,
+    render_crio_dropin,
+    render_dropin,
+    sysctl_dropin,
+    toolkit_block,
+)
 
 #: NodeGroupConfiguration weights. Bashible runs NGC scripts and its own steps in weight order:
 #: the drop-in must land before step 032 (configure containerd) merges conf.d into config.toml,
@@ -104,6 +113,12 @@ def _common(root_prefix: str) -> dict[str, str]:
         "SYSCTL_FORMER_DROPINS": " ".join(facts.SYSCTL_FORMER_DROPINS),
         "SYSCTL_CONTENT": sysctl_dropin(),
         "SYSCTL_APPLY": "\n".join(f"apply_live {n} {v}" for n, v in facts.SYSCTLS.items()),
+        "TOOLKIT_CONFIG": facts.TOOLKIT_CONFIG,
+        "TOOLKIT_BEGIN": facts.TOOLKIT_BLOCK_BEGIN,
+        "TOOLKIT_END": facts.TOOLKIT_BLOCK_END,
+        "TOOLKIT_OFF": facts.TOOLKIT_DISABLED_PREFIX,
+        "TOOLKIT_TABLE_ERE": TOOLKIT_TABLE_ERE,
+        "TOOLKIT_KEY_ERE": TOOLKIT_KEY_ERE,
     }
 
 
@@ -121,14 +136,16 @@ def render_node_scripts(
     root_prefix: str = "",
     check_phase: Literal["host", "all"] = "host",
     strict_check: bool = False,
+    accept_envvar: bool = False,
 ) -> list[NodeScript]:
-    """Render the node-setup scripts, in weight order."""
+    """Render the node-setup scripts, in weight order. ``accept_envvar``: the group's device plugin uses the
+    ``envvar`` strategy, so the toolkit must honour unprivileged containers' NVIDIA_VISIBLE_DEVICES."""
     t = templates
     body = {
         "gpu-check.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME_DETECT
         + t.RUNTIME_READY + t.CHECK,
         "gpu-runtime.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME_DETECT
-        + t.RUNTIME,
+        + t.TOOLKIT + t.RUNTIME,
         "gpu-sysctl.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.NODE_LABEL + t.HAS_GPU + t.CONTAINERD_VERSION
         + t.RUNTIME_DETECT + t.RUNTIME_READY + t.SYSCTL,
     }
@@ -137,6 +154,7 @@ def render_node_scripts(
     values = _common(root_prefix)
     values["PHASE"] = check_phase
     values["STRICT"] = "true" if strict_check else "false"
+    values["TOOLKIT_BLOCK"] = " ".join(shlex.quote(line) for line in toolkit_block(accept_envvar))
     scripts = []
     for name, tmpl in body.items():
         vals = dict(values, NAME=name, PURPOSE=_PURPOSES[name])

@@ -315,6 +315,30 @@ fi
 finish ok
 """
 
+TOOLKIT = r"""# toolkit_config: our block on top of the NVIDIA toolkit's config, the root-table lines setting its keys
+# disabled (nvgpu.nodescripts.content.toolkit_config_edited does the same edit for the agent).
+toolkit_config() {
+  local target="${ROOT}@@TOOLKIT_CONFIG@@" result
+  result="$(
+    {
+      printf '%s\n' @@TOOLKIT_BLOCK@@
+      if [[ -f "$target" ]]; then
+        awk -v begin='@@TOOLKIT_BEGIN@@' -v end='@@TOOLKIT_END@@' -v off='@@TOOLKIT_OFF@@' '
+          $0 == begin { inside = 1; next }
+          inside { if ($0 == end) inside = 0; next }
+          index($0, off) == 1 { $0 = substr($0, length(off) + 1) }
+          /@@TOOLKIT_TABLE_ERE@@/ { tables = 1 }
+          !tables && /@@TOOLKIT_KEY_ERE@@/ { $0 = off $0 }
+          { print }
+        ' "$target"
+      fi
+    } | write_file "$target"
+  )"
+  bb-log-info "nvidia-gpu runtime: @@TOOLKIT_CONFIG@@ ${result}"
+}
+
+"""
+
 RUNTIME = r"""
 if ! has_nvidia_gpu; then
   bb-log-info "nvidia-gpu runtime: no NVIDIA GPU on this node, the container runtime left alone"
@@ -369,6 +393,7 @@ if [[ "$kind" == crio ]]; then
 @@CRIO_DROPIN_PLAIN@@EOF
 )"
   fi
+  toolkit_config
   if [[ "$result" == changed ]]; then
     if ! command -v systemctl >/dev/null 2>&1; then
       bb-log-warning "nvidia-gpu runtime: systemctl not found: restart crio to apply the change"
@@ -414,6 +439,7 @@ if [[ -x "${ROOT}@@NCR@@" ]]; then
   result="$(write_file "$target" <<EOF
 @@DROPIN_DEFAULT@@EOF
 )"
+  toolkit_config
 else
   bb-log-warning "nvidia-gpu runtime: @@NCR@@ is missing; runc stays the default runtime"
   result="$(write_file "$target" <<EOF

@@ -39,7 +39,7 @@ def node_scripts(cluster: Cluster, group: NodeGroup, mode: AllocationMode) -> tu
     if cluster.node_setup is not NodeSetupBackend.DECKHOUSE:
         return ()
     passthrough = mode is AllocationMode.DRA and group.passthrough
-    scripts = render_node_scripts(vfio=passthrough)
+    scripts = render_node_scripts(vfio=passthrough, accept_envvar=group.toolkit_accepts_envvar(mode))
     return (*scripts, dra.iommu_script()) if passthrough else tuple(scripts)
 
 

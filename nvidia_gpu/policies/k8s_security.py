@@ -4,7 +4,8 @@ Host access (privileged containers, hostPath volumes, host namespaces) is allowe
 roles that need it, by explicit allow-list in each policy's config; a workload's role is its
 ``app.kubernetes.io/component`` label (the components set one per agent role). Images are pinned,
 every container declares requests and limits, RBAC names every verb and resource and never reaches
-Secrets, and namespaces carry Pod Security labels.
+Secrets, namespaces carry Pod Security labels, and (advisory) device-plugin configs do not hand out GPUs
+through an environment variable any pod can set itself.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from pulumi_policy import (
     ResourceValidationPolicy,
 )
 
+from nvgpu.devicelist import DeviceListStrategy
 from nvidia_gpu.policies.manifests import (
     Kind,
     as_list,
     as_map,
     as_str,
+    config_documents,
     containers,
     kind_of,
     labels_of,
@@ -279,6 +282,35 @@ def _validate_pod_security(args: ResourceValidationArgs, report: ReportViolation
     _run(args, report, pod_security_problems, modes, levels)
 
 
+def device_list_problems(kind: Kind, props: Mapping[str, Any]) -> list[str]:
+    """Device-plugin configs that hand out GPUs through ``NVIDIA_VISIBLE_DEVICES`` (``envvar``, also what a config
+    that names no strategy gets): node setup must then let the toolkit honour that variable in unprivileged
+    containers, and any pod that sets ``NVIDIA_VISIBLE_DEVICES=all`` gets every GPU of its node."""
+    if kind.kind != "ConfigMap":
+        return []
+    problems = []
+    for key, doc in config_documents(props):
+        flags = as_map(doc.get("flags"))
+        if not flags and not doc.get("sharing"):
+            continue  # not a device-plugin config
+        plugin = as_map(flags.get("plugin"))
+        strategy = plugin.get("deviceListStrategy", DeviceListStrategy.ENVVAR.value)
+        names = [strategy] if isinstance(strategy, str) else [str(s) for s in as_list(strategy)]
+        if DeviceListStrategy.ENVVAR.value not in {n.strip() for name in names for n in name.split(",")}:
+            continue
+        said = "deviceListStrategy includes envvar" if "deviceListStrategy" in plugin else \
+            "no deviceListStrategy, so envvar"
+        problems.append(
+            f"ConfigMap {name_of(props)!r} data[{key}]: {said}: the NVIDIA toolkit must then honour "
+            "NVIDIA_VISIBLE_DEVICES in unprivileged containers, so any pod on these nodes can take every GPU "
+            "by setting NVIDIA_VISIBLE_DEVICES=all; use volume-mounts or cdi-cri (gpu.deviceListStrategy)")
+    return problems
+
+
+def _validate_device_lists(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    _run(args, report, device_list_problems)
+
+
 def _roles_schema(default: Sequence[str], what: str) -> dict[str, Any]:
     return {"type": "array", "items": {"type": "string"}, "default": list(default),
             "description": f"Agent roles (app.kubernetes.io/component) allowed {what}."}
@@ -322,6 +354,13 @@ POLICIES: list[ResourceValidationPolicy] = [
         description="RBAC rules must name their groups, resources and verbs (no wildcards) and never reach Secrets.",
         validate=[_validate_rbac_wildcards, _validate_rbac_secrets, _validate_rbac_bindings],
         enforcement_level=EnforcementLevel.MANDATORY,
+    ),
+    ResourceValidationPolicy(
+        name="gpus-only-as-allocated",
+        description="Device-plugin configs should not use deviceListStrategy envvar: it lets any pod take every GPU "
+                    "of its node by setting NVIDIA_VISIBLE_DEVICES.",
+        validate=_validate_device_lists,
+        enforcement_level=EnforcementLevel.ADVISORY,
     ),
     ResourceValidationPolicy(
         name="namespace-pod-security",

@@ -203,7 +203,11 @@ def test_3_device_plugin_container_registers_and_allocates(kube: Kube, dev_stack
     finally:
         plugin.stop()
         kubelet.stop()
-    assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == device, plugin.output()
+    # The dev stack's default device list: /dev/null mounts the toolkit reads (nvgpu.devicelist).
+    response = answer.container_responses[0]
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices", plugin.output()
+    assert [(m.container_path, m.host_path) for m in response.mounts] == [
+        (f"/var/run/nvidia-container-devices/{device}", "/dev/null")], plugin.output()
     assert "Traceback" not in plugin.output(), plugin.output()
 
 

@@ -28,12 +28,58 @@ import node_agent
 from node_agent.host.pci import normalize_address
 from node_agent.nvml.sim import DEFAULT_STATE_DIR, SimulatedMachine, get_machine
 from nvgpu import hostpaths
+from nvgpu.nodescripts import facts
 
 #: The file that says a tree is a simulated host, and of which machine.
 MARKER = f"{hostpaths.AGENT_RUN_DIR}/simulated-host.json"
 DEFAULT_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 #: The stand-in tools of a simulated host; each records its arguments in /var/log/simulated-<tool>.log.
 RECORDING_TOOLS = ("kubectl", "systemctl")
+TOOLKIT_CONFIG = facts.TOOLKIT_CONFIG
+#: The toolkit config a node has after installing NVIDIA's container toolkit package: the layout of what the
+#: package installs (its root keys commented out at their defaults, so unprivileged containers' own
+#: NVIDIA_VISIBLE_DEVICES is honoured), written here for the simulated hosts.
+TOOLKIT_PACKAGE_CONFIG = """\
+#accept-nvidia-visible-devices-as-volume-mounts = false
+#accept-nvidia-visible-devices-envvar-when-unprivileged = true
+disable-require = false
+supported-driver-capabilities = "compat32,compute,display,graphics,ngx,utility,video"
+#swarm-resource = "DOCKER_RESOURCE_GPU"
+
+[nvidia-container-cli]
+#debug = "/var/log/nvidia-container-toolkit.log"
+environment = []
+#ldcache = "/etc/ld.so.cache"
+ldconfig = "@/sbin/ldconfig"
+load-kmods = true
+#no-cgroups = false
+#path = "/usr/bin/nvidia-container-cli"
+#root = "/run/nvidia/driver"
+#user = "root:video"
+
+[nvidia-container-runtime]
+#debug = "/var/log/nvidia-container-runtime.log"
+log-level = "info"
+mode = "auto"
+runtimes = ["docker-runc", "runc", "crun"]
+
+[nvidia-container-runtime.modes]
+
+[nvidia-container-runtime.modes.cdi]
+annotation-prefixes = ["cdi.k8s.io/"]
+default-kind = "nvidia.com/gpu"
+spec-dirs = ["/etc/cdi", "/var/run/cdi"]
+
+[nvidia-container-runtime.modes.csv]
+mount-spec-path = "/etc/nvidia-container-runtime/host-files-for-container.d"
+
+[nvidia-container-runtime-hook]
+path = "nvidia-container-runtime-hook"
+skip-mode-detection = false
+
+[nvidia-ctk]
+path = "nvidia-ctk"
+"""
 
 CONTAINERD_V1_CONFIG = """\
 version = 2
@@ -211,6 +257,7 @@ def lay_out(
     device_nodes: bool = True,
     iommu: bool = True,
     nvidia_container_runtime: bool = True,
+    toolkit_config: bool = True,
     nvidia_smi: bool = True,
     bpf_jit_harden: str = "2",
 ) -> SimulatedMachine | None:
@@ -286,6 +333,8 @@ def lay_out(
     _write(root, "/etc/hostname", "gpu-node-1\n")
     if nvidia_container_runtime:
         _write(root, "/usr/bin/nvidia-container-runtime", "#!/bin/sh\nexit 0\n", 0o755)
+        if toolkit_config and not (root / TOOLKIT_CONFIG.lstrip("/")).exists():
+            _write(root, TOOLKIT_CONFIG, TOOLKIT_PACKAGE_CONFIG)
 
     logs = root / "var/log"
     logs.mkdir(parents=True, exist_ok=True)

@@ -23,11 +23,14 @@ MPS_ROOT = hostpaths.DEVICE_PLUGIN_MPS_ROOT
 COMPONENT = "device-plugin-config"
 
 
-def _flags(mig_strategy: str, mps: bool) -> dict[str, Any]:
+def _flags(group: NodeGroup, mig_strategy: str, mps: bool) -> dict[str, Any]:
+    # deviceListStrategy: the group's (volume-mounts by default, not NVIDIA's and Deckhouse's envvar, which
+    # node setup's toolkit config refuses in unprivileged containers unless the group chose it).
+    strategy = [s.value for s in group.gpu.device_list_strategy]
     flags: dict[str, Any] = {
         "migStrategy": mig_strategy,
         "failOnInitError": True,
-        "plugin": {"passDeviceSpecs": True, "deviceListStrategy": ["envvar"], "deviceIDStrategy": "uuid"},
+        "plugin": {"passDeviceSpecs": True, "deviceListStrategy": strategy, "deviceIDStrategy": "uuid"},
     }
     if mps:
         flags["mpsRoot"] = MPS_ROOT
@@ -47,18 +50,19 @@ def device_plugin_config(group: NodeGroup, mode: Sharing) -> dict[str, Any]:
     """One config document for ``mode`` with the group's parameters (defaults where the group sets none)."""
     gpu = group.gpu
     if mode is Sharing.EXCLUSIVE:
-        return {"version": CONFIG_VERSION, "flags": _flags("none", mps=False)}
+        return {"version": CONFIG_VERSION, "flags": _flags(group, "none", mps=False)}
     if mode is Sharing.TIME_SLICING:
         count = (gpu.time_slicing or TimeSlicing()).partition_count
         return {
             "version": CONFIG_VERSION,
-            "flags": _flags("none", mps=False),
+            "flags": _flags(group, "none", mps=False),
             "sharing": {"timeSlicing": _replicated(count)},
         }
     if mode is Sharing.MPS:
         count = (gpu.mps or Mps()).partition_count
-        return {"version": CONFIG_VERSION, "flags": _flags("none", mps=True), "sharing": {"mps": _replicated(count)}}
-    return {"version": CONFIG_VERSION, "flags": _flags(gpu.effective_mig.strategy.value, mps=False)}
+        return {"version": CONFIG_VERSION, "flags": _flags(group, "none", mps=True),
+                "sharing": {"mps": _replicated(count)}}
+    return {"version": CONFIG_VERSION, "flags": _flags(group, gpu.effective_mig.strategy.value, mps=False)}
 
 
 def render_named_configs(group: NodeGroup) -> dict[str, str]:

@@ -226,6 +226,8 @@ DRIVER_ROOT_ARGS = ("--driver-root", CONTAINER_DRIVER_ROOT)
 #: name the hook in their CDI specs only when it is there (a missing hook would fail every container).
 CDI_HOOK_DIR = "/run/nvidia-gpu/cdi-hook"
 CDI_HOOK_VOLUME = "cdi-hook"
+#: The labeller's request for every GPU of its node, in the toolkit's volume-mounts form.
+ALL_GPUS_VOLUME = "all-gpus"
 
 
 def cdi_hook_volume(cluster: Cluster) -> dict[str, Any]:
@@ -396,9 +398,12 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
     component = AgentRole.LABELLER.value
     container = _container(ctx, component, AgentRole.LABELLER, labeller_args(ctx), _RESTRICTED)
     # The NVIDIA runtime injects the GPUs' device nodes into this unprivileged container; NVML itself comes
-    # from the read-only driver root (--driver-root), not from the runtime.
+    # from the read-only driver root (--driver-root), not from the runtime. The GPUs are asked for as a
+    # device plugin's volume-mounts list does (/dev/null at <list root>/all): node setup makes the toolkit
+    # ignore NVIDIA_VISIBLE_DEVICES in unprivileged containers, and only a pod allowed hostPath volumes, as
+    # this namespace's are, can ask this way.
     container["env"] += [
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": facts.TOOLKIT_DEVICE_LIST_ROOT},
         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
     ]
     # No probe: the loop has no endpoint, and a wedged loop only delays labels the setup gate already guards.
@@ -408,9 +413,11 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
     # setup themselves, and the labeller needs the NVIDIA runtime that setup configures. Nodes that must
     # never take other pods before then get the GPU taint at provisioning too (stack output nodeTemplates);
     # the labeller then leaves that taint alone, as it is not the one that set it.
-    mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(), _TMP_MOUNT]
+    mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(), _TMP_MOUNT,
+              _mount(ALL_GPUS_VOLUME, f"{facts.TOOLKIT_DEVICE_LIST_ROOT}/all", read_only=True)]
     volumes = [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"),
-               driver_root_volume(ctx.cluster), dict(_TMP_VOLUME)]
+               driver_root_volume(ctx.cluster), dict(_TMP_VOLUME),
+               _host_path(ALL_GPUS_VOLUME, "/dev/null", "CharDevice")]
     if ctx.allocation_mode is AllocationMode.DEVICE_PLUGIN:
         mounts.append(config_mount())  # the device plugin's named configs (labeller_args)
         volumes.append(config_volume(ctx.group))
@@ -446,6 +453,8 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     # host's systemd (reached via the host root mount and chroot, so hostPID is not needed).
     # Passthrough groups (DRA, vfio.gpu.nvidia.com) also get VFIO prepared: modules and the IOMMU check.
     setup = [*base, "setup", *(["--dra"] if ctx.group.passthrough else [])]
+    if ctx.group.toolkit_accepts_envvar(ctx.allocation_mode):  # the group chose the envvar device list
+        setup.append("--accept-envvar-when-unprivileged")
     init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
     hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, [], _PRIVILEGED)
     hold["command"] = ["python", "-c", HOLD_SCRIPT]

@@ -14,13 +14,14 @@ from tests.node_agent.agent_testkit import Cli
 
 L4 = "simulated:l4x2"
 DROPIN = "/etc/crio/crio.conf.d/99-nvidia.conf"
+TOOLKIT = "/etc/nvidia-container-runtime/config.toml"
 
 
 def test_apply_is_idempotent_and_rollback_restores_etc(tmp_path: Path, cli: Cli) -> None:
     host = build_crio_host(tmp_path)
     before = host.snapshot("/etc")
     code, doc = cli(host.root, L4, "runtime", "apply")
-    assert (code, doc["runtime"], doc["changed"], doc["restarted"]) == (0, "crio", [DROPIN], True)
+    assert (code, doc["runtime"], doc["changed"], doc["restarted"]) == (0, "crio", [DROPIN, TOOLKIT], True)
     assert host.log("systemctl") == ["restart crio"]
     text = host.path(DROPIN).read_text()
     assert text == render_crio_dropin("/usr/libexec/crio/conmon") and text.startswith(HEADER + "\n")
@@ -34,7 +35,7 @@ def test_apply_is_idempotent_and_rollback_restores_etc(tmp_path: Path, cli: Cli)
     assert (code, doc["changed"], doc["restarted"]) == (0, [], False)
     assert host.snapshot("/etc") == applied and host.log("systemctl") == ["restart crio"]
     code, doc = cli(host.root, L4, "runtime", "rollback")
-    assert (code, doc["changed"], doc["restarted"]) == (0, [DROPIN], True)
+    assert (code, doc["changed"], doc["restarted"]) == (0, [DROPIN, TOOLKIT], True)
     assert host.log("systemctl") == ["restart crio", "restart crio"]
     assert host.snapshot("/etc") == before
     assert not host.path("/var/lib/nvidia-gpu-agent/rollback/runtime/manifest.json").exists()
@@ -46,7 +47,7 @@ def test_rollback_removes_a_created_dropin_dir(tmp_path: Path, cli: Cli) -> None
     host.path("/etc/crio/crio.conf.d/10-crio.conf").unlink()
     host.path("/etc/crio/crio.conf.d").rmdir()
     before = host.snapshot("/etc")
-    assert cli(host.root, L4, "runtime", "apply", "--no-restart")[1]["changed"] == [DROPIN]
+    assert cli(host.root, L4, "runtime", "apply", "--no-restart")[1]["changed"] == [DROPIN, TOOLKIT]
     assert cli(host.root, L4, "runtime", "rollback", "--no-restart")[0] == 0
     assert host.snapshot("/etc") == before and not host.path("/etc/crio/crio.conf.d").exists()
     assert host.log("systemctl") == []
@@ -131,7 +132,7 @@ def test_any_crio_marker_is_enough(tmp_path: Path, cli: Cli, marker: str) -> Non
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("")
     code, doc = cli(host.root, L4, "runtime", "apply", "--no-restart")
-    assert (code, doc["runtime"], doc["changed"]) == (0, "crio", [DROPIN])
+    assert (code, doc["runtime"], doc["changed"]) == (0, "crio", [DROPIN, TOOLKIT])
 
 
 def test_malformed_crio_config_leaves_the_host_alone(tmp_path: Path, cli: Cli) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from nvidia_gpu.policies.k8s_security import image_problem
 from tests.nvidia_gpu.policies.policy_fixtures import (
+    CM_TYPE,
     DS_TYPE,
     NS_TYPE,
     ROLE_TYPE,
@@ -204,3 +205,38 @@ def test_namespace_without_pod_security_labels() -> None:
         "Namespace 'nvidia-gpu' pod-security.kubernetes.io/enforce=privileged is not one of baseline, restricted",
         "Namespace 'nvidia-gpu' has no pod-security.kubernetes.io/warn label",
     ]
+
+
+# ------------------------------------------------------------------ gpus-only-as-allocated
+
+
+def _plugin_config(**plugin: object) -> dict[str, object]:
+    import yaml
+
+    doc = {"version": "v1", "flags": {"migStrategy": "none", "plugin": {"deviceIDStrategy": "uuid", **plugin}}}
+    return {"metadata": {"name": "device-plugin-config-h100"}, "data": {"Exclusive": yaml.safe_dump(doc)}}
+
+
+@pytest.mark.parametrize("strategy", [["volume-mounts"], ["cdi-cri"], "volume-mounts,cdi-annotations"])
+def test_device_lists_a_pod_cannot_forge_pass(strategy: object) -> None:
+    assert check("gpus-only-as-allocated", CM_TYPE, _plugin_config(deviceListStrategy=strategy)) == []
+
+
+def test_envvar_device_list_is_warned_about() -> None:
+    tail = ("the NVIDIA toolkit must then honour NVIDIA_VISIBLE_DEVICES in unprivileged containers, so any pod on "
+            "these nodes can take every GPU by setting NVIDIA_VISIBLE_DEVICES=all; use volume-mounts or cdi-cri "
+            "(gpu.deviceListStrategy)")
+    assert check("gpus-only-as-allocated", CM_TYPE, _plugin_config(deviceListStrategy=["volume-mounts", "envvar"])) == [
+        f"ConfigMap 'device-plugin-config-h100' data[Exclusive]: deviceListStrategy includes envvar: {tail}"]
+    assert check("gpus-only-as-allocated", CM_TYPE, _plugin_config()) == [
+        f"ConfigMap 'device-plugin-config-h100' data[Exclusive]: no deviceListStrategy, so envvar: {tail}"]
+    other = {"metadata": {"name": "mig-parted"}, "data": {"config.yaml": "version: v1\nmig-configs: {}\n"}}
+    assert check("gpus-only-as-allocated", CM_TYPE, other) == []
+
+
+def test_envvar_policy_is_advisory() -> None:
+    from pulumi_policy import EnforcementLevel
+
+    from tests.nvidia_gpu.policies.policy_fixtures import policy
+
+    assert policy("gpus-only-as-allocated").enforcement_level is EnforcementLevel.ADVISORY

@@ -33,8 +33,9 @@ EXPORTER_URN = "urn:pulumi:dev::nvidia-gpu::kubernetes:apps/v1:DaemonSet::export
 
 
 def _mps(replicas: int) -> AnalyzerResource:
-    cm = config_map({"MPS": {"version": "v1", "sharing": {"mps": {"resources": [
-        {"name": "nvidia.com/gpu", "replicas": replicas}]}}}}, name="dp")
+    cm = config_map({"MPS": {"version": "v1", "flags": {"plugin": {"deviceListStrategy": ["volume-mounts"]}},
+                             "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}}}},
+                    name="dp")
     return AnalyzerResource(CM_TYPE, "urn:pulumi:dev::nvidia-gpu::kubernetes:core/v1:ConfigMap::dp", "dp", cm)
 
 
