@@ -32,6 +32,26 @@ class DeviceListStrategy(StrEnum):
 
 
 DEFAULT = (DeviceListStrategy.VOLUME_MOUNTS,)
+#: Where the toolkit reads a device list from ``/dev/null`` volume mounts (``volume-mounts``).
+VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+
+
+def split(value: object) -> object:
+    """NVIDIA's config takes one strategy, a comma list or a list: the names as a list (other values as they are,
+    for the caller's validation to refuse)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def check(strategies: list[DeviceListStrategy]) -> list[DeviceListStrategy]:
+    """At least one strategy, none twice (a validator for the stack config and the device plugin's config)."""
+    if not strategies:
+        raise ValueError("must name at least one of " + ", ".join(s.value for s in DeviceListStrategy))
+    twice = sorted({s.value for s in strategies if strategies.count(s) > 1})
+    if twice:
+        raise ValueError(f"names {', '.join(twice)} twice")
+    return strategies
 
 
 def needs_envvar(strategies: Iterable[DeviceListStrategy]) -> bool:

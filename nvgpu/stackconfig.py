@@ -497,22 +497,6 @@ class Mig(_Model):
         )
 
 
-def _strategy_list(v: object) -> object:
-    # NVIDIA's config takes one strategy, a comma list or a YAML list; so does ours.
-    if isinstance(v, str):
-        return [part.strip() for part in v.split(",")]
-    return v
-
-
-def _strategies(v: list[DeviceListStrategy]) -> list[DeviceListStrategy]:
-    if not v:
-        raise ValueError("must name at least one of " + ", ".join(s.value for s in DeviceListStrategy))
-    twice = sorted({s.value for s in v if v.count(s) > 1})
-    if twice:
-        raise ValueError(f"names {', '.join(twice)} twice")
-    return v
-
-
 class Gpu(_Model):
     model: str | None = None
     sharing: Sharing = Sharing.EXCLUSIVE
@@ -523,8 +507,8 @@ class Gpu(_Model):
     driver_version: str | None = None
     #: How the device plugin names allocated GPUs to the container (``nvgpu.devicelist``); node setup makes
     #: the NVIDIA toolkit accept exactly that. ``envvar`` lets any pod take any GPU of its node.
-    device_list_strategy: Annotated[list[DeviceListStrategy], BeforeValidator(_strategy_list),
-                                    AfterValidator(_strategies)] = list(devicelist.DEFAULT)
+    device_list_strategy: Annotated[list[DeviceListStrategy], BeforeValidator(devicelist.split),
+                                    AfterValidator(devicelist.check)] = list(devicelist.DEFAULT)
 
     @field_validator("model")
     @classmethod

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nvgpu import hostpaths
+from nvgpu import devicelist, hostpaths
 from nvgpu.devicelist import DeviceListStrategy
 
 log = logging.getLogger(__name__)
@@ -81,20 +81,12 @@ class PluginFlags(_Strict):
     @field_validator("device_list_strategy", mode="before")
     @classmethod
     def _one_or_many(cls, v: object) -> object:
-        # NVIDIA accepts a single string or a list of strings.
-        if isinstance(v, str):
-            return [s.strip() for s in v.split(",") if s.strip()]
-        return v
+        return devicelist.split(v)
 
     @field_validator("device_list_strategy")
     @classmethod
     def _non_empty(cls, v: list[DeviceListStrategy] | None) -> list[DeviceListStrategy] | None:
-        if v is not None:
-            if not v:
-                raise ValueError("must name at least one of " + ", ".join(s.value for s in DeviceListStrategy))
-            if len(set(v)) != len(v):
-                raise ValueError("lists a strategy twice")
-        return v
+        return None if v is None else devicelist.check(v)
 
     @field_validator("cdi_annotation_prefix")
     @classmethod

@@ -43,8 +43,6 @@ TOOLKIT_ENVVAR_KEY = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 #: ``true``: the device list comes from ``/dev/null`` mounts under ``/var/run/nvidia-container-devices``,
 #: which the device plugin's ``volume-mounts`` strategy hands out and a pod cannot make without hostPath.
 TOOLKIT_VOLUME_MOUNTS_KEY = "accept-nvidia-visible-devices-as-volume-mounts"
-#: Where the toolkit reads a device list from volume mounts (the device plugin's ``volume-mounts``).
-TOOLKIT_DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
 TOOLKIT_BLOCK_BEGIN = "# BEGIN nvidia-gpu: the GPUs a container gets come from its device list (removed by teardown)"
 TOOLKIT_BLOCK_END = "# END nvidia-gpu"
 #: Prefix of a line of the toolkit config that sets one of our keys: disabled while our block is there.

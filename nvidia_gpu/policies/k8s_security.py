@@ -22,6 +22,7 @@ from pulumi_policy import (
     ResourceValidationPolicy,
 )
 
+from nvgpu import devicelist
 from nvgpu.devicelist import DeviceListStrategy
 from nvidia_gpu.policies.manifests import (
     Kind,
@@ -294,9 +295,8 @@ def device_list_problems(kind: Kind, props: Mapping[str, Any]) -> list[str]:
         if not flags and not doc.get("sharing"):
             continue  # not a device-plugin config
         plugin = as_map(flags.get("plugin"))
-        strategy = plugin.get("deviceListStrategy", DeviceListStrategy.ENVVAR.value)
-        names = [strategy] if isinstance(strategy, str) else [str(s) for s in as_list(strategy)]
-        if DeviceListStrategy.ENVVAR.value not in {n.strip() for name in names for n in name.split(",")}:
+        names = devicelist.split(plugin.get("deviceListStrategy", DeviceListStrategy.ENVVAR.value))
+        if DeviceListStrategy.ENVVAR.value not in {str(n) for n in as_list(names)}:
             continue
         said = "deviceListStrategy includes envvar" if "deviceListStrategy" in plugin else \
             "no deviceListStrategy, so envvar"

@@ -29,6 +29,7 @@ from node_agent.deviceplugin import config as plugin_config
 from node_agent.deviceplugin.allocate import Allocator
 from node_agent.deviceplugin.resources import build_resources
 from node_agent.nvml.sim.host import TOOLKIT_PACKAGE_CONFIG
+from nvgpu import devicelist
 from nvgpu.nodescripts import facts
 from nvgpu.stackconfig import Sharing
 from nvidia_gpu.components.manifests.sharing import device_plugin_config
@@ -126,7 +127,7 @@ def test_after_setup_a_pod_gets_only_what_the_device_plugin_allocated(tmp_path: 
     node.agent("apply")
     assert node.devices({"NVIDIA_VISIBLE_DEVICES": "all"}, []) is None  # no allocation: no GPU at all
     uuids, envs, mounts = _allocation(node)
-    assert envs == {"NVIDIA_VISIBLE_DEVICES": facts.TOOLKIT_DEVICE_LIST_ROOT}
+    assert envs == {"NVIDIA_VISIBLE_DEVICES": devicelist.VOLUME_MOUNT_ROOT}
     assert node.devices(envs, mounts) == ",".join(uuids)
     # A pod that also sets NVIDIA_VISIBLE_DEVICES=all: kubelet puts the plugin's value last, which wins, and
     # the hook takes the mounted list before any variable.

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nvgpu import hostpaths, labels
+from nvgpu import devicelist, hostpaths, labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import facts
 from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend, Sharing
@@ -403,7 +403,7 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
     # ignore NVIDIA_VISIBLE_DEVICES in unprivileged containers, and only a pod allowed hostPath volumes, as
     # this namespace's are, can ask this way.
     container["env"] += [
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": facts.TOOLKIT_DEVICE_LIST_ROOT},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": devicelist.VOLUME_MOUNT_ROOT},
         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
     ]
     # No probe: the loop has no endpoint, and a wedged loop only delays labels the setup gate already guards.
@@ -414,7 +414,7 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
     # never take other pods before then get the GPU taint at provisioning too (stack output nodeTemplates);
     # the labeller then leaves that taint alone, as it is not the one that set it.
     mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(), _TMP_MOUNT,
-              _mount(ALL_GPUS_VOLUME, f"{facts.TOOLKIT_DEVICE_LIST_ROOT}/all", read_only=True)]
+              _mount(ALL_GPUS_VOLUME, f"{devicelist.VOLUME_MOUNT_ROOT}/all", read_only=True)]
     volumes = [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"),
                driver_root_volume(ctx.cluster), dict(_TMP_VOLUME),
                _host_path(ALL_GPUS_VOLUME, "/dev/null", "CharDevice")]

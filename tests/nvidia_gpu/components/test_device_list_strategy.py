@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from nvgpu import devicelist
 from nvgpu.nodescripts import facts
 from nvgpu.stackconfig import StackConfigError
 from nvidia_gpu.components.program import build_stack
@@ -81,9 +82,9 @@ def test_the_labeller_asks_for_its_gpus_as_a_volume_mount_list(engine: Engine) -
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["NVIDIA_VISIBLE_DEVICES"] == facts.TOOLKIT_DEVICE_LIST_ROOT  # not "all": the toolkit ignores that
-    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"].startswith(facts.TOOLKIT_DEVICE_LIST_ROOT)]
-    assert (mount["mountPath"], mount.get("readOnly")) == (f"{facts.TOOLKIT_DEVICE_LIST_ROOT}/all", True)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == devicelist.VOLUME_MOUNT_ROOT  # not "all": the toolkit ignores that
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"].startswith(devicelist.VOLUME_MOUNT_ROOT)]
+    assert (mount["mountPath"], mount.get("readOnly")) == (f"{devicelist.VOLUME_MOUNT_ROOT}/all", True)
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     assert volume["hostPath"] == {"path": "/dev/null", "type": "CharDevice"}
     assert c["securityContext"]["privileged"] is False
