@@ -21,6 +21,7 @@ from typing import Any
 
 import pulumi
 from pulumi.runtime import resource as sdk_resource
+from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.mocks import MockMonitor, MockResourceArgs
 from pulumi.runtime.proto import source_pb2
 
@@ -189,8 +190,13 @@ def install_mocks(
     config: dict[str, str] | None = None,
     listeners: Sequence[Callable[[RecordedResource], None]] = (),
 ) -> RecordingMonitor:
-    """Point the Pulumi runtime at a fresh recording mock engine (process-global: call once per run or test)."""
+    """Point the Pulumi runtime at a fresh recording mock engine (process-global: call once per run or test).
+
+    The SDK's ``set_mocks`` creates a root stack resource only when none exists, so without the reset a
+    second run in one process (another stack, a test after a test) kept the first run's root, and every
+    top-level component of the second run had a parent URN naming the first run's stack."""
     monitor = RecordingMonitor(listeners)
+    pulumi_settings.set_root_resource(None)  # type: ignore[arg-type]
     pulumi.runtime.set_mocks(monitor.echo, project=project, stack=stack, preview=True, monitor=monitor)
     pulumi.runtime.set_all_config(dict(config or {}))
     return monitor

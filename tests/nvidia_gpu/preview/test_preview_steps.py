@@ -209,3 +209,20 @@ def test_summary_counts_per_kind_and_per_node_group(tmp_path: Path) -> None:
     assert sum(counted.values()) == len(result.resources)
     kinds = lines[lines.index("By kind:") + 1: lines.index("By node group:") - 1]
     assert any(line.split()[-1] == "DaemonSet" for line in kinds)
+
+
+def test_a_second_run_in_one_process_gets_its_own_root_stack() -> None:
+    """The SDK keeps the first ``set_mocks``' root stack resource; a later run for another stack must not
+    parent its components under the earlier stack's URN (CI's full suite ran a ``test`` stack first)."""
+    import pulumi
+
+    from nvidia_gpu.preview.engine import install_mocks, run_in_engine
+
+    parents = {}
+    for stack in ("first", "second"):
+        monitor = install_mocks("nvidia-gpu", stack)
+        run_in_engine(lambda: pulumi.ComponentResource("nvidia-gpu:index:Probe", "probe"))
+        (record,) = monitor.recorded_resources()
+        parents[stack] = record.parent_urn
+    assert parents == {stack: f"urn:pulumi:{stack}::nvidia-gpu::pulumi:pulumi:Stack::nvidia-gpu-{stack}"
+                       for stack in ("first", "second")}
