@@ -32,5 +32,6 @@ COMMANDS: tuple[Command, ...] = (
     Command("mig-manager", "node_agent.cli.mig", "converge this node's MIG layout to its label"),
     Command("mig", "node_agent.cli.mig", "plan, apply or assert a MIG layout (no Kubernetes)"),
     Command("dra-driver", "node_agent.cli.dra", "run the DRA kubelet plugin (ResourceSlices, claims)"),
+    Command("eviction-guard", "node_agent.cli.eviction_guard", "serve the webhook keeping MIG evictions on-node"),
     Command("device-plugin", "node_agent.cli.device_plugin", "run the kubelet device plugin (nvidia.com/gpu)"),
 )

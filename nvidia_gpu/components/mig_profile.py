@@ -17,7 +17,16 @@ from nvgpu.migparted import MigConfigSpec
 from nvgpu.nodelabels import mig_config_name
 from nvgpu.stackconfig import Cluster, NodeGroup, Sharing
 from nvidia_gpu.components import inputs
-from nvidia_gpu.components.manifests.mig import config_map, config_map_name, daemonset, may_use_mig, mig_config, rbac
+from nvidia_gpu.components.manifests import evictionguard
+from nvidia_gpu.components.manifests.mig import (
+    config_map,
+    config_map_name,
+    daemonset,
+    drain_mode,
+    may_use_mig,
+    mig_config,
+    rbac,
+)
 from nvidia_gpu.components.register import register
 
 TYPE = "nvidia-gpu:index:MigProfile"
@@ -53,11 +62,28 @@ class MigProfile(pulumi.ComponentResource):
             binding_res = register(f"{name}-binding", binding,
                                    pulumi.ResourceOptions(parent=self, depends_on=[sa_res, role_res]))
             self.config_map = register(f"{name}-config", config_map(ns, cfg), after)
-            self.manager = register(
-                f"{name}-manager",
-                daemonset(ns, args.cluster, groups),
-                pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, self.config_map, binding_res]),
-            )
+            manager_after: list[pulumi.Resource] = [*args.depends_on, self.config_map, binding_res]
+            if evictionguard.wanted(args.cluster, drain_mode(args.cluster)):
+                manager_after.append(self._eviction_guard(name, args, groups))
+            self.manager = register(f"{name}-manager", daemonset(ns, args.cluster, groups),
+                                    pulumi.ResourceOptions(parent=self, depends_on=manager_after))
         self.config_map_name = pulumi.Output.from_input(inputs.resolve(config_map_name(ns)))
         self.config_names = pulumi.Output.from_input(names)
         self.register_outputs({"configMapName": self.config_map_name, "configNames": self.config_names})
+
+    def _eviction_guard(self, name: str, args: MigProfileArgs, groups: Sequence[NodeGroup]) -> pulumi.Resource:
+        """The webhook, then its RBAC, Service and Deployment (see ``manifests.evictionguard``); answers the
+        Deployment, ready only once the webhook trusts it, for the manager to wait on."""
+        ns = args.cluster.namespace
+        guard = f"{name}-eviction-guard"
+        webhook = register(f"{guard}-webhook", evictionguard.webhook_configuration(ns),
+                           pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
+        sa, cluster_role, cluster_binding = evictionguard.rbac(ns)
+        in_ns = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
+        sa_res = register(f"{guard}-sa", sa, in_ns)
+        cr_res = register(f"{guard}-role", cluster_role, pulumi.ResourceOptions(parent=self))
+        binding = register(f"{guard}-binding", cluster_binding,
+                           pulumi.ResourceOptions(parent=self, depends_on=[sa_res, cr_res]))
+        svc = register(f"{guard}-service", evictionguard.service(ns), in_ns)
+        return register(f"{guard}-deployment", evictionguard.deployment(ns, args.cluster, groups),
+                        pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, webhook, binding, svc]))

@@ -14,10 +14,10 @@ What the fakes in ``tests/mig`` cannot show and this module does: the merge patc
 and cordon as the real API server applies them; the real Eviction API with a PodDisruptionBudget whose
 status the disruption controller keeps (``429`` for the blocked pod); the DaemonSet controller keeping
 the GPU agents away while the ``mig-reconfigure`` taint is on and bringing them back afterwards; Events
-the real server accepts; what the manager's ClusterRole and the node-confinement policy allow and deny
-(and, as a strict xfail, the eviction no policy can keep to its node); and that the taint list the
-manager writes whole never drops a taint another controller added since the manager read the Node (a
-resourceVersion precondition, 409).
+the real server accepts; what the manager's ClusterRole, the node-confinement policy and the eviction
+guard's webhook (which keeps a self-draining manager's evictions to its node) allow and deny; and that
+the taint list the manager writes whole never drops a taint another controller added since the manager
+read the Node (a resourceVersion precondition, 409).
 """
 
 from __future__ import annotations
@@ -42,12 +42,15 @@ from node_agent.mig.kube import KubeNodeApi, NodeView
 from node_agent.mig.machine import DrainMode
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, open_nvml
+from nvgpu import evictionguard as guard_contract
 from nvgpu import labels
 from nvgpu.migparted import load_config_text
 from nvgpu.stackconfig import NodeSetupBackend
+from nvidia_gpu.components.manifests import evictionguard as evictionguard_manifests
 from nvidia_gpu.components.manifests.mig import manager_args
 from nvidia_gpu.components.manifests.mig import rbac as mig_rbac
 from tests.cluster.agents import NS, REPO, AgentIdentity, agent_command, identity
+from tests.cluster.evictionguard import RunningGuard, running_guard
 from tests.cluster.mig_manager import ManagerProcess, Rendered, layout, start_manager
 from tests.cluster.stack import AppliedStack, rendered
 from tests.kit.fakehost import build_fake_host, sim_state_file
@@ -291,18 +294,21 @@ def pdb_status(kube: Kube, name: str) -> dict[str, Any] | None:
 
 
 @pytest.fixture
-def cordon_rbac(kube: Kube, dev_stack: AppliedStack) -> Iterator[None]:
+def cordon_rbac(kube: Kube, dev_stack: AppliedStack, tmp_path: Path) -> Iterator[RunningGuard]:
     """The manager's ClusterRole as the stack renders it for clusters without Deckhouse: there it drains
-    itself and may evict (on Deckhouse, the dev stack's own, it may not); the dev stack's is put back after."""
+    itself and may evict (on Deckhouse, the dev stack's own, it may not), and the eviction guard the stack
+    emits with it judges each of its evictions; the dev stack's role is put back after."""
     config = rendered(dev_stack.name).config
     assert config is not None
     elsewhere = config.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET})
+    assert evictionguard_manifests.wanted(elsewhere, cordon_drain(dev_stack))
     _, role, _ = mig_rbac(NS, elsewhere)
     _, deckhouse_role, _ = mig_rbac(NS, config.cluster)
     assert any("pods/eviction" in r["resources"] for r in role["rules"])
     kube.apply(role)
     try:
-        yield
+        with running_guard(kube, NS, tmp_path / "guard") as guard:
+            yield guard
     finally:
         kube.apply(deckhouse_role)
 
@@ -488,9 +494,6 @@ def test_rbac_denies_everything_else(kube: Kube, rbac_identity: AgentIdentity, d
 
 POLICY = "nvidia-gpu-node-agents-own-node"
 DENIED_BY = f"ValidatingAdmissionPolicy '{POLICY}' with binding '{POLICY}' denied request"
-GAP = ("known gap (issue 'inventory and confinement'): an Eviction names only the pod, so no admission policy "
-       "can keep it to the manager's node; where the manager drains itself (nodeSetup daemonset) its ClusterRole "
-       "grants pods/eviction cluster-wide")
 
 
 def test_manager_on_deckhouse_cannot_evict_at_all(kube: Kube, rbac_identity: AgentIdentity,
@@ -503,20 +506,43 @@ def test_manager_on_deckhouse_cannot_evict_at_all(kube: Kube, rbac_identity: Age
     assert not gone(kube, "elsewhere")
 
 
-@pytest.mark.usefixtures("cordon_rbac")
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=GAP)
-def test_manager_that_drains_itself_cannot_evict_pods_on_another_node(kube: Kube, rbac_identity: AgentIdentity,
-                                                                      other_node_pod: dict[str, Any]) -> None:
+def test_manager_that_drains_itself_cannot_evict_pods_on_another_node(
+        kube: Kube, rbac_identity: AgentIdentity, other_node_pod: dict[str, Any], cordon_rbac: RunningGuard) -> None:
+    """RBAC grants ``pods/eviction`` for every pod; the eviction guard, which looks the pod up, refuses
+    the one on another node, dry run or not, with its message. The same call by the cluster's admin
+    never reaches the guard (the webhook matches only the manager's ServiceAccount)."""
     mine = rbac_identity.pod["spec"]["nodeName"]
-    assert other_node_pod["spec"]["nodeName"] != mine
-    try:
-        evict(rbac_identity.kube, "elsewhere", dry_run=True)
-    except ApiError as e:
-        if e.status != 403:
-            raise
-        return
     other = other_node_pod["spec"]["nodeName"]
-    raise AssertionError(f"the mig-manager of {mine} may evict {WORK_NS}/elsewhere on {other} (dry run)")
+    assert other != mine
+    for dry_run in (True, False):
+        with pytest.raises(ApiError) as caught:
+            evict(rbac_identity.kube, "elsewhere", dry_run=dry_run)
+        assert (caught.value.status, caught.value.reason) == (403, "Forbidden"), caught.value
+        assert f'admission webhook "{guard_contract.WEBHOOK_NAME}" denied the request' in caught.value.message
+        assert guard_contract.denial(mine, WORK_NS, "elsewhere", other) in caught.value.message
+        assert running(kube, "elsewhere")
+    decisions = cordon_rbac.guard.decisions
+    evict(kube, "elsewhere", dry_run=True)
+    assert cordon_rbac.guard.decisions == decisions, "an admin's eviction went through the guard"
+
+
+@pytest.mark.usefixtures("work_ns")
+def test_manager_may_evict_on_its_own_node_and_the_guard_fails_closed(
+        kube: Kube, rbac_identity: AgentIdentity, cordon_rbac: RunningGuard) -> None:
+    """Its own node's pod passes the guard (dry run); with the guard unreachable the manager's eviction
+    is refused, not let through, while the admin's still works."""
+    mine = rbac_identity.pod["spec"]["nodeName"]
+    kube.create(gpu_pod("mine", mine, "mig-own", gpus=0))
+    wait_for(lambda: running(kube, "mine"), timeout=30, what="the pod on the manager's node Running")
+    decisions = cordon_rbac.guard.decisions
+    evict(rbac_identity.kube, "mine", dry_run=True)
+    assert cordon_rbac.guard.decisions == decisions + 1 and running(kube, "mine")
+    cordon_rbac.guard.stop()
+    with pytest.raises(ApiError) as caught:
+        evict(rbac_identity.kube, "mine", dry_run=True)
+    assert caught.value.status == 500 and "failed calling webhook" in caught.value.message, caught.value
+    evict(kube, "mine", dry_run=True)
+    kube.delete("v1", "Pod", "mine", WORK_NS)
 
 
 def test_manager_cannot_patch_another_node(kube: Kube, rbac_identity: AgentIdentity) -> None:

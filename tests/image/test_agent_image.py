@@ -132,3 +132,18 @@ print(json.dumps({"found": found, "uid": os.getuid(), "wheels": os.path.exists("
     base = next(line.split()[-1] for line in image.build_log.splitlines() if line.startswith("image: building"))
     print(f"agent image {size:.0f} MB, base {_size_mb(image, base):.0f} MB (408 MB on python:3.11-slim before)")
     assert size < 204, f"the image is {size:.0f} MB: more than half the 408 MB it was"
+
+
+def test_the_image_serves_the_eviction_guard(image: Image, tmp_path: Path) -> None:
+    """The guard's certificate is made in the image (its cryptography wheel loads under the default user),
+    and the command line is there; its serving is tested against the real API server elsewhere."""
+    probe = image.run(tmp_path, "python", "-c", """
+from node_agent.admission import certificates, server
+from nvgpu import evictionguard
+cert = certificates.generate(evictionguard.service_hosts("nvidia-gpu"))
+server.tls_context(cert)
+print("ok")
+""")
+    assert probe.returncode == 0 and probe.stdout.strip() == "ok", probe.stderr
+    usage = image.run(tmp_path, "python", "-m", "node_agent", "eviction-guard", "--help")
+    assert usage.returncode == 0 and "--extra-host" in usage.stdout, usage.stderr

@@ -20,7 +20,9 @@ For the labeller, the node-setup agent and the MIG manager, the policy allows:
 
 What no admission policy can confine: an Eviction names only the pod, so the policy cannot see the
 pod's node. The MIG manager is given ``pods/eviction`` only where it drains itself (``--drain cordon``,
-clusters without Deckhouse); on Deckhouse, node-manager drains and the manager has no eviction right.
+clusters without Deckhouse), and there the eviction guard's webhook, which looks the pod up, keeps those
+evictions to its node (``nvidia_gpu.components.manifests.evictionguard``); on Deckhouse, node-manager
+drains and the manager has no eviction right.
 """
 
 from __future__ import annotations

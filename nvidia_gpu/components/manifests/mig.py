@@ -54,7 +54,7 @@ RULES: tuple[dict[str, list[str]], ...] = (
 )
 #: Where it drains itself (``--drain cordon``) it also evicts GPU workloads. An Eviction names only the
 #: pod, so no admission policy can keep it to its node: the right is given only where it is used (on
-#: Deckhouse, node-manager drains).
+#: Deckhouse, node-manager drains), and the eviction guard's webhook refuses it for other nodes' pods.
 EVICT_RULE: dict[str, list[str]] = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
 
 

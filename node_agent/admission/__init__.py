@@ -1,0 +1,1 @@
+"""Admission webhooks the API server calls: the eviction guard (see :mod:`nvgpu.evictionguard`)."""

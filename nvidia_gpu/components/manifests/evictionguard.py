@@ -1,0 +1,168 @@
+"""The eviction guard: the webhook that keeps a self-draining MIG manager's evictions on its own node.
+
+Emitted only where the manager drains itself (``--drain cordon``, the ``daemonset`` node-setup backend)
+and tokens carry their pod's node (Kubernetes 1.30+). See :mod:`nvgpu.evictionguard` for why a
+ValidatingAdmissionPolicy cannot do this and what the guard decides.
+
+What the stack registers, in this order (each waits for the one before):
+
+1. the ValidatingWebhookConfiguration: for ``CREATE pods/eviction`` by the MIG manager's ServiceAccount
+   only (a ``matchCondition``), ``failurePolicy: Fail``, no ``caBundle`` (the guard sets that one field,
+   so server-side apply leaves it to the guard);
+2. the guard's RBAC: read pods, read and patch only this configuration (no Secrets: the guard's key never
+   leaves its process, see ``node_agent.admission.certificates``);
+3. the Service and the Deployment (one replica, replaced with ``Recreate``, unprivileged, kept off the GPU
+   nodes so a compromised GPU node never holds the token that may re-point the webhook), ready only once
+   the configuration trusts the guard's CA;
+4. then the MIG manager (``nvidia_gpu.components.mig_profile``), so its first eviction is already judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from nvgpu import evictionguard as contract
+from nvgpu import labels
+from nvgpu.stackconfig import Cluster, NodeGroup
+from nvidia_gpu.components.manifests import Manifest
+from nvidia_gpu.components.manifests.confinement import MIG_MANAGER_SA, MIN_MINOR
+from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name, selector_labels
+from nvidia_gpu.components.manifests.workloads import AGENT
+
+ADMISSION_API = "admissionregistration.k8s.io/v1"
+RBAC_API = "rbac.authorization.k8s.io/v1"
+COMPONENT = contract.COMPONENT
+#: One process, one CA (``node_agent.admission.certificates``); replaced with ``Recreate``, never two at once.
+REPLICAS = 1
+#: A webhook call is one GET of the pod; five seconds is long for it and short for a drain's retry.
+TIMEOUT_S = 5
+RESOURCES = {"requests": {"cpu": "10m", "memory": "48Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}
+#: Unprivileged, as Pod Security ``restricted`` asks (the image's default user).
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                      "capabilities": {"drop": ["ALL"]}}
+
+
+def wanted(cluster: Cluster, drain: str) -> bool:
+    """Whether the stack emits the guard: the manager evicts (``cordon``) and tokens name their node."""
+    return drain == "cordon" and cluster.kubernetes_minor >= MIN_MINOR
+
+
+def _meta(namespace: str, cluster: Cluster | None = None) -> dict[str, str]:
+    return app_labels(COMPONENT, namespace, version=cluster.agent_image.tag if cluster else None)
+
+
+def webhook_configuration(namespace: str) -> Manifest:
+    manager = f"system:serviceaccount:{namespace}:{MIG_MANAGER_SA}"
+    return {
+        "apiVersion": ADMISSION_API,
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": contract.configuration_name(namespace), "labels": _meta(namespace)},
+        "webhooks": [{
+            "name": contract.WEBHOOK_NAME,
+            "clientConfig": {"service": {"namespace": namespace, "name": contract.service_name(),
+                                         "path": contract.WEBHOOK_PATH, "port": contract.SERVICE_PORT}},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods/eviction"], "scope": "Namespaced"}],
+            # Only the MIG manager's evictions wait on the guard; nobody else's ever does.
+            "matchConditions": [{"name": "mig-manager-only",
+                                 "expression": f"request.userInfo.username == '{manager}'"}],
+            "failurePolicy": "Fail",
+            "matchPolicy": "Equivalent",
+            "sideEffects": "None",
+            "timeoutSeconds": TIMEOUT_S,
+            "admissionReviewVersions": ["v1"],
+        }],
+    }
+
+
+def rbac(namespace: str) -> tuple[Manifest, ...]:
+    """ServiceAccount, ClusterRole and binding: read pods, read and patch the one webhook configuration."""
+    name = cluster_object_name(namespace, COMPONENT)
+    meta = _meta(namespace)
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount",
+          "metadata": {"name": COMPONENT, "namespace": namespace, "labels": meta},
+          "automountServiceAccountToken": False}
+    subject = [{"kind": "ServiceAccount", "name": COMPONENT, "namespace": namespace}]
+    cluster_role = {
+        "apiVersion": RBAC_API, "kind": "ClusterRole", "metadata": {"name": name, "labels": meta},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+            {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
+             "resourceNames": [contract.configuration_name(namespace)], "verbs": ["get", "patch"]},
+        ]}
+    cluster_binding = {
+        "apiVersion": RBAC_API, "kind": "ClusterRoleBinding", "metadata": {"name": name, "labels": meta},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": subject}
+    return sa, cluster_role, cluster_binding
+
+
+def service(namespace: str) -> Manifest:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": contract.service_name(), "namespace": namespace, "labels": _meta(namespace)},
+        "spec": {"selector": selector_labels(COMPONENT, namespace),
+                 "ports": [{"name": "https", "port": contract.SERVICE_PORT, "targetPort": "https",
+                            "protocol": "TCP"}]},
+    }
+
+
+def off_gpu_nodes(groups: Sequence[NodeGroup]) -> dict[str, Any]:
+    """Required node affinity away from GPU nodes: not set up for GPUs, and not in a group chosen by one
+    label. Groups chosen by several labels cannot be negated in one selector term; their GPU taint keeps
+    the guard off them (it tolerates none)."""
+    expressions: list[dict[str, Any]] = [{"key": labels.GPU_SETUP_COMPLETE, "operator": "DoesNotExist"}]
+    excluded: dict[str, list[str]] = {}
+    for g in groups:
+        if len(g.match_labels) == 1 and not g.match_expressions:
+            ((key, value),) = g.match_labels.items()
+            if value not in excluded.setdefault(key, []):
+                excluded[key].append(value)
+    expressions += [{"key": k, "operator": "NotIn", "values": sorted(v)} for k, v in sorted(excluded.items())]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": expressions}]}}}
+
+
+def deployment(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> Manifest:
+    meta = _meta(namespace, cluster)
+    probe = {"scheme": "HTTPS", "port": "https"}
+    container = {
+        "name": COMPONENT,
+        "image": cluster.agent_image.ref,
+        "imagePullPolicy": cluster.agent_image.pull_policy,
+        "command": list(AGENT),
+        "args": ["eviction-guard"],
+        "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+        "ports": [{"name": "https", "containerPort": contract.PORT, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", **probe}, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {"path": "/healthz", **probe}, "periodSeconds": 20, "failureThreshold": 3},
+        "resources": RESOURCES,
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": COMPONENT, "namespace": namespace, "labels": meta},
+        "spec": {
+            "replicas": REPLICAS,
+            "selector": {"matchLabels": selector_labels(COMPONENT, namespace)},
+            "strategy": {"type": "Recreate"},
+            "template": {
+                "metadata": {"labels": meta},
+                "spec": {
+                    "serviceAccountName": COMPONENT,
+                    "automountServiceAccountToken": True,
+                    # Not node-critical like the agents: any node but a GPU node can run it.
+                    "priorityClassName": "system-cluster-critical",
+                    "securityContext": POD_SECURITY,
+                    "nodeSelector": {"kubernetes.io/os": "linux"},
+                    "affinity": off_gpu_nodes(groups),
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}],
+                },
+            },
+        },
+    }

@@ -1,0 +1,97 @@
+"""The eviction guard's manifests (``components/manifests/evictionguard.py``) and where MigProfile puts them.
+
+What the guard decides is tested in ``tests/node_agent/admission``; that the API server calls it for the
+manager's evictions only, and refuses the cross-node ones, in ``tests/cluster/test_agent_mig.py``.
+"""
+
+from __future__ import annotations
+
+from nvgpu import evictionguard as contract
+from nvgpu import labels
+from nvidia_gpu.components.manifests import evictionguard
+from nvidia_gpu.components.manifests.mig import drain_mode
+from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
+from nvidia_gpu.policies.k8s_security import rbac_secret_problems, rbac_wildcard_problems
+from nvidia_gpu.policies.manifests import Kind
+from nvidia_gpu.preview.engine import install_mocks, run_in_engine
+from tests.nvidia_gpu.components.component_helpers import MIG_STACK_GROUPS, stack_config
+
+NS = "gpu-system"
+
+
+def test_emitted_only_where_the_manager_evicts_and_tokens_name_their_node() -> None:
+    daemonset = stack_config(MIG_STACK_GROUPS, node_setup="daemonset").cluster
+    deckhouse = stack_config(MIG_STACK_GROUPS).cluster
+    old = stack_config(MIG_STACK_GROUPS, node_setup="daemonset", kubernetesVersion="1.29").cluster
+    assert evictionguard.wanted(daemonset, drain_mode(daemonset))
+    assert not evictionguard.wanted(deckhouse, drain_mode(deckhouse))  # node-manager drains; no eviction right
+    assert not evictionguard.wanted(old, drain_mode(old))  # no node claim in 1.29 tokens
+
+
+def test_the_webhook_judges_only_the_managers_evictions_and_fails_closed() -> None:
+    cfg = evictionguard.webhook_configuration(NS)
+    assert cfg["metadata"]["name"] == contract.configuration_name(NS)
+    (hook,) = cfg["webhooks"]
+    assert hook["name"] == contract.WEBHOOK_NAME
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["pods/eviction"], "scope": "Namespaced"}]
+    assert hook["matchConditions"] == [{"name": "mig-manager-only", "expression":
+                                        f"request.userInfo.username == 'system:serviceaccount:{NS}:mig-manager'"}]
+    assert (hook["failurePolicy"], hook["sideEffects"]) == ("Fail", "None")
+    assert hook["clientConfig"] == {"service": {"namespace": NS, "name": contract.service_name(),
+                                                "path": contract.WEBHOOK_PATH, "port": contract.SERVICE_PORT}}
+    assert "caBundle" not in hook["clientConfig"], "the guard owns that field"
+
+
+def test_the_guard_reads_pods_patches_its_webhook_by_name_and_never_touches_secrets() -> None:
+    sa, role, binding = evictionguard.rbac(NS)
+    assert sa["automountServiceAccountToken"] is False
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
+         "resourceNames": [contract.configuration_name(NS)], "verbs": ["get", "patch"]}]
+    kind = Kind("rbac.authorization.k8s.io/v1", "ClusterRole")
+    assert not rbac_secret_problems(kind, role) and not rbac_wildcard_problems(kind, role)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": contract.COMPONENT, "namespace": NS}]
+
+
+def test_one_unprivileged_replica_kept_off_the_gpu_nodes() -> None:
+    cfg = stack_config(MIG_STACK_GROUPS, node_setup="daemonset")
+    dep = evictionguard.deployment(NS, cfg.cluster, cfg.node_groups)
+    spec = dep["spec"]
+    assert (spec["replicas"], spec["strategy"]) == (1, {"type": "Recreate"})
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] and "tolerations" not in pod
+    (container,) = pod["containers"]
+    assert container["args"] == ["eviction-guard"] and container["image"] == cfg.cluster.agent_image.ref
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    exprs = term["matchExpressions"]
+    assert {"key": labels.GPU_SETUP_COMPLETE, "operator": "DoesNotExist"} in exprs
+    groups = {k: v for g in cfg.node_groups for k, v in g.match_labels.items()}
+    for key in groups:
+        (excluded,) = [e for e in exprs if e["key"] == key]
+        assert excluded["operator"] == "NotIn"
+        assert set(excluded["values"]) == {g.match_labels[key] for g in cfg.node_groups if key in g.match_labels}
+
+
+def test_the_manager_waits_for_the_guard_which_waits_for_its_webhook() -> None:
+    monitor = install_mocks("nvidia-gpu", "test")
+    cfg = stack_config(MIG_STACK_GROUPS, node_setup="daemonset")
+    run_in_engine(lambda: MigProfile("mig", MigProfileArgs(cluster=cfg.cluster, groups=cfg.node_groups)))
+    r = {x.name: x for x in monitor.recorded_resources()}
+    guard = "mig-eviction-guard"
+    assert {n for n in r if n.startswith(guard)} == {f"{guard}-{s}" for s in (
+        "webhook", "sa", "role", "binding", "service", "deployment")}
+    assert all(r[n].parent_urn == r["mig"].urn for n in r if n.startswith(guard))
+    assert r[f"{guard}-deployment"].urn in r["mig-manager"].dependencies
+    assert {r[f"{guard}-webhook"].urn, r[f"{guard}-binding"].urn} <= set(r[f"{guard}-deployment"].dependencies)
+
+
+def test_no_guard_on_deckhouse() -> None:
+    monitor = install_mocks("nvidia-gpu", "test")
+    cfg = stack_config(MIG_STACK_GROUPS)
+    run_in_engine(lambda: MigProfile("mig", MigProfileArgs(cluster=cfg.cluster, groups=cfg.node_groups)))
+    assert not [x for x in monitor.recorded_resources() if "eviction-guard" in x.name]
