@@ -13,8 +13,10 @@ What the stack registers, in this order (each waits for the one before):
    leaves its process, see ``node_agent.admission.certificates``);
 3. the Service and the Deployment (one replica, replaced with ``Recreate``, unprivileged, kept off the GPU
    nodes so a compromised GPU node never holds the token that may re-point the webhook), ready only once
-   the configuration trusts the guard's CA;
-4. then the MIG manager (``nvidia_gpu.components.mig_profile``), so its first eviction is already judged.
+   the configuration trusts the guard's CA; not awaited by ``pulumi up`` (``pulumi.com/skipAwait``), as a
+   cluster may have no node for it yet;
+4. then the MIG manager (``nvidia_gpu.components.mig_profile``); any eviction it asks for before the guard
+   serves is refused (fail closed) and retried.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from nvgpu.stackconfig import Cluster, NodeGroup
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.confinement import MIG_MANAGER_SA, MIN_MINOR
 from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name, selector_labels
-from nvidia_gpu.components.manifests.workloads import AGENT
+from nvidia_gpu.components.manifests.workloads import AGENT, SKIP_AWAIT
 
 ADMISSION_API = "admissionregistration.k8s.io/v1"
 RBAC_API = "rbac.authorization.k8s.io/v1"
@@ -145,7 +147,9 @@ def deployment(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) ->
     }
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": COMPONENT, "namespace": namespace, "labels": meta},
+        # Not awaited: the one replica needs a node that is not a GPU node, which a new cluster may not have
+        # yet; until it serves, the manager's evictions are refused (fail closed) and retried.
+        "metadata": {"name": COMPONENT, "namespace": namespace, "labels": meta, "annotations": dict(SKIP_AWAIT)},
         "spec": {
             "replicas": REPLICAS,
             "selector": {"matchLabels": selector_labels(COMPONENT, namespace)},
