@@ -21,7 +21,6 @@ import socket
 import ssl
 import tempfile
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -135,10 +134,6 @@ class EvictionGuard:
         for t in self._threads:
             t.join(timeout=5)
 
-    def wait(self, stopped: threading.Event) -> None:
-        stopped.wait()
-        self.stop()
-
     def _keep_ca_bundle(self) -> None:
         failures = 0
         while not self._stop.is_set():
@@ -214,11 +209,11 @@ class EvictionGuard:
         return Handler
 
 
-def serve(settings: GuardSettings, kube: Kube, stopped: threading.Event,
-          on_ready: Callable[[EvictionGuard], None] | None = None) -> None:
+def serve(settings: GuardSettings, kube: Kube, stopped: threading.Event) -> None:
     """Serve until ``stopped`` is set (the CLI sets it on SIGTERM/SIGINT)."""
     guard = EvictionGuard(settings, kube)
     guard.start()
-    if on_ready is not None:
-        on_ready(guard)
-    guard.wait(stopped)
+    try:
+        stopped.wait()
+    finally:
+        guard.stop()

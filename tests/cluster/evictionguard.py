@@ -28,10 +28,6 @@ class RunningGuard:
     guard: EvictionGuard
     configuration: dict[str, Any]
 
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.guard.port}{contract.WEBHOOK_PATH}"
-
 
 def webhook_at(namespace: str, url: str) -> dict[str, Any]:
     """The stack's webhook configuration, pointed at ``url``."""
