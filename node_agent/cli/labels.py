@@ -52,8 +52,10 @@ def options(args: argparse.Namespace) -> LabelOptions:
             raise UsageError("--inventory needs --patch-node (the GPU objects belong to the Node)")
         if not args.inventory_sharing:
             raise UsageError("--inventory needs --inventory-sharing (the node group's sharing mode)")
+        if args.inventory_xid_quiet < 0:
+            raise UsageError(f"--inventory-xid-quiet must be 0 or more seconds (got {args.inventory_xid_quiet:g})")
         inventory = InventoryContext(sharing=args.inventory_sharing, allocation_mode=args.inventory_allocation_mode,
-                                     dra_driver=args.inventory_dra_driver)
+                                     dra_driver=args.inventory_dra_driver, xid_quiet_s=args.inventory_xid_quiet)
     return LabelOptions(mig_strategy=args.mig_strategy, replicas=args.replicas, sharing_strategy=args.sharing_strategy,
                         timestamp=not args.no_timestamp, output_file=args.output_file,
                         write_file=not args.no_output_file, patch_node=args.patch_node, daemonset=args.daemonset,
@@ -135,6 +137,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--inventory-allocation-mode", choices=("devicePlugin", "dra"), default="devicePlugin")
     g.add_argument("--inventory-dra-driver", default="gpu.nvidia.com", metavar="NAME",
                    help="the DRA driver whose devices expose the GPUs (allocation mode dra)")
+    g.add_argument("--inventory-xid-quiet", type=float, default=60.0, metavar="SECONDS",
+                   help="with --loop: how long a GPU shows Unhealthy after a critical XID (the device plugin's "
+                        "--recovery-quiet-period; default 60)")
     p.add_argument("--loop", action="store_true", help="re-label every --interval seconds until SIGTERM")
     p.add_argument("--interval", type=float, default=60.0)
     p.add_argument("--iterations", type=int, default=0, help="with --loop: stop after N runs (0 = never)")

@@ -6,6 +6,10 @@ already reads the GPUs once per interval. It writes with its own pod's identity;
 admission policy lets it write only objects of its own node. A GPU NVML reports as lost keeps its object,
 marked ``Unhealthy`` with NVML's reason; one that is no longer listed at all is deleted. The objects are
 owned by the Node, so the garbage collector removes them with it.
+
+Each object shows its GPU's last XID and when it was raised (:mod:`node_agent.labeller.xids`); a critical
+one (not an application's) keeps the GPU ``Unhealthy`` for the quiet period the device plugin waits before
+it trusts the GPU again, so the object and the allocatable count tell the same story.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from node_agent.dra.devices import mig_device_name
 from node_agent.kube.errors import NotFound
 from node_agent.kube.transport import Kube
 from node_agent.labeller.labels import InventoryContext as Context
+from node_agent.labeller.xids import XidSeen, utcnow
 from node_agent.nvml.types import DriverInfo, Gpu, Inventory
 from nvgpu import catalogue, inventory
 
@@ -40,8 +45,42 @@ class SyncResult:
         return bool(self.created or self.updated or self.deleted)
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def _stamp(t: datetime.datetime) -> str:
+    return t.astimezone(datetime.UTC).strftime(TIME_FORMAT)
+
+
+def _parsed(text: object) -> datetime.datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.datetime.strptime(text, TIME_FORMAT).replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return None
+
+
+def last_xid(recorded: XidSeen | None, status: Mapping[str, Any]) -> XidSeen | None:
+    """The newer of what the recorder saw and what the object says already: a restarted labeller (whose
+    recorder starts empty) keeps the last XID, and its Unhealthy window, where they were."""
+    health = status.get("health") or {}
+    xid, at = health.get("lastXID"), _parsed(health.get("lastXIDTime"))
+    kept = XidSeen(xid, at) if isinstance(xid, int) and at is not None else None
+    if recorded is None or (kept is not None and kept.at > recorded.at):
+        return kept
+    return recorded
+
+
+def gpu_health(xid: XidSeen | None, now: datetime.datetime, quiet_s: float) -> dict[str, Any]:
+    """Healthy, unless a critical XID was raised less than ``quiet_s`` ago; the last XID either way."""
+    health: dict[str, Any] = {"state": "Healthy"}
+    if xid is None:
+        return health
+    health.update(lastXID=xid.xid, lastXIDTime=_stamp(xid.at))
+    if xid.critical and (now - xid.at).total_seconds() < quiet_s:
+        health.update(state="Unhealthy", reason=f"critical XID {xid.xid} less than {quiet_s:g}s ago")
+    return health
 
 
 def exposed_as(gpu: Gpu, ctx: Context) -> list[dict[str, Any]]:
@@ -87,14 +126,26 @@ def gpu_status(gpu: Gpu, driver: DriverInfo | None, ctx: Context) -> dict[str, A
     return status
 
 
-def desired(inv: Inventory, driver: DriverInfo | None, ctx: Context,
-            existing: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Per NVML index, the status each GPU's object should have. A lost GPU keeps what was known of it
-    (``existing``: index to current status) and is marked unhealthy with NVML's reason."""
-    out = {g.index: gpu_status(g, driver, ctx) for g in inv.gpus}
+def desired(inv: Inventory, driver: DriverInfo | None, ctx: Context, existing: Mapping[int, Mapping[str, Any]],
+            *, xids: Mapping[int, XidSeen] | None = None, now: datetime.datetime | None = None
+            ) -> dict[int, dict[str, Any]]:
+    """Per NVML index, the status each GPU's object should have (``existing``: index to current status;
+    ``xids``: the recorder's last XID per index). A lost GPU keeps what was known of it and is marked
+    unhealthy with NVML's reason."""
+    now = now or utcnow()
+    xids = xids or {}
+    out: dict[int, dict[str, Any]] = {}
+    for g in inv.gpus:
+        out[g.index] = gpu_status(g, driver, ctx)
+        out[g.index]["health"] = gpu_health(last_xid(xids.get(g.index), existing.get(g.index) or {}), now,
+                                            ctx.xid_quiet_s)
     for lost in inv.lost:
         before = dict(existing.get(lost.index) or {})
-        before["health"] = {"state": "Unhealthy", "reason": lost.reason}
+        health: dict[str, Any] = {"state": "Unhealthy", "reason": lost.reason}
+        xid = last_xid(xids.get(lost.index), before)
+        if xid is not None:
+            health.update(lastXID=xid.xid, lastXIDTime=_stamp(xid.at))
+        before["health"] = health
         out[lost.index] = before
     return out
 
@@ -120,19 +171,22 @@ def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def sync(kube: Kube, node: str, inv: Inventory, driver: DriverInfo | None, ctx: Context, *,
-         node_uid: Callable[[], str], now: Callable[[], str] = _now) -> SyncResult:
+         node_uid: Callable[[], str], xids: Mapping[int, XidSeen] | None = None,
+         now: Callable[[], datetime.datetime] = utcnow) -> SyncResult:
     """Make this node's GPU objects match ``inv``: one list, then a write only where something changed."""
     listed = kube.get(inventory.collection_path(), query={"labelSelector": f"{inventory.NODE_LABEL}={node}"},
                       what=f"list GPUs of node {node}") or {}
     current = {int(o["spec"]["index"]): o for o in listed.get("items") or [] if o.get("spec", {}).get("node") == node}
-    want = desired(inv, driver, ctx, {i: o.get("status") or {} for i, o in current.items()})
+    at = now()
+    want = desired(inv, driver, ctx, {i: o.get("status") or {} for i, o in current.items()}, xids=xids, now=at)
     created, updated, deleted = [], [], []
     for index, status in sorted(want.items()):
         obj = current.get(index)
         old = dict((obj or {}).get("status") or {})
         health = status["health"]
         before = old.get("health") or {}
-        health["since"] = before["since"] if before.get("state") == health["state"] and "since" in before else now()
+        kept = before.get("state") == health["state"] and "since" in before
+        health["since"] = before["since"] if kept else _stamp(at)
         if obj is None:
             name = inventory.object_name(node, index)
             kube.request("POST", inventory.collection_path(), {

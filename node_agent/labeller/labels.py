@@ -39,6 +39,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ from node_agent.host import HostError, VgpuDevice, VgpuScanError, nvidia_gpus, v
 from node_agent.labeller import gfd
 from node_agent.labeller.nodeconfig import NodePlan, Requested, plan
 from node_agent.labeller.nodepatch import NodeEnv
+from node_agent.labeller.xids import XidSeen
 from node_agent.nvml import FabricInfo, GpuInstanceProfile, NvmlError
 from nvgpu import labels as label_names
 
@@ -86,6 +88,8 @@ class InventoryContext:
     dra_driver: str = "gpu.nvidia.com"
     mig_strategy: str = "none"
     replicas: int = 1
+    #: Seconds a GPU stays Unhealthy after a critical XID (the device plugin's recovery quiet period).
+    xid_quiet_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -252,7 +256,8 @@ def collect(ctx: NodeEnv, options: LabelOptions, source: SharingSource | None = 
 
 
 def label_once(ctx: NodeEnv, options: LabelOptions, want: Requested,
-               source: SharingSource | None = None) -> LabelRun:
+               source: SharingSource | None = None, xids: Mapping[int, XidSeen] | None = None) -> LabelRun:
+    """One labelling run; ``xids``: the loop's recorder's last XID per GPU, for the inventory."""
     failure: NvmlError | HostError | None = None
     try:
         labels, warnings = collect(ctx, options, source)
@@ -273,7 +278,7 @@ def label_once(ctx: NodeEnv, options: LabelOptions, want: Requested,
         raise failure
     if options.inventory is not None:
         try:
-            sync_inventory(ctx, options, options.inventory, source)
+            sync_inventory(ctx, options, options.inventory, source, xids)
         except (NvmlError, kube_error(True)) as e:  # the labels landed; the objects follow next run
             log.warning("event=gpu-inventory-failed error=%s", e)
             warnings = (*warnings, f"GPU inventory not updated: {e}")
@@ -293,7 +298,7 @@ def remove_inventory(ctx: NodeEnv, inv_ctx: InventoryContext) -> Any:
 
 
 def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContext,
-                   source: SharingSource | None = None) -> Any:
+                   source: SharingSource | None = None, xids: Mapping[int, XidSeen] | None = None) -> Any:
     """This node's GPU objects made to match the GPUs NVML lists (``node_agent.labeller.inventory``)."""
     from node_agent.labeller import inventory
     from node_agent.labeller.nodepatch import KubeNodeApi
@@ -313,7 +318,7 @@ def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContex
 
     return inventory.sync(api.kube, node, inv, driver,
                           dataclasses.replace(inv_ctx, mig_strategy=sharing.mig_strategy, replicas=replicas),
-                          node_uid=node_uid)
+                          node_uid=node_uid, xids=xids)
 
 
 def patch_node(ctx: NodeEnv, want: Requested, gpu_labels: dict[str, str] | None, *, gated: bool = False
@@ -397,23 +402,48 @@ def label_loop(ctx: NodeEnv, options: LabelOptions, want: Requested, source: Sha
     """Label every ``interval`` seconds until ``stop`` is set (or after ``iterations`` runs, when not 0).
 
     A failed run is logged and retried next interval: a GPU or API server that is back is relabelled
-    without a restart. Warnings are logged when they change, not every interval.
+    without a restart. Warnings are logged when they change, not every interval. With the inventory kept,
+    an XID recorder (``node_agent.labeller.xids``) watches NVML's events meanwhile, and an XID starts the
+    next run at once.
     """
     errors = (NvmlError, HostError, kube_error(options.patch_node))
     done = 0
     reported: tuple[str, ...] = ()
-    while not stop.is_set():
-        try:
-            result = label_once(ctx, options, want, source)
-            log.info("labelled labels=%d file_changed=%s node_changes=%d taints_changed=%s", len(result.labels),
-                     result.file_changed, len(result.node_changes), result.node_taints is not None)
-            if result.warnings != reported:  # once, not every interval
-                for w in result.warnings:
-                    log.warning("labelling warning=%r", w)
-                reported = result.warnings
-        except errors as e:
-            log.warning("labelling failed error=%r", str(e))
-        done += 1
-        if iterations and done >= iterations:
-            break
-        stop.wait(interval)
+    xid_raised = threading.Event()
+    recorder = None
+    if options.inventory is not None:
+        from node_agent.labeller.xids import XidRecorder
+
+        recorder = XidRecorder(ctx.nvml, xid_raised.set)
+        recorder.start()
+    try:
+        while not stop.is_set():
+            xid_raised.clear()
+            try:
+                result = label_once(ctx, options, want, source, recorder.seen() if recorder else None)
+                log.info("labelled labels=%d file_changed=%s node_changes=%d taints_changed=%s",
+                         len(result.labels), result.file_changed, len(result.node_changes),
+                         result.node_taints is not None)
+                if result.warnings != reported:  # once, not every interval
+                    for w in result.warnings:
+                        log.warning("labelling warning=%r", w)
+                    reported = result.warnings
+            except errors as e:
+                log.warning("labelling failed error=%r", str(e))
+            done += 1
+            if iterations and done >= iterations:
+                break
+            _wait(stop, xid_raised, interval)
+    finally:
+        if recorder is not None:
+            recorder.stop()
+
+
+def _wait(stop: threading.Event, early: threading.Event, seconds: float) -> None:
+    """Wait ``seconds``, less when ``early`` or ``stop`` is set (each checked at least twice a second)."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set() and not early.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        early.wait(min(left, 0.5))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,14 @@ class Labeller:
         report: dict[str, Any] = json.loads(done.stdout)
         assert not [w for w in report["warnings"] if "inventory" in w], report["warnings"]
         return report
+
+
+    def loop(self, *extra: str) -> subprocess.Popen[str]:
+        """The labeller as its pod runs it (``--loop``), with ``extra`` flags; stop it with SIGTERM."""
+        return subprocess.Popen(agent_command("--host-root", str(self.root), "--host-exec", "direct", "--nvml",
+                                              f"simulated:{MACHINE}", "--kubeconfig", str(self.identity.kubeconfig),
+                                              *self.args, "--loop", *extra),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=self.env)
 
 
 def _once(args: list[str]) -> list[str]:
@@ -137,7 +146,7 @@ def test_kubectl_get_gpus_lists_the_nodes_gpus(kube: Kube, control_plane: Contro
     # What an administrator types, with the CRD's printer columns.
     table = _kubectl(control_plane, "get", "gpus", "-o", "wide", "-l", f"{inventory.NODE_LABEL}={NODE}").splitlines()
     assert table[0].split() == ["NAME", "NODE", "INDEX", "MODEL", "MEMORY(MIB)", "MIG", "HEALTH", "AGE", "UUID",
-                                "DRIVER", "SHARING", "ALLOCATION", "REASON"]
+                                "DRIVER", "SHARING", "ALLOCATION", "REASON", "LAST-XID"]
     assert len(table) == 9 and all(" NVIDIA A100-SXM4-80GB " in row and " Healthy " in row for row in table[1:])
 
 
@@ -146,6 +155,42 @@ def test_a_run_with_nothing_changed_writes_nothing(kube: Kube, labeller: Labelle
     before = {n: o["metadata"]["resourceVersion"] for n, o in _gpus(kube).items()}
     labeller.run()
     assert {n: o["metadata"]["resourceVersion"] for n, o in _gpus(kube).items()} == before
+
+
+def _raise_until(kube: Kube, labeller: Labeller, index: int, xid: int) -> dict[str, Any] | None:
+    """The GPU's health once its object shows ``xid``; else raise the XID (again) and answer None."""
+    health: dict[str, Any] = _gpus(kube)[inventory.object_name(NODE, index)]["status"]["health"]
+    if health.get("lastXID") == xid:
+        return health
+    labeller.sim.inject_xid(index, xid)
+    return None
+
+
+def test_xids_show_at_once_and_a_critical_one_turns_the_gpu_unhealthy_for_the_quiet_period(
+        kube: Kube, control_plane: ControlPlane, labeller: Labeller) -> None:
+    """The labeller's loop (a 60 s interval, as deployed) holds an NVML event set: an XID starts the next run
+    at once, so the object follows within seconds; a quiet period of 2 s makes the recovery quick to see."""
+    labeller.run()
+    ecc, app = inventory.object_name(NODE, 2), inventory.object_name(NODE, 1)
+    proc = labeller.loop("--interval", "60", "--inventory-xid-quiet", "2")
+    try:
+        # The recorder sees what is raised after its event set exists: raise until the object shows it.
+        health = wait_for(lambda: _raise_until(kube, labeller, 2, 48), timeout=20, interval=1,
+                          what=f"{ecc} showing XID 48")
+        assert health["state"] == "Unhealthy" and health["reason"] == "critical XID 48 less than 2s ago", health
+        time.sleep(2.5)
+        wait_for(lambda: _raise_until(kube, labeller, 1, 13), timeout=20, interval=1, what=f"{app} showing XID 13")
+        gpus = _gpus(kube)
+        assert gpus[app]["status"]["health"]["state"] == "Healthy"
+        assert gpus[ecc]["status"]["health"]["state"] == "Healthy", "the quiet period passed"
+        assert gpus[ecc]["status"]["health"]["lastXID"] == 48, "the last XID is kept"
+        row = next(r for r in _kubectl(control_plane, "get", "gpus", "-o", "wide", ecc).splitlines()[1:])
+        assert row.split()[-1] == "48", row
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "event=xid gpu=2 xid=48" in out and "critical=True" in out, out
 
 
 def test_a_lost_gpu_turns_unhealthy_and_comes_back(kube: Kube, labeller: Labeller) -> None:

@@ -56,17 +56,26 @@ __all__ = [
 
 _lock = threading.Lock()
 _saved: list[object] = []
+#: How many installs share each installed library (by ``id``).
+_installs: dict[int, int] = {}
 
 
 def install(store: SimStore) -> FakeNvmlLibrary:
-    """Make nvidia-ml-py talk to the simulated machine behind ``store`` (process-wide)."""
-    lib = FakeNvmlLibrary(store)
+    """Make nvidia-ml-py talk to the simulated machine behind ``store`` (process-wide).
+
+    A process loads ``libnvidia-ml.so.1`` once, however many NVML sessions it opens: while the same
+    machine's file-backed library is installed, a further install shares it (counted; the last matching
+    ``uninstall`` restores what was there), so a session held open (an event set waiting for XIDs) keeps
+    its handles while other sessions come and go beside it, as it does on a real driver."""
     with pynvml.libLoadLock, _lock:
         current = pynvml.nvmlLib
-        if isinstance(current, FakeNvmlLibrary):
-            _saved.append(current)
-        else:
-            _saved.append(current)
+        if (isinstance(current, FakeNvmlLibrary) and store.path is not None
+                and (current.store.machine, current.store.path) == (store.machine, store.path)):
+            _installs[id(current)] += 1
+            return current
+        lib = FakeNvmlLibrary(store)
+        _saved.append(current)
+        _installs[id(lib)] = 1
         pynvml.nvmlLib = lib
         pynvml._nvmlGetFunctionPointer_cache.clear()
         pynvml._nvmlLib_refcount = 0
@@ -74,10 +83,14 @@ def install(store: SimStore) -> FakeNvmlLibrary:
 
 
 def uninstall(lib: FakeNvmlLibrary) -> None:
-    """Undo the matching ``install``; the previous library (real or none) comes back."""
+    """Undo the matching ``install``; after the last one the previous library (real or none) comes back."""
     with pynvml.libLoadLock, _lock:
         if pynvml.nvmlLib is not lib:
             return
+        _installs[id(lib)] -= 1
+        if _installs[id(lib)] > 0:
+            return
+        del _installs[id(lib)]
         pynvml.nvmlLib = _saved.pop() if _saved else None
         pynvml._nvmlGetFunctionPointer_cache.clear()
         pynvml._nvmlLib_refcount = 0

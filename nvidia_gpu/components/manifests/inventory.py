@@ -122,6 +122,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Sharing", "type": "string", "jsonPath": ".status.sharing", "priority": 1},
     {"name": "Allocation", "type": "string", "jsonPath": ".status.allocationMode", "priority": 1},
     {"name": "Reason", "type": "string", "jsonPath": ".status.health.reason", "priority": 1},
+    {"name": "Last-XID", "type": "integer", "jsonPath": ".status.health.lastXID", "priority": 1},
 ]
 
 

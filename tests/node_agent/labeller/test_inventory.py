@@ -4,8 +4,11 @@ run writes only what changed (the real API server's side is ``tests/cluster/test
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,9 @@ import pytest
 
 from node_agent.labeller import inventory
 from node_agent.labeller.labels import InventoryContext
+from node_agent.labeller.xids import XidRecorder, XidSeen
 from node_agent.nvml import NvmlBackend, open_nvml
+from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.types import DriverInfo, Inventory, LostGpu
 from nvgpu import inventory as api
 from nvgpu.migparted import build_config
@@ -160,7 +165,7 @@ def kube() -> Iterator[FakeKube]:
 
 def test_sync_creates_then_writes_only_changes_then_deletes(kube: FakeKube, dgx: tuple[Inventory, DriverInfo]) -> None:
     inv, driver = dgx
-    times = iter(f"2026-12-03T10:00:0{i}Z" for i in range(10))
+    times = iter(datetime.datetime(2026, 12, 3, 10, 0, i, tzinfo=datetime.UTC) for i in range(10))
 
     def sync(i: Inventory) -> inventory.SyncResult:
         return inventory.sync(kube, "n", i, driver, CTX, node_uid=lambda: "uid-1", now=lambda: next(times))
@@ -187,3 +192,69 @@ def test_the_crd_is_cluster_scoped_with_a_status_subresource_and_kubectl_columns
     assert version["subresources"] == {"status": {}} and version["storage"]
     assert [col["name"] for col in PRINTER_COLUMNS if not col.get("priority")] == [
         "Node", "Index", "Model", "Memory(MiB)", "MIG", "Health", "Age"]
+
+
+T0 = datetime.datetime(2026, 12, 3, 10, 0, 0, tzinfo=datetime.UTC)
+
+
+@pytest.mark.parametrize(("xid", "after_s", "state"), [
+    (48, 10, "Unhealthy"),   # a double-bit ECC error, within the quiet period
+    (48, 60, "Healthy"),     # the quiet period passed: the device plugin trusts the GPU again too
+    (13, 1, "Healthy"),      # an application's graphics engine exception: the GPU is fine
+])
+def test_the_last_xid_shows_and_a_critical_one_keeps_the_gpu_unhealthy_for_the_quiet_period(
+        dgx: tuple[Inventory, DriverInfo], xid: int, after_s: int, state: str) -> None:
+    inv, driver = dgx
+    now = T0 + datetime.timedelta(seconds=after_s)
+    want = inventory.desired(inv, driver, CTX, {}, xids={2: XidSeen(xid, T0)}, now=now)
+    health = want[2]["health"]
+    assert (health["state"], health["lastXID"], health["lastXIDTime"]) == (state, xid, "2026-12-03T10:00:00Z")
+    assert ("reason" in health) == (state == "Unhealthy")
+    if state == "Unhealthy":
+        assert health["reason"] == "critical XID 48 less than 60s ago"
+    assert all(want[i]["health"] == {"state": "Healthy"} for i in want if i != 2)
+    _validator().validate({"spec": {"node": "n", "index": 2}, "status": {**want[2], "health": {
+        **health, "since": "2026-12-03T10:00:00Z"}}})
+
+
+def test_a_restarted_labeller_keeps_the_last_xid_the_object_shows(dgx: tuple[Inventory, DriverInfo]) -> None:
+    inv, driver = dgx
+    shown = {"health": {"state": "Unhealthy", "lastXID": 79, "lastXIDTime": "2026-12-03T10:00:00Z"}}
+    soon = inventory.desired(inv, driver, CTX, {5: shown}, now=T0 + datetime.timedelta(seconds=5))
+    assert soon[5]["health"] == {"state": "Unhealthy", "lastXID": 79, "lastXIDTime": "2026-12-03T10:00:00Z",
+                                 "reason": "critical XID 79 less than 60s ago"}
+    newer = XidSeen(13, T0 + datetime.timedelta(seconds=30))
+    later = inventory.desired(inv, driver, CTX, {5: shown}, xids={5: newer}, now=T0 + datetime.timedelta(seconds=31))
+    assert later[5]["health"] == {"state": "Healthy", "lastXID": 13, "lastXIDTime": "2026-12-03T10:00:30Z"}
+    lost = Inventory(tuple(g for g in inv.gpus if g.index != 5), (LostGpu(5, "GPU is lost"),))
+    gone = inventory.desired(lost, driver, CTX, {5: shown}, now=T0)
+    assert gone[5]["health"] == {"state": "Unhealthy", "reason": "GPU is lost", "lastXID": 79,
+                                 "lastXIDTime": "2026-12-03T10:00:00Z"}
+
+
+def test_the_recorder_sees_xids_while_other_sessions_come_and_go(tmp_path: Path) -> None:
+    """An event set held open in a thread, and the labelling runs opening and closing NVML beside it: the
+    simulator, like a real process's one libnvidia-ml, keeps the held session's handles across them."""
+    root = build_fake_host(tmp_path / "host", "dgx-h100").root
+    backend = NvmlBackend("simulated", "dgx-h100", sim_state_file(root, "dgx-h100"))
+    raised = threading.Event()
+    recorder = XidRecorder(lambda: open_nvml(backend), raised.set, clock=lambda: T0)
+    recorder.start()
+    try:
+        assert recorder.wait_watching(10)
+        for _ in range(3):  # labelling runs meanwhile
+            with open_nvml(backend) as nvml:
+                assert len(nvml.inventory().gpus) == 8
+        machine = SimulatedMachine("dgx-h100", backend.state_file)
+        with open_nvml(backend) as nvml:  # raised while a labelling run has NVML open
+            machine.inject_xid(6, 13)
+            machine.inject_xid(3, 48, gi_id=1, ci_id=0)
+            assert raised.wait(3), "the held event set saw the XID"
+            assert len(nvml.inventory().gpus) == 8
+        deadline = time.monotonic() + 10
+        while len(recorder.seen()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert recorder.seen() == {6: XidSeen(13, T0), 3: XidSeen(48, T0)}
+        assert not recorder.seen()[6].critical and recorder.seen()[3].critical
+    finally:
+        recorder.stop()

@@ -1,0 +1,110 @@
+"""The last XID error of each GPU, for the inventory's ``health.lastXID`` / ``lastXIDTime``.
+
+The device plugin turns XIDs into allocation health; the inventory shows them to people. Both read NVML's
+event queue on their own (an NVML event set is per process and sees every event raised after it was made),
+so the labeller needs nothing from the device plugin and works the same in DRA mode, where there is none.
+One thread per labelling loop holds one event set open: an XID cannot be seen by a process that polls
+once a minute. Each event wakes the loop, so the GPU's object follows within a second, not an interval.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+from node_agent.nvml import EventKind, NvmlError, NvmlSession
+from node_agent.nvml.xid import is_application_xid
+
+log = logging.getLogger(__name__)
+
+#: How long one wait for an event blocks (bounds how long stopping takes).
+WAIT_SLICE_S = 0.5
+#: After NVML failed (driver reloading, GPU lost at start), how long before the event set is made again.
+RETRY_S = 5.0
+#: A GPU that could not register (lost) is retried this often, so one that comes back is watched again.
+REREGISTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class XidSeen:
+    """One GPU's last XID and when it was raised (UTC)."""
+
+    xid: int
+    at: datetime.datetime
+
+    @property
+    def critical(self) -> bool:
+        """An XID the device plugin also counts against the GPU (not one an application caused)."""
+        return not is_application_xid(self.xid)
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+
+
+class XidRecorder:
+    """Records each GPU's last XID from an NVML event set held open in a thread of its own."""
+
+    def __init__(self, open_nvml: Callable[[], AbstractContextManager[NvmlSession]], on_xid: Callable[[], None], *,
+                 clock: Callable[[], datetime.datetime] = utcnow) -> None:
+        self._open = open_nvml
+        self._on_xid = on_xid
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[int, XidSeen] = {}
+        self._stop = threading.Event()
+        self._watching = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="xid-recorder", daemon=True)
+
+    def seen(self) -> dict[int, XidSeen]:
+        """NVML index to the last XID raised on the GPU since this recorder started."""
+        with self._lock:
+            return dict(self._seen)
+
+    def wait_watching(self, timeout_s: float) -> bool:
+        """Whether the event set is registered (XIDs raised from now on are recorded)."""
+        return self._watching.wait(timeout_s)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the watch within a wait slice (the event set is freed as its ``with`` block ends)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._watch()
+            except NvmlError as e:
+                log.warning("event=xid-watch-failed error=%s retry_s=%s", e, RETRY_S)
+                self._stop.wait(RETRY_S)
+            finally:
+                self._watching.clear()
+
+    def _watch(self) -> None:
+        with self._open() as nvml, nvml.watch_events(kinds=(EventKind.XID,)) as watcher:
+            for index, reason in sorted(watcher.failed.items()):
+                log.info("event=xid-watch-skipped gpu=%d reason=%s", index, reason)
+            self._watching.set()
+            started = self._clock()
+            while not self._stop.is_set():
+                event = watcher.wait(WAIT_SLICE_S)
+                if event is not None and event.kind is EventKind.XID:
+                    self._record(event.gpu_index, event.data, event.gi_id, event.ci_id)
+                elif watcher.failed and (self._clock() - started).total_seconds() >= REREGISTER_S:
+                    return  # make the set again: a GPU that was lost may be back
+
+    def _record(self, index: int, xid: int, gi_id: int | None, ci_id: int | None) -> None:
+        seen = XidSeen(xid, self._clock())
+        with self._lock:
+            self._seen[index] = seen
+        log.warning("event=xid gpu=%d xid=%d gpu_instance=%s compute_instance=%s critical=%s", index, xid,
+                    "-" if gi_id is None else gi_id, "-" if ci_id is None else ci_id, seen.critical)
+        self._on_xid()
