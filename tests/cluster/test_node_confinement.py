@@ -16,19 +16,25 @@ from typing import Any
 
 import pytest
 
-from localcluster import ApiError, Kube
+from localcluster import ApiError, ControlPlane, Kube
 from localcluster.client import MERGE_PATCH
-from localcluster.objects import service_account_kube, wait_for
+from localcluster.objects import create_kwok_node, service_account_kube, wait_for
+from nvgpu import inventory
 from nvgpu import labels as names
 from nvidia_gpu.components.manifests import confinement
 from nvidia_gpu.components.manifests.platform import AgentRole
 from tests.cluster.agents import NS, AgentIdentity, create_group_nodes, identity
-from tests.cluster.stack import AppliedStack
+from tests.cluster.stack import AppliedStack, apply_stack
+from tests.tools import required_bin
 
 pytestmark = pytest.mark.cluster
 
 POLICY = confinement.policy_name(NS)
 DENIED_BY = f"ValidatingAdmissionPolicy '{POLICY}' with binding '{POLICY}' denied request"
+#: The prod stack (no Deckhouse: a privileged setup DaemonSet prepares the nodes), in its own namespace.
+PROD_NS = "gpu-system"
+PROD_POLICY = confinement.policy_name(PROD_NS)
+SETUP = ("gpu-setup-h100-train", {"node.kubernetes.io/instance-type": "p5.48xlarge"})
 #: (DaemonSet, Deckhouse NodeGroup) of the agents under test, from the dev stack.
 LABELLER = ("gpu-labeller-a100-train", "gpu-a100")
 MIG = ("nvidia-gpu-mig-manager", "gpu-h100")
@@ -62,11 +68,12 @@ def _refused(call: Callable[[], Any]) -> ApiError:
     return caught.value
 
 
-def _denied(call: Callable[[], Any], message: str) -> None:
+def _denied(call: Callable[[], Any], message: str, policy: str = POLICY) -> None:
     """Refused by the confinement policy (403 Forbidden, not 422: who writes, not what), with ``message``."""
     e = _refused(call)
     assert (e.status, e.reason) == (403, "Forbidden"), e
-    assert DENIED_BY in e.message and message in e.message, e.message
+    assert f"ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request" in e.message, e.message
+    assert message in e.message, e.message
 
 
 def _taints(kube: Kube, node: str) -> list[dict[str, Any]]:
@@ -151,3 +158,49 @@ def test_an_agent_token_without_a_node_is_refused_whatever_it_writes(kube: Kube,
     own = agents["labeller"].pod["spec"]["nodeName"]
     _denied(lambda: _dry_patch(unbound, own, {"metadata": {"labels": {"nvidia.com/gpu.count": "8"}}}),
             f"the {sa} token carries no node name; it must run in a pod on a node")
+
+
+@pytest.fixture(scope="module")
+def node_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AgentIdentity, str]]:
+    """The prod stack applied to a control plane of its own (its cluster-wide objects would meet the dev
+    stack's in the session's), two kwok Nodes of its h100-train group, and the setup pod's identity on one."""
+    work = tmp_path_factory.mktemp("setup-confinement")
+    cp = ControlPlane(directory=work / "cluster", bin_dir=required_bin())
+    cp.start()
+    try:
+        kube = cp.admin()
+        apply_stack(kube, "prod")
+        own, other = "conf-p5-a", "conf-p5-b"
+        for name in (own, other):
+            create_kwok_node(kube, name, SETUP[1])
+        yield identity(kube, SETUP[0], own, work / "id", namespace=PROD_NS), other
+    finally:
+        cp.stop(remove=False)
+
+
+def test_node_setup_marks_only_its_own_node_and_may_neither_cordon_nor_delete(
+        node_setup: tuple[AgentIdentity, str]) -> None:
+    """The privileged setup agent's token (gpu-setup, prod stack): what setup and teardown write on its own
+    node passes, the same write on another node and what it never writes are refused."""
+    setup, other = node_setup
+    me, own = setup.kube, setup.pod["spec"]["nodeName"]
+    who = f"the {AgentRole.NODE_SETUP.value} on node {own}"
+    assert setup.service_account == AgentRole.NODE_SETUP.value
+
+    # setup opens the gate; teardown closes it and withdraws the labeller's labels and ownership records.
+    _dry_patch(me, own, {"metadata": {"labels": {names.GPU_SETUP_COMPLETE: "", names.GPU_VFIO_READY: "true"}}})
+    _dry_patch(me, own, {"metadata": {"labels": {names.GPU_SETUP_COMPLETE: None, "nvidia.com/gpu.count": None},
+                                      "annotations": {names.OWNED_NODE_LABELS: None}}})
+    _denied(lambda: _dry_patch(me, other, {"metadata": {"labels": {names.GPU_SETUP_COMPLETE: ""}}}),
+            f"{who} may only change its own node, not node {other}", PROD_POLICY)
+    _denied(lambda: _dry_patch(me, own, {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}),
+            "may not change node label(s) node-role.kubernetes.io/control-plane", PROD_POLICY)
+    _denied(lambda: _dry_patch(me, own, {"spec": {"unschedulable": True}}), "may not cordon or uncordon its node",
+            PROD_POLICY)
+    # RBAC: no pods, no GPU inventory (only the labeller writes those).
+    refused = _refused(lambda: me.delete("v1", "Pod", "any", "default", dryRun="All"))
+    assert refused.status == 403 and 'cannot delete resource "pods"' in refused.message, refused
+    refused = _refused(lambda: me.request("POST", inventory.collection_path(), {
+        "apiVersion": inventory.API_VERSION, "kind": inventory.KIND, "metadata": {"name": f"{own}-gpu0"},
+        "spec": {"node": own, "index": 0}}, query={"dryRun": "All"}))
+    assert refused.status == 403 and 'cannot create resource "gpus"' in refused.message, refused
