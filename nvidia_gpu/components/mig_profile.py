@@ -64,16 +64,17 @@ class MigProfile(pulumi.ComponentResource):
             self.config_map = register(f"{name}-config", config_map(ns, cfg), after)
             manager_after: list[pulumi.Resource] = [*args.depends_on, self.config_map, binding_res]
             if evictionguard.wanted(args.cluster, drain_mode(args.cluster)):
-                manager_after.append(self._eviction_guard(name, args, groups))
+                manager_after.append(self._eviction_guard(name, args))
             self.manager = register(f"{name}-manager", daemonset(ns, args.cluster, groups),
                                     pulumi.ResourceOptions(parent=self, depends_on=manager_after))
         self.config_map_name = pulumi.Output.from_input(inputs.resolve(config_map_name(ns)))
         self.config_names = pulumi.Output.from_input(names)
         self.register_outputs({"configMapName": self.config_map_name, "configNames": self.config_names})
 
-    def _eviction_guard(self, name: str, args: MigProfileArgs, groups: Sequence[NodeGroup]) -> pulumi.Resource:
+    def _eviction_guard(self, name: str, args: MigProfileArgs) -> pulumi.Resource:
         """The webhook, then its RBAC, Service and Deployment (see ``manifests.evictionguard``); answers the
-        Deployment, ready only once the webhook trusts it, for the manager to wait on."""
+        Deployment, ready only once the webhook trusts it, for the manager to wait on. The Deployment is kept
+        off every group's nodes, not only the MIG ones: none is a place for a cluster-wide webhook."""
         ns = args.cluster.namespace
         guard = f"{name}-eviction-guard"
         webhook = register(f"{guard}-webhook", evictionguard.webhook_configuration(ns),
@@ -85,5 +86,5 @@ class MigProfile(pulumi.ComponentResource):
         binding = register(f"{guard}-binding", cluster_binding,
                            pulumi.ResourceOptions(parent=self, depends_on=[sa_res, cr_res]))
         svc = register(f"{guard}-service", evictionguard.service(ns), in_ns)
-        return register(f"{guard}-deployment", evictionguard.deployment(ns, args.cluster, groups),
+        return register(f"{guard}-deployment", evictionguard.deployment(ns, args.cluster, args.groups),
                         pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, webhook, binding, svc]))

@@ -21,6 +21,7 @@ What the stack registers, in this order (each waits for the one before):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,20 +113,61 @@ def service(namespace: str) -> Manifest:
     }
 
 
+#: Beyond this many selector terms the negation is left to the GPU taint (a stack of many groups chosen by
+#: many labels; every term is ANDed with the setup gate either way).
+MAX_AFFINITY_TERMS = 32
+_NEGATED = {"In": "NotIn", "NotIn": "In", "Exists": "DoesNotExist", "DoesNotExist": "Exists"}
+
+
+def _negations(group: NodeGroup) -> list[dict[str, Any]]:
+    """Requirements each of which alone keeps a node out of ``group`` (the group's selector ANDs its
+    requirements, so a node that fails any one is not the group's). ``NotIn`` also matches a node without
+    the key, and ``In`` needs it: each is the exact complement of the other."""
+    out: list[dict[str, Any]] = [{"key": k, "operator": "NotIn", "values": [v]} for k, v in sorted(
+        group.match_labels.items())]
+    for r in group.match_expressions:
+        req: dict[str, Any] = {"key": r.key, "operator": _NEGATED[r.operator]}
+        if r.operator in ("In", "NotIn"):
+            req["values"] = sorted(r.values)
+        out.append(req)
+    return out
+
+
+def _term(choice: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One selector term: the setup gate and one negation per group (NotIns of one key merged)."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for req in choice:
+        key = (req["key"], req["operator"])
+        if key in merged and req["operator"] == "NotIn":
+            merged[key] = {**req, "values": sorted({*merged[key]["values"], *req["values"]})}
+        elif key not in merged or req["operator"] != "In":
+            merged.setdefault(key, req)
+        else:  # two Ins of one key: a node must carry a value in both lists
+            merged[key] = {**req, "values": sorted(set(merged[key]["values"]) & set(req["values"]))}
+    return [{"key": labels.GPU_SETUP_COMPLETE, "operator": "DoesNotExist"},
+            *(merged[k] for k in sorted(merged))]
+
+
 def off_gpu_nodes(groups: Sequence[NodeGroup]) -> dict[str, Any]:
-    """Required node affinity away from GPU nodes: not set up for GPUs, and not in a group chosen by one
-    label. Groups chosen by several labels cannot be negated in one selector term; their GPU taint keeps
-    the guard off them (it tolerates none)."""
-    expressions: list[dict[str, Any]] = [{"key": labels.GPU_SETUP_COMPLETE, "operator": "DoesNotExist"}]
-    excluded: dict[str, list[str]] = {}
-    for g in groups:
-        if len(g.match_labels) == 1 and not g.match_expressions:
-            ((key, value),) = g.match_labels.items()
-            if value not in excluded.setdefault(key, []):
-                excluded[key].append(value)
-    expressions += [{"key": k, "operator": "NotIn", "values": sorted(v)} for k, v in sorted(excluded.items())]
+    """Required node affinity away from GPU nodes: not set up for GPUs, and in none of the stack's groups.
+
+    "In no group" is the AND over groups of "fails one of its requirements"; node affinity ORs its terms,
+    so that is written out as one term per way of choosing a failed requirement in each group (a stack of
+    groups chosen by one label each is one term). Where that would exceed :data:`MAX_AFFINITY_TERMS`, the
+    groups' GPU taint keeps the guard off them (it tolerates none), and only the gate is required."""
+    choices = [_negations(g) for g in groups if g.match_labels or g.match_expressions]
+    count = 1
+    for c in choices:
+        count *= len(c)
+    if count > MAX_AFFINITY_TERMS:
+        choices = []
+    terms: list[list[dict[str, Any]]] = []
+    for choice in itertools.product(*choices):
+        term = _term(choice)
+        if term not in terms and not any(r["operator"] == "In" and not r["values"] for r in term):
+            terms.append(term)
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": expressions}]}}}
+        "nodeSelectorTerms": [{"matchExpressions": t} for t in terms]}}}
 
 
 def deployment(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> Manifest:

@@ -6,8 +6,12 @@ manager's evictions only, and refuses the cross-node ones, in ``tests/cluster/te
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 from nvgpu import evictionguard as contract
 from nvgpu import labels
+from nvgpu.stackconfig import NodeGroup
 from nvidia_gpu.components.manifests import evictionguard
 from nvidia_gpu.components.manifests.mig import drain_mode
 from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
@@ -77,6 +81,71 @@ def test_one_unprivileged_replica_kept_off_the_gpu_nodes() -> None:
         assert set(excluded["values"]) == {g.match_labels[key] for g in cfg.node_groups if key in g.match_labels}
 
 
+def _requirement_holds(req: dict[str, Any], node: dict[str, str]) -> bool:
+    """Kubernetes' node selector requirement semantics (NotIn and DoesNotExist match a node without the key)."""
+    key, op = req["key"], req["operator"]
+    if op == "Exists":
+        return key in node
+    if op == "DoesNotExist":
+        return key not in node
+    if op == "In":
+        return key in node and node[key] in req["values"]
+    assert op == "NotIn", req
+    return key not in node or node[key] not in req["values"]
+
+
+def _selector_matches(group: NodeGroup, node: dict[str, str]) -> bool:
+    reqs = [{"key": k, "operator": "In", "values": [v]} for k, v in group.match_labels.items()]
+    reqs += [r.model_dump() for r in group.match_expressions]
+    return all(_requirement_holds(r, node) for r in reqs)
+
+
+SELECTED_GROUPS = [
+    {"name": "h100", "nodeSelector": {"matchLabels": {"node.kubernetes.io/instance-type": "p5.48xlarge"}},
+     "gpu": {"sharing": "Exclusive", "model": "H100-80GB"}},
+    {"name": "l4", "nodeSelector": {"matchLabels": {"node.kubernetes.io/instance-type": "g6.12xlarge"},
+                                    "matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In",
+                                                          "values": ["eu-west-1a", "eu-west-1b"]}]},
+     "gpu": {"sharing": "Exclusive", "model": "L4"}},
+    {"name": "pool", "nodeSelector": {"matchLabels": {"example.com/pool": "gpu", "example.com/team": "vision"},
+                                      "matchExpressions": [{"key": "example.com/spot", "operator": "DoesNotExist"}]},
+     "gpu": {"sharing": "Exclusive"}},
+]
+
+
+def test_the_guard_may_land_exactly_on_nodes_of_no_group_however_the_groups_select_them() -> None:
+    """Groups chosen by several labels and by expressions: every node of a small universe of label values
+    is admitted by the guard's affinity exactly when it is in no group and not set up for GPUs."""
+    cfg = stack_config(SELECTED_GROUPS, node_setup="daemonset")
+    terms = evictionguard.off_gpu_nodes(cfg.node_groups)["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert 1 < len(terms) <= evictionguard.MAX_AFFINITY_TERMS
+    domains: dict[str, list[str | None]] = {
+        "node.kubernetes.io/instance-type": [None, "p5.48xlarge", "g6.12xlarge", "m5.large"],
+        "topology.kubernetes.io/zone": [None, "eu-west-1a", "eu-west-1c"],
+        "example.com/pool": [None, "gpu"], "example.com/team": [None, "vision"],
+        "example.com/spot": [None, "true"], labels.GPU_SETUP_COMPLETE: [None, ""]}
+    checked = 0
+    for values in itertools.product(*domains.values()):
+        node = {k: v for k, v in zip(domains, values, strict=True) if v is not None}
+        wanted = labels.GPU_SETUP_COMPLETE not in node and not any(_selector_matches(g, node)
+                                                                   for g in cfg.node_groups)
+        admitted = any(all(_requirement_holds(r, node) for r in t["matchExpressions"]) for t in terms)
+        assert admitted == wanted, (node, terms)
+        checked += 1
+    assert checked == 192
+
+
+def test_too_many_ways_to_leave_the_groups_fall_back_to_the_gpu_taint() -> None:
+    many = [{"name": f"g{i}", "nodeSelector": {"matchLabels": {"example.com/pool": f"p{i}",
+                                                               "example.com/rack": f"r{i}"}},
+             "gpu": {"sharing": "Exclusive"}} for i in range(6)]  # 2**6 = 64 terms
+    cfg = stack_config(many, node_setup="daemonset")
+    terms = evictionguard.off_gpu_nodes(cfg.node_groups)["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": labels.GPU_SETUP_COMPLETE, "operator": "DoesNotExist"}]}]
+
+
 def test_the_manager_waits_for_the_guard_which_waits_for_its_webhook() -> None:
     monitor = install_mocks("nvidia-gpu", "test")
     cfg = stack_config(MIG_STACK_GROUPS, node_setup="daemonset")
@@ -88,6 +157,11 @@ def test_the_manager_waits_for_the_guard_which_waits_for_its_webhook() -> None:
     assert all(r[n].parent_urn == r["mig"].urn for n in r if n.startswith(guard))
     assert r[f"{guard}-deployment"].urn in r["mig-manager"].dependencies
     assert {r[f"{guard}-webhook"].urn, r[f"{guard}-binding"].urn} <= set(r[f"{guard}-deployment"].dependencies)
+    # Off every group's nodes, the L4 time-slicing group's too (the MIG manager covers only MIG-capable ones).
+    (term,) = r[f"{guard}-deployment"].inputs["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    (excluded,) = [e for e in term["matchExpressions"] if e["key"] == labels.DECKHOUSE_NODE_GROUP]
+    assert excluded["values"] == sorted(g.match_labels[labels.DECKHOUSE_NODE_GROUP] for g in cfg.node_groups)
 
 
 def test_no_guard_on_deckhouse() -> None:
