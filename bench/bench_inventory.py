@@ -26,7 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from localcluster import ApiError, ControlPlane, tools_bin  # noqa: E402
+from localcluster import ControlPlane, tools_bin  # noqa: E402
 from localcluster.dryrun import install_crds  # noqa: E402
 from localcluster.objects import kwok_node  # noqa: E402
 from node_agent.kube.transport import Kube as AgentKube  # noqa: E402
@@ -63,15 +63,6 @@ def main() -> None:
             crd_file = work / "crd.yaml"
             crd_file.write_text(yaml.safe_dump(crd("nvidia-gpu")))
             install_crds(admin, [crd_file])
-            deadline = time.monotonic() + 60
-            while True:  # a CRD just established answers 429 until its storage is ready
-                try:
-                    admin.request("GET", api.collection_path())
-                    break
-                except ApiError as e:
-                    if e.status != 429 or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
             admin.create(kwok_node(NODE))
             uid = admin.get("v1", "Node", NODE)["metadata"]["uid"]
             kube = AgentKube.connect(cp.kubeconfig)

@@ -85,27 +85,46 @@ def without_doc_keys(node: Any) -> Any:
 
 
 def install_crds(kube: Kube, paths: Sequence[Path]) -> list[str]:
-    """Apply CRDs for real and wait until each is Established; answers their names."""
-    import time
-
+    """Apply CRDs for real and wait until each is served (:func:`wait_crds_served`); answers their names."""
     names: list[str] = []
     for path in paths:
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") == "CustomResourceDefinition":
                 kube.apply(without_doc_keys(doc), field_manager=PRECONDITIONS_MANAGER)
                 names.append(doc["metadata"]["name"])
-    deadline = time.monotonic() + 30
+    wait_crds_served(kube, names)
+    return names
+
+
+def wait_crds_served(kube: Kube, names: Sequence[str], timeout: float = 60.0) -> None:
+    """Wait until each CRD is Established and its objects can be listed: right after Established the API
+    server still answers 429 ("storage is (re)initializing") for a while, which a client must not take
+    for a refusal."""
+    import time
+
+    deadline = time.monotonic() + timeout
     for name in names:
         while True:
             crd = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
             conditions = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
-            if conditions.get("Established") == "True":
+            if conditions.get("Established") == "True" and _lists(kube, crd):
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"CRD {name} not established after 30 s")
+                raise TimeoutError(f"CRD {name} not served after {timeout:.0f} s (conditions {conditions})")
             time.sleep(0.1)
     kube.forget_discovery()
-    return names
+
+
+def _lists(kube: Kube, crd: dict[str, Any]) -> bool:
+    spec = crd["spec"]
+    version = next(v["name"] for v in spec["versions"] if v.get("storage"))
+    try:
+        kube.request("GET", f"/apis/{spec['group']}/{version}/{spec['names']['plural']}", query={"limit": "1"})
+    except ApiError as e:
+        if e.status == 429:
+            return False
+        raise
+    return True
 
 
 #: Makes the object a patch targets, as its owner would have created it, or None when it cannot.

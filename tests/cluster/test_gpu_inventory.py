@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from localcluster import ApiError, ControlPlane, Kube
+from localcluster.dryrun import wait_crds_served
 from localcluster.objects import wait_for
 from node_agent.nvml.sim import SimulatedMachine
 from nvgpu import inventory
@@ -96,16 +97,7 @@ def labeller(kube: Kube, dev_stack: AppliedStack, tmp_path_factory: pytest.TempP
         assert "--inventory" in args, args
         root = build_fake_host(work / "host", MACHINE).root
 
-        def served() -> bool:  # a CRD just established answers 429 until its storage is ready
-            try:
-                kube.request("GET", inventory.collection_path())
-            except ApiError as e:
-                if e.status == 429:
-                    return False
-                raise
-            return True
-
-        wait_for(served, timeout=60, interval=0.5, what="the GPU inventory API served")
+        wait_crds_served(kube, [inventory.CRD_NAME])  # applied with the stack just now
         env = {"PATH": "/usr/bin:/bin", **container_env(container, NODE)}
         yield Labeller(root, identity(kube, DAEMONSET, NODE, work / "id"), args, env)
     finally:
