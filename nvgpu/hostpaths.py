@@ -11,6 +11,8 @@ from __future__ import annotations
 
 #: kubelet's device-plugin directory: its ``kubelet.sock`` (Registration) and the plugins' sockets.
 KUBELET_DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
+#: kubelet's PodResources API directory; ``kubelet.sock`` in it answers which pod holds which device.
+KUBELET_POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 #: kubelet's plugin directory: each DRA driver's socket lives in ``<dir>/<driver name>/``.
 KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 #: kubelet's plugin watcher directory: the registration sockets it discovers.

@@ -34,4 +34,5 @@ COMMANDS: tuple[Command, ...] = (
     Command("dra-driver", "node_agent.cli.dra", "run the DRA kubelet plugin (ResourceSlices, claims)"),
     Command("eviction-guard", "node_agent.cli.eviction_guard", "serve the webhook keeping MIG evictions on-node"),
     Command("device-plugin", "node_agent.cli.device_plugin", "run the kubelet device plugin (nvidia.com/gpu)"),
+    Command("exporter", "node_agent.cli.exporter", "serve GPU metrics under dcgm-exporter's names, from NVML"),
 )

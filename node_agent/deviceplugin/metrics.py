@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -52,10 +53,17 @@ class PluginMetrics:
         return bytes(generate_latest(self.registry))
 
 
-class StatusServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` on one port (a daemon thread)."""
+class Renders(Protocol):
+    """What ``/metrics`` serves: the Prometheus text format, rendered per scrape."""
 
-    def __init__(self, metrics: PluginMetrics, live: Callable[[], bool], ready: Callable[[], bool],
+    def render(self) -> bytes: ...
+
+
+class StatusServer:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on one port (a daemon thread); the device plugin's, and
+    the metrics exporter's (``node_agent.exporter``)."""
+
+    def __init__(self, metrics: Renders, live: Callable[[], bool], ready: Callable[[], bool],
                  host: str = "0.0.0.0", port: int = 0):
         outer = self
 

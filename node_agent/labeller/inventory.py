@@ -7,7 +7,7 @@ admission policy lets it write only objects of its own node. A GPU NVML reports 
 marked ``Unhealthy`` with NVML's reason; one that is no longer listed at all is deleted. The objects are
 owned by the Node, so the garbage collector removes them with it.
 
-Each object shows its GPU's last XID and when it was raised (:mod:`node_agent.labeller.xids`); a critical
+Each object shows its GPU's last XID and when it was raised (:mod:`node_agent.nvml.xidwatch`); a critical
 one (not an application's) keeps the GPU ``Unhealthy`` for the quiet period the device plugin waits before
 it trusts the GPU again, so the object and the allocatable count tell the same story.
 """
@@ -25,8 +25,8 @@ from node_agent.dra.devices import mig_device_name
 from node_agent.kube.errors import NotFound
 from node_agent.kube.transport import Kube
 from node_agent.labeller.labels import InventoryContext as Context
-from node_agent.labeller.xids import XidSeen, utcnow
 from node_agent.nvml.types import DriverInfo, Gpu, Inventory
+from node_agent.nvml.xidwatch import XidSeen, utcnow
 from nvgpu import catalogue, inventory
 
 log = logging.getLogger(__name__)

@@ -50,8 +50,8 @@ from node_agent.host import HostError, VgpuDevice, VgpuScanError, nvidia_gpus, v
 from node_agent.labeller import gfd
 from node_agent.labeller.nodeconfig import NodePlan, Requested, plan
 from node_agent.labeller.nodepatch import NodeEnv
-from node_agent.labeller.xids import XidSeen
 from node_agent.nvml import FabricInfo, GpuInstanceProfile, NvmlError
+from node_agent.nvml.xidwatch import XidSeen
 from nvgpu import labels as label_names
 
 log = logging.getLogger(__name__)
@@ -403,7 +403,7 @@ def label_loop(ctx: NodeEnv, options: LabelOptions, want: Requested, source: Sha
 
     A failed run is logged and retried next interval: a GPU or API server that is back is relabelled
     without a restart. Warnings are logged when they change, not every interval. With the inventory kept,
-    an XID recorder (``node_agent.labeller.xids``) watches NVML's events meanwhile, and an XID starts the
+    an XID recorder (``node_agent.nvml.xidwatch``) watches NVML's events meanwhile, and an XID starts the
     next run at once.
     """
     errors = (NvmlError, HostError, kube_error(options.patch_node))
@@ -412,7 +412,7 @@ def label_loop(ctx: NodeEnv, options: LabelOptions, want: Requested, source: Sha
     xid_raised = threading.Event()
     recorder = None
     if options.inventory is not None:
-        from node_agent.labeller.xids import XidRecorder
+        from node_agent.nvml.xidwatch import XidRecorder
 
         recorder = XidRecorder(ctx.nvml, xid_raised.set)
         recorder.start()

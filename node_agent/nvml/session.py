@@ -48,10 +48,12 @@ from node_agent.nvml.types import (
     GpuInstanceProfile,
     GpuPair,
     GpuProcess,
+    GpuTelemetry,
     GpuUuid,
     Inventory,
     LostGpu,
     MigDevice,
+    MigMemory,
     MigMode,
     MigUuid,
     Placement,
@@ -706,6 +708,83 @@ class NvmlSession:
         where = f"destroy compute instance {ci_id} in GI {gi_id} on GPU {index}"
         ci = self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id)
         self._run(where, pynvml.nvmlComputeInstanceDestroy, ci)
+
+    # -- telemetry ---------------------------------------------------------------------------
+    def _optional(self, where: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, or None where the GPU or the library does not support it."""
+        try:
+            return self._run(where, fn, *args)
+        except NvmlNotSupported:
+            return None
+
+    @_per_gpu
+    def telemetry(self, index: int) -> GpuTelemetry:
+        """One reading of GPU ``index``'s sensors and counters, each read once (what dcgm-exporter's
+        NVML-backed fields read). A lost GPU raises, as every other per-GPU call does."""
+        h = self._handle(index)
+
+        def get(name: str, *args: Any) -> Any:
+            return self._optional(f"{name}({index})", getattr(pynvml, name), h, *args)
+
+        power = get("nvmlDeviceGetPowerUsage")
+        util = get("nvmlDeviceGetUtilizationRates")
+        enc, dec = get("nvmlDeviceGetEncoderUtilization"), get("nvmlDeviceGetDecoderUtilization")
+        tx = get("nvmlDeviceGetPcieThroughput", pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx = get("nvmlDeviceGetPcieThroughput", pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        try:
+            mem = self._run(f"nvmlDeviceGetMemoryInfo_v2({index})", pynvml.nvmlDeviceGetMemoryInfo, h,
+                            pynvml.nvmlMemory_v2)
+        except NvmlNotSupported:
+            mem = self._run(f"nvmlDeviceGetMemoryInfo({index})", pynvml.nvmlDeviceGetMemoryInfo, h)
+        rows = get("nvmlDeviceGetRemappedRows")
+        corrected, uncorrected = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        return GpuTelemetry(
+            gpu_temp_c=get("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU),
+            power_w=None if power is None else power / 1000.0,
+            energy_mj=get("nvmlDeviceGetTotalEnergyConsumption"),
+            sm_clock_mhz=get("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM),
+            mem_clock_mhz=get("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_MEM),
+            gpu_util=None if util is None else int(util.gpu),
+            memory_util=None if util is None else int(util.memory),
+            encoder_util=None if enc is None else int(enc[0]),
+            decoder_util=None if dec is None else int(dec[0]),
+            pcie_replays=get("nvmlDeviceGetPcieReplayCounter"),
+            pcie_tx_bytes_per_s=None if tx is None else int(tx) * 1024,
+            pcie_rx_bytes_per_s=None if rx is None else int(rx) * 1024,
+            fb_used_mib=int(mem.used) >> 20,
+            fb_free_mib=int(mem.free) >> 20,
+            fb_reserved_mib=int(mem.reserved) >> 20 if hasattr(mem, "reserved") else None,
+            ecc_sbe_volatile=get("nvmlDeviceGetTotalEccErrors", corrected, pynvml.NVML_VOLATILE_ECC),
+            ecc_dbe_volatile=get("nvmlDeviceGetTotalEccErrors", uncorrected, pynvml.NVML_VOLATILE_ECC),
+            ecc_sbe_aggregate=get("nvmlDeviceGetTotalEccErrors", corrected, pynvml.NVML_AGGREGATE_ECC),
+            ecc_dbe_aggregate=get("nvmlDeviceGetTotalEccErrors", uncorrected, pynvml.NVML_AGGREGATE_ECC),
+            remapped_correctable=None if rows is None else int(rows[0]),
+            remapped_uncorrectable=None if rows is None else int(rows[1]),
+            remap_pending=None if rows is None else bool(rows[2]),
+            remap_failure=None if rows is None else bool(rows[3]),
+            clock_events=get("nvmlDeviceGetCurrentClocksEventReasons"),
+        )
+
+    @_per_gpu
+    def mig_memory(self, index: int) -> tuple[MigMemory, ...]:
+        """Each MIG device's framebuffer use on GPU ``index`` (empty when MIG is off)."""
+        h = self._handle(index)
+        mode = self.mig_mode(index)
+        if mode is None or not mode.current:
+            return ()
+        count = int(self._run(f"nvmlDeviceGetMaxMigDeviceCount({index})", pynvml.nvmlDeviceGetMaxMigDeviceCount, h))
+        out: list[MigMemory] = []
+        for mig_index in range(count):
+            where = f"MIG device {index}:{mig_index}"
+            try:
+                mh = self._run(where, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, mig_index)
+            except NvmlNotFound:
+                continue
+            mem = self._run(where, pynvml.nvmlDeviceGetMemoryInfo, mh)
+            out.append(MigMemory(int(self._run(where, pynvml.nvmlDeviceGetGpuInstanceId, mh)),
+                                 int(self._run(where, pynvml.nvmlDeviceGetComputeInstanceId, mh)),
+                                 int(mem.used) >> 20, int(mem.free) >> 20))
+        return tuple(out)
 
     # -- events ------------------------------------------------------------------------------
     def watch_events(self, indices: Iterable[int] | None = None,

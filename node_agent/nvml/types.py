@@ -95,6 +95,48 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class GpuTelemetry:
+    """One reading of a GPU's sensors and counters (``NvmlSession.telemetry``); None where the board or
+    driver does not support the reading (NVML's NOT_SUPPORTED or a function the library lacks)."""
+
+    gpu_temp_c: int | None = None
+    power_w: float | None = None
+    energy_mj: int | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    gpu_util: int | None = None
+    memory_util: int | None = None
+    encoder_util: int | None = None
+    decoder_util: int | None = None
+    pcie_replays: int | None = None
+    pcie_tx_bytes_per_s: int | None = None
+    pcie_rx_bytes_per_s: int | None = None
+    fb_used_mib: int | None = None
+    fb_free_mib: int | None = None
+    fb_reserved_mib: int | None = None
+    ecc_sbe_volatile: int | None = None
+    ecc_dbe_volatile: int | None = None
+    ecc_sbe_aggregate: int | None = None
+    ecc_dbe_aggregate: int | None = None
+    remapped_correctable: int | None = None
+    remapped_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    #: NVML's clock event (throttle) reasons bitmask.
+    clock_events: int | None = None
+
+
+@dataclass(frozen=True)
+class MigMemory:
+    """A MIG device's framebuffer use (its own memory slice)."""
+
+    gi_id: int
+    ci_id: int
+    used_mib: int
+    free_mib: int
+
+
+@dataclass(frozen=True)
 class LostGpu:
     index: int
     reason: str

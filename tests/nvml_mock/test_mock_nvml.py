@@ -50,6 +50,14 @@ class Pair:
     sim: str  #: our simulated machine of the same server
 
 
+#: The sensor and counter calls the metrics exporter makes (``NvmlSession.telemetry``), which go-nvml's mock
+#: machines do not model.
+TELEMETRY_CALLS = frozenset({
+    "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetClockInfo", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetEncoderUtilization",
+    "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetCurrentClocksEventReasons"})
+
 PAIRS = (Pair("dgxa100", "dgx-a100-40gb"), Pair("dgxh100", "dgx-h100"), Pair("dgxh200", "hgx-h200"))
 
 #: Facts both sides model but state differently, as (mock, simulator), and why the simulator keeps its value.
@@ -98,7 +106,7 @@ def probe_main() -> None:
     # The same state file the CLI uses under a host root, so probes and commands see one machine.
     backend = NvmlBackend.parse(spec, sim_state_file(root, machine) if machine else None)
     probes: dict[str, Callable[[Path, Any], dict[str, Any]]] = {
-        "nvml": _probe_nvml, "mig": _probe_mig, "errors": _probe_errors}
+        "nvml": _probe_nvml, "mig": _probe_mig, "errors": _probe_errors, "metrics": _probe_metrics}
     print(json.dumps(probes[what](root, backend), sort_keys=True))
 
 
@@ -151,6 +159,25 @@ def _probe_nvml(root: Path, backend: Any) -> dict[str, Any]:
         "dra": [d.to_api() for d in allocatable_devices(mapped)],
         "draSnapshotGpus": len(snapshot.gpus),
     }
+
+
+def _probe_metrics(root: Path, backend: Any) -> dict[str, Any]:
+    """One scrape of the metrics exporter: metric name to the label sets of its series."""
+    from node_agent.exporter import counters
+    from node_agent.exporter.service import MetricsService
+    from node_agent.nvml import open_nvml
+
+    service = MetricsService(lambda: open_nvml(backend), counters.default(), "node-a")
+    try:
+        text = service.render().decode()
+    finally:
+        service.close()
+    out: dict[str, list[list[str]]] = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\w+)\{(.*)\} ", line)
+        if m:
+            out.setdefault(m.group(1), []).append(sorted(re.findall(r'(\w+)="', m.group(2))))
+    return out
 
 
 def _probe_mig(root: Path, backend: Any) -> dict[str, Any]:
@@ -248,6 +275,7 @@ class Side:
     labels: dict[str, Any] = dataclasses.field(default_factory=dict)
     errors: dict[str, Any] = dataclasses.field(default_factory=dict)
     mig: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def run(self, *args: str) -> tuple[int, dict[str, Any]]:
         done = subprocess.run(args, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=120, check=False)
@@ -273,6 +301,7 @@ class Side:
         assert rc == 0, self.labels
         self.probe = self.run_probe("nvml")
         self.errors = self.run_probe("errors")
+        self.metrics = self.run_probe("metrics")
         self.mig = self.run_probe("mig")
 
 
@@ -323,12 +352,29 @@ def test_library_exports_what_the_agent_calls(mock_bin: Path) -> None:
                           text=True, check=True, timeout=60)
     # v1 profile calls only (the mock has no profile names), no v2 memory struct (the agent reads v1),
     # only the _v3 process listings (the agent falls back to _v2 and the unversioned ones on drivers older
-    # than 510.39), no NVLink fabric (the mock models none: the agent then publishes no clique).
+    # than 510.39), no NVLink fabric (the mock models none: the agent then publishes no clique), no sensors
+    # or counters (go-nvml's mock machines model none: the exporter leaves those series out, as it does on a
+    # board or driver without them; test_the_exporter_serves_what_the_mock_models).
     assert set(json.loads(done.stdout)) == {
         "nvmlDeviceGetGpuInstanceProfileInfoV", "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
         "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetComputeRunningProcesses_v2",
         "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses",
-        "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV"}
+        "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
+        *TELEMETRY_CALLS}
+
+
+def test_the_exporter_serves_what_the_mock_models(pair: tuple[Pair, Side, Side]) -> None:
+    """On NVIDIA's mock the exporter serves the framebuffer of all 8 GPUs with dcgm-exporter's labels and
+    leaves out, not zeroes, the sensors the mock does not model; on the simulator every default field."""
+    from node_agent.exporter import counters, fields
+
+    _, mock, sim = pair
+    dcgm = sorted(["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"])
+    for side in (mock, sim):
+        for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
+            assert side.metrics[name] == [dcgm] * 8, (side.nvml, name)
+    assert not {f for f in fields.FIELDS if f in mock.metrics} - {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}
+    assert {f for f in counters.default().fields if f != fields.XID_FIELD} <= set(sim.metrics)
 
 
 def test_nvml_inventory_agrees(pair: tuple[Pair, Side, Side]) -> None:

@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pynvml
 
@@ -31,6 +32,7 @@ from node_agent.nvml.sim.state import (
     SimState,
     SimStateError,
     SimStore,
+    SimTelemetry,
 )
 from nvgpu import hostpaths
 
@@ -46,6 +48,7 @@ __all__ = [
     "MachineSpec",
     "SimStateError",
     "SimStore",
+    "SimTelemetry",
     "SimulatedMachine",
     "UnknownMachineError",
     "get_machine",
@@ -159,6 +162,13 @@ class SimulatedMachine:
 
     def inject_xid(self, index: int, xid: int, gi_id: int | None = None, ci_id: int | None = None) -> None:
         self.inject_event(index, "xid", xid, gi_id, ci_id)
+
+    def set_telemetry(self, index: int, **values: Any) -> SimTelemetry:
+        """Set what GPU ``index``'s sensors and counters read (:class:`SimTelemetry` fields); answers them all."""
+        with self.store.mutate() as s:
+            gpu = s.gpus[index]
+            gpu.telemetry = SimTelemetry.model_validate({**gpu.telemetry.model_dump(), **values})
+            return gpu.telemetry
 
     def set_processes(self, index: int, processes: list[SimProcess]) -> None:
         with self.store.mutate() as s:

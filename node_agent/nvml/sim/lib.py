@@ -34,7 +34,7 @@ from typing import Any
 import pynvml
 
 from node_agent.nvml.sim.machines import MachineSpec
-from node_agent.nvml.sim.state import SimComputeInstance, SimGpu, SimGpuInstance, SimState, SimStore
+from node_agent.nvml.sim.state import SimComputeInstance, SimGpu, SimGpuInstance, SimState, SimStore, SimTelemetry
 from nvgpu.catalogue import (
     CI_PROFILE_BY_SLICES,
     GI_PROFILE_1_SLICE,
@@ -271,6 +271,18 @@ class FakeNvmlLibrary:
             "nvmlDeviceGetGraphicsRunningProcesses_v2": ((_P, _P, _P), self.graphics_processes, _I),
             "nvmlDeviceGetComputeRunningProcesses": ((_P, _P, _P), self.compute_processes_v1, _I),
             "nvmlDeviceGetGraphicsRunningProcesses": ((_P, _P, _P), self.graphics_processes, _I),
+            "nvmlDeviceGetTemperature": ((_P, _U, _P), self.temperature, _I),
+            "nvmlDeviceGetPowerUsage": ((_P, _P), self.power_usage, _I),
+            "nvmlDeviceGetTotalEnergyConsumption": ((_P, _P), self.energy, _I),
+            "nvmlDeviceGetClockInfo": ((_P, _U, _P), self.clock_info, _I),
+            "nvmlDeviceGetUtilizationRates": ((_P, _P), self.utilization, _I),
+            "nvmlDeviceGetEncoderUtilization": ((_P, _P, _P), self.encoder_utilization, _I),
+            "nvmlDeviceGetDecoderUtilization": ((_P, _P, _P), self.decoder_utilization, _I),
+            "nvmlDeviceGetPcieReplayCounter": ((_P, _P), self.pcie_replays, _I),
+            "nvmlDeviceGetPcieThroughput": ((_P, _U, _P), self.pcie_throughput, _I),
+            "nvmlDeviceGetTotalEccErrors": ((_P, _U, _U, _P), self.total_ecc_errors, _I),
+            "nvmlDeviceGetRemappedRows": ((_P, _P, _P, _P, _P), self.remapped_rows, _I),
+            "nvmlDeviceGetCurrentClocksEventReasons": ((_P, _P), self.clock_events, _I),
             "nvmlEventSetCreate": ((_P,), self.event_set_create, _I),
             "nvmlDeviceRegisterEvents": ((_P, _ULL, _P), self.register_events, _I),
             "nvmlDeviceGetSupportedEventTypes": ((_P, _P), self.supported_events, _I),
@@ -1020,6 +1032,81 @@ class FakeNvmlLibrary:
     def graphics_processes(self, handle: int | None, count: int | None, out: int | None) -> None:
         self._gpu(handle, ("gpu", "mig"))
         _put(count, ctypes.c_uint, 0)
+
+    # -- telemetry ---------------------------------------------------------------------------
+    def _telemetry(self, handle: int | None) -> SimTelemetry:
+        return self._gpu(handle)[1].telemetry
+
+    def temperature(self, handle: int | None, sensor: int, out: int | None) -> None:
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _put(out, ctypes.c_uint, self._telemetry(handle).gpu_temp_c)
+
+    def power_usage(self, handle: int | None, out: int | None) -> None:
+        _put(out, ctypes.c_uint, self._telemetry(handle).power_mw)
+
+    def energy(self, handle: int | None, out: int | None) -> None:
+        _put(out, ctypes.c_ulonglong, self._telemetry(handle).energy_mj)
+
+    def clock_info(self, handle: int | None, clock: int, out: int | None) -> None:
+        t = self._telemetry(handle)
+        values = {pynvml.NVML_CLOCK_SM: t.sm_clock_mhz, pynvml.NVML_CLOCK_GRAPHICS: t.sm_clock_mhz,
+                  pynvml.NVML_CLOCK_MEM: t.mem_clock_mhz}
+        if clock not in values:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _put(out, ctypes.c_uint, values[clock])
+
+    def utilization(self, handle: int | None, out: int | None) -> None:
+        t = self._telemetry(handle)
+        if out is None:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        u = pynvml.c_nvmlUtilization_t.from_address(out)
+        u.gpu, u.memory = t.gpu_util, t.memory_util
+
+    def _codec(self, value: int, util: int | None, period: int | None) -> None:
+        _put(util, ctypes.c_uint, value)
+        _put(period, ctypes.c_uint, 167_000)  # µs, what datacenter boards report
+
+    def encoder_utilization(self, handle: int | None, util: int | None, period: int | None) -> None:
+        self._codec(self._telemetry(handle).encoder_util, util, period)
+
+    def decoder_utilization(self, handle: int | None, util: int | None, period: int | None) -> None:
+        self._codec(self._telemetry(handle).decoder_util, util, period)
+
+    def pcie_replays(self, handle: int | None, out: int | None) -> None:
+        _put(out, ctypes.c_uint, self._telemetry(handle).pcie_replays)
+
+    def pcie_throughput(self, handle: int | None, counter: int, out: int | None) -> None:
+        t = self._telemetry(handle)
+        values = {pynvml.NVML_PCIE_UTIL_TX_BYTES: t.pcie_tx_kbps, pynvml.NVML_PCIE_UTIL_RX_BYTES: t.pcie_rx_kbps}
+        if counter not in values:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _put(out, ctypes.c_uint, values[counter])
+
+    def total_ecc_errors(self, handle: int | None, error: int, counter: int, out: int | None) -> None:
+        t = self._telemetry(handle)
+        values = {
+            (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC): t.ecc_sbe_volatile,
+            (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): t.ecc_dbe_volatile,
+            (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC): t.ecc_sbe_aggregate,
+            (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC): t.ecc_dbe_aggregate,
+        }
+        if (error, counter) not in values:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _put(out, ctypes.c_ulonglong, values[(error, counter)])
+
+    def remapped_rows(self, handle: int | None, corr: int | None, unc: int | None, pending: int | None,
+                      failure: int | None) -> None:
+        if self._model.architecture in ("turing",):  # row remapping came with Ampere
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        t = self._telemetry(handle)
+        _put(corr, ctypes.c_uint, t.remapped_correctable)
+        _put(unc, ctypes.c_uint, t.remapped_uncorrectable)
+        _put(pending, ctypes.c_uint, int(t.remap_pending))
+        _put(failure, ctypes.c_uint, int(t.remap_failure))
+
+    def clock_events(self, handle: int | None, out: int | None) -> None:
+        _put(out, ctypes.c_ulonglong, self._telemetry(handle).clock_events)
 
     # -- events ------------------------------------------------------------------------------
     def event_set_create(self, out: int | None) -> None:

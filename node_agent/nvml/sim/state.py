@@ -83,6 +83,41 @@ class SimFabric(_Model):
     status: int = 0
 
 
+class SimTelemetry(_Model):
+    """What the GPU's sensors and counters read (``nvmlDeviceGetTemperature``, ``GetPowerUsage``, ...).
+
+    The defaults are an idle, healthy datacenter GPU; tests set the values a scenario needs. A call a
+    board does not support is a ``call_errors`` entry (NVML_ERROR_NOT_SUPPORTED = 3), as on real GPUs.
+    """
+
+    gpu_temp_c: int = Field(default=34, ge=0)
+    power_mw: int = Field(default=72_000, ge=0)
+    #: Energy since the driver loaded, in mJ (nvmlDeviceGetTotalEnergyConsumption).
+    energy_mj: int = Field(default=0, ge=0)
+    sm_clock_mhz: int = Field(default=1980, ge=0)
+    mem_clock_mhz: int = Field(default=2619, ge=0)
+    gpu_util: int = Field(default=0, ge=0, le=100)
+    memory_util: int = Field(default=0, ge=0, le=100)
+    encoder_util: int = Field(default=0, ge=0, le=100)
+    decoder_util: int = Field(default=0, ge=0, le=100)
+    pcie_replays: int = Field(default=0, ge=0)
+    #: PCIe throughput over NVML's last 20 ms window, KB/s (nvmlDeviceGetPcieThroughput).
+    pcie_tx_kbps: int = Field(default=0, ge=0)
+    pcie_rx_kbps: int = Field(default=0, ge=0)
+    #: ECC error counts: volatile (since the driver loaded) and aggregate (the GPU's lifetime).
+    ecc_sbe_volatile: int = Field(default=0, ge=0)
+    ecc_dbe_volatile: int = Field(default=0, ge=0)
+    ecc_sbe_aggregate: int = Field(default=0, ge=0)
+    ecc_dbe_aggregate: int = Field(default=0, ge=0)
+    #: Row remapping (Ampere and later): rows remapped, a remap pending until reset, a remap failed.
+    remapped_correctable: int = Field(default=0, ge=0)
+    remapped_uncorrectable: int = Field(default=0, ge=0)
+    remap_pending: bool = False
+    remap_failure: bool = False
+    #: Clock event (throttle) reasons bitmask (nvmlDeviceGetCurrentClocksEventReasons).
+    clock_events: int = Field(default=0, ge=0)
+
+
 class SimGpu(_Model):
     mig_current: bool = False
     mig_pending: bool = False
@@ -100,6 +135,7 @@ class SimGpu(_Model):
     #: code every call of it on this GPU fails with (999 = NVML_ERROR_UNKNOWN).
     call_errors: dict[str, int] = {}
     fabric: SimFabric | None = None
+    telemetry: SimTelemetry = SimTelemetry()
 
 
 class SimState(_Model):

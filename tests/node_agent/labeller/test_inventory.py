@@ -18,10 +18,10 @@ import pytest
 
 from node_agent.labeller import inventory
 from node_agent.labeller.labels import InventoryContext
-from node_agent.labeller.xids import XidRecorder, XidSeen
 from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.types import DriverInfo, Inventory, LostGpu
+from node_agent.nvml.xidwatch import XidRecorder, XidSeen
 from nvgpu import inventory as api
 from nvgpu.migparted import build_config
 from nvidia_gpu.components.manifests.inventory import PRINTER_COLUMNS, SCHEMA, crd

@@ -1,10 +1,10 @@
-"""The last XID error of each GPU, for the inventory's ``health.lastXID`` / ``lastXIDTime``.
+"""Each GPU's XID errors as they are raised: the last one and when, and how many of each.
 
-The device plugin turns XIDs into allocation health; the inventory shows them to people. Both read NVML's
-event queue on their own (an NVML event set is per process and sees every event raised after it was made),
-so the labeller needs nothing from the device plugin and works the same in DRA mode, where there is none.
-One thread per labelling loop holds one event set open: an XID cannot be seen by a process that polls
-once a minute. Each event wakes the loop, so the GPU's object follows within a second, not an interval.
+The device plugin turns XIDs into allocation health; the GPU inventory (the labeller) and the metrics
+exporter show them to people. Each reads NVML's event queue on its own (an NVML event set is per process
+and sees every event raised after it was made), so neither needs the device plugin, and both work the
+same in DRA mode, where there is none. One thread holds one event set open: an XID cannot be seen by a
+process that polls once a minute. Each event calls ``on_xid`` (the labeller starts its next run at once).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class XidRecorder:
         self._clock = clock
         self._lock = threading.Lock()
         self._seen: dict[int, XidSeen] = {}
+        self._counts: dict[tuple[int, int], int] = {}
         self._stop = threading.Event()
         self._watching = threading.Event()
         self._thread = threading.Thread(target=self._run, name="xid-recorder", daemon=True)
@@ -64,6 +65,11 @@ class XidRecorder:
         """NVML index to the last XID raised on the GPU since this recorder started."""
         with self._lock:
             return dict(self._seen)
+
+    def counts(self) -> dict[tuple[int, int], int]:
+        """(NVML index, XID) to how many were raised since this recorder started."""
+        with self._lock:
+            return dict(self._counts)
 
     def wait_watching(self, timeout_s: float) -> bool:
         """Whether the event set is registered (XIDs raised from now on are recorded)."""
@@ -105,6 +111,7 @@ class XidRecorder:
         seen = XidSeen(xid, self._clock())
         with self._lock:
             self._seen[index] = seen
+            self._counts[(index, xid)] = self._counts.get((index, xid), 0) + 1
         log.warning("event=xid gpu=%d xid=%d gpu_instance=%s compute_instance=%s critical=%s", index, xid,
                     "-" if gi_id is None else gi_id, "-" if ci_id is None else ci_id, seen.critical)
         self._on_xid()

@@ -1,0 +1,288 @@
+"""The agent exporter on simulated machines: dcgm-exporter's names, units and labels, MIG devices as their
+own series, pod labels from a PodResources stand-in in both allocation modes, NVIDIA's dashboard served.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from node_agent.exporter import counters, fields
+from node_agent.exporter.holders import holders
+from node_agent.exporter.service import MetricsService
+from node_agent.kubelet.podresources.client import PodResourcesClient
+from node_agent.nvml import NvmlBackend, open_nvml
+from node_agent.nvml.sim import SimulatedMachine
+from nvgpu.migparted import build_config
+from tests.kit.fakehost import build_fake_host, sim_state_file
+from tests.kit.kubelet.common import short_root
+from tests.kit.kubelet.podresources import Container, Pod, pod_resources
+
+REPO = Path(__file__).resolve().parents[3]
+DATA = REPO.parent / "shared" / "data"
+DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
+
+
+class Node:
+    def __init__(self, root: Path, machine: str) -> None:
+        self.services: list[MetricsService] = []
+        self.root = root
+        self.machine = machine
+        self.backend = NvmlBackend("simulated", machine, sim_state_file(root, machine))
+        self.sim = SimulatedMachine(machine, self.backend.state_file)
+
+    def mig(self, layout: str, tmp: Path) -> None:
+        config = tmp / "mig.yaml"
+        config.write_text(build_config().to_yaml())
+        done = subprocess.run([sys.executable, "-m", "node_agent", "--host-root", str(self.root), "--nvml",
+                               f"simulated:{self.machine}", "mig", "apply", "--config", str(config), "--name", layout],
+                              capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def service(self, **kw: Any) -> MetricsService:
+        service = MetricsService(lambda: open_nvml(self.backend), kw.pop("selection", counters.default()), "node-a",
+                                 **kw)
+        self.services.append(service)
+        return service
+
+
+@pytest.fixture
+def dgx(tmp_path: Path) -> Iterator[Node]:
+    node = Node(build_fake_host(tmp_path / "host", "dgx-h100").root, "dgx-h100")
+    yield node
+    for service in node.services:  # each holds an NVML session
+        service.close()
+
+
+def scrape(service: MetricsService) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """``/metrics`` parsed by Prometheus's client parser: name (as the TYPE line spells it: the parser adds
+    ``_total`` to counter samples, Prometheus does not) to (labels, value) samples."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    text = service.render().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            name = family.name if f"# TYPE {family.name} counter" in text else s.name
+            out.setdefault(name, []).append((dict(s.labels), s.value))
+    assert re.search(r"^# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter$", text, re.M) or "ENERGY" not in text
+    return out
+
+
+def test_every_field_is_served_per_gpu_in_dcgms_units_and_labels(dgx: Node) -> None:
+    dgx.sim.set_telemetry(3, gpu_temp_c=71, power_mw=612_345, energy_mj=9_000_000, gpu_util=93, memory_util=41,
+                          pcie_tx_kbps=2_000, ecc_dbe_volatile=2, remapped_uncorrectable=1, remap_failure=True,
+                          clock_events=0x20)
+    got = scrape(dgx.service())
+    for name in counters.default().fields:
+        if name == fields.XID_FIELD:
+            continue
+        assert len(got[name]) == 8, name
+        assert all(set(labels) == DCGM_LABELS for labels, _ in got[name]), name
+    def value(name: str, gpu: str = "3") -> float:
+        return next(v for labels, v in got[name] if labels["gpu"] == gpu)
+    assert value("DCGM_FI_DEV_GPU_TEMP") == 71 and value("DCGM_FI_DEV_POWER_USAGE") == pytest.approx(612.345)
+    assert value("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") == 9_000_000 and value("DCGM_FI_DEV_GPU_UTIL") == 93
+    assert value("DCGM_FI_DEV_MEM_COPY_UTIL") == 41 and value("DCGM_FI_PROF_PCIE_TX_BYTES") == 2_048_000
+    assert value("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 2 and value("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS") == 1
+    assert value("DCGM_FI_DEV_ROW_REMAP_FAILURE") == 1 and value("DCGM_FI_DEV_CLOCKS_EVENT_REASONS") == 0x20
+    assert value("DCGM_FI_DEV_FB_USED") + value("DCGM_FI_DEV_FB_FREE") + value("DCGM_FI_DEV_FB_RESERVED") > 80_000
+    labels = next(lb for lb, _ in got["DCGM_FI_DEV_GPU_TEMP"] if lb["gpu"] == "3")
+    assert labels["device"] == "nvidia3" and labels["modelName"] == "NVIDIA H100 80GB HBM3"
+    assert labels["Hostname"] == "node-a" and re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:00\.0", labels["pci_bus_id"])
+    assert got["nvidia_gpu_exporter_gpus"] == [({"state": "ok"}, 8), ({"state": "lost"}, 0)]
+
+
+def test_a_reading_the_board_does_not_support_is_left_out_not_zero(dgx: Node) -> None:
+    with dgx.sim.store.mutate() as s:
+        s.gpus[5].call_errors = {"nvmlDeviceGetEncoderUtilization": 3, "nvmlDeviceGetRemappedRows": 3}
+    got = scrape(dgx.service())
+    assert sorted(lb["gpu"] for lb, _ in got["DCGM_FI_DEV_ENC_UTIL"]) == [str(i) for i in range(8) if i != 5]
+    assert "5" not in {lb["gpu"] for lb, _ in got["DCGM_FI_DEV_ROW_REMAP_FAILURE"]}
+    assert len(got["DCGM_FI_DEV_GPU_TEMP"]) == 8
+
+
+def test_a_lost_gpu_is_counted_and_the_others_served(dgx: Node) -> None:
+    dgx.sim.lose_gpu(6)
+    got = scrape(dgx.service())
+    assert "6" not in {lb["gpu"] for lb, _ in got["DCGM_FI_DEV_GPU_TEMP"]} and len(got["DCGM_FI_DEV_GPU_TEMP"]) == 7
+    assert ({"state": "lost"}, 1) in got["nvidia_gpu_exporter_gpus"]
+
+
+def test_mig_devices_are_series_of_their_own(dgx: Node, tmp_path: Path) -> None:
+    """56 MIG devices on 8 GPUs: the framebuffer per instance (GPU_I_PROFILE, GPU_I_ID), nothing twice."""
+    dgx.mig("all-1g.10gb", tmp_path)
+    got = scrape(dgx.service())
+    used = got["DCGM_FI_DEV_FB_USED"]
+    assert len(used) == 56 and all(lb["GPU_I_PROFILE"] == "1g.10gb" for lb, _ in used)
+    assert {(lb["gpu"], lb["GPU_I_ID"]) for lb, _ in used} == {(str(g), lb) for g in range(8)
+                                                              for lb in {x["GPU_I_ID"] for x, _ in used}}
+    assert len(got["DCGM_FI_DEV_GPU_TEMP"]) == 8 and "GPU_I_ID" not in got["DCGM_FI_DEV_GPU_TEMP"][0][0]
+
+
+@pytest.fixture
+def socket() -> Iterator[Path]:
+    with short_root("exporter-") as root:
+        yield root / "kubelet.sock"
+
+
+def _attributed(service: MetricsService, name: str) -> dict[str, tuple[str, str, str] | None]:
+    """Per series key (gpu or gpu/GI), the pod labels of ``name``'s series (None: not attributed)."""
+    out: dict[str, tuple[str, str, str] | None] = {}
+    for labels, _ in scrape(service)[name]:
+        key = labels["gpu"] + (f"/{labels['GPU_I_ID']}" if "GPU_I_ID" in labels else "")
+        out[key] = (labels["pod"], labels["namespace"], labels["container"]) if "pod" in labels else None
+    return out
+
+
+def test_pod_labels_for_whole_gpus_and_time_sliced_replicas(dgx: Node, socket: Path) -> None:
+    with open_nvml(dgx.backend) as nvml:
+        uuids = [str(g.uuid) for g in nvml.inventory().gpus]
+    pods = [Pod("train", "ml", [Container("main", devices={"nvidia.com/gpu": [uuids[0], uuids[1]]})]),
+            Pod("a", "web", [Container("srv", devices={"nvidia.com/gpu": [f"{uuids[4]}::0"]})]),
+            Pod("b", "web", [Container("srv", devices={"nvidia.com/gpu": [f"{uuids[4]}::3"]})]),
+            Pod("c", "web", [Container("srv", devices={"nvidia.com/gpu": [f"{uuids[5]}::1"]})])]
+    with pod_resources(socket, pods):
+        client = PodResourcesClient(str(socket))
+        try:
+            service = dgx.service(pod_resources=client.list)
+            seen = _attributed(service, "DCGM_FI_DEV_GPU_UTIL")
+            held = scrape(service)["nvidia_gpu_device_holder"]
+        finally:
+            client.close()
+    assert seen["0"] == seen["1"] == ("train", "ml", "main")
+    assert seen["4"] is None, "two pods share GPU 4: one series, no pod labels, so sums stay true"
+    assert seen["5"] == ("c", "web", "srv"), "one replica held: its pod"
+    assert seen["2"] is None
+    assert sorted((lb["gpu"], lb["pod"]) for lb, _ in held) == [("0", "train"), ("1", "train"), ("4", "a"),
+                                                               ("4", "b"), ("5", "c")]
+
+
+def test_pod_labels_for_mig_devices_and_dra_claims(dgx: Node, socket: Path, tmp_path: Path) -> None:
+    dgx.mig("all-3g.40gb", tmp_path)
+    with open_nvml(dgx.backend) as nvml:
+        gpus = nvml.inventory().gpus
+    g0, g1 = gpus[0], gpus[1]
+    from node_agent.dra.devices import mig_device_name
+
+    m1 = g1.mig_devices[1]
+    pods = [Pod("mig-dp", "ml", [Container("c", devices={"nvidia.com/mig-3g.40gb": [str(g0.mig_devices[0].uuid)]})]),
+            Pod("mig-dra", "ml", [Container("c", claims=[("mig", "ml", [("gpu.nvidia.com", "node-a", mig_device_name(
+                g1.minor, m1.profile, m1.gi_profile_id, m1.placement.start))])])]),
+            Pod("other-driver", "ml", [Container("c", claims=[("x", "ml", [("example.com", "p", "gpu-2")])])])]
+    with pod_resources(socket, pods):
+        client = PodResourcesClient(str(socket))
+        try:
+            seen = _attributed(dgx.service(pod_resources=client.list), "DCGM_FI_DEV_FB_USED")
+        finally:
+            client.close()
+    assert seen[f"0/{g0.mig_devices[0].gi_id}"] == ("mig-dp", "ml", "c")
+    assert seen[f"1/{m1.gi_id}"] == ("mig-dra", "ml", "c")
+    assert seen[f"0/{g0.mig_devices[1].gi_id}"] is None
+    assert {k for k, v in seen.items() if v} == {f"0/{g0.mig_devices[0].gi_id}", f"1/{m1.gi_id}"}
+
+
+def test_whole_gpu_dra_claims_map_to_their_gpu(dgx: Node) -> None:
+    from node_agent.exporter.holders import ContainerDevices
+
+    with open_nvml(dgx.backend) as nvml:
+        gpus = nvml.inventory().gpus
+    found = holders([ContainerDevices("p", "ns", "c", (), (("gpu.nvidia.com", "node-a", "gpu-3"),))], gpus,
+                    dra_driver="gpu.nvidia.com")
+    assert found.sole(str(next(g for g in gpus if g.minor == 3).uuid)) is not None
+
+
+def test_pod_labels_go_while_kubelet_is_down_and_come_back(dgx: Node, socket: Path) -> None:
+    with open_nvml(dgx.backend) as nvml:
+        first = str(nvml.inventory().gpus[0].uuid)
+    with pod_resources(socket, [Pod("p", "ns", [Container("c", devices={"nvidia.com/gpu": [first]})])]) as kubelet:
+        client = PodResourcesClient(str(socket), timeout_s=1)
+        try:
+            service = dgx.service(pod_resources=client.list)
+            assert _attributed(service, "DCGM_FI_DEV_GPU_TEMP")["0"] == ("p", "ns", "c")
+            kubelet.down = True
+            got = scrape(service)
+            assert len(got["DCGM_FI_DEV_GPU_TEMP"]) == 8 and "pod" not in got["DCGM_FI_DEV_GPU_TEMP"][0][0]
+            assert ({"stage": "pod-resources"}, 1) in got["nvidia_gpu_exporter_failures_total"]
+            kubelet.down = False
+            assert _attributed(service, "DCGM_FI_DEV_GPU_TEMP")["0"] == ("p", "ns", "c")
+        finally:
+            client.close()
+
+
+def test_nvml_going_away_is_counted_and_the_next_scrape_reopens(dgx: Node) -> None:
+    """A driver reload: the open session's GPUs answer lost, NVML cannot start while the driver is out,
+    then it is back; the exporter follows without a restart."""
+    service = dgx.service()
+    assert len(scrape(service)["DCGM_FI_DEV_GPU_TEMP"]) == 8
+
+    def lost(yes: bool) -> None:
+        with dgx.sim.store.mutate() as s:
+            for g in s.gpus:
+                g.lost = yes
+
+    lost(True)
+    dgx.sim.fail_init()
+    gone = scrape(service)
+    assert "DCGM_FI_DEV_GPU_TEMP" not in gone and ({"state": "lost"}, 8) in gone["nvidia_gpu_exporter_gpus"]
+    broken = scrape(service)  # the session was closed: opening NVML fails now
+    assert ({"stage": "nvml"}, 1) in broken["nvidia_gpu_exporter_failures_total"] and not service.live()
+    assert "nvidia_gpu_exporter_scrape_duration_seconds" not in broken
+    lost(False)
+    dgx.sim.fail_init(None)
+    assert len(scrape(service)["DCGM_FI_DEV_GPU_TEMP"]) == 8 and service.live()
+
+
+def _dashboard_metrics() -> set[str]:
+    board = json.loads((DATA / "nvidia-dcgm-exporter-dashboard.json").read_text())
+    exprs: list[str] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k in ("expr", "query", "definition") and isinstance(v, str):
+                    exprs.append(v)
+                else:
+                    walk(v)
+        elif isinstance(o, list):
+            for x in o:
+                walk(x)
+
+    walk(board)
+    return {m for e in exprs for m in re.findall(r"\b(DCGM_[A-Z0-9_]+)\b", e)}
+
+
+def test_nvidias_dashboard_finds_its_metrics_and_labels(dgx: Node) -> None:
+    """Every metric NVIDIA's dashboard queries is served, with the ``gpu`` label its variables use, except
+    the one DCGM profiling counter NVML has no reading for (listed, with the reason)."""
+    wanted = _dashboard_metrics()
+    got = scrape(dgx.service())
+    missing = wanted - set(got)
+    assert missing == {"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"} and missing <= set(fields.NOT_FROM_NVML)
+    assert all("gpu" in labels for name in wanted - missing for labels, _ in got[name])
+
+
+def test_nvidias_default_counters_file_is_read_and_what_nvml_cannot_give_is_named() -> None:
+    sel = counters.parse((DATA / "nvidia-dcgm-exporter-default-counters.csv").read_text(), "default-counters.csv")
+    assert "DCGM_FI_DEV_GPU_UTIL" in sel.fields and "DCGM_FI_PROF_PCIE_TX_BYTES" in sel.fields
+    not_served = {re.search(r"(DCGM_\w+) is not served", w).group(1) for w in sel.warnings}  # type: ignore[union-attr]
+    assert not_served == {"DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+                          "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                          "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("DCGM_FI_DEV_GPU_TEMP gauge temp\n", "line 1: 'DCGM_FI_DEV_GPU_TEMP gauge temp' is not 'DCGM_FIELD, type, help'"),
+    ("# c\nDCGM_FI_DEV_GPU_TEMP, gague, temp\n", "line 2: type 'gague' of DCGM_FI_DEV_GPU_TEMP is not one of"),
+    ("DCGM_FI_DEV_GPU_TEMPERATURE, gauge, t\n", "line 1: 'DCGM_FI_DEV_GPU_TEMPERATURE' is not a DCGM field"),
+    ("# nothing\n", "no field to serve"),
+])
+def test_a_bad_counters_file_is_an_error_naming_the_line(text: str, message: str) -> None:
+    with pytest.raises(counters.CountersError, match=re.escape(message)):
+        counters.parse(text, "counters.csv")
