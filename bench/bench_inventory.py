@@ -13,7 +13,6 @@ on a noisy machine:
 
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.timing import median_ms  # noqa: E402
 from localcluster import ControlPlane, tools_bin  # noqa: E402
 from localcluster.dryrun import install_crds  # noqa: E402
 from localcluster.objects import kwok_node  # noqa: E402
@@ -43,14 +43,6 @@ MACHINE = "dgx-h100"
 NODE = "bench-h100"
 RUNS = 30
 
-
-def _median_ms(call: Callable[[], object], runs: int = RUNS) -> float:
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
 
 
 def main() -> None:
@@ -85,9 +77,9 @@ def main() -> None:
 
             first_ms, first = timed(sync)
             assert len(first.created) == 8, first
-            steady_ms = _median_ms(sync)
-            node_get_ms = _median_ms(lambda: kube.get(f"/api/v1/nodes/{NODE}"))
-            nvml_ms = _median_ms(read)
+            steady_ms = median_ms(sync)
+            node_get_ms = median_ms(lambda: kube.get(f"/api/v1/nodes/{NODE}"))
+            nvml_ms = median_ms(read)
             config = work / "mig.yaml"
             config.write_text(build_config().to_yaml())
             subprocess.run([sys.executable, "-m", "node_agent", "--host-root", str(root), "--nvml",

@@ -13,7 +13,7 @@ export CGO_ENABLED="${CGO_ENABLED:-1}"
 print_only=0
 [ "${1:-}" = "--print" ] && print_only=1
 
-components=(kube etcd kwok mocknvml pulumi pulumi-yaml pulumi-kubernetes cdi runc nvidia-device-plugin mig-parted dra-driver-nvidia-gpu
+components=(prometheus kube etcd kwok mocknvml pulumi pulumi-yaml pulumi-kubernetes cdi runc nvidia-device-plugin mig-parted dra-driver-nvidia-gpu
             actionlint)
 
 key_of() {  # key_of NAME: a short hash of what decides the component's binaries
@@ -142,6 +142,14 @@ build_one() {  # build_one NAME OUTDIR
       local v; v="$(go list -m -f '{{.Version}}' github.com/rhysd/actionlint)"
       CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/rhysd/actionlint.version=$v" -o "$out/" \
         github.com/rhysd/actionlint/cmd/actionlint ;;
+    prometheus)
+      # Prometheus's promtool, which runs the stack's alerting rules over synthetic series (promtool test
+      # rules) and checks them. remove_all_sd leaves out the service-discovery plugins promtool never uses
+      # (their cloud SDKs are most of the build).
+      local v; v="$(go list -m -f '{{.Version}}' github.com/prometheus/prometheus)"
+      CGO_ENABLED=0 go build -trimpath -tags remove_all_sd \
+        -ldflags "-s -w -X github.com/prometheus/common/version.Version=${v#v} -X github.com/prometheus/common/version.Branch=release" \
+        -o "$out/" github.com/prometheus/prometheus/cmd/promtool ;;
   esac
 }
 

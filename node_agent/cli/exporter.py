@@ -8,6 +8,7 @@ NVML session, an XID event set, kubelet's PodResources API for the pod labels, a
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import socket
 import threading
@@ -40,6 +41,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--no-pod-labels", action="store_true", help="do not ask kubelet which pod holds which GPU")
     p.add_argument("--dra-driver", default="gpu.nvidia.com", metavar="NAME",
                    help="the DRA driver whose claimed devices are GPUs of this node (default: %(default)s)")
+    p.add_argument("--info", action="append", default=[], metavar="LABEL=VALUE",
+                   help="a label of nvidia_gpu_node_info (the stack passes node_group, sharing and "
+                        "allocation_mode); repeatable")
     p.set_defaults(run=run)
 
 
@@ -48,6 +52,20 @@ def _listen(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise UsageError(f"--listen {text!r}: expected HOST:PORT with a port from 0 to 65535")
     return host or "0.0.0.0", int(port)
+
+
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def info_labels(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not _LABEL.match(name) or name.startswith("__") or name == "Hostname":
+            raise UsageError(f"--info {pair!r}: expected LABEL=VALUE with a Prometheus label name "
+                             "(letters, digits and '_', not starting with a digit or '__', not Hostname)")
+        out[name] = value
+    return out
 
 
 def selection(path: str | None) -> counters.Selection:
@@ -67,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
     host, port = _listen(args.listen)
     chosen = selection(args.collectors)
+    info = info_labels(args.info)
     pod_resources = None
     client = None
     if not args.no_pod_labels:
@@ -76,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         pod_resources = client.list
     recorder = XidRecorder(ctx.nvml, lambda: None)
     service = MetricsService(ctx.nvml, chosen, ctx.node_name or socket.gethostname(), pod_resources=pod_resources,
-                             dra_driver=args.dra_driver, xids=recorder)
+                             dra_driver=args.dra_driver, xids=recorder, info=info)
     stopped = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopped.set())

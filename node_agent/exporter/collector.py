@@ -153,9 +153,18 @@ class Exporter:
 
     def _own(self, gpus: Sequence[Gpu], lost: int, seconds: float) -> list[Family]:
         state = Family("nvidia_gpu_exporter_gpus", "gauge", "GPUs this exporter reads, by state.",
-                       [((("state", "ok"),), float(len(gpus))), ((("state", "lost"),), float(lost))])
+                       [((("state", "ok"), ("Hostname", self.hostname)), float(len(gpus))),
+                        ((("state", "lost"), ("Hostname", self.hostname)), float(lost))])
         return [state, *own_families(self.hostname, {g.index: str(g.uuid) for g in gpus}, self.xid_counts(),
                                      self.failures, seconds)]
+
+
+def info_family(hostname: str, info: Mapping[str, str]) -> Family:
+    """``nvidia_gpu_node_info``: what the stack declared for this node (its node group, sharing and
+    allocation mode, given as ``--info``), for dashboards to group GPUs by; 1 always."""
+    labels = (("Hostname", hostname), *sorted(info.items()))
+    return Family("nvidia_gpu_node_info", "gauge", "The node's GPU settings as the stack declares them.",
+                  [(labels, 1.0)])
 
 
 def own_families(hostname: str, index_uuid: Mapping[int, str], counts: Mapping[tuple[int, int], int],

@@ -18,12 +18,9 @@ from node_agent.exporter.fields import (
     NOT_SERVED_LABELS,
     XID_FIELD,
 )
+from nvgpu.dcgmcounters import CountersError, read
 
-_TYPES = {"gauge", "counter", "label"}
-
-
-class CountersError(ValueError):
-    """The counters file cannot be used; the message names the line."""
+__all__ = ["CountersError", "Selection", "default", "parse"]
 
 
 @dataclass(frozen=True)
@@ -39,23 +36,15 @@ def default() -> Selection:
 
 
 def parse(text: str, source: str = "counters file") -> Selection:
+    """The fields of a counters file this exporter serves; what it cannot serve becomes a warning."""
     chosen: list[str] = []
     warnings: list[str] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = [p.strip() for p in line.split(",", 2)]
-        where = f"{source} line {number}"
-        if len(parts) < 2:
-            raise CountersError(f"{where}: {line!r} is not 'DCGM_FIELD, type, help'")
-        name, kind = parts[0], parts[1]
-        if kind not in _TYPES:
-            raise CountersError(f"{where}: type {kind!r} of {name} is not one of {', '.join(sorted(_TYPES))}")
+    for counter in read(text, source):
+        name, kind, where = counter.name, counter.kind, f"{source} line {counter.line}"
         if name in {DRIVER_VERSION_LABEL, XID_FIELD, *FIELDS}:
             if name in FIELDS and kind != "label" and kind != FIELDS[name].kind:
                 warnings.append(f"{where}: {name} is a {FIELDS[name].kind} (as DCGM defines it), not a {kind}")
-            if name != DRIVER_VERSION_LABEL and name not in chosen:  # the driver label is always set
+            if name != DRIVER_VERSION_LABEL:  # the driver label is always set
                 chosen.append(name)
         elif name in NOT_FROM_NVML:
             warnings.append(f"{where}: {name} is not served by the agent exporter ({NOT_FROM_NVML[name]}); "

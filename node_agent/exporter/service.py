@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
-from node_agent.exporter.collector import Exporter, own_families, render
+from node_agent.exporter.collector import Exporter, info_family, own_families, render
 from node_agent.exporter.counters import Selection
 from node_agent.exporter.holders import ContainerDevices, Holders, holders
 from node_agent.nvml import Gpu, NvmlError, NvmlSession
@@ -30,13 +30,15 @@ class MetricsService:
 
     def __init__(self, open_nvml: Callable[[], AbstractContextManager[NvmlSession]], selection: Selection,
                  hostname: str, *, pod_resources: Callable[[], list[ContainerDevices]] | None = None,
-                 dra_driver: str = "gpu.nvidia.com", xids: XidRecorder | None = None) -> None:
+                 dra_driver: str = "gpu.nvidia.com", xids: XidRecorder | None = None,
+                 info: Mapping[str, str] | None = None) -> None:
         self._open = open_nvml
         self._selection = selection
         self._hostname = hostname
         self._pod_resources = pod_resources
         self._dra_driver = dra_driver
         self._xids = xids
+        self._info = dict(info or {})
         self._lock = threading.Lock()
         self._stack: contextlib.ExitStack | None = None
         self._session: NvmlSession | None = None
@@ -87,6 +89,8 @@ class MetricsService:
                 self._drop()
                 self._healthy = False
                 families = own_families(self._hostname, {}, counts(), self._failures, None)
+            if self._info:
+                families.append(info_family(self._hostname, self._info))
             return render(families)
 
     def live(self) -> bool:

@@ -14,6 +14,7 @@ from nvgpu.stackconfig import Cluster, NodeSetupBackend
 from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import confinement
 from nvidia_gpu.components.manifests import inventory as inventory_manifests
+from nvidia_gpu.components.manifests import monitoring as monitoring_manifests
 from nvidia_gpu.components.manifests import platform as manifests
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.register import register as register_object
@@ -126,7 +127,8 @@ class GpuPlatform(pulumi.ComponentResource):
             return register_object(name, inputs.with_labels(manifest, args.labels, "GpuPlatformArgs.extra_labels"),
                                    opts)
 
-        ns = register(f"{name}-ns", manifests.namespace(ns_name, cluster.kubernetes_version), child)
+        ns = register(f"{name}-ns", manifests.namespace(ns_name, cluster.kubernetes_version,
+                                                        monitoring_manifests.namespace_labels(cluster)), child)
         in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
         deps: list[pulumi.Resource] = [ns]
         per_role: dict[AgentRole, tuple[pulumi.Resource, ...]] = {}

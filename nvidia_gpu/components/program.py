@@ -24,6 +24,7 @@ from nvgpu.stackconfig import (
 )
 from nvidia_gpu.components.dra_stack import DraStack, DraStackArgs
 from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
+from nvidia_gpu.components.monitoring import GpuMonitoring, GpuMonitoringArgs
 from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
 from nvidia_gpu.components.node_group import node_scripts as group_node_scripts
 from nvidia_gpu.components.platform import GpuPlatform, GpuPlatformArgs
@@ -36,6 +37,7 @@ class Stack:
     node_groups: dict[str, GpuNodeGroup]
     dra: DraStack | None = None
     mig: MigProfile | None = None
+    monitoring: GpuMonitoring | None = None
 
 
 def decode_config_value(raw: Any) -> Any:
@@ -90,11 +92,13 @@ def build_stack(config: StackConfig) -> Stack:
     # Stack-wide: the MIG manager must outlive a group's MIG setting to roll its nodes back.
     mig = MigProfile(f"{cluster.namespace}-mig", MigProfileArgs(cluster=cluster, groups=config.node_groups,
                                                                depends_on=platform.refs.dependencies), with_provider)
+    monitoring = GpuMonitoring(f"{cluster.namespace}-monitoring",
+                               GpuMonitoringArgs(platform=platform.refs, groups=config.node_groups), with_provider)
     pulumi.export("namespace", platform.namespace)
     pulumi.export("nodeGroups", sorted(groups))
     # Labels and taints per group (the labeller applies them off Deckhouse; provisioning can set them earlier).
     pulumi.export("nodeTemplates", {n: {"labels": g.node_labels, "taints": g.node_taints} for n, g in groups.items()})
-    return Stack(provider=provider, platform=platform, node_groups=groups, dra=dra, mig=mig)
+    return Stack(provider=provider, platform=platform, node_groups=groups, dra=dra, mig=mig, monitoring=monitoring)
 
 
 __all__ = ["CONFIG_NAMESPACE", "Stack", "build_stack", "runtime_config_values"]

@@ -42,9 +42,12 @@ from nvidia_gpu.policies.manifests import (
 #: directory), the node-setup agent (``/proc/sys``, kernel modules, containerd) and the DRA kubelet plugin
 #: (GPU device nodes for sharing changes, kubelet's plugin directories with Bidirectional propagation) and
 #: the MIG manager (``/dev/nvidia-caps`` for MIG changes, the host's nvidia-smi reset and its journal).
-DEFAULT_PRIVILEGED_ROLES = ("device-plugin", "gpu-setup", "dra-kubelet-plugin", "mig-manager")
-#: Agent roles that may mount host paths: the four above plus the labeller (NFD's features.d).
-DEFAULT_HOST_PATH_ROLES = ("device-plugin", "gpu-labeller", "gpu-setup", "dra-kubelet-plugin", "mig-manager")
+#: NVIDIA's dcgm-exporter (``cluster.monitoring.exporter: dcgm``) needs SYS_ADMIN for DCGM's profiling fields.
+DEFAULT_PRIVILEGED_ROLES = ("device-plugin", "gpu-setup", "dra-kubelet-plugin", "mig-manager", "dcgm-exporter")
+#: Agent roles that may mount host paths: the five above plus the labeller (NFD's features.d) and the agent's
+#: metrics exporter (kubelet's PodResources socket, the driver root, the GPUs' device list).
+DEFAULT_HOST_PATH_ROLES = ("device-plugin", "gpu-labeller", "gpu-setup", "dra-kubelet-plugin", "mig-manager",
+                           "gpu-exporter", "dcgm-exporter")
 #: No agent role needs the host's PID, network or IPC namespace by default.
 DEFAULT_HOST_NAMESPACE_ROLES: tuple[str, ...] = ()
 HOST_NAMESPACES = ("hostPID", "hostNetwork", "hostIPC")

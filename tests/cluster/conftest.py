@@ -34,7 +34,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     cp = ControlPlane(directory=tmp_path_factory.mktemp("cluster"), bin_dir=bin_dir)
     cp.start()
     try:
-        install_crds(cp.admin(), sorted((REPO / "nvidia_gpu" / "preview" / "crds").glob("*.deckhouse.io.yaml")))
+        install_crds(cp.admin(), sorted((REPO / "nvidia_gpu" / "preview" / "crds").glob("*.yaml")))
         print(f"\ncontrol plane up in {cp.startup_s:.1f} s at {cp.server}")
         yield cp
     finally:

@@ -68,8 +68,8 @@ def prepare_cluster(cp: ControlPlane, kinds: list[tuple[str, str]] = KINDS) -> N
     node template), the claim quota's tenant namespace, and a set-up kwok Node per group, so that every
     GPU DaemonSet really rolls out under the provider's await."""
     kube = cp.admin()
-    install_crds(kube, sorted((REPO / "nvidia_gpu" / "preview" / "crds").glob("*.deckhouse.io.yaml")))
-    wait_for(lambda: _served(kube, kinds), timeout=60, what="the Deckhouse CRDs served")
+    install_crds(kube, sorted((REPO / "nvidia_gpu" / "preview" / "crds").glob("*.yaml")))
+    wait_for(lambda: _served(kube, kinds), timeout=60, what="the Deckhouse and Prometheus Operator CRDs served")
     for ng in NODE_GROUPS:
         kube.create({"apiVersion": "deckhouse.io/v1", "kind": "NodeGroup", "metadata": {"name": ng},
                      "spec": {"nodeType": "Static"}})

@@ -18,11 +18,13 @@ import pytest
 
 from localcluster import ApiError, ControlPlane, Kube
 from localcluster.client import MERGE_PATCH
+from localcluster.dryrun import install_crds
 from localcluster.objects import create_kwok_node, service_account_kube, wait_for
 from nvgpu import inventory
 from nvgpu import labels as names
 from nvidia_gpu.components.manifests import confinement
 from nvidia_gpu.components.manifests.platform import AgentRole
+from nvidia_gpu.preview import crds
 from tests.cluster.agents import NS, AgentIdentity, create_group_nodes, identity
 from tests.cluster.stack import AppliedStack, apply_stack
 from tests.tools import required_bin
@@ -48,10 +50,12 @@ def agents(kube: Kube, dev_stack: AppliedStack, tmp_path_factory: pytest.TempPat
     create_group_nodes(kube, dev_stack, LABELLER[1], nodes["labeller"])
     create_group_nodes(kube, dev_stack, MIG[1], nodes["mig"])
     try:
-        yield {
+        found = {
             "labeller": identity(kube, LABELLER[0], nodes["labeller"][0], work),
             "mig": identity(kube, MIG[0], nodes["mig"][0], work),
         }
+        _enforced(found["labeller"].kube, nodes["labeller"][1], POLICY)
+        yield found
     finally:
         for name in (*nodes["labeller"], *nodes["mig"]):
             kube.delete("v1", "Node", name)
@@ -74,6 +78,19 @@ def _denied(call: Callable[[], Any], message: str, policy: str = POLICY) -> None
     assert (e.status, e.reason) == (403, "Forbidden"), e
     assert f"ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request" in e.message, e.message
     assert message in e.message, e.message
+
+
+def _enforced(me: Kube, other: str, policy: str) -> None:
+    """Wait until the API server enforces ``policy`` for ``me``: a binding takes effect once the server's
+    policy informer has seen it and type-checked the policy (about a second on a fresh control plane, longer
+    under load), so a call made straight after the apply may pass unchecked."""
+    def refused() -> bool | None:
+        try:
+            _dry_patch(me, other, {"metadata": {"labels": {names.GPU_SETUP_COMPLETE: ""}}})
+        except ApiError as e:
+            return (e.status == 403 and f"ValidatingAdmissionPolicy '{policy}'" in e.message) or None
+        return None
+    wait_for(refused, timeout=60, interval=0.2, what=f"{policy} enforced")
 
 
 def _taints(kube: Kube, node: str) -> list[dict[str, Any]]:
@@ -169,11 +186,15 @@ def node_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Agent
     cp.start()
     try:
         kube = cp.admin()
+        # The prod stack's PodMonitors and PrometheusRule: the Prometheus Operator's kinds, as its cluster has.
+        install_crds(kube, sorted(crds.CRD_DIR.glob("*.monitoring.coreos.com.yaml")))
         apply_stack(kube, "prod")
         own, other = "conf-p5-a", "conf-p5-b"
         for name in (own, other):
             create_kwok_node(kube, name, SETUP[1])
-        yield identity(kube, SETUP[0], own, work / "id", namespace=PROD_NS), other
+        setup = identity(kube, SETUP[0], own, work / "id", namespace=PROD_NS)
+        _enforced(setup.kube, other, PROD_POLICY)
+        yield setup, other
     finally:
         cp.stop(remove=False)
 

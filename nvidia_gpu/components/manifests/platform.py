@@ -78,8 +78,9 @@ NAMESPACED_RULES: dict[AgentRole, tuple[Rule, ...]] = {
 POD_SECURITY = {"enforce": "privileged", "warn": "privileged", "audit": "baseline"}
 
 
-def namespace(name: str, kubernetes_version: str) -> Manifest:
-    psa: dict[str, str] = {}
+def namespace(name: str, kubernetes_version: str, extra_labels: dict[str, str] | None = None) -> Manifest:
+    """The stack's namespace; ``extra_labels`` are what the cluster's Prometheus selects namespaces by."""
+    psa: dict[str, str] = dict(extra_labels or {})
     for mode, level in POD_SECURITY.items():
         psa[f"pod-security.kubernetes.io/{mode}"] = level
         psa[f"pod-security.kubernetes.io/{mode}-version"] = f"v{kubernetes_version}"

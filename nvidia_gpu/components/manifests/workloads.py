@@ -20,7 +20,7 @@ from typing import Any
 from nvgpu import devicelist, hostpaths, labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import facts
-from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend, Sharing
+from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend, ScrapeMode, Sharing
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels, group_object_name, selector_labels
 from nvidia_gpu.components.manifests.platform import AgentRole
@@ -341,8 +341,11 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
 
 
 def scrape_annotations(ctx: GroupContext) -> dict[str, str]:
-    """``prometheus.io/*`` annotations for annotation-based scrapers, when the stack turns monitoring on."""
-    if not ctx.cluster.monitoring.enabled:
+    """``prometheus.io/*`` annotations for annotation-based scrapers (``cluster.monitoring.scrape:
+    annotations``); a ServiceMonitor or PodMonitor selects the pods otherwise
+    (``nvidia_gpu.components.manifests.monitoring``)."""
+    monitoring = ctx.cluster.monitoring
+    if not monitoring.enabled or monitoring.scrape is not ScrapeMode.ANNOTATIONS:
         return {}
     return {
         "prometheus.io/scrape": "true",

@@ -21,13 +21,16 @@ from node_agent.exporter.service import MetricsService
 from node_agent.kubelet.podresources.client import PodResourcesClient
 from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
+from nvgpu import dcgmcounters
 from nvgpu.migparted import build_config
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.kubelet.common import short_root
 from tests.kit.kubelet.podresources import Container, Pod, pod_resources
 
 REPO = Path(__file__).resolve().parents[3]
-DATA = REPO.parent / "shared" / "data"
+#: NVIDIA's dashboard and default counters, as the stack ships them (nvgpu/data; the same bytes as
+#: dcgm-exporter's, tests/test_vendored_data.py).
+DASHBOARD = dcgmcounters.DATA_DIR / "dcgm-exporter-dashboard.json"
 DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
 
 
@@ -96,7 +99,8 @@ def test_every_field_is_served_per_gpu_in_dcgms_units_and_labels(dgx: Node) -> N
     labels = next(lb for lb, _ in got["DCGM_FI_DEV_GPU_TEMP"] if lb["gpu"] == "3")
     assert labels["device"] == "nvidia3" and labels["modelName"] == "NVIDIA H100 80GB HBM3"
     assert labels["Hostname"] == "node-a" and re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:00\.0", labels["pci_bus_id"])
-    assert got["nvidia_gpu_exporter_gpus"] == [({"state": "ok"}, 8), ({"state": "lost"}, 0)]
+    assert got["nvidia_gpu_exporter_gpus"] == [({"state": "ok", "Hostname": "node-a"}, 8),
+                                              ({"state": "lost", "Hostname": "node-a"}, 0)]
 
 
 def test_a_reading_the_board_does_not_support_is_left_out_not_zero(dgx: Node) -> None:
@@ -112,7 +116,7 @@ def test_a_lost_gpu_is_counted_and_the_others_served(dgx: Node) -> None:
     dgx.sim.lose_gpu(6)
     got = scrape(dgx.service())
     assert "6" not in {lb["gpu"] for lb, _ in got["DCGM_FI_DEV_GPU_TEMP"]} and len(got["DCGM_FI_DEV_GPU_TEMP"]) == 7
-    assert ({"state": "lost"}, 1) in got["nvidia_gpu_exporter_gpus"]
+    assert ({"state": "lost", "Hostname": "node-a"}, 1) in got["nvidia_gpu_exporter_gpus"]
 
 
 def test_mig_devices_are_series_of_their_own(dgx: Node, tmp_path: Path) -> None:
@@ -230,7 +234,8 @@ def test_nvml_going_away_is_counted_and_the_next_scrape_reopens(dgx: Node) -> No
     lost(True)
     dgx.sim.fail_init()
     gone = scrape(service)
-    assert "DCGM_FI_DEV_GPU_TEMP" not in gone and ({"state": "lost"}, 8) in gone["nvidia_gpu_exporter_gpus"]
+    assert "DCGM_FI_DEV_GPU_TEMP" not in gone
+    assert ({"state": "lost", "Hostname": "node-a"}, 8) in gone["nvidia_gpu_exporter_gpus"]
     broken = scrape(service)  # the session was closed: opening NVML fails now
     assert ({"stage": "nvml"}, 1) in broken["nvidia_gpu_exporter_failures_total"] and not service.live()
     assert "nvidia_gpu_exporter_scrape_duration_seconds" not in broken
@@ -240,7 +245,7 @@ def test_nvml_going_away_is_counted_and_the_next_scrape_reopens(dgx: Node) -> No
 
 
 def _dashboard_metrics() -> set[str]:
-    board = json.loads((DATA / "nvidia-dcgm-exporter-dashboard.json").read_text())
+    board = json.loads(DASHBOARD.read_text())
     exprs: list[str] = []
 
     def walk(o: Any) -> None:
@@ -269,7 +274,7 @@ def test_nvidias_dashboard_finds_its_metrics_and_labels(dgx: Node) -> None:
 
 
 def test_nvidias_default_counters_file_is_read_and_what_nvml_cannot_give_is_named() -> None:
-    sel = counters.parse((DATA / "nvidia-dcgm-exporter-default-counters.csv").read_text(), "default-counters.csv")
+    sel = counters.parse(dcgmcounters.default_text(), "default-counters.csv")
     assert "DCGM_FI_DEV_GPU_UTIL" in sel.fields and "DCGM_FI_PROF_PCIE_TX_BYTES" in sel.fields
     not_served = {re.search(r"(DCGM_\w+) is not served", w).group(1) for w in sel.warnings}  # type: ignore[union-attr]
     assert not_served == {"DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
@@ -281,7 +286,8 @@ def test_nvidias_default_counters_file_is_read_and_what_nvml_cannot_give_is_name
     ("DCGM_FI_DEV_GPU_TEMP gauge temp\n", "line 1: 'DCGM_FI_DEV_GPU_TEMP gauge temp' is not 'DCGM_FIELD, type, help'"),
     ("# c\nDCGM_FI_DEV_GPU_TEMP, gague, temp\n", "line 2: type 'gague' of DCGM_FI_DEV_GPU_TEMP is not one of"),
     ("DCGM_FI_DEV_GPU_TEMPERATURE, gauge, t\n", "line 1: 'DCGM_FI_DEV_GPU_TEMPERATURE' is not a DCGM field"),
-    ("# nothing\n", "no field to serve"),
+    ("# nothing\n", "no field listed"),
+    ("DCGM_FI_DEV_MEMORY_TEMP, gauge, t\n", "no field to serve"),
 ])
 def test_a_bad_counters_file_is_an_error_naming_the_line(text: str, message: str) -> None:
     with pytest.raises(counters.CountersError, match=re.escape(message)):

@@ -38,7 +38,7 @@ def test_dev_stack_renders_and_validates_clean(tmp_path: Path) -> None:
     kinds = [yaml.safe_load(p.read_text())["kind"] for p in sorted((out / "manifests").iterdir())]
     order = ["CustomResourceDefinition", "Namespace",
              "RuntimeClass", "ClusterRole", "Role", "ServiceAccount", "ClusterRoleBinding", "RoleBinding",
-             "ConfigMap", "DeviceClass", "DaemonSet"]
+             "ConfigMap", "DeviceClass", "Service", "DaemonSet"]
     ranks = [order.index(k) if k in order else len(order) for k in kinds]
     assert ranks == sorted(ranks), f"not in apply order: {kinds}"
     assert "NodeGroup" in kinds
