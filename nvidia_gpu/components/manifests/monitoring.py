@@ -36,6 +36,7 @@ from nvidia_gpu.components.manifests.workloads import (
     ALL_GPUS_VOLUME,
     DEVICE_PLUGIN_METRICS_PORT,
     DRIVER_ROOT_ARGS,
+    SKIP_AWAIT,
     GroupContext,
     driver_root_mount,
     driver_root_volume,
@@ -293,8 +294,11 @@ def service(namespace: str, target: Target) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
+        # Not awaited: the provider waits for a selector's endpoints, and a stack applied before its GPU nodes
+        # join (or with every GPU node drained) has none; the monitor finds the pods whenever they come.
         "metadata": {"name": f"{target.component}-metrics", "namespace": namespace,
-                     "labels": {**app_labels(target.component, namespace), "nvidia-gpu.io/metrics": target.component}},
+                     "labels": {**app_labels(target.component, namespace), "nvidia-gpu.io/metrics": target.component},
+                     "annotations": dict(SKIP_AWAIT)},
         "spec": {
             "clusterIP": "None",
             "selector": _pods_of(target)["matchLabels"],
