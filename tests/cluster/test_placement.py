@@ -64,6 +64,8 @@ def _expected(stack: AppliedStack, nodes: dict[str, dict[str, Any]]) -> dict[str
         want[f"gpu-labeller-{group}"].add(name)
         plugin = f"device-plugin-{group}" if f"device-plugin-{group}" in want else f"dra-kubelet-plugin-{group}"
         want[plugin].add(name)
+        if f"gpu-exporter-{group}" in want:  # GPU metrics (cluster.monitoring), behind the same gate
+            want[f"gpu-exporter-{group}"].add(name)
         if "nvidia.com/mig.config" in labels and group in mig_groups:
             want["nvidia-gpu-mig-manager"].add(name)
     return want
