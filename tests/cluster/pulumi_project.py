@@ -31,7 +31,9 @@ KINDS = [("v1", "Namespace"), ("v1", "ConfigMap"), ("v1", "ServiceAccount"), ("v
          ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("node.k8s.io/v1", "RuntimeClass"),
          ("resource.k8s.io/v1", "DeviceClass"), ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
          ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
-         ("deckhouse.io/v1alpha1", "NodeGroupConfiguration"), ("deckhouse.io/v1", "NodeGroup")]
+         ("deckhouse.io/v1alpha1", "NodeGroupConfiguration"), ("deckhouse.io/v1", "NodeGroup"),
+         ("v1", "Service"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
+         ("monitoring.coreos.com/v1", "PrometheusRule")]
 
 
 @dataclass
