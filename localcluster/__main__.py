@@ -1,8 +1,10 @@
 """``python -m localcluster up|down|status``: the loopback control plane behind ``make cluster-up``.
 
 ``up`` starts etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok in the
-background (they outlive this command), installs the Deckhouse CRDs, and prints how long start-up
-took and where the cluster-admin kubeconfig is; ``down`` stops them and removes the state directory.
+background (they outlive this command), installs the CRDs a Deckhouse cluster has (Deckhouse's
+NodeGroups and NodeGroupConfigurations, and the Prometheus Operator's monitors and rules that its
+monitoring modules bring), and prints how long start-up took and where the cluster-admin kubeconfig
+is; ``down`` stops them and removes the state directory.
 Exit status: 0 ok, 1 failure (the component's log tail is printed), 2 usage.
 """
 
@@ -16,14 +18,16 @@ from localcluster.controlplane import REPO, ControlPlane, ToolsMissing
 from localcluster.dryrun import install_crds, server_version
 
 DEFAULT_DIR = REPO / "out" / "cluster"
-DECKHOUSE_CRDS = sorted((REPO / "nvidia_gpu" / "preview" / "crds").glob("*.deckhouse.io.yaml"))
+#: The CRDs the offline preview validates against (nvidia_gpu/preview/crds, with their SOURCES.md).
+PLATFORM_CRDS = sorted((REPO / "nvidia_gpu" / "preview" / "crds").glob("*.yaml"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcluster", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("up", "down", "status"))
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default: {DEFAULT_DIR})")
-    parser.add_argument("--no-deckhouse-crds", action="store_true", help="do not install the Deckhouse CRDs")
+    parser.add_argument("--no-platform-crds", action="store_true",
+                        help="do not install the Deckhouse and Prometheus Operator CRDs")
     args = parser.parse_args(argv)
     directory: Path = args.dir.resolve()
 
@@ -60,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TimeoutError) as e:
         print(f"control plane failed to start: {e}", file=sys.stderr)
         return 1
-    if not args.no_deckhouse_crds:
-        install_crds(cp.admin(), DECKHOUSE_CRDS)
+    if not args.no_platform_crds:
+        install_crds(cp.admin(), PLATFORM_CRDS)
     print(f"control plane {server_version(cp.admin())} up in {cp.startup_s:.1f} s at {cp.server} "
           f"(etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok)")
     print(f"kubeconfig (cluster-admin): {cp.kubeconfig}")

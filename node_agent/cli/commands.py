@@ -28,6 +28,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("labels", "node_agent.cli.labels", "GPU feature-discovery labels: NFD feature file and Node labels"),
     Command("setup", "node_agent.cli.setup", "check, runtime, sysctl (and vfio), then mark the node ready"),
     Command("teardown", "node_agent.cli.setup", "undo setup: remove the label, the runtime drop-in, the sysctl"),
+    Command("setup-monitor", "node_agent.cli.setup", "check the node again at an interval; serve the findings"),
     Command("sim", "node_agent.cli.sim", "inspect a simulated machine or inject faults into it"),
     Command("mig-manager", "node_agent.cli.mig", "converge this node's MIG layout to its label"),
     Command("mig", "node_agent.cli.mig", "plan, apply or assert a MIG layout (no Kubernetes)"),

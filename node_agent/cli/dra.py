@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where this process sees the hook's directory (default: under --host-root)")
     p.add_argument("--uninstall-marker", default="", metavar="NAMESPACE/NAME",
                    help="ConfigMap whose deletion makes the plugin withdraw its ResourceSlices")
+    p.add_argument("--metrics-address", default="0.0.0.0", help="status endpoint address (default: %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=process.DEFAULT_METRICS_PORT,
+                   help="/metrics, /healthz and /readyz (default: %(default)s; 0 disables the endpoint)")
 
 
 def register(subparsers: Any) -> None:
@@ -69,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         process.serve(settings, host=ctx.host, nvml_backend=ctx.nvml_backend, kubeconfig=ctx.kubeconfig,
                       driver_files=driver_edits_source(args, ctx),
-                      endpoints=process.Endpoints(args.plugins_dir, args.registry_dir),
+                      endpoints=process.Endpoints(args.plugins_dir, args.registry_dir, args.metrics_address,
+                                                  args.metrics_port),
                       uninstall_marker=args.uninstall_marker)
-    except CheckpointError as e:
+    except (CheckpointError, OSError) as e:  # OSError: the status port is taken or not ours to bind
         return ctx.fail(e)
     return exitcodes.OK

@@ -80,7 +80,7 @@ def selection(path: str | None) -> counters.Selection:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node_agent.deviceplugin.metrics import StatusServer
+    from node_agent.status.server import StatusServer
 
     ctx = AgentContext.from_args(args)
     host, port = _listen(args.listen)

@@ -29,6 +29,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from node_agent.cli import exitcodes
 from node_agent.host import HostRoot
 from node_agent.host.proc import boot_id
@@ -44,6 +46,7 @@ from node_agent.mig.machine import DrainMode, Timeouts
 from node_agent.mig.nvmlbackend import GpuResetter, NvidiaSmiReset, NvmlMigBackend, SimulatedReset
 from node_agent.mig.plan import NodePlan, PlanError, diff, plan
 from node_agent.nvml import NvmlBackend, NvmlError, open_nvml
+from node_agent.status.server import RegistryRenderer, StatusServer
 from nvgpu.migparted import MigPartedConfig, MigPartedError, load_config_text
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ log = logging.getLogger(__name__)
 #: a mode change that needs a reboot is refused.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_KUBE, EXIT_REBOOT = (
     exitcodes.OK, exitcodes.FAILED, exitcodes.USAGE, exitcodes.KUBE, exitcodes.REFUSED)
+#: The MIG manager's status port (exporter 9400, device plugin 9401, DRA plugin 9402).
+DEFAULT_METRICS_PORT = 9403
 
 
 # --- shared plumbing ----------------------------------------------------------------------------------
@@ -214,6 +219,9 @@ def add_manager_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-timeout", type=float, default=1800.0, metavar="SECONDS")
     p.add_argument("--clients-timeout", type=float, default=300.0, metavar="SECONDS")
     p.add_argument("--once", action="store_true", help="converge as far as possible, then exit (tests)")
+    p.add_argument("--metrics-address", default="0.0.0.0", help="status endpoint address (default: %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                   help="/metrics and /healthz of the loop (default: %(default)s; 0 disables the endpoint)")
     p.add_argument("--pre-stop", action="store_true", help="the preStop hook: finish or abort, restore the node")
     p.add_argument("--timeout", type=float, default=100.0, metavar="SECONDS", help="--pre-stop: wait this long")
 
@@ -228,6 +236,7 @@ def run_manager(args: argparse.Namespace) -> int:
         allow_reboot=args.allow_reboot,
         timeouts=Timeouts(approval=args.approval_timeout, drain=args.drain_timeout, clients=args.clients_timeout),
     )
+    registry = CollectorRegistry()
     try:
         node = KubeNodeApi(Kube.connect(getattr(args, "kubeconfig", None)), node_name)
         with open_backend(args) as backend:
@@ -241,6 +250,7 @@ def run_manager(args: argparse.Namespace) -> int:
                 clock=time.time,
                 rebooter=HostRebooter(host),
                 settings=settings,
+                registry=registry,
             )
             if args.pre_stop:
                 outcome = manager.pre_stop(args.timeout)
@@ -251,12 +261,22 @@ def run_manager(args: argparse.Namespace) -> int:
                 _emit(args, {"ok": True, "action": action.act.value, "reason": action.reason},
                       f"{action.act.value}: {action.reason}")
                 return EXIT_OK
+            status = None
+            if args.metrics_port:
+                try:
+                    status = StatusServer(RegistryRenderer(registry), live=lambda: True, ready=lambda: True,
+                                          host=args.metrics_address, port=args.metrics_port)
+                except OSError as e:  # the port is taken or not ours to bind
+                    return _fail(args, EXIT_BAD_INPUT, f"--metrics-port {args.metrics_port}: {e}")
+                status.start()
             previous = _stop_on_signals(manager.request_stop)
             try:
                 manager.run()
             finally:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
+                if status is not None:
+                    status.stop()
             return EXIT_OK
     except KubeError as e:
         return _fail(args, EXIT_KUBE, str(e))

@@ -1,15 +1,19 @@
-"""``setup [--dra]`` and ``teardown``: the command line of ``node_agent.setup.flow``."""
+"""``setup [--dra]``, ``teardown`` and ``setup-monitor``: the command lines of ``node_agent.setup.flow`` and
+``node_agent.setup.monitor``."""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 from typing import Any
 
 from node_agent.cli import exitcodes
 from node_agent.cli.context import AgentContext
 from node_agent.cli.runtime import add_envvar_flag
-from node_agent.setup import flow
+from node_agent.setup import check, flow
 from node_agent.setup.flow import Failure, FlowResult
+from node_agent.setup.monitor import DEFAULT_INTERVAL_S, CheckMonitor
 
 #: A failed step's exit code.
 EXIT_CODES = {
@@ -48,6 +52,35 @@ def run_teardown(args: argparse.Namespace) -> int:
     return _report(ctx, flow.teardown(ctx, restart=not args.no_restart, patch_node=not args.no_patch_node))
 
 
+#: Node setup's status port (exporter 9400, device plugin 9401, DRA plugin 9402, MIG manager 9403).
+DEFAULT_METRICS_PORT = 9404
+
+
+def run_monitor(args: argparse.Namespace) -> int:
+    """Serve the check's metrics until SIGTERM (then exit 0: the pod's preStop hook runs the teardown)."""
+    from node_agent.status.server import RegistryRenderer, StatusServer
+
+    ctx = AgentContext.from_args(args)
+    monitor = CheckMonitor(lambda: check.run_check(ctx.host, ctx.nvml, "all"))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = None
+    if args.metrics_port:
+        try:
+            server = StatusServer(RegistryRenderer(monitor.registry), live=lambda: True, ready=monitor.live,
+                                  host=args.metrics_address, port=args.metrics_port, not_ready=b"no check yet\n")
+        except OSError as e:  # the port is taken or not ours to bind
+            return ctx.fail(e)
+        server.start()
+    try:
+        monitor.run(stop, args.interval)
+    finally:
+        if server is not None:
+            server.stop()
+    return exitcodes.OK
+
+
 def register(subparsers: Any) -> None:
     for name, handler, help_text in (
         ("setup", run_setup, "check, runtime, sysctl (and vfio), then mark the node ready"),
@@ -60,3 +93,11 @@ def register(subparsers: Any) -> None:
         p.add_argument("--no-restart", action="store_true", help="do not restart containerd / CRI-O")
         p.add_argument("--no-patch-node", action="store_true", help="do not touch the Node's labels")
         p.set_defaults(run=handler)
+    m = subparsers.add_parser("setup-monitor", help="check the node again at an interval and serve the findings",
+                              description=(CheckMonitor.__doc__ or check.__doc__ or "").splitlines()[0])
+    m.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
+                   help="seconds between checks (default: %(default)s)")
+    m.add_argument("--metrics-address", default="0.0.0.0", help="status endpoint address (default: %(default)s)")
+    m.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                   help="/metrics and /readyz (default: %(default)s; 0 disables the endpoint)")
+    m.set_defaults(run=run_monitor)

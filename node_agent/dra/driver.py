@@ -28,6 +28,7 @@ from node_agent.dra.checkpoint import Recovery
 from node_agent.dra.claims import ClaimError, ClaimRef, parse_claim
 from node_agent.dra.devices import Allocatable, HealthAction, InventorySource, allocatable_devices
 from node_agent.dra.hostfs import HostPaths
+from node_agent.dra.metrics import DraMetrics
 from node_agent.dra.publisher import Publication, SlicePublisher
 from node_agent.dra.sharing import SharingBackend
 from node_agent.dra.state import Deadline, DeviceState, PrepareError, ResultDevice
@@ -69,7 +70,7 @@ class PrepareOutcome:
 class DraDriver:
     def __init__(self, settings: DriverSettings, *, api: DraApi, source: InventorySource, host: HostPaths,
                  backend: SharingBackend, clock: Callable[[], float] = time.monotonic,
-                 driver_files: DriverEditsSource | None = None) -> None:
+                 driver_files: DriverEditsSource | None = None, metrics: DraMetrics | None = None) -> None:
         if not settings.node:
             raise ValueError("the DRA driver needs the node name (--node-name or NODE_NAME)")
         self.settings = settings
@@ -92,6 +93,9 @@ class DraDriver:
         self.state = DeviceState(driver=settings.driver, pool=settings.node, host=host, backend=backend,
                                  devices=self.devices, state_dir=settings.state_dir,
                                  lock_timeout=settings.lock_timeout, driver_edits=self._driver_edits)
+        self.metrics = metrics or DraMetrics(settings.driver)
+        self.metrics.watch_devices(self._published_by_health)
+        self.metrics.watch_prepared(self.state.prepared_count)
 
     # -- inventory -------------------------------------------------------------------------------------
     def devices(self) -> Mapping[str, Allocatable]:
@@ -106,6 +110,12 @@ class DraDriver:
             if inventory.gpus or inventory.migs:
                 self._driver_version = inventory.driver_version
         return devices
+
+    def _published_by_health(self) -> dict[str, int]:
+        with self._inv_lock:
+            published = list(self._published or ())
+        healthy = sum(d.healthy for d in published)
+        return {"Healthy": healthy, "Unhealthy": len(published) - healthy}
 
     def _driver_edits(self) -> ContainerEdits | None:
         with self._inv_lock:
@@ -126,8 +136,10 @@ class DraDriver:
             pub = self.publisher.publish(devices)
         except KubeError as e:
             self._dirty = True
+            self.metrics.published(ok=False)
             log.warning("event=publish-failed error=%s", e)
             return None
+        self.metrics.published(ok=True)
         with self._inv_lock:
             self._published = devices
             self._dirty = False
@@ -176,6 +188,7 @@ class DraDriver:
                 self.resync()
             try:
                 self.refresh()
+                self.metrics.inventory_pass()
             except Exception:
                 log.exception("event=inventory-refresh-failed")
 
@@ -190,32 +203,38 @@ class DraDriver:
         deadline = self._deadline(timeout)
         out: dict[str, PrepareOutcome] = {}
         for ref in refs:
-            try:
-                deadline.check(f"claim {ref} was read")
-                started = self._clock()
-                raw = self._read_claim(ref, deadline)
-                read = self._clock()
-                known = set(self.devices())
-                try:
-                    claim = parse_claim(raw, ref, driver=self.settings.driver, pool=self.settings.node,
-                                        known_devices=known)
-                except ClaimError:
-                    # A device withdrawn since this claim was prepared (unhealthy, reconfigured) is still
-                    # this claim's: an idempotent re-prepare must return it, so read the journal then.
-                    claim = parse_claim(raw, ref, driver=self.settings.driver, pool=self.settings.node,
-                                        known_devices=known | self.state.recorded_devices(ref.uid))
-                devices = self.state.prepare(claim, deadline)
-                out[ref.uid] = PrepareOutcome(devices=tuple(devices))
-                log.debug("event=prepare-timing claim=%s read_ms=%.2f prepare_ms=%.2f", ref,
-                          (read - started) * 1e3, (self._clock() - read) * 1e3)
-            except (KubeError, ClaimError, PrepareError, LockTimeout) as e:
-                msg = f"claim {ref}: not found" if isinstance(e, NotFound) else str(e)
-                log.warning("event=prepare-refused claim=%s uid=%s error=%s", ref, ref.uid, msg)
-                out[ref.uid] = PrepareOutcome(error=msg)
-            except Exception as e:
-                log.exception("event=prepare-crashed claim=%s uid=%s", ref, ref.uid)
-                out[ref.uid] = PrepareOutcome(error=f"claim {ref}: internal error: {e}")
+            with self.metrics.timed_prepare():
+                out[ref.uid] = self._prepare_one(ref, deadline)
+            self.metrics.prepared(ok=not out[ref.uid].error)
         return out
+
+    def _prepare_one(self, ref: ClaimRef, deadline: Deadline) -> PrepareOutcome:
+        """One claim's answer: its devices, or the error kubelet shows on the pod (never raises)."""
+        try:
+            deadline.check(f"claim {ref} was read")
+            started = self._clock()
+            raw = self._read_claim(ref, deadline)
+            read = self._clock()
+            known = set(self.devices())
+            try:
+                claim = parse_claim(raw, ref, driver=self.settings.driver, pool=self.settings.node,
+                                    known_devices=known)
+            except ClaimError:
+                # A device withdrawn since this claim was prepared (unhealthy, reconfigured) is still
+                # this claim's: an idempotent re-prepare must return it, so read the journal then.
+                claim = parse_claim(raw, ref, driver=self.settings.driver, pool=self.settings.node,
+                                    known_devices=known | self.state.recorded_devices(ref.uid))
+            devices = self.state.prepare(claim, deadline)
+            log.debug("event=prepare-timing claim=%s read_ms=%.2f prepare_ms=%.2f", ref,
+                      (read - started) * 1e3, (self._clock() - read) * 1e3)
+            return PrepareOutcome(devices=tuple(devices))
+        except (KubeError, ClaimError, PrepareError, LockTimeout) as e:
+            msg = f"claim {ref}: not found" if isinstance(e, NotFound) else str(e)
+            log.warning("event=prepare-refused claim=%s uid=%s error=%s", ref, ref.uid, msg)
+            return PrepareOutcome(error=msg)
+        except Exception as e:
+            log.exception("event=prepare-crashed claim=%s uid=%s", ref, ref.uid)
+            return PrepareOutcome(error=f"claim {ref}: internal error: {e}")
 
     def _read_claim(self, ref: ClaimRef, deadline: Deadline) -> dict[str, Any]:
         remaining = deadline.remaining()
@@ -242,4 +261,5 @@ class DraDriver:
             except Exception as e:
                 log.exception("event=unprepare-crashed claim=%s uid=%s", ref, ref.uid)
                 out[ref.uid] = f"claim {ref}: internal error: {e}"
+            self.metrics.unprepared(ok=not out[ref.uid])
         return out

@@ -129,6 +129,11 @@ class DeviceState:
         with self._locked(self._lock_timeout):
             return self._load()
 
+    def prepared_count(self) -> int:
+        """Claims the journal holds as prepared (for the metrics; no lock, like :meth:`recorded_devices`)."""
+        data = self._store.peek()
+        return len(data.prepared_claims) if data else 0
+
     def recorded_devices(self, uid: str) -> set[str]:
         data = self._store.peek()
         claim = data.prepared_claims.get(uid) if data else None

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry
+
 from node_agent.host import HostError, statefile
 from node_agent.kube.errors import Conflict, KubeError
 from node_agent.mig import apply
@@ -39,6 +41,7 @@ from node_agent.mig.journal import (
 )
 from node_agent.mig.kube import NodeApi, NodePatch, NodeView, PodView, Taint
 from node_agent.mig.machine import Act, Action, DrainMode, MigState, Observation, TargetKind, Timeouts, decide
+from node_agent.mig.metrics import MigMetrics
 from node_agent.mig.plan import NodePlan, PlanError, diff, plan
 from nvgpu import labels
 from nvgpu.migparted import MigPartedConfig, MigPartedError
@@ -138,9 +141,13 @@ class MigManager:
     _target: tuple[str | None, Target] | None = None
     #: The latest actions (bounded: the DaemonSet loop runs for months).
     history: deque[Action] = field(default_factory=lambda: deque(maxlen=256))
+    #: Where :attr:`metrics` registers (the status endpoint's registry; tests pass their own).
+    registry: CollectorRegistry | None = None
 
     def __post_init__(self) -> None:
         self.store = JournalStore(self.files, self.journal_path)
+        self.metrics = MigMetrics(self.registry, clock=self.clock)
+        self.metrics.watch_journal(self._peek_journal)
 
     # --- observing --------------------------------------------------------------------------------
 
@@ -283,6 +290,7 @@ class MigManager:
             action = decide(obs)
             log.debug("event=mig-decision act=%s reason=%r", action.act.value, action.reason)
             self.history.append(action)
+            self.metrics.action(action.act)
             if action.act in _CHANGES_GPUS:
                 self._target = None
             try:
@@ -323,6 +331,7 @@ class MigManager:
                 # Transient (or someone fighting over the Node): the journal still says where we are;
                 # the next round resumes from it after a pause.
                 log.warning("event=mig-step-failed error=%s", e)
+                self.metrics.step_failed()
                 self._node = None
                 if self.stop.is_set():
                     journal = self._peek_journal()
@@ -337,6 +346,7 @@ class MigManager:
                 else:
                     self.stop.wait(self.settings.busy_wait_s)
                 continue
+            self.metrics.round()
             if action.act is Act.EXIT:
                 return
             rv = self._seen_rv
@@ -561,6 +571,7 @@ class MigManager:
             self._event(node, "MigReconfigureAborted", j.reason, warning=False)
         self.store.clear()
         self._gpus = None
+        self.metrics.finished(j)
         log.info("event=mig-reconfigure-end config=%s outcome=%s reason=%r", j.config, j.outcome, j.reason)
 
     def _event(self, node: NodeView, reason: str, message: str, warning: bool) -> None:

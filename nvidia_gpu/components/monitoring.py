@@ -2,7 +2,8 @@
 
 Children: the exporters' ServiceAccount and counters ConfigMap, one exporter DaemonSet per node group
 (the agent's or NVIDIA's dcgm-exporter), and, as the scrape mode says, a headless Service and a
-ServiceMonitor per target, or a PodMonitor per target (exporters and device plugins), the
+ServiceMonitor per target, or a PodMonitor per target (the exporters and every agent serving
+``/metrics``: device plugins, DRA plugins, the MIG manager, node setup's monitor), the
 PrometheusRule with the GPU alerts, and the dashboard ConfigMaps. See
 :mod:`nvidia_gpu.components.manifests.monitoring` for what each object carries and why.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import pulumi
 
-from nvgpu.stackconfig import AllocationMode, Cluster, MetricsExporter, NodeGroup, ScrapeMode
+from nvgpu.stackconfig import Cluster, MetricsExporter, NodeGroup, ScrapeMode
 from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import alerts, dashboards
 from nvidia_gpu.components.manifests import monitoring as manifests
@@ -64,10 +65,8 @@ class GpuMonitoring(pulumi.ComponentResource):
                 ctx = GroupContext(namespace=ns, cluster=cluster, group=group)
                 self.exporters.append(register(f"{group.name}-exporter", manifests.exporter_daemonset(ctx), sa,
                                                counters, *args.depends_on))
-        device_plugins = any((g.allocation_mode or cluster.allocation_mode) is AllocationMode.DEVICE_PLUGIN
-                             for g in args.groups)
         if monitoring.operator:
-            for target in manifests.targets(monitoring, device_plugins):
+            for target in manifests.targets(cluster, args.groups):
                 deps: list[pulumi.CustomResource] = []
                 if monitoring.scrape is ScrapeMode.SERVICE_MONITOR:
                     deps.append(register(f"{target.component}-metrics-service", manifests.service(ns, target)))

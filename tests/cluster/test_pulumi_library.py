@@ -50,8 +50,12 @@ def _export_before_move(dest: Path) -> Path:
 
 
 def _program(project: Project, tree: Path) -> None:
-    """Run ``tree``'s ``__main__.py`` with ``tree``'s packages first on the path."""
+    """Run ``tree``'s ``__main__.py`` with ``tree``'s packages first on the path and ``tree``'s stack config
+    (a key added to the config since is one the old program refuses, as a user's upgrade brings both)."""
     shutil.copy(tree / "__main__.py", project.directory / "__main__.py")
+    config = yaml.safe_load((tree / f"Pulumi.{project.stack}.yaml").read_text())
+    config.pop("encryptionsalt", None)
+    project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
     project.env["PYTHONPATH"] = str(tree)
 
 

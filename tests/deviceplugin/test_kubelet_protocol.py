@@ -283,7 +283,7 @@ def test_status_endpoints(run_plugin: Callable[..., Running], host: FakeHost) ->
     import urllib.error
     import urllib.request
 
-    from node_agent.deviceplugin.metrics import StatusServer
+    from node_agent.status.server import StatusServer
 
     r = run_plugin(machine("l4x2", host), kubelet=False)
     status = StatusServer(r.metrics, r.supervisor.live, r.supervisor.ready, "127.0.0.1", 0)

@@ -20,6 +20,7 @@ from node_agent.host.root import HostRoot
 from node_agent.nvml.session import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from tests.dra.conftest import Env
+from tests.kit import metrics
 from tests.kit.dra_builders import DRIVER, NODE, claim, machine, populate_dev
 from tests.kit.kmock import FakeApiServer
 from tests.kit.kubelet.dra import DraKubelet
@@ -122,19 +123,42 @@ def test_dra_driver_command_serves_until_sigterm(host_root: Path, api_server: Fa
         f"clusters: [{{name: t, cluster: {{server: '{api_server.url.rstrip('/')}'}}}}]\n"
         "users: [{name: t, user: {}}]\ncontexts: [{name: t, context: {cluster: t, user: t}}]\n")
     populate_dev(host_root, machine(gpus=8))
+    port = metrics.free_port()
+    status = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "node_agent", "--host-root", str(host_root), "--nvml", "simulated:dgx-h100",
-         "--node-name", NODE, "--kubeconfig", str(kubeconfig), "dra-driver", "--poll-interval", "0.2"],
+         "--node-name", NODE, "--kubeconfig", str(kubeconfig), "dra-driver", "--poll-interval", "0.2",
+         "--metrics-address", "127.0.0.1", "--metrics-port", str(port)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE)
     kubelet = DraKubelet(host_root)
     try:
         kubelet.register(timeout=20)
         assert len(api_server.slices()[0]["spec"]["devices"]) == 8
+        assert metrics.get(f"{status}/readyz") == (200, "ok\n")  # kubelet accepted the registration
         body = claim("cli", "uid-cli", [("gpu", "gpu-7")])
         client.ResourceV1Api(api_server.api_client()).create_namespaced_resource_claim("team-a", body)
         resp = kubelet.prepare(DRIVER, [("team-a", "cli", "uid-cli")])
         assert resp.claims["uid-cli"].error == ""
         assert (host_root / "var/run/cdi/k8s.gpu.nvidia.com-claim_uid-cli.json").exists()
+        refused = kubelet.prepare(DRIVER, [("team-a", "missing", "uid-missing")])
+        assert refused.claims["uid-missing"].error
+        code, text = metrics.get(f"{status}/metrics")
+        assert code == 200
+        got = metrics.parse(text)
+        m = "nvidia_gpu_dra_plugin"
+        assert metrics.value(got, f"{m}_registered", driver=DRIVER) == 1
+        assert metrics.value(got, f"{m}_registrations_total", driver=DRIVER, result="ok") == 1
+        assert metrics.value(got, f"{m}_prepares_total", result="ok") == 1
+        assert metrics.value(got, f"{m}_prepares_total", result="error") == 1
+        assert metrics.value(got, f"{m}_prepare_duration_seconds_count") == 2
+        assert metrics.value(got, f"{m}_devices", health="Healthy") == 8
+        assert metrics.value(got, f"{m}_devices", health="Unhealthy") == 0
+        assert metrics.value(got, f"{m}_prepared_claims") == 1
+        assert metrics.value(got, f"{m}_slice_publications_total", result="ok") >= 1
+        kubelet.unprepare(DRIVER, [("team-a", "cli", "uid-cli")])
+        got = metrics.parse(metrics.get(f"{status}/metrics")[1])
+        assert metrics.value(got, f"{m}_unprepares_total", result="ok") == 1
+        assert metrics.value(got, f"{m}_prepared_claims") == 0
     finally:
         kubelet.close()
         proc.send_signal(signal.SIGTERM)

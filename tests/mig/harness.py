@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry
+
 from node_agent.mig.executor import MigManager, Settings
 from node_agent.mig.journal import JournalStore
 from node_agent.mig.machine import DrainMode, Timeouts
@@ -43,7 +45,7 @@ class Rig:
     allow_reboot: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
 
-    def manager(self) -> MigManager:
+    def manager(self, registry: CollectorRegistry | None = None) -> MigManager:
         """A fresh manager process over the same node, host and GPUs (what a pod restart gives)."""
         return MigManager(
             node=self.node,
@@ -56,15 +58,17 @@ class Rig:
             rebooter=self.rebooter,
             settings=Settings(drain=self.drain, allow_reboot=self.allow_reboot, timeouts=self.timeouts,
                               max_steps=64),
+            registry=registry,
         )
 
     @property
     def journal(self) -> JournalStore:
         return JournalStore(self.files)
 
-    def converge(self, rounds: int = 20) -> list[str]:
-        """Run a manager round by round, letting the fake cluster react between rounds."""
-        m = self.manager()
+    def converge(self, rounds: int = 20, manager: MigManager | None = None) -> list[str]:
+        """Run a manager (a fresh one unless given) round by round, letting the fake cluster react between
+        rounds."""
+        m = manager or self.manager()
         acts: list[str] = []
         for _ in range(rounds):
             a = m.run_until_blocked()

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import NoReturn
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from node_agent.host import statefile
 from node_agent.host.atomic import content_checksum
@@ -413,3 +414,38 @@ def test_request_stop_breaks_off_the_watch() -> None:
     m.request_stop()
     assert m.stop.is_set() and rig.node.waits_cancelled
     m.run()  # idle and stopping: returns without waiting
+
+
+def test_metrics_follow_the_journal_and_count_outcomes() -> None:
+    """The phase in flight and its age come from the journal at scrape time; a finished reconfiguration is
+    counted by outcome with its duration; a failed one too."""
+    registry = CollectorRegistry()
+    rig = mig_node(Rig(FakeBackend.of("H100-80GB", count=2, reset_needs=False), timeouts=Timeouts(clients=30)),
+                   "all-1g.10gb")
+    rig.node.on_wait = []
+    m = rig.manager(registry)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(f"nvidia_gpu_mig_manager_{name}", labels)
+
+    assert sample("phase", phase="approval") == 0 and sample("phase_duration_seconds") == 0
+    m.run_until_blocked()  # waiting for Deckhouse's approval
+    assert sample("phase", phase="approval") == 1 and sample("phase", phase="layout") == 0
+    rig.clock.t += 600
+    assert sample("phase_duration_seconds") == 600
+    assert sample("actions_total", action="request-approval") == 1
+    rig.node.on_wait = [deckhouse_approver, clients_leave]
+    rig.converge(manager=m)
+    assert_returned_to_service(rig.node, "success")
+    assert sample("reconfigurations_total", outcome="success") == 1
+    assert sample("reconfigurations_total", outcome="failed") == 0
+    duration = sample("last_reconfiguration_duration_seconds", outcome="success")
+    assert duration is not None and duration >= 600
+    assert all(sample("phase", phase=p.value) == 0 for p in Phase) and sample("phase_duration_seconds") == 0
+
+    rig.backend.gpu(1).processes = [4242]
+    rig.node.labels[labels.MIG_CONFIG] = "all-2g.20gb"
+    m._node = None  # the label change, as the manager's Node watch delivers it
+    rig.converge(rounds=60, manager=m)
+    assert_returned_to_service(rig.node, "failed")
+    assert sample("reconfigurations_total", outcome="failed") == 1

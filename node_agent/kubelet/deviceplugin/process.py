@@ -26,7 +26,7 @@ from node_agent import nvml
 from node_agent.cdi.driveredits import DriverEditsSource
 from node_agent.deviceplugin import cdi, config, mps
 from node_agent.deviceplugin.health import HealthBoard, HealthPolicy
-from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
+from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.nodelabel import ConfigSource, ConfigWatcher, LabelSource
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
@@ -34,6 +34,7 @@ from node_agent.host import HostRoot
 from node_agent.host.driverroot import DriverRoot
 from node_agent.kubelet.deviceplugin.api import DEVICE_PLUGIN_PATH
 from node_agent.kubelet.deviceplugin.lifecycle import Supervisor
+from node_agent.status.server import StatusServer
 
 if TYPE_CHECKING:
     from node_agent.deviceplugin.nodewatch import NodeLabelWatch

@@ -2,7 +2,8 @@
 ``node_agent.cli.dra``).
 
 Startup order: recover the checkpoint (roll back half-done prepares), publish this node's pool, serve
-the DRA socket, then the registration socket (the kubelet only calls a plugin that is ready). Background
+the DRA socket, then the registration socket (the kubelet only calls a plugin that is ready), and the
+status endpoint (``/metrics`` of :mod:`node_agent.dra.metrics`, ``/readyz`` once registered). Background
 loops: inventory polling (republish within one interval of any change) and the uninstall watcher.
 SIGTERM stops serving and removes the sockets; the slices stay (the kubelet wipes them 30 s after the
 plugin disappears, and a restarted plugin finds them unchanged without bumping the generation).
@@ -27,8 +28,12 @@ from node_agent.host import HostRoot
 from node_agent.kube.transport import Kube
 from node_agent.kubelet.dra.server import PLUGINS_DIR, REGISTRY_DIR, PluginServer
 from node_agent.nvml import NvmlBackend
+from node_agent.status.server import RegistryRenderer, StatusServer
 
 log = logging.getLogger(__name__)
+
+#: The DRA plugin's status port (the device plugin serves on 9401, the exporter on 9400).
+DEFAULT_METRICS_PORT = 9402
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,9 @@ class Endpoints:
 
     plugins_dir: str = PLUGINS_DIR
     registry_dir: str = REGISTRY_DIR
+    #: The status endpoint (``/metrics``, ``/healthz``, ``/readyz``); port 0 disables it.
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = DEFAULT_METRICS_PORT
 
 
 def serve(settings: DriverSettings, *, host: HostRoot, nvml_backend: NvmlBackend, kubeconfig: Path | None,
@@ -58,8 +66,23 @@ def serve(settings: DriverSettings, *, host: HostRoot, nvml_backend: NvmlBackend
         source.close()
         raise
     server = PluginServer(driver, host, plugins_dir=endpoints.plugins_dir, registry_dir=endpoints.registry_dir)
-    server.start()
+    driver.metrics.watch_registration(lambda: server.registration.registered)
     loops = [threading.Thread(target=driver.run_inventory_loop, args=(stop,), name="dra-inventory", daemon=True)]
+    status = None
+    if endpoints.metrics_port:
+        # Bound before any socket is served, so a taken port fails the start with nothing to undo. Live
+        # while the inventory loop runs; ready once kubelet has accepted the registration.
+        try:
+            status = StatusServer(RegistryRenderer(driver.metrics.registry), live=loops[0].is_alive,
+                                  ready=lambda: server.registration.registered, not_ready=b"not registered\n",
+                                  host=endpoints.metrics_address, port=endpoints.metrics_port)
+        except OSError:
+            driver.close()
+            source.close()
+            raise
+    server.start()
+    if status is not None:
+        status.start()
     if uninstall_marker:
         watcher = UninstallWatcher(api, driver=settings.driver, marker=uninstall_marker, withdraw=driver.withdraw)
         loops.append(threading.Thread(target=watcher.run, args=(stop,), name="dra-uninstall", daemon=True))
@@ -67,6 +90,8 @@ def serve(settings: DriverSettings, *, host: HostRoot, nvml_backend: NvmlBackend
         t.start()
     log.info("event=dra-driver-running driver=%s node=%s", settings.driver, settings.node)
     stop.wait()
+    if status is not None:
+        status.stop()
     server.stop()
     for t in loops:
         t.join(timeout=5)

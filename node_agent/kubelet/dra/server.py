@@ -117,6 +117,7 @@ class _RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc
     def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         self._state.registered = bool(request.plugin_registered)
         self._state.error = str(request.error)
+        self._driver.metrics.registration(self._state.registered)
         if self._state.registered:
             log.info("event=registered driver=%s", self._info.name)
             # A (re)starting kubelet deletes this node's slices: check them on the next inventory tick.

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvgpu import labels as names
+from nvidia_gpu.components.manifests.monitoring import JOBS
 
 #: XIDs an application causes (the GPU is fine), as ``node_agent.nvml.xid`` classes them.
 APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
@@ -133,8 +134,31 @@ def gpu_alerts() -> list[Alert]:
               "Read the device-plugin pod's log on the node; kubelet's restart removes the registration and the "
               "plugin re-registers within seconds, so a lasting one points at kubelet's device-plugins directory.",
               for_="5m"),
+        Alert("NvidiaGpuDraPluginNotRegistered",
+              "nvidia_gpu_dra_plugin_registered == 0",
+              "critical", "The DRA plugin {{ $labels.driver }} on {{ $labels.node }} is not registered with kubelet",
+              "kubelet cannot prepare claims for this driver on the node: pods allocated its devices stay in "
+              "ContainerCreating. (Under DRA allocatable stays 0, so only this metric shows it.)",
+              "Read the dra-kubelet-plugin pod's log on the node and kubelet's log for the driver name; "
+              "kubelet's plugins_registry directory must be the one the DaemonSet mounts.", for_="5m"),
+        Alert("NvidiaGpuNodeCheckFailing",
+              'nvidia_gpu_node_check_verdict{verdict="unusable"} == 1',
+              "critical", "GPU node {{ $labels.node }} no longer passes its check",
+              "Node setup's monitor re-ran the check after setup and the node's GPUs can no longer be offered "
+              "to pods (driver unloaded or changed, a device node gone, the runtime config rewritten).",
+              "`nvidia_gpu_node_check_failing == 1` on the node names the reasons; run `python -m node_agent "
+              "check` there for the messages, fix the host, then delete the node's gpu-setup pod to set it up "
+              "again.", for_="10m"),
+        Alert("NvidiaGpuMigReconfigurationStuck",
+              "nvidia_gpu_mig_manager_phase_duration_seconds > 3600",
+              "warning", "A MIG reconfiguration on {{ $labels.node }} has been in one phase for over an hour",
+              "The MIG manager is waiting: for Deckhouse's disruption approval, a drain, or GPU clients to exit "
+              "(`nvidia_gpu_mig_manager_phase == 1` names the phase).",
+              "Approval: approve the node's disruption in Deckhouse. Draining or clients: find the pods still on "
+              "the node's GPUs (`kubectl get pods --field-selector spec.nodeName=<node>`) and let them finish "
+              "or delete them.", for_="5m"),
         Alert("NvidiaGpuMetricsTargetDown",
-              'up{job=~"gpu-exporter|dcgm-exporter|device-plugin"} == 0',
+              f'up{{job=~"{"|".join(JOBS)}"}} == 0',
               "warning", "{{ $labels.job }} on {{ $labels.node }} cannot be scraped",
               "Prometheus cannot read the target: its pod is down or its port unreachable.",
               "Check the pod on that node (`kubectl get pods -o wide` in the stack's namespace) and its log.",

@@ -23,6 +23,7 @@ from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name
 from nvidia_gpu.components.manifests.scheduling import node_affinity, tolerations
 from nvidia_gpu.components.manifests.workloads import (
     CDI_HOOK_DIR,
+    DRA_PLUGIN_METRICS_PORT,
     DRIVER_ROOT_ARGS,
     MPS_BASE_MIB,
     MPS_PER_GPU_MIB,
@@ -31,6 +32,8 @@ from nvidia_gpu.components.manifests.workloads import (
     cdi_hook_volume,
     driver_root_mount,
     driver_root_volume,
+    metrics_port,
+    pod_annotations,
 )
 
 RESOURCE_API = "resource.k8s.io/v1"
@@ -228,7 +231,8 @@ def plugin_args(cluster: Cluster, namespace: str) -> list[str]:
     # plugin sees it in the mounted directory.
     return [*DRIVER_ROOT_ARGS, "dra-driver", "--driver-name", dra.driver_name, "--health-action", dra.health_action,
             "--nvidia-driver-root", cluster.driver_root, "--cdi-hook-path", cluster.cdi_hook_path,
-            "--cdi-hook-dir", CDI_HOOK_DIR, "--uninstall-marker", f"{namespace}/{UNINSTALL_MARKER}"]
+            "--cdi-hook-dir", CDI_HOOK_DIR, "--uninstall-marker", f"{namespace}/{UNINSTALL_MARKER}",
+            "--metrics-port", str(DRA_PLUGIN_METRICS_PORT)]
 
 
 def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Manifest:
@@ -270,10 +274,14 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
             cdi_hook_mount(),
             {"name": "tmp", "mountPath": "/tmp"},
         ],
+        "ports": metrics_port(DRA_PLUGIN_METRICS_PORT),
         "livenessProbe": {"exec": {"command": ["test", "-S", f"{socket_dir}/dra.sock"]},
                           "periodSeconds": 10, "failureThreshold": 3},
         "startupProbe": {"exec": {"command": ["test", "-S", f"{PLUGINS_REGISTRY}/{driver}-reg.sock"]},
                          "periodSeconds": 2, "failureThreshold": 60},
+        # /readyz: kubelet accepted the registration (node_agent.dra.metrics has it as a gauge too).
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 10,
+                           "timeoutSeconds": 2, "failureThreshold": 3},
     }
     return {
         "apiVersion": "apps/v1",
@@ -284,7 +292,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
             # Sockets have fixed names, so two plugin pods on one node must never overlap.
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {"labels": labels, **pod_annotations(cluster, DRA_PLUGIN_METRICS_PORT)},
                 "spec": {
                     "serviceAccountName": SERVICE_ACCOUNT,
                     "automountServiceAccountToken": True,

@@ -31,8 +31,11 @@ from nvidia_gpu.components.manifests.workloads import (
     AGENT,
     DRIVER_ROOT_ARGS,
     HOST_ROOT,
+    MIG_MANAGER_METRICS_PORT,
     driver_root_mount,
     driver_root_volume,
+    metrics_port,
+    pod_annotations,
 )
 
 COMPONENT = "mig-manager"
@@ -147,7 +150,8 @@ def _tolerations(groups: Sequence[NodeGroup]) -> list[dict[str, Any]]:
 def manager_args(cluster: Cluster) -> list[str]:
     drain = drain_mode(cluster)
     args = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS,
-            "mig-manager", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", "--drain", drain]
+            "mig-manager", "--metrics-port", str(MIG_MANAGER_METRICS_PORT), "--config", f"{CONFIG_DIR}/{CONFIG_KEY}",
+            "--drain", drain]
     return [*args, "--allow-reboot"] if cluster.mig.allow_reboot else args
 
 
@@ -174,6 +178,8 @@ def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> 
         ],
         "resources": RESOURCES,
         "securityContext": {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0},
+        # /metrics only: no liveness probe, which could kill the manager in the middle of a GPU change.
+        "ports": metrics_port(MIG_MANAGER_METRICS_PORT),
         "lifecycle": {"preStop": {"exec": {"command": [
             *AGENT, "--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS,
             "mig-manager", "--pre-stop", "--timeout", str(PRE_STOP_TIMEOUT_S),
@@ -194,7 +200,7 @@ def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> 
             # One node at a time: a new manager image must not restart every manager at once.
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {
-                "metadata": {"labels": meta},
+                "metadata": {"labels": meta, **pod_annotations(cluster, MIG_MANAGER_METRICS_PORT)},
                 "spec": {
                     "serviceAccountName": COMPONENT,
                     "automountServiceAccountToken": True,

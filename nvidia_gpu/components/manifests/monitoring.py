@@ -14,32 +14,39 @@ unless the stack gives its own), with the fields the stack's alerts read appende
 kubelet's PodResources socket which pod holds which GPU. Neither talks to the API server: the exporter's
 ServiceAccount has no token mounted and no binding.
 
-Prometheus finds the exporters and the device plugins (``/metrics`` on 9401) by ``prometheus.io/*`` pod
-annotations, or by a ServiceMonitor (a headless Service per target) or PodMonitor of the Prometheus
-Operator; on Deckhouse the monitors and rules carry ``prometheus: main`` and the namespace the labels its
-Prometheus watches. The alerts are a PrometheusRule (:mod:`.alerts`); the dashboards are ConfigMaps for
-Grafana's dashboard sidecar: NVIDIA's, unchanged, and the stack's own (:mod:`.dashboards`).
+Prometheus finds the exporters and the agents' own ``/metrics`` (device plugin 9401, DRA plugin 9402,
+MIG manager 9403, node setup's monitor 9404) by ``prometheus.io/*`` pod annotations, or by a
+ServiceMonitor (a headless Service per target) or PodMonitor of the Prometheus Operator; on Deckhouse
+the monitors and rules carry ``prometheus: main`` and the namespace the labels its Prometheus watches.
+The alerts are a PrometheusRule (:mod:`.alerts`); the dashboards are ConfigMaps for Grafana's dashboard
+sidecar: NVIDIA's, unchanged, and the stack's own (:mod:`.dashboards`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nvgpu import dcgmcounters, devicelist, hostpaths
-from nvgpu.stackconfig import AllocationMode, Cluster, Monitoring, NodeSetupBackend, ScrapeMode
-from nvidia_gpu.components.manifests import Manifest
+from nvgpu.stackconfig import AllocationMode, Cluster, Monitoring, NodeGroup, NodeSetupBackend, ScrapeMode
+from nvidia_gpu.components.manifests import Manifest, dra, mig
 from nvidia_gpu.components.manifests.meta import app_labels, group_object_name, selector_labels
+from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.manifests.scheduling import node_affinity, tolerations
 from nvidia_gpu.components.manifests.workloads import (
     AGENT,
     ALL_GPUS_VOLUME,
     DEVICE_PLUGIN_METRICS_PORT,
+    DRA_PLUGIN_METRICS_PORT,
     DRIVER_ROOT_ARGS,
+    MIG_MANAGER_METRICS_PORT,
+    NODE_SETUP_METRICS_PORT,
     SKIP_AWAIT,
     GroupContext,
     driver_root_mount,
     driver_root_volume,
+    scrape_annotations,
 )
 
 EXPORTER = "gpu-exporter"
@@ -111,14 +118,6 @@ def service_account(namespace: str) -> Manifest:
         "metadata": {"name": EXPORTER, "namespace": namespace, "labels": app_labels(EXPORTER, namespace)},
         "automountServiceAccountToken": False,
     }
-
-
-def scrape_annotations(monitoring: Monitoring, port: int) -> dict[str, str]:
-    """``prometheus.io/*`` on the exporter pods, for annotation-based scrapers; none when a monitor selects
-    them (the device plugin's are ``workloads.scrape_annotations``)."""
-    if not monitoring.enabled or monitoring.scrape is not ScrapeMode.ANNOTATIONS:
-        return {}
-    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
 
 
 def _pod_resources() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -254,20 +253,36 @@ def exporter_daemonset(ctx: GroupContext) -> Manifest:
 
 @dataclass(frozen=True)
 class Target:
-    """One kind of pod Prometheus scrapes, all groups together: the exporters or the device plugins. The
+    """One kind of pod Prometheus scrapes, all groups together: the exporters or one of the agents. The
     series' ``job`` is the component's name under either monitor (the alerts select by it)."""
 
     component: str
     port: int
 
 
-def targets(monitoring: Monitoring, device_plugins: bool) -> tuple[Target, ...]:
+def targets(cluster: Cluster, groups: Sequence[NodeGroup]) -> tuple[Target, ...]:
+    """The exporter and every agent the stack runs that serves ``/metrics``: the device plugins and DRA
+    plugins of the groups in each mode, the MIG manager where a group may use MIG, node setup's monitor
+    with the daemonset backend (on Deckhouse, bashible runs setup and no pod stays behind)."""
+    monitoring = cluster.monitoring
     out = []
     if monitoring.exporter.value != "none":
         out.append(Target(exporter_component(monitoring), EXPORTER_PORT))
-    if device_plugins:
-        out.append(Target("device-plugin", DEVICE_PLUGIN_METRICS_PORT))
+    modes = {g.allocation_mode or cluster.allocation_mode for g in groups}
+    if AllocationMode.DEVICE_PLUGIN in modes:
+        out.append(Target(AgentRole.DEVICE_PLUGIN.value, DEVICE_PLUGIN_METRICS_PORT))
+    if AllocationMode.DRA in modes:
+        out.append(Target(dra.COMPONENT, DRA_PLUGIN_METRICS_PORT))
+    if any(mig.may_use_mig(g) for g in groups):
+        out.append(Target(mig.COMPONENT, MIG_MANAGER_METRICS_PORT))
+    if cluster.node_setup is NodeSetupBackend.DAEMONSET and groups:
+        out.append(Target(AgentRole.NODE_SETUP.value, NODE_SETUP_METRICS_PORT))
     return tuple(out)
+
+
+#: The jobs of :func:`targets`, for the alerts' ``up`` selector.
+JOBS = (EXPORTER, DCGM_EXPORTER, AgentRole.DEVICE_PLUGIN.value, dra.COMPONENT, mig.COMPONENT,
+        AgentRole.NODE_SETUP.value)
 
 
 def _prometheus_labels(cluster: Cluster) -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Any
 from nvgpu import devicelist, hostpaths, labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import facts
-from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend, ScrapeMode, Sharing
+from nvgpu.stackconfig import AllocationMode, Cluster, Monitoring, NodeGroup, NodeSetupBackend, ScrapeMode, Sharing
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels, group_object_name, selector_labels
 from nvidia_gpu.components.manifests.platform import AgentRole
@@ -30,15 +30,18 @@ from nvidia_gpu.components.manifests.sharing import MPS_ROOT, config_map_name
 AGENT = ["python", "-m", "node_agent"]
 #: Where the named device-plugin configs are mounted in the plugin and the labeller containers.
 DEVICE_PLUGIN_CONFIG_DIR = "/etc/nvidia-gpu/device-plugin"
+#: The agents' status ports (``/metrics``, ``/healthz``, ``/readyz``), each the agent's own default
+#: (``tests/nvidia_gpu/components/test_agent_contract.py`` holds them together); the exporter's is 9400.
 DEVICE_PLUGIN_METRICS_PORT = 9401
+DRA_PLUGIN_METRICS_PORT = 9402
+MIG_MANAGER_METRICS_PORT = 9403
+NODE_SETUP_METRICS_PORT = 9404
 KUBELET_DEVICE_PLUGINS = hostpaths.KUBELET_DEVICE_PLUGINS_DIR
 CDI_DIR = facts.CDI_DYNAMIC_DIR
 AGENT_STATE_DIR = facts.STATE_DIR
 #: The setup agent sees the whole host under this path (``--host-root``), never at ``/``.
 HOST_ROOT = "/host"
 LABEL_INTERVAL_SECONDS = 60
-#: The setup pod's main process: wait for SIGTERM and exit (as PID 1 it must handle SIGTERM itself).
-HOLD_SCRIPT = "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); signal.pause()"
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
     ]
-    container["ports"] = [{"name": "metrics", "containerPort": DEVICE_PLUGIN_METRICS_PORT, "protocol": "TCP"}]
+    container["ports"] = metrics_port(DEVICE_PLUGIN_METRICS_PORT)
     # /healthz: the supervisor loop is alive; /readyz: every resource is registered with kubelet
     # (node_agent.deviceplugin.metrics). Startup waits for the first registration, readiness follows it.
     def probe(path: str, failures: int) -> dict[str, Any]:
@@ -337,21 +340,28 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
     container["volumeMounts"] = mounts
     pod_spec = {"containers": [container], "volumes": volumes}
     return _daemonset(ctx, component, AgentRole.DEVICE_PLUGIN, pod_spec, require_setup_complete=True,
-                      update_strategy=_ROLLING, pod_annotations=scrape_annotations(ctx))
+                      update_strategy=_ROLLING,
+                      pod_annotations=scrape_annotations(ctx.cluster.monitoring, DEVICE_PLUGIN_METRICS_PORT))
 
 
-def scrape_annotations(ctx: GroupContext) -> dict[str, str]:
-    """``prometheus.io/*`` annotations for annotation-based scrapers (``cluster.monitoring.scrape:
-    annotations``); a ServiceMonitor or PodMonitor selects the pods otherwise
-    (``nvidia_gpu.components.manifests.monitoring``)."""
-    monitoring = ctx.cluster.monitoring
+def scrape_annotations(monitoring: Monitoring, port: int) -> dict[str, str]:
+    """``prometheus.io/*`` on an agent's pods for annotation-based scrapers (``cluster.monitoring.scrape:
+    annotations``); none when a ServiceMonitor or PodMonitor selects them
+    (``nvidia_gpu.components.manifests.monitoring``) or monitoring is off."""
     if not monitoring.enabled or monitoring.scrape is not ScrapeMode.ANNOTATIONS:
         return {}
-    return {
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(DEVICE_PLUGIN_METRICS_PORT),
-        "prometheus.io/path": "/metrics",
-    }
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+
+
+def pod_annotations(cluster: Cluster, port: int) -> dict[str, Any]:
+    """A pod template's ``annotations`` entry with :func:`scrape_annotations`, or nothing at all."""
+    annotations = scrape_annotations(cluster.monitoring, port)
+    return {"annotations": annotations} if annotations else {}
+
+
+def metrics_port(port: int) -> list[dict[str, Any]]:
+    """The container port every scrape object and probe names (``metrics``)."""
+    return [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
 
 
 def labeller_args(ctx: GroupContext) -> list[str]:
@@ -440,8 +450,9 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
 
     The init container runs ``setup`` (check, runtime, sysctl, then the setup-complete label), so a
     node that cannot be prepared shows ``Init:Error`` with the reason and the gate stays closed. The
-    main container only holds the pod (exiting on SIGTERM) so that its ``preStop`` hook can undo
-    the setup when the pod goes away.
+    main container holds the pod so that its ``preStop`` hook can undo the setup when the pod goes
+    away, and meanwhile runs ``setup-monitor``: the same check every few minutes, its verdict and
+    findings as metrics (a driver unloaded or a runtime config rewritten after setup shows there).
 
     Teardown story: ``updateStrategy: OnDelete`` makes a pod's deletion mean "this node leaves the
     group" (the node no longer matches, the group or the stack is removed, or an operator deletes the
@@ -459,8 +470,11 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     if ctx.group.toolkit_accepts_envvar(ctx.allocation_mode):  # the group chose the envvar device list
         setup.append("--accept-envvar-when-unprivileged")
     init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
-    hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, [], _PRIVILEGED)
-    hold["command"] = ["python", "-c", HOLD_SCRIPT]
+    # The main container checks the node again every few minutes and serves the findings
+    # (node_agent.setup.monitor: read-only, nothing recorded); SIGTERM ends it, then preStop tears down.
+    monitor = [*base, "setup-monitor", "--metrics-port", str(NODE_SETUP_METRICS_PORT)]
+    hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, monitor, _PRIVILEGED)
+    hold["ports"] = metrics_port(NODE_SETUP_METRICS_PORT)
     hold["lifecycle"] = {"preStop": {"exec": {"command": [*AGENT, *base, "teardown"]}}}
     mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(), _TMP_MOUNT]
     init["volumeMounts"] = list(mounts)
@@ -476,4 +490,5 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     # pods, so a template change would hang `pulumi up` until its timeout (the provider's own docs).
     # Progress is per node and visible (Init:Error, the setup-complete label), not a stack-wide state.
     return _daemonset(ctx, component, AgentRole.NODE_SETUP, pod_spec, require_setup_complete=False,
-                      update_strategy={"type": "OnDelete"}, annotations=dict(SKIP_AWAIT))
+                      update_strategy={"type": "OnDelete"}, annotations=dict(SKIP_AWAIT),
+                      pod_annotations=scrape_annotations(ctx.cluster.monitoring, NODE_SETUP_METRICS_PORT))

@@ -8,11 +8,13 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from node_agent.exporter import counters, fields
@@ -21,8 +23,10 @@ from node_agent.exporter.service import MetricsService
 from node_agent.kubelet.podresources.client import PodResourcesClient
 from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
+from node_agent.nvml.xidwatch import XidRecorder
 from nvgpu import dcgmcounters
 from nvgpu.migparted import build_config
+from nvgpu.stackconfig import NodeGroup
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.kubelet.common import short_root
 from tests.kit.kubelet.podresources import Container, Pod, pod_resources
@@ -50,8 +54,8 @@ class Node:
                               capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
 
-    def service(self, **kw: Any) -> MetricsService:
-        service = MetricsService(lambda: open_nvml(self.backend), kw.pop("selection", counters.default()), "node-a",
+    def service(self, hostname: str = "node-a", **kw: Any) -> MetricsService:
+        service = MetricsService(lambda: open_nvml(self.backend), kw.pop("selection", counters.default()), hostname,
                                  **kw)
         self.services.append(service)
         return service
@@ -292,3 +296,150 @@ def test_nvidias_default_counters_file_is_read_and_what_nvml_cannot_give_is_name
 def test_a_bad_counters_file_is_an_error_naming_the_line(text: str, message: str) -> None:
     with pytest.raises(counters.CountersError, match=re.escape(message)):
         counters.parse(text, "counters.csv")
+
+
+# --- the dashboards over a live scrape, evaluated by Prometheus's own engine -------------------------------
+
+
+def _promql_labels(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))
+
+
+def _as_series(service: MetricsService, target: dict[str, str], minutes: int) -> list[dict[str, str]]:
+    """One scrape of ``service`` as promtool input series, constant for ``minutes``, with the target labels
+    the stack's monitor adds (``job``, ``instance``, and its relabelings' ``node`` and ``node_group``)."""
+    out = []
+    text = service.render().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_created"):
+                continue
+            # The name as Prometheus stores it (the client parser adds _total to DCGM's *_TOTAL counters).
+            name = family.name if f"# TYPE {family.name} counter" in text else s.name
+            labels = {**target, **dict(s.labels)}  # honorLabels: the exporter's own win
+            out.append({"series": f"{name}{{{_promql_labels(labels)}}}", "values": f"{s.value}x{minutes}"})
+    return out
+
+
+def _monitor_target(node: str, group: NodeGroup, cluster: Any) -> dict[str, str]:
+    """The labels Prometheus gives a scrape of the group's exporter pod on ``node`` under the stack's
+    PodMonitor: its relabelings read the pod's node name and its node-group label."""
+    from nvidia_gpu.components.manifests import monitoring
+    from nvidia_gpu.components.manifests.workloads import GroupContext
+
+    ds = monitoring.exporter_daemonset(GroupContext(namespace="nvidia-gpu", cluster=cluster, group=group))
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    meta = {"__meta_kubernetes_pod_node_name": node}
+    meta |= {"__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in pod_labels.items()}
+    (target,) = [t for t in monitoring.targets(cluster, [group]) if t.component == "gpu-exporter"]
+    endpoint = monitoring.monitor("nvidia-gpu", cluster, target)["spec"]["podMetricsEndpoints"][0]
+    out = {"job": target.component, "instance": f"10.0.0.1:{target.port}"}
+    for r in endpoint["relabelings"]:
+        out[r["targetLabel"]] = ";".join(meta.get(s, "") for s in r["sourceLabels"])
+    return out
+
+
+def _exporter_info(group: NodeGroup, cluster: Any) -> dict[str, str]:
+    """The ``--info`` labels the group's rendered exporter command line passes (nvidia_gpu_node_info)."""
+    from node_agent.cli import build_parser
+    from node_agent.cli.exporter import info_labels
+    from nvidia_gpu.components.manifests import monitoring
+    from nvidia_gpu.components.manifests.workloads import GroupContext
+
+    ds = monitoring.exporter_daemonset(GroupContext(namespace="nvidia-gpu", cluster=cluster, group=group))
+    argv = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = build_parser("exporter").parse_args(argv)
+    return dict(info_labels(args.info))
+
+
+def test_the_dashboards_answer_over_a_live_scrape(dgx: Node, socket: Path, tmp_path: Path) -> None:
+    """Every query of the fleet dashboard, and of NVIDIA's (its variables set as Grafana does for "All"),
+    evaluated by ``promtool test rules`` over a scrape of two simulated DGX H100s under the stack's
+    PodMonitor: one with whole GPUs held by pods and an XID raised, one in all-1g.10gb MIG. Each query
+    returns series, and the fleet panels give the numbers the two nodes imply."""
+    from nvgpu.stackconfig import load_stack_config
+    from nvidia_gpu.components.manifests import dashboards
+    from tests.tools import required_bin
+
+    config = load_stack_config({
+        "cluster": {"kubernetesVersion": "1.34", "monitoring": {"scrape": "podMonitor"},
+                    "agentImage": {"repository": "registry.example.com/agent", "tag": "1.0.0"}},
+        "nodeGroups": [
+            {"name": "h100", "nodeSelector": {"matchLabels": {"pool": "h100"}}, "gpu": {"model": "H100-80GB"}},
+            {"name": "h100-mig", "nodeSelector": {"matchLabels": {"pool": "h100-mig"}},
+             "gpu": {"model": "H100-80GB", "sharing": "MIG", "mig": {"partedConfig": "all-1g.10gb"}}},
+        ]})
+    whole, migs = config.node_groups
+    from nvidia_gpu.components.manifests import monitoring
+
+    # The counters the stack's ConfigMap hands the exporters (NVIDIA's default plus the alerts' fields).
+    deployed = counters.parse(monitoring.counters_text(config.cluster.monitoring), source="the counters ConfigMap")
+    mig_node = Node(build_fake_host(tmp_path / "mig-host", "dgx-h100").root, "dgx-h100")
+    mig_node.mig("all-1g.10gb", tmp_path)
+    with open_nvml(dgx.backend) as nvml:
+        uuids = [str(g.uuid) for g in nvml.inventory().gpus]
+    pods = [Pod("train", "ml", [Container("main", devices={"nvidia.com/gpu": [uuids[0], uuids[1]]})]),
+            Pod("a", "web", [Container("srv", devices={"nvidia.com/gpu": [f"{uuids[4]}::0"]})])]
+    recorder = XidRecorder(lambda: open_nvml(dgx.backend), lambda: None)
+    recorder.start()
+    series: list[dict[str, str]] = []
+    try:
+        assert recorder.wait_watching(10)
+        dgx.sim.inject_xid(3, 48)
+        deadline = time.monotonic() + 5
+        while not recorder.counts() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pod_resources(socket, pods):
+            client = PodResourcesClient(str(socket))
+            try:
+                live = dgx.service(selection=deployed, pod_resources=client.list, xids=recorder,
+                                   info=_exporter_info(whole, config.cluster))
+                series += _as_series(live, _monitor_target("node-a", whole, config.cluster), 70)
+            finally:
+                client.close()
+        series += _as_series(mig_node.service("node-b", selection=deployed, info=_exporter_info(migs, config.cluster)),
+                             _monitor_target("node-b", migs, config.cluster), 70)
+    finally:
+        recorder.stop()
+        for service in mig_node.services:
+            service.close()
+    # What kube-state-metrics adds for the two nodes' kubelets.
+    series += [{"series": 'kube_node_status_allocatable{node="node-a",resource="nvidia_com_gpu"}', "values": "8x70"},
+               {"series": 'kube_node_status_allocatable{node="node-b",resource="nvidia_com_mig_1g_10gb"}',
+                "values": "56x70"}]
+
+    fleet = dashboards.queries(dashboards.fleet_dashboard())
+    board = json.loads(DASHBOARD.read_text())
+    gpus = "|".join(str(i) for i in range(8))
+    nvidia = [q.replace("$instance", ".*").replace("$gpu", f"({gpus})") for q in dashboards.queries(board)
+              if "label_values" not in q and "DCGM_FI_PROF_" not in q]  # the profiling counter NVML lacks
+    # absent() of each query is an alert that must not fire: the query returned series.
+    queries = fleet + nvidia
+    rules = {"groups": [{"name": "queries", "rules": [
+        {"alert": f"Q{i}", "expr": f"absent({q})", "labels": {"query": str(i)}} for i, q in enumerate(queries)]}]}
+    expected = {
+        "count by (node_group) (DCGM_FI_DEV_GPU_TEMP)": [{"labels": '{node_group="h100"}', "value": 8},
+                                                         {"labels": '{node_group="h100-mig"}', "value": 8}],
+        "count by (node_group) (count by (node_group, Hostname, gpu) (nvidia_gpu_device_holder))":
+            [{"labels": '{node_group="h100"}', "value": 3}],
+        "count by (node_group, sharing, allocation_mode) (nvidia_gpu_node_info)": [
+            {"labels": '{allocation_mode="devicePlugin",node_group="h100",sharing="Exclusive"}', "value": 1},
+            {"labels": '{allocation_mode="devicePlugin",node_group="h100-mig",sharing="MIG"}', "value": 1}],
+        'count by (Hostname, GPU_I_PROFILE) (DCGM_FI_DEV_FB_USED{GPU_I_PROFILE!=""})':
+            [{"labels": '{GPU_I_PROFILE="1g.10gb",Hostname="node-b"}', "value": 56}],
+        'sum by (Hostname, class) (increase(nvidia_gpu_xid_errors_total[1h]))':
+            [{"labels": '{Hostname="node-a",class="device"}', "value": 0}],
+    }
+    assert set(expected) <= set(fleet), set(expected) - set(fleet)
+    tests = {"rule_files": ["queries.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [{"eval_time": "65m", "alertname": f"Q{i}", "exp_alerts": []}
+                            for i in range(len(queries))],
+        "promql_expr_test": [{"expr": q, "eval_time": "65m", "exp_samples": s} for q, s in expected.items()],
+    }]}
+    (tmp_path / "queries.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    done = subprocess.run([str(required_bin("promtool") / "promtool"), "test", "rules", "tests.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, "\n".join([*(f"Q{i}: {q}" for i, q in enumerate(queries)), done.stdout,
+                                            done.stderr])

@@ -18,8 +18,9 @@ import yaml
 from node_agent.cli import build_parser
 from node_agent.deviceplugin.allocate import Mount
 from node_agent.deviceplugin.config import Settings
-from node_agent.deviceplugin.metrics import PluginMetrics, StatusServer
+from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.kubelet.deviceplugin.process import DEFAULT_METRICS_PORT
+from node_agent.status.server import StatusServer
 from nvgpu import labels
 from nvgpu.stackconfig import NodeSetupBackend, load_stack_file
 from nvidia_gpu.components.manifests import workloads
@@ -163,3 +164,28 @@ def test_a_driver_container_root_reaches_the_mount_and_the_plugins_cdi_root() ->
     assert volumes["driver-root"]["hostPath"] == {"path": "/run/nvidia/driver", "type": "Directory"}
     args = _parse(container["args"])
     assert (args.driver_root, args.nvidia_driver_root) == ("/driver-root", "/run/nvidia/driver")
+
+
+def test_every_agents_metrics_port_is_the_one_its_pod_names_and_its_monitor_scrapes() -> None:
+    """DRA plugin, MIG manager and node setup's monitor: the port each agent serves by default, the port its
+    rendered command line passes, the container port named ``metrics`` and the scrape target are one."""
+    from node_agent.cli import mig as mig_cli
+    from node_agent.cli import setup as setup_cli
+    from node_agent.kubelet.dra import process as dra_process
+    from nvidia_gpu.components.manifests import dra, mig, monitoring
+
+    cfg = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.dev.yaml"))
+    cluster = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET})
+    dra_group = next(g for g in cfg.node_groups if cfg.allocation_mode(g).value == "dra")
+    pods = {
+        dra.COMPONENT: (dra.plugin_daemonset(cluster.namespace, cluster, dra_group), dra_process.DEFAULT_METRICS_PORT),
+        mig.COMPONENT: (mig.daemonset(cluster.namespace, cluster, cfg.node_groups), mig_cli.DEFAULT_METRICS_PORT),
+        "gpu-setup": (workloads.setup_daemonset(GroupContext(cluster.namespace, cluster, cfg.node_groups[0])),
+                      setup_cli.DEFAULT_METRICS_PORT),
+    }
+    scraped = {t.component: t.port for t in monitoring.targets(cluster, cfg.node_groups)}
+    for component, (ds, default) in pods.items():
+        container = ds["spec"]["template"]["spec"]["containers"][0]
+        args = _parse(container["args"])
+        assert args.metrics_port == default == container["ports"][0]["containerPort"] == scraped[component], component
+        assert container["ports"][0]["name"] == "metrics"

@@ -195,7 +195,7 @@ def test_every_container_is_pinned_bounded_and_locked_down(node_setup: str) -> N
         assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
         for c in _containers(ds):
             assert c["image"] == "registry.example.com/nvidia-gpu-agent:0.1.0"
-            assert c["command"] in (["python", "-m", "node_agent"], ["python", "-c", workloads.HOLD_SCRIPT])
+            assert c["command"] == ["python", "-m", "node_agent"]
             assert set(c["resources"]) == {"requests", "limits"}
             assert c["securityContext"]["readOnlyRootFilesystem"] is True
             privileged = c["securityContext"].get("privileged", False)
@@ -282,7 +282,9 @@ def test_setup_daemonset_runs_before_the_gate_and_tears_down_on_delete() -> None
     hold = pod["containers"][0]
     assert hold["lifecycle"]["preStop"]["exec"]["command"] == [
         "python", "-m", "node_agent", "--host-root", "/host", "--driver-root", "/driver-root", "teardown"]
-    assert hold["command"][:2] == ["python", "-c"] and "SIGTERM" in hold["command"][2]
+    # The main container re-runs the check and serves it (setup-monitor), exiting 0 on SIGTERM.
+    assert hold["args"] == ["--host-root", "/host", "--driver-root", "/driver-root", "setup-monitor",
+                            "--metrics-port", str(workloads.NODE_SETUP_METRICS_PORT)]
     assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
 

@@ -75,11 +75,28 @@ CASES: dict[str, tuple[list[dict[str, str]], str, list[dict[str, str]]]] = {
         [_series("nvidia_gpu_device_plugin_registered", {"resource": "nvidia.com/gpu", "node": "n1"}, "1 0x10"),
          _series("nvidia_gpu_device_plugin_registered", {"resource": "nvidia.com/gpu", "node": "n2"}, "1 0 0 1x8")],
         "8m", [{"resource": "nvidia.com/gpu", "node": "n1", "severity": "critical"}]),
+    "NvidiaGpuDraPluginNotRegistered": (
+        [_series("nvidia_gpu_dra_plugin_registered", {"driver": "gpu.nvidia.com", "node": "n1"}, "1 0x10"),
+         _series("nvidia_gpu_dra_plugin_registered", {"driver": "gpu.nvidia.com", "node": "n2"}, "0 0 0 1x8")],
+        "8m", [{"driver": "gpu.nvidia.com", "node": "n1", "severity": "critical"}]),
+    # n1 became unusable after setup; n2 recovered within the 10 minutes; n3 has no GPU (not an alert).
+    "NvidiaGpuNodeCheckFailing": (
+        [_series("nvidia_gpu_node_check_verdict", {"verdict": "unusable", "node": "n1"}, "0 1x15"),
+         _series("nvidia_gpu_node_check_verdict", {"verdict": "unusable", "node": "n2"}, "1x5 0x10"),
+         _series("nvidia_gpu_node_check_verdict", {"verdict": "no-gpu", "node": "n3"}, "1x15")],
+        "13m", [{"verdict": "unusable", "node": "n1", "severity": "critical"}]),
+    # Seconds in the current phase (scraped each minute): n1 waits past the hour, n2 moved on at 50 min.
+    "NvidiaGpuMigReconfigurationStuck": (
+        [_series("nvidia_gpu_mig_manager_phase_duration_seconds", {"node": "n1"}, "0+60x80"),
+         _series("nvidia_gpu_mig_manager_phase_duration_seconds", {"node": "n2"}, "0+60x50 0x30")],
+        "70m", [{"node": "n1", "severity": "warning"}]),
     "NvidiaGpuMetricsTargetDown": (
         [_series("up", {"job": "gpu-exporter", "node": "n1"}, "0x15"),
          _series("up", {"job": "device-plugin", "node": "n1"}, "1x15"),
+         _series("up", {"job": "dra-kubelet-plugin", "node": "n2"}, "0x15"),
          _series("up", {"job": "something-else", "node": "n1"}, "0x15")],
-        "12m", [{"job": "gpu-exporter", "node": "n1", "severity": "warning"}]),
+        "12m", [{"job": "gpu-exporter", "node": "n1", "severity": "warning"},
+                {"job": "dra-kubelet-plugin", "node": "n2", "severity": "warning"}]),
     "NvidiaGpuNodeSetupIncomplete": (
         [_series("kube_node_labels", {"node": "n1", alerts.ksm_label(alerts.KSM_NODE_LABELS[0]): "a100"}, "1x40"),
          _series("kube_node_labels", {"node": "n2", alerts.ksm_label(alerts.KSM_NODE_LABELS[0]): "a100",

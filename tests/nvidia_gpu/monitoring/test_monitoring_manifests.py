@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from nvgpu import dcgmcounters
-from nvgpu.stackconfig import StackConfigError, load_stack_config
+from nvgpu.stackconfig import AllocationMode, NodeSetupBackend, StackConfigError, load_stack_config
 from nvidia_gpu.components.manifests import dashboards, monitoring
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvidia_gpu.preview import crds
@@ -62,8 +62,17 @@ def test_monitors_and_rules_are_valid_prometheus_operator_objects(scrape: str) -
     config = _config(scrape=scrape, labels={"release": "kube-prometheus-stack"})
     from nvidia_gpu.components.manifests import alerts
 
-    objects = [monitoring.monitor("nvidia-gpu", config.cluster, t)
-               for t in monitoring.targets(config.cluster.monitoring, device_plugins=True)]
+    cluster = config.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET})
+    dra_group = config.node_groups[0].model_copy(update={"name": "h100-dra", "allocation_mode": AllocationMode.DRA})
+    found = monitoring.targets(cluster, [*config.node_groups, dra_group])
+    # The exporter and every agent serving /metrics, each on its own port.
+    assert {t.component: t.port for t in found} == {
+        "gpu-exporter": 9400, "device-plugin": 9401, "dra-kubelet-plugin": 9402, "mig-manager": 9403,
+        "gpu-setup": 9404}
+    deckhouse = config.cluster.model_copy(update={"node_setup": NodeSetupBackend.DECKHOUSE})
+    assert {t.component for t in monitoring.targets(deckhouse, config.node_groups)} == {
+        "gpu-exporter", "device-plugin", "mig-manager"}  # Deckhouse's bashible leaves no setup pod to scrape
+    objects = [monitoring.monitor("nvidia-gpu", cluster, t) for t in found]
     objects.append(monitoring.prometheus_rule("nvidia-gpu", config.cluster, alerts.rule_groups()))
     for obj in objects:
         validator = crds.validator(obj["apiVersion"], obj["kind"], False)

@@ -1,0 +1,1 @@
+"""The agents' HTTP status endpoint: ``/metrics`` for Prometheus, ``/healthz`` and ``/readyz`` for probes."""
