@@ -43,6 +43,20 @@ GPU_DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 GPU_DEPLOY_COMPONENTS = ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm")
 PAUSED_FOR_MIG_CHANGE = "paused-for-mig-change"
 
+#: Who installs a node's driver, as NVIDIA's GPU Operator labels it: ``pre-installed`` when node setup found
+#: a driver on the host itself, so no driver container runs there.
+GPU_DEPLOY_DRIVER = "nvidia.com/gpu.deploy.driver"
+DRIVER_PREINSTALLED = "pre-installed"
+#: Where a node is in a driver upgrade (NVIDIA's GPU Operator's key and values; node_agent.driverupgrade).
+DRIVER_UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
+
+# Node Feature Discovery's names for the OS and kernel, which node setup publishes itself (no NFD needed):
+# a driver container is chosen by them (NVIDIA's driver images are per OS release, per kernel if precompiled).
+OS_RELEASE_ID = "feature.node.kubernetes.io/system-os_release.ID"
+OS_RELEASE_VERSION_ID = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+KERNEL_VERSION_FULL = "feature.node.kubernetes.io/kernel-version.full"
+OS_LABELS = (OS_RELEASE_ID, OS_RELEASE_VERSION_ID, KERNEL_VERSION_FULL)
+
 # Taints
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "present"
@@ -53,7 +67,7 @@ MIG_RECONFIGURE_TAINT_KEY = "mig-reconfigure"
 #: Deckhouse the node template): every agent is scheduled by the group's node selector, so a selector
 #: on one of them never matches a node the agents have not reached yet.
 AGENT_LABEL_PREFIXES = ("nvidia.com/", "gpu.nvidia-gpu.io/")
-AGENT_LABEL_KEYS = (GPU_NODE, DEVICE_GPU_CONFIG, GPU_SETUP_COMPLETE, GPU_VFIO_READY)
+AGENT_LABEL_KEYS = (GPU_NODE, DEVICE_GPU_CONFIG, GPU_SETUP_COMPLETE, GPU_VFIO_READY, *OS_LABELS)
 
 
 def written_by_agents(key: str) -> bool:

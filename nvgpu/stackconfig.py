@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from nvgpu import catalogue, dcgmcounters, devicelist, labels
+from nvgpu import driver as driverspec
 from nvgpu.devicelist import DeviceListStrategy
 from nvgpu.k8snames import check_dns_label, check_dns_subdomain, check_key, check_label_value, dns_subdomain_problem
 from nvgpu.mig import balanced_layout
@@ -620,14 +621,119 @@ class Mig(_Model):
         )
 
 
+def _driver_version(v: str) -> str:
+    driverspec.parse_version(v)
+    return v
+
+
+def _kernel_release(v: str) -> str:
+    if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+[A-Za-z0-9._+-]*", v) or len(v) > 64:
+        raise ValueError(f"{v!r} is not a kernel release as `uname -r` prints it, like 5.15.0-105-generic")
+    return v
+
+
+class DriverImage(_Model):
+    """NVIDIA's driver image: ``<repository>/<name>:<version>-<os>``, pinned by digest per tag where given."""
+
+    repository: Annotated[str, AfterValidator(_repository)] = driverspec.DEFAULT_REPOSITORY
+    name: DnsLabel = driverspec.DEFAULT_IMAGE
+    #: Image tag (``550.90.07-ubuntu22.04``) to its digest; a tag listed here is pulled by digest.
+    digests: dict[Annotated[str, AfterValidator(_tag)], Annotated[str, AfterValidator(_digest)]] = {}
+    pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+
+
+class DriverUpgrade(_Model):
+    """How a version change rolls through the group's nodes (the driver container and gpuOperator sources)."""
+
+    #: Nodes whose driver is replaced at once.
+    max_unavailable: Annotated[int, Field(ge=1, le=100)] = 1
+    #: Evict the node's pods first (cordon-and-drain, or Deckhouse's disruption approval); without it only
+    #: the pods holding GPUs are evicted.
+    drain: Bool = True
+    drain_timeout_seconds: Annotated[int, Field(ge=30, le=86400)] = 1800
+    #: How long the new driver has to load and pass ``check`` before the node counts as failed.
+    validation_timeout_seconds: Annotated[int, Field(ge=30, le=7200)] = 900
+
+
+class Driver(_Model):
+    """The group's NVIDIA driver: who installs it, which one, and how it is upgraded (see ``nvgpu.driver``)."""
+
+    source: driverspec.DriverSource = driverspec.DriverSource.PREINSTALLED
+    driver_type: driverspec.DriverType = Field(driverspec.DriverType.GPU, alias="type")
+    #: A release (``550.90.07``) or a branch (``550``; precompiled drivers are chosen by branch).
+    version: Annotated[str, AfterValidator(_driver_version)] | None = None
+    precompiled: Bool = False
+    kernel_modules: driverspec.KernelModules = driverspec.KernelModules.AUTO
+    #: ``container``: the OS releases of the group's nodes, one driver DaemonSet each (``ubuntu22.04``).
+    os_releases: list[Annotated[str, AfterValidator(driverspec.check_os_release)]] = []
+    #: ``container`` and precompiled: the kernels of the group's nodes (``uname -r``), one DaemonSet each.
+    kernels: list[Annotated[str, AfterValidator(_kernel_release)]] = []
+    image: DriverImage = DriverImage()
+    upgrade: DriverUpgrade = DriverUpgrade()
+
+    @model_validator(mode="after")
+    def _combinations(self) -> Driver:
+        problems: list[tuple[Loc, str]] = []
+        deployed = self.source is not driverspec.DriverSource.PREINSTALLED
+        version = driverspec.parse_version(self.version) if self.version else None
+        if deployed and version is None:
+            problems.append((("version",), f"source {self.source.value} deploys a driver: name its release "
+                                           "(like 550.90.07), or its branch (like 550) when precompiled"))
+        if self.precompiled:
+            if not deployed:
+                problems.append((("precompiled",), "only with source container or gpuOperator: a pre-installed "
+                                                   "driver is whatever the node has"))
+            if version is not None and not version.is_branch:
+                problems.append((("version",), f"{self.version} is a release; precompiled drivers are chosen by "
+                                               f"branch and kernel: write the branch ({version.branch})"))
+            if self.driver_type is not driverspec.DriverType.GPU:
+                problems.append((("precompiled",), f"NVIDIA builds precompiled drivers for type gpu only, not "
+                                                   f"{self.driver_type.value}"))
+        elif deployed and version is not None and version.is_branch:
+            problems.append((("version",), f"{self.version} is a branch; a driver compiled on the node is chosen "
+                                           "by its full release (like 550.90.07), or set precompiled: true"))
+        if self.kernel_modules is driverspec.KernelModules.OPEN and version is not None \
+                and version.branch < driverspec.OPEN_MODULES_MIN_BRANCH:
+            problems.append((("kernelModules",), f"the open kernel modules exist from the "
+                                                 f"{driverspec.OPEN_MODULES_MIN_BRANCH} branch on (version is "
+                                                 f"{self.version})"))
+        if self.source is driverspec.DriverSource.CONTAINER:
+            if not self.os_releases:
+                problems.append((("osReleases",), "source container runs one driver DaemonSet per OS release: "
+                                                  "list the group's (like ubuntu22.04)"))
+            if self.precompiled and not self.kernels:
+                problems.append((("kernels",), "a precompiled driver image is per kernel: list the group's "
+                                               "kernels (uname -r, like 5.15.0-105-generic)"))
+        else:
+            for key, value in (("osReleases", self.os_releases), ("kernels", self.kernels)):
+                if value:
+                    problems.append(((key,), f"only used with source container (source is {self.source.value})"))
+        if self.kernels and not self.precompiled:
+            problems.append((("kernels",), "only used by a precompiled driver: a compiled one builds for the "
+                                           "node's kernel"))
+        if not deployed:
+            for key in ("image", "upgrade"):
+                if key in self.model_fields_set:
+                    problems.append(((key,), "only used when the stack deploys the driver (source container or "
+                                             "gpuOperator)"))
+        _raise_all(problems)
+        return self
+
+    @property
+    def parsed_version(self) -> driverspec.DriverVersion | None:
+        return driverspec.parse_version(self.version) if self.version else None
+
+
 class Gpu(_Model):
     model: str | None = None
     sharing: Sharing = Sharing.EXCLUSIVE
     time_slicing: TimeSlicing | None = None
     mps: Mps | None = None
     mig: Mig | None = None
-    #: The driver installed on the nodes, when known; checked against the model's minimum.
+    #: The driver installed on the nodes, when known; checked against the model's minimum. The older
+    #: spelling of ``driver: {version: ...}`` with a pre-installed driver.
     driver_version: str | None = None
+    driver: Driver = Driver()
     #: How the device plugin names allocated GPUs to the container (``nvgpu.devicelist``); node setup makes
     #: the NVIDIA toolkit accept exactly that. ``envvar`` lets any pod take any GPU of its node.
     device_list_strategy: Annotated[list[DeviceListStrategy], BeforeValidator(devicelist.split),
@@ -664,16 +770,42 @@ class Gpu(_Model):
             mig_models = ", ".join(m.key for m in catalogue.MODELS if m.mig)
             problems.append((("sharing",), f"MIG needs a MIG-capable GPU and {model.key} is not one "
                                            f"({mig_models} are)"))
-        if model is not None and self.driver_version:
+        if self.driver_version and self.driver.version:
+            problems.append((("driverVersion",), "set the version once: driver.version replaces driverVersion"))
+        version_at: Loc = ("driverVersion",) if self.driver_version else ("driver", "version")
+        version = self.declared_driver_version
+        if model is not None and version is not None:
             minimum = model.effective_min_driver
             what = f"the {model.key} minimum"
             mig_floor = model.mig.min_driver if self.sharing is Sharing.MIG and model.mig else None
             if mig_floor and catalogue.parse_driver_version(mig_floor) > catalogue.parse_driver_version(minimum):
                 minimum, what = mig_floor, f"the minimum for MIG on {model.key}"
-            if not catalogue.driver_at_least(self.driver_version, minimum):
-                problems.append((("driverVersion",), f"{self.driver_version} is below {what}, {minimum}"))
+            if not version.at_least(minimum):
+                problems.append((version_at, f"{version.text} is below {what}, {minimum}"))
+        if (self.driver.kernel_modules is driverspec.KernelModules.OPEN and model is not None
+                and not driverspec.open_modules_supported(model.compute_capability)):
+            problems.append((("driver", "kernelModules"),
+                             f"the open kernel modules need a Turing or later GPU; {model.key} is compute "
+                             f"{model.compute_capability[0]}.{model.compute_capability[1]}"))
+        if self.driver.driver_type is driverspec.DriverType.VGPU_HOST_MANAGER and self.sharing is not Sharing.EXCLUSIVE:
+            problems.append((("sharing",), f"{self.sharing.value} is decided by the vGPU profiles of the VMs on a "
+                                           "vGPU host (driver.type vgpu-host-manager): use Exclusive"))
+        if self.driver.driver_type is driverspec.DriverType.VGPU and self.sharing is Sharing.MIG:
+            problems.append((("sharing",), "a vGPU guest cannot partition its GPU: MIG-backed vGPUs are made on the "
+                                           "host (driver.type is vgpu)"))
         _raise_all(problems)
         return self
+
+    @property
+    def driver_expectation(self) -> driverspec.DriverExpectation:
+        """What ``check`` verifies on the group's nodes, whoever installed the driver."""
+        return driverspec.DriverExpectation(self.declared_driver_version, self.driver.kernel_modules)
+
+    @property
+    def declared_driver_version(self) -> driverspec.DriverVersion | None:
+        """``driver.version``, or the older ``driverVersion``."""
+        text = self.driver.version or self.driver_version
+        return driverspec.parse_version(text) if text else None
 
     @property
     def declared_model(self) -> catalogue.GpuModel | None:
@@ -830,8 +962,31 @@ class StackConfig(_Model):
                 problems.append((where, f"'dra' needs Kubernetes 1.{DRA_GA_MINOR}+ (resource.k8s.io/v1) and "
                                         f"cluster.kubernetesVersion is {self.cluster.kubernetes_version}"
                                         + ("" if g.allocation_mode else f" (node group {g.name!r} inherits it)")))
-        _raise_all(problems + self._dra_problems())
+        _raise_all(problems + self._dra_problems() + self._driver_problems())
         return self
+
+    def _driver_problems(self) -> list[tuple[Loc, str]]:
+        """NVIDIA's driver container (ours or the GPU Operator's) installs the driver under
+        ``/run/nvidia/driver``, where every agent must then load NVML from (``cluster.driverRoot``); a
+        pre-installed driver is at ``/``. One root serves the whole stack."""
+        problems: list[tuple[Loc, str]] = []
+        deployed = [i for i, g in enumerate(self.node_groups)
+                    if g.gpu.driver.source is not driverspec.DriverSource.PREINSTALLED]
+        if not deployed:
+            return problems
+        first = self.node_groups[deployed[0]]
+        if self.cluster.driver_root != driverspec.CONTAINER_DRIVER_ROOT:
+            problems.append((("cluster", "driverRoot"), (
+                f"{self.cluster.driver_root!r}, but node group {first.name!r} has its driver installed by a driver "
+                f"container (gpu.driver.source {first.gpu.driver.source.value}), which puts it under "
+                f"{driverspec.CONTAINER_DRIVER_ROOT}: set driverRoot: {driverspec.CONTAINER_DRIVER_ROOT}")))
+        for i in range(len(self.node_groups)):
+            if i not in deployed:
+                problems.append((("nodeGroups", i, "gpu", "driver", "source"), (
+                    f"preinstalled, while node group {first.name!r} has a driver container: the agents read "
+                    f"every node's driver under the one cluster.driverRoot, so a stack's groups are all "
+                    "pre-installed or all containerised (split them into two stacks)")))
+        return problems
 
     def _dra_problems(self) -> list[tuple[Loc, str]]:
         problems: list[tuple[Loc, str]] = []

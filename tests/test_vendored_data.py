@@ -15,6 +15,8 @@ VENDORED = {
     REPO / "nvgpu" / "data" / "dcgm-exporter-dashboard.json": "nvidia-dcgm-exporter-dashboard.json",
     **{REPO / "nvidia_gpu" / "preview" / "crds" / f"{p}.monitoring.coreos.com.yaml": f"prometheus-operator-crd-{p}.yaml"
        for p in ("servicemonitors", "podmonitors", "prometheusrules")},
+    REPO / "nvidia_gpu" / "preview" / "crds" / "nvidiadrivers.nvidia.com.yaml":
+        "nvidia-gpu-operator-nvidiadriver-crd.yaml",
 }
 
 

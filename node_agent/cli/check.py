@@ -9,13 +9,34 @@ from node_agent.cli import exitcodes
 from node_agent.cli.context import AgentContext
 from node_agent.host import HostError
 from node_agent.setup import check
+from nvgpu.driver import DriverExpectation, DriverVersion, KernelModules, parse_version
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.facts import Verdict
 
 
+def add_expect_arguments(p: argparse.ArgumentParser) -> None:
+    """The driver the node group declares (``check``, ``setup``, ``setup-monitor``): a mismatch is a finding."""
+    p.add_argument("--expect-driver", type=_version, default=None, metavar="VERSION",
+                   help="the declared driver: a release (550.90.07) or a branch (550)")
+    p.add_argument("--expect-kernel-modules", default=None, help="the declared kernel modules",
+                   choices=[m.value for m in (KernelModules.OPEN, KernelModules.PROPRIETARY)])
+
+
+def _version(text: str) -> DriverVersion:
+    try:
+        return parse_version(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def expectation(args: argparse.Namespace) -> DriverExpectation:
+    modules = args.expect_kernel_modules
+    return DriverExpectation(args.expect_driver, KernelModules(modules) if modules else KernelModules.AUTO)
+
+
 def run(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
-    report = check.run_check(ctx.host, ctx.nvml, args.phase)
+    report = check.run_check(ctx.host, ctx.nvml, args.phase, expectation(args))
     if not args.no_record:
         try:
             check.record_verdict(ctx.host, report)
@@ -33,4 +54,5 @@ def register(subparsers: Any) -> None:
                    help="'host' skips the container-runtime check (setup runs it after configuring the runtime)")
     p.add_argument("--no-record", action="store_true",
                    help=f"do not write the verdict to {facts.CHECK_VERDICT_FILE}")
+    add_expect_arguments(p)
     p.set_defaults(run=run)

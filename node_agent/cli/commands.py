@@ -34,6 +34,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("mig", "node_agent.cli.mig", "plan, apply or assert a MIG layout (no Kubernetes)"),
     Command("dra-driver", "node_agent.cli.dra", "run the DRA kubelet plugin (ResourceSlices, claims)"),
     Command("eviction-guard", "node_agent.cli.eviction_guard", "serve the webhook keeping MIG evictions on-node"),
+    Command("driver-upgrade", "node_agent.cli.driver_upgrade", "roll driver changes through the nodes one at a time"),
     Command("device-plugin", "node_agent.cli.device_plugin", "run the kubelet device plugin (nvidia.com/gpu)"),
     Command("exporter", "node_agent.cli.exporter", "serve GPU metrics under dcgm-exporter's names, from NVML"),
 )

@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 from node_agent.cli import exitcodes
+from node_agent.cli.check import add_expect_arguments, expectation
 from node_agent.cli.context import AgentContext
 from node_agent.cli.runtime import add_envvar_flag
 from node_agent.setup import check, flow
@@ -44,7 +45,7 @@ def _report(ctx: AgentContext, result: FlowResult) -> int:
 def run_setup(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
     return _report(ctx, flow.setup(ctx, dra=args.dra, restart=not args.no_restart, patch_node=not args.no_patch_node,
-                                   accept_envvar=args.accept_envvar_when_unprivileged))
+                                   accept_envvar=args.accept_envvar_when_unprivileged, expect=expectation(args)))
 
 
 def run_teardown(args: argparse.Namespace) -> int:
@@ -61,7 +62,8 @@ def run_monitor(args: argparse.Namespace) -> int:
     from node_agent.status.server import RegistryRenderer, StatusServer
 
     ctx = AgentContext.from_args(args)
-    monitor = CheckMonitor(lambda: check.run_check(ctx.host, ctx.nvml, "all"))
+    expect = expectation(args)
+    monitor = CheckMonitor(lambda: check.run_check(ctx.host, ctx.nvml, "all", expect))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -90,6 +92,7 @@ def register(subparsers: Any) -> None:
         if name == "setup":
             p.add_argument("--dra", action="store_true", help="DRA mode: also prepare VFIO")
             add_envvar_flag(p)
+            add_expect_arguments(p)
         p.add_argument("--no-restart", action="store_true", help="do not restart containerd / CRI-O")
         p.add_argument("--no-patch-node", action="store_true", help="do not touch the Node's labels")
         p.set_defaults(run=handler)
@@ -100,4 +103,5 @@ def register(subparsers: Any) -> None:
     m.add_argument("--metrics-address", default="0.0.0.0", help="status endpoint address (default: %(default)s)")
     m.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                    help="/metrics and /readyz (default: %(default)s; 0 disables the endpoint)")
+    add_expect_arguments(m)
     m.set_defaults(run=run_monitor)

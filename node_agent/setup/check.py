@@ -27,6 +27,7 @@ from node_agent.host import (
 )
 from node_agent.nvml import NvmlError, NvmlSession
 from nvgpu import catalogue
+from nvgpu.driver import NO_EXPECTATION, DriverExpectation
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.facts import Reason, Verdict
 
@@ -91,7 +92,9 @@ class _Run:
         self.findings.append(Finding(reason, message))
 
 
-def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all") -> CheckReport:
+def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
+              expect: DriverExpectation = NO_EXPECTATION) -> CheckReport:
+    """The node's verdict; ``expect``: the driver its node group declares (a mismatch is a finding)."""
     try:
         if not nvidia_gpus(host):
             return CheckReport(Verdict.NO_GPU)
@@ -105,6 +108,11 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all") -> Ch
         r.fail(Reason.DRIVER_MISSING if e.missing else Reason.DRIVER_UNPARSEABLE, str(e))
     except HostError as e:
         r.fail(Reason.PROC_UNREADABLE, str(e))
+    if driver is not None and not expect.empty:
+        # The first line, as gpu-check.sh reads it (read_driver_version just read the file).
+        first = (host.read_text_or_none(facts.DRIVER_VERSION_FILE) or "").split("\n", 1)[0]
+        for message in expect.mismatches(driver, first):
+            r.fail(Reason.DRIVER_MISMATCH, message)
 
     try:
         modules = loaded_modules(host)

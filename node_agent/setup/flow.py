@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from node_agent.host import HostError, Refused
+from node_agent.host import HostError, HostRoot, Refused, osinfo
 from node_agent.labeller.labels import withdraw as withdraw_labels
 from node_agent.labeller.nodepatch import NodeEnv
 from node_agent.setup.check import record_verdict, run_check
@@ -21,6 +21,7 @@ from node_agent.setup.runtime import apply_runtime, rollback_runtime, runtime_st
 from node_agent.setup.sysctl import apply_sysctl, rollback_sysctl
 from node_agent.setup.vfio import prepare as vfio_prepare
 from nvgpu import labels
+from nvgpu.driver import NO_EXPECTATION, DriverExpectation
 from nvgpu.nodescripts.facts import Verdict
 
 
@@ -63,10 +64,11 @@ class FlowResult:
         return self
 
 
-def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, accept_envvar: bool) -> FlowResult:
+def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, accept_envvar: bool,
+                 expect: DriverExpectation) -> FlowResult:
     host = ctx.host
     result = FlowResult("setup")
-    report = run_check(host, ctx.nvml, phase="host")
+    report = run_check(host, ctx.nvml, phase="host", expect=expect)
     try:
         record_verdict(host, report)
     except HostError as e:
@@ -106,20 +108,35 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, accept_envvar: bool) ->
     return result
 
 
-def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool, accept_envvar: bool = False) -> FlowResult:
-    result = _setup_steps(ctx, dra, restart, accept_envvar)
+def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool, accept_envvar: bool = False,
+          expect: DriverExpectation = NO_EXPECTATION) -> FlowResult:
+    """Check (against the group's declared driver, ``expect``), runtime, sysctl (and VFIO), then open the gate."""
+    result = _setup_steps(ctx, dra, restart, accept_envvar, expect)
     wanted: dict[str, str | None] = {labels.GPU_SETUP_COMPLETE: "" if result.complete else None}
+    # Published whatever the check found: a driver container is chosen by them and must run first.
+    wanted |= _driver_placement_labels(ctx.host)
     if dra or not result.complete:
         wanted[labels.GPU_VFIO_READY] = "true" if (dra and result.complete) else None
     _patch(ctx, result, wanted, patch_node)
     return result
 
 
+def _driver_placement_labels(host: HostRoot) -> dict[str, str | None]:
+    """The OS and kernel labels (NFD's names), and ``nvidia.com/gpu.deploy.driver=pre-installed`` where the
+    host has its own driver, so no driver container is scheduled there (never removed here: NVIDIA's
+    operator may own the label on nodes without one)."""
+    out = dict(osinfo.os_labels(host))
+    if osinfo.host_driver_installed(host):
+        out[labels.GPU_DEPLOY_DRIVER] = labels.DRIVER_PREINSTALLED
+    return out
+
+
 def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool) -> FlowResult:
     """The node leaves the group: close the gate first (the labeller, gated on it, stops writing), then take
     off the labeller's labels and taints and the feature file, then roll back the runtime and the sysctl."""
     result = FlowResult("teardown")
-    _patch(ctx, result, {labels.GPU_SETUP_COMPLETE: None, labels.GPU_VFIO_READY: None}, patch_node)
+    _patch(ctx, result, {labels.GPU_SETUP_COMPLETE: None, labels.GPU_VFIO_READY: None,
+                         **dict.fromkeys(labels.OS_LABELS)}, patch_node)
     if result.failure is not None:
         return result
     if patch_node:

@@ -19,6 +19,11 @@ CHECK_VERDICT_FILE = f"{STATE_DIR}/check.verdict"
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 NVIDIA_GPUS_PROC_DIR = "/proc/driver/nvidia/gpus"
 PROC_MODULES = "/proc/modules"
+OS_RELEASE_FILES = ("/etc/os-release", "/usr/lib/os-release")  #: os-release(5): the first that exists
+KERNEL_RELEASE_FILE = "/proc/sys/kernel/osrelease"  #: what `uname -r` prints
+#: A driver installed on the host itself (not by a driver container, which keeps its files under
+#: /run/nvidia/driver): its nvidia-smi is on the host's own path.
+HOST_DRIVER_MARKERS = ("/usr/bin/nvidia-smi",)
 PCI_DEVICES_DIR = "/sys/bus/pci/devices"
 IOMMU_GROUPS_DIR = "/sys/kernel/iommu_groups"
 NVIDIACTL = "/dev/nvidiactl"
@@ -97,6 +102,8 @@ class Reason(StrEnum):
     DRIVER_MISSING = "driver-missing"
     DRIVER_UNPARSEABLE = "driver-unparseable"
     DRIVER_TOO_OLD = "driver-too-old"
+    #: The loaded driver is not the one the node group declares (version or branch, kernel modules).
+    DRIVER_MISMATCH = "driver-mismatch"
     MODULE_MISSING = "module-missing"
     DEVICE_NODE_MISSING = "device-node-missing"
     NVML_FAILED = "nvml-failed"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from nvgpu import catalogue, labels
+from nvgpu.driver import NO_EXPECTATION, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts, templates
 from nvgpu.nodescripts.content import (
     HEADER,
@@ -87,6 +88,14 @@ def _common(root_prefix: str) -> dict[str, str]:
         "MODEL_PCI_CASES": _model_pci_cases(),
         "DRIVER_FILE": facts.DRIVER_VERSION_FILE,
         "PROC_MODULES": facts.PROC_MODULES,
+        "OS_RELEASE_FILES": " ".join(facts.OS_RELEASE_FILES),
+        "KERNEL_RELEASE_FILE": facts.KERNEL_RELEASE_FILE,
+        "OS_ID_LABEL": labels.OS_RELEASE_ID,
+        "OS_VERSION_LABEL": labels.OS_RELEASE_VERSION_ID,
+        "KERNEL_LABEL": labels.KERNEL_VERSION_FULL,
+        "HOST_DRIVER_MARKERS": " ".join(facts.HOST_DRIVER_MARKERS),
+        "DEPLOY_DRIVER_LABEL": labels.GPU_DEPLOY_DRIVER,
+        "DRIVER_PREINSTALLED": labels.DRIVER_PREINSTALLED,
         "REQUIRED_MODULES": " ".join(facts.REQUIRED_MODULES),
         "VFIO_MODULES": " ".join(facts.VFIO_MODULES),
         "IOMMU_DIR": facts.IOMMU_GROUPS_DIR,
@@ -137,13 +146,15 @@ def render_node_scripts(
     check_phase: Literal["host", "all"] = "host",
     strict_check: bool = False,
     accept_envvar: bool = False,
+    expect: DriverExpectation = NO_EXPECTATION,
 ) -> list[NodeScript]:
     """Render the node-setup scripts, in weight order. ``accept_envvar``: the group's device plugin uses the
-    ``envvar`` strategy, so the toolkit must honour unprivileged containers' NVIDIA_VISIBLE_DEVICES."""
+    ``envvar`` strategy, so the toolkit must honour unprivileged containers' NVIDIA_VISIBLE_DEVICES.
+    ``expect``: the driver the group declares, which the check compares with the loaded one."""
     t = templates
     body = {
-        "gpu-check.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME_DETECT
-        + t.RUNTIME_READY + t.CHECK,
+        "gpu-check.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.NODE_LABEL + t.HAS_GPU + t.CONTAINERD_VERSION
+        + t.RUNTIME_DETECT + t.RUNTIME_READY + t.CHECK,
         "gpu-runtime.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME_DETECT
         + t.TOOLKIT + t.RUNTIME,
         "gpu-sysctl.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.NODE_LABEL + t.HAS_GPU + t.CONTAINERD_VERSION
@@ -154,6 +165,8 @@ def render_node_scripts(
     values = _common(root_prefix)
     values["PHASE"] = check_phase
     values["STRICT"] = "true" if strict_check else "false"
+    values["EXPECT_DRIVER"] = expect.version.text if expect.version else ""
+    values["EXPECT_MODULES"] = "" if expect.modules is KernelModules.AUTO else expect.modules.value
     values["TOOLKIT_BLOCK"] = " ".join(shlex.quote(line) for line in toolkit_block(accept_envvar))
     scripts = []
     for name, tmpl in body.items():

@@ -186,6 +186,9 @@ PHASE="${NVIDIA_GPU_CHECK_PHASE:-@@PHASE@@}"
 STRICT="${NVIDIA_GPU_CHECK_STRICT:-@@STRICT@@}"
 GLOBAL_MIN_DRIVER="@@GLOBAL_MIN_DRIVER@@"
 MIN_COMPUTE=@@MIN_COMPUTE@@
+# The node group's declared driver (a release or a branch) and kernel modules (open or proprietary).
+EXPECT_DRIVER="${NVIDIA_GPU_EXPECT_DRIVER-@@EXPECT_DRIVER@@}"
+EXPECT_MODULES="${NVIDIA_GPU_EXPECT_MODULES-@@EXPECT_MODULES@@}"
 reasons=()
 
 fail() {
@@ -232,6 +235,36 @@ if ! has_nvidia_gpu; then
   finish no-gpu
 fi
 
+# The OS and kernel as Node Feature Discovery labels them, and whether the host has its own driver: a
+# driver container is chosen by them and has to run before this check can pass (the agent's setup
+# publishes the same, node_agent.host.osinfo).
+label_value_ok() { [[ "$1" =~ ^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$ ]]; }
+os_value() {
+  local f
+  for f in @@OS_RELEASE_FILES@@; do
+    if [[ -r "${ROOT}${f}" ]]; then
+      sed -nE "s/^$1=(\"?)([^\"]*)\1[[:space:]]*$/\2/p" "${ROOT}${f}" | head -n1
+      return 0
+    fi
+  done
+}
+os_id="$(os_value ID)"
+os_version_id="$(os_value VERSION_ID)"
+kernel_release="$(cat "${ROOT}@@KERNEL_RELEASE_FILE@@" 2>/dev/null || true)"
+for pair in "@@OS_ID_LABEL@@=${os_id}" "@@OS_VERSION_LABEL@@=${os_version_id}" "@@KERNEL_LABEL@@=${kernel_release}"; do
+  value="${pair#*=}"
+  if [[ -n "$value" ]] && label_value_ok "$value"; then
+    node_label "${pair%%=*}" "$value"
+  fi
+done
+host_driver_markers=(@@HOST_DRIVER_MARKERS@@)
+for marker in "${host_driver_markers[@]}"; do
+  if [[ -e "${ROOT}${marker}" ]]; then
+    node_label @@DEPLOY_DRIVER_LABEL@@ @@DRIVER_PREINSTALLED@@
+    break
+  fi
+done
+
 version_file="${ROOT}@@DRIVER_FILE@@"
 if [[ ! -e "$version_file" ]]; then
   fail driver-missing "${version_file#"$ROOT"} is missing: the NVIDIA kernel driver is not loaded"
@@ -242,6 +275,25 @@ else
     | sed -nE 's/.*Kernel Module( for [^[:space:]]+)?[[:space:]]+([0-9]+\.[0-9]+(\.[0-9]+)?)[[:space:]].*/\2/p')"
   if [[ -z "$driver" ]]; then
     fail driver-unparseable "cannot find a driver version in '${first_line}'"
+  fi
+fi
+
+if [[ -n "$driver" && -n "$EXPECT_DRIVER" ]]; then
+  if [[ "$EXPECT_DRIVER" == *.* ]]; then
+    if (($(version_to_int "$driver") != $(version_to_int "$EXPECT_DRIVER"))); then
+      fail driver-mismatch "driver ${driver} is loaded; the node group declares ${EXPECT_DRIVER}"
+    fi
+  elif [[ "${driver%%.*}" != "$EXPECT_DRIVER" ]]; then
+    fail driver-mismatch "driver ${driver} is loaded; the node group declares the ${EXPECT_DRIVER} branch"
+  fi
+fi
+if [[ -n "$driver" && -n "$EXPECT_MODULES" ]]; then
+  loaded_modules=proprietary
+  if grep -qi 'Open Kernel Module' <<<"$first_line"; then
+    loaded_modules=open
+  fi
+  if [[ "$loaded_modules" != "$EXPECT_MODULES" ]]; then
+    fail driver-mismatch "the ${loaded_modules} kernel modules are loaded; the node group declares ${EXPECT_MODULES}"
   fi
 fi
 

@@ -15,11 +15,12 @@ from typing import Any
 import pulumi
 from pydantic import ValidationError
 
+from nvgpu.driver import DriverSource
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import NodeScript, render_node_scripts
 from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend
 from nvidia_gpu.components import inputs
-from nvidia_gpu.components.manifests import deckhouse, dra, workloads
+from nvidia_gpu.components.manifests import deckhouse, dra, driver, workloads
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvidia_gpu.components.platform import GpuPlatform, PlatformRefs, validation_problems
@@ -39,7 +40,8 @@ def node_scripts(cluster: Cluster, group: NodeGroup, mode: AllocationMode) -> tu
     if cluster.node_setup is not NodeSetupBackend.DECKHOUSE:
         return ()
     passthrough = mode is AllocationMode.DRA and group.passthrough
-    scripts = render_node_scripts(vfio=passthrough, accept_envvar=group.toolkit_accepts_envvar(mode))
+    scripts = render_node_scripts(vfio=passthrough, accept_envvar=group.toolkit_accepts_envvar(mode),
+                                  expect=group.gpu.driver_expectation)
     return (*scripts, dra.iommu_script()) if passthrough else tuple(scripts)
 
 
@@ -143,6 +145,20 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 register(f"{name}-setup", workloads.setup_daemonset(ctx), runs_as(AgentRole.NODE_SETUP))
             )
 
+        # NVIDIA's GPU Operator installs this group's driver: its NVIDIADriver object (nvidia_gpu.components.
+        # manifests.driver). The driver comes before setup's check can pass; nothing here waits on it.
+        self.driver: pulumi.CustomResource | None = None
+        if group.gpu.driver.source is DriverSource.GPU_OPERATOR:
+            self.driver = register(f"{name}-nvidia-driver", driver.nvidia_driver(refs.namespace, cluster, group),
+                                   pulumi.ResourceOptions(parent=self))
+        # Or the driver containers themselves, one DaemonSet per OS release (and kernel when precompiled).
+        self.driver_daemonsets: list[pulumi.CustomResource] = []
+        if group.gpu.driver.source is DriverSource.CONTAINER:
+            for manifest in driver.driver_daemonsets(refs.namespace, cluster, group):
+                suffix = manifest["metadata"]["name"].removeprefix(f"{driver.COMPONENT}-{group.name}-")
+                self.driver_daemonsets.append(register(f"{name}-driver-{suffix}", manifest, pulumi.ResourceOptions(
+                    parent=self, depends_on=refs.needs_namespace())))
+
         self.sharing: SharingPolicy | None = None
         self.device_plugin: pulumi.CustomResource | None = None
         if args.mode is AllocationMode.DEVICE_PLUGIN:
@@ -176,6 +192,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 "allocationMode": args.mode.value,
                 "deviceConfigMap": self.sharing.config_map_name if self.sharing else None,
                 "nodeSetup": "NodeGroupConfiguration" if deckhouse_backend else "DaemonSet",
+                "driverSource": group.gpu.driver.source.value,
                 # Awaited by the engine, so a refused node template fails the preview.
                 "nodeTemplateChecked": self.node_template_checked,
             }

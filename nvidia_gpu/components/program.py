@@ -14,6 +14,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from nvgpu.driver import DriverSource
 from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import (
     CONFIG_NAMESPACE,
@@ -23,6 +24,7 @@ from nvgpu.stackconfig import (
     namespace_values,
 )
 from nvidia_gpu.components.dra_stack import DraStack, DraStackArgs
+from nvidia_gpu.components.driver_upgrade import DriverUpgrade, DriverUpgradeArgs
 from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
 from nvidia_gpu.components.monitoring import GpuMonitoring, GpuMonitoringArgs
 from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
@@ -38,6 +40,7 @@ class Stack:
     dra: DraStack | None = None
     mig: MigProfile | None = None
     monitoring: GpuMonitoring | None = None
+    driver_upgrade: DriverUpgrade | None = None
 
 
 def decode_config_value(raw: Any) -> Any:
@@ -94,11 +97,18 @@ def build_stack(config: StackConfig) -> Stack:
                                                                depends_on=platform.refs.dependencies), with_provider)
     monitoring = GpuMonitoring(f"{cluster.namespace}-monitoring",
                                GpuMonitoringArgs(platform=platform.refs, groups=config.node_groups), with_provider)
+    # Stack-wide: one controller rolls driver changes through every group whose driver containers it runs.
+    upgrade = None
+    if any(g.gpu.driver.source is DriverSource.CONTAINER for g in config.node_groups):
+        upgrade = DriverUpgrade(f"{cluster.namespace}-driver-upgrade",
+                                DriverUpgradeArgs(cluster=cluster, groups=config.node_groups,
+                                                  depends_on=platform.refs.dependencies), with_provider)
     pulumi.export("namespace", platform.namespace)
     pulumi.export("nodeGroups", sorted(groups))
     # Labels and taints per group (the labeller applies them off Deckhouse; provisioning can set them earlier).
     pulumi.export("nodeTemplates", {n: {"labels": g.node_labels, "taints": g.node_taints} for n, g in groups.items()})
-    return Stack(provider=provider, platform=platform, node_groups=groups, dra=dra, mig=mig, monitoring=monitoring)
+    return Stack(provider=provider, platform=platform, node_groups=groups, dra=dra, mig=mig, monitoring=monitoring,
+                 driver_upgrade=upgrade)
 
 
 __all__ = ["CONFIG_NAMESPACE", "Stack", "build_stack", "runtime_config_values"]

@@ -25,6 +25,7 @@ from pulumi_policy import (
 )
 
 from nvgpu import catalogue, labels, migparted
+from nvgpu import driver as driverspec
 from nvgpu.catalogue import GpuModel
 from nvgpu.stackconfig import DRA_GA_MINOR, MPS_MAX_CLIENTS, DraSettings
 from nvidia_gpu.policies import stack_facts
@@ -54,8 +55,9 @@ DRA_GROUP = "resource.k8s.io"
 #: First Kubernetes minor serving each DRA API version (v1 on by default; the betas need gates).
 DRA_API_SINCE = {"resource.k8s.io/v1": DRA_GA_MINOR, "resource.k8s.io/v1beta2": 33, "resource.k8s.io/v1beta1": 32}
 DRA_FEATURE_GATE = "DynamicResourceAllocation"
-#: Roles that perform node setup themselves, so they cannot wait for the setup-complete label.
-DEFAULT_SETUP_ROLES = ("gpu-setup",)
+#: DaemonSets that run before node setup's gate opens: node setup itself, and NVIDIA's driver container
+#: (``gpu.driver.source: container``), whose driver the setup check waits for.
+DEFAULT_SETUP_ROLES = ("gpu-setup", "nvidia-driver")
 _DRIVER_TEST = re.compile(r"device\.driver\s*==\s*[\"']([^\"']+)[\"']|[\"']([^\"']+)[\"']\s*==\s*device\.driver")
 
 
@@ -475,9 +477,9 @@ def driver_problem(model_key: str, driver: str, mig: bool, where: str) -> str | 
     minimum = model.effective_min_driver
     if mig and model.mig is not None:
         minimum = max(minimum, model.mig.min_driver, key=catalogue.parse_driver_version)
-    try:
-        ok = catalogue.driver_at_least(driver, minimum)
-    except catalogue.DriverVersionError as e:
+    try:  # a release, or a branch (gpu.driver.version), compared by its number
+        ok = driverspec.parse_version(driver).at_least(minimum)
+    except (ValueError, catalogue.DriverVersionError) as e:
         return f"{where}: {e}"
     if ok:
         return None
@@ -488,9 +490,11 @@ def driver_minimum_problems(resources: Sequence[Resource], values: Mapping[str, 
     out = []
     for g in stack_facts.node_groups(values):
         gpu = as_map(g.get("gpu"))
-        model, driver = as_str(gpu.get("model")), as_str(gpu.get("driverVersion"))
+        declared = as_str(as_map(gpu.get("driver")).get("version"))
+        key = "driver.version" if declared else "driverVersion"
+        model, driver = as_str(gpu.get("model")), declared or as_str(gpu.get("driverVersion"))
         if model and driver:
-            where = f"nvidia-gpu:nodeGroups[{as_str(g.get('name')) or '?'}].gpu.driverVersion"
+            where = f"nvidia-gpu:nodeGroups[{as_str(g.get('name')) or '?'}].gpu.{key}"
             problem = driver_problem(model, driver, as_str(gpu.get("sharing")) == "MIG", where)
             if problem:
                 out.append(Violation(problem))

@@ -43,13 +43,17 @@ from nvidia_gpu.policies.manifests import (
 #: (GPU device nodes for sharing changes, kubelet's plugin directories with Bidirectional propagation) and
 #: the MIG manager (``/dev/nvidia-caps`` for MIG changes, the host's nvidia-smi reset and its journal).
 #: NVIDIA's dcgm-exporter (``cluster.monitoring.exporter: dcgm``) needs SYS_ADMIN for DCGM's profiling fields.
-DEFAULT_PRIVILEGED_ROLES = ("device-plugin", "gpu-setup", "dra-kubelet-plugin", "mig-manager", "dcgm-exporter")
+#: NVIDIA's driver container (``gpu.driver.source: container``) loads the kernel modules.
+DEFAULT_PRIVILEGED_ROLES = ("device-plugin", "gpu-setup", "dra-kubelet-plugin", "mig-manager", "dcgm-exporter",
+                            "nvidia-driver")
 #: Agent roles that may mount host paths: the five above plus the labeller (NFD's features.d) and the agent's
 #: metrics exporter (kubelet's PodResources socket, the driver root, the GPUs' device list).
 DEFAULT_HOST_PATH_ROLES = ("device-plugin", "gpu-labeller", "gpu-setup", "dra-kubelet-plugin", "mig-manager",
-                           "gpu-exporter", "dcgm-exporter")
-#: No agent role needs the host's PID, network or IPC namespace by default.
-DEFAULT_HOST_NAMESPACE_ROLES: tuple[str, ...] = ()
+                           "gpu-exporter", "dcgm-exporter", "nvidia-driver")
+#: Only NVIDIA's driver container shares a host namespace (its PID namespace: unloading the modules looks
+#: for the host's processes holding the GPUs); no agent needs the host's network or IPC.
+DEFAULT_HOST_NAMESPACE_ROLES: dict[str, tuple[str, ...]] = {"hostPID": ("nvidia-driver",), "hostNetwork": (),
+                                                            "hostIPC": ()}
 HOST_NAMESPACES = ("hostPID", "hostNetwork", "hostIPC")
 DEFAULT_REQUIRED = ("cpu", "memory")
 PSA_PREFIX = "pod-security.kubernetes.io/"
@@ -252,7 +256,7 @@ def _validate_host_path(args: ResourceValidationArgs, report: ReportViolation) -
 
 def _validate_host_namespaces(args: ResourceValidationArgs, report: ReportViolation) -> None:
     config = args.get_config()
-    allowed = {field: _strings(config.get(field), DEFAULT_HOST_NAMESPACE_ROLES) for field in HOST_NAMESPACES}
+    allowed = {field: _strings(config.get(field), DEFAULT_HOST_NAMESPACE_ROLES[field]) for field in HOST_NAMESPACES}
     _run(args, report, host_namespace_problems, allowed)
 
 
@@ -330,7 +334,8 @@ POLICIES: list[ResourceValidationPolicy] = [
         config_schema=PolicyConfigSchema({
             "privilegedRoles": _roles_schema(DEFAULT_PRIVILEGED_ROLES, "privileged containers or SYS_ADMIN"),
             "hostPathRoles": _roles_schema(DEFAULT_HOST_PATH_ROLES, "hostPath volumes"),
-            **{field: _roles_schema(DEFAULT_HOST_NAMESPACE_ROLES, f"{field}: true") for field in HOST_NAMESPACES},
+            **{field: _roles_schema(DEFAULT_HOST_NAMESPACE_ROLES[field], f"{field}: true")
+               for field in HOST_NAMESPACES},
         }),
     ),
     ResourceValidationPolicy(

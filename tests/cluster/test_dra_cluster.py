@@ -57,6 +57,7 @@ from node_agent.nvml.session import NvmlBackend
 from nvgpu import catalogue
 from tests.cluster.agents import REPO, AgentIdentity, agent_command, container_env, identity, run_agent
 from tests.cluster.stack import AppliedStack
+from tests.kit import metrics
 from tests.kit.dra_builders import RecordingSharing
 from tests.kit.fakehost import GPU_CLASS, NVIDIA_VENDOR, build_fake_host, pci_device, sim_state_file
 from tests.kit.kubelet.dra import DraKubelet
@@ -141,6 +142,7 @@ def _start_plugin(kube: Kube, stack: AppliedStack, node: str, work: Path, *, roo
         root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
         _fake_host(root, MACHINES[node], vfio=node == H200)
     args, env = _daemonset_command(stack, node)
+    args = metrics.with_port(args, metrics.free_port())  # each plugin pod has 9402 to itself; here they share
     log = work / f"{node}.log"
     # The DaemonSet mounts the host's directories at their own paths; here they live under --host-root.
     # --kubeconfig stands for the pod's mounted ServiceAccount token (the same token, bound to the pod).

@@ -40,3 +40,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def with_port(args: list[str], port: int) -> list[str]:
+    """A rendered agent command line with ``--metrics-port`` set to ``port`` (agents that share a test
+    machine cannot all serve on the port each has in its own pod; 0 turns the endpoint off)."""
+    assert "--metrics-port" in args, args
+    i = args.index("--metrics-port")
+    return [*args[: i + 1], str(port), *args[i + 2:]]

@@ -162,3 +162,57 @@ def test_teardown_after_script_setup_restores_etc(scenario: str, tmp_path: Path,
     assert code == 0
     assert host.snapshot("/etc") == before
     assert host.path("/proc/sys/net/core/bpf_jit_harden").read_text() == "2\n"
+
+
+_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.90.07  Tue Jun  4 22:38:28 UTC 2024\n"
+
+
+@pytest.mark.parametrize("case", [
+    ("550.90.07", "", False, False),
+    ("550", "open", False, False),
+    ("550.90.12", "", False, True),
+    ("535", "", False, True),
+    ("", "proprietary", False, True),
+    ("550", "proprietary", True, False),
+    ("", "open", True, True),
+], ids=["release", "branch-open", "other-release", "other-branch", "open-loaded-proprietary-declared",
+        "proprietary", "proprietary-loaded-open-declared"])
+def test_the_declared_driver_is_verified_alike(case: tuple[str, str, bool, bool], tmp_path: Path,
+                                               run_script: RunScript, capsys: pytest.CaptureFixture[str]) -> None:
+    """The group's driver (gpu.driver.version, kernelModules) against the loaded one (a DGX H100 on 550.90.07,
+    open modules unless ``proprietary``): gpu-check.sh and the agent's check find the same mismatch."""
+    expect_driver, expect_modules, proprietary, mismatch = case
+    host = build_fake_host(tmp_path, "dgx-h100", **({"driver_text": _PROPRIETARY} if proprietary else {}))
+    env = {"NVIDIA_GPU_CHECK_PHASE": "host", "NVIDIA_GPU_EXPECT_DRIVER": expect_driver,
+           "NVIDIA_GPU_EXPECT_MODULES": expect_modules}
+    script = summary(run_script(host, "gpu-check.sh", **env).stdout, "nvidia-gpu-check")
+    args = [*(["--expect-driver", expect_driver] if expect_driver else []),
+            *(["--expect-kernel-modules", expect_modules] if expect_modules else [])]
+    code, doc = _agent_json(host, capsys, "check", "--phase", "host", *args)
+    assert (doc["verdict"], ",".join(doc["reasons"])) == (script["verdict"], script["reasons"]), doc
+    assert (doc["reasons"] == ["driver-mismatch"]) is mismatch, doc
+    assert code == (1 if mismatch else 0)
+    if mismatch:
+        (finding,) = doc["findings"]
+        assert "the node group declares" in finding["message"]
+
+
+@pytest.mark.parametrize("case", [(("rhel", "9.4"), "5.14.0-427.13.1.el9_4.x86_64", False),
+                                  (("ubuntu", "24.04"), "6.8.0-45-generic", True)], ids=["rhel-no-driver", "ubuntu"])
+def test_the_os_labels_are_published_alike(case: tuple[tuple[str, str], str, bool], tmp_path: Path,
+                                           run_script: RunScript) -> None:
+    """gpu-check.sh labels the node with the OS, the kernel and a host driver as the agent's setup does
+    (node_agent.host.osinfo), before any verdict: a node waiting for its driver container gets them too."""
+    from node_agent.host import HostRoot, osinfo
+    from nvgpu import labels
+
+    os_release, kernel, has_driver = case
+    host = build_fake_host(tmp_path, "dgx-h100", os_release=os_release, kernel=kernel, nvidia_smi=has_driver,
+                           driver_loaded=has_driver)
+    run_script(host, "gpu-check.sh", NVIDIA_GPU_CHECK_PHASE="host")
+    by_script = dict(call.rsplit(" ", 1)[-1].split("=", 1) for call in host.log("kubectl") if "=" in call)
+    agent = {k: v for k, v in osinfo.os_labels(HostRoot(host.root)).items() if v is not None}
+    if osinfo.host_driver_installed(HostRoot(host.root)):
+        agent[labels.GPU_DEPLOY_DRIVER] = labels.DRIVER_PREINSTALLED
+    assert by_script == agent
+    assert by_script[labels.OS_RELEASE_ID] == os_release[0] and (labels.GPU_DEPLOY_DRIVER in agent) is has_driver

@@ -260,6 +260,8 @@ def lay_out(
     toolkit_config: bool = True,
     nvidia_smi: bool = True,
     bpf_jit_harden: str = "2",
+    os_release: tuple[str, str] | None = ("ubuntu", "22.04"),
+    kernel: str = "5.15.0-105-generic",
 ) -> SimulatedMachine | None:
     """Lay out a simulated node for ``machine`` under ``root`` (None: a node with no GPU) and answer the
     machine's handle. Idempotent: an existing tree is brought back to this layout, its simulated state kept.
@@ -269,6 +271,11 @@ def lay_out(
     bin_dir = root / "usr/bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     modules = tuple(modules)
+    # The OS and kernel node setup publishes (NFD's labels): os-release(5) and `uname -r`.
+    if os_release is not None:
+        os_id, version_id = os_release
+        _write(root, "/etc/os-release", f'NAME="{os_id.capitalize()}"\nID={os_id}\nVERSION_ID="{version_id}"\n')
+    _write(root, "/proc/sys/kernel/osrelease", kernel + "\n")
     sim: SimulatedMachine | None = None
 
     # Ordinary PCI devices every server has, so GPU detection has something to skip.

@@ -270,7 +270,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
             {"name": "agent-state", "mountPath": AGENT_STATE_DIR},
             {"name": "mps", "mountPath": MPS_DIR},
             {"name": "dev", "mountPath": "/dev"},
-            driver_root_mount(),
+            driver_root_mount(cluster),
             cdi_hook_mount(),
             {"name": "tmp", "mountPath": "/tmp"},
         ],

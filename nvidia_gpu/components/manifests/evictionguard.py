@@ -21,33 +21,22 @@ What the stack registers, in this order (each waits for the one before):
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
-from typing import Any
 
 from nvgpu import evictionguard as contract
-from nvgpu import labels
 from nvgpu.stackconfig import Cluster, NodeGroup
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.confinement import MIG_MANAGER_SA, MIN_MINOR
 from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name, selector_labels
-from nvidia_gpu.components.manifests.workloads import AGENT, SKIP_AWAIT
+from nvidia_gpu.components.manifests.offgpu import controller_deployment
+from nvidia_gpu.components.manifests.workloads import AGENT
 
 ADMISSION_API = "admissionregistration.k8s.io/v1"
 RBAC_API = "rbac.authorization.k8s.io/v1"
 COMPONENT = contract.COMPONENT
-#: One process, one CA (``node_agent.admission.certificates``); replaced with ``Recreate``, never two at once.
-REPLICAS = 1
 #: A webhook call is one GET of the pod; five seconds is long for it and short for a drain's retry.
 TIMEOUT_S = 5
 RESOURCES = {"requests": {"cpu": "10m", "memory": "48Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}
-#: Unprivileged, as Pod Security ``restricted`` asks (the image's default user).
-POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
-                "seccompProfile": {"type": "RuntimeDefault"}}
-CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                      "capabilities": {"drop": ["ALL"]}}
-
-
 def wanted(cluster: Cluster, drain: str) -> bool:
     """Whether the stack emits the guard: the manager evicts (``cordon``) and tokens name their node."""
     return drain == "cordon" and cluster.kubernetes_minor >= MIN_MINOR
@@ -113,65 +102,8 @@ def service(namespace: str) -> Manifest:
     }
 
 
-#: Beyond this many selector terms the negation is left to the GPU taint (a stack of many groups chosen by
-#: many labels; every term is ANDed with the setup gate either way).
-MAX_AFFINITY_TERMS = 32
-_NEGATED = {"In": "NotIn", "NotIn": "In", "Exists": "DoesNotExist", "DoesNotExist": "Exists"}
-
-
-def _negations(group: NodeGroup) -> list[dict[str, Any]]:
-    """Requirements each of which alone keeps a node out of ``group`` (the group's selector ANDs its
-    requirements, so a node that fails any one is not the group's). ``NotIn`` also matches a node without
-    the key, and ``In`` needs it: each is the exact complement of the other."""
-    out: list[dict[str, Any]] = [{"key": k, "operator": "NotIn", "values": [v]} for k, v in sorted(
-        group.match_labels.items())]
-    for r in group.match_expressions:
-        req: dict[str, Any] = {"key": r.key, "operator": _NEGATED[r.operator]}
-        if r.operator in ("In", "NotIn"):
-            req["values"] = sorted(r.values)
-        out.append(req)
-    return out
-
-
-def _term(choice: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One selector term: the setup gate and one negation per group (NotIns of one key merged)."""
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
-    for req in choice:
-        key = (req["key"], req["operator"])
-        if key in merged and req["operator"] == "NotIn":
-            merged[key] = {**req, "values": sorted({*merged[key]["values"], *req["values"]})}
-        elif key not in merged or req["operator"] != "In":
-            merged.setdefault(key, req)
-        else:  # two Ins of one key: a node must carry a value in both lists
-            merged[key] = {**req, "values": sorted(set(merged[key]["values"]) & set(req["values"]))}
-    return [{"key": labels.GPU_SETUP_COMPLETE, "operator": "DoesNotExist"},
-            *(merged[k] for k in sorted(merged))]
-
-
-def off_gpu_nodes(groups: Sequence[NodeGroup]) -> dict[str, Any]:
-    """Required node affinity away from GPU nodes: not set up for GPUs, and in none of the stack's groups.
-
-    "In no group" is the AND over groups of "fails one of its requirements"; node affinity ORs its terms,
-    so that is written out as one term per way of choosing a failed requirement in each group (a stack of
-    groups chosen by one label each is one term). Where that would exceed :data:`MAX_AFFINITY_TERMS`, the
-    groups' GPU taint keeps the guard off them (it tolerates none), and only the gate is required."""
-    choices = [_negations(g) for g in groups if g.match_labels or g.match_expressions]
-    count = 1
-    for c in choices:
-        count *= len(c)
-    if count > MAX_AFFINITY_TERMS:
-        choices = []
-    terms: list[list[dict[str, Any]]] = []
-    for choice in itertools.product(*choices):
-        term = _term(choice)
-        if term not in terms and not any(r["operator"] == "In" and not r["values"] for r in term):
-            terms.append(term)
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": t} for t in terms]}}}
-
-
 def deployment(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> Manifest:
-    meta = _meta(namespace, cluster)
+    """The guard's Deployment: until it serves, the manager's evictions are refused (fail closed) and retried."""
     probe = {"scheme": "HTTPS", "port": "https"}
     container = {
         "name": COMPONENT,
@@ -184,31 +116,7 @@ def deployment(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) ->
         "readinessProbe": {"httpGet": {"path": "/readyz", **probe}, "periodSeconds": 5, "failureThreshold": 2},
         "livenessProbe": {"httpGet": {"path": "/healthz", **probe}, "periodSeconds": 20, "failureThreshold": 3},
         "resources": RESOURCES,
-        "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        # Not awaited: the one replica needs a node that is not a GPU node, which a new cluster may not have
-        # yet; until it serves, the manager's evictions are refused (fail closed) and retried.
-        "metadata": {"name": COMPONENT, "namespace": namespace, "labels": meta, "annotations": dict(SKIP_AWAIT)},
-        "spec": {
-            "replicas": REPLICAS,
-            "selector": {"matchLabels": selector_labels(COMPONENT, namespace)},
-            "strategy": {"type": "Recreate"},
-            "template": {
-                "metadata": {"labels": meta},
-                "spec": {
-                    "serviceAccountName": COMPONENT,
-                    "automountServiceAccountToken": True,
-                    # Not node-critical like the agents: any node but a GPU node can run it.
-                    "priorityClassName": "system-cluster-critical",
-                    "securityContext": POD_SECURITY,
-                    "nodeSelector": {"kubernetes.io/os": "linux"},
-                    "affinity": off_gpu_nodes(groups),
-                    "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}],
-                },
-            },
-        },
-    }
+    return controller_deployment(COMPONENT, namespace, _meta(namespace, cluster), groups, container,
+                                 volumes=[{"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}])

@@ -186,7 +186,7 @@ def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> 
         ]}}},
         "volumeMounts": [
             {"name": "host-root", "mountPath": HOST_ROOT},
-            driver_root_mount(),
+            driver_root_mount(cluster),
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],

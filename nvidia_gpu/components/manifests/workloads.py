@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvgpu import devicelist, hostpaths, labels
+from nvgpu import driver as driverspec
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import facts
 from nvgpu.stackconfig import AllocationMode, Cluster, Monitoring, NodeGroup, NodeSetupBackend, ScrapeMode, Sharing
@@ -242,13 +243,25 @@ def cdi_hook_mount() -> dict[str, Any]:
     return _mount(CDI_HOOK_VOLUME, CDI_HOOK_DIR, read_only=True)
 
 
+def _containerised(cluster: Cluster) -> bool:
+    return cluster.driver_root == driverspec.CONTAINER_DRIVER_ROOT
+
+
 def driver_root_volume(cluster: Cluster) -> dict[str, Any]:
-    """The node's driver root as a hostPath volume (mounted by ``driver_root_mount``)."""
-    return _host_path(DRIVER_ROOT_VOLUME, cluster.driver_root, "Directory")
+    """The node's driver root as a hostPath volume (mounted by ``driver_root_mount``). A driver container's
+    root does not exist before the container first runs, and node setup (which publishes the labels that
+    place the driver container) must start before it: created empty then, the container mounts over it."""
+    return _host_path(DRIVER_ROOT_VOLUME, cluster.driver_root, "DirectoryOrCreate" if _containerised(cluster)
+                      else "Directory")
 
 
-def driver_root_mount() -> dict[str, Any]:
-    return _mount(DRIVER_ROOT_VOLUME, CONTAINER_DRIVER_ROOT, read_only=True)
+def driver_root_mount(cluster: Cluster) -> dict[str, Any]:
+    """Read-only at ``/driver-root``; for a driver container's root, following the host's mounts
+    (``HostToContainer``), so a driver replaced by an upgrade is the one the running agents see."""
+    mount = _mount(DRIVER_ROOT_VOLUME, CONTAINER_DRIVER_ROOT, read_only=True)
+    if _containerised(cluster):
+        mount["mountPropagation"] = "HostToContainer"
+    return mount
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 
 
@@ -317,7 +330,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _mount("agent-state", AGENT_STATE_DIR),
         config_mount(),
         # NVML and the driver's binaries (--driver-root); CDI specs list the driver's files found here.
-        driver_root_mount(),
+        driver_root_mount(ctx.cluster),
         cdi_hook_mount(),
         _TMP_MOUNT,
     ]
@@ -426,7 +439,7 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
     # setup themselves, and the labeller needs the NVIDIA runtime that setup configures. Nodes that must
     # never take other pods before then get the GPU taint at provisioning too (stack output nodeTemplates);
     # the labeller then leaves that taint alone, as it is not the one that set it.
-    mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(), _TMP_MOUNT,
+    mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(ctx.cluster), _TMP_MOUNT,
               _mount(ALL_GPUS_VOLUME, f"{devicelist.VOLUME_MOUNT_ROOT}/all", read_only=True)]
     volumes = [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"),
                driver_root_volume(ctx.cluster), dict(_TMP_VOLUME),
@@ -466,17 +479,18 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     # Privileged: the agent writes /proc/sys, loads kernel modules and restarts containerd through the
     # host's systemd (reached via the host root mount and chroot, so hostPID is not needed).
     # Passthrough groups (DRA, vfio.gpu.nvidia.com) also get VFIO prepared: modules and the IOMMU check.
-    setup = [*base, "setup", *(["--dra"] if ctx.group.passthrough else [])]
+    expect = ctx.group.gpu.driver_expectation.args()  # check compares the loaded driver with the group's
+    setup = [*base, "setup", *(["--dra"] if ctx.group.passthrough else []), *expect]
     if ctx.group.toolkit_accepts_envvar(ctx.allocation_mode):  # the group chose the envvar device list
         setup.append("--accept-envvar-when-unprivileged")
     init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
     # The main container checks the node again every few minutes and serves the findings
     # (node_agent.setup.monitor: read-only, nothing recorded); SIGTERM ends it, then preStop tears down.
-    monitor = [*base, "setup-monitor", "--metrics-port", str(NODE_SETUP_METRICS_PORT)]
+    monitor = [*base, "setup-monitor", "--metrics-port", str(NODE_SETUP_METRICS_PORT), *expect]
     hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, monitor, _PRIVILEGED)
     hold["ports"] = metrics_port(NODE_SETUP_METRICS_PORT)
     hold["lifecycle"] = {"preStop": {"exec": {"command": [*AGENT, *base, "teardown"]}}}
-    mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(), _TMP_MOUNT]
+    mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(ctx.cluster), _TMP_MOUNT]
     init["volumeMounts"] = list(mounts)
     hold["volumeMounts"] = list(mounts)
     pod_spec = {

@@ -78,3 +78,35 @@ def test_kube_error_is_exit_4(tmp_path: Path, cli: Cli) -> None:
                           '"contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}')
     code, doc = cli(host.root, "simulated:l4x2", "teardown", node="gpu-node-1", kubeconfig=kubeconfig)
     assert code == 4 and doc["steps"][-1]["name"] == "node-labels"
+
+
+def test_setup_publishes_the_os_and_kernel_even_when_the_node_is_not_ready(tmp_path: Path, cli: Cli,
+                                                                          api_server: ApiServer) -> None:
+    """A node waiting for its driver container: setup's check fails (no driver yet), yet the OS and kernel
+    labels that choose the driver container's image are published, and no pre-installed driver is claimed;
+    teardown takes them off again."""
+    from nvgpu import labels
+
+    host = build_fake_host(tmp_path, "dgx-h100", deckhouse=False, driver_loaded=False, nvidia_smi=False,
+                           os_release=("rhel", "9.4"), kernel="5.14.0-427.13.1.el9_4.x86_64")
+    kube = {"node": "gpu-node-1", "kubeconfig": api_server.kubeconfig}
+    code, doc = cli(host.root, "simulated:dgx-h100", "setup", **kube)
+    assert code != 0 and not doc["complete"], doc
+    got = api_server.labels("gpu-node-1")
+    assert {k: got.get(k) for k in labels.OS_LABELS} == {
+        labels.OS_RELEASE_ID: "rhel", labels.OS_RELEASE_VERSION_ID: "9.4",
+        labels.KERNEL_VERSION_FULL: "5.14.0-427.13.1.el9_4.x86_64"}
+    assert labels.GPU_DEPLOY_DRIVER not in got and SETUP not in got
+    cli(host.root, "simulated:dgx-h100", "teardown", **kube)
+    assert not set(labels.OS_LABELS) & set(api_server.labels("gpu-node-1"))
+
+
+def test_a_host_with_its_own_driver_is_marked_pre_installed(tmp_path: Path, cli: Cli, api_server: ApiServer) -> None:
+    from nvgpu import labels
+
+    host = build_fake_host(tmp_path, "dgx-h100", containerd=2, deckhouse=False)
+    code, _ = cli(host.root, "simulated:dgx-h100", "setup", node="gpu-node-1", kubeconfig=api_server.kubeconfig)
+    assert code == 0
+    got = api_server.labels("gpu-node-1")
+    assert got[labels.GPU_DEPLOY_DRIVER] == labels.DRIVER_PREINSTALLED
+    assert (got[labels.OS_RELEASE_ID], got[labels.OS_RELEASE_VERSION_ID]) == ("ubuntu", "22.04")

@@ -161,7 +161,7 @@ def test_a_driver_container_root_reaches_the_mount_and_the_plugins_cdi_root() ->
     cluster = cfg.cluster.model_copy(update={"driver_root": "/run/nvidia/driver"})
     container, volumes = _plugin_container(workloads.device_plugin_daemonset(
         GroupContext(cluster.namespace, cluster, cfg.node_groups[0])))
-    assert volumes["driver-root"]["hostPath"] == {"path": "/run/nvidia/driver", "type": "Directory"}
+    assert volumes["driver-root"]["hostPath"] == {"path": "/run/nvidia/driver", "type": "DirectoryOrCreate"}
     args = _parse(container["args"])
     assert (args.driver_root, args.nvidia_driver_root) == ("/driver-root", "/run/nvidia/driver")
 
@@ -189,3 +189,27 @@ def test_every_agents_metrics_port_is_the_one_its_pod_names_and_its_monitor_scra
         args = _parse(container["args"])
         assert args.metrics_port == default == container["ports"][0]["containerPort"] == scraped[component], component
         assert container["ports"][0]["name"] == "metrics"
+
+
+def test_the_declared_driver_reaches_both_node_setup_backends() -> None:
+    """A group's gpu.driver (version, kernelModules) is what setup's check and the monitor compare with on the
+    daemonset backend (parsed by the agent's own parser) and what gpu-check.sh compares with on Deckhouse."""
+    from nvgpu.driver import KernelModules
+    from nvgpu.stackconfig import AllocationMode, load_stack_config
+    from nvidia_gpu.components.node_group import node_scripts
+
+    values = {"cluster": {"kubernetesVersion": "1.34", "nodeSetup": "daemonset",
+                          "agentImage": {"repository": "registry.example.com/agent", "tag": "1.0.0"}},
+              "nodeGroups": [{"name": "h100", "nodeSelector": {"matchLabels": {"pool": "h100"}},
+                              "gpu": {"model": "H100-80GB", "driver": {"version": "550", "kernelModules": "open"}}}]}
+    cfg = load_stack_config(values)
+    ds = workloads.setup_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0]))
+    pod = ds["spec"]["template"]["spec"]
+    for container in (pod["initContainers"][0], pod["containers"][0]):
+        args = _parse(container["args"])
+        assert (args.expect_driver.text, args.expect_kernel_modules) == ("550", "open"), container["name"]
+    deckhouse = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DECKHOUSE})
+    (check,) = [s for s in node_scripts(deckhouse, cfg.node_groups[0], AllocationMode.DEVICE_PLUGIN)
+                if s.name == "gpu-check.sh"]
+    assert 'EXPECT_DRIVER="${NVIDIA_GPU_EXPECT_DRIVER-550}"' in check.content
+    assert f'EXPECT_MODULES="${{NVIDIA_GPU_EXPECT_MODULES-{KernelModules.OPEN.value}}}"' in check.content

@@ -12,7 +12,7 @@ from typing import Any
 from nvgpu import evictionguard as contract
 from nvgpu import labels
 from nvgpu.stackconfig import NodeGroup
-from nvidia_gpu.components.manifests import evictionguard
+from nvidia_gpu.components.manifests import evictionguard, offgpu
 from nvidia_gpu.components.manifests.mig import drain_mode
 from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
 from nvidia_gpu.policies.k8s_security import rbac_secret_problems, rbac_wildcard_problems
@@ -117,9 +117,9 @@ def test_the_guard_may_land_exactly_on_nodes_of_no_group_however_the_groups_sele
     """Groups chosen by several labels and by expressions: every node of a small universe of label values
     is admitted by the guard's affinity exactly when it is in no group and not set up for GPUs."""
     cfg = stack_config(SELECTED_GROUPS, node_setup="daemonset")
-    terms = evictionguard.off_gpu_nodes(cfg.node_groups)["nodeAffinity"][
+    terms = offgpu.off_gpu_nodes(cfg.node_groups)["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert 1 < len(terms) <= evictionguard.MAX_AFFINITY_TERMS
+    assert 1 < len(terms) <= offgpu.MAX_AFFINITY_TERMS
     domains: dict[str, list[str | None]] = {
         "node.kubernetes.io/instance-type": [None, "p5.48xlarge", "g6.12xlarge", "m5.large"],
         "topology.kubernetes.io/zone": [None, "eu-west-1a", "eu-west-1c"],
@@ -141,7 +141,7 @@ def test_too_many_ways_to_leave_the_groups_fall_back_to_the_gpu_taint() -> None:
                                                                "example.com/rack": f"r{i}"}},
              "gpu": {"sharing": "Exclusive"}} for i in range(6)]  # 2**6 = 64 terms
     cfg = stack_config(many, node_setup="daemonset")
-    terms = evictionguard.off_gpu_nodes(cfg.node_groups)["nodeAffinity"][
+    terms = offgpu.off_gpu_nodes(cfg.node_groups)["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": labels.GPU_SETUP_COMPLETE, "operator": "DoesNotExist"}]}]
 

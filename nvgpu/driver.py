@@ -1,0 +1,210 @@
+"""What a node group declares about its NVIDIA driver, and the rules that decide whether it can work.
+
+One place for the driver's semantics, used by the stack config (refusing what cannot work, with the field
+named), the components (the driver DaemonSets and NVIDIA's ``NVIDIADriver`` objects) and the agent's
+``check`` (the loaded driver against the declaration):
+
+* a **version** is a full release (``550.90.07``, also two-part ``550.67``) or a **branch** (``550``); a
+  precompiled driver is chosen by branch and kernel, a compiled one by its full release, a pre-installed one
+  by either (a branch matches any release on it);
+* **kernel modules** are NVIDIA's open GPU kernel modules or the proprietary ones; ``/proc/driver/nvidia/
+  version`` says which are loaded ("Open Kernel Module" in the NVRM line);
+* the **type** is a bare-metal driver (``gpu``), a vGPU guest driver (``vgpu``), or the vGPU host manager
+  (``vgpu-host-manager``), which turns the node's GPUs into vGPUs for VMs.
+
+The facts behind the rules are NVIDIA's: the open modules exist from the 515 branch on and support Turing
+and later; precompiled driver images are built for the data-center ``gpu`` type only; the driver image tag
+is ``<version>-<os>`` (``<branch>-<kernel>-<os>`` when precompiled).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from nvgpu import catalogue
+
+#: The first branch NVIDIA ships the open GPU kernel modules on.
+OPEN_MODULES_MIN_BRANCH = 515
+#: The open modules support Turing and later GPUs.
+OPEN_MODULES_MIN_COMPUTE = (7, 5)
+#: NVIDIA's driver images (``<repository>/<image>:<tag>``) and the OS releases they are built for.
+DEFAULT_REPOSITORY = "nvcr.io/nvidia"
+DEFAULT_IMAGE = "driver"
+#: The driver container's component name: its pods' ``app.kubernetes.io/name``, which the upgrade controller
+#: selects by, and the role the policy pack allows privileged, hostPID and host paths.
+CONTAINER_COMPONENT = "nvidia-driver"
+#: Where NVIDIA's driver container (and the GPU Operator's) installs the driver on the host.
+CONTAINER_DRIVER_ROOT = "/run/nvidia/driver"
+
+_BRANCH = re.compile(r"^[1-9][0-9]{2,3}$")
+#: ``ID`` + ``VERSION_ID`` of /etc/os-release as the driver images are tagged (Ubuntu's is always YY.MM).
+_OS_RELEASE = re.compile(r"^(ubuntu[0-9]{2}\.[0-9]{2}|(rhel|rhcos|centos|rocky|sles|debian)[0-9]+(\.[0-9]+)?)$")
+
+
+class DriverSource(StrEnum):
+    """Who installs the driver on the group's nodes."""
+
+    #: Already on the node (the image, bashible, a configuration manager); the agent verifies it.
+    PREINSTALLED = "preinstalled"
+    #: This stack deploys NVIDIA's driver container, one DaemonSet per OS release (per kernel if precompiled).
+    CONTAINER = "container"
+    #: NVIDIA's GPU Operator runs in the cluster; this stack emits its ``NVIDIADriver`` objects.
+    GPU_OPERATOR = "gpuOperator"
+
+
+class DriverType(StrEnum):
+    GPU = "gpu"
+    VGPU = "vgpu"
+    VGPU_HOST_MANAGER = "vgpu-host-manager"
+
+
+class KernelModules(StrEnum):
+    #: NVIDIA's choice for the GPU and driver (the open modules on recent branches and GPUs).
+    AUTO = "auto"
+    OPEN = "open"
+    PROPRIETARY = "proprietary"
+
+
+@dataclass(frozen=True)
+class DriverVersion:
+    """A full release or a branch, as written in the config."""
+
+    text: str
+
+    @property
+    def is_branch(self) -> bool:
+        return bool(_BRANCH.match(self.text))
+
+    @property
+    def branch(self) -> int:
+        return int(self.text.split(".", 1)[0])
+
+    def matches(self, loaded: str) -> bool:
+        """Whether the loaded driver ``loaded`` (a full release) is this one: the same release, or on this
+        branch."""
+        if self.is_branch:
+            return loaded.split(".", 1)[0] == self.text
+        return catalogue.parse_driver_version(loaded) == catalogue.parse_driver_version(self.text)
+
+    def at_least(self, minimum: str) -> bool:
+        """Whether every driver this names is at least ``minimum``; a branch is compared by its number
+        (a release on it may still be older, which ``check`` reports on the node)."""
+        if self.is_branch:
+            return self.branch >= catalogue.parse_driver_version(minimum)[0]
+        return catalogue.driver_at_least(self.text, minimum)
+
+
+def parse_version(text: str) -> DriverVersion:
+    """A branch (``550``) or a full release (``550.90.07``); anything else raises ``ValueError``."""
+    if _BRANCH.match(text):
+        return DriverVersion(text)
+    try:
+        catalogue.parse_driver_version(text)
+    except catalogue.DriverVersionError:
+        raise ValueError(f"{text!r} is neither a driver branch (like 550) nor a release (like 550.90.07)") from None
+    return DriverVersion(text)
+
+
+def check_os_release(text: str) -> str:
+    """An OS release as NVIDIA's driver image tags spell it: ``ubuntu22.04``, ``rhel9.4``, ``rhcos4.16``."""
+    if not _OS_RELEASE.match(text):
+        raise ValueError(f"{text!r} is not an OS release as NVIDIA's driver images name it: the OS ID and its "
+                         "VERSION_ID from /etc/os-release, like ubuntu22.04, ubuntu24.04, rhel9.4 or rhcos4.16")
+    return text
+
+
+def os_release(os_id: str, version_id: str) -> str:
+    """The image-tag form of ``/etc/os-release``'s ``ID`` and ``VERSION_ID`` (``ubuntu`` + ``22.04``)."""
+    return f"{os_id}{version_id}"
+
+
+def image_tag(version: DriverVersion, os: str, kernel: str | None = None) -> str:
+    """NVIDIA's driver image tag: ``550.90.07-ubuntu22.04``, or ``535-5.15.0-105-generic-ubuntu22.04``."""
+    return f"{version.text}-{kernel}-{os}" if kernel else f"{version.text}-{os}"
+
+
+def open_modules_supported(compute_capability: tuple[int, int]) -> bool:
+    return compute_capability >= OPEN_MODULES_MIN_COMPUTE
+
+
+_NVRM_OPEN = re.compile(r"Open Kernel Module", re.IGNORECASE)
+
+
+def loaded_modules(proc_version_text: str) -> KernelModules:
+    """Which kernel modules ``/proc/driver/nvidia/version`` says are loaded (its NVRM line names the open
+    ones "NVIDIA UNIX Open Kernel Module"; the proprietary ones "NVIDIA UNIX x86_64 Kernel Module")."""
+    return KernelModules.OPEN if _NVRM_OPEN.search(proc_version_text) else KernelModules.PROPRIETARY
+
+
+@dataclass(frozen=True)
+class DriverExpectation:
+    """What ``check`` compares the loaded driver with: the group's declared version and kernel modules
+    (``auto`` and no version: nothing to compare). The agent and ``gpu-check.sh`` word the mismatch alike."""
+
+    version: DriverVersion | None = None
+    modules: KernelModules = KernelModules.AUTO
+
+    @property
+    def empty(self) -> bool:
+        return self.version is None and self.modules is KernelModules.AUTO
+
+    def mismatches(self, loaded: str, proc_version_text: str) -> list[str]:
+        out = []
+        if self.version is not None and not self.version.matches(loaded):
+            declared = f"the {self.version.text} branch" if self.version.is_branch else self.version.text
+            out.append(f"driver {loaded} is loaded; the node group declares {declared}")
+        if self.modules is not KernelModules.AUTO:
+            found = loaded_modules(proc_version_text)
+            if found is not self.modules:
+                out.append(f"the {found.value} kernel modules are loaded; the node group declares {self.modules.value}")
+        return out
+
+    def args(self) -> list[str]:
+        """The agent's ``--expect-*`` options for this expectation."""
+        out = []
+        if self.version is not None:
+            out += ["--expect-driver", self.version.text]
+        if self.modules is not KernelModules.AUTO:
+            out += ["--expect-kernel-modules", self.modules.value]
+        return out
+
+
+#: Nothing declared: ``check`` compares nothing (the default of every caller).
+NO_EXPECTATION = DriverExpectation()
+
+
+#: On a driver DaemonSet: its node group's upgrade policy (``gpu.driver.upgrade``) as JSON, which the
+#: upgrade controller reads (the stack config stays its one source).
+UPGRADE_POLICY_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-policy"
+
+
+@dataclass(frozen=True)
+class UpgradePolicy:
+    max_unavailable: int = 1
+    drain: bool = True
+    drain_timeout_s: float = 1800.0
+    validation_timeout_s: float = 900.0
+
+    def to_annotation(self) -> str:
+        return json.dumps({"maxUnavailable": self.max_unavailable, "drain": self.drain,
+                           "drainTimeoutSeconds": self.drain_timeout_s,
+                           "validationTimeoutSeconds": self.validation_timeout_s}, sort_keys=True)
+
+    @classmethod
+    def from_annotation(cls, text: str | None) -> UpgradePolicy:
+        """The policy a DaemonSet carries; the defaults where it carries none or an unreadable one."""
+        try:
+            raw: Any = json.loads(text) if text else {}
+        except ValueError:
+            raw = {}
+        if not isinstance(raw, dict):
+            raw = {}
+        d = cls()
+        return cls(max_unavailable=int(raw.get("maxUnavailable", d.max_unavailable)),
+                   drain=bool(raw.get("drain", d.drain)),
+                   drain_timeout_s=float(raw.get("drainTimeoutSeconds", d.drain_timeout_s)),
+                   validation_timeout_s=float(raw.get("validationTimeoutSeconds", d.validation_timeout_s)))

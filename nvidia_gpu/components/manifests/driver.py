@@ -1,0 +1,232 @@
+"""The group's NVIDIA driver when the stack deploys it: NVIDIA's driver container (``gpu.driver.source:
+container``), or NVIDIA's GPU Operator told by an ``NVIDIADriver`` (``gpuOperator``).
+
+**container**: one DaemonSet per OS release of the group (``driver.osReleases``), and per kernel when
+precompiled (``driver.kernels``), as NVIDIA's operator runs them: NVIDIA's image for that OS
+(``<repository>/<name>:<version>-<os>``, ``<branch>-<kernel>-<os>`` when precompiled; by digest where
+``image.digests`` lists the tag), ``nvidia-driver init`` privileged with the host's PID namespace, the
+driver installed under ``/run/nvidia/driver`` (propagated to the host, where the agents read it:
+``cluster.driverRoot``), ready once ``nvidia-smi`` answers. Its pods land on the group's nodes of that OS
+(and kernel), by the labels node setup publishes before its check (``nvgpu.labels.OS_LABELS``), and never
+where node setup found a driver of the host's own (``nvidia.com/gpu.deploy.driver=pre-installed``). Node
+setup's check passes once the driver is loaded, which opens the gate for every other agent. ``OnDelete``:
+a new version replaces a node's driver pod only when the upgrade (one node at a time, drained first)
+deletes it, never as a fleet-wide restart.
+
+**gpuOperator**: one ``NVIDIADriver`` (``nvidia.com/v1alpha1``, cluster-scoped) per node group, as the operator's CRD
+defines it (vendored in ``nvidia_gpu/preview/crds``, so the preview validates it offline): the group's
+driver type, version or branch, precompiled or not, kernel module type and image, its nodes (the group's
+selector), its tolerations, and the upgrade policy (one node at a time by default, drained first). The
+operator then runs one driver DaemonSet per OS release (per kernel when precompiled) on those nodes and
+upgrades them node by node. The cluster's ``ClusterPolicy`` must set ``driver.useNvidiaDriverCRD: true``
+(and leave the device plugin, GFD and MIG manager to this stack: ``devicePlugin.enabled: false`` etc.).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from nvgpu import driver as driverspec
+from nvgpu import labels
+from nvgpu.stackconfig import Cluster, NodeGroup
+from nvidia_gpu.components.manifests import Manifest
+from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name
+from nvidia_gpu.components.manifests.scheduling import node_selector_terms, tolerations
+from nvidia_gpu.components.manifests.workloads import SKIP_AWAIT
+
+DRIVER_API = "nvidia.com/v1alpha1"
+#: The driver container's role (the policy pack allows it privileged, hostPID and host paths).
+COMPONENT = driverspec.CONTAINER_COMPONENT
+#: The driver DaemonSet's pod label naming the OS release (and kernel) it serves; its ``version`` label
+#: is the driver's, which the upgrade compares with the node's.
+OS_LABEL = "gpu.nvidia-gpu.io/driver-os"
+VERSION_LABEL = "gpu.nvidia-gpu.io/driver-version"
+#: The label selector of every driver pod (the upgrade controller lists them by it).
+DRIVER_SELECTOR_LABEL = f"app.kubernetes.io/name={COMPONENT}"
+RUN_NVIDIA = "/run/nvidia"
+VALIDATIONS = f"{RUN_NVIDIA}/validations"
+READY_MARKER = f"{VALIDATIONS}/.driver-ctr-ready"
+#: The driver container builds and loads the modules (minutes when compiling); NVIDIA's chart requests.
+RESOURCES = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+
+
+@dataclass(frozen=True)
+class DriverTarget:
+    """One driver DaemonSet: an OS release of the group, and a kernel when precompiled."""
+
+    os_release: str
+    kernel: str | None = None
+
+    @property
+    def os_id(self) -> str:
+        m = re.match(r"^([a-z]+)([0-9].*)$", self.os_release)
+        assert m, self.os_release  # driverspec.check_os_release admitted it
+        return m.group(1)
+
+    @property
+    def version_id(self) -> str:
+        return self.os_release[len(self.os_id):]
+
+
+def targets(group: NodeGroup) -> list[DriverTarget]:
+    d = group.gpu.driver
+    kernels: list[str | None] = list(d.kernels) if d.precompiled else [None]
+    return [DriverTarget(os, k) for os in d.os_releases for k in kernels]
+
+
+def daemonset_name(group: NodeGroup, target: DriverTarget) -> str:
+    """``nvidia-driver-<group>-<os>`` (``-<kernel hash>`` when precompiled), within 63 characters."""
+    name = f"{COMPONENT}-{group.name}-{target.os_release.replace('.', '-')}"
+    if target.kernel is not None:
+        name += "-" + hashlib.sha256(target.kernel.encode()).hexdigest()[:8]
+    return name if len(name) <= 63 else f"{name[:54]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def image(group: NodeGroup, target: DriverTarget) -> str:
+    d = group.gpu.driver
+    version = d.parsed_version
+    assert version is not None  # source container requires it (stack config)
+    tag = driverspec.image_tag(version, target.os_release, target.kernel)
+    ref = f"{d.image.repository}/{d.image.name}:{tag}"
+    digest = d.image.digests.get(tag)
+    return f"{ref}@{digest}" if digest else ref
+
+
+def _driver_affinity(group: NodeGroup, target: DriverTarget) -> dict[str, Any]:
+    """The group's nodes of this OS release (and kernel), unless their host has a driver of its own."""
+    terms = node_selector_terms(group, require_setup_complete=False)
+    extra = [{"key": labels.OS_RELEASE_ID, "operator": "In", "values": [target.os_id]},
+             {"key": labels.OS_RELEASE_VERSION_ID, "operator": "In", "values": [target.version_id]},
+             {"key": labels.GPU_DEPLOY_DRIVER, "operator": "NotIn", "values": [labels.DRIVER_PREINSTALLED]}]
+    if target.kernel is not None:
+        extra.append({"key": labels.KERNEL_VERSION_FULL, "operator": "In", "values": [target.kernel]})
+    for term in terms:
+        term["matchExpressions"].extend(dict(e) for e in extra)
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+
+def upgrade_policy(group: NodeGroup) -> str:
+    u = group.gpu.driver.upgrade
+    return driverspec.UpgradePolicy(max_unavailable=u.max_unavailable, drain=u.drain,
+                                    drain_timeout_s=float(u.drain_timeout_seconds),
+                                    validation_timeout_s=float(u.validation_timeout_seconds)).to_annotation()
+
+
+def _host_path(name: str, path: str, kind: str = "") -> dict[str, Any]:
+    return {"name": name, "hostPath": {"path": path, **({"type": kind} if kind else {})}}
+
+
+def driver_daemonset(namespace: str, cluster: Cluster, group: NodeGroup, target: DriverTarget) -> Manifest:
+    d = group.gpu.driver
+    name = daemonset_name(group, target)
+    os_value = target.os_release + (f"-{target.kernel}" if target.kernel else "")
+    pod_labels = {**app_labels(COMPONENT, group.name, node_group=group.name),
+                  "app.kubernetes.io/instance": name, OS_LABEL: os_value[:63].rstrip("-._")}
+    version_label = {VERSION_LABEL: d.version} if d.version else {}
+    container = {
+        "name": "nvidia-driver-ctr",
+        "image": image(group, target),
+        "imagePullPolicy": d.image.pull_policy,
+        "command": ["nvidia-driver"],
+        "args": ["init"],
+        "env": [{"name": "KERNEL_MODULE_TYPE", "value": d.kernel_modules.value},
+                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "resources": RESOURCES,
+        # Loads and unloads kernel modules and writes the driver into the host's /run/nvidia.
+        "securityContext": {"privileged": True, "seLinuxOptions": {"level": "s0"}},
+        "volumeMounts": [
+            {"name": "run-nvidia", "mountPath": RUN_NVIDIA, "mountPropagation": "Bidirectional"},
+            {"name": "var-log", "mountPath": "/var/log"},
+            {"name": "dev-log", "mountPath": "/dev/log"},
+            {"name": "host-os-release", "mountPath": "/host-etc/os-release", "readOnly": True},
+            {"name": "firmware-search-path", "mountPath": "/sys/module/firmware_class/parameters/path"},
+            {"name": "nv-firmware", "mountPath": "/lib/firmware"},
+        ],
+        # Compiling takes minutes: up to 20 for the modules to load and nvidia-smi to answer.
+        "startupProbe": {"exec": {"command": ["sh", "-c", f"nvidia-smi && touch {READY_MARKER}"]},
+                         "initialDelaySeconds": 60, "periodSeconds": 10, "timeoutSeconds": 60,
+                         "failureThreshold": 120, "successThreshold": 1},
+        "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {READY_MARKER}"]}}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        # Not awaited: OnDelete rolls only as the upgrade deletes pods, and compiling takes minutes per node.
+        # The upgrade controller reads the group's policy here (the stack config stays its one source).
+        "metadata": {"name": name, "namespace": namespace, "labels": {**pod_labels, **version_label},
+                     "annotations": {**SKIP_AWAIT, driverspec.UPGRADE_POLICY_ANNOTATION: upgrade_policy(group)}},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": COMPONENT, "app.kubernetes.io/instance": name}},
+            "updateStrategy": {"type": "OnDelete"},
+            "template": {
+                "metadata": {"labels": {**pod_labels, **version_label}},
+                "spec": {
+                    "hostPID": True,
+                    "automountServiceAccountToken": False,
+                    "priorityClassName": cluster.priority_class_name,
+                    "terminationGracePeriodSeconds": 120,
+                    "affinity": _driver_affinity(group, target),
+                    "tolerations": tolerations(group),
+                    "containers": [container],
+                    "volumes": [
+                        _host_path("run-nvidia", RUN_NVIDIA, "DirectoryOrCreate"),
+                        _host_path("var-log", "/var/log"),
+                        _host_path("dev-log", "/dev/log"),
+                        _host_path("host-os-release", "/etc/os-release"),
+                        _host_path("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
+                        _host_path("nv-firmware", f"{RUN_NVIDIA}/driver/lib/firmware", "DirectoryOrCreate"),
+                    ],
+                },
+            },
+        },
+    }
+
+
+def driver_daemonsets(namespace: str, cluster: Cluster, group: NodeGroup) -> list[Manifest]:
+    return [driver_daemonset(namespace, cluster, group, t) for t in targets(group)]
+
+
+def _placement(group: NodeGroup) -> dict[str, Any]:
+    """``nodeSelector`` when the group is chosen by labels alone, else the same terms as ``nodeAffinity``."""
+    if not group.match_expressions:
+        return {"nodeSelector": dict(group.match_labels)}
+    terms = node_selector_terms(group, require_setup_complete=False)
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+
+def nvidia_driver(namespace: str, cluster: Cluster, group: NodeGroup) -> Manifest:
+    d = group.gpu.driver
+    upgrade = d.upgrade
+    spec: dict[str, Any] = {
+        "default": False,
+        "driverType": d.driver_type.value,
+        "version": d.version,
+        "usePrecompiled": d.precompiled,
+        "kernelModuleType": d.kernel_modules.value,
+        "repository": d.image.repository,
+        "image": d.image.name,
+        "imagePullPolicy": d.image.pull_policy,
+        **_placement(group),
+        "tolerations": tolerations(group),
+        "priorityClassName": cluster.priority_class_name,
+        "upgradePolicy": {
+            "autoUpgrade": True,
+            "maxParallelUpgrades": upgrade.max_unavailable,
+            "maxUnavailable": upgrade.max_unavailable,
+            # Pods holding GPUs go first in any case; drain moves the rest of the node's pods too.
+            "podDeletion": {"force": False, "deleteEmptyDir": False, "timeoutSeconds": upgrade.drain_timeout_seconds},
+            "drain": {"enable": upgrade.drain, "force": False, "deleteEmptyDir": False,
+                      "timeoutSeconds": upgrade.drain_timeout_seconds},
+            "waitForCompletion": {"timeoutSeconds": 0},
+        },
+    }
+    return {
+        "apiVersion": DRIVER_API,
+        "kind": "NVIDIADriver",
+        "metadata": {"name": cluster_object_name(namespace, f"driver-{group.name}"),
+                     "labels": app_labels(COMPONENT, namespace, node_group=group.name)},
+        "spec": spec,
+    }

@@ -1,0 +1,270 @@
+"""The drivers the stack deploys, against the real control plane.
+
+* ``gpu.driver.source: gpuOperator``: with NVIDIA's NVIDIADriver CRD installed (the vendored one; the
+  session's control plane installs every vendored CRD) the stack's objects are accepted, nothing of them
+  is pruned, and the CRD's own rules hold them (``usePrecompiled`` is immutable).
+* ``container``: the driver DaemonSets, one per OS release and kernel, place their pods (kwok's) on the
+  group's nodes of that OS and kernel as node setup labels them, and never on a node whose host has a
+  driver of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster import Kube
+from localcluster.client import ApiError
+from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
+from nvgpu import labels
+from nvgpu.stackconfig import load_stack_config
+from nvidia_gpu.components.manifests import driver
+
+CLUSTER = {"kubernetesVersion": "1.34", "driverRoot": "/run/nvidia/driver",
+           "agentImage": {"repository": "registry.example.com/agent", "tag": "1.0.0"}}
+
+
+def test_the_nvidia_driver_objects_are_accepted_as_rendered(kube: Kube) -> None:
+    cfg = load_stack_config({"cluster": CLUSTER, "nodeGroups": [
+        {"name": "h100", "nodeSelector": {"matchLabels": {"pool": "h100"}},
+         "gpu": {"model": "H100-80GB", "driver": {"source": "gpuOperator", "version": "550", "precompiled": True,
+                                                  "kernelModules": "open"}}},
+        {"name": "a100", "nodeSelector": {"matchLabels": {"pool": "a100"},
+                                          "matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+         "gpu": {"model": "A100-80GB", "driver": {"source": "gpuOperator", "version": "535.161.08"}}},
+    ]})
+    names = []
+    try:
+        for group in cfg.node_groups:
+            obj = driver.nvidia_driver("drv-test", cfg.cluster, group)
+            kube.create(obj)
+            names.append(obj["metadata"]["name"])
+            stored = kube.get(obj["apiVersion"], "NVIDIADriver", obj["metadata"]["name"])
+            # Everything the stack set is kept (a field the CRD does not know would have been pruned).
+            assert {k: stored["spec"][k] for k in obj["spec"]} == obj["spec"], group.name
+        with pytest.raises(ApiError) as caught:
+            kube.patch("nvidia.com/v1alpha1", "NVIDIADriver", "drv-test-driver-h100",
+                       {"spec": {"usePrecompiled": False}})
+        assert "usePrecompiled is an immutable field" in str(caught.value)
+    finally:
+        for name in names:
+            kube.delete("nvidia.com/v1alpha1", "NVIDIADriver", name)
+
+
+NS = "drv-containers"
+
+
+def _node(kube: Kube, name: str, os_id: str, version_id: str, kernel: str, **extra: str) -> None:
+    create_kwok_node(kube, name, {"pool": "drv", labels.OS_RELEASE_ID: os_id, labels.OS_RELEASE_VERSION_ID: version_id,
+                                  labels.KERNEL_VERSION_FULL: kernel, **extra},
+                     [{"key": labels.GPU_TAINT_KEY, "value": labels.GPU_TAINT_VALUE, "effect": "NoSchedule"}])
+
+
+def _placed(kube: Kube) -> dict[str, str]:
+    """Node -> the driver image its pod runs, once every pod is scheduled."""
+    pods = kube.list("v1", "Pod", NS)
+    if not pods or any(not p["spec"].get("nodeName") for p in pods):
+        return {}
+    return {p["spec"]["nodeName"]: p["spec"]["containers"][0]["image"] for p in pods}
+
+
+def test_driver_containers_land_by_os_release_and_kernel_and_skip_preinstalled_hosts(kube: Kube) -> None:
+    cfg = load_stack_config({"cluster": CLUSTER, "nodeGroups": [
+        {"name": "drv", "nodeSelector": {"matchLabels": {"pool": "drv"}},
+         "gpu": {"model": "H100-80GB", "driver": {
+             "source": "container", "version": "535", "precompiled": True, "osReleases": ["ubuntu22.04", "rhel9.4"],
+             "kernels": ["5.15.0-105-generic", "5.14.0-427.13.1.el9_4.x86_64"]}}}]})
+    group = cfg.node_groups[0]
+    nodes: dict[str, Any] = {
+        "drv-jammy": ("ubuntu", "22.04", "5.15.0-105-generic", {}),
+        "drv-rhel": ("rhel", "9.4", "5.14.0-427.13.1.el9_4.x86_64", {}),
+        "drv-own-driver": ("ubuntu", "22.04", "5.15.0-105-generic",
+                           {labels.GPU_DEPLOY_DRIVER: labels.DRIVER_PREINSTALLED}),
+        "drv-other-kernel": ("ubuntu", "22.04", "5.15.0-119-generic", {}),
+        "drv-noble": ("ubuntu", "24.04", "6.8.0-45-generic", {}),
+    }
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    try:
+        for name, (os_id, version_id, kernel, extra) in nodes.items():
+            _node(kube, name, os_id, version_id, kernel, **extra)
+        sets = driver.driver_daemonsets(NS, cfg.cluster, group)
+        for ds in sets:
+            kube.create(ds)
+        # Two of the four DaemonSets have a node to run on; the others none (no such OS and kernel here).
+        placed = wait_for(lambda: (p := _placed(kube)) and len(p) == 2 and p, timeout=60,
+                          what="the driver pods scheduled")
+        assert placed == {
+            "drv-jammy": "nvcr.io/nvidia/driver:535-5.15.0-105-generic-ubuntu22.04",
+            "drv-rhel": "nvcr.io/nvidia/driver:535-5.14.0-427.13.1.el9_4.x86_64-rhel9.4"}
+        for ds in sets:
+            status = wait_for(lambda ds=ds: (s := kube.get("apps/v1", "DaemonSet", ds["metadata"]["name"], NS)
+                                             .get("status", {})) and s.get("observedGeneration") and s, timeout=30,
+                              what="the DaemonSet controller's status")
+            image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+            assert status.get("desiredNumberScheduled", 0) == (1 if image in placed.values() else 0), image
+    finally:
+        kube.delete("v1", "Namespace", NS)
+        for name in nodes:
+            kube.delete("v1", "Node", name)
+        wait_for(lambda: kube.get_or_none("v1", "Namespace", NS) is None, timeout=90, what=f"namespace {NS} gone")
+
+
+UPGRADE_NS = "drv-upgrade"
+UPGRADE_NODES = ("upg-a", "upg-b", "upg-c")
+
+
+def _upgrade_group(version: str, **upgrade: Any) -> Any:
+    cfg = load_stack_config({"cluster": {**CLUSTER, "namespace": UPGRADE_NS}, "nodeGroups": [
+        {"name": "upg", "nodeSelector": {"matchLabels": {"pool": "upg"}},
+         "gpu": {"model": "H100-80GB", "driver": {"source": "container", "version": version,
+                                                  "osReleases": ["ubuntu22.04"], "upgrade": upgrade}}}]})
+    return cfg.cluster, cfg.node_groups[0]
+
+
+def _workload(kube: Kube, name: str, node: str, *, gpu: bool) -> None:
+    """A plain pod bound to ``node`` (kwok runs it): one holding a GPU, or an ordinary one."""
+    resources = {"limits": {"nvidia.com/gpu": "1"}} if gpu else {}
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": UPGRADE_NS,
+                                                                 "labels": {"app": "work"}},
+                 "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
+                          "containers": [{"name": "c", "image": "registry.example.com/work:1",
+                                          "resources": resources}]}})
+
+
+def _driver_pods(kube: Kube) -> dict[str, dict[str, Any]]:
+    return {p["spec"]["nodeName"]: p for p in kube.list("v1", "Pod", UPGRADE_NS,
+                                                         labelSelector=driver.DRIVER_SELECTOR_LABEL)
+            if p["spec"].get("nodeName")}
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
+@pytest.fixture
+def upgrade_cluster(kube: Kube, tmp_path: Path) -> Iterator[Path]:
+    """Three kwok GPU nodes of one group with a driver DaemonSet at 550.90.07 running on each, a GPU pod and an
+    ordinary pod per node, and the controller's identity (its ServiceAccount and RBAC as the stack renders
+    them): the kubeconfig of its token."""
+    from nvidia_gpu.components.manifests import driverupgrade
+
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": UPGRADE_NS}})
+    try:
+        for name in UPGRADE_NODES:
+            create_kwok_node(kube, name, {"pool": "upg", labels.OS_RELEASE_ID: "ubuntu",
+                                          labels.OS_RELEASE_VERSION_ID: "22.04"},
+                             [{"key": labels.GPU_TAINT_KEY, "value": labels.GPU_TAINT_VALUE, "effect": "NoSchedule"}],
+                             gpus=8)
+        for obj in driverupgrade.rbac(UPGRADE_NS):
+            kube.apply(obj)
+        cluster, group = _upgrade_group("550.90.07")
+        for ds in driver.driver_daemonsets(UPGRADE_NS, cluster, group):
+            kube.apply(ds)
+        wait_for(lambda: len(p := _driver_pods(kube)) == 3 and all(_ready(x) for x in p.values()), timeout=60,
+                 what="the driver pods ready on the three nodes")
+        for name in UPGRADE_NODES:
+            _workload(kube, f"train-{name}", name, gpu=True)
+            _workload(kube, f"web-{name}", name, gpu=False)
+        token = service_account_kube(kube, UPGRADE_NS, driverupgrade.COMPONENT)
+        yield write_kubeconfig(token, tmp_path / "driver-upgrade.kubeconfig", user=driverupgrade.COMPONENT)
+    finally:
+        kube.delete("v1", "Namespace", UPGRADE_NS)
+        for name in UPGRADE_NODES:
+            kube.delete("v1", "Node", name)
+        for obj in driverupgrade.rbac(UPGRADE_NS):
+            if obj["kind"].startswith("Cluster"):
+                kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+        # The next test makes them again: the namespace must have finished terminating.
+        wait_for(lambda: kube.get_or_none("v1", "Namespace", UPGRADE_NS) is None, timeout=90,
+                 what=f"namespace {UPGRADE_NS} gone")
+        wait_for(lambda: all(kube.get_or_none("v1", "Node", n) is None for n in UPGRADE_NODES), timeout=30,
+                 what="the test's nodes gone")
+
+
+def _states(kube: Kube) -> dict[str, str | None]:
+    out = {}
+    for name in UPGRADE_NODES:
+        node = kube.get("v1", "Node", name)
+        out[name] = node["metadata"].get("labels", {}).get(labels.DRIVER_UPGRADE_STATE)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_a_version_change_walks_each_node_through_the_upgrade_one_at_a_time(kube: Kube, upgrade_cluster: Path
+                                                                             ) -> None:
+    from node_agent.driverupgrade.controller import UpgradeController
+    from node_agent.driverupgrade.machine import IN_FLIGHT, UpgradeState
+    from node_agent.kube.transport import Kube as AgentKube
+
+    old = {n: p["metadata"]["name"] for n, p in _driver_pods(kube).items()}
+    cluster, group = _upgrade_group("550.127.05")  # what `pulumi up` applies after the version change
+    for ds in driver.driver_daemonsets(UPGRADE_NS, cluster, group):
+        kube.apply(ds)
+    controller = UpgradeController(AgentKube.connect(upgrade_cluster), UPGRADE_NS)
+    seen: dict[str, list[str]] = {n: [] for n in UPGRADE_NODES}
+    out_of_service_at_once = 0
+    for _ in range(200):
+        controller.run_round()
+        states = _states(kube)
+        for n, s in states.items():
+            if s and (not seen[n] or seen[n][-1] != s):
+                seen[n].append(s)
+        in_flight = [n for n, s in states.items() if s and UpgradeState(s) in IN_FLIGHT]
+        cordoned = [n for n in UPGRADE_NODES if kube.get("v1", "Node", n)["spec"].get("unschedulable")]
+        out_of_service_at_once = max(out_of_service_at_once, len(in_flight), len(cordoned))
+        if all(s == UpgradeState.DONE.value for s in states.values()):
+            break
+        time.sleep(0.2)
+    walk = ["upgrade-required", "drain-required", "pod-restart-required", "validation-required",
+            "uncordon-required", "upgrade-done"]
+    for n in UPGRADE_NODES:
+        # Each node in order (a round may take two steps between looks: subsequence, ending done).
+        assert seen[n][-1] == "upgrade-done", (n, seen[n])
+        assert [s for s in walk if s in seen[n]] == seen[n], (n, seen[n])
+    assert out_of_service_at_once == 1, "maxUnavailable 1: one node cordoned or in flight at a time"
+    pods = _driver_pods(kube)
+    assert set(pods) == set(UPGRADE_NODES) and not set(old.values()) & {p["metadata"]["name"] for p in pods.values()}
+    image = "nvcr.io/nvidia/driver:550.127.05-ubuntu22.04"
+    assert all(p["spec"]["containers"][0]["image"] == image and _ready(p) for p in pods.values())
+    # The drain moved every workload (drain: true); the nodes are schedulable again.
+    assert kube.list("v1", "Pod", UPGRADE_NS, labelSelector="app=work") == []
+    assert not any(kube.get("v1", "Node", n)["spec"].get("unschedulable") for n in UPGRADE_NODES)
+
+
+@pytest.mark.timeout(300)
+def test_a_node_that_cannot_be_drained_fails_and_stops_the_rollout(kube: Kube, upgrade_cluster: Path) -> None:
+    """A PodDisruptionBudget keeps the first node's GPU pod: its drain times out, the node is marked
+    upgrade-failed with an Event, and no other node leaves service."""
+    from node_agent.driverupgrade.controller import UpgradeController
+    from node_agent.kube.transport import Kube as AgentKube
+
+    kube.create({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                 "metadata": {"name": "keep-work", "namespace": UPGRADE_NS},
+                 "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "work"}}}})
+    cluster, group = _upgrade_group("550.127.05", drainTimeoutSeconds=30)
+    for ds in driver.driver_daemonsets(UPGRADE_NS, cluster, group):
+        kube.apply(ds)
+    controller = UpgradeController(AgentKube.connect(upgrade_cluster), UPGRADE_NS)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        controller.run_round()
+        states = _states(kube)
+        if "upgrade-failed" in states.values():
+            break
+        time.sleep(1)
+    failed = [n for n, s in states.items() if s == "upgrade-failed"]
+    assert len(failed) == 1, states
+    (bad,) = failed
+    for _ in range(3):  # further rounds start no other node
+        controller.run_round()
+    others = {n: s for n, s in _states(kube).items() if n != bad}
+    assert set(others.values()) == {"upgrade-required"}, others
+    node = kube.get("v1", "Node", bad)
+    assert "drain did not finish" in node["metadata"]["annotations"]["gpu.nvidia-gpu.io/driver-upgrade-failure"]
+    reasons = [e["reason"] for e in kube.list("v1", "Event", "default")
+               if e["involvedObject"].get("name") == bad]
+    assert "DriverUpgradeFailed" in reasons
