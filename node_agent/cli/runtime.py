@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "apply":
             result = runtime.apply_runtime(ctx.host, restart=restart,
-                                           accept_envvar=args.accept_envvar_when_unprivileged)
+                                           accept_envvar=args.accept_envvar_when_unprivileged,
+                                           driver_root=args.toolkit_driver_root)
         else:
             result = runtime.rollback_runtime(ctx.host, restart=restart)
     except HostError as e:
@@ -47,6 +48,16 @@ def register(subparsers: Any) -> None:
 
 
 def add_envvar_flag(p: Any) -> None:
+    """The toolkit settings node setup writes: the envvar choice, and where the toolkit finds the driver."""
     p.add_argument("--accept-envvar-when-unprivileged", action="store_true",
                    help="let the toolkit honour an unprivileged container's own NVIDIA_VISIBLE_DEVICES (only for "
                         "the device plugin's envvar strategy: any pod can then take any GPU of the node)")
+    p.add_argument("--toolkit-driver-root", default="/", metavar="PATH", type=_absolute,
+                   help="where the driver is on the host, for the toolkit's nvidia-container-cli (a driver "
+                        "container's /run/nvidia/driver; default: %(default)s)")
+
+
+def _absolute(text: str) -> str:
+    if not text.startswith("/") or "\n" in text or '"' in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: an absolute path on the host")
+    return text.rstrip("/") or "/"

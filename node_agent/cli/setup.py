@@ -45,7 +45,8 @@ def _report(ctx: AgentContext, result: FlowResult) -> int:
 def run_setup(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
     return _report(ctx, flow.setup(ctx, dra=args.dra, restart=not args.no_restart, patch_node=not args.no_patch_node,
-                                   accept_envvar=args.accept_envvar_when_unprivileged, expect=expectation(args)))
+                                   accept_envvar=args.accept_envvar_when_unprivileged, expect=expectation(args),
+                                   toolkit_root=args.toolkit_driver_root))
 
 
 def run_teardown(args: argparse.Namespace) -> int:

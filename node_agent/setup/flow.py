@@ -64,8 +64,8 @@ class FlowResult:
         return self
 
 
-def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, accept_envvar: bool,
-                 expect: DriverExpectation) -> FlowResult:
+def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, *, accept_envvar: bool,
+                 expect: DriverExpectation, toolkit_root: str) -> FlowResult:
     host = ctx.host
     result = FlowResult("setup")
     report = run_check(host, ctx.nvml, phase="host", expect=expect)
@@ -80,7 +80,7 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, accept_envvar: bool,
         return result.fail("check", "; ".join(f"{f.reason.value}: {f.message}" for f in report.findings))
     result.steps.append(Step("check", True, f"{len(report.gpus)} GPU(s), driver {report.driver_version}"))
     try:
-        rt = apply_runtime(host, restart=restart, accept_envvar=accept_envvar)
+        rt = apply_runtime(host, restart=restart, accept_envvar=accept_envvar, driver_root=toolkit_root)
     except Refused as e:
         return result.fail("runtime", str(e), Failure.REFUSED)
     except HostError as e:
@@ -109,9 +109,10 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, accept_envvar: bool,
 
 
 def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool, accept_envvar: bool = False,
-          expect: DriverExpectation = NO_EXPECTATION) -> FlowResult:
-    """Check (against the group's declared driver, ``expect``), runtime, sysctl (and VFIO), then open the gate."""
-    result = _setup_steps(ctx, dra, restart, accept_envvar, expect)
+          expect: DriverExpectation = NO_EXPECTATION, toolkit_root: str = "/") -> FlowResult:
+    """Check (against the group's declared driver, ``expect``), runtime (the toolkit finding the driver under
+    ``toolkit_root``), sysctl (and VFIO), then open the gate."""
+    result = _setup_steps(ctx, dra, restart, accept_envvar=accept_envvar, expect=expect, toolkit_root=toolkit_root)
     wanted: dict[str, str | None] = {labels.GPU_SETUP_COMPLETE: "" if result.complete else None}
     # Published whatever the check found: a driver container is chosen by them and must run first.
     wanted |= _driver_placement_labels(ctx.host)

@@ -351,14 +351,16 @@ def restart_containerd(host: HostRoot, result: RuntimeResult) -> None:
     restart_service(host, "containerd", result)
 
 
-def apply_runtime(host: HostRoot, *, restart: bool = True, accept_envvar: bool = False) -> RuntimeResult:
+def apply_runtime(host: HostRoot, *, restart: bool = True, accept_envvar: bool = False,
+                  driver_root: str = "/") -> RuntimeResult:
     """Configure the container runtime and the toolkit. ``accept_envvar``: the node group's device plugin
     hands out GPUs with the ``envvar`` strategy, so the toolkit must honour unprivileged containers'
-    ``NVIDIA_VISIBLE_DEVICES`` (every pod can then name any GPU)."""
+    ``NVIDIA_VISIBLE_DEVICES`` (every pod can then name any GPU). ``driver_root``: where the driver is on
+    the host (a driver container's ``/run/nvidia/driver``), the toolkit's nvidia-container-cli root."""
     if not nvidia_gpus(host):
         return RuntimeResult(skipped="no-gpu")
     # bad input is refused before anything (even a lock) is written
-    toolkit = _toolkit_plan(host, accept_envvar)
+    toolkit = _toolkit_plan(host, accept_envvar, driver_root)
     if detect_runtime(host) == "crio":
         crio_effective_config(host)
         with host.lock("runtime"):
@@ -387,16 +389,30 @@ def _toolkit_doc(text: str, what: str) -> dict[str, Any]:
                                  TOOLKIT_CONFIG) from e
 
 
-def _toolkit_plan(host: HostRoot, accept_envvar: bool) -> _ToolkitPlan:
-    """The toolkit config's edit, checked: the file parses, and the edit changes our two keys and nothing else."""
+def _without_ours(doc: dict[str, Any], ours: set[str], driver_root: str) -> dict[str, Any]:
+    out = {k: v for k, v in doc.items() if k not in ours}
+    if driver_root != "/" and isinstance(out.get("nvidia-container-cli"), dict):
+        cli = {k: v for k, v in out["nvidia-container-cli"].items() if k != "root"}
+        out["nvidia-container-cli"] = cli
+        if not cli:
+            del out["nvidia-container-cli"]
+    return out
+
+
+def _toolkit_plan(host: HostRoot, accept_envvar: bool, driver_root: str = "/") -> _ToolkitPlan:
+    """The toolkit config's edit, checked: the file parses, and the edit changes our keys (and, for a driver
+    container, nvidia-container-cli's root) and nothing else."""
     text = host.read_text_or_none(TOOLKIT_CONFIG)
     if not _nvidia_runtime_present(host):
         return _ToolkitPlan(text, None, accept_envvar)
     before = _toolkit_doc(toolkit_config_restored(text), "") if text is not None else {}
-    edited = toolkit_config_edited(text, accept_envvar)
+    edited = toolkit_config_edited(text, accept_envvar, driver_root)
     after = _toolkit_doc(edited, " with our block added")
     ours = {facts.TOOLKIT_ENVVAR_KEY, facts.TOOLKIT_VOLUME_MOUNTS_KEY}
-    if {k: v for k, v in after.items() if k not in ours} != {k: v for k, v in before.items() if k not in ours}:
+    if after.get("nvidia-container-cli", {}).get("root", "/") != driver_root and driver_root != "/":
+        raise ToolkitConfigError(f"{TOOLKIT_CONFIG}: nvidia-container-cli's root could not be set to {driver_root} "
+                                 "(is the table written in an unusual way?); set it by hand", TOOLKIT_CONFIG)
+    if _without_ours(after, ours, driver_root) != _without_ours(before, ours, driver_root):
         raise ToolkitConfigError(f"{TOOLKIT_CONFIG}: setting {', '.join(sorted(ours))} would change other settings "
                                  "(are they set in an unusual way, such as quoted keys?); set them by hand",
                                  TOOLKIT_CONFIG)

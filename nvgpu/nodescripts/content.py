@@ -92,6 +92,10 @@ def sysctl_dropin() -> str:
 TOOLKIT_KEY_ERE = f"^[[:space:]]*({TOOLKIT_ENVVAR_KEY}|{TOOLKIT_VOLUME_MOUNTS_KEY})[[:space:]]*="
 #: The first table header: root keys (ours) must come before it.
 TOOLKIT_TABLE_ERE = r"^[[:space:]]*\["
+#: nvidia-container-cli's table, whose ``root`` is where the toolkit finds the driver (a driver container's
+#: root, ``/run/nvidia/driver``, instead of the host's ``/``), and a line of it setting ``root``.
+TOOLKIT_CLI_TABLE_ERE = r"^[[:space:]]*\[nvidia-container-cli\][[:space:]]*$"
+TOOLKIT_ROOT_ERE = r"^[[:space:]]*root[[:space:]]*="
 
 
 def _ere(pattern: str) -> re.Pattern[str]:
@@ -131,15 +135,36 @@ def toolkit_config_restored(text: str) -> str:
     return "".join(f"{line}\n" for line in out)
 
 
-def toolkit_config_edited(text: str | None, accept_envvar: bool) -> str:
+def toolkit_root_block(driver_root: str, *, with_table: bool) -> list[str]:
+    """``root`` for nvidia-container-cli in our markers: after its table's header, or with the header where
+    the file has no such table."""
+    return [TOOLKIT_BLOCK_BEGIN, *(["[nvidia-container-cli]"] if with_table else []), f'root = "{driver_root}"',
+            TOOLKIT_BLOCK_END]
+
+
+def toolkit_config_edited(text: str | None, accept_envvar: bool, driver_root: str = "/") -> str:
     """The toolkit config with our block on top, and the root-table lines that set our keys disabled (TOML
     refuses a key twice). Edited in place rather than replaced: the toolkit's package owns the file, and its
     other settings (runtimes, modes, paths) stay as the package or the admin left them. The same edit as
-    ``gpu-runtime.sh``'s awk, byte for byte, and undone exactly by :func:`toolkit_config_restored`."""
+    ``gpu-runtime.sh``'s awk, byte for byte, and undone exactly by :func:`toolkit_config_restored`.
+
+    ``driver_root`` other than ``/`` (a driver container's): nvidia-container-cli's ``root`` is set to it, in
+    our markers right after its table's header (its own ``root`` lines disabled), or in a table of ours at
+    the end where the file has none, so the runtime hook finds the driver's libraries there."""
     key, table = _ere(TOOLKIT_KEY_ERE), _ere(TOOLKIT_TABLE_ERE)
+    cli_table, root_key = _ere(TOOLKIT_CLI_TABLE_ERE), _ere(TOOLKIT_ROOT_ERE)
+    set_root = driver_root != "/"
     out = toolkit_block(accept_envvar)
-    in_tables = False
+    in_tables = in_cli = seen_cli = False
     for line in _lines(toolkit_config_restored(text or "")):
-        in_tables = in_tables or bool(table.match(line))
-        out.append(TOOLKIT_DISABLED_PREFIX + line if not in_tables and key.match(line) else line)
+        header = bool(table.match(line))
+        if header:
+            in_tables, in_cli = True, bool(cli_table.match(line))
+        disable = (not in_tables and key.match(line)) or (set_root and in_cli and not header and root_key.match(line))
+        out.append(TOOLKIT_DISABLED_PREFIX + line if disable else line)
+        if set_root and header and in_cli and not seen_cli:
+            out += toolkit_root_block(driver_root, with_table=False)
+            seen_cli = True
+    if set_root and not seen_cli:
+        out += toolkit_root_block(driver_root, with_table=True)
     return "".join(f"{line}\n" for line in out)

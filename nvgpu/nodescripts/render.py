@@ -12,7 +12,9 @@ from nvgpu.driver import NO_EXPECTATION, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts, templates
 from nvgpu.nodescripts.content import (
     HEADER,
+    TOOLKIT_CLI_TABLE_ERE,
     TOOLKIT_KEY_ERE,
+    TOOLKIT_ROOT_ERE,
     TOOLKIT_TABLE_ERE,
     render_crio_dropin,
     render_dropin,
@@ -128,6 +130,8 @@ def _common(root_prefix: str) -> dict[str, str]:
         "TOOLKIT_OFF": facts.TOOLKIT_DISABLED_PREFIX,
         "TOOLKIT_TABLE_ERE": TOOLKIT_TABLE_ERE,
         "TOOLKIT_KEY_ERE": TOOLKIT_KEY_ERE,
+        "TOOLKIT_CLI_TABLE_ERE": TOOLKIT_CLI_TABLE_ERE,
+        "TOOLKIT_ROOT_ERE": TOOLKIT_ROOT_ERE,
     }
 
 
@@ -147,10 +151,13 @@ def render_node_scripts(
     strict_check: bool = False,
     accept_envvar: bool = False,
     expect: DriverExpectation = NO_EXPECTATION,
+    driver_root: str = "/",
 ) -> list[NodeScript]:
     """Render the node-setup scripts, in weight order. ``accept_envvar``: the group's device plugin uses the
     ``envvar`` strategy, so the toolkit must honour unprivileged containers' NVIDIA_VISIBLE_DEVICES.
-    ``expect``: the driver the group declares, which the check compares with the loaded one."""
+    ``expect``: the driver the group declares, which the check compares with the loaded one.
+    ``driver_root``: where the group's driver is on the node (a driver container's ``/run/nvidia/driver``),
+    set as the toolkit's nvidia-container-cli root."""
     t = templates
     body = {
         "gpu-check.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.NODE_LABEL + t.HAS_GPU + t.CONTAINERD_VERSION
@@ -165,6 +172,7 @@ def render_node_scripts(
     values = _common(root_prefix)
     values["PHASE"] = check_phase
     values["STRICT"] = "true" if strict_check else "false"
+    values["TOOLKIT_ROOT"] = "" if driver_root == "/" else driver_root
     values["EXPECT_DRIVER"] = expect.version.text if expect.version else ""
     values["EXPECT_MODULES"] = "" if expect.modules is KernelModules.AUTO else expect.modules.value
     values["TOOLKIT_BLOCK"] = " ".join(shlex.quote(line) for line in toolkit_block(accept_envvar))

@@ -216,3 +216,44 @@ def test_the_os_labels_are_published_alike(case: tuple[tuple[str, str], str, boo
         agent[labels.GPU_DEPLOY_DRIVER] = labels.DRIVER_PREINSTALLED
     assert by_script == agent
     assert by_script[labels.OS_RELEASE_ID] == os_release[0] and (labels.GPU_DEPLOY_DRIVER in agent) is has_driver
+
+
+_WITH_ROOT = ('disable-require = false\n\n[nvidia-container-cli]\nenvironment = []\nroot = "/"\n'
+              'load-kmods = true\n\n[nvidia-container-runtime]\nlog-level = "info"\n')
+
+
+@pytest.mark.parametrize("toolkit", ["nvidia-default", "root-set", "no-cli-table", "no-file"])
+def test_a_driver_containers_root_reaches_the_toolkit_alike(toolkit: str, tmp_path: Path, run_script: RunScript,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Where the driver is a container's (/run/nvidia/driver), gpu-runtime.sh and the agent's runtime step set
+    nvidia-container-cli's root there, byte for byte alike, in the toolkit's own config (NVIDIA's default
+    with its table and a commented root; one with a root of its own, which is disabled; one without the
+    table; none at all); the result is TOML with that root, and teardown gives the file back unchanged."""
+    import tomllib
+
+    from nvgpu.nodescripts import facts
+
+    hosts = [build_fake_host(tmp_path / side, "dgx-h100", containerd=2) for side in ("script", "agent")]
+    for host in hosts:
+        target = host.path(facts.TOOLKIT_CONFIG)
+        if toolkit == "root-set":
+            target.write_text(_WITH_ROOT)
+        elif toolkit == "no-cli-table":
+            target.write_text('disable-require = false\n\n[nvidia-container-runtime]\nlog-level = "info"\n')
+        elif toolkit == "no-file":
+            target.unlink()
+    script, agent = hosts
+    before = agent.path(facts.TOOLKIT_CONFIG).read_text() if toolkit != "no-file" else None
+    run_script(script, "gpu-check.sh")
+    done = run_script(script, "gpu-runtime.sh", NVIDIA_GPU_TOOLKIT_ROOT="/run/nvidia/driver")
+    assert done.returncode == 0, done.stderr
+    code, doc = _agent_json(agent, capsys, "runtime", "apply", "--no-restart", "--toolkit-driver-root",
+                            "/run/nvidia/driver")
+    assert code == 0, doc
+    by_script, by_agent = (h.path(facts.TOOLKIT_CONFIG).read_text() for h in hosts)
+    assert by_agent == by_script
+    assert tomllib.loads(by_agent)["nvidia-container-cli"]["root"] == "/run/nvidia/driver"
+    _agent_json(agent, capsys, "runtime", "rollback", "--no-restart")
+    after = agent.path(facts.TOOLKIT_CONFIG)
+    # Given back as it was (a file only we wrote is left empty of ours, as the toolkit's own default).
+    assert (after.read_text() if after.exists() else "") == (before or "")

@@ -483,6 +483,8 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     setup = [*base, "setup", *(["--dra"] if ctx.group.passthrough else []), *expect]
     if ctx.group.toolkit_accepts_envvar(ctx.allocation_mode):  # the group chose the envvar device list
         setup.append("--accept-envvar-when-unprivileged")
+    if _containerised(ctx.cluster):  # the host's toolkit must look for the driver where the container put it
+        setup += ["--toolkit-driver-root", ctx.cluster.driver_root]
     init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
     # The main container checks the node again every few minutes and serves the findings
     # (node_agent.setup.monitor: read-only, nothing recorded); SIGTERM ends it, then preStop tears down.

@@ -213,3 +213,24 @@ def test_the_declared_driver_reaches_both_node_setup_backends() -> None:
                 if s.name == "gpu-check.sh"]
     assert 'EXPECT_DRIVER="${NVIDIA_GPU_EXPECT_DRIVER-550}"' in check.content
     assert f'EXPECT_MODULES="${{NVIDIA_GPU_EXPECT_MODULES-{KernelModules.OPEN.value}}}"' in check.content
+
+
+def test_a_driver_containers_root_is_the_toolkits_on_both_backends() -> None:
+    """Pulumi.drivers.yaml: setup tells the agent's runtime step, and gpu-check.sh's sibling gpu-runtime.sh
+    on Deckhouse, to point the host toolkit's nvidia-container-cli at /run/nvidia/driver."""
+    from nvgpu.stackconfig import AllocationMode
+    from nvidia_gpu.components.node_group import node_scripts
+
+    cfg = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.drivers.yaml"))
+    group = cfg.node_groups[0]
+    ds = workloads.setup_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, group))
+    args = _parse(ds["spec"]["template"]["spec"]["initContainers"][0]["args"])
+    assert args.toolkit_driver_root == "/run/nvidia/driver"
+    deckhouse = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DECKHOUSE})
+    group = group.model_copy(update={"node_group": "gpu-h100", "node_selector": None})
+    (runtime,) = [s for s in node_scripts(deckhouse, group, AllocationMode.DEVICE_PLUGIN) if s.name == "gpu-runtime.sh"]
+    assert 'TOOLKIT_ROOT="${NVIDIA_GPU_TOOLKIT_ROOT-/run/nvidia/driver}"' in runtime.content
+    dev = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.dev.yaml"))
+    ds = workloads.setup_daemonset(GroupContext(dev.cluster.namespace, dev.cluster.model_copy(
+        update={"node_setup": NodeSetupBackend.DAEMONSET}), dev.node_groups[0]))
+    assert _parse(ds["spec"]["template"]["spec"]["initContainers"][0]["args"]).toolkit_driver_root == "/"
