@@ -422,9 +422,10 @@ class Cluster(_Model):
     dra: DraSettings = DraSettings()
     mig: MigManagerSettings = MigManagerSettings()
     runtime_class: RuntimeClassSettings = RuntimeClassSettings()
-    #: NVIDIA driver root on the nodes (NVIDIA's ``nvidiaDriverRoot``): ``/`` for a driver installed on
-    #: the host, ``/run/nvidia/driver`` for a driver container. Every agent pod mounts it read-only at
-    #: ``/driver-root`` and loads NVML from there.
+    #: NVIDIA driver root on the nodes of groups with a pre-installed driver (NVIDIA's ``nvidiaDriverRoot``):
+    #: ``/`` for a driver installed on the host, ``/run/nvidia/driver`` for a driver container run by someone
+    #: else. Groups whose driver the stack deploys use ``/run/nvidia/driver`` (``driver_root_for``). Every
+    #: agent pod mounts its group's root read-only at ``/driver-root`` and loads NVML from there.
     driver_root: str = "/"
     #: The NVIDIA Container Toolkit's hook program on the nodes (``nvidia-cdi-hook``, or ``nvidia-ctk`` of
     #: toolkits before 1.16), named in the CDI specs the device plugin and the DRA plugin write so that
@@ -473,6 +474,13 @@ class Cluster(_Model):
     @classmethod
     def _driver_root(cls, v: str) -> str:
         return _absolute(v, "e.g. / or /run/nvidia/driver")
+
+    def driver_root_for(self, group: NodeGroup) -> str:
+        """Where ``group``'s driver is on its nodes: under ``/run/nvidia/driver`` where a driver container
+        (the stack's or NVIDIA's operator's) installs it, else ``driverRoot``."""
+        if group.gpu.driver.source is not driverspec.DriverSource.PREINSTALLED:
+            return driverspec.CONTAINER_DRIVER_ROOT
+        return self.driver_root
 
     @field_validator("cdi_hook_path")
     @classmethod
@@ -962,31 +970,8 @@ class StackConfig(_Model):
                 problems.append((where, f"'dra' needs Kubernetes 1.{DRA_GA_MINOR}+ (resource.k8s.io/v1) and "
                                         f"cluster.kubernetesVersion is {self.cluster.kubernetes_version}"
                                         + ("" if g.allocation_mode else f" (node group {g.name!r} inherits it)")))
-        _raise_all(problems + self._dra_problems() + self._driver_problems())
+        _raise_all(problems + self._dra_problems())
         return self
-
-    def _driver_problems(self) -> list[tuple[Loc, str]]:
-        """NVIDIA's driver container (ours or the GPU Operator's) installs the driver under
-        ``/run/nvidia/driver``, where every agent must then load NVML from (``cluster.driverRoot``); a
-        pre-installed driver is at ``/``. One root serves the whole stack."""
-        problems: list[tuple[Loc, str]] = []
-        deployed = [i for i, g in enumerate(self.node_groups)
-                    if g.gpu.driver.source is not driverspec.DriverSource.PREINSTALLED]
-        if not deployed:
-            return problems
-        first = self.node_groups[deployed[0]]
-        if self.cluster.driver_root != driverspec.CONTAINER_DRIVER_ROOT:
-            problems.append((("cluster", "driverRoot"), (
-                f"{self.cluster.driver_root!r}, but node group {first.name!r} has its driver installed by a driver "
-                f"container (gpu.driver.source {first.gpu.driver.source.value}), which puts it under "
-                f"{driverspec.CONTAINER_DRIVER_ROOT}: set driverRoot: {driverspec.CONTAINER_DRIVER_ROOT}")))
-        for i in range(len(self.node_groups)):
-            if i not in deployed:
-                problems.append((("nodeGroups", i, "gpu", "driver", "source"), (
-                    f"preinstalled, while node group {first.name!r} has a driver container: the agents read "
-                    f"every node's driver under the one cluster.driverRoot, so a stack's groups are all "
-                    "pre-installed or all containerised (split them into two stacks)")))
-        return problems
 
     def _dra_problems(self) -> list[tuple[Loc, str]]:
         problems: list[tuple[Loc, str]] = []

@@ -25,8 +25,6 @@ PRECOMPILED = {"source": "container", "version": "535", "precompiled": True, "os
 def _load(gpu: dict[str, Any]) -> Any:
     values = copy.deepcopy(BASE)
     values["nodeGroups"][0]["gpu"].update(gpu)
-    if (gpu.get("driver") or {}).get("source", "preinstalled") != "preinstalled":
-        values["cluster"]["driverRoot"] = "/run/nvidia/driver"  # where a driver container puts it
     return load_stack_config(values)
 
 
@@ -113,17 +111,11 @@ def test_the_loaded_modules_are_read_from_the_nvrm_line() -> None:
     assert driver.loaded_modules(closed) is driver.KernelModules.PROPRIETARY
 
 
-def test_a_driver_container_needs_its_driver_root_and_no_preinstalled_group_beside_it() -> None:
+def test_each_group_reads_its_driver_where_it_is() -> None:
+    """Pre-installed groups at cluster.driverRoot, groups whose driver a container installs (the stack's or
+    NVIDIA's operator's) under /run/nvidia/driver: one stack may mix them."""
     values = copy.deepcopy(BASE)
     values["nodeGroups"][0]["gpu"]["driver"] = {"source": "gpuOperator", "version": "550.90.07"}
     values["nodeGroups"].append({"name": "l4", "nodeSelector": {"matchLabels": {"pool": "l4"}}, "gpu": {"model": "L4"}})
-    with pytest.raises(StackConfigError) as caught:
-        load_stack_config(values)
-    problems = caught.value.problems
-    assert any(p.startswith("nvidia-gpu:cluster.driverRoot: '/', but node group 'h100'") and
-               "set driverRoot: /run/nvidia/driver" in p for p in problems), problems
-    assert any(p.startswith("nvidia-gpu:nodeGroups[1].gpu.driver.source: preinstalled, while node group 'h100'")
-               for p in problems), problems
-    values["cluster"]["driverRoot"] = "/run/nvidia/driver"
-    values["nodeGroups"][1]["gpu"]["driver"] = {"source": "gpuOperator", "version": "550.90.07"}
-    assert len(load_stack_config(values).node_groups) == 2
+    cfg = load_stack_config(values)
+    assert [cfg.cluster.driver_root_for(g) for g in cfg.node_groups] == ["/run/nvidia/driver", "/"]

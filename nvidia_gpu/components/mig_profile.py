@@ -19,6 +19,8 @@ from nvgpu.stackconfig import Cluster, NodeGroup, Sharing
 from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import evictionguard
 from nvidia_gpu.components.manifests.mig import (
+    CONTAINER_DRIVER_INSTANCE,
+    by_driver_root,
     config_map,
     config_map_name,
     daemonset,
@@ -54,6 +56,7 @@ class MigProfile(pulumi.ComponentResource):
         names = {g.name: mig_config_name(g) for g in args.groups if g.gpu.sharing is Sharing.MIG}
         self.config_map: pulumi.CustomResource | None = None
         self.manager: pulumi.CustomResource | None = None
+        self.managers: list[pulumi.CustomResource] = []
         if groups:
             after = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
             sa, role, binding = rbac(ns, args.cluster)
@@ -65,8 +68,14 @@ class MigProfile(pulumi.ComponentResource):
             manager_after: list[pulumi.Resource] = [*args.depends_on, self.config_map, binding_res]
             if evictionguard.wanted(args.cluster, drain_mode(args.cluster)):
                 manager_after.append(self._eviction_guard(name, args))
-            self.manager = register(f"{name}-manager", daemonset(ns, args.cluster, groups),
-                                    pulumi.ResourceOptions(parent=self, depends_on=manager_after))
+            # One manager per driver root (a stack mixing pre-installed and containerised drivers has two); the
+            # first keeps the name and URN it always had.
+            for i, (root, members) in enumerate(by_driver_root(args.cluster, groups).items()):
+                manager = register(f"{name}-manager" if i == 0 else f"{name}-manager-{CONTAINER_DRIVER_INSTANCE}",
+                                   daemonset(ns, args.cluster, members, root),
+                                   pulumi.ResourceOptions(parent=self, depends_on=manager_after))
+                self.managers.append(manager)
+            self.manager = self.managers[0]
         self.config_map_name = pulumi.Output.from_input(inputs.resolve(config_map_name(ns)))
         self.config_names = pulumi.Output.from_input(names)
         self.register_outputs({"configMapName": self.config_map_name, "configNames": self.config_names})

@@ -225,12 +225,12 @@ def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
 DRA_PLUGIN_MEMORY_LIMIT_MIB = 192 + MPS_BASE_MIB + MPS_PER_GPU_MIB * MPS_SIZED_FOR_GPUS
 
 
-def plugin_args(cluster: Cluster, namespace: str) -> list[str]:
+def plugin_args(cluster: Cluster, namespace: str, group: NodeGroup) -> list[str]:
     dra = cluster.dra
     # CDI specs name the driver's files under the node's driver root and run the toolkit's hook when the
     # plugin sees it in the mounted directory.
     return [*DRIVER_ROOT_ARGS, "dra-driver", "--driver-name", dra.driver_name, "--health-action", dra.health_action,
-            "--nvidia-driver-root", cluster.driver_root, "--cdi-hook-path", cluster.cdi_hook_path,
+            "--nvidia-driver-root", cluster.driver_root_for(group), "--cdi-hook-path", cluster.cdi_hook_path,
             "--cdi-hook-dir", CDI_HOOK_DIR, "--uninstall-marker", f"{namespace}/{UNINSTALL_MARKER}",
             "--metrics-port", str(DRA_PLUGIN_METRICS_PORT)]
 
@@ -245,7 +245,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
         "image": cluster.agent_image.ref,
         "imagePullPolicy": cluster.agent_image.pull_policy,
         "command": list(AGENT),
-        "args": plugin_args(cluster, namespace),
+        "args": plugin_args(cluster, namespace, group),
         "env": [
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             # NVML and nvidia-smi (time-slice and compute-mode changes) come from the driver root
@@ -270,7 +270,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
             {"name": "agent-state", "mountPath": AGENT_STATE_DIR},
             {"name": "mps", "mountPath": MPS_DIR},
             {"name": "dev", "mountPath": "/dev"},
-            driver_root_mount(cluster),
+            driver_root_mount(cluster.driver_root_for(group)),
             cdi_hook_mount(),
             {"name": "tmp", "mountPath": "/tmp"},
         ],
@@ -308,7 +308,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
                         _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
                         _host_path("mps", MPS_DIR, "DirectoryOrCreate"),
                         _host_path("dev", "/dev", "Directory"),
-                        driver_root_volume(cluster),
+                        driver_root_volume(cluster.driver_root_for(group)),
                         cdi_hook_volume(cluster),
                         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
                     ],

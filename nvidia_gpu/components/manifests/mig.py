@@ -155,14 +155,33 @@ def manager_args(cluster: Cluster) -> list[str]:
     return [*args, "--allow-reboot"] if cluster.mig.allow_reboot else args
 
 
-def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> Manifest:
-    """The MIG manager on the nodes of ``groups`` that carry ``nvidia.com/mig.config``.
+#: The instance of the MIG manager DaemonSet for the groups whose driver a container provides, when the stack
+#: also has groups with a pre-installed driver (each DaemonSet mounts one driver root).
+CONTAINER_DRIVER_INSTANCE = "driver-container"
+
+
+def by_driver_root(cluster: Cluster, groups: Sequence[NodeGroup]) -> dict[str, list[NodeGroup]]:
+    """The MIG groups by where their driver is, ``cluster.driverRoot``'s first: one manager DaemonSet each."""
+    out: dict[str, list[NodeGroup]] = {}
+    for g in sorted(groups, key=lambda g: cluster.driver_root_for(g) != cluster.driver_root):
+        out.setdefault(cluster.driver_root_for(g), []).append(g)
+    return out
+
+
+def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup], driver_root: str | None = None
+              ) -> Manifest:
+    """The MIG manager on the nodes of ``groups`` that carry ``nvidia.com/mig.config``, reading the driver
+    under ``driver_root`` (default ``cluster.driverRoot``; another root gets a DaemonSet of its own).
 
     Privileged with the host root mounted: MIG changes need the ``/dev/nvidia-caps`` control devices,
     the GPU reset runs the host's ``nvidia-smi``, the journal lives in the host's agent state
     directory and a reboot (only when allowed) goes through the host's systemd.
     """
-    meta = app_labels(COMPONENT, namespace, version=cluster.agent_image.tag)
+    root = driver_root or cluster.driver_root
+    instance = namespace if root == cluster.driver_root else f"{namespace}-{CONTAINER_DRIVER_INSTANCE}"
+    name = cluster_object_name(namespace, COMPONENT) + ("" if instance == namespace else
+                                                        f"-{CONTAINER_DRIVER_INSTANCE}")
+    meta = app_labels(COMPONENT, instance, version=cluster.agent_image.tag)
     container: dict[str, Any] = {
         "name": COMPONENT,
         "image": cluster.agent_image.ref,
@@ -186,7 +205,7 @@ def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> 
         ]}}},
         "volumeMounts": [
             {"name": "host-root", "mountPath": HOST_ROOT},
-            driver_root_mount(cluster),
+            driver_root_mount(root),
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
@@ -194,9 +213,9 @@ def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> 
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": {"name": cluster_object_name(namespace, COMPONENT), "namespace": namespace, "labels": meta},
+        "metadata": {"name": name, "namespace": namespace, "labels": meta},
         "spec": {
-            "selector": {"matchLabels": selector_labels(COMPONENT, namespace)},
+            "selector": {"matchLabels": selector_labels(COMPONENT, instance)},
             # One node at a time: a new manager image must not restart every manager at once.
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {
@@ -211,7 +230,7 @@ def daemonset(namespace: str, cluster: Cluster, groups: Sequence[NodeGroup]) -> 
                     "containers": [container],
                     "volumes": [
                         {"name": "host-root", "hostPath": {"path": "/", "type": "Directory"}},
-                        driver_root_volume(cluster),
+                        driver_root_volume(root),
                         {"name": "config", "configMap": {"name": config_map_name(namespace)}},
                         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
                     ],

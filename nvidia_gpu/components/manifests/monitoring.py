@@ -168,9 +168,9 @@ def _agent_container(ctx: GroupContext) -> tuple[dict[str, Any], list[dict[str, 
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "startupProbe": _probe("/healthz", 30),
         "livenessProbe": _probe("/healthz", 3),
-        "volumeMounts": [*mounts, driver_root_mount(ctx.cluster), {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [*mounts, driver_root_mount(ctx.driver_root), {"name": "tmp", "mountPath": "/tmp"}],
     }
-    return container, [*volumes, driver_root_volume(ctx.cluster),
+    return container, [*volumes, driver_root_volume(ctx.driver_root),
                        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]
 
 

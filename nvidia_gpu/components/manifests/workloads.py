@@ -136,6 +136,11 @@ class GroupContext:
         """As ``StackConfig.allocation_mode``: the group's own, else the cluster's."""
         return self.group.allocation_mode or self.cluster.allocation_mode
 
+    @property
+    def driver_root(self) -> str:
+        """Where the group's driver is on its nodes (``Cluster.driver_root_for``)."""
+        return self.cluster.driver_root_for(self.group)
+
 
 def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
     return {"name": name, "hostPath": {"path": path, "type": kind}}
@@ -243,23 +248,23 @@ def cdi_hook_mount() -> dict[str, Any]:
     return _mount(CDI_HOOK_VOLUME, CDI_HOOK_DIR, read_only=True)
 
 
-def _containerised(cluster: Cluster) -> bool:
-    return cluster.driver_root == driverspec.CONTAINER_DRIVER_ROOT
+def _containerised(driver_root: str) -> bool:
+    return driver_root == driverspec.CONTAINER_DRIVER_ROOT
 
 
-def driver_root_volume(cluster: Cluster) -> dict[str, Any]:
+def driver_root_volume(driver_root: str) -> dict[str, Any]:
     """The node's driver root as a hostPath volume (mounted by ``driver_root_mount``). A driver container's
     root does not exist before the container first runs, and node setup (which publishes the labels that
     place the driver container) must start before it: created empty then, the container mounts over it."""
-    return _host_path(DRIVER_ROOT_VOLUME, cluster.driver_root, "DirectoryOrCreate" if _containerised(cluster)
+    return _host_path(DRIVER_ROOT_VOLUME, driver_root, "DirectoryOrCreate" if _containerised(driver_root)
                       else "Directory")
 
 
-def driver_root_mount(cluster: Cluster) -> dict[str, Any]:
+def driver_root_mount(driver_root: str) -> dict[str, Any]:
     """Read-only at ``/driver-root``; for a driver container's root, following the host's mounts
     (``HostToContainer``), so a driver replaced by an upgrade is the one the running agents see."""
     mount = _mount(DRIVER_ROOT_VOLUME, CONTAINER_DRIVER_ROOT, read_only=True)
-    if _containerised(cluster):
+    if _containerised(driver_root):
         mount["mountPropagation"] = "HostToContainer"
     return mount
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
@@ -298,9 +303,9 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         *config_source_args(group),
         "--metrics-port", str(DEVICE_PLUGIN_METRICS_PORT),
     ]
-    if ctx.cluster.driver_root != HOST_DRIVER_ROOT:
+    if ctx.driver_root != HOST_DRIVER_ROOT:
         # CDI specs name the driver's files by their host path under nvidiaDriverRoot.
-        args += ["--nvidia-driver-root", ctx.cluster.driver_root]
+        args += ["--nvidia-driver-root", ctx.driver_root]
     # CDI specs run the toolkit's hook (nvidiaCTKPath) when the plugin sees it in the mounted directory.
     args += ["--nvidia-ctk-path", ctx.cluster.cdi_hook_path, "--cdi-hook-dir", CDI_HOOK_DIR]
     # Privileged: NVML and the device specs handed to kubelet need every /dev/nvidia* node, and the
@@ -330,7 +335,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _mount("agent-state", AGENT_STATE_DIR),
         config_mount(),
         # NVML and the driver's binaries (--driver-root); CDI specs list the driver's files found here.
-        driver_root_mount(ctx.cluster),
+        driver_root_mount(ctx.driver_root),
         cdi_hook_mount(),
         _TMP_MOUNT,
     ]
@@ -341,7 +346,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
         _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
         config_volume(group),
-        driver_root_volume(ctx.cluster),
+        driver_root_volume(ctx.driver_root),
         cdi_hook_volume(ctx.cluster),
         dict(_TMP_VOLUME),
     ]
@@ -439,10 +444,10 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
     # setup themselves, and the labeller needs the NVIDIA runtime that setup configures. Nodes that must
     # never take other pods before then get the GPU taint at provisioning too (stack output nodeTemplates);
     # the labeller then leaves that taint alone, as it is not the one that set it.
-    mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(ctx.cluster), _TMP_MOUNT,
+    mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(ctx.driver_root), _TMP_MOUNT,
               _mount(ALL_GPUS_VOLUME, f"{devicelist.VOLUME_MOUNT_ROOT}/all", read_only=True)]
     volumes = [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"),
-               driver_root_volume(ctx.cluster), dict(_TMP_VOLUME),
+               driver_root_volume(ctx.driver_root), dict(_TMP_VOLUME),
                _host_path(ALL_GPUS_VOLUME, "/dev/null", "CharDevice")]
     if ctx.allocation_mode is AllocationMode.DEVICE_PLUGIN:
         mounts.append(config_mount())  # the device plugin's named configs (labeller_args)
@@ -483,8 +488,8 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     setup = [*base, "setup", *(["--dra"] if ctx.group.passthrough else []), *expect]
     if ctx.group.toolkit_accepts_envvar(ctx.allocation_mode):  # the group chose the envvar device list
         setup.append("--accept-envvar-when-unprivileged")
-    if _containerised(ctx.cluster):  # the host's toolkit must look for the driver where the container put it
-        setup += ["--toolkit-driver-root", ctx.cluster.driver_root]
+    if _containerised(ctx.driver_root):  # the host's toolkit must look for the driver where the container put it
+        setup += ["--toolkit-driver-root", ctx.driver_root]
     init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
     # The main container checks the node again every few minutes and serves the findings
     # (node_agent.setup.monitor: read-only, nothing recorded); SIGTERM ends it, then preStop tears down.
@@ -492,7 +497,7 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, monitor, _PRIVILEGED)
     hold["ports"] = metrics_port(NODE_SETUP_METRICS_PORT)
     hold["lifecycle"] = {"preStop": {"exec": {"command": [*AGENT, *base, "teardown"]}}}
-    mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(ctx.cluster), _TMP_MOUNT]
+    mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(ctx.driver_root), _TMP_MOUNT]
     init["volumeMounts"] = list(mounts)
     hold["volumeMounts"] = list(mounts)
     pod_spec = {
@@ -500,7 +505,7 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
         "terminationGracePeriodSeconds": 120,
         "initContainers": [init],
         "containers": [hold],
-        "volumes": [_host_path("host-root", "/", "Directory"), driver_root_volume(ctx.cluster), dict(_TMP_VOLUME)],
+        "volumes": [_host_path("host-root", "/", "Directory"), driver_root_volume(ctx.driver_root), dict(_TMP_VOLUME)],
     }
     # The provider waits for a DaemonSet's rollout; an OnDelete one rolls only when an operator deletes
     # pods, so a template change would hang `pulumi up` until its timeout (the provider's own docs).

@@ -31,13 +31,19 @@ def _agent_lines(pod: dict[str, Any]) -> list[tuple[dict[str, Any], list[str]]]:
     return out
 
 
-def _check(resources: Any, driver_root: str) -> set[str]:
+def _check(resources: Any, default_root: str, roots: dict[str, str] | None = None) -> set[str]:
+    """Every agent DaemonSet mounts its driver root (``roots`` per node group; ``default_root`` for the
+    rest) and passes it to the agent."""
     seen = set()
     for r in of_kind(resources, "DaemonSet"):
         pod = r.inputs["spec"]["template"]["spec"]
-        component = r.inputs["metadata"]["labels"].get("app.kubernetes.io/component", "")
+        labels = r.inputs["metadata"]["labels"]
+        component = labels.get("app.kubernetes.io/component", "")
         if component == "nvidia-driver":  # the driver container installs the driver root; it reads none
             continue
+        driver_root = (roots or {}).get(labels.get("gpu.nvidia-gpu.io/node-group", ""), default_root)
+        if component == "mig-manager" and r.inputs["metadata"]["name"].endswith("-driver-container"):
+            driver_root = "/run/nvidia/driver"
         volumes = {v["name"]: v for v in pod["volumes"]}
         # A driver container's root is made by its first run, after node setup has started there.
         containerised = driver_root == "/run/nvidia/driver"
@@ -83,10 +89,11 @@ def test_every_agent_daemonset_mounts_the_driver_root(engine: Engine, node_setup
 @pytest.mark.parametrize("stack", ROOT_STACKS, ids=lambda p: p.name)
 def test_shipped_stacks(engine: Engine, stack: Any) -> None:  # noqa: F811
     cfg = load_stack_file(stack)
-    # Pre-installed drivers at /, or the stack's driver containers' (Pulumi.drivers.yaml) under /run/nvidia/driver.
-    deployed = any(g.gpu.driver.source.value != "preinstalled" for g in cfg.node_groups)
-    assert cfg.cluster.driver_root == ("/run/nvidia/driver" if deployed else "/")
-    assert {"device-plugin", "gpu-labeller"} <= _check(engine.run(lambda: build_stack(cfg)), cfg.cluster.driver_root)
+    assert cfg.cluster.driver_root == "/"
+    # Each group's agents at its own root: / where pre-installed, /run/nvidia/driver where a container
+    # installs it (Pulumi.drivers.yaml has both).
+    roots = {g.name: cfg.cluster.driver_root_for(g) for g in cfg.node_groups}
+    assert {"device-plugin", "gpu-labeller"} <= _check(engine.run(lambda: build_stack(cfg)), "/", roots)
 
 
 @pytest.mark.parametrize("bad", ["run/nvidia", "/run/../etc", ""])
