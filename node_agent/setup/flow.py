@@ -125,7 +125,7 @@ def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool, accept_en
 def _driver_placement_labels(host: HostRoot) -> dict[str, str | None]:
     """The OS and kernel labels (NFD's names), and ``nvidia.com/gpu.deploy.driver=pre-installed`` where the
     host has its own driver, so no driver container is scheduled there (never removed here: NVIDIA's
-    operator may own the label on nodes without one)."""
+    operator may own the label on nodes without one; teardown removes the value setup gave it)."""
     out = dict(osinfo.os_labels(host))
     if osinfo.host_driver_installed(host):
         out[labels.GPU_DEPLOY_DRIVER] = labels.DRIVER_PREINSTALLED
@@ -137,7 +137,8 @@ def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool) -> FlowResult:
     off the labeller's labels and taints and the feature file, then roll back the runtime and the sysctl."""
     result = FlowResult("teardown")
     _patch(ctx, result, {labels.GPU_SETUP_COMPLETE: None, labels.GPU_VFIO_READY: None,
-                         **dict.fromkeys(labels.OS_LABELS)}, patch_node)
+                         **dict.fromkeys(labels.OS_LABELS)}, patch_node,
+           remove_if={labels.GPU_DEPLOY_DRIVER: labels.DRIVER_PREINSTALLED})
     if result.failure is not None:
         return result
     if patch_node:
@@ -161,7 +162,10 @@ def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool) -> FlowResult:
     return result
 
 
-def _patch(ctx: NodeEnv, result: FlowResult, wanted: dict[str, str | None], patch_node: bool) -> None:
+def _patch(ctx: NodeEnv, result: FlowResult, wanted: dict[str, str | None], patch_node: bool,
+           remove_if: dict[str, str] | None = None) -> None:
+    """Set (or, with None, remove) the ``wanted`` labels; ``remove_if``: labels removed only while they have
+    the value setup gave them (another owner's value stays)."""
     if not patch_node:
         return
     from node_agent.kube import KubeError
@@ -170,6 +174,7 @@ def _patch(ctx: NodeEnv, result: FlowResult, wanted: dict[str, str | None], patc
         node = ctx.require_node_name()
         api = ctx.node_api()
         current = api.labels(node)
+        wanted = {**wanted, **{k: None for k, v in (remove_if or {}).items() if current.get(k) == v}}
         changes = {k: v for k, v in wanted.items() if current.get(k) != v and not (v is None and k not in current)}
         if changes:
             api.patch_labels(node, changes)

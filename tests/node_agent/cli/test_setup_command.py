@@ -110,3 +110,5 @@ def test_a_host_with_its_own_driver_is_marked_pre_installed(tmp_path: Path, cli:
     got = api_server.labels("gpu-node-1")
     assert got[labels.GPU_DEPLOY_DRIVER] == labels.DRIVER_PREINSTALLED
     assert (got[labels.OS_RELEASE_ID], got[labels.OS_RELEASE_VERSION_ID]) == ("ubuntu", "22.04")
+    code, _ = cli(host.root, "simulated:dgx-h100", "teardown", node="gpu-node-1", kubeconfig=api_server.kubeconfig)
+    assert code == 0 and labels.GPU_DEPLOY_DRIVER not in api_server.labels("gpu-node-1")  # setup's value: removed
