@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def daemonset_pod(kube: Kube, daemonset: str, node: str, *, namespace: str = NS,
-                  timeout: float = 60.0) -> dict[str, Any]:
+                  timeout: float = 120.0) -> dict[str, Any]:
     """The pod of ``daemonset`` on ``node`` once it is Running."""
 
     def find() -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""The drivers the stack deploys, against the real control plane.
+"""The drivers the stack deploys, against the real control plane (one of this module's own: the node,
+namespace and eviction churn of a rollout stays out of the session's cluster the agent tests share).
 
 * ``gpu.driver.source: gpuOperator``: with NVIDIA's NVIDIADriver CRD installed (the vendored one; the
   session's control plane installs every vendored CRD) the stack's objects are accepted, nothing of them
@@ -17,12 +18,19 @@ from typing import Any
 
 import pytest
 
-from localcluster import Kube
+from localcluster import ControlPlane, Kube
 from localcluster.client import ApiError
 from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
 from nvgpu import labels
 from nvgpu.stackconfig import load_stack_config
 from nvidia_gpu.components.manifests import driver
+
+
+@pytest.fixture(scope="module")
+def kube(cluster: ControlPlane) -> Kube:
+    """The module's own control plane (``tests.cluster.conftest.cluster``), with every vendored CRD."""
+    return cluster.admin()
+
 
 CLUSTER = {"kubernetesVersion": "1.34", "driverRoot": "/run/nvidia/driver",
            "agentImage": {"repository": "registry.example.com/agent", "tag": "1.0.0"}}
