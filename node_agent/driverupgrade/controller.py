@@ -11,6 +11,7 @@ and the state is on the node: a controller killed between two steps takes the ne
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -21,7 +22,6 @@ from urllib.parse import quote
 
 from node_agent.driverupgrade.machine import (
     FAILURE_ANNOTATION,
-    POLICY_ANNOTATION,
     SINCE_ANNOTATION,
     STATE_LABEL,
     WAS_CORDONED_ANNOTATION,
@@ -39,7 +39,7 @@ from node_agent.kube import events, nodes, pods
 from node_agent.kube.errors import Conflict, KubeError, NotFound, TooManyRequests
 from node_agent.kube.transport import Kube
 from nvgpu import labels
-from nvgpu.driver import CONTAINER_COMPONENT, UpgradePolicy
+from nvgpu.driver import CONTAINER_COMPONENT, UPGRADE_POLICY_ANNOTATION, UpgradePolicy
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class UpgradeController:
         for ds in self._daemonsets():
             meta = ds["metadata"]
             group = (meta.get("labels") or {}).get(NODE_GROUP_LABEL, meta["name"])
-            policy = UpgradePolicy.from_annotation((meta.get("annotations") or {}).get(POLICY_ANNOTATION))
+            policy = UpgradePolicy.from_annotation((meta.get("annotations") or {}).get(UPGRADE_POLICY_ANNOTATION))
             generation = str(meta.get("generation", ""))
             _, members = groups.setdefault(group, (policy, {}))
             for p in self._driver_pods(ds):
@@ -171,8 +171,7 @@ class UpgradeController:
                     log.info("event=node-changed-meanwhile node=%s", f.name)
                 # What this step changed counts for the next node's slot in this round.
                 if step.state is not None:
-                    facts[facts.index(f)] = NodeFacts(f.name, step.state, self.clock(), f.unschedulable,
-                                                      f.annotations, f.driver_pod, f.workloads, f.gpu_workloads)
+                    facts[facts.index(f)] = dataclasses.replace(f, state=step.state, since=self.clock())
         return out
 
     def _nodes_in_upgrade(self, group: str) -> list[str]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from nvgpu import labels
-from nvgpu.driver import UPGRADE_POLICY_ANNOTATION, UpgradePolicy
+from nvgpu.driver import UpgradePolicy
 
 STATE_LABEL = labels.DRIVER_UPGRADE_STATE
 #: Unix time the node entered its state (the timeouts survive a controller restart).
@@ -31,7 +31,6 @@ SINCE_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-since"
 WAS_CORDONED_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-was-cordoned"
 #: Why the node's upgrade failed.
 FAILURE_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-failure"
-POLICY_ANNOTATION = UPGRADE_POLICY_ANNOTATION
 
 
 class UpgradeState(StrEnum):
