@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -60,6 +61,16 @@ class DriverType(StrEnum):
     GPU = "gpu"
     VGPU = "vgpu"
     VGPU_HOST_MANAGER = "vgpu-host-manager"
+
+
+#: The GPU virtualization modes (NVML's, as ``nvidia-smi -q`` words them) each driver type runs in: the
+#: bare-metal driver on a host or with the whole GPU passed to a VM, a vGPU guest driver on a vGPU, the
+#: vGPU manager on the hypervisor's GPU.
+VIRTUALIZATION_MODES: dict[DriverType, tuple[str, ...]] = {
+    DriverType.GPU: ("None", "Pass-Through"),
+    DriverType.VGPU: ("VGPU",),
+    DriverType.VGPU_HOST_MANAGER: ("Host VGPU",),
+}
 
 
 class KernelModules(StrEnum):
@@ -147,10 +158,21 @@ class DriverExpectation:
 
     version: DriverVersion | None = None
     modules: KernelModules = KernelModules.AUTO
+    #: The declared driver type (``gpu.driver.type`` when set): compared with the GPUs' virtualization mode.
+    driver_type: DriverType | None = None
 
     @property
     def empty(self) -> bool:
-        return self.version is None and self.modules is KernelModules.AUTO
+        return self.version is None and self.modules is KernelModules.AUTO and self.driver_type is None
+
+    def virtualization_mismatches(self, modes: Iterable[str]) -> list[str]:
+        """One message per virtualization mode of the node's GPUs (as NVML and ``nvidia-smi -q`` name it;
+        ``N/A`` where the driver cannot tell, not compared) that the declared driver type does not run in."""
+        if self.driver_type is None:
+            return []
+        allowed = VIRTUALIZATION_MODES[self.driver_type]
+        return [f"the GPUs are in virtualization mode {mode}; driver type {self.driver_type.value} needs "
+                f"{' or '.join(allowed)}" for mode in sorted(set(modes)) if mode != "N/A" and mode not in allowed]
 
     def mismatches(self, loaded: str, proc_version_text: str) -> list[str]:
         out = []
@@ -170,6 +192,8 @@ class DriverExpectation:
             out += ["--expect-driver", self.version.text]
         if self.modules is not KernelModules.AUTO:
             out += ["--expect-kernel-modules", self.modules.value]
+        if self.driver_type is not None:
+            out += ["--expect-driver-type", self.driver_type.value]
         return out
 
 

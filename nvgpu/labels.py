@@ -49,6 +49,8 @@ GPU_DEPLOY_DRIVER = "nvidia.com/gpu.deploy.driver"
 DRIVER_PREINSTALLED = "pre-installed"
 #: Where a node is in a driver upgrade (NVIDIA's GPU Operator's key and values; node_agent.driverupgrade).
 DRIVER_UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
+#: Why a node's driver upgrade failed (the upgrade controller writes it; the GPU inventory shows it).
+DRIVER_UPGRADE_FAILURE = "gpu.nvidia-gpu.io/driver-upgrade-failure"
 
 # Node Feature Discovery's names for the OS and kernel, which node setup publishes itself (no NFD needed):
 # a driver container is chosen by them (NVIDIA's driver images are per OS release, per kernel if precompiled).

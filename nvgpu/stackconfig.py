@@ -807,7 +807,18 @@ class Gpu(_Model):
     @property
     def driver_expectation(self) -> driverspec.DriverExpectation:
         """What ``check`` verifies on the group's nodes, whoever installed the driver."""
-        return driverspec.DriverExpectation(self.declared_driver_version, self.driver.kernel_modules)
+        declared_type = self.driver.driver_type if "driver_type" in self.driver.model_fields_set else None
+        return driverspec.DriverExpectation(self.declared_driver_version, self.driver.kernel_modules, declared_type)
+
+    @property
+    def node_setup_expectation(self) -> driverspec.DriverExpectation:
+        """What node setup's check compares (setup, its monitor, bashible's ``gpu-check.sh``). Not for a
+        driver the stack's containers install: node setup's pods are ``OnDelete`` and would keep comparing
+        with the version they started with after an upgrade; the driver pod's own check, whose template is
+        always current, verifies that declaration (``manifests.driver.check_container``)."""
+        if self.driver.source is driverspec.DriverSource.CONTAINER:
+            return driverspec.NO_EXPECTATION
+        return self.driver_expectation
 
     @property
     def declared_driver_version(self) -> driverspec.DriverVersion | None:

@@ -9,7 +9,7 @@ from node_agent.cli import exitcodes
 from node_agent.cli.context import AgentContext
 from node_agent.host import HostError
 from node_agent.setup import check
-from nvgpu.driver import DriverExpectation, DriverVersion, KernelModules, parse_version
+from nvgpu.driver import DriverExpectation, DriverType, DriverVersion, KernelModules, parse_version
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.facts import Verdict
 
@@ -20,6 +20,8 @@ def add_expect_arguments(p: argparse.ArgumentParser) -> None:
                    help="the declared driver: a release (550.90.07) or a branch (550)")
     p.add_argument("--expect-kernel-modules", default=None, help="the declared kernel modules",
                    choices=[m.value for m in (KernelModules.OPEN, KernelModules.PROPRIETARY)])
+    p.add_argument("--expect-driver-type", default=None, choices=[t.value for t in DriverType],
+                   help="the declared driver type: compared with the GPUs' virtualization mode")
 
 
 def _version(text: str) -> DriverVersion:
@@ -31,7 +33,9 @@ def _version(text: str) -> DriverVersion:
 
 def expectation(args: argparse.Namespace) -> DriverExpectation:
     modules = args.expect_kernel_modules
-    return DriverExpectation(args.expect_driver, KernelModules(modules) if modules else KernelModules.AUTO)
+    driver_type = args.expect_driver_type
+    return DriverExpectation(args.expect_driver, KernelModules(modules) if modules else KernelModules.AUTO,
+                             DriverType(driver_type) if driver_type else None)
 
 
 def run(args: argparse.Namespace) -> int:

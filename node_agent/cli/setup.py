@@ -64,15 +64,18 @@ def run_monitor(args: argparse.Namespace) -> int:
 
     ctx = AgentContext.from_args(args)
     expect = expectation(args)
-    monitor = CheckMonitor(lambda: check.run_check(ctx.host, ctx.nvml, "all", expect))
+    monitor = CheckMonitor(lambda: check.run_check(ctx.host, ctx.nvml, args.phase, expect))
+    ready = monitor.usable if args.ready_when_usable else monitor.live
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server = None
     if args.metrics_port:
         try:
-            server = StatusServer(RegistryRenderer(monitor.registry), live=lambda: True, ready=monitor.live,
-                                  host=args.metrics_address, port=args.metrics_port, not_ready=b"no check yet\n")
+            server = StatusServer(RegistryRenderer(monitor.registry), live=lambda: True, ready=ready,
+                                  host=args.metrics_address, port=args.metrics_port,
+                                  not_ready=b"the last check did not find the node usable\n" if args.ready_when_usable
+                                  else b"no check yet\n")
         except OSError as e:  # the port is taken or not ours to bind
             return ctx.fail(e)
         server.start()
@@ -101,6 +104,10 @@ def register(subparsers: Any) -> None:
                               description=(CheckMonitor.__doc__ or check.__doc__ or "").splitlines()[0])
     m.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
                    help="seconds between checks (default: %(default)s)")
+    m.add_argument("--phase", choices=["host", "all"], default="all",
+                   help="host: the driver, devices and NVML only; all: also the container runtime (default)")
+    m.add_argument("--ready-when-usable", action="store_true",
+                   help="/readyz answers only while the last verdict is ok (the driver pod's check)")
     m.add_argument("--metrics-address", default="0.0.0.0", help="status endpoint address (default: %(default)s)")
     m.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                    help="/metrics and /readyz (default: %(default)s; 0 disables the endpoint)")

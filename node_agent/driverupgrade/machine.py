@@ -8,7 +8,8 @@ upgrade states, kept on the node's ``nvidia.com/gpu-driver-upgrade-state`` label
 ``upgrade-required`` -> (a free slot: fewer than ``maxUnavailable`` nodes in flight, none failed) cordon
 -> ``drain-required`` (evict the node's pods, or only those holding GPUs without ``drain``; on Deckhouse
 after its disruption approval) -> ``pod-restart-required`` (delete the outdated driver pod; the DaemonSet
-starts the new one) -> ``validation-required`` (the new pod Ready: its startup probe ran ``nvidia-smi``)
+starts the new one) -> ``validation-required`` (the new pod Ready: NVIDIA's startup probe ran ``nvidia-smi``,
+and the agent's check beside it found the node usable with the driver the pod's template declares)
 -> ``uncordon-required`` -> ``upgrade-done``. A wait that outlasts its timeout sets ``upgrade-failed``,
 which stops the rollout (no further node starts) until an operator removes the label.
 
@@ -30,7 +31,7 @@ SINCE_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-since"
 #: "true" when the node was cordoned before the upgrade (it stays cordoned after).
 WAS_CORDONED_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-was-cordoned"
 #: Why the node's upgrade failed.
-FAILURE_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-failure"
+FAILURE_ANNOTATION = labels.DRIVER_UPGRADE_FAILURE
 
 
 class UpgradeState(StrEnum):
@@ -152,7 +153,7 @@ def decide(node: NodeFacts, *, may_start: bool, policy: UpgradePolicy, drain_mod
     if state is UpgradeState.VALIDATION:
         pod = node.driver_pod
         if pod is not None and pod.current and pod.ready:
-            return Step(Act.SET_STATE, UpgradeState.UNCORDON, "the new driver is loaded (nvidia-smi answers)")
+            return Step(Act.SET_STATE, UpgradeState.UNCORDON, "the new driver is loaded and the node's check passes")
         if waited > policy.validation_timeout_s:
             return Step(Act.FAIL, UpgradeState.FAILED,
                         f"the new driver pod was not ready within {policy.validation_timeout_s:.0f} s")

@@ -7,6 +7,11 @@ admission policy lets it write only objects of its own node. A GPU NVML reports 
 marked ``Unhealthy`` with NVML's reason; one that is no longer listed at all is deleted. The objects are
 owned by the Node, so the garbage collector removes them with it.
 
+Each object also shows its node's driver: the version NVML reports, the kernel modules loaded (open or
+proprietary, from ``/proc/driver/nvidia/version``) and, while the stack's upgrade controller rolls a
+driver, the node's upgrade state and why it failed (from the Node's upgrade label and annotation), so
+``kubectl get gpus -o wide`` shows a rollout GPU by GPU.
+
 Each object shows its GPU's last XID and when it was raised (:mod:`node_agent.nvml.xidwatch`); a critical
 one (not an application's) keeps the GPU ``Unhealthy`` for the quiet period the device plugin waits before
 it trusts the GPU again, so the object and the allocatable count tell the same story.
@@ -32,6 +37,26 @@ from nvgpu import catalogue, inventory
 log = logging.getLogger(__name__)
 
 JSON_MERGE = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class NodeDriver:
+    """What the node says of its driver beyond NVML: the loaded kernel modules, the upgrade's state."""
+
+    kernel_modules: str | None = None
+    upgrade_state: str | None = None
+    upgrade_failure: str | None = None
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.kernel_modules:
+            out["kernelModules"] = self.kernel_modules
+        if self.upgrade_state:
+            upgrade = {"state": self.upgrade_state}
+            if self.upgrade_failure:
+                upgrade["reason"] = self.upgrade_failure
+            out["driverUpgrade"] = upgrade
+        return out
 
 
 @dataclass(frozen=True)
@@ -102,7 +127,8 @@ def exposed_as(gpu: Gpu, ctx: Context) -> list[dict[str, Any]]:
     return [{"name": n, "count": c} for n, c in sorted(counts.items())]
 
 
-def gpu_status(gpu: Gpu, driver: DriverInfo | None, ctx: Context) -> dict[str, Any]:
+def gpu_status(gpu: Gpu, driver: DriverInfo | None, ctx: Context, node: NodeDriver = NodeDriver()
+               ) -> dict[str, Any]:
     model = catalogue.identify_model(gpu.pci_device_id, gpu.name)
     mig: dict[str, Any] = {"mode": "Unsupported"}
     if gpu.mig_mode is not None:
@@ -123,12 +149,13 @@ def gpu_status(gpu: Gpu, driver: DriverInfo | None, ctx: Context) -> dict[str, A
     if driver is not None:
         status["driverVersion"] = driver.driver_version
         status["cudaVersion"] = f"{driver.cuda_driver_version[0]}.{driver.cuda_driver_version[1]}"
+    status.update(node.status())
     return status
 
 
 def desired(inv: Inventory, driver: DriverInfo | None, ctx: Context, existing: Mapping[int, Mapping[str, Any]],
-            *, xids: Mapping[int, XidSeen] | None = None, now: datetime.datetime | None = None
-            ) -> dict[int, dict[str, Any]]:
+            *, xids: Mapping[int, XidSeen] | None = None, now: datetime.datetime | None = None,
+            node: NodeDriver = NodeDriver()) -> dict[int, dict[str, Any]]:
     """Per NVML index, the status each GPU's object should have (``existing``: index to current status;
     ``xids``: the recorder's last XID per index). A lost GPU keeps what was known of it and is marked
     unhealthy with NVML's reason."""
@@ -136,7 +163,7 @@ def desired(inv: Inventory, driver: DriverInfo | None, ctx: Context, existing: M
     xids = xids or {}
     out: dict[int, dict[str, Any]] = {}
     for g in inv.gpus:
-        out[g.index] = gpu_status(g, driver, ctx)
+        out[g.index] = gpu_status(g, driver, ctx, node)
         out[g.index]["health"] = gpu_health(last_xid(xids.get(g.index), existing.get(g.index) or {}), now,
                                             ctx.xid_quiet_s)
     for lost in inv.lost:
@@ -146,6 +173,8 @@ def desired(inv: Inventory, driver: DriverInfo | None, ctx: Context, existing: M
         if xid is not None:
             health.update(lastXID=xid.xid, lastXIDTime=_stamp(xid.at))
         before["health"] = health
+        before = {k: v for k, v in before.items() if k not in ("kernelModules", "driverUpgrade")}
+        before.update(node.status())  # the node's driver state is the node's, lost GPU or not
         out[lost.index] = before
     return out
 
@@ -172,13 +201,14 @@ def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
 
 def sync(kube: Kube, node: str, inv: Inventory, driver: DriverInfo | None, ctx: Context, *,
          node_uid: Callable[[], str], xids: Mapping[int, XidSeen] | None = None,
-         now: Callable[[], datetime.datetime] = utcnow) -> SyncResult:
+         now: Callable[[], datetime.datetime] = utcnow, node_driver: NodeDriver = NodeDriver()) -> SyncResult:
     """Make this node's GPU objects match ``inv``: one list, then a write only where something changed."""
     listed = kube.get(inventory.collection_path(), query={"labelSelector": f"{inventory.NODE_LABEL}={node}"},
                       what=f"list GPUs of node {node}") or {}
     current = {int(o["spec"]["index"]): o for o in listed.get("items") or [] if o.get("spec", {}).get("node") == node}
     at = now()
-    want = desired(inv, driver, ctx, {i: o.get("status") or {} for i, o in current.items()}, xids=xids, now=at)
+    want = desired(inv, driver, ctx, {i: o.get("status") or {} for i, o in current.items()}, xids=xids, now=at,
+                   node=node_driver)
     created, updated, deleted = [], [], []
     for index, status in sorted(want.items()):
         obj = current.get(index)

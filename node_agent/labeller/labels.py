@@ -46,7 +46,7 @@ from typing import Any
 from node_agent.deviceplugin import config
 from node_agent.deviceplugin.named import NamedConfigError
 from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigSource
-from node_agent.host import HostError, VgpuDevice, VgpuScanError, nvidia_gpus, vgpu_devices
+from node_agent.host import HostError, HostRoot, VgpuDevice, VgpuScanError, nvidia_gpus, vgpu_devices
 from node_agent.labeller import gfd
 from node_agent.labeller.nodeconfig import NodePlan, Requested, plan
 from node_agent.labeller.nodepatch import NodeEnv
@@ -312,13 +312,27 @@ def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContex
         inv = nvml.inventory()
         driver = nvml.driver() if inv.gpus else None
     node = ctx.require_node_name()
-
-    def node_uid() -> str:
-        return str(api.read_node(node)["metadata"]["uid"])
-
+    node_obj = api.read_node(node)  # one read: its uid for new objects, the driver upgrade's state
+    meta = node_obj.get("metadata") or {}
+    node_driver = inventory.NodeDriver(
+        kernel_modules=_kernel_modules(ctx.host) if inv.gpus else None,
+        upgrade_state=(meta.get("labels") or {}).get(label_names.DRIVER_UPGRADE_STATE),
+        upgrade_failure=(meta.get("annotations") or {}).get(label_names.DRIVER_UPGRADE_FAILURE))
     return inventory.sync(api.kube, node, inv, driver,
                           dataclasses.replace(inv_ctx, mig_strategy=sharing.mig_strategy, replicas=replicas),
-                          node_uid=node_uid, xids=xids)
+                          node_uid=lambda: str(meta["uid"]), xids=xids, node_driver=node_driver)
+
+
+def _kernel_modules(host: HostRoot) -> str | None:
+    """``open`` or ``proprietary``, as ``/proc/driver/nvidia/version`` says; None when it is unreadable."""
+    from nvgpu.driver import loaded_modules
+    from nvgpu.nodescripts import facts
+
+    try:
+        text = host.read_text_or_none(facts.DRIVER_VERSION_FILE)
+    except HostError:
+        return None
+    return loaded_modules(text).value if text else None
 
 
 def patch_node(ctx: NodeEnv, want: Requested, gpu_labels: dict[str, str] | None, *, gated: bool = False

@@ -37,6 +37,7 @@ from node_agent.nvml.errors import (
 )
 from node_agent.nvml.loader import load_nvml
 from node_agent.nvml.types import (
+    VIRTUALIZATION_MODES,
     ComputeInstance,
     DriverInfo,
     EventKind,
@@ -59,6 +60,7 @@ from node_agent.nvml.types import (
     Placement,
     Topology,
     TopologyLevel,
+    Virtualization,
 )
 
 log = logging.getLogger(__name__)
@@ -303,7 +305,17 @@ class NvmlSession:
             numa_node=self._numa(index, h),
             mig_mode=mode,
             mig_devices=self._mig_devices(index, h, uuid) if mode is not None and mode.current else (),
+            virtualization=self._virtualization(index, h),
         )
+
+    @_per_gpu
+    def _virtualization(self, index: int, h: Any) -> Virtualization | None:
+        try:
+            mode = int(self._run(f"nvmlDeviceGetVirtualizationMode({index})",
+                                 pynvml.nvmlDeviceGetVirtualizationMode, h))
+        except NvmlNotSupported:  # also FUNCTION_NOT_FOUND: a library without it
+            return None
+        return VIRTUALIZATION_MODES.get(mode)
 
     @_per_gpu
     def _numa(self, index: int, h: Any) -> int | None:

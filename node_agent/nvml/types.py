@@ -32,6 +32,21 @@ class EventKind(StrEnum):
     SINGLE_BIT_ECC = "single-bit-ecc"
 
 
+class Virtualization(StrEnum):
+    """``nvmlDeviceGetVirtualizationMode``, as nvidia-smi -q words it ("GPU Virtualization Mode")."""
+
+    NONE = "None"  #: bare metal
+    PASSTHROUGH = "Pass-Through"  #: the whole GPU passed to this VM
+    VGPU = "VGPU"  #: a vGPU, in a VM (a vGPU guest driver runs)
+    HOST_VGPU = "Host VGPU"  #: the hypervisor's GPU, shared out as vGPUs (the vGPU manager runs)
+    HOST_VSGA = "Host VSGA"  #: the hypervisor's GPU in vSGA mode
+
+
+#: NVML's ``nvmlGpuVirtualizationMode_t`` values.
+VIRTUALIZATION_MODES = {0: Virtualization.NONE, 1: Virtualization.PASSTHROUGH, 2: Virtualization.VGPU,
+                        3: Virtualization.HOST_VGPU, 4: Virtualization.HOST_VSGA}
+
+
 @dataclass(frozen=True)
 class MigMode:
     current: bool
@@ -83,6 +98,8 @@ class Gpu:
     numa_node: int | None  #: None when NVML does not know (the host layer reads sysfs instead)
     mig_mode: MigMode | None  #: None when the GPU is not MIG-capable
     mig_devices: tuple[MigDevice, ...] = field(default=())
+    #: None when the driver cannot tell (NOT_SUPPORTED, or a library without the function).
+    virtualization: Virtualization | None = None
 
     @property
     def mig_enabled(self) -> bool:

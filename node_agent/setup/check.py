@@ -1,11 +1,13 @@
 """``check``: is this node's GPU usable? The Python twin of ``gpu-check.sh`` (same reasons, same verdicts).
 
-Checks, in order: an NVIDIA GPU on the PCI bus (none → verdict ``no-gpu``, a silent success); the
-driver version in ``/proc/driver/nvidia/version`` (present, parseable, at least the catalogue
-minimum for every GPU model found); kernel modules ``nvidia`` and ``nvidia_uvm``; ``/dev/nvidiactl``
-and ``/dev/nvidia<minor>`` per GPU; NVML initialises and lists GPUs; each model is in the catalogue
-and has compute capability >= 6.0; and (phase ``all``) the container runtime is ready: containerd has
-the nvidia runtime or CDI, CRI-O has the nvidia runtime (``runtimeName`` says which was found).
+Checks, in order (the driver declared by the node group, when given: its version or branch, kernel
+modules and type, the last against the GPUs' virtualization mode): an NVIDIA GPU on the PCI bus (none
+-> verdict ``no-gpu``, a silent success); the driver version in ``/proc/driver/nvidia/version``
+(present, parseable, at least the catalogue minimum for every GPU model found); kernel modules
+``nvidia`` and ``nvidia_uvm``; ``/dev/nvidiactl`` and ``/dev/nvidia<minor>`` per GPU; NVML initialises
+and lists GPUs; each model is in the catalogue and has compute capability >= 6.0; and (phase ``all``)
+the container runtime is ready: containerd has the nvidia runtime or CDI, CRI-O has the nvidia runtime
+(``runtimeName`` says which was found).
 Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts.Reason``.
 """
 
@@ -156,6 +158,9 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
                            f"{g.compute_capability[0]}.{g.compute_capability[1]}, below {major}.{minor}")
             if not inventory.gpus:
                 r.fail(Reason.NO_GPUS_LISTED, "NVML lists no GPU")
+            modes = [g.virtualization.value if g.virtualization else "N/A" for g in inventory.gpus]
+            for message in expect.virtualization_mismatches(modes):
+                r.fail(Reason.DRIVER_MISMATCH, message)
             if driver is not None and not catalogue.driver_at_least(driver, required):
                 r.fail(Reason.DRIVER_TOO_OLD, f"driver {driver} is older than the required {required}")
 

@@ -14,6 +14,12 @@ agent's status endpoint:
 
 A check that raises (it should not: it reports what it cannot read as findings) counts as a failed run
 and keeps the previous verdict, so one bad read never flips an alert.
+
+The same monitor runs beside NVIDIA's driver container in every driver pod the stack deploys
+(``--phase host --ready-when-usable``): there ``/readyz`` answers only while the last check found the
+node usable with the driver that pod's template declares, so the pod is Ready, and the driver upgrade
+validated, only once our check agrees (a driver DaemonSet's template always carries the current
+declaration, where node setup's ``OnDelete`` pod keeps the one it started with).
 """
 
 from __future__ import annotations
@@ -92,3 +98,7 @@ class CheckMonitor:
 
     def live(self) -> bool:
         return self.last is not None
+
+    def usable(self) -> bool:
+        """The last check reached a verdict, and it was ``ok``."""
+        return self.last is not None and self.last.verdict is Verdict.OK

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from nvgpu import catalogue, labels
-from nvgpu.driver import NO_EXPECTATION, DriverExpectation, KernelModules
+from nvgpu.driver import NO_EXPECTATION, VIRTUALIZATION_MODES, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts, templates
 from nvgpu.nodescripts.content import (
     HEADER,
@@ -175,6 +175,11 @@ def render_node_scripts(
     values["TOOLKIT_ROOT"] = "" if driver_root == "/" else driver_root
     values["EXPECT_DRIVER"] = expect.version.text if expect.version else ""
     values["EXPECT_MODULES"] = "" if expect.modules is KernelModules.AUTO else expect.modules.value
+    values["EXPECT_DRIVER_TYPE"] = expect.driver_type.value if expect.driver_type else ""
+    # Each driver type's virtualization modes (nvgpu.driver.VIRTUALIZATION_MODES), as the check's case arms.
+    values["VIRTUALIZATION_CASES"] = "\n".join(
+        f"      {t.value}) allowed=({' '.join(shlex.quote(m) for m in modes)}) ;;"
+        for t, modes in VIRTUALIZATION_MODES.items())
     values["TOOLKIT_BLOCK"] = " ".join(shlex.quote(line) for line in toolkit_block(accept_envvar))
     scripts = []
     for name, tmpl in body.items():

@@ -189,6 +189,8 @@ MIN_COMPUTE=@@MIN_COMPUTE@@
 # The node group's declared driver (a release or a branch) and kernel modules (open or proprietary).
 EXPECT_DRIVER="${NVIDIA_GPU_EXPECT_DRIVER-@@EXPECT_DRIVER@@}"
 EXPECT_MODULES="${NVIDIA_GPU_EXPECT_MODULES-@@EXPECT_MODULES@@}"
+# The declared driver type (gpu, vgpu, vgpu-host-manager), compared with the GPUs' virtualization mode.
+EXPECT_DRIVER_TYPE="${NVIDIA_GPU_EXPECT_DRIVER_TYPE-@@EXPECT_DRIVER_TYPE@@}"
 reasons=()
 
 fail() {
@@ -353,6 +355,29 @@ else
   fi
   if [[ -n "$driver" ]] && (($(version_to_int "$driver") < $(version_to_int "$min_driver"))); then
     fail driver-too-old "driver ${driver} is older than the required ${min_driver}"
+  fi
+  if ((count > 0)) && [[ -n "$EXPECT_DRIVER_TYPE" ]]; then
+    allowed=()
+    case "$EXPECT_DRIVER_TYPE" in
+@@VIRTUALIZATION_CASES@@
+    esac
+    if ! query="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ @@SMI@@ -q 2>&1)"; then
+      fail nvml-failed "@@SMI@@ -q failed: ${query}"
+    else
+      while IFS= read -r mode; do
+        [[ -n "$mode" && "$mode" != N/A ]] || continue
+        fits=false
+        for a in "${allowed[@]}"; do
+          [[ "$mode" == "$a" ]] && fits=true
+        done
+        if [[ "$fits" != true ]]; then
+          need="$(printf '%s or ' "${allowed[@]}")"
+          fail driver-mismatch \
+            "the GPUs are in virtualization mode ${mode}; driver type ${EXPECT_DRIVER_TYPE} needs ${need% or }"
+        fi
+      done < <(sed -nE 's/^[[:space:]]*Virtualization Mode[[:space:]]*:[[:space:]]*(.*[^[:space:]])[[:space:]]*$/\1/p' \
+        <<<"$query" | sort -u)
+    fi
   fi
 fi
 

@@ -41,7 +41,7 @@ def node_scripts(cluster: Cluster, group: NodeGroup, mode: AllocationMode) -> tu
         return ()
     passthrough = mode is AllocationMode.DRA and group.passthrough
     scripts = render_node_scripts(vfio=passthrough, accept_envvar=group.toolkit_accepts_envvar(mode),
-                                  expect=group.gpu.driver_expectation, driver_root=cluster.driver_root_for(group))
+                                  expect=group.gpu.node_setup_expectation, driver_root=cluster.driver_root_for(group))
     return (*scripts, dra.iommu_script()) if passthrough else tuple(scripts)
 
 

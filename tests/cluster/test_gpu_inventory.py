@@ -24,7 +24,7 @@ from localcluster import ApiError, ControlPlane, Kube
 from localcluster.dryrun import wait_crds_served
 from localcluster.objects import wait_for
 from node_agent.nvml.sim import SimulatedMachine
-from nvgpu import inventory
+from nvgpu import inventory, labels
 from tests.cluster.agents import (
     NS,
     REPO,
@@ -134,11 +134,12 @@ def test_kubectl_get_gpus_lists_the_nodes_gpus(kube: Kube, control_plane: Contro
         assert (status["sharing"], status["allocationMode"]) == ("Exclusive", "devicePlugin")
         assert status["mig"] == {"mode": "Disabled"} and status["health"]["state"] == "Healthy"
         assert status["exposedAs"] == [{"name": "nvidia.com/gpu", "count": 1}]
-        assert status["driverVersion"] and status["cudaVersion"]
+        assert status["driverVersion"] and status["cudaVersion"] and status["kernelModules"] == "open"
+        assert "driverUpgrade" not in status
     # What an administrator types, with the CRD's printer columns.
     table = _kubectl(control_plane, "get", "gpus", "-o", "wide", "-l", f"{inventory.NODE_LABEL}={NODE}").splitlines()
     assert table[0].split() == ["NAME", "NODE", "INDEX", "MODEL", "MEMORY(MIB)", "MIG", "HEALTH", "AGE", "UUID",
-                                "DRIVER", "SHARING", "ALLOCATION", "REASON", "LAST-XID"]
+                                "DRIVER", "MODULES", "UPGRADE", "SHARING", "ALLOCATION", "REASON", "LAST-XID"]
     assert len(table) == 9 and all(" NVIDIA A100-SXM4-80GB " in row and " Healthy " in row for row in table[1:])
 
 
@@ -183,6 +184,23 @@ def test_xids_show_at_once_and_a_critical_one_turns_the_gpu_unhealthy_for_the_qu
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert "event=xid gpu=2 xid=48" in out and "critical=True" in out, out
+
+
+def test_the_nodes_driver_upgrade_shows_on_its_gpus(kube: Kube, labeller: Labeller) -> None:
+    """The upgrade controller's label and failure annotation on the Node show on every GPU of the node at the
+    labeller's next run, and go when the controller clears them."""
+    failure = "the new driver pod was not ready within 900 s"
+    kube.patch("v1", "Node", NODE, {"metadata": {"labels": {labels.DRIVER_UPGRADE_STATE: "upgrade-failed"},
+                                                 "annotations": {labels.DRIVER_UPGRADE_FAILURE: failure}}})
+    try:
+        labeller.run()
+        assert {o["status"]["driverUpgrade"]["state"] for o in _gpus(kube).values()} == {"upgrade-failed"}
+        assert {o["status"]["driverUpgrade"]["reason"] for o in _gpus(kube).values()} == {failure}
+    finally:
+        kube.patch("v1", "Node", NODE, {"metadata": {"labels": {labels.DRIVER_UPGRADE_STATE: None},
+                                                     "annotations": {labels.DRIVER_UPGRADE_FAILURE: None}}})
+    labeller.run()
+    assert not [o for o in _gpus(kube).values() if "driverUpgrade" in o["status"]]
 
 
 def test_a_lost_gpu_turns_unhealthy_and_comes_back(kube: Kube, labeller: Labeller) -> None:

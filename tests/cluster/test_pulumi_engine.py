@@ -39,7 +39,7 @@ from tests.cluster.agents import (
     with_config_dir,
 )
 from tests.cluster.mig_manager import Rendered, layout, start_manager
-from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, make_project
+from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, assert_same_objects, make_project, object_key
 from tests.cluster.stack import rendered
 from tests.kit.fakehost import FakeHost, build_fake_host
 
@@ -75,24 +75,6 @@ def _preview_steps(project: Project) -> list[dict[str, Any]]:
     return steps
 
 
-def _object_key(inputs: dict[str, Any], type_token: str) -> tuple[str, str, str]:
-    meta = inputs.get("metadata") or {}
-    return inputs.get("kind", type_token.rsplit(":", 1)[-1]), meta.get("namespace", ""), meta.get("name", "")
-
-
-def _assert_same_objects(steps: list[dict[str, Any]], stack: str) -> None:
-    """The objects ``pulumi preview`` would create are the ones the offline preview renders for ``stack``."""
-    engine = {_object_key(s["newState"]["inputs"], s["newState"]["type"]) for s in steps
-              if s["op"] == "create" and s["newState"]["type"].startswith("kubernetes:")}
-    offline = {(m.object["kind"], m.object["metadata"].get("namespace", ""), m.object["metadata"]["name"])
-               for m in rendered(stack).manifests}
-    # The provider's check gives a patch of a custom resource it has no schema for the namespace
-    # ``default`` even when the kind is cluster-scoped (the Deckhouse NodeGroup); the server ignores it.
-    cluster_scoped = {(k, n) for k, ns, n in offline if not ns}
-    engine = {(k, "" if (k, n) in cluster_scoped and ns == "default" else ns, n) for k, ns, n in engine}
-    assert engine == offline, f"engine only: {sorted(engine - offline)}; offline only: {sorted(offline - engine)}"
-
-
 def test_0_someone_elses_fixed_name_objects_are_reported_before_up(cluster: ControlPlane, project: Project,
                                                                    before: dict[str, Any]) -> None:
     """NVIDIA's DRA driver already installed its DeviceClass ``gpu.nvidia.com``: the provider would apply
@@ -118,7 +100,7 @@ def test_0_someone_elses_fixed_name_objects_are_reported_before_up(cluster: Cont
 
 def test_1_preview_lists_what_the_offline_preview_renders(project: Project, before: dict[str, Any]) -> None:
     steps = _preview_steps(project)
-    _assert_same_objects(steps, STACK)
+    assert_same_objects(steps, STACK)
     assert {s["op"] for s in steps} <= {"create", "read", "same"}
 
 
@@ -257,7 +239,7 @@ def test_4_a_partition_count_change_updates_only_what_it_must(cluster: ControlPl
     l4["gpu"]["timeSlicing"]["partitionCount"] = 4
     project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
     steps = _preview_steps(project)
-    changed = {_object_key(s["newState"]["inputs"], s["newState"]["type"]): s["op"] for s in steps
+    changed = {object_key(s["newState"]["inputs"], s["newState"]["type"]): s["op"] for s in steps
                if s["op"] not in ("same", "read") and s["newState"]["type"].startswith("kubernetes:")}
     assert set(changed.values()) == {"update"}, changed  # nothing replaced
     assert ("ConfigMap", "nvidia-gpu", "device-plugin-config-l4-shared") in changed
@@ -474,7 +456,7 @@ def test_7_prod_stack_previews_applies_and_destroys(cluster: ControlPlane,
     prod = make_project(cluster, tmp_path_factory.mktemp("engine-prod"), "prod")
     prod.pulumi("stack", "init", "prod")
     done = prod.pulumi("preview", "--json")
-    _assert_same_objects(json.loads(done.stdout)["steps"], "prod")
+    assert_same_objects(json.loads(done.stdout)["steps"], "prod")
     kube = cluster.admin()
     before = _snapshot(kube)
     prod.pulumi("up", "--yes", "--skip-preview")

@@ -197,6 +197,33 @@ def test_the_declared_driver_is_verified_alike(case: tuple[str, str, bool, bool]
         assert "the node group declares" in finding["message"]
 
 
+@pytest.mark.parametrize("case", [
+    ("gpu", 0, False), ("gpu", 1, False), ("vgpu", 2, False), ("vgpu-host-manager", 3, False),
+    ("gpu", 2, True), ("vgpu", 0, True), ("vgpu-host-manager", 2, True), ("vgpu", 3, True),
+], ids=["bare-metal", "passthrough", "vgpu-guest", "vgpu-host", "gpu-on-a-vgpu", "vgpu-on-bare-metal",
+        "host-manager-in-a-guest", "guest-driver-on-a-host"])
+def test_the_declared_driver_type_is_verified_against_the_virtualization_mode_alike(
+        case: tuple[str, int, bool], tmp_path: Path, run_script: RunScript, capsys: pytest.CaptureFixture[str]) -> None:
+    """gpu.driver.type against NVML's virtualization mode of the GPUs (the agent through NVML, gpu-check.sh
+    through ``nvidia-smi -q``): a bare-metal driver on a vGPU, a guest driver on bare metal or a host, a
+    vGPU manager in a guest are each a driver-mismatch, worded alike."""
+    driver_type, mode, mismatch = case
+    host = build_fake_host(tmp_path, "l4x2")
+    assert host.machine is not None
+    host.machine.set_virtualization_mode(mode)
+    ran = run_script(host, "gpu-check.sh", NVIDIA_GPU_CHECK_PHASE="host", NVIDIA_GPU_EXPECT_DRIVER_TYPE=driver_type)
+    script = summary(ran.stdout, "nvidia-gpu-check")
+    code, doc = _agent_json(host, capsys, "check", "--phase", "host", "--expect-driver-type", driver_type)
+    assert (doc["verdict"], ",".join(doc["reasons"])) == (script["verdict"], script["reasons"]), doc
+    assert (doc["reasons"] == ["driver-mismatch"]) is mismatch, doc
+    assert code == (1 if mismatch else 0)
+    if mismatch:
+        (finding,) = doc["findings"]
+        assert finding["message"].startswith("the GPUs are in virtualization mode ")
+        assert f"driver type {driver_type} needs" in finding["message"]
+        assert finding["message"] in ran.stdout + ran.stderr, "worded alike"
+
+
 @pytest.mark.parametrize("case", [(("rhel", "9.4"), "5.14.0-427.13.1.el9_4.x86_64", False),
                                   (("ubuntu", "24.04"), "6.8.0-45-generic", True)], ids=["rhel-no-driver", "ubuntu"])
 def test_the_os_labels_are_published_alike(case: tuple[tuple[str, str], str, bool], tmp_path: Path,

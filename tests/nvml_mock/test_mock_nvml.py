@@ -354,13 +354,14 @@ def test_library_exports_what_the_agent_calls(mock_bin: Path) -> None:
     # only the _v3 process listings (the agent falls back to _v2 and the unversioned ones on drivers older
     # than 510.39), no NVLink fabric (the mock models none: the agent then publishes no clique), no sensors
     # or counters (go-nvml's mock machines model none: the exporter leaves those series out, as it does on a
-    # board or driver without them; test_the_exporter_serves_what_the_mock_models).
+    # board or driver without them; test_the_exporter_serves_what_the_mock_models), no virtualization mode
+    # (the agent then reads it as unknown and check compares no declared driver type with it).
     assert set(json.loads(done.stdout)) == {
         "nvmlDeviceGetGpuInstanceProfileInfoV", "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
         "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetComputeRunningProcesses_v2",
         "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses",
         "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
-        *TELEMETRY_CALLS}
+        "nvmlDeviceGetVirtualizationMode", *TELEMETRY_CALLS}
 
 
 def test_the_exporter_serves_what_the_mock_models(pair: tuple[Pair, Side, Side]) -> None:
@@ -394,6 +395,8 @@ def test_nvml_inventory_agrees(pair: tuple[Pair, Side, Side]) -> None:
     assert [g["pci_bus_id"] for g in mg] == [f"00000000:{i:02X}:00.0" for i in range(8)]
     assert {g["numa_node"] for g in mg} == {None} and {g["pci_subsystem_id"] for g in mg} == {0}
     assert {g["numa_node"] for g in sg} == {0, 1}
+    # The mock has no nvmlDeviceGetVirtualizationMode: unknown there, bare metal on the simulated DGX.
+    assert {g["virtualization"] for g in mg} == {None} and {g["virtualization"] for g in sg} == {"None"}
     # Driver versions are each machine's own install; both report NVML's CUDA encoding the same way.
     assert mock.probe["driver"] == ["550.54.15", "12.4"]
     assert re.match(r"^\d+\.\d+\.\d+$", sim.probe["driver"][0]) and re.match(r"^1[12]\.\d$", sim.probe["driver"][1])

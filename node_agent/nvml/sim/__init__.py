@@ -126,6 +126,11 @@ class SimulatedMachine:
         with self.store.mutate() as s:
             s.driver_version = version
 
+    def set_virtualization_mode(self, mode: int) -> None:
+        """The GPUs as NVML sees them in a VM with vGPUs (2), on a vGPU host (3), or bare metal (0)."""
+        with self.store.mutate() as s:
+            s.virtualization_mode = mode
+
     def lose_gpu(self, index: int, xid: int = 79) -> None:
         """The GPU falls off the bus: XID 79 is raised, then every call on it fails with GPU_IS_LOST."""
         with self.store.mutate() as s:

@@ -233,6 +233,7 @@ class FakeNvmlLibrary:
             "nvmlDeviceGetCudaComputeCapability": ((_P, _P, _P), self.compute_capability, _I),
             "nvmlDeviceGetArchitecture": ((_P, _P), self.architecture, _I),
             "nvmlDeviceGetNumaNodeId": ((_P, _P), self.numa_node, _I),
+            "nvmlDeviceGetVirtualizationMode": ((_P, _P), self.virtualization_mode, _I),
             "nvmlDeviceGetMigMode": ((_P, _P, _P), self.get_mig_mode, _I),
             "nvmlDeviceSetMigMode": ((_P, _U, _P), self.set_mig_mode, _I),
             "nvmlDeviceGetMaxMigDeviceCount": ((_P, _P), self.max_mig_devices, _I),
@@ -578,6 +579,10 @@ class FakeNvmlLibrary:
     def numa_node(self, handle: int | None, out: int | None) -> None:
         h, _ = self._gpu(handle)
         _put(out, ctypes.c_int, self.spec.numa_nodes[h.gpu])
+
+    def virtualization_mode(self, handle: int | None, out: int | None) -> None:
+        self._gpu(handle)
+        _put(out, ctypes.c_uint, self._state().virtualization_mode)
 
     # -- MIG mode ----------------------------------------------------------------------------
     def get_mig_mode(self, handle: int | None, current: int | None, pending: int | None) -> None:

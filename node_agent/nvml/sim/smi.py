@@ -5,7 +5,8 @@ that shells out to ``nvidia-smi`` sees the same GPUs, driver and faults as the a
 NVML: ``--machine M`` reads the simulated machine, ``--driver-root R`` the ``libnvidia-ml.so.1`` under
 that driver root (NVIDIA's mock library on a node laid out like a real one), as the driver's own
 ``nvidia-smi`` reads the driver's NVML. It goes through the NVML facade itself, so both paths read one
-source. Only the forms the scripts use are implemented: ``-L`` and
+source. Only the forms the scripts use are implemented: ``-L``, ``-q`` (the lines of nvidia-smi's report the
+scripts read: driver version, GPUs, product names, virtualization mode) and
 ``--query-gpu=<fields> --format=csv,noheader[,nounits]``; anything else exits 2 like nvidia-smi does for bad arguments.
 """
 
@@ -27,10 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--driver-root", type=Path)
     parser.add_argument("--state", type=Path)
     parser.add_argument("-L", "--list-gpus", action="store_true")
+    parser.add_argument("-q", "--query", action="store_true")
     parser.add_argument("--query-gpu")
     parser.add_argument("--format")
     args, rest = parser.parse_known_args(argv)
-    if rest or not (args.list_gpus or args.query_gpu):
+    if rest or not (args.list_gpus or args.query_gpu or args.query):
         print(f"Invalid combination of input arguments: {' '.join(rest)}", file=sys.stderr)
         return 2
     backend = (NvmlBackend("simulated", args.machine, args.state) if args.machine
@@ -48,6 +50,16 @@ def main(argv: list[str] | None = None) -> int:
         return 15
     for lost in inv.lost:
         print(f"Unable to determine the device handle for GPU{lost.index}: {lost.reason}", file=sys.stderr)
+    if args.query:
+        print("\n==============NVSMI LOG==============\n")
+        print(f"{'Driver Version':<42}: {driver}\n")
+        print(f"{'Attached GPUs':<42}: {len(inv.gpus)}")
+        for g in inv.gpus:
+            print(f"GPU {g.pci_bus_id}")
+            print(f"    {'Product Name':<38}: {g.name}")
+            print("    GPU Virtualization Mode")
+            print(f"        {'Virtualization Mode':<34}: {g.virtualization.value if g.virtualization else 'N/A'}")
+        return 15 if inv.lost else 0
     if args.list_gpus:
         for g in inv.gpus:
             print(f"GPU {g.index}: {g.name} (UUID: {g.uuid})")

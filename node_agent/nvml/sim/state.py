@@ -142,6 +142,8 @@ class SimState(_Model):
     machine: str
     driver_version: str | None = None
     init_error: InitError | None = None
+    #: ``nvmlGpuVirtualizationMode_t`` of every GPU: 0 bare metal, 1 passthrough, 2 a vGPU guest, 3 a vGPU host.
+    virtualization_mode: int = Field(default=0, ge=0, le=4)
     #: C functions the simulated library does not export at all (on top of those its driver version
     #: predates), as if an older or stripped-down libnvidia-ml.so were installed.
     missing_functions: list[str] = []

@@ -35,7 +35,14 @@ from nvgpu.stackconfig import Cluster, NodeGroup
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name
 from nvidia_gpu.components.manifests.scheduling import node_selector_terms, tolerations
-from nvidia_gpu.components.manifests.workloads import SKIP_AWAIT
+from nvidia_gpu.components.manifests.workloads import (
+    AGENT,
+    DRIVER_ROOT_ARGS,
+    HOST_ROOT,
+    SKIP_AWAIT,
+    driver_root_mount,
+    driver_root_volume,
+)
 
 DRIVER_API = "nvidia.com/v1alpha1"
 #: The driver container's role (the policy pack allows it privileged, hostPID and host paths).
@@ -51,6 +58,37 @@ VALIDATIONS = f"{RUN_NVIDIA}/validations"
 READY_MARKER = f"{VALIDATIONS}/.driver-ctr-ready"
 #: The driver container builds and loads the modules (minutes when compiling); NVIDIA's chart requests.
 RESOURCES = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+#: The driver pod's own check (the agent's ``setup-monitor``): its status port, inside the pod's network.
+CHECK_PORT = 9405
+#: How often the driver pod's check runs: a loaded driver shows Ready within this.
+CHECK_INTERVAL_S = 30
+CHECK_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
+
+
+def check_container(cluster: Cluster, group: NodeGroup) -> dict[str, Any]:
+    """The agent's check beside NVIDIA's driver container: Ready only while the node is usable with the
+    driver this template declares (version or branch, kernel modules), so a driver pod is Ready, and an
+    upgrade validated, once our ``check`` agrees with NVIDIA's ``nvidia-smi`` probe. The template is the
+    one place that always carries the current declaration (node setup's pods are ``OnDelete``).
+    Privileged as node setup's check is: NVML opens the GPUs' device nodes."""
+    args = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS, "setup-monitor", "--phase", "host", "--ready-when-usable",
+            "--interval", str(CHECK_INTERVAL_S), "--metrics-port", str(CHECK_PORT),
+            *group.gpu.driver_expectation.args()]
+    return {
+        "name": "driver-check",
+        "image": cluster.agent_image.ref,
+        "imagePullPolicy": cluster.agent_image.pull_policy,
+        "command": list(AGENT),
+        "args": args,
+        "resources": CHECK_RESOURCES,
+        "securityContext": {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0},
+        "ports": [{"name": "check", "containerPort": CHECK_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": CHECK_PORT}, "periodSeconds": 10,
+                           "timeoutSeconds": 5, "failureThreshold": 1},
+        "volumeMounts": [{"name": "host-root", "mountPath": HOST_ROOT, "readOnly": True,
+                          "mountPropagation": "HostToContainer"},
+                         driver_root_mount(driverspec.CONTAINER_DRIVER_ROOT)],
+    }
 
 
 @dataclass(frozen=True)
@@ -170,8 +208,10 @@ def driver_daemonset(namespace: str, cluster: Cluster, group: NodeGroup, target:
                     "terminationGracePeriodSeconds": 120,
                     "affinity": _driver_affinity(group, target),
                     "tolerations": tolerations(group),
-                    "containers": [container],
+                    "containers": [container, check_container(cluster, group)],
                     "volumes": [
+                        _host_path("host-root", "/", "Directory"),
+                        driver_root_volume(driverspec.CONTAINER_DRIVER_ROOT),
                         _host_path("run-nvidia", RUN_NVIDIA, "DirectoryOrCreate"),
                         _host_path("var-log", "/var/log"),
                         _host_path("dev-log", "/dev/log"),

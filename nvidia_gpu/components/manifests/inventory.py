@@ -55,6 +55,16 @@ SCHEMA: dict[str, Any] = {
                 "computeCapability": _string("CUDA compute capability (9.0).", pattern="^[0-9]+\\.[0-9]+$"),
                 "driverVersion": _string("The NVIDIA driver's version."),
                 "cudaVersion": _string("The CUDA driver API version the driver provides (12.4)."),
+                "kernelModules": _string("The driver's kernel modules loaded on the node.",
+                                         enum=["open", "proprietary"]),
+                "driverUpgrade": {
+                    "type": "object",
+                    "description": "The node's driver upgrade, while the stack's upgrade controller rolls one.",
+                    "properties": {
+                        "state": _string("The node's nvidia.com/gpu-driver-upgrade-state."),
+                        "reason": _string("Why the upgrade failed (upgrade-failed)."),
+                    },
+                },
                 "sharing": _string("The node group's sharing mode.", enum=["Exclusive", "TimeSlicing", "MPS", "MIG"]),
                 "allocationMode": _string("How workloads get the GPU.", enum=["devicePlugin", "dra"]),
                 "mig": {
@@ -119,6 +129,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
     {"name": "Driver", "type": "string", "jsonPath": ".status.driverVersion", "priority": 1},
+    {"name": "Modules", "type": "string", "jsonPath": ".status.kernelModules", "priority": 1},
+    {"name": "Upgrade", "type": "string", "jsonPath": ".status.driverUpgrade.state", "priority": 1},
     {"name": "Sharing", "type": "string", "jsonPath": ".status.sharing", "priority": 1},
     {"name": "Allocation", "type": "string", "jsonPath": ".status.allocationMode", "priority": 1},
     {"name": "Reason", "type": "string", "jsonPath": ".status.health.reason", "priority": 1},

@@ -484,7 +484,7 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     # Privileged: the agent writes /proc/sys, loads kernel modules and restarts containerd through the
     # host's systemd (reached via the host root mount and chroot, so hostPID is not needed).
     # Passthrough groups (DRA, vfio.gpu.nvidia.com) also get VFIO prepared: modules and the IOMMU check.
-    expect = ctx.group.gpu.driver_expectation.args()  # check compares the loaded driver with the group's
+    expect = ctx.group.gpu.node_setup_expectation.args()  # check compares the loaded driver with the group's
     setup = [*base, "setup", *(["--dra"] if ctx.group.passthrough else []), *expect]
     if ctx.group.toolkit_accepts_envvar(ctx.allocation_mode):  # the group chose the envvar device list
         setup.append("--accept-envvar-when-unprivileged")

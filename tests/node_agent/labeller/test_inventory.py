@@ -258,3 +258,23 @@ def test_the_recorder_sees_xids_while_other_sessions_come_and_go(tmp_path: Path)
         assert not recorder.seen()[6].critical and recorder.seen()[3].critical
     finally:
         recorder.stop()
+
+
+def test_every_gpu_object_shows_the_nodes_driver_modules_and_upgrade(dgx: tuple[Inventory, DriverInfo]) -> None:
+    """The kernel modules and the driver upgrade's state are the node's: on each GPU's object, a lost one's
+    too, within the CRD's schema; once the upgrade is done and its label gone, the patch removes them."""
+    inv, driver = dgx
+    failing = inventory.NodeDriver("open", "upgrade-failed", "drain did not finish within 1800 s")
+    lost = Inventory(tuple(g for g in inv.gpus if g.index != 3), (LostGpu(3, "GPU is lost (NVML error 15)"),))
+    before = {3: inventory.gpu_status(inv.gpus[3], driver, CTX)}
+    want = inventory.desired(lost, driver, CTX, before, node=failing)
+    assert len(want) == len(inv.gpus)
+    for status in want.values():
+        assert status["kernelModules"] == "open"
+        assert status["driverUpgrade"] == {"state": "upgrade-failed", "reason": "drain did not finish within 1800 s"}
+        _validator().validate({"spec": {"node": "n", "index": 0}, "status": status})
+    done = inventory.desired(inv, driver, CTX, {}, node=inventory.NodeDriver("proprietary"))
+    patch = inventory._merge_patch(want[0], done[0])
+    assert patch["driverUpgrade"] is None and patch["kernelModules"] == "proprietary"
+    with pytest.raises(jsonschema.ValidationError):
+        _validator().validate({"spec": {"node": "n", "index": 0}, "status": {**done[0], "kernelModules": "nouveau"}})

@@ -106,3 +106,44 @@ def test_a_check_that_raises_keeps_the_last_verdict() -> None:
     assert sample("check_verdict", verdict="unusable") == 1 and sample("check_verdict", verdict="ok") == 0
     assert sample("check_failing", reason="driver-missing") == 1
     assert sample("driver_info", version="550.90.07") is None  # no driver seen: the old series is gone
+
+
+def test_the_driver_pods_check_is_ready_only_with_the_declared_driver(tmp_path: Path) -> None:
+    """The ``driver-check`` container of a driver pod, its command as the stack renders it (paths mapped onto a
+    simulated DGX H100): not Ready while the old driver is loaded, Ready once the declared one is, which is
+    what the upgrade's validation waits for."""
+    from node_agent.nvml.sim.host import driver_version_text
+    from nvgpu.stackconfig import load_stack_config
+    from nvidia_gpu.components.manifests import driver
+    from nvidia_gpu.components.manifests.workloads import CONTAINER_DRIVER_ROOT, HOST_ROOT
+
+    cfg = load_stack_config({"cluster": {"kubernetesVersion": "1.34", "agentImage": {
+        "repository": "registry.example.com/agent", "tag": "1.0.0"}}, "nodeGroups": [
+        {"name": "h100", "nodeSelector": {"matchLabels": {"pool": "h100"}},
+         "gpu": {"model": "H100-80GB", "driver": {"source": "container", "version": "550.127.05",
+                                                  "kernelModules": "open", "osReleases": ["ubuntu22.04"]}}}]})
+    container = driver.check_container(cfg.cluster, cfg.node_groups[0])
+    host = build_fake_host(tmp_path / "host", "dgx-h100")  # the node still runs 550.90.07
+    port = metrics.free_port()
+    args = [str(host.root) if a in (HOST_ROOT, CONTAINER_DRIVER_ROOT) else a for a in container["args"]]
+    args[args.index("--interval") + 1] = "0.2"
+    args[args.index("--metrics-port") + 1] = str(port)
+    assert container["command"] == ["python", "-m", "node_agent"]
+    proc = subprocess.Popen([sys.executable, "-m", "node_agent", "--nvml", "simulated:dgx-h100", *args,
+                             "--metrics-address", "127.0.0.1"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stderr=subprocess.PIPE)
+    ready = f"http://127.0.0.1:{port}{container['readinessProbe']['httpGet']['path']}"
+    try:
+        old = _scrape_until(f"http://127.0.0.1:{port}/metrics", lambda s: _verdict(s) is not None)
+        assert metrics.value(old, "nvidia_gpu_node_check_failing", reason="driver-mismatch") == 1
+        assert metrics.get(ready)[0] == 503
+        # The new driver container loaded the declared release.
+        (host.root / "proc/driver/nvidia/version").write_text(driver_version_text("550.127.05"))
+        deadline = time.monotonic() + 20
+        while metrics.get(ready)[0] != 200:
+            assert time.monotonic() < deadline, "the driver check never became ready"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err.decode()

@@ -86,7 +86,9 @@ def test_one_driver_daemonset_per_os_release_and_per_kernel_when_precompiled() -
         {"key": labels.GPU_DEPLOY_DRIVER, "operator": "NotIn", "values": [labels.DRIVER_PREINSTALLED]},
         {"key": labels.KERNEL_VERSION_FULL, "operator": "In", "values": ["5.14.0-427.13.1.el9_4.x86_64"]}]
     assert labels.GPU_SETUP_COMPLETE not in str(term)  # the driver comes before setup's check can pass
-    (c,) = pod["containers"]
+    c, check_ctr = pod["containers"]
+    assert check_ctr["name"] == "driver-check" and check_ctr["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert check_ctr["args"][-2:] == ["--expect-driver", "535"]  # the branch this template declares
     assert c["command"] == ["nvidia-driver"] and c["args"] == ["init"] and c["securityContext"]["privileged"]
     assert {"name": "run-nvidia", "mountPath": "/run/nvidia", "mountPropagation": "Bidirectional"} in c["volumeMounts"]
     assert pod["hostPID"] is True and pod["automountServiceAccountToken"] is False
