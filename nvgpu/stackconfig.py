@@ -33,6 +33,7 @@ from pydantic.alias_generators import to_camel
 
 from nvgpu import catalogue, dcgmcounters, devicelist, labels
 from nvgpu import driver as driverspec
+from nvgpu import toolkit as toolkitspec
 from nvgpu.devicelist import DeviceListStrategy
 from nvgpu.k8snames import check_dns_label, check_dns_subdomain, check_key, check_label_value, dns_subdomain_problem
 from nvgpu.mig import balanced_layout
@@ -482,6 +483,13 @@ class Cluster(_Model):
             return driverspec.CONTAINER_DRIVER_ROOT
         return self.driver_root
 
+    def cdi_hook_for(self, group: NodeGroup) -> str:
+        """The ``nvidia-cdi-hook`` the CDI specs of ``group``'s nodes name: the one NVIDIA's toolkit container
+        installed, or ``cdiHookPath`` where the node has its own toolkit."""
+        if group.toolkit.container:
+            return toolkitspec.cdi_hook(group.toolkit.install_dir)
+        return self.cdi_hook_path
+
     @field_validator("cdi_hook_path")
     @classmethod
     def _cdi_hook_path(cls, v: str) -> str:
@@ -732,6 +740,58 @@ class Driver(_Model):
         return driverspec.parse_version(self.version) if self.version else None
 
 
+class ToolkitImage(_Model):
+    """NVIDIA's toolkit image (``<repository>/<name>:<tag>``), pinned by digest where given."""
+
+    repository: Annotated[str, AfterValidator(_repository)] = toolkitspec.DEFAULT_REPOSITORY
+    name: DnsLabel = toolkitspec.DEFAULT_IMAGE
+    tag: Annotated[str, AfterValidator(_tag)] = toolkitspec.DEFAULT_TAG
+    digest: Annotated[str, AfterValidator(_digest)] | None = None
+    pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+
+    @property
+    def ref(self) -> str:
+        ref = f"{self.repository}/{self.name}:{self.tag}"
+        return f"{ref}@{self.digest}" if self.digest else ref
+
+
+class Toolkit(_Model):
+    """The NVIDIA Container Toolkit of the group's nodes: the node's own, or NVIDIA's toolkit container
+    installing it under ``installDir`` (``nvgpu.toolkit``)."""
+
+    source: toolkitspec.ToolkitSource = toolkitspec.ToolkitSource.PREINSTALLED
+    image: ToolkitImage = ToolkitImage()
+    install_dir: str = toolkitspec.DEFAULT_INSTALL_DIR
+
+    @field_validator("install_dir")
+    @classmethod
+    def _install_dir(cls, v: str) -> str:
+        path = _absolute(v, "e.g. /usr/local/nvidia")
+        if path.rstrip("/") in ("", "/usr", "/usr/bin", "/etc", "/run", "/var"):
+            raise ValueError(f"{v!r} is a system directory; the installer empties its toolkit/ subdirectory "
+                             "on every start: use a directory of its own, such as /usr/local/nvidia")
+        return path.rstrip("/")
+
+    @model_validator(mode="after")
+    def _used(self) -> Toolkit:
+        if self.source is toolkitspec.ToolkitSource.PREINSTALLED:
+            unused = [key for k, key in (("image", "image"), ("install_dir", "installDir"))
+                      if k in self.model_fields_set]
+            if unused:
+                raise FieldProblems([((key,), "only used with source container (the node's own toolkit is "
+                                              "under /usr/bin)") for key in unused])
+        return self
+
+    @property
+    def container(self) -> bool:
+        return self.source is toolkitspec.ToolkitSource.CONTAINER
+
+    @property
+    def runtime_binary(self) -> str:
+        """The nvidia runtime's binary node setup configures: the installed one, or the node's own."""
+        return toolkitspec.runtime_binary(self.install_dir) if self.container else facts.NVIDIA_CONTAINER_RUNTIME
+
+
 class Gpu(_Model):
     model: str | None = None
     sharing: Sharing = Sharing.EXCLUSIVE
@@ -857,6 +917,7 @@ class NodeGroup(_Model):
     allocation_mode: AllocationMode | None = None
     #: DRA only: GPUs of this group may be bound to vfio-pci and handed to VMs (IOMMU on, gpu-vfio.sh).
     passthrough: Bool = False
+    toolkit: Toolkit = Toolkit()
 
     def toolkit_accepts_envvar(self, mode: AllocationMode) -> bool:
         """Whether node setup must let the toolkit honour unprivileged containers' ``NVIDIA_VISIBLE_DEVICES``
@@ -972,6 +1033,11 @@ class StackConfig(_Model):
                                                  "node group names must be unique")
                      for i, n in enumerate(names) if names.index(n) != i]
         for i, g in enumerate(self.node_groups):
+            if self.cluster.node_setup is NodeSetupBackend.DECKHOUSE and g.toolkit.container:
+                problems.append((("nodeGroups", i, "toolkit", "source"), (
+                    "'container' needs cluster.nodeSetup 'daemonset': on Deckhouse, bashible configures the "
+                    "runtime when the node joins, before any pod could install the toolkit; bake the toolkit "
+                    "into the node image (source preinstalled)")))
             if self.cluster.node_setup is NodeSetupBackend.DECKHOUSE and g.node_group is None:
                 problems.append((("nodeGroups", i, "nodeGroup"), "required with cluster.nodeSetup 'deckhouse', which "
                                                                  "configures Deckhouse NodeGroups (nodeSelector is for "

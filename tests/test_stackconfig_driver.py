@@ -135,3 +135,33 @@ def test_what_node_setup_and_the_driver_pod_verify() -> None:
     contained = _load({"driver": {**CONTAINER, "kernelModules": "open"}}).node_groups[0].gpu
     assert contained.node_setup_expectation.empty
     assert contained.driver_expectation.args() == ["--expect-driver", "550.90.07", "--expect-kernel-modules", "open"]
+
+
+def test_the_toolkit_container_installs_where_it_is_told_and_only_on_the_daemonset_backend() -> None:
+    g = _load({}).node_groups[0]
+    assert g.toolkit.source.value == "preinstalled" and g.toolkit.runtime_binary == "/usr/bin/nvidia-container-runtime"
+    values = copy.deepcopy(BASE)
+    values["nodeGroups"][0]["toolkit"] = {"source": "container", "image": {"digest": "sha256:" + "a" * 64}}
+    cfg = load_stack_config(values)
+    t = cfg.node_groups[0].toolkit
+    assert t.image.ref == f"nvcr.io/nvidia/k8s/container-toolkit:v1.19.1@sha256:{'a' * 64}"
+    assert t.runtime_binary == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+    assert cfg.cluster.cdi_hook_for(cfg.node_groups[0]) == "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+    cases = [
+        ({"source": "container", "installDir": "/usr"}, "nodeGroups[0].toolkit.installDir", "system directory"),
+        ({"installDir": "/opt/nvidia"}, "nodeGroups[0].toolkit.installDir", "only used with source container"),
+        ({"source": "shipped"}, "nodeGroups[0].toolkit.source", "preinstalled"),
+    ]
+    for spec, path, words in cases:
+        values = copy.deepcopy(BASE)
+        values["nodeGroups"][0]["toolkit"] = spec
+        with pytest.raises(StackConfigError) as caught:
+            load_stack_config(values)
+        assert any(path in p and words in p for p in caught.value.problems), caught.value.problems
+    deckhouse = copy.deepcopy(BASE)
+    deckhouse["cluster"]["nodeSetup"] = "deckhouse"
+    deckhouse["nodeGroups"][0] = {"name": "h100", "nodeGroup": "h100", "gpu": {"model": "H100-80GB"},
+                                  "toolkit": {"source": "container"}}
+    with pytest.raises(StackConfigError) as caught:
+        load_stack_config(deckhouse)
+    assert any("nodeGroups[0].toolkit.source" in p and "nodeSetup 'daemonset'" in p for p in caught.value.problems)

@@ -14,7 +14,7 @@ print_only=0
 [ "${1:-}" = "--print" ] && print_only=1
 
 components=(prometheus kube etcd kwok mocknvml pulumi pulumi-yaml pulumi-kubernetes cdi runc nvidia-device-plugin mig-parted dra-driver-nvidia-gpu
-            actionlint)
+            actionlint container-toolkit)
 
 key_of() {  # key_of NAME: a short hash of what decides the component's binaries
   # Every file of tools/NAME (names and contents, in a fixed order: go.mod, go.sum and any sources,
@@ -136,6 +136,19 @@ build_one() {  # build_one NAME OUTDIR
       go build -trimpath -ldflags "-s -w -X sigs.k8s.io/dra-driver-nvidia-gpu/internal/info.version=$v" -o "$out/" \
         sigs.k8s.io/dra-driver-nvidia-gpu/cmd/gpu-kubelet-plugin
       go build -trimpath -ldflags "-s -w" -o "$out/" github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook ;;
+    container-toolkit)
+      # NVIDIA's toolkit container's installer (nvidia-ctk-installer) and the Go programs of the toolkit it
+      # installs, at the release of the stack's default toolkit image, in a directory of their own (the cdi
+      # component's nvidia-cdi-hook is another release's): the toolkit-container tests install from them.
+      local v; v="$(go list -m -f '{{.Version}}' github.com/NVIDIA/nvidia-container-toolkit)"
+      mkdir -p "$out/container-toolkit"
+      go build -trimpath -ldflags "-s -w -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=${v#v}" \
+        -o "$out/container-toolkit/" github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk-installer \
+        github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
+        github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime \
+        github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime.cdi \
+        github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime.legacy \
+        github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime-hook ;;
     actionlint)
       # actionlint, which `make test` runs over .github/workflows (tests/test_workflows.py); it runs
       # shellcheck on each `run:` script when shellcheck is on PATH (.ci/run installs it).

@@ -7,6 +7,7 @@ from typing import Any
 
 from node_agent.cli import exitcodes
 from node_agent.cli.context import AgentContext
+from node_agent.cli.runtime import add_toolkit_dir_flag
 from node_agent.host import HostError
 from node_agent.setup import check
 from nvgpu.driver import DriverExpectation, DriverType, DriverVersion, KernelModules, parse_version
@@ -40,7 +41,7 @@ def expectation(args: argparse.Namespace) -> DriverExpectation:
 
 def run(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
-    report = check.run_check(ctx.host, ctx.nvml, args.phase, expectation(args))
+    report = check.run_check(ctx.host, ctx.nvml, args.phase, expectation(args), toolkit_dir=args.toolkit_dir)
     if not args.no_record:
         try:
             check.record_verdict(ctx.host, report)
@@ -59,4 +60,5 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-record", action="store_true",
                    help=f"do not write the verdict to {facts.CHECK_VERDICT_FILE}")
     add_expect_arguments(p)
+    add_toolkit_dir_flag(p)
     p.set_defaults(run=run)

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "apply":
             result = runtime.apply_runtime(ctx.host, restart=restart,
                                            accept_envvar=args.accept_envvar_when_unprivileged,
-                                           driver_root=args.toolkit_driver_root)
+                                           driver_root=args.toolkit_driver_root, toolkit_dir=args.toolkit_dir)
         else:
             result = runtime.rollback_runtime(ctx.host, restart=restart)
     except HostError as e:
@@ -55,6 +55,13 @@ def add_envvar_flag(p: Any) -> None:
     p.add_argument("--toolkit-driver-root", default="/", metavar="PATH", type=_absolute,
                    help="where the driver is on the host, for the toolkit's nvidia-container-cli (a driver "
                         "container's /run/nvidia/driver; default: %(default)s)")
+    add_toolkit_dir_flag(p)
+
+
+def add_toolkit_dir_flag(p: Any) -> None:
+    p.add_argument("--toolkit-dir", default=None, metavar="PATH", type=_absolute,
+                   help="the toolkit NVIDIA's toolkit container installed (<installDir>/toolkit): the nvidia "
+                        "runtime runs its nvidia-container-runtime, its config is the installer's")
 
 
 def _absolute(text: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from node_agent.cli import exitcodes
 from node_agent.cli.check import add_expect_arguments, expectation
 from node_agent.cli.context import AgentContext
-from node_agent.cli.runtime import add_envvar_flag
+from node_agent.cli.runtime import add_envvar_flag, add_toolkit_dir_flag
 from node_agent.setup import check, flow
 from node_agent.setup.flow import Failure, FlowResult
 from node_agent.setup.monitor import DEFAULT_INTERVAL_S, CheckMonitor
@@ -46,12 +46,13 @@ def run_setup(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
     return _report(ctx, flow.setup(ctx, dra=args.dra, restart=not args.no_restart, patch_node=not args.no_patch_node,
                                    accept_envvar=args.accept_envvar_when_unprivileged, expect=expectation(args),
-                                   toolkit_root=args.toolkit_driver_root))
+                                   toolkit_root=args.toolkit_driver_root, toolkit_dir=args.toolkit_dir))
 
 
 def run_teardown(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
-    return _report(ctx, flow.teardown(ctx, restart=not args.no_restart, patch_node=not args.no_patch_node))
+    return _report(ctx, flow.teardown(ctx, restart=not args.no_restart, patch_node=not args.no_patch_node,
+                                      toolkit_dir=args.toolkit_dir))
 
 
 #: Node setup's status port (exporter 9400, device plugin 9401, DRA plugin 9402, MIG manager 9403).
@@ -64,7 +65,8 @@ def run_monitor(args: argparse.Namespace) -> int:
 
     ctx = AgentContext.from_args(args)
     expect = expectation(args)
-    monitor = CheckMonitor(lambda: check.run_check(ctx.host, ctx.nvml, args.phase, expect))
+    monitor = CheckMonitor(lambda: check.run_check(ctx.host, ctx.nvml, args.phase, expect,
+                                                   toolkit_dir=args.toolkit_dir))
     ready = monitor.usable if args.ready_when_usable else monitor.live
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -97,6 +99,8 @@ def register(subparsers: Any) -> None:
             p.add_argument("--dra", action="store_true", help="DRA mode: also prepare VFIO")
             add_envvar_flag(p)
             add_expect_arguments(p)
+        else:
+            add_toolkit_dir_flag(p)
         p.add_argument("--no-restart", action="store_true", help="do not restart containerd / CRI-O")
         p.add_argument("--no-patch-node", action="store_true", help="do not touch the Node's labels")
         p.set_defaults(run=handler)
@@ -112,4 +116,5 @@ def register(subparsers: Any) -> None:
     m.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                    help="/metrics and /readyz (default: %(default)s; 0 disables the endpoint)")
     add_expect_arguments(m)
+    add_toolkit_dir_flag(m)
     m.set_defaults(run=run_monitor)

@@ -50,11 +50,6 @@ NODE_GROUP_LABEL = labels.NODE_GROUP
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
-
-
 def _owned_by_daemonset(pod: Mapping[str, Any]) -> bool:
     return any(o.get("kind") == "DaemonSet" for o in (pod.get("metadata") or {}).get("ownerReferences") or [])
 
@@ -152,7 +147,7 @@ class UpgradeController:
                 members[node_name] = DriverPod(
                     PodRef(self.namespace, pmeta["name"]),
                     current=(pmeta.get("labels") or {}).get("pod-template-generation") == generation,
-                    ready=_ready(p), terminating=bool(pmeta.get("deletionTimestamp")))
+                    ready=pods.ready(p), terminating=bool(pmeta.get("deletionTimestamp")))
         for group, (policy, members) in groups.items():
             # Nodes mid-upgrade whose driver pod is gone (being replaced) are still the group's.
             for node in self._nodes_in_upgrade(group):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -205,6 +206,18 @@ class HostRoot:
             raise HostError(f"cannot remove {host_path}: {e.strerror}", host_path) from e
         atomic.fsync_dir(self.path(host_path).parent)
         return True
+
+    def remove_tree(self, host_path: str) -> None:
+        """Delete a directory and everything in it: renamed aside first (one atomic step, so a crash never
+        leaves half a tree where the directory was), then removed."""
+        local = self.path(host_path)
+        aside = local.with_name(f".{local.name}.removing-{os.getpid()}")
+        try:
+            os.rename(local, aside)
+            atomic.fsync_dir(local.parent)
+            shutil.rmtree(aside)
+        except OSError as e:
+            raise HostError(f"cannot remove {host_path}: {e.strerror}", host_path) from e
 
     # -- agent state -------------------------------------------------------------------------
     @property

@@ -1,12 +1,20 @@
-"""The pods on one Node: list, evict, delete (what the MIG manager drains before it repartitions a GPU)."""
+"""The pods on one Node: list, evict, delete (what the MIG manager drains before it repartitions a GPU, and the
+driver upgrade before it replaces a driver), and whether a pod is Ready."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 from node_agent.kube.errors import NotFound
 from node_agent.kube.transport import Kube
+
+
+def ready(pod: Mapping[str, Any]) -> bool:
+    """The pod's Ready condition is True (every container passed its readiness probe)."""
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def pod_path(namespace: str, name: str) -> str:

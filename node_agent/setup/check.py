@@ -13,6 +13,7 @@ Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from node_agent.host import (
 )
 from node_agent.nvml import NvmlError, NvmlSession
 from nvgpu import catalogue
+from nvgpu import toolkit as toolkitspec
 from nvgpu.driver import NO_EXPECTATION, DriverExpectation
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.facts import Reason, Verdict
@@ -94,9 +96,22 @@ class _Run:
         self.findings.append(Finding(reason, message))
 
 
+def _executable(host: HostRoot, host_path: str) -> bool:
+    local = host.path(host_path)
+    return local.is_file() and os.access(local, os.X_OK)
+
+
+def toolkit_programs(toolkit_dir: str | None = None) -> tuple[str, ...]:
+    """The toolkit programs of which one must be installed (phase ``all``): the runtime's and the CDI hook
+    under ``/usr/bin``, or the runtime a toolkit container installed in ``toolkit_dir``."""
+    own = (facts.NVIDIA_CONTAINER_RUNTIME, facts.CDI_HOOK_PATH)
+    return (*own, f"{toolkit_dir.rstrip('/')}/{toolkitspec.RUNTIME_WRAPPER}") if toolkit_dir else own
+
+
 def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
-              expect: DriverExpectation = NO_EXPECTATION) -> CheckReport:
-    """The node's verdict; ``expect``: the driver its node group declares (a mismatch is a finding)."""
+              expect: DriverExpectation = NO_EXPECTATION, toolkit_dir: str | None = None) -> CheckReport:
+    """The node's verdict; ``expect``: the driver its node group declares (a mismatch is a finding);
+    ``toolkit_dir``: the toolkit a toolkit container installed, if the group has one."""
     try:
         if not nvidia_gpus(host):
             return CheckReport(Verdict.NO_GPU)
@@ -173,6 +188,11 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
         runtime, runtime_name = status.detail, status.runtime
         if not status.ready:
             r.fail(Reason.RUNTIME_NOT_READY, status.detail)
+        programs = toolkit_programs(toolkit_dir)
+        if not any(_executable(host, p) for p in programs):
+            r.fail(Reason.TOOLKIT_MISSING, f"the NVIDIA Container Toolkit is not installed: none of "
+                   f"{', '.join(programs)} is there (install it on the node, or set the group's toolkit.source: "
+                   "container)")
 
     verdict = Verdict.UNUSABLE if r.findings else Verdict.OK
     return CheckReport(verdict, tuple(r.findings), driver, required, tuple(gpus), runtime, runtime_name)

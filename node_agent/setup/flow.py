@@ -17,7 +17,13 @@ from node_agent.host import HostError, HostRoot, Refused, osinfo
 from node_agent.labeller.labels import withdraw as withdraw_labels
 from node_agent.labeller.nodepatch import NodeEnv
 from node_agent.setup.check import record_verdict, run_check
-from node_agent.setup.runtime import apply_runtime, rollback_runtime, runtime_status
+from node_agent.setup.runtime import (
+    apply_runtime,
+    installed_toolkit,
+    remove_installed_toolkit,
+    rollback_runtime,
+    runtime_status,
+)
 from node_agent.setup.sysctl import apply_sysctl, rollback_sysctl
 from node_agent.setup.vfio import prepare as vfio_prepare
 from nvgpu import labels
@@ -65,7 +71,7 @@ class FlowResult:
 
 
 def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, *, accept_envvar: bool,
-                 expect: DriverExpectation, toolkit_root: str) -> FlowResult:
+                 expect: DriverExpectation, toolkit_root: str, toolkit_dir: str | None) -> FlowResult:
     host = ctx.host
     result = FlowResult("setup")
     report = run_check(host, ctx.nvml, phase="host", expect=expect)
@@ -79,8 +85,13 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, *, accept_envvar: bool,
     if report.verdict is Verdict.UNUSABLE:
         return result.fail("check", "; ".join(f"{f.reason.value}: {f.message}" for f in report.findings))
     result.steps.append(Step("check", True, f"{len(report.gpus)} GPU(s), driver {report.driver_version}"))
+    if toolkit_dir is not None and not installed_toolkit(host, toolkit_dir):
+        # The runtime must name a binary that is there (it becomes the default runtime only then): the
+        # pod's init container fails and kubelet retries it until the toolkit container has installed it.
+        return result.fail("runtime", f"waiting for the toolkit container to install {toolkit_dir}")
     try:
-        rt = apply_runtime(host, restart=restart, accept_envvar=accept_envvar, driver_root=toolkit_root)
+        rt = apply_runtime(host, restart=restart, accept_envvar=accept_envvar, driver_root=toolkit_root,
+                           toolkit_dir=toolkit_dir)
     except Refused as e:
         return result.fail("runtime", str(e), Failure.REFUSED)
     except HostError as e:
@@ -109,10 +120,13 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, *, accept_envvar: bool,
 
 
 def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool, accept_envvar: bool = False,
-          expect: DriverExpectation = NO_EXPECTATION, toolkit_root: str = "/") -> FlowResult:
+          expect: DriverExpectation = NO_EXPECTATION, toolkit_root: str = "/", toolkit_dir: str | None = None
+          ) -> FlowResult:
     """Check (against the group's declared driver, ``expect``), runtime (the toolkit finding the driver under
-    ``toolkit_root``), sysctl (and VFIO), then open the gate."""
-    result = _setup_steps(ctx, dra, restart, accept_envvar=accept_envvar, expect=expect, toolkit_root=toolkit_root)
+    ``toolkit_root``; the toolkit NVIDIA's toolkit container installed in ``toolkit_dir``, once it is there),
+    sysctl (and VFIO), then open the gate."""
+    result = _setup_steps(ctx, dra, restart, accept_envvar=accept_envvar, expect=expect, toolkit_root=toolkit_root,
+                          toolkit_dir=toolkit_dir)
     wanted: dict[str, str | None] = {labels.GPU_SETUP_COMPLETE: "" if result.complete else None}
     # Published whatever the check found: a driver container is chosen by them and must run first.
     wanted |= _driver_placement_labels(ctx.host)
@@ -132,9 +146,10 @@ def _driver_placement_labels(host: HostRoot) -> dict[str, str | None]:
     return out
 
 
-def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool) -> FlowResult:
+def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool, toolkit_dir: str | None = None) -> FlowResult:
     """The node leaves the group: close the gate first (the labeller, gated on it, stops writing), then take
-    off the labeller's labels and taints and the feature file, then roll back the runtime and the sysctl."""
+    off the labeller's labels and taints and the feature file, then roll back the runtime and the sysctl,
+    and remove the toolkit a toolkit container installed in ``toolkit_dir`` (nothing runs it any more)."""
     result = FlowResult("teardown")
     _patch(ctx, result, {labels.GPU_SETUP_COMPLETE: None, labels.GPU_VFIO_READY: None,
                          **dict.fromkeys(labels.OS_LABELS)}, patch_node,
@@ -156,6 +171,10 @@ def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool) -> FlowResult:
         sc = rollback_sysctl(ctx.host)
         result.steps.append(Step("sysctl", True, f"restored: {', '.join(sc.changed_files) or 'nothing'}; live: "
                                  + (", ".join(f"{k}={v}" for k, v in sc.live.items()) or "unchanged")))
+        if toolkit_dir is not None:
+            removed = remove_installed_toolkit(ctx.host, toolkit_dir)
+            result.steps.append(Step("toolkit", True, f"removed {toolkit_dir}" if removed
+                                     else f"{toolkit_dir}: no installed toolkit to remove"))
     except HostError as e:
         return result.fail("rollback", str(e), Failure.HOST_INPUT)
     result.complete = True

@@ -52,6 +52,7 @@ from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, nvidi
 from node_agent.host.root import CommandTimeout
 from node_agent.setup.journal import Journal
 from node_agent.setup.tomlwrite import dumps
+from nvgpu import toolkit as toolkitspec
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import (
     HEADER,
@@ -258,16 +259,16 @@ def runtime_status(host: HostRoot) -> RuntimeStatus:
                          "containerd")
 
 
-def _nvidia_runtime_present(host: HostRoot) -> bool:
-    local = host.path(facts.NVIDIA_CONTAINER_RUNTIME)
+def _nvidia_runtime_present(host: HostRoot, binary: str = facts.NVIDIA_CONTAINER_RUNTIME) -> bool:
+    local = host.path(binary)
     return local.is_file() and os.access(local, os.X_OK)
 
 
-def render_dropin(host: HostRoot, cfg: ContainerdConfig) -> str:
+def render_dropin(host: HostRoot, cfg: ContainerdConfig, binary: str = facts.NVIDIA_CONTAINER_RUNTIME) -> str:
     systemd = _dig(cfg.doc, "plugins", cfg.cri_plugin, "containerd", "runtimes", "runc", "options",
                    "SystemdCgroup") is True
-    nvidia_default = _nvidia_runtime_present(host)
-    ours = dropin_for(cfg.version, systemd, nvidia_default)
+    nvidia_default = _nvidia_runtime_present(host, binary)
+    ours = dropin_for(cfg.version, systemd, nvidia_default, binary)
     if cfg.deckhouse or cfg.version == 3:
         return ours
     # containerd 1.x imports replace whole plugin sections: carry the existing CRI section along.
@@ -352,25 +353,32 @@ def restart_containerd(host: HostRoot, result: RuntimeResult) -> None:
 
 
 def apply_runtime(host: HostRoot, *, restart: bool = True, accept_envvar: bool = False,
-                  driver_root: str = "/") -> RuntimeResult:
+                  driver_root: str = "/", toolkit_dir: str | None = None) -> RuntimeResult:
     """Configure the container runtime and the toolkit. ``accept_envvar``: the node group's device plugin
     hands out GPUs with the ``envvar`` strategy, so the toolkit must honour unprivileged containers'
     ``NVIDIA_VISIBLE_DEVICES`` (every pod can then name any GPU). ``driver_root``: where the driver is on
-    the host (a driver container's ``/run/nvidia/driver``), the toolkit's nvidia-container-cli root."""
+    the host (a driver container's ``/run/nvidia/driver``), the toolkit's nvidia-container-cli root.
+    ``toolkit_dir``: where NVIDIA's toolkit container installed the toolkit (``<installDir>/toolkit``): the
+    nvidia runtime runs its ``nvidia-container-runtime``, and its config is the installer's, written from the
+    flags the stack passes it (the driver root, the device lists), so node setup leaves it alone."""
     if not nvidia_gpus(host):
         return RuntimeResult(skipped="no-gpu")
+    binary = facts.NVIDIA_CONTAINER_RUNTIME
+    if toolkit_dir:
+        binary = f"{toolkit_dir.rstrip('/')}/{toolkitspec.RUNTIME_WRAPPER}"
     # bad input is refused before anything (even a lock) is written
-    toolkit = _toolkit_plan(host, accept_envvar, driver_root)
-    if detect_runtime(host) == "crio":
+    toolkit = None if toolkit_dir else _toolkit_plan(host, accept_envvar, driver_root)
+    crio = detect_runtime(host) == "crio"
+    if crio:
         crio_effective_config(host)
-        with host.lock("runtime"):
-            result = _apply_crio(host, restart)
-            _apply_toolkit(host, toolkit, result)
-            return result
-    effective_config(host, load_config(host))
+    else:
+        effective_config(host, load_config(host))
     with host.lock("runtime"):
-        result = _apply_runtime(host, restart)
-        _apply_toolkit(host, toolkit, result)
+        result = _apply_crio(host, restart, binary) if crio else _apply_runtime(host, restart, binary)
+        if toolkit is not None:
+            _apply_toolkit(host, toolkit, result)
+        else:
+            result.notes.append(f"{toolkit_dir}: the toolkit container's installer writes the toolkit's config")
         return result
 
 
@@ -469,18 +477,18 @@ def _toolkit_runtimes_note(host: HostRoot) -> str | None:
             'will not find a low-level runtime (CRI-O hosts usually want runtimes = ["crun", "runc"])')
 
 
-def _apply_crio(host: HostRoot, restart: bool) -> RuntimeResult:
+def _apply_crio(host: HostRoot, restart: bool, binary: str = facts.NVIDIA_CONTAINER_RUNTIME) -> RuntimeResult:
     crio_effective_config(host)
     result = RuntimeResult(runtime="crio")
     existing = _check_ours(host, facts.CRIO_DROPIN)
-    if not _nvidia_runtime_present(host):
-        result.notes.append(f"{facts.NVIDIA_CONTAINER_RUNTIME} is missing: {facts.CRIO_DROPIN} not written "
+    if not _nvidia_runtime_present(host, binary):
+        result.notes.append(f"{binary} is missing: {facts.CRIO_DROPIN} not written "
                             "(CRI-O does not start with a runtime whose runtime_path is missing)")
         if existing is not None:
             result.notes.append(f"{facts.CRIO_DROPIN} from an earlier apply names the missing runtime: reinstall "
                                 "the NVIDIA container toolkit or run 'runtime rollback' before CRI-O restarts")
         return result
-    dropin = render_crio_dropin(_conmon(host))
+    dropin = render_crio_dropin(_conmon(host), binary)
     tomllib.loads(dropin)
     note = _toolkit_runtimes_note(host)
     if note:
@@ -494,16 +502,16 @@ def _apply_crio(host: HostRoot, restart: bool) -> RuntimeResult:
     return result
 
 
-def _apply_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
+def _apply_runtime(host: HostRoot, restart: bool, binary: str = facts.NVIDIA_CONTAINER_RUNTIME) -> RuntimeResult:
     cfg = load_config(host)
     effective_config(host, cfg)  # refuse early when a drop-in is malformed
     result = RuntimeResult(containerd_version=cfg.version, runtime="containerd")
-    dropin = render_dropin(host, cfg)
+    dropin = render_dropin(host, cfg, binary)
     tomllib.loads(dropin)
     existing = _check_ours(host, cfg.dropin_path)
     new_config = None if cfg.deckhouse else with_import(cfg, f"{facts.CONTAINERD_IMPORT_DIR}/*.toml")
-    if not _nvidia_runtime_present(host):
-        result.notes.append(f"{facts.NVIDIA_CONTAINER_RUNTIME} is missing: runc stays the default runtime")
+    if not _nvidia_runtime_present(host, binary):
+        result.notes.append(f"{binary} is missing: runc stays the default runtime")
     journal = Journal(host, "runtime")
     if existing != dropin:
         journal.record(cfg.dropin_path)
@@ -543,3 +551,25 @@ def _rollback_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
         if any(p.startswith(facts.CRIO_DIR + "/") for p in result.changed):
             restart_service(host, "crio", result)
     return result
+
+
+#: What marks a directory as the toolkit NVIDIA's installer wrote (its wrapper and its config); teardown
+#: removes a directory only when it finds both.
+_INSTALLED_MARKERS = (toolkitspec.RUNTIME_WRAPPER, toolkitspec.CONFIG)
+
+
+def installed_toolkit(host: HostRoot, toolkit_dir: str) -> bool:
+    """Whether NVIDIA's toolkit container has installed the toolkit in ``toolkit_dir``."""
+    d = toolkit_dir.rstrip("/")
+    wrapper, config = (f"{d}/{m}" for m in _INSTALLED_MARKERS)
+    return _nvidia_runtime_present(host, wrapper) and host.exists(config)
+
+
+def remove_installed_toolkit(host: HostRoot, toolkit_dir: str) -> bool:
+    """Remove what NVIDIA's toolkit container installed in ``toolkit_dir`` (False: nothing of it there). A
+    directory without the installer's wrapper and config is not ours to remove and is left alone."""
+    d = toolkit_dir.rstrip("/")
+    if not all(host.exists(f"{d}/{m}") for m in _INSTALLED_MARKERS):
+        return False
+    host.remove_tree(d)
+    return True

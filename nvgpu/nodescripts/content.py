@@ -28,7 +28,8 @@ from nvgpu.nodescripts.facts import (
 HEADER = "# Managed by nvidia-gpu (gpu-runtime.sh or the node agent); removed by teardown."
 
 
-def render_dropin(cri_plugin: str, systemd_cgroup: str, default_runtime_line: str) -> str:
+def render_dropin(cri_plugin: str, systemd_cgroup: str, default_runtime_line: str,
+                  runtime_binary: str = NVIDIA_CONTAINER_RUNTIME) -> str:
     """The drop-in text. ``systemd_cgroup`` is ``true``/``false``; ``default_runtime_line`` is the
     whole ``default_runtime_name = "nvidia"`` line or empty (runc stays default while the nvidia
     runtime binary is absent, as Deckhouse does)."""
@@ -48,18 +49,20 @@ def render_dropin(cri_plugin: str, systemd_cgroup: str, default_runtime_line: st
         '  runtime_type = "io.containerd.runc.v2"',
         "  privileged_without_host_devices = false",
         f"[{base}.containerd.runtimes.{NVIDIA_RUNTIME_NAME}.options]",
-        f'  BinaryName = "{NVIDIA_CONTAINER_RUNTIME}"',
+        f'  BinaryName = "{runtime_binary}"',
         f"  SystemdCgroup = {systemd_cgroup}",
     ]
     return "\n".join(lines) + "\n"
 
 
-def dropin_for(config_version: int, systemd_cgroup: bool, nvidia_default: bool) -> str:
+def dropin_for(config_version: int, systemd_cgroup: bool, nvidia_default: bool,
+               runtime_binary: str = NVIDIA_CONTAINER_RUNTIME) -> str:
+    """``runtime_binary``: the nvidia runtime's binary (the node's own, or a toolkit container's install)."""
     default = f'default_runtime_name = "{NVIDIA_RUNTIME_NAME}"' if nvidia_default else ""
-    return render_dropin(CRI_PLUGIN[config_version], "true" if systemd_cgroup else "false", default)
+    return render_dropin(CRI_PLUGIN[config_version], "true" if systemd_cgroup else "false", default, runtime_binary)
 
 
-def render_crio_dropin(monitor_path: str | None) -> str:
+def render_crio_dropin(monitor_path: str | None, runtime_binary: str = NVIDIA_CONTAINER_RUNTIME) -> str:
     """The CRI-O drop-in (``/etc/crio/crio.conf.d/99-nvidia.conf``): the nvidia runtime handler, as
     ``nvidia-ctk runtime configure --runtime=crio`` registers it, made the default (as the containerd
     drop-in does), and the CDI spec dirs (CRI-O's defaults, spelled out as for containerd).
@@ -73,7 +76,7 @@ def render_crio_dropin(monitor_path: str | None) -> str:
         f'  default_runtime = "{NVIDIA_RUNTIME_NAME}"',
         f"  cdi_spec_dirs = [{dirs}]",
         f"[crio.runtime.runtimes.{NVIDIA_RUNTIME_NAME}]",
-        f'  runtime_path = "{NVIDIA_CONTAINER_RUNTIME}"',
+        f'  runtime_path = "{runtime_binary}"',
         '  runtime_type = "oci"',
     ]
     if monitor_path is not None:

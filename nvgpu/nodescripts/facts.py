@@ -111,6 +111,8 @@ class Reason(StrEnum):
     COMPUTE_TOO_OLD = "compute-too-old"
     MODEL_UNKNOWN = "model-unknown"
     RUNTIME_NOT_READY = "runtime-not-ready"
+    #: None of NVIDIA's Container Toolkit programs a GPU container is started with is installed.
+    TOOLKIT_MISSING = "toolkit-missing"
     PROC_UNREADABLE = "proc-unreadable"
 
 

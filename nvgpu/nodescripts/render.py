@@ -81,6 +81,7 @@ def _common(root_prefix: str) -> dict[str, str]:
         "CRI3_RE": re.escape(facts.CRI_PLUGIN[3]),
         "RUNTIME": facts.NVIDIA_RUNTIME_NAME,
         "NCR": facts.NVIDIA_CONTAINER_RUNTIME,
+        "CDI_HOOK_PATH": facts.CDI_HOOK_PATH,
         "SETUP_LABEL": labels.GPU_SETUP_COMPLETE,
         "VFIO_LABEL": labels.GPU_VFIO_READY,
         "GLOBAL_MIN_DRIVER": catalogue.GLOBAL_MIN_DRIVER,

@@ -385,6 +385,23 @@ if [[ "$PHASE" == all ]] && ! runtime_ready; then
   fail runtime-not-ready "the container runtime is not ready for GPUs ($(container_runtime): containerd needs \
 the nvidia runtime or CDI, CRI-O the nvidia runtime)"
 fi
+if [[ "$PHASE" == all ]]; then
+  # One of the toolkit's programs GPU containers are started with: under /usr/bin, or where a toolkit
+  # container installed it (NVIDIA_GPU_TOOLKIT_DIR).
+  programs=('@@NCR@@' '@@CDI_HOOK_PATH@@')
+  if [[ -n "${NVIDIA_GPU_TOOLKIT_DIR:-}" ]]; then
+    programs+=("${NVIDIA_GPU_TOOLKIT_DIR%/}/nvidia-container-runtime")
+  fi
+  found=false
+  for p in "${programs[@]}"; do
+    [[ -f "${ROOT}${p}" && -x "${ROOT}${p}" ]] && found=true
+  done
+  if [[ "$found" != true ]]; then
+    list="$(printf '%s, ' "${programs[@]}")"
+    fail toolkit-missing "the NVIDIA Container Toolkit is not installed: none of ${list%, } is there (install \
+it on the node, or set the group's toolkit.source: container)"
+  fi
+fi
 
 if [[ ${#reasons[@]} -gt 0 ]]; then
   finish unusable

@@ -20,7 +20,7 @@ from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import NodeScript, render_node_scripts
 from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend
 from nvidia_gpu.components import inputs
-from nvidia_gpu.components.manifests import deckhouse, dra, driver, workloads
+from nvidia_gpu.components.manifests import deckhouse, dra, driver, toolkit, workloads
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvidia_gpu.components.platform import GpuPlatform, PlatformRefs, validation_problems
@@ -158,6 +158,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 suffix = manifest["metadata"]["name"].removeprefix(f"{driver.COMPONENT}-{group.name}-")
                 self.driver_daemonsets.append(register(f"{name}-driver-{suffix}", manifest, pulumi.ResourceOptions(
                     parent=self, depends_on=refs.needs_namespace())))
+        # NVIDIA's toolkit container, where the group's nodes have no toolkit of their own (manifests.toolkit).
+        self.toolkit: pulumi.CustomResource | None = None
+        if group.toolkit.container:
+            self.toolkit = register(f"{name}-toolkit", toolkit.toolkit_daemonset(refs.namespace, cluster, group,
+                                                                                  args.mode),
+                                    pulumi.ResourceOptions(parent=self, depends_on=refs.needs_namespace()))
 
         self.sharing: SharingPolicy | None = None
         self.device_plugin: pulumi.CustomResource | None = None

@@ -43,13 +43,14 @@ from nvidia_gpu.policies.manifests import (
 #: (GPU device nodes for sharing changes, kubelet's plugin directories with Bidirectional propagation) and
 #: the MIG manager (``/dev/nvidia-caps`` for MIG changes, the host's nvidia-smi reset and its journal).
 #: NVIDIA's dcgm-exporter (``cluster.monitoring.exporter: dcgm``) needs SYS_ADMIN for DCGM's profiling fields.
-#: NVIDIA's driver container (``gpu.driver.source: container``) loads the kernel modules.
+#: NVIDIA's driver container (``gpu.driver.source: container``) loads the kernel modules; NVIDIA's toolkit
+#: container (``toolkit.source: container``) installs the toolkit into a host directory.
 DEFAULT_PRIVILEGED_ROLES = ("device-plugin", "gpu-setup", "dra-kubelet-plugin", "mig-manager", "dcgm-exporter",
-                            "nvidia-driver")
+                            "nvidia-driver", "nvidia-container-toolkit")
 #: Agent roles that may mount host paths: the five above plus the labeller (NFD's features.d) and the agent's
 #: metrics exporter (kubelet's PodResources socket, the driver root, the GPUs' device list).
 DEFAULT_HOST_PATH_ROLES = ("device-plugin", "gpu-labeller", "gpu-setup", "dra-kubelet-plugin", "mig-manager",
-                           "gpu-exporter", "dcgm-exporter", "nvidia-driver")
+                           "gpu-exporter", "dcgm-exporter", "nvidia-driver", "nvidia-container-toolkit")
 #: Only NVIDIA's driver container shares a host namespace (its PID namespace: unloading the modules looks
 #: for the host's processes holding the GPUs); no agent needs the host's network or IPC.
 DEFAULT_HOST_NAMESPACE_ROLES: dict[str, tuple[str, ...]] = {"hostPID": ("nvidia-driver",), "hostNetwork": (),

@@ -21,6 +21,7 @@ import pytest
 from localcluster import ControlPlane, Kube
 from localcluster.client import ApiError
 from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
+from node_agent.kube.pods import ready as pod_ready
 from nvgpu import labels
 from nvgpu.stackconfig import load_stack_config
 from nvidia_gpu.components.manifests import driver
@@ -115,10 +116,12 @@ def test_driver_containers_land_by_os_release_and_kernel_and_skip_preinstalled_h
             image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
             assert status.get("desiredNumberScheduled", 0) == (1 if image in placed.values() else 0), image
     finally:
+        # The namespace first, its nodes after: kwok finishes a pod's deletion only while its node exists
+        # (a pod of a deleted node waits for the pod garbage collector, a minute or more on a busy machine).
         kube.delete("v1", "Namespace", NS)
+        wait_for(lambda: kube.get_or_none("v1", "Namespace", NS) is None, timeout=120, what=f"namespace {NS} gone")
         for name in nodes:
             kube.delete("v1", "Node", name)
-        wait_for(lambda: kube.get_or_none("v1", "Namespace", NS) is None, timeout=90, what=f"namespace {NS} gone")
 
 
 UPGRADE_NS = "drv-upgrade"
@@ -149,9 +152,6 @@ def _driver_pods(kube: Kube) -> dict[str, dict[str, Any]]:
             if p["spec"].get("nodeName")}
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
-
 
 @pytest.fixture
 def upgrade_cluster(kube: Kube, tmp_path: Path) -> Iterator[Path]:
@@ -172,7 +172,7 @@ def upgrade_cluster(kube: Kube, tmp_path: Path) -> Iterator[Path]:
         cluster, group = _upgrade_group("550.90.07")
         for ds in driver.driver_daemonsets(UPGRADE_NS, cluster, group):
             kube.apply(ds)
-        wait_for(lambda: len(p := _driver_pods(kube)) == 3 and all(_ready(x) for x in p.values()), timeout=60,
+        wait_for(lambda: len(p := _driver_pods(kube)) == 3 and all(pod_ready(x) for x in p.values()), timeout=60,
                  what="the driver pods ready on the three nodes")
         for name in UPGRADE_NODES:
             _workload(kube, f"train-{name}", name, gpu=True)
@@ -180,15 +180,16 @@ def upgrade_cluster(kube: Kube, tmp_path: Path) -> Iterator[Path]:
         token = service_account_kube(kube, UPGRADE_NS, driverupgrade.COMPONENT)
         yield write_kubeconfig(token, tmp_path / "driver-upgrade.kubeconfig", user=driverupgrade.COMPONENT)
     finally:
+        # The namespace first (the next test makes it again), its nodes after: kwok finishes a pod's
+        # deletion only while its node exists.
         kube.delete("v1", "Namespace", UPGRADE_NS)
-        for name in UPGRADE_NODES:
-            kube.delete("v1", "Node", name)
         for obj in driverupgrade.rbac(UPGRADE_NS):
             if obj["kind"].startswith("Cluster"):
                 kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
-        # The next test makes them again: the namespace must have finished terminating.
-        wait_for(lambda: kube.get_or_none("v1", "Namespace", UPGRADE_NS) is None, timeout=90,
+        wait_for(lambda: kube.get_or_none("v1", "Namespace", UPGRADE_NS) is None, timeout=120,
                  what=f"namespace {UPGRADE_NS} gone")
+        for name in UPGRADE_NODES:
+            kube.delete("v1", "Node", name)
         wait_for(lambda: all(kube.get_or_none("v1", "Node", n) is None for n in UPGRADE_NODES), timeout=30,
                  what="the test's nodes gone")
 
@@ -237,7 +238,7 @@ def test_a_version_change_walks_each_node_through_the_upgrade_one_at_a_time(kube
     pods = _driver_pods(kube)
     assert set(pods) == set(UPGRADE_NODES) and not set(old.values()) & {p["metadata"]["name"] for p in pods.values()}
     image = "nvcr.io/nvidia/driver:550.127.05-ubuntu22.04"
-    assert all(p["spec"]["containers"][0]["image"] == image and _ready(p) for p in pods.values())
+    assert all(p["spec"]["containers"][0]["image"] == image and pod_ready(p) for p in pods.values())
     # The drain moved every workload (drain: true); the nodes are schedulable again.
     assert kube.list("v1", "Pod", UPGRADE_NS, labelSelector="app=work") == []
     assert not any(kube.get("v1", "Node", n)["spec"].get("unschedulable") for n in UPGRADE_NODES)

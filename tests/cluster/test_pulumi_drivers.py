@@ -21,6 +21,7 @@ import yaml
 
 from localcluster import ControlPlane, Kube
 from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
+from node_agent.kube.pods import ready as pod_ready
 from nvgpu import labels
 from nvidia_gpu.components.manifests import driver
 from tests.cluster.pulumi_project import KINDS, Project, assert_same_objects, make_project
@@ -50,9 +51,6 @@ def _gpu_node(kube: Kube, name: str, pool: str, **extra: str) -> None:
                      [{"key": labels.GPU_TAINT_KEY, "value": labels.GPU_TAINT_VALUE, "effect": "NoSchedule"}],
                      gpus=8)
 
-
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
 
 
 def _driver_pods(kube: Kube) -> dict[str, dict[str, Any]]:
@@ -86,7 +84,7 @@ def test_the_drivers_stack_applies_rolls_a_version_change_and_destroys(cluster: 
         project.pulumi("up", "--yes", "--skip-preview")
         # The precompiled group's DaemonSet for ubuntu 22.04 and its kernel runs on both H100 nodes, and no
         # driver container runs on the node with a driver of its own.
-        placed = wait_for(lambda: len(p := _driver_pods(kube)) == 2 and all(_ready(x) for x in p.values()) and p,
+        placed = wait_for(lambda: len(p := _driver_pods(kube)) == 2 and all(pod_ready(x) for x in p.values()) and p,
                           timeout=120, what="the driver pods ready on the H100 nodes")
         assert _images(placed) == dict.fromkeys(H100, "nvcr.io/nvidia/driver:535-5.15.0-105-generic-ubuntu22.04")
         nvidia_drivers = kube.list("nvidia.com/v1alpha1", "NVIDIADriver")
@@ -121,7 +119,7 @@ def test_the_drivers_stack_applies_rolls_a_version_change_and_destroys(cluster: 
             time.sleep(0.5)
         assert set(states.values()) == {UpgradeState.DONE.value}, states
         assert out_of_service == 1, "maxUnavailable 1: one node out of service at a time"
-        new = wait_for(lambda: len(p := _driver_pods(kube)) == 2 and all(_ready(x) for x in p.values()) and p,
+        new = wait_for(lambda: len(p := _driver_pods(kube)) == 2 and all(pod_ready(x) for x in p.values()) and p,
                        timeout=60, what="the new driver pods ready")
         assert _images(new) == dict.fromkeys(H100, "nvcr.io/nvidia/driver:550-5.15.0-105-generic-ubuntu22.04")
         assert not set(old.values()) & {p["metadata"]["name"] for p in new.values()}

@@ -284,3 +284,28 @@ def test_a_driver_containers_root_reaches_the_toolkit_alike(toolkit: str, tmp_pa
     after = agent.path(facts.TOOLKIT_CONFIG)
     # Given back as it was (a file only we wrote is left empty of ours, as the toolkit's own default).
     assert (after.read_text() if after.exists() else "") == (before or "")
+
+
+@pytest.mark.parametrize("installed", [None, "/usr/bin", "/usr/local/nvidia/toolkit"],
+                         ids=["no-toolkit", "the-nodes-own", "a-toolkit-containers"])
+def test_a_node_without_the_container_toolkit_is_found_alike(installed: str | None, tmp_path: Path,
+                                                             run_script: RunScript,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """No NVIDIA Container Toolkit program on the node (nor where the group's toolkit container installs it):
+    toolkit-missing from gpu-check.sh and the agent's check, worded alike; either install satisfies both."""
+    host = build_fake_host(tmp_path, "l4x2", containerd=2, nvidia_container_runtime=installed == "/usr/bin")
+    toolkit_dir = "/usr/local/nvidia/toolkit"
+    if installed == toolkit_dir:
+        runtime = host.path(f"{toolkit_dir}/nvidia-container-runtime")
+        runtime.parent.mkdir(parents=True)
+        runtime.write_text("#!/bin/sh\nexit 0\n")
+        runtime.chmod(0o755)
+    ran = run_script(host, "gpu-check.sh", NVIDIA_GPU_CHECK_PHASE="all", NVIDIA_GPU_TOOLKIT_DIR=toolkit_dir)
+    script = summary(ran.stdout, "nvidia-gpu-check")
+    code, doc = _agent_json(host, capsys, "check", "--toolkit-dir", toolkit_dir)
+    assert (doc["verdict"], ",".join(doc["reasons"])) == (script["verdict"], script["reasons"]), doc
+    assert ("toolkit-missing" in doc["reasons"]) is (installed is None), doc
+    assert code == (0 if doc["verdict"] == "ok" else 1)
+    if installed is None:
+        (finding,) = [f for f in doc["findings"] if f["reason"] == "toolkit-missing"]
+        assert finding["message"] in ran.stdout + ran.stderr, "worded alike"

@@ -230,7 +230,7 @@ def plugin_args(cluster: Cluster, namespace: str, group: NodeGroup) -> list[str]
     # CDI specs name the driver's files under the node's driver root and run the toolkit's hook when the
     # plugin sees it in the mounted directory.
     return [*DRIVER_ROOT_ARGS, "dra-driver", "--driver-name", dra.driver_name, "--health-action", dra.health_action,
-            "--nvidia-driver-root", cluster.driver_root_for(group), "--cdi-hook-path", cluster.cdi_hook_path,
+            "--nvidia-driver-root", cluster.driver_root_for(group), "--cdi-hook-path", cluster.cdi_hook_for(group),
             "--cdi-hook-dir", CDI_HOOK_DIR, "--uninstall-marker", f"{namespace}/{UNINSTALL_MARKER}",
             "--metrics-port", str(DRA_PLUGIN_METRICS_PORT)]
 
@@ -309,7 +309,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
                         _host_path("mps", MPS_DIR, "DirectoryOrCreate"),
                         _host_path("dev", "/dev", "Directory"),
                         driver_root_volume(cluster.driver_root_for(group)),
-                        cdi_hook_volume(cluster),
+                        cdi_hook_volume(cluster, group),
                         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
                     ],
                 },

@@ -19,6 +19,7 @@ from typing import Any
 
 from nvgpu import devicelist, hostpaths, labels
 from nvgpu import driver as driverspec
+from nvgpu import toolkit as toolkitspec
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import facts
 from nvgpu.stackconfig import AllocationMode, Cluster, Monitoring, NodeGroup, NodeSetupBackend, ScrapeMode, Sharing
@@ -239,9 +240,9 @@ CDI_HOOK_VOLUME = "cdi-hook"
 ALL_GPUS_VOLUME = "all-gpus"
 
 
-def cdi_hook_volume(cluster: Cluster) -> dict[str, Any]:
-    # DirectoryOrCreate: /usr/local/nvidia/toolkit exists only once the GPU Operator installed the toolkit.
-    return _host_path(CDI_HOOK_VOLUME, cluster.cdi_hook_path.rsplit("/", 1)[0] or "/", "DirectoryOrCreate")
+def cdi_hook_volume(cluster: Cluster, group: NodeGroup) -> dict[str, Any]:
+    # DirectoryOrCreate: /usr/local/nvidia/toolkit exists only once a toolkit container installed the toolkit.
+    return _host_path(CDI_HOOK_VOLUME, cluster.cdi_hook_for(group).rsplit("/", 1)[0] or "/", "DirectoryOrCreate")
 
 
 def cdi_hook_mount() -> dict[str, Any]:
@@ -307,7 +308,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         # CDI specs name the driver's files by their host path under nvidiaDriverRoot.
         args += ["--nvidia-driver-root", ctx.driver_root]
     # CDI specs run the toolkit's hook (nvidiaCTKPath) when the plugin sees it in the mounted directory.
-    args += ["--nvidia-ctk-path", ctx.cluster.cdi_hook_path, "--cdi-hook-dir", CDI_HOOK_DIR]
+    args += ["--nvidia-ctk-path", ctx.cluster.cdi_hook_for(group), "--cdi-hook-dir", CDI_HOOK_DIR]
     # Privileged: NVML and the device specs handed to kubelet need every /dev/nvidia* node, and the
     # plugin's sockets live in kubelet's root-owned device-plugins directory (see the module docstring).
     container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, _PRIVILEGED)
@@ -347,7 +348,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
         config_volume(group),
         driver_root_volume(ctx.driver_root),
-        cdi_hook_volume(ctx.cluster),
+        cdi_hook_volume(ctx.cluster, ctx.group),
         dict(_TMP_VOLUME),
     ]
     if group.gpu.sharing is Sharing.MPS:
@@ -488,15 +489,23 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     setup = [*base, "setup", *(["--dra"] if ctx.group.passthrough else []), *expect]
     if ctx.group.toolkit_accepts_envvar(ctx.allocation_mode):  # the group chose the envvar device list
         setup.append("--accept-envvar-when-unprivileged")
-    if _containerised(ctx.driver_root):  # the host's toolkit must look for the driver where the container put it
-        setup += ["--toolkit-driver-root", ctx.driver_root]
-    init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
+    teardown = [*AGENT, *base, "teardown"]
     # The main container checks the node again every few minutes and serves the findings
     # (node_agent.setup.monitor: read-only, nothing recorded); SIGTERM ends it, then preStop tears down.
     monitor = [*base, "setup-monitor", "--metrics-port", str(NODE_SETUP_METRICS_PORT), *expect]
+    if ctx.group.toolkit.container:
+        # NVIDIA's toolkit container installs the toolkit (and its config, from the stack's flags): the runtime
+        # runs the installed binary once it is there, and teardown removes the install when the node leaves.
+        toolkit_dir = ["--toolkit-dir", toolkitspec.toolkit_dir(ctx.group.toolkit.install_dir)]
+        setup += toolkit_dir
+        teardown += toolkit_dir
+        monitor += toolkit_dir
+    elif _containerised(ctx.driver_root):  # the host's toolkit must look for the driver where the container put it
+        setup += ["--toolkit-driver-root", ctx.driver_root]
+    init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
     hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, monitor, _PRIVILEGED)
     hold["ports"] = metrics_port(NODE_SETUP_METRICS_PORT)
-    hold["lifecycle"] = {"preStop": {"exec": {"command": [*AGENT, *base, "teardown"]}}}
+    hold["lifecycle"] = {"preStop": {"exec": {"command": teardown}}}
     mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(ctx.driver_root), _TMP_MOUNT]
     init["volumeMounts"] = list(mounts)
     hold["volumeMounts"] = list(mounts)

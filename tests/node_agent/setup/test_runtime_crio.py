@@ -181,4 +181,5 @@ def test_toolkit_removed_after_apply_is_noted(tmp_path: Path, cli: Cli) -> None:
     code, doc = cli(host.root, L4, "runtime", "apply", "--no-restart")
     assert code == 0 and doc["changed"] == [] and any("runtime rollback" in n for n in doc["notes"])
     code, doc = cli(host.root, L4, "check", "--no-record")
-    assert code == 1 and doc["reasons"] == ["runtime-not-ready"]
+    # The handler names a binary that is gone, and no other toolkit program is there either.
+    assert code == 1 and doc["reasons"] == ["runtime-not-ready", "toolkit-missing"]

@@ -31,16 +31,19 @@ def _agent_lines(pod: dict[str, Any]) -> list[tuple[dict[str, Any], list[str]]]:
     return out
 
 
-def _check(resources: Any, default_root: str, roots: dict[str, str] | None = None) -> set[str]:
+def _check(resources: Any, default_root: str, roots: dict[str, str] | None = None,
+           hooks: dict[str, str] | None = None) -> set[str]:
     """Every agent DaemonSet mounts its driver root (``roots`` per node group; ``default_root`` for the
-    rest) and passes it to the agent."""
+    rest) and passes it to the agent; the CDI writers name their group's toolkit hook (``hooks``; the
+    node's own, /usr/bin/nvidia-cdi-hook, for the rest)."""
     seen = set()
     for r in of_kind(resources, "DaemonSet"):
         pod = r.inputs["spec"]["template"]["spec"]
         labels = r.inputs["metadata"]["labels"]
         component = labels.get("app.kubernetes.io/component", "")
-        if component == "nvidia-driver":  # the driver container installs the driver root; it reads none
+        if component in ("nvidia-driver", "nvidia-container-toolkit"):  # NVIDIA's installers: no agent there
             continue
+        hook_path = (hooks or {}).get(labels.get("gpu.nvidia-gpu.io/node-group", ""), "/usr/bin/nvidia-cdi-hook")
         driver_root = (roots or {}).get(labels.get("gpu.nvidia-gpu.io/node-group", ""), default_root)
         if component == "mig-manager" and r.inputs["metadata"]["name"].endswith("-driver-container"):
             driver_root = "/run/nvidia/driver"
@@ -63,9 +66,10 @@ def _check(resources: Any, default_root: str, roots: dict[str, str] | None = Non
                 # The toolkit hook's directory, read-only, where the CDI writers look for the hook.
                 hook = mounts[workloads.CDI_HOOK_DIR]
                 assert (hook["name"], hook.get("readOnly")) == ("cdi-hook", True), c["name"]
-                assert volumes["cdi-hook"]["hostPath"] == {"path": "/usr/bin", "type": "DirectoryOrCreate"}
+                assert volumes["cdi-hook"]["hostPath"] == {"path": hook_path.rsplit("/", 1)[0],
+                                                           "type": "DirectoryOrCreate"}
                 flag = "--nvidia-ctk-path" if component == "device-plugin" else "--cdi-hook-path"
-                assert argv[argv.index(flag) + 1] == "/usr/bin/nvidia-cdi-hook", c["name"]
+                assert argv[argv.index(flag) + 1] == hook_path, c["name"]
                 assert argv[argv.index("--cdi-hook-dir") + 1] == workloads.CDI_HOOK_DIR, c["name"]
             else:
                 assert "cdi-hook" not in volumes, component
@@ -93,7 +97,9 @@ def test_shipped_stacks(engine: Engine, stack: Any) -> None:  # noqa: F811
     # Each group's agents at its own root: / where pre-installed, /run/nvidia/driver where a container
     # installs it (Pulumi.drivers.yaml has both).
     roots = {g.name: cfg.cluster.driver_root_for(g) for g in cfg.node_groups}
-    assert {"device-plugin", "gpu-labeller"} <= _check(engine.run(lambda: build_stack(cfg)), "/", roots)
+    # And each its own toolkit: the node's, or the one NVIDIA's toolkit container installed (l4-compiled).
+    hooks = {g.name: cfg.cluster.cdi_hook_for(g) for g in cfg.node_groups}
+    assert {"device-plugin", "gpu-labeller"} <= _check(engine.run(lambda: build_stack(cfg)), "/", roots, hooks)
 
 
 @pytest.mark.parametrize("bad", ["run/nvidia", "/run/../etc", ""])
