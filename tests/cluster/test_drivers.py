@@ -277,3 +277,45 @@ def test_a_node_that_cannot_be_drained_fails_and_stops_the_rollout(kube: Kube, u
     reasons = [e["reason"] for e in kube.list("v1", "Event", "default")
                if e["involvedObject"].get("name") == bad]
     assert "DriverUpgradeFailed" in reasons
+
+
+@pytest.mark.timeout(300)
+def test_on_deckhouse_each_node_waits_for_its_disruption_approval(kube: Kube, upgrade_cluster: Path) -> None:
+    """The Deckhouse path (``drainMode: deckhouse``), the controller with its own RBAC: a node asks for the
+    disruption (``update.node.deckhouse.io/disruption-required``) and stays in service until node-manager
+    (played here) approves it, then walks on; the handshake's annotations are gone once it is done."""
+    from node_agent.driverupgrade.controller import UpgradeController
+    from node_agent.driverupgrade.machine import DrainMode, UpgradeState
+    from node_agent.kube.transport import Kube as AgentKube
+
+    cluster, group = _upgrade_group("550.127.05")
+    for ds in driver.driver_daemonsets(UPGRADE_NS, cluster, group):
+        kube.apply(ds)
+    controller = UpgradeController(AgentKube.connect(upgrade_cluster), UPGRADE_NS, drain_mode=DrainMode.DECKHOUSE)
+    for _ in range(3):
+        controller.run_round()
+    asking = {n: s for n, s in _states(kube).items() if s == UpgradeState.CORDON.value}
+    assert len(asking) == 1, _states(kube)
+    (first,) = asking
+    node = kube.get("v1", "Node", first)
+    assert labels.DISRUPTION_REQUIRED in node["metadata"]["annotations"]
+    assert not node["spec"].get("unschedulable"), "nothing is disrupted before Deckhouse approves"
+    seen: dict[str, list[str]] = {n: [s] if s else [] for n, s in _states(kube).items()}
+    for _ in range(300):
+        for name in UPGRADE_NODES:  # node-manager: approve a node that asks (one at a time, as it does)
+            notes = kube.get("v1", "Node", name)["metadata"].get("annotations", {})
+            if labels.DISRUPTION_REQUIRED in notes and labels.DISRUPTION_APPROVED not in notes:
+                kube.patch("v1", "Node", name, {"metadata": {"annotations": {labels.DISRUPTION_APPROVED: ""}}})
+        controller.run_round()
+        states = _states(kube)
+        for n, s in states.items():
+            if s and (not seen[n] or seen[n][-1] != s):
+                seen[n].append(s)
+        if all(s == UpgradeState.DONE.value for s in states.values()):
+            break
+        time.sleep(0.2)
+    for n in UPGRADE_NODES:
+        assert seen[n][-1] == "upgrade-done" and "cordon-required" in seen[n], (n, seen[n])
+        notes = kube.get("v1", "Node", n)["metadata"].get("annotations", {})
+        assert labels.DISRUPTION_REQUIRED not in notes and labels.DISRUPTION_APPROVED not in notes, n
+        assert not kube.get("v1", "Node", n)["spec"].get("unschedulable")

@@ -69,16 +69,24 @@ def dgx(tmp_path: Path) -> Iterator[Node]:
         service.close()
 
 
-def scrape(service: MetricsService) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """``/metrics`` parsed by Prometheus's client parser: name (as the TYPE line spells it: the parser adds
-    ``_total`` to counter samples, Prometheus does not) to (labels, value) samples."""
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+def _samples(service: MetricsService) -> Iterator[tuple[str, dict[str, str], float]]:
+    """``/metrics`` parsed by Prometheus's client parser: (name, labels, value) per sample, the name as
+    Prometheus stores it, which is the TYPE line's (the parser adds ``_total`` to counter samples, and so
+    to DCGM's ``*_TOTAL`` counters, where Prometheus does not)."""
     text = service.render().decode()
+    assert re.search(r"^# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter$", text, re.M) or "ENERGY" not in text
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            name = family.name if f"# TYPE {family.name} counter" in text else s.name
-            out.setdefault(name, []).append((dict(s.labels), s.value))
-    assert re.search(r"^# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter$", text, re.M) or "ENERGY" not in text
+            if s.name.endswith("_created"):  # the client parser's creation stamps, not a served series
+                continue
+            yield (family.name if f"# TYPE {family.name} counter" in text else s.name), dict(s.labels), s.value
+
+
+def scrape(service: MetricsService) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Name to (labels, value) samples of one scrape."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for name, labels, value in _samples(service):
+        out.setdefault(name, []).append((labels, value))
     return out
 
 
@@ -309,15 +317,9 @@ def _as_series(service: MetricsService, target: dict[str, str], minutes: int) ->
     """One scrape of ``service`` as promtool input series, constant for ``minutes``, with the target labels
     the stack's monitor adds (``job``, ``instance``, and its relabelings' ``node`` and ``node_group``)."""
     out = []
-    text = service.render().decode()
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.endswith("_created"):
-                continue
-            # The name as Prometheus stores it (the client parser adds _total to DCGM's *_TOTAL counters).
-            name = family.name if f"# TYPE {family.name} counter" in text else s.name
-            labels = {**target, **dict(s.labels)}  # honorLabels: the exporter's own win
-            out.append({"series": f"{name}{{{_promql_labels(labels)}}}", "values": f"{s.value}x{minutes}"})
+    for name, own, value in _samples(service):
+        labels = {**target, **own}  # honorLabels: the exporter's own win
+        out.append({"series": f"{name}{{{_promql_labels(labels)}}}", "values": f"{value}x{minutes}"})
     return out
 
 
