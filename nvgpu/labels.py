@@ -6,6 +6,8 @@ dashboards, selectors and runbooks keep working.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 # Deckhouse flow
 GPU_NODE = "node.deckhouse.io/gpu"  #: "" on every GPU node of a group
 DEVICE_GPU_CONFIG = "node.deckhouse.io/device-gpu.config"  #: Exclusive | TimeSlicing | MPS | MIG
@@ -68,6 +70,25 @@ MIG_RECONFIGURE_TAINT_KEY = "mig-reconfigure"
 #: Label keys the stack's own agents write on GPU nodes (the labeller, node setup, the MIG manager, on
 #: Deckhouse the node template): every agent is scheduled by the group's node selector, so a selector
 #: on one of them never matches a node the agents have not reached yet.
+#: The verdict of the node's last ``check`` (``ok`` or ``unusable``; absent on a node without a GPU) and the
+#: reason codes of an unusable one, ``.``-joined: written by node setup and its monitor, and by
+#: ``gpu-check.sh`` on Deckhouse (``kubectl get nodes -L gpu.nvidia-gpu.io/check,gpu.nvidia-gpu.io/check-reasons``).
+NODE_CHECK = "gpu.nvidia-gpu.io/check"
+NODE_CHECK_REASONS = "gpu.nvidia-gpu.io/check-reasons"
+#: A label value's limit: the reasons that do not fit are left off (the metrics and the inventory list all).
+_LABEL_VALUE_MAX = 63
+
+
+def check_labels(verdict: str, reasons: Iterable[str]) -> dict[str, str | None]:
+    """The check labels for a verdict (``no-gpu``: none, removed) and its reason codes."""
+    if verdict == "no-gpu":
+        return {NODE_CHECK: None, NODE_CHECK_REASONS: None}
+    joined = ".".join(sorted(set(reasons)))
+    while len(joined) > _LABEL_VALUE_MAX:
+        joined = joined.rsplit(".", 1)[0]
+    return {NODE_CHECK: verdict, NODE_CHECK_REASONS: joined or None}
+
+
 AGENT_LABEL_PREFIXES = ("nvidia.com/", "gpu.nvidia-gpu.io/")
 AGENT_LABEL_KEYS = (GPU_NODE, DEVICE_GPU_CONFIG, GPU_SETUP_COMPLETE, GPU_VFIO_READY, *OS_LABELS)
 

@@ -65,8 +65,15 @@ def run_monitor(args: argparse.Namespace) -> int:
 
     ctx = AgentContext.from_args(args)
     expect = expectation(args)
+    publish = None
+    if not args.no_patch_node and ctx.node_name:
+        node = ctx.node_name
+
+        def publish(changes: dict[str, str | None]) -> None:
+            ctx.node_api().patch_labels(node, changes)
+
     monitor = CheckMonitor(lambda: check.run_check(ctx.host, ctx.nvml, args.phase, expect,
-                                                   toolkit_dir=args.toolkit_dir))
+                                                   toolkit_dir=args.toolkit_dir), publish=publish)
     ready = monitor.usable if args.ready_when_usable else monitor.live
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -117,4 +124,7 @@ def register(subparsers: Any) -> None:
                    help="/metrics and /readyz (default: %(default)s; 0 disables the endpoint)")
     add_expect_arguments(m)
     add_toolkit_dir_flag(m)
+    m.add_argument("--no-patch-node", action="store_true",
+                   help="do not write the verdict on the Node as its check labels (written when the node's name "
+                        "is known)")
     m.set_defaults(run=run_monitor)

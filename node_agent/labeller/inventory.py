@@ -8,9 +8,10 @@ marked ``Unhealthy`` with NVML's reason; one that is no longer listed at all is 
 owned by the Node, so the garbage collector removes them with it.
 
 Each object also shows its node's driver: the version NVML reports, the kernel modules loaded (open or
-proprietary, from ``/proc/driver/nvidia/version``) and, while the stack's upgrade controller rolls a
-driver, the node's upgrade state and why it failed (from the Node's upgrade label and annotation), so
-``kubectl get gpus -o wide`` shows a rollout GPU by GPU.
+proprietary, from ``/proc/driver/nvidia/version``), node setup's last check (its verdict and reasons, a
+declared driver that is not the loaded one among them, from the Node's check labels) and, while the
+stack's upgrade controller rolls a driver, the node's upgrade state and why it failed (from the Node's
+upgrade label and annotation), so ``kubectl get gpus -o wide`` shows a rollout GPU by GPU.
 
 Each object shows its GPU's last XID and when it was raised (:mod:`node_agent.nvml.xidwatch`); a critical
 one (not an application's) keeps the GPU ``Unhealthy`` for the quiet period the device plugin waits before
@@ -46,9 +47,15 @@ class NodeDriver:
     kernel_modules: str | None = None
     upgrade_state: str | None = None
     upgrade_failure: str | None = None
+    #: Node setup's last check on the node (its check labels): ``ok`` or ``unusable``, and the reasons.
+    check_verdict: str | None = None
+    check_reasons: tuple[str, ...] = ()
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        if self.check_verdict:
+            out["nodeCheck"] = {"verdict": self.check_verdict, **({"reasons": list(self.check_reasons)}
+                                                                   if self.check_reasons else {})}
         if self.kernel_modules:
             out["kernelModules"] = self.kernel_modules
         if self.upgrade_state:
@@ -173,7 +180,7 @@ def desired(inv: Inventory, driver: DriverInfo | None, ctx: Context, existing: M
         if xid is not None:
             health.update(lastXID=xid.xid, lastXIDTime=_stamp(xid.at))
         before["health"] = health
-        before = {k: v for k, v in before.items() if k not in ("kernelModules", "driverUpgrade")}
+        before = {k: v for k, v in before.items() if k not in ("kernelModules", "driverUpgrade", "nodeCheck")}
         before.update(node.status())  # the node's driver state is the node's, lost GPU or not
         out[lost.index] = before
     return out

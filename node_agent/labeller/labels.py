@@ -314,10 +314,13 @@ def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContex
     node = ctx.require_node_name()
     node_obj = api.read_node(node)  # one read: its uid for new objects, the driver upgrade's state
     meta = node_obj.get("metadata") or {}
+    node_labels = meta.get("labels") or {}
     node_driver = inventory.NodeDriver(
         kernel_modules=_kernel_modules(ctx.host) if inv.gpus else None,
-        upgrade_state=(meta.get("labels") or {}).get(label_names.DRIVER_UPGRADE_STATE),
-        upgrade_failure=(meta.get("annotations") or {}).get(label_names.DRIVER_UPGRADE_FAILURE))
+        upgrade_state=node_labels.get(label_names.DRIVER_UPGRADE_STATE),
+        upgrade_failure=(meta.get("annotations") or {}).get(label_names.DRIVER_UPGRADE_FAILURE),
+        check_verdict=node_labels.get(label_names.NODE_CHECK),
+        check_reasons=tuple(r for r in node_labels.get(label_names.NODE_CHECK_REASONS, "").split(".") if r))
     return inventory.sync(api.kube, node, inv, driver,
                           dataclasses.replace(inv_ctx, mig_strategy=sharing.mig_strategy, replicas=replicas),
                           node_uid=lambda: str(meta["uid"]), xids=xids, node_driver=node_driver)

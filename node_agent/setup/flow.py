@@ -58,6 +58,8 @@ class FlowResult:
     label_changes: dict[str, str | None] = field(default_factory=dict)
     #: None: no step failed.
     failure: Failure | None = None
+    #: Setup's check labels (``labels.check_labels``), once the check ran.
+    check_labels: dict[str, str | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The result without its exit code (the command line adds ``exitCode``)."""
@@ -75,6 +77,7 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, *, accept_envvar: bool,
     host = ctx.host
     result = FlowResult("setup")
     report = run_check(host, ctx.nvml, phase="host", expect=expect)
+    result.check_labels = labels.check_labels(report.verdict.value, report.reasons)
     try:
         record_verdict(host, report)
     except HostError as e:
@@ -127,7 +130,8 @@ def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool, accept_en
     sysctl (and VFIO), then open the gate."""
     result = _setup_steps(ctx, dra, restart, accept_envvar=accept_envvar, expect=expect, toolkit_root=toolkit_root,
                           toolkit_dir=toolkit_dir)
-    wanted: dict[str, str | None] = {labels.GPU_SETUP_COMPLETE: "" if result.complete else None}
+    wanted: dict[str, str | None] = {labels.GPU_SETUP_COMPLETE: "" if result.complete else None,
+                                     **result.check_labels}
     # Published whatever the check found: a driver container is chosen by them and must run first.
     wanted |= _driver_placement_labels(ctx.host)
     if dra or not result.complete:
@@ -152,6 +156,7 @@ def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool, toolkit_dir: str 
     and remove the toolkit a toolkit container installed in ``toolkit_dir`` (nothing runs it any more)."""
     result = FlowResult("teardown")
     _patch(ctx, result, {labels.GPU_SETUP_COMPLETE: None, labels.GPU_VFIO_READY: None,
+                         labels.NODE_CHECK: None, labels.NODE_CHECK_REASONS: None,
                          **dict.fromkeys(labels.OS_LABELS)}, patch_node,
            remove_if={labels.GPU_DEPLOY_DRIVER: labels.DRIVER_PREINSTALLED})
     if result.failure is not None:

@@ -15,6 +15,11 @@ agent's status endpoint:
 A check that raises (it should not: it reports what it cannot read as findings) counts as a failed run
 and keeps the previous verdict, so one bad read never flips an alert.
 
+With ``publish`` (node setup's pod: its node's name and token), a verdict or reasons that changed are
+also written on the Node as its check labels (``nvgpu.labels.check_labels``), so ``kubectl get nodes``
+and the GPU inventory objects show a driver that no longer matches the declaration; a write the API
+server refuses is tried again after the next run.
+
 The same monitor runs beside NVIDIA's driver container in every driver pod the stack deploys
 (``--phase host --ready-when-usable``): there ``/readyz`` answers only while the last check found the
 node usable with the driver that pod's template declares, so the pod is Ready, and the driver upgrade
@@ -31,7 +36,9 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from node_agent.kube.errors import KubeError
 from node_agent.setup.check import CheckReport
+from nvgpu import labels
 from nvgpu.nodescripts.facts import Reason, Verdict
 
 log = logging.getLogger(__name__)
@@ -42,9 +49,12 @@ DEFAULT_INTERVAL_S = 300.0
 
 class CheckMonitor:
     def __init__(self, check: Callable[[], CheckReport], registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 publish: Callable[[dict[str, str | None]], None] | None = None) -> None:
         self._check = check
         self._clock = clock
+        self._publish = publish
+        self._published: dict[str, str | None] | None = None
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self._verdict = Gauge(f"{NAMESPACE}_verdict", "1 for the verdict of the node's last check.", ["verdict"],
@@ -88,7 +98,21 @@ class CheckMonitor:
             log.warning("event=check-verdict-changed from=%s to=%s reasons=%s", self.last.verdict.value,
                         report.verdict.value, ",".join(report.reasons))
         self.last = report
+        self._publish_labels(report)
         return report
+
+    def _publish_labels(self, report: CheckReport) -> None:
+        if self._publish is None:
+            return
+        wanted = labels.check_labels(report.verdict.value, report.reasons)
+        if wanted == self._published:
+            return
+        try:
+            self._publish(wanted)
+        except KubeError as e:
+            log.warning("event=check-labels-not-written error=%s", e)
+            return
+        self._published = wanted
 
     def run(self, stop: threading.Event, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         """Check now, then every ``interval_s`` until ``stop`` is set."""

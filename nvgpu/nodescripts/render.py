@@ -82,6 +82,8 @@ def _common(root_prefix: str) -> dict[str, str]:
         "RUNTIME": facts.NVIDIA_RUNTIME_NAME,
         "NCR": facts.NVIDIA_CONTAINER_RUNTIME,
         "CDI_HOOK_PATH": facts.CDI_HOOK_PATH,
+        "CHECK_LABEL": labels.NODE_CHECK,
+        "CHECK_REASONS_LABEL": labels.NODE_CHECK_REASONS,
         "SETUP_LABEL": labels.GPU_SETUP_COMPLETE,
         "VFIO_LABEL": labels.GPU_VFIO_READY,
         "GLOBAL_MIN_DRIVER": catalogue.GLOBAL_MIN_DRIVER,

@@ -225,6 +225,14 @@ finish() {
   mkdir -p "$STATE_DIR"
   printf 'verdict=%s\nreasons=%s\ndriver=%s\n' "$verdict" "$csv" "${driver:-}" | write_file "$VERDICT_FILE" >/dev/null
   echo "nvidia-gpu-check verdict=${verdict} reasons=${csv}"
+  if [[ "$verdict" != no-gpu ]]; then
+    # The node's check labels, as the agent writes them (nvgpu.labels.check_labels): the verdict, and the
+    # reasons .-joined, as many as fit a label value.
+    local joined="${csv//,/.}"
+    while ((${#joined} > 63)); do joined="${joined%.*}"; done
+    node_label '@@CHECK_LABEL@@' "$verdict"
+    node_label '@@CHECK_REASONS_LABEL@@' "${joined:--}"
+  fi
   if [[ "$verdict" == unusable && "$STRICT" == true ]]; then
     exit 1
   fi

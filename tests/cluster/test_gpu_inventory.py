@@ -139,7 +139,7 @@ def test_kubectl_get_gpus_lists_the_nodes_gpus(kube: Kube, control_plane: Contro
     # What an administrator types, with the CRD's printer columns.
     table = _kubectl(control_plane, "get", "gpus", "-o", "wide", "-l", f"{inventory.NODE_LABEL}={NODE}").splitlines()
     assert table[0].split() == ["NAME", "NODE", "INDEX", "MODEL", "MEMORY(MIB)", "MIG", "HEALTH", "AGE", "UUID",
-                                "DRIVER", "MODULES", "UPGRADE", "SHARING", "ALLOCATION", "REASON", "LAST-XID"]
+                                "DRIVER", "MODULES", "UPGRADE", "CHECK", "SHARING", "ALLOCATION", "REASON", "LAST-XID"]
     assert len(table) == 9 and all(" NVIDIA A100-SXM4-80GB " in row and " Healthy " in row for row in table[1:])
 
 
@@ -186,21 +186,32 @@ def test_xids_show_at_once_and_a_critical_one_turns_the_gpu_unhealthy_for_the_qu
     assert "event=xid gpu=2 xid=48" in out and "critical=True" in out, out
 
 
-def test_the_nodes_driver_upgrade_shows_on_its_gpus(kube: Kube, labeller: Labeller) -> None:
-    """The upgrade controller's label and failure annotation on the Node show on every GPU of the node at the
-    labeller's next run, and go when the controller clears them."""
+def test_the_nodes_driver_upgrade_and_check_show_on_its_gpus(kube: Kube, labeller: Labeller) -> None:
+    """The upgrade controller's label and failure annotation on the Node, and node setup's check labels (a
+    driver that is not the declared one), show on every GPU of the node at the labeller's next run, and go
+    when their writers clear them."""
     failure = "the new driver pod was not ready within 900 s"
-    kube.patch("v1", "Node", NODE, {"metadata": {"labels": {labels.DRIVER_UPGRADE_STATE: "upgrade-failed"},
-                                                 "annotations": {labels.DRIVER_UPGRADE_FAILURE: failure}}})
+    kube.patch("v1", "Node", NODE, {"metadata": {
+        "labels": {labels.DRIVER_UPGRADE_STATE: "upgrade-failed",
+                   **labels.check_labels("unusable", ["driver-mismatch", "toolkit-missing"])},
+        "annotations": {labels.DRIVER_UPGRADE_FAILURE: failure}}})
     try:
         labeller.run()
-        assert {o["status"]["driverUpgrade"]["state"] for o in _gpus(kube).values()} == {"upgrade-failed"}
-        assert {o["status"]["driverUpgrade"]["reason"] for o in _gpus(kube).values()} == {failure}
+        statuses = [o["status"] for o in _gpus(kube).values()]
+        assert {s["driverUpgrade"]["state"] for s in statuses} == {"upgrade-failed"}
+        assert {s["driverUpgrade"]["reason"] for s in statuses} == {failure}
+        assert all(s["nodeCheck"] == {"verdict": "unusable", "reasons": ["driver-mismatch", "toolkit-missing"]}
+                   for s in statuses)
     finally:
-        kube.patch("v1", "Node", NODE, {"metadata": {"labels": {labels.DRIVER_UPGRADE_STATE: None},
-                                                     "annotations": {labels.DRIVER_UPGRADE_FAILURE: None}}})
+        kube.patch("v1", "Node", NODE, {"metadata": {
+            "labels": {labels.DRIVER_UPGRADE_STATE: None, **labels.check_labels("ok", [])},
+            "annotations": {labels.DRIVER_UPGRADE_FAILURE: None}}})
     labeller.run()
-    assert not [o for o in _gpus(kube).values() if "driverUpgrade" in o["status"]]
+    statuses = [o["status"] for o in _gpus(kube).values()]
+    assert not [s for s in statuses if "driverUpgrade" in s]
+    assert all(s["nodeCheck"] == {"verdict": "ok"} for s in statuses)
+    cleared = dict.fromkeys((labels.NODE_CHECK, labels.NODE_CHECK_REASONS))
+    kube.patch("v1", "Node", NODE, {"metadata": {"labels": cleared}})
 
 
 def test_a_lost_gpu_turns_unhealthy_and_comes_back(kube: Kube, labeller: Labeller) -> None:

@@ -238,6 +238,7 @@ def test_the_os_labels_are_published_alike(case: tuple[tuple[str, str], str, boo
                            driver_loaded=has_driver)
     run_script(host, "gpu-check.sh", NVIDIA_GPU_CHECK_PHASE="host")
     by_script = dict(call.rsplit(" ", 1)[-1].split("=", 1) for call in host.log("kubectl") if "=" in call)
+    by_script = {k: v for k, v in by_script.items() if k not in (labels.NODE_CHECK, labels.NODE_CHECK_REASONS)}
     agent = {k: v for k, v in osinfo.os_labels(HostRoot(host.root)).items() if v is not None}
     if osinfo.host_driver_installed(HostRoot(host.root)):
         agent[labels.GPU_DEPLOY_DRIVER] = labels.DRIVER_PREINSTALLED
@@ -309,3 +310,27 @@ def test_a_node_without_the_container_toolkit_is_found_alike(installed: str | No
     if installed is None:
         (finding,) = [f for f in doc["findings"] if f["reason"] == "toolkit-missing"]
         assert finding["message"] in ran.stdout + ran.stderr, "worded alike"
+
+
+@pytest.mark.parametrize("case", ["good-dgx-h100-containerd1", "old-driver", "modules-missing", "no-gpu"])
+def test_the_check_labels_are_written_alike(case: str, tmp_path: Path, run_script: RunScript,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The node's check labels (the verdict, the reasons .-joined) that gpu-check.sh writes with kubectl are
+    the ones the agent's setup and monitor write (nvgpu.labels.check_labels); none on a node without a GPU."""
+    from nvgpu import labels
+
+    host = SCENARIOS[case](tmp_path)
+    run_script(host, "gpu-check.sh", NVIDIA_GPU_CHECK_PHASE="host")
+    by_script: dict[str, str | None] = {}
+    for call in host.log("kubectl"):
+        arg = call.rsplit(" ", 1)[-1]
+        key, _, value = arg.partition("=")
+        if key.rstrip("-") in (labels.NODE_CHECK, labels.NODE_CHECK_REASONS):
+            by_script[key.rstrip("-")] = value if "=" in arg else None
+    _, doc = _agent_json(host, capsys, "check", "--phase", "host", "--no-record")
+    wanted = labels.check_labels(doc["verdict"], doc["reasons"])
+    if doc["verdict"] == "no-gpu":
+        assert by_script == {}, "nothing is written on a node without a GPU"
+    else:
+        assert by_script == wanted, (by_script, wanted)
+        assert by_script[labels.NODE_CHECK] == doc["verdict"]

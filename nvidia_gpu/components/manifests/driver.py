@@ -71,7 +71,9 @@ def check_container(cluster: Cluster, group: NodeGroup) -> dict[str, Any]:
     upgrade validated, once our ``check`` agrees with NVIDIA's ``nvidia-smi`` probe. The template is the
     one place that always carries the current declaration (node setup's pods are ``OnDelete``).
     Privileged as node setup's check is: NVML opens the GPUs' device nodes."""
+    # Its verdict is the pod's readiness; node setup's monitor is the one that labels the node.
     args = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS, "setup-monitor", "--phase", "host", "--ready-when-usable",
+            "--no-patch-node",
             "--interval", str(CHECK_INTERVAL_S), "--metrics-port", str(CHECK_PORT),
             *group.gpu.driver_expectation.args()]
     return {

@@ -57,6 +57,15 @@ SCHEMA: dict[str, Any] = {
                 "cudaVersion": _string("The CUDA driver API version the driver provides (12.4)."),
                 "kernelModules": _string("The driver's kernel modules loaded on the node.",
                                          enum=["open", "proprietary"]),
+                "nodeCheck": {
+                    "type": "object",
+                    "description": "Node setup's last check of the GPU's node (its check labels).",
+                    "properties": {
+                        "verdict": _string("ok, or unusable.", enum=["ok", "unusable"]),
+                        "reasons": {"type": "array", "items": {"type": "string"},
+                                    "description": "Why the node is unusable (driver-mismatch, toolkit-missing, ...)."},
+                    },
+                },
                 "driverUpgrade": {
                     "type": "object",
                     "description": "The node's driver upgrade, while the stack's upgrade controller rolls one.",
@@ -131,6 +140,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Driver", "type": "string", "jsonPath": ".status.driverVersion", "priority": 1},
     {"name": "Modules", "type": "string", "jsonPath": ".status.kernelModules", "priority": 1},
     {"name": "Upgrade", "type": "string", "jsonPath": ".status.driverUpgrade.state", "priority": 1},
+    {"name": "Check", "type": "string", "jsonPath": ".status.nodeCheck.verdict", "priority": 1},
     {"name": "Sharing", "type": "string", "jsonPath": ".status.sharing", "priority": 1},
     {"name": "Allocation", "type": "string", "jsonPath": ".status.allocationMode", "priority": 1},
     {"name": "Reason", "type": "string", "jsonPath": ".status.health.reason", "priority": 1},

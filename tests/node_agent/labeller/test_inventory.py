@@ -264,7 +264,8 @@ def test_every_gpu_object_shows_the_nodes_driver_modules_and_upgrade(dgx: tuple[
     """The kernel modules and the driver upgrade's state are the node's: on each GPU's object, a lost one's
     too, within the CRD's schema; once the upgrade is done and its label gone, the patch removes them."""
     inv, driver = dgx
-    failing = inventory.NodeDriver("open", "upgrade-failed", "drain did not finish within 1800 s")
+    failing = inventory.NodeDriver("open", "upgrade-failed", "drain did not finish within 1800 s", "unusable",
+                                   ("driver-mismatch",))
     lost = Inventory(tuple(g for g in inv.gpus if g.index != 3), (LostGpu(3, "GPU is lost (NVML error 15)"),))
     before = {3: inventory.gpu_status(inv.gpus[3], driver, CTX)}
     want = inventory.desired(lost, driver, CTX, before, node=failing)
@@ -272,9 +273,10 @@ def test_every_gpu_object_shows_the_nodes_driver_modules_and_upgrade(dgx: tuple[
     for status in want.values():
         assert status["kernelModules"] == "open"
         assert status["driverUpgrade"] == {"state": "upgrade-failed", "reason": "drain did not finish within 1800 s"}
+        assert status["nodeCheck"] == {"verdict": "unusable", "reasons": ["driver-mismatch"]}
         _validator().validate({"spec": {"node": "n", "index": 0}, "status": status})
     done = inventory.desired(inv, driver, CTX, {}, node=inventory.NodeDriver("proprietary"))
     patch = inventory._merge_patch(want[0], done[0])
-    assert patch["driverUpgrade"] is None and patch["kernelModules"] == "proprietary"
+    assert patch["driverUpgrade"] is None and patch["nodeCheck"] is None and patch["kernelModules"] == "proprietary"
     with pytest.raises(jsonschema.ValidationError):
         _validator().validate({"spec": {"node": "n", "index": 0}, "status": {**done[0], "kernelModules": "nouveau"}})

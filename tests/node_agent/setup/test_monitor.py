@@ -108,6 +108,31 @@ def test_a_check_that_raises_keeps_the_last_verdict() -> None:
     assert sample("driver_info", version="550.90.07") is None  # no driver seen: the old series is gone
 
 
+def test_a_changed_verdict_is_written_on_the_node_once_and_a_refused_write_again() -> None:
+    """With a publisher (node setup's pod), the node's check labels follow the verdict: written when the
+    verdict or reasons change, not on every run; a write the API server refuses is tried after the next run."""
+    from node_agent.kube.errors import KubeError
+    from nvgpu import labels
+
+    mismatch = CheckReport(Verdict.UNUSABLE, (Finding(Reason.DRIVER_MISMATCH, "driver 550.90.07 is loaded; the "
+                                                      "node group declares 550.127.05"),))
+    reports = [CheckReport(Verdict.OK), CheckReport(Verdict.OK), mismatch, mismatch, mismatch, CheckReport(Verdict.OK)]
+    written: list[dict[str, str | None]] = []
+    refuse = [False, True, False, False]  # per write: the first try of the mismatch is refused
+
+    def publish(changes: dict[str, str | None]) -> None:
+        if refuse.pop(0):
+            raise KubeError("503 the API server is away")
+        written.append(changes)
+
+    monitor = CheckMonitor(lambda: reports.pop(0), publish=publish)
+    for _ in range(6):
+        monitor.run_once()
+    assert written == [labels.check_labels("ok", []), labels.check_labels("unusable", ["driver-mismatch"]),
+                       labels.check_labels("ok", [])]
+    assert written[1] == {labels.NODE_CHECK: "unusable", labels.NODE_CHECK_REASONS: "driver-mismatch"}
+
+
 def test_the_driver_pods_check_is_ready_only_with_the_declared_driver(tmp_path: Path) -> None:
     """The ``driver-check`` container of a driver pod, its command as the stack renders it (paths mapped onto a
     simulated DGX H100): not Ready while the old driver is loaded, Ready once the declared one is, which is
