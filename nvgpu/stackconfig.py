@@ -786,11 +786,6 @@ class Toolkit(_Model):
     def container(self) -> bool:
         return self.source is toolkitspec.ToolkitSource.CONTAINER
 
-    @property
-    def runtime_binary(self) -> str:
-        """The nvidia runtime's binary node setup configures: the installed one, or the node's own."""
-        return toolkitspec.runtime_binary(self.install_dir) if self.container else facts.NVIDIA_CONTAINER_RUNTIME
-
 
 class Gpu(_Model):
     model: str | None = None

@@ -55,8 +55,13 @@ def toolkit_dir(install_dir: str) -> str:
     return f"{install_dir.rstrip('/')}/{SUBDIR}"
 
 
+def installed_runtime(toolkit: str) -> str:
+    """The wrapper in an installed toolkit directory (``<installDir>/toolkit``, node setup's ``--toolkit-dir``)."""
+    return f"{toolkit.rstrip('/')}/{RUNTIME_WRAPPER}"
+
+
 def runtime_binary(install_dir: str) -> str:
-    return f"{toolkit_dir(install_dir)}/{RUNTIME_WRAPPER}"
+    return installed_runtime(toolkit_dir(install_dir))
 
 
 def cdi_hook(install_dir: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nvgpu import driver
+from nvgpu import driver, toolkit
 from nvgpu.stackconfig import StackConfigError, load_stack_config
 
 BASE: dict[str, Any] = {
@@ -139,13 +139,13 @@ def test_what_node_setup_and_the_driver_pod_verify() -> None:
 
 def test_the_toolkit_container_installs_where_it_is_told_and_only_on_the_daemonset_backend() -> None:
     g = _load({}).node_groups[0]
-    assert g.toolkit.source.value == "preinstalled" and g.toolkit.runtime_binary == "/usr/bin/nvidia-container-runtime"
+    assert g.toolkit.source.value == "preinstalled" and not g.toolkit.container
     values = copy.deepcopy(BASE)
     values["nodeGroups"][0]["toolkit"] = {"source": "container", "image": {"digest": "sha256:" + "a" * 64}}
     cfg = load_stack_config(values)
     t = cfg.node_groups[0].toolkit
     assert t.image.ref == f"nvcr.io/nvidia/k8s/container-toolkit:v1.19.1@sha256:{'a' * 64}"
-    assert t.runtime_binary == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+    assert toolkit.runtime_binary(t.install_dir) == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
     assert cfg.cluster.cdi_hook_for(cfg.node_groups[0]) == "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
     cases = [
         ({"source": "container", "installDir": "/usr"}, "nodeGroups[0].toolkit.installDir", "system directory"),

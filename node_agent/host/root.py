@@ -196,6 +196,11 @@ class HostRoot:
         finally:
             os.close(fd)
 
+    def is_executable(self, host_path: str) -> bool:
+        """A regular file (or a link to one) this process may execute."""
+        local = self.path(host_path)
+        return local.is_file() and os.access(local, os.X_OK)
+
     def remove(self, host_path: str) -> bool:
         """Delete a file; False if it was not there."""
         try:

@@ -13,7 +13,6 @@ Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -96,16 +95,11 @@ class _Run:
         self.findings.append(Finding(reason, message))
 
 
-def _executable(host: HostRoot, host_path: str) -> bool:
-    local = host.path(host_path)
-    return local.is_file() and os.access(local, os.X_OK)
-
-
 def toolkit_programs(toolkit_dir: str | None = None) -> tuple[str, ...]:
     """The toolkit programs of which one must be installed (phase ``all``): the runtime's and the CDI hook
     under ``/usr/bin``, or the runtime a toolkit container installed in ``toolkit_dir``."""
     own = (facts.NVIDIA_CONTAINER_RUNTIME, facts.CDI_HOOK_PATH)
-    return (*own, f"{toolkit_dir.rstrip('/')}/{toolkitspec.RUNTIME_WRAPPER}") if toolkit_dir else own
+    return (*own, toolkitspec.installed_runtime(toolkit_dir)) if toolkit_dir else own
 
 
 def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
@@ -189,7 +183,7 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
         if not status.ready:
             r.fail(Reason.RUNTIME_NOT_READY, status.detail)
         programs = toolkit_programs(toolkit_dir)
-        if not any(_executable(host, p) for p in programs):
+        if not any(host.is_executable(p) for p in programs):
             r.fail(Reason.TOOLKIT_MISSING, f"the NVIDIA Container Toolkit is not installed: none of "
                    f"{', '.join(programs)} is there (install it on the node, or set the group's toolkit.source: "
                    "container)")

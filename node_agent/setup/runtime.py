@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -259,15 +258,10 @@ def runtime_status(host: HostRoot) -> RuntimeStatus:
                          "containerd")
 
 
-def _nvidia_runtime_present(host: HostRoot, binary: str = facts.NVIDIA_CONTAINER_RUNTIME) -> bool:
-    local = host.path(binary)
-    return local.is_file() and os.access(local, os.X_OK)
-
-
 def render_dropin(host: HostRoot, cfg: ContainerdConfig, binary: str = facts.NVIDIA_CONTAINER_RUNTIME) -> str:
     systemd = _dig(cfg.doc, "plugins", cfg.cri_plugin, "containerd", "runtimes", "runc", "options",
                    "SystemdCgroup") is True
-    nvidia_default = _nvidia_runtime_present(host, binary)
+    nvidia_default = host.is_executable(binary)
     ours = dropin_for(cfg.version, systemd, nvidia_default, binary)
     if cfg.deckhouse or cfg.version == 3:
         return ours
@@ -363,9 +357,7 @@ def apply_runtime(host: HostRoot, *, restart: bool = True, accept_envvar: bool =
     flags the stack passes it (the driver root, the device lists), so node setup leaves it alone."""
     if not nvidia_gpus(host):
         return RuntimeResult(skipped="no-gpu")
-    binary = facts.NVIDIA_CONTAINER_RUNTIME
-    if toolkit_dir:
-        binary = f"{toolkit_dir.rstrip('/')}/{toolkitspec.RUNTIME_WRAPPER}"
+    binary = toolkitspec.installed_runtime(toolkit_dir) if toolkit_dir else facts.NVIDIA_CONTAINER_RUNTIME
     # bad input is refused before anything (even a lock) is written
     toolkit = None if toolkit_dir else _toolkit_plan(host, accept_envvar, driver_root)
     crio = detect_runtime(host) == "crio"
@@ -411,7 +403,7 @@ def _toolkit_plan(host: HostRoot, accept_envvar: bool, driver_root: str = "/") -
     """The toolkit config's edit, checked: the file parses, and the edit changes our keys (and, for a driver
     container, nvidia-container-cli's root) and nothing else."""
     text = host.read_text_or_none(TOOLKIT_CONFIG)
-    if not _nvidia_runtime_present(host):
+    if not host.is_executable(facts.NVIDIA_CONTAINER_RUNTIME):
         return _ToolkitPlan(text, None, accept_envvar)
     before = _toolkit_doc(toolkit_config_restored(text), "") if text is not None else {}
     edited = toolkit_config_edited(text, accept_envvar, driver_root)
@@ -457,8 +449,7 @@ def _rollback_toolkit(host: HostRoot, result: RuntimeResult) -> None:
 
 def _conmon(host: HostRoot) -> str | None:
     for p in facts.CONMON_PATHS:
-        local = host.path(p)
-        if local.is_file() and os.access(local, os.X_OK):
+        if host.is_executable(p):
             return p
     return None
 
@@ -481,7 +472,7 @@ def _apply_crio(host: HostRoot, restart: bool, binary: str = facts.NVIDIA_CONTAI
     crio_effective_config(host)
     result = RuntimeResult(runtime="crio")
     existing = _check_ours(host, facts.CRIO_DROPIN)
-    if not _nvidia_runtime_present(host, binary):
+    if not host.is_executable(binary):
         result.notes.append(f"{binary} is missing: {facts.CRIO_DROPIN} not written "
                             "(CRI-O does not start with a runtime whose runtime_path is missing)")
         if existing is not None:
@@ -510,7 +501,7 @@ def _apply_runtime(host: HostRoot, restart: bool, binary: str = facts.NVIDIA_CON
     tomllib.loads(dropin)
     existing = _check_ours(host, cfg.dropin_path)
     new_config = None if cfg.deckhouse else with_import(cfg, f"{facts.CONTAINERD_IMPORT_DIR}/*.toml")
-    if not _nvidia_runtime_present(host, binary):
+    if not host.is_executable(binary):
         result.notes.append(f"{binary} is missing: runc stays the default runtime")
     journal = Journal(host, "runtime")
     if existing != dropin:
@@ -562,7 +553,7 @@ def installed_toolkit(host: HostRoot, toolkit_dir: str) -> bool:
     """Whether NVIDIA's toolkit container has installed the toolkit in ``toolkit_dir``."""
     d = toolkit_dir.rstrip("/")
     wrapper, config = (f"{d}/{m}" for m in _INSTALLED_MARKERS)
-    return _nvidia_runtime_present(host, wrapper) and host.exists(config)
+    return host.is_executable(wrapper) and host.exists(config)
 
 
 def remove_installed_toolkit(host: HostRoot, toolkit_dir: str) -> bool:

@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Literal
 
-from nvgpu import catalogue, labels
+from nvgpu import catalogue, labels, toolkit
 from nvgpu.driver import NO_EXPECTATION, VIRTUALIZATION_MODES, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts, templates
 from nvgpu.nodescripts.content import (
@@ -82,6 +82,7 @@ def _common(root_prefix: str) -> dict[str, str]:
         "RUNTIME": facts.NVIDIA_RUNTIME_NAME,
         "NCR": facts.NVIDIA_CONTAINER_RUNTIME,
         "CDI_HOOK_PATH": facts.CDI_HOOK_PATH,
+        "TOOLKIT_RUNTIME_WRAPPER": toolkit.RUNTIME_WRAPPER,
         "CHECK_LABEL": labels.NODE_CHECK,
         "CHECK_REASONS_LABEL": labels.NODE_CHECK_REASONS,
         "SETUP_LABEL": labels.GPU_SETUP_COMPLETE,

@@ -398,7 +398,7 @@ if [[ "$PHASE" == all ]]; then
   # container installed it (NVIDIA_GPU_TOOLKIT_DIR).
   programs=('@@NCR@@' '@@CDI_HOOK_PATH@@')
   if [[ -n "${NVIDIA_GPU_TOOLKIT_DIR:-}" ]]; then
-    programs+=("${NVIDIA_GPU_TOOLKIT_DIR%/}/nvidia-container-runtime")
+    programs+=("${NVIDIA_GPU_TOOLKIT_DIR%/}/@@TOOLKIT_RUNTIME_WRAPPER@@")
   fi
   found=false
   for p in "${programs[@]}"; do
