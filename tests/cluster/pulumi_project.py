@@ -126,3 +126,16 @@ def assert_same_objects(steps: list[dict[str, Any]], stack: str) -> None:
     cluster_scoped = {(k, n) for k, ns, n in offline if not ns}
     engine = {(k, "" if (k, n) in cluster_scoped and ns == "default" else ns, n) for k, ns, n in engine}
     assert engine == offline, f"engine only: {sorted(engine - offline)}; offline only: {sorted(offline - engine)}"
+
+
+def snapshot(kube: Kube, kinds: list[tuple[str, str]] = KINDS) -> dict[str, Any]:
+    """What the cluster holds of ``kinds`` (a NodeGroup with its spec: the stack patches it), compared
+    before the stack and after ``destroy``."""
+    out: dict[str, Any] = {}
+    for api, kind in kinds:
+        for o in kube.list(api, kind):
+            meta = o["metadata"]
+            if meta["name"].startswith(("kube-", "system:", "default", "extension-apiserver")):
+                continue
+            out[f"{kind}/{meta.get('namespace', '')}/{meta['name']}"] = o.get("spec") if kind == "NodeGroup" else None
+    return out

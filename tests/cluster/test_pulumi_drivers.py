@@ -24,7 +24,7 @@ from localcluster.objects import create_kwok_node, service_account_kube, wait_fo
 from node_agent.kube.pods import ready as pod_ready
 from nvgpu import labels
 from nvidia_gpu.components.manifests import driver
-from tests.cluster.pulumi_project import KINDS, Project, assert_same_objects, make_project
+from tests.cluster.pulumi_project import KINDS, Project, assert_same_objects, make_project, snapshot
 
 STACK = "drivers"
 NS = "gpu-drivers"
@@ -32,16 +32,6 @@ NS = "gpu-drivers"
 H100 = ("drv-h100-a", "drv-h100-b")
 H200 = "drv-h200"
 SNAPSHOT_KINDS = [*KINDS, ("apps/v1", "Deployment"), ("nvidia.com/v1alpha1", "NVIDIADriver")]
-
-
-def _snapshot(kube: Kube) -> set[str]:
-    out = set()
-    for api, kind in SNAPSHOT_KINDS:
-        for o in kube.list(api, kind):
-            meta = o["metadata"]
-            if not meta["name"].startswith(("kube-", "system:", "default", "extension-apiserver")):
-                out.add(f"{kind}/{meta.get('namespace', '')}/{meta['name']}")
-    return out
 
 
 def _gpu_node(kube: Kube, name: str, pool: str, **extra: str) -> None:
@@ -76,7 +66,7 @@ def test_the_drivers_stack_applies_rolls_a_version_change_and_destroys(cluster: 
     project: Project = make_project(cluster, work, STACK)
     project.pulumi("stack", "init", STACK)
     assert_same_objects(json.loads(project.pulumi("preview", "--json").stdout)["steps"], STACK)
-    before = _snapshot(kube)
+    before = snapshot(kube, SNAPSHOT_KINDS)
     for name in H100:
         _gpu_node(kube, name, "h100")
     _gpu_node(kube, H200, "h200", **{labels.GPU_DEPLOY_DRIVER: labels.DRIVER_PREINSTALLED})
@@ -127,7 +117,7 @@ def test_the_drivers_stack_applies_rolls_a_version_change_and_destroys(cluster: 
         project.pulumi("up", "--yes", "--expect-no-changes")
         project.pulumi("destroy", "--yes")
         wait_for(lambda: kube.get_or_none("v1", "Namespace", NS) is None, timeout=90, what=f"namespace {NS} gone")
-        assert _snapshot(kube) == before
+        assert snapshot(kube, SNAPSHOT_KINDS) == before
     finally:
         for name in (*H100, H200):
             kube.delete("v1", "Node", name)

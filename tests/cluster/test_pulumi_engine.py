@@ -39,22 +39,18 @@ from tests.cluster.agents import (
     with_config_dir,
 )
 from tests.cluster.mig_manager import Rendered, layout, start_manager
-from tests.cluster.pulumi_project import KINDS, NODE_GROUPS, Project, assert_same_objects, make_project, object_key
+from tests.cluster.pulumi_project import (
+    NODE_GROUPS,
+    Project,
+    assert_same_objects,
+    make_project,
+    object_key,
+    snapshot,
+)
 from tests.cluster.stack import rendered
 from tests.kit.fakehost import FakeHost, build_fake_host
 
 STACK = "dev"
-
-
-def _snapshot(kube: Kube) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for api, kind in KINDS:
-        for o in kube.list(api, kind):
-            meta = o["metadata"]
-            if meta["name"].startswith(("kube-", "system:", "default", "extension-apiserver")):
-                continue
-            out[f"{kind}/{meta.get('namespace', '')}/{meta['name']}"] = o.get("spec") if kind == "NodeGroup" else None
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +62,7 @@ def project(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(scope="module")
 def before(cluster: ControlPlane, project: Project) -> dict[str, Any]:
-    return _snapshot(cluster.admin())
+    return snapshot(cluster.admin())
 
 
 def _preview_steps(project: Project) -> list[dict[str, Any]]:
@@ -442,7 +438,7 @@ def test_6_destroy_leaves_the_cluster_as_it_was(cluster: ControlPlane, project: 
     kube = cluster.admin()
     wait_for(lambda: kube.get_or_none("v1", "Namespace", "nvidia-gpu") is None, timeout=60,
              what="the stack's namespace gone")
-    after = _snapshot(kube)
+    after = snapshot(kube)
     assert after == before, {k: (before.get(k), after.get(k)) for k in set(before) | set(after)
                              if before.get(k) != after.get(k)}
     assert not [s for s in kube.list("resource.k8s.io/v1", "ResourceSlice")]
@@ -458,7 +454,7 @@ def test_7_prod_stack_previews_applies_and_destroys(cluster: ControlPlane,
     done = prod.pulumi("preview", "--json")
     assert_same_objects(json.loads(done.stdout)["steps"], "prod")
     kube = cluster.admin()
-    before = _snapshot(kube)
+    before = snapshot(kube)
     prod.pulumi("up", "--yes", "--skip-preview")
     setup = [d for d in kube.list("apps/v1", "DaemonSet", "gpu-system") if "setup" in d["metadata"]["name"]]
     assert setup and all(d["metadata"]["annotations"].get("pulumi.com/skipAwait") == "true" for d in setup)
@@ -466,7 +462,7 @@ def test_7_prod_stack_previews_applies_and_destroys(cluster: ControlPlane,
     _removed_group_is_torn_down_on_its_node(kube, prod, tmp_path_factory.mktemp("engine-prod-node"))
     prod.pulumi("destroy", "--yes")
     wait_for(lambda: kube.get_or_none("v1", "Namespace", "gpu-system") is None, timeout=60, what="gpu-system gone")
-    assert _snapshot(kube) == before
+    assert snapshot(kube) == before
 
 
 #: Stands in for the kubelet keeping a deleted pod (and so its bound token) while its preStop hook runs.
