@@ -204,6 +204,23 @@ NO_EXPECTATION = DriverExpectation()
 #: On a driver DaemonSet: its node group's upgrade policy (``gpu.driver.upgrade``) as JSON, which the
 #: upgrade controller reads (the stack config stays its one source).
 UPGRADE_POLICY_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-policy"
+#: On a driver pod template (and so on each pod): a hash of what decides the driver a pod runs (the driver
+#: container, its volumes, the declaration its check verifies). A pod is outdated when its hash is not
+#: its DaemonSet's: a change elsewhere in the template (the check's image, its interval) reaches a node at
+#: its next driver replacement and never restarts a driver by itself.
+DRIVER_SPEC_ANNOTATION = "gpu.nvidia-gpu.io/driver-spec"
+#: The taint the upgrade puts on a node before it stops the node's GPU agents (device plugin, DRA plugin,
+#: labeller, exporters): DaemonSet pods ignore a cordon, so the taint keeps their replacements away while
+#: the old driver unloads (NVIDIA's ``nvidia-driver init`` fails while anything holds the GPUs). Only the
+#: driver DaemonSets tolerate it; the upgrade removes it when the node is uncordoned.
+UPGRADE_TAINT_KEY = "gpu.nvidia-gpu.io/driver-upgrade"
+
+#: NVIDIA's startup probe of the driver container: compiling and loading the modules takes minutes, so it
+#: allows ``initialDelay + period * failureThreshold`` seconds before the kubelet restarts the container.
+STARTUP_INITIAL_DELAY_S = 60
+STARTUP_PERIOD_S = 10
+STARTUP_FAILURE_THRESHOLD = 120
+STARTUP_ALLOWANCE_S = STARTUP_INITIAL_DELAY_S + STARTUP_PERIOD_S * STARTUP_FAILURE_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -211,12 +228,17 @@ class UpgradePolicy:
     max_unavailable: int = 1
     drain: bool = True
     drain_timeout_s: float = 1800.0
-    validation_timeout_s: float = 900.0
+    validation_timeout_s: float = 1800.0
+    #: Evict pods no controller owns (gone for good once evicted), as ``kubectl drain --force`` does.
+    force: bool = False
+    #: Evict pods with ``emptyDir`` volumes (their data is lost), as ``kubectl drain --delete-emptydir-data``.
+    delete_empty_dir: bool = False
 
     def to_annotation(self) -> str:
         return json.dumps({"maxUnavailable": self.max_unavailable, "drain": self.drain,
                            "drainTimeoutSeconds": self.drain_timeout_s,
-                           "validationTimeoutSeconds": self.validation_timeout_s}, sort_keys=True)
+                           "validationTimeoutSeconds": self.validation_timeout_s,
+                           "force": self.force, "deleteEmptyDir": self.delete_empty_dir}, sort_keys=True)
 
     @classmethod
     def from_annotation(cls, text: str | None) -> UpgradePolicy:
@@ -231,4 +253,6 @@ class UpgradePolicy:
         return cls(max_unavailable=int(raw.get("maxUnavailable", d.max_unavailable)),
                    drain=bool(raw.get("drain", d.drain)),
                    drain_timeout_s=float(raw.get("drainTimeoutSeconds", d.drain_timeout_s)),
-                   validation_timeout_s=float(raw.get("validationTimeoutSeconds", d.validation_timeout_s)))
+                   validation_timeout_s=float(raw.get("validationTimeoutSeconds", d.validation_timeout_s)),
+                   force=bool(raw.get("force", d.force)),
+                   delete_empty_dir=bool(raw.get("deleteEmptyDir", d.delete_empty_dir)))

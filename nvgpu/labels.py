@@ -44,6 +44,20 @@ DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
 GPU_DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 GPU_DEPLOY_COMPONENTS = ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm")
 PAUSED_FOR_MIG_CHANGE = "paused-for-mig-change"
+#: Pod labels (key, value) of the agents that hold a node's GPUs open: NVIDIA's GPU Operator operands
+#: (``app``) and this project's (``app.kubernetes.io/name``). The MIG manager and the driver upgrade stop them
+#: before they change the GPUs or the driver under them; any pod requesting ``nvidia.com/*`` counts too.
+GPU_AGENT_POD_LABELS: tuple[tuple[str, str], ...] = (
+    ("app", "nvidia-device-plugin-daemonset"),
+    ("app", "gpu-feature-discovery"),
+    ("app", "nvidia-dcgm-exporter"),
+    ("app", "nvidia-dcgm"),
+    ("app.kubernetes.io/name", "device-plugin"),
+    ("app.kubernetes.io/name", "gpu-labeller"),
+    ("app.kubernetes.io/name", "dra-kubelet-plugin"),
+    ("app.kubernetes.io/name", "gpu-exporter"),
+    ("app.kubernetes.io/name", "dcgm-exporter"),
+)
 
 #: Who installs a node's driver, as NVIDIA's GPU Operator labels it: ``pre-installed`` when node setup found
 #: a driver on the host itself, so no driver container runs there.

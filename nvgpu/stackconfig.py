@@ -667,8 +667,13 @@ class DriverUpgrade(_Model):
     #: the pods holding GPUs are evicted.
     drain: Bool = True
     drain_timeout_seconds: Annotated[int, Field(ge=30, le=86400)] = 1800
-    #: How long the new driver has to load and pass ``check`` before the node counts as failed.
-    validation_timeout_seconds: Annotated[int, Field(ge=30, le=7200)] = 900
+    #: How long the old driver has to stop and the new one to load and pass ``check`` before the node counts
+    #: as failed: at least what NVIDIA's startup probe allows a compiling driver (``nvgpu.driver``).
+    validation_timeout_seconds: Annotated[int, Field(ge=driverspec.STARTUP_ALLOWANCE_S, le=7200)] = 1800
+    #: Evict pods no controller owns too (``kubectl drain --force``): they are not recreated anywhere.
+    force: Bool = False
+    #: Evict pods with ``emptyDir`` volumes too (``kubectl drain --delete-emptydir-data``): their data is lost.
+    delete_empty_dir: Bool = False
 
 
 class Driver(_Model):
@@ -714,6 +719,10 @@ class Driver(_Model):
                                                  f"{driverspec.OPEN_MODULES_MIN_BRANCH} branch on (version is "
                                                  f"{self.version})"))
         if self.source is driverspec.DriverSource.CONTAINER:
+            if self.driver_type is not driverspec.DriverType.GPU:
+                problems.append((("type",), f"source container runs NVIDIA's data-center driver image (type gpu), "
+                                            f"not {self.driver_type.value}: the vGPU guest and host drivers are "
+                                            "licensed images of their own; use source gpuOperator or preinstalled"))
             if not self.os_releases:
                 problems.append((("osReleases",), "source container runs one driver DaemonSet per OS release: "
                                                   "list the group's (like ubuntu22.04)"))
@@ -845,6 +854,11 @@ class Gpu(_Model):
                 minimum, what = mig_floor, f"the minimum for MIG on {model.key}"
             if not version.at_least(minimum):
                 problems.append((version_at, f"{version.text} is below {what}, {minimum}"))
+        if (self.driver.kernel_modules is driverspec.KernelModules.OPEN and self.driver_version and version is not None
+                and version.branch < driverspec.OPEN_MODULES_MIN_BRANCH):  # driver.version: Driver checks it
+            problems.append((("driver", "kernelModules"), f"the open kernel modules exist from the "
+                                                          f"{driverspec.OPEN_MODULES_MIN_BRANCH} branch on "
+                                                          f"(driverVersion is {self.driver_version})"))
         if (self.driver.kernel_modules is driverspec.KernelModules.OPEN and model is not None
                 and not driverspec.open_modules_supported(model.compute_capability)):
             problems.append((("driver", "kernelModules"),

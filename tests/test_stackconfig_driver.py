@@ -78,10 +78,17 @@ def test_combinations_that_work_are_accepted(spec: dict[str, Any]) -> None:
     ({"source": "container", "version": "525.60.13", "osReleases": ["ubuntu22.04"]},
      {"model": "H200-141GB"}, "gpu.driver.version", "525.60.13 is below the H200-141GB minimum, 550.54.14"),
     ({"version": "550"}, {"driverVersion": "550.90.07"}, "gpu.driverVersion", "set the version once"),
+    ({**CONTAINER, "type": "vgpu"}, {}, "gpu.driver.type", "source container runs NVIDIA's data-center driver"),
+    ({**CONTAINER, "type": "vgpu-host-manager"}, {}, "gpu.driver.type", "not vgpu-host-manager"),
+    ({**CONTAINER, "upgrade": {"validationTimeoutSeconds": 300}}, {}, "gpu.driver.upgrade.validationTimeoutSeconds",
+     "greater than or equal to 1260"),
+    ({"kernelModules": "open"}, {"model": "T4", "driverVersion": "470.82.01"}, "gpu.driver.kernelModules",
+     "the open kernel modules exist from the 515 branch on (driverVersion is 470.82.01)"),
 ], ids=["precompiled-release", "compiled-branch", "no-version", "precompiled-preinstalled", "no-kernels",
         "no-os", "bad-os", "kernels-not-precompiled", "os-preinstalled", "image-preinstalled", "open-too-old",
         "precompiled-vgpu", "host-manager-sharing", "vgpu-guest-mig", "branch-below-model", "release-below-model",
-        "both-versions"])
+        "both-versions", "container-vgpu", "container-host-manager", "validation-below-startup",
+        "open-too-old-legacy-version"])
 def test_combinations_that_cannot_work_name_the_field(spec: dict[str, Any], gpu: dict[str, Any], path: str,
                                                      says: str) -> None:
     problems = _problems({**gpu, "driver": spec})

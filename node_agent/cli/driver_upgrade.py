@@ -1,8 +1,8 @@
 """``driver-upgrade``: the controller that rolls a driver change through a stack's GPU nodes one at a time.
 
 Runs in its Deployment (not on GPU nodes; see ``nvidia_gpu.components.manifests.driverupgrade``), with the
-agent's global ``--kubeconfig`` (default: the pod's ServiceAccount). ``--once`` runs one round and prints
-each node's step (a dry look at the rollout); otherwise it runs until SIGTERM/SIGINT.
+agent's global ``--kubeconfig`` (default: the pod's ServiceAccount). ``--once`` decides one round and prints
+each node's next step, changing nothing (a dry look at the rollout); otherwise it runs until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", ""),
                    help="the stack's namespace, where its driver DaemonSets are (default: $POD_NAMESPACE)")
     p.add_argument("--drain", choices=[m.value for m in DrainMode], default=DrainMode.CORDON.value,
-                   help="cordon and evict, or ask Deckhouse for the disruption first (default: %(default)s)")
+                   help="cordon and evict, or the same within the Deckhouse NodeGroup's disruption settings "
+                        "(default: %(default)s)")
     p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS", help="seconds between rounds")
-    p.add_argument("--once", action="store_true", help="one round, then print each node's step and exit")
+    p.add_argument("--once", action="store_true",
+                   help="decide one round, print each node's next step and exit; changes nothing")
     p.set_defaults(run=run)
 
 
@@ -40,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--namespace (or $POD_NAMESPACE) is required: the driver DaemonSets are there")
     if args.interval <= 0:
         raise UsageError(f"--interval {args.interval}: must be a positive number of seconds")
-    controller = UpgradeController(Kube.connect(ctx.kubeconfig), args.namespace, drain_mode=DrainMode(args.drain))
+    controller = UpgradeController(Kube.connect(ctx.kubeconfig), args.namespace, drain_mode=DrainMode(args.drain),
+                                   dry_run=args.once)
     try:
         if args.once:
             done = controller.run_round()

@@ -2,11 +2,13 @@
 acting on :func:`node_agent.driverupgrade.machine.decide`'s steps.
 
 Each round lists the stack's driver DaemonSets (``app.kubernetes.io/name=nvidia-driver`` in the stack's
-namespace), their pods (current when their ``pod-template-generation`` is the DaemonSet's generation), the
-nodes those run on and the nodes that carry an upgrade state, and takes one step per node. The nodes of a
-node group share its policy (carried by its DaemonSets' ``driver-upgrade-policy`` annotation, so the stack
-config is its one source) and its ``maxUnavailable``. Every step is one API call or a few idempotent ones,
-and the state is on the node: a controller killed between two steps takes the next round from there.
+namespace), their pods (current when their ``driver-spec`` hash is their template's), the nodes those run
+on and the nodes that carry an upgrade state, and takes one step per node. The nodes of a node group share
+its policy (carried by its DaemonSets' ``driver-upgrade-policy`` annotation, so the stack config is its one
+source) and its ``maxUnavailable``. Every step is one API call or a few idempotent ones, each Node write
+carries the resourceVersion the step was decided on (a node changed meanwhile is decided again next
+round), and the state is on the node: a controller killed between two steps takes the next round from
+there. One node's refused call is logged and reported; the other nodes go on.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from node_agent.driverupgrade.machine import (
     STATE_LABEL,
     WAS_CORDONED_ANNOTATION,
     Act,
+    Disruptions,
     DrainMode,
     DriverPod,
     NodeFacts,
@@ -39,7 +42,13 @@ from node_agent.kube import events, nodes, pods
 from node_agent.kube.errors import Conflict, KubeError, NotFound, TooManyRequests
 from node_agent.kube.transport import Kube
 from nvgpu import labels
-from nvgpu.driver import CONTAINER_COMPONENT, UPGRADE_POLICY_ANNOTATION, UpgradePolicy
+from nvgpu.driver import (
+    CONTAINER_COMPONENT,
+    DRIVER_SPEC_ANNOTATION,
+    UPGRADE_POLICY_ANNOTATION,
+    UPGRADE_TAINT_KEY,
+    UpgradePolicy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,8 @@ DRIVER_SELECTOR = f"app.kubernetes.io/name={CONTAINER_COMPONENT}"
 NODE_GROUP_LABEL = labels.NODE_GROUP
 #: Resources whose holders a drain without ``drain`` still moves: the GPUs, their MIG devices and shares.
 GPU_RESOURCE_PREFIX = "nvidia.com/"
+UPGRADE_TAINT = {"key": UPGRADE_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+NODEGROUPS = "/apis/deckhouse.io/v1/nodegroups"
 
 
 def _owned_by_daemonset(pod: Mapping[str, Any]) -> bool:
@@ -66,21 +77,93 @@ def _holds_gpus(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def workloads(node_pods: list[dict[str, Any]]) -> tuple[tuple[PodRef, ...], tuple[PodRef, ...]]:
-    """What a drain of the node moves (every pod but DaemonSets', mirror and finished ones) and, of those,
-    the pods holding GPUs."""
-    moved, gpus = [], []
+def _finished(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _ref(pod: Mapping[str, Any]) -> PodRef:
+    meta = pod.get("metadata") or {}
+    return PodRef(str(meta.get("namespace")), str(meta.get("name")))
+
+
+def _refusal(pod: Mapping[str, Any], policy: UpgradePolicy) -> str | None:
+    """Why the policy keeps the drain from evicting ``pod``, as ``kubectl drain`` refuses without its flags."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    if not policy.force and not any(o.get("controller") for o in owners):
+        return "no controller recreates it: upgrade.force evicts it"
+    if not policy.delete_empty_dir and any("emptyDir" in v for v in (pod.get("spec") or {}).get("volumes") or []):
+        return "its emptyDir data would be lost: upgrade.deleteEmptyDir evicts it"
+    return None
+
+
+_DEFAULT_POLICY = UpgradePolicy()
+
+
+def workloads(node_pods: list[dict[str, Any]], policy: UpgradePolicy = _DEFAULT_POLICY
+              ) -> tuple[tuple[PodRef, ...], tuple[PodRef, ...], dict[PodRef, str]]:
+    """What a drain of the node moves (every pod but DaemonSets', mirror and finished ones), of those the
+    pods holding GPUs, and those the policy does not let it evict (with the reason)."""
+    moved, gpus, refused = [], [], {}
     for p in node_pods:
         meta = p.get("metadata") or {}
         if _owned_by_daemonset(p) or "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
             continue
-        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        if _finished(p):
             continue
-        ref = PodRef(str(meta.get("namespace")), str(meta.get("name")))
+        ref = _ref(p)
         moved.append(ref)
         if _holds_gpus(p):
             gpus.append(ref)
-    return tuple(moved), tuple(gpus)
+        if (why := _refusal(p, policy)) is not None:
+            refused[ref] = why
+    return tuple(moved), tuple(gpus), refused
+
+
+def _selector_keys(pod: Mapping[str, Any]) -> set[str]:
+    spec = pod.get("spec") or {}
+    keys = set((spec.get("nodeSelector") or {}).keys())
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+    for term in required.get("nodeSelectorTerms") or []:
+        keys |= {str(e.get("key")) for e in term.get("matchExpressions") or []}
+    return keys
+
+
+def gpu_agent(pod: Mapping[str, Any]) -> bool:
+    """A DaemonSet pod that holds the node's GPUs open: it requests ``nvidia.com/*``, is a known GPU agent
+    (``nvgpu.labels.GPU_AGENT_POD_LABELS``: ours and NVIDIA's), or is placed by NVIDIA's deploy labels. Not
+    the driver's own pods."""
+    pod_labels = (pod.get("metadata") or {}).get("labels") or {}
+    if not _owned_by_daemonset(pod) or pod_labels.get("app.kubernetes.io/name") == CONTAINER_COMPONENT:
+        return False
+    return (_holds_gpus(pod) or any(pod_labels.get(k) == v for k, v in labels.GPU_AGENT_POD_LABELS)
+            or any(k.startswith(labels.GPU_DEPLOY_PREFIX) for k in _selector_keys(pod)))
+
+
+def clients(node_pods: list[dict[str, Any]]) -> tuple[tuple[PodRef, ...], int]:
+    """The node's GPU agent pods still running, and how many are stopping."""
+    running, stopping = [], 0
+    for p in node_pods:
+        if _finished(p) or not gpu_agent(p):
+            continue
+        if (p.get("metadata") or {}).get("deletionTimestamp"):
+            stopping += 1
+        else:
+            running.append(_ref(p))
+    return tuple(running), stopping
+
+
+def _current(pod: Mapping[str, Any], ds: Mapping[str, Any]) -> bool:
+    """Runs the DaemonSet's driver: the same ``driver-spec`` hash; where the template carries none (a
+    DaemonSet from before it), the same template generation (the pod's ``pod-template-generation`` is the
+    DaemonSet's ``deprecated.daemonset.template.generation``, which only a template change moves)."""
+    template = ((ds.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    want = (template.get("annotations") or {}).get(DRIVER_SPEC_ANNOTATION)
+    meta = pod.get("metadata") or {}
+    if want is not None:
+        return bool((meta.get("annotations") or {}).get(DRIVER_SPEC_ANNOTATION) == want)
+    generation = ((ds.get("metadata") or {}).get("annotations") or {}).get("deprecated.daemonset.template.generation")
+    return generation is not None and (meta.get("labels") or {}).get("pod-template-generation") == generation
 
 
 @dataclass
@@ -92,7 +175,9 @@ class Round:
 
 class UpgradeController:
     def __init__(self, kube: Kube, namespace: str, *, drain_mode: DrainMode = DrainMode.CORDON,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, dry_run: bool = False) -> None:
+        #: Decide each node's step and change nothing (``driver-upgrade --once``).
+        self.dry_run = dry_run
         self.kube = kube
         self.namespace = namespace
         self.drain_mode = drain_mode
@@ -109,7 +194,21 @@ class UpgradeController:
         selector = f"{DRIVER_SELECTOR},app.kubernetes.io/instance={instance}"
         return self.kube.items(path, query={"labelSelector": selector}, what=f"list pods of {instance}")
 
-    def _facts(self, node_name: str, pod: DriverPod | None) -> NodeFacts | None:
+    def _disruptions(self, node: Mapping[str, Any], cache: dict[str, Disruptions]) -> Disruptions | None:
+        group = nodes.label_of(node, labels.DECKHOUSE_NODE_GROUP)
+        if self.drain_mode is not DrainMode.DECKHOUSE or not group:
+            return None
+        if group not in cache:
+            try:
+                obj = self.kube.get_object(f"{NODEGROUPS}/{quote(group, safe='')}", what=f"read NodeGroup {group}")
+            except NotFound:
+                obj = None
+            cache[group] = Disruptions.of_nodegroup(obj)
+        return cache[group]
+
+    def _facts(self, node_name: str, pod: DriverPod | None, policy: UpgradePolicy,
+               nodegroups: dict[str, Disruptions]) -> tuple[NodeFacts, str] | None:
+        """The node's facts, and the resourceVersion they were read at; None for a node that is gone."""
         try:
             node = nodes.get_node(self.kube, node_name)
         except NotFound:
@@ -124,10 +223,18 @@ class UpgradeController:
             since = float(annotations.get(SINCE_ANNOTATION, ""))
         except ValueError:
             since = self.clock()
-        moved, gpus = workloads(pods.pods_on_node(self.kube, node_name)) if state is UpgradeState.DRAIN else ((), ())
-        return NodeFacts(name=node_name, state=state, since=since,
-                         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
-                         annotations=annotations, driver_pod=pod, workloads=moved, gpu_workloads=gpus)
+        on_node = pods.pods_on_node(self.kube, node_name) if state in (UpgradeState.DRAIN, UpgradeState.RESTART) else []
+        moved, gpus, refused = workloads(on_node, policy) if state is UpgradeState.DRAIN else ((), (), {})
+        running, stopping = clients(on_node) if state is UpgradeState.RESTART else ((), 0)
+        disruptions = self._disruptions(node, nodegroups) if state in (UpgradeState.REQUIRED, UpgradeState.CORDON) \
+            else None
+        facts = NodeFacts(name=node_name, state=state, since=since,
+                          unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+                          annotations=annotations, driver_pod=pod, workloads=moved, gpu_workloads=gpus,
+                          refused=refused,
+                          tainted=any(t.get("key") == UPGRADE_TAINT_KEY for t in nodes.taints_of(node)),
+                          clients=running, clients_stopping=stopping, disruptions=disruptions)
+        return facts, str((node.get("metadata") or {}).get("resourceVersion", ""))
 
     # -- one round -------------------------------------------------------------------------------------
     def run_round(self) -> Round:
@@ -137,7 +244,6 @@ class UpgradeController:
             meta = ds["metadata"]
             group = (meta.get("labels") or {}).get(NODE_GROUP_LABEL, meta["name"])
             policy = UpgradePolicy.from_annotation((meta.get("annotations") or {}).get(UPGRADE_POLICY_ANNOTATION))
-            generation = str(meta.get("generation", ""))
             _, members = groups.setdefault(group, (policy, {}))
             for p in self._driver_pods(ds):
                 node_name = (p.get("spec") or {}).get("nodeName")
@@ -146,27 +252,37 @@ class UpgradeController:
                 pmeta = p["metadata"]
                 members[node_name] = DriverPod(
                     PodRef(self.namespace, pmeta["name"]),
-                    current=(pmeta.get("labels") or {}).get("pod-template-generation") == generation,
+                    current=_current(p, ds),
                     ready=pods.ready(p), terminating=bool(pmeta.get("deletionTimestamp")))
+        nodegroups: dict[str, Disruptions] = {}
         for group, (policy, members) in groups.items():
             # Nodes mid-upgrade whose driver pod is gone (being replaced) are still the group's.
             for node in self._nodes_in_upgrade(group):
                 members.setdefault(node, None)
-            facts = [f for name, pod in sorted(members.items()) if (f := self._facts(name, pod)) is not None]
-            for f in facts:
+            read = [r for name, pod in sorted(members.items())
+                    if (r := self._facts(name, pod, policy, nodegroups)) is not None]
+            facts = [f for f, _ in read]
+            for i, (f, version) in enumerate(read):
                 step = decide(f, may_start=may_start(facts, policy), policy=policy, drain_mode=self.drain_mode,
                               now=self.clock())
                 out.steps[f.name] = step
+                if self.dry_run:
+                    continue
                 if step.act is not Act.NOTHING:
                     log.info("event=driver-upgrade-step node=%s act=%s state=%s reason=%r", f.name, step.act.value,
                              step.state.value if step.state else "-", step.reason)
                 try:
-                    self._perform(f, step)
+                    self._perform(f, step, version)
                 except Conflict:
                     log.info("event=node-changed-meanwhile node=%s", f.name)
+                    continue
+                except KubeError as e:  # this node's call refused: report it, and go on with the others
+                    log.warning("event=driver-upgrade-step-failed node=%s act=%s error=%s", f.name, step.act.value, e)
+                    self._event(f, "DriverUpgradeStepFailed", f"{step.act.value}: {e}", warning=True)
+                    continue
                 # What this step changed counts for the next node's slot in this round.
                 if step.state is not None:
-                    facts[facts.index(f)] = dataclasses.replace(f, state=step.state, since=self.clock())
+                    facts[i] = dataclasses.replace(f, state=step.state, since=self.clock())
         return out
 
     def _nodes_in_upgrade(self, group: str) -> list[str]:
@@ -175,12 +291,24 @@ class UpgradeController:
                                                                what="list nodes in a driver upgrade")]
 
     # -- acting ----------------------------------------------------------------------------------------
-    def _state(self, f: NodeFacts, state: UpgradeState, *, annotations: Mapping[str, str | None] | None = None,
-               unschedulable: bool | None = None) -> None:
+    def _state(self, f: NodeFacts, state: UpgradeState, version: str, *,
+               annotations: Mapping[str, str | None] | None = None, unschedulable: bool | None = None,
+               taints: list[dict[str, Any]] | None = None) -> None:
         body = nodes.patch_body(labels={STATE_LABEL: state.value},
                                 annotations={SINCE_ANNOTATION: f"{self.clock():.0f}", **(annotations or {})},
-                                unschedulable=unschedulable)
+                                unschedulable=unschedulable, taints=taints, resource_version=version)
         nodes.patch_node(self.kube, f.name, body, what=f"driver upgrade: {state.value}")
+
+    def _taints(self, f: NodeFacts, version: str, *, tainted: bool) -> list[dict[str, Any]] | None:
+        """The node's taints with the upgrade's added or removed (None: no change). Read again at
+        ``version``: a taint list is replaced whole, so a Node changed since is a conflict, not a loss."""
+        if f.tainted == tainted:
+            return None
+        node = nodes.get_node(self.kube, f.name)
+        if str((node.get("metadata") or {}).get("resourceVersion", "")) != version:
+            raise Conflict(f"node {f.name} changed since this step was decided")
+        kept = [t for t in nodes.taints_of(node) if t.get("key") != UPGRADE_TAINT_KEY]
+        return [*kept, dict(UPGRADE_TAINT)] if tainted else kept
 
     def _event(self, f: NodeFacts, reason: str, message: str, warning: bool) -> None:
         try:
@@ -190,23 +318,38 @@ class UpgradeController:
         except KubeError as e:  # an Event is a courtesy
             log.warning("event=event-failed node=%s reason=%s error=%s", f.name, reason, e)
 
-    def _perform(self, f: NodeFacts, step: Step) -> None:
-        was = {WAS_CORDONED_ANNOTATION: "true" if f.unschedulable else "false"}
+    def _perform(self, f: NodeFacts, step: Step, version: str) -> None:
+        # Whether the node was cordoned before is recorded once, from the Node the step was decided on
+        # (the write carries its resourceVersion): a retried request never takes its own cordon for one.
+        was = {} if WAS_CORDONED_ANNOTATION in f.annotations else {
+            WAS_CORDONED_ANNOTATION: "true" if f.unschedulable else "false"}
         if step.act is Act.NOTHING:
             return
         if step.act is Act.SET_STATE:
             assert step.state is not None
-            self._state(f, step.state)
+            self._state(f, step.state, version)
         elif step.act is Act.REQUEST_APPROVAL:
-            self._state(f, UpgradeState.CORDON, annotations={**was, labels.DISRUPTION_REQUIRED: ""})
+            self._state(f, UpgradeState.CORDON, version, annotations={**was, labels.DISRUPTION_REQUIRED: ""})
+            self._event(f, "DriverUpgradeAwaitsApproval", f"the NVIDIA driver upgrade waits for approval: kubectl "
+                        f"annotate node {f.name} {labels.DISRUPTION_APPROVED}=", warning=False)
         elif step.act is Act.CORDON:
-            keep = {} if WAS_CORDONED_ANNOTATION in f.annotations else was
-            self._state(f, UpgradeState.DRAIN, annotations=keep, unschedulable=True)
+            self._state(f, UpgradeState.DRAIN, version, annotations=was, unschedulable=True)
         elif step.act is Act.EVICT:
             for ref in step.pods:
                 try:
                     pods.evict(self.kube, ref.namespace, ref.name)
                 except (TooManyRequests, Conflict):  # a PodDisruptionBudget says not yet: the drain waits
+                    log.info("event=evict-refused pod=%s", ref)
+        elif step.act is Act.STOP_CLIENTS:
+            # The taint first (one write, at the step's resourceVersion), so the DaemonSets place no new
+            # agent here; then the agents go through the Eviction API (their budgets apply).
+            if (taints := self._taints(f, version, tainted=True)) is not None:
+                nodes.patch_node(self.kube, f.name, nodes.patch_body(taints=taints, resource_version=version),
+                                 what="driver upgrade: taint")
+            for ref in step.pods:
+                try:
+                    pods.evict(self.kube, ref.namespace, ref.name)
+                except (TooManyRequests, Conflict):
                     log.info("event=evict-refused pod=%s", ref)
         elif step.act is Act.DELETE_DRIVER_POD:
             for ref in step.pods:
@@ -215,10 +358,14 @@ class UpgradeController:
             stays = f.annotations.get(WAS_CORDONED_ANNOTATION) == "true"
             cleared: dict[str, str | None] = dict.fromkeys((WAS_CORDONED_ANNOTATION, FAILURE_ANNOTATION,
                                                             labels.DISRUPTION_REQUIRED, labels.DISRUPTION_APPROVED))
-            self._state(f, UpgradeState.DONE, annotations=cleared, unschedulable=None if stays else False)
-            self._event(f, "DriverUpgraded", "the NVIDIA driver was replaced and its new pod is ready", warning=False)
+            upgraded = f.state is UpgradeState.UNCORDON
+            self._state(f, UpgradeState.DONE, version, annotations=cleared, unschedulable=None if stays else False,
+                        taints=self._taints(f, version, tainted=False))
+            if upgraded:
+                self._event(f, "DriverUpgraded", "the NVIDIA driver was replaced and its new pod is ready",
+                            warning=False)
         elif step.act is Act.FAIL:
-            self._state(f, UpgradeState.FAILED, annotations={FAILURE_ANNOTATION: step.reason[:1024]})
+            self._state(f, UpgradeState.FAILED, version, annotations={FAILURE_ANNOTATION: step.reason[:1024]})
             self._event(f, "DriverUpgradeFailed", f"{step.reason}; the rollout stops until the "
                         f"{STATE_LABEL} label is removed", warning=True)
 

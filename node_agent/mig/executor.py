@@ -58,16 +58,8 @@ MIG_STATE_DIR = f"{facts.STATE_DIR}/mig"
 STOP_MARKER = f"{MIG_STATE_DIR}/stopping"
 FAILED_MARKER = f"{MIG_STATE_DIR}/failed-config"
 CLEARED_MARKER = f"{MIG_STATE_DIR}/labels-cleared"
-#: NVIDIA's GPU operator apps and this project's agents (``app.kubernetes.io/name``).
-DEFAULT_CLIENT_LABELS: tuple[tuple[str, str], ...] = (
-    ("app", "nvidia-device-plugin-daemonset"),
-    ("app", "gpu-feature-discovery"),
-    ("app", "nvidia-dcgm-exporter"),
-    ("app", "nvidia-dcgm"),
-    ("app.kubernetes.io/name", "device-plugin"),
-    ("app.kubernetes.io/name", "gpu-labeller"),
-    ("app.kubernetes.io/name", "dra-kubelet-plugin"),
-)
+#: NVIDIA's GPU operator apps and this project's agents (``nvgpu.labels.GPU_AGENT_POD_LABELS``).
+DEFAULT_CLIENT_LABELS: tuple[tuple[str, str], ...] = labels.GPU_AGENT_POD_LABELS
 #: Actions after which the loop blocks until something changes.
 BLOCKING = frozenset({Act.IDLE, Act.WAIT, Act.EXIT, Act.REBOOT})
 

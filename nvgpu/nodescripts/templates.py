@@ -261,17 +261,19 @@ os_value() {
 os_id="$(os_value ID)"
 os_version_id="$(os_value VERSION_ID)"
 kernel_release="$(cat "${ROOT}@@KERNEL_RELEASE_FILE@@" 2>/dev/null || true)"
-for pair in "@@OS_ID_LABEL@@=${os_id}" "@@OS_VERSION_LABEL@@=${os_version_id}" "@@KERNEL_LABEL@@=${kernel_release}"; do
-  value="${pair#*=}"
-  if [[ -n "$value" ]] && label_value_ok "$value"; then
-    node_label "${pair%%=*}" "$value"
-  fi
-done
+# The host's own driver is labelled first: the OS labels are what place a driver container, so one can
+# never land in between on a node whose host has a driver.
 host_driver_markers=(@@HOST_DRIVER_MARKERS@@)
 for marker in "${host_driver_markers[@]}"; do
   if [[ -e "${ROOT}${marker}" ]]; then
     node_label @@DEPLOY_DRIVER_LABEL@@ @@DRIVER_PREINSTALLED@@
     break
+  fi
+done
+for pair in "@@OS_ID_LABEL@@=${os_id}" "@@OS_VERSION_LABEL@@=${os_version_id}" "@@KERNEL_LABEL@@=${kernel_release}"; do
+  value="${pair#*=}"
+  if [[ -n "$value" ]] && label_value_ok "$value"; then
+    node_label "${pair%%=*}" "$value"
   fi
 done
 

@@ -33,8 +33,9 @@ class DriverUpgrade(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         ns = args.cluster.namespace
         identity: list[pulumi.Resource] = []
-        for manifest, suffix in zip(driverupgrade.rbac(ns), ("sa", "cluster-role", "cluster-binding", "role",
-                                                             "binding"), strict=True):
+        deckhouse = driverupgrade.drain_mode(args.cluster) == "deckhouse"
+        suffixes = ("sa", "cluster-role", "cluster-binding", "role", "binding")
+        for manifest, suffix in zip(driverupgrade.rbac(ns, deckhouse=deckhouse), suffixes, strict=True):
             identity.append(register(f"{name}-{suffix}", manifest,
                                      pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))))
         self.deployment = register(f"{name}-controller", driverupgrade.deployment(ns, args.cluster, args.groups),

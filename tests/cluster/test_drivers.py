@@ -23,6 +23,7 @@ from localcluster.client import ApiError
 from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
 from node_agent.kube.pods import ready as pod_ready
 from nvgpu import labels
+from nvgpu.driver import UPGRADE_TAINT_KEY
 from nvgpu.stackconfig import load_stack_config
 from nvidia_gpu.components.manifests import driver
 
@@ -137,13 +138,42 @@ def _upgrade_group(version: str, **upgrade: Any) -> Any:
 
 
 def _workload(kube: Kube, name: str, node: str, *, gpu: bool) -> None:
-    """A plain pod bound to ``node`` (kwok runs it): one holding a GPU, or an ordinary one."""
+    """A ReplicaSet's pod on ``node`` (kwok runs it): one holding a GPU, or an ordinary one. Evicted, its
+    replacement waits Pending while the node is cordoned (it tolerates only the GPU taint)."""
     resources = {"limits": {"nvidia.com/gpu": "1"}} if gpu else {}
-    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": UPGRADE_NS,
-                                                                 "labels": {"app": "work"}},
-                 "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
-                          "containers": [{"name": "c", "image": "registry.example.com/work:1",
-                                          "resources": resources}]}})
+    kube.create({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name, "namespace": UPGRADE_NS},
+                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "work", "rs": name}},
+                          "template": {"metadata": {"labels": {"app": "work", "rs": name}}, "spec": {
+                              "nodeSelector": {"kubernetes.io/hostname": node},
+                              "tolerations": [{"key": labels.GPU_TAINT_KEY, "operator": "Exists"}],
+                              "containers": [{"name": "c", "image": "registry.example.com/work:1",
+                                              "resources": resources}]}}}})
+
+
+def _work_pods(kube: Kube) -> dict[str, str]:
+    """The work pods bound to a node: name to node."""
+    return {p["metadata"]["name"]: p["spec"]["nodeName"]
+            for p in kube.list("v1", "Pod", UPGRADE_NS, labelSelector="app=work") if p["spec"].get("nodeName")}
+
+
+#: A GPU agent of the group (as the device plugin's DaemonSet is): it holds the driver open, so the upgrade
+#: must stop it before the old driver can unload, and keep it away until the new one is up.
+AGENT_DS = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "device-plugin-upg", "namespace": UPGRADE_NS},
+            "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "device-plugin"}},
+                     "template": {"metadata": {"labels": {"app.kubernetes.io/name": "device-plugin"}},
+                                  "spec": {"nodeSelector": {"pool": "upg"},
+                                           "tolerations": [{"key": labels.GPU_TAINT_KEY, "operator": "Exists"}],
+                                           "containers": [{"name": "plugin",
+                                                           "image": "registry.example.com/agent:1.0.0"}]}}}}
+
+
+def _agent_pods(kube: Kube) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for p in kube.list("v1", "Pod", UPGRADE_NS, labelSelector="app.kubernetes.io/name=device-plugin"):
+        if p["spec"].get("nodeName"):
+            out.setdefault(p["spec"]["nodeName"], []).append(p)
+    return out
 
 
 def _driver_pods(kube: Kube) -> dict[str, dict[str, Any]]:
@@ -155,35 +185,41 @@ def _driver_pods(kube: Kube) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture
 def upgrade_cluster(kube: Kube, tmp_path: Path) -> Iterator[Path]:
-    """Three kwok GPU nodes of one group with a driver DaemonSet at 550.90.07 running on each, a GPU pod and an
-    ordinary pod per node, and the controller's identity (its ServiceAccount and RBAC as the stack renders
-    them): the kubeconfig of its token."""
+    """Three kwok GPU nodes of one group (Deckhouse's NodeGroup ``gpu-upg`` too) with a driver DaemonSet at
+    550.90.07 running on each, a GPU agent DaemonSet, a GPU pod and an ordinary pod per node (a
+    ReplicaSet's, as a drain moves), and the controller's identity (its ServiceAccount and RBAC as the
+    stack renders them for Deckhouse, which adds reading NodeGroups): the kubeconfig of its token."""
     from nvidia_gpu.components.manifests import driverupgrade
 
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": UPGRADE_NS}})
     try:
         for name in UPGRADE_NODES:
             create_kwok_node(kube, name, {"pool": "upg", labels.OS_RELEASE_ID: "ubuntu",
-                                          labels.OS_RELEASE_VERSION_ID: "22.04"},
+                                          labels.OS_RELEASE_VERSION_ID: "22.04", labels.NODE_GROUP: "upg",
+                                          labels.DECKHOUSE_NODE_GROUP: "gpu-upg"},
                              [{"key": labels.GPU_TAINT_KEY, "value": labels.GPU_TAINT_VALUE, "effect": "NoSchedule"}],
                              gpus=8)
-        for obj in driverupgrade.rbac(UPGRADE_NS):
+        for obj in driverupgrade.rbac(UPGRADE_NS, deckhouse=True):
             kube.apply(obj)
+        kube.apply(AGENT_DS)
         cluster, group = _upgrade_group("550.90.07")
         for ds in driver.driver_daemonsets(UPGRADE_NS, cluster, group):
             kube.apply(ds)
         wait_for(lambda: len(p := _driver_pods(kube)) == 3 and all(pod_ready(x) for x in p.values()), timeout=60,
                  what="the driver pods ready on the three nodes")
+        wait_for(lambda: len(_agent_pods(kube)) == 3, timeout=60, what="the GPU agent on the three nodes")
         for name in UPGRADE_NODES:
             _workload(kube, f"train-{name}", name, gpu=True)
             _workload(kube, f"web-{name}", name, gpu=False)
+        wait_for(lambda: len(_work_pods(kube)) == 2 * len(UPGRADE_NODES), timeout=60, what="the work pods running")
         token = service_account_kube(kube, UPGRADE_NS, driverupgrade.COMPONENT)
         yield write_kubeconfig(token, tmp_path / "driver-upgrade.kubeconfig", user=driverupgrade.COMPONENT)
     finally:
         # The namespace first (the next test makes it again), its nodes after: kwok finishes a pod's
         # deletion only while its node exists.
         kube.delete("v1", "Namespace", UPGRADE_NS)
-        for obj in driverupgrade.rbac(UPGRADE_NS):
+        kube.delete("deckhouse.io/v1", "NodeGroup", "gpu-upg")
+        for obj in driverupgrade.rbac(UPGRADE_NS, deckhouse=True):
             if obj["kind"].startswith("Cluster"):
                 kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
         wait_for(lambda: kube.get_or_none("v1", "Namespace", UPGRADE_NS) is None, timeout=120,
@@ -210,21 +246,47 @@ def test_a_version_change_walks_each_node_through_the_upgrade_one_at_a_time(kube
     from node_agent.kube.transport import Kube as AgentKube
 
     old = {n: p["metadata"]["name"] for n, p in _driver_pods(kube).items()}
+    old_work = set(_work_pods(kube))
+    # An operator cordoned the last node before the upgrade: it stays cordoned after.
+    kube.patch("v1", "Node", UPGRADE_NODES[-1], {"spec": {"unschedulable": True}})
+    # A change that is not the driver's (the check's image) replaces no driver.
+    other_image = {**CLUSTER, "agentImage": {"repository": "registry.example.com/agent", "tag": "1.0.1"}}
+    cfg = load_stack_config({"cluster": {**other_image, "namespace": UPGRADE_NS}, "nodeGroups": [
+        {"name": "upg", "nodeSelector": {"matchLabels": {"pool": "upg"}},
+         "gpu": {"model": "H100-80GB", "driver": {"source": "container", "version": "550.90.07",
+                                                  "osReleases": ["ubuntu22.04"]}}}]})
+    for ds in driver.driver_daemonsets(UPGRADE_NS, cfg.cluster, cfg.node_groups[0]):
+        kube.apply(ds)
+    agent_kube = AgentKube.connect(upgrade_cluster)
+    for _ in range(3):
+        UpgradeController(agent_kube, UPGRADE_NS).run_round()
+    assert set(_states(kube).values()) == {None}, "the check's image is not the driver's"
+
     cluster, group = _upgrade_group("550.127.05")  # what `pulumi up` applies after the version change
     for ds in driver.driver_daemonsets(UPGRADE_NS, cluster, group):
         kube.apply(ds)
-    controller = UpgradeController(AgentKube.connect(upgrade_cluster), UPGRADE_NS)
     seen: dict[str, list[str]] = {n: [] for n in UPGRADE_NODES}
     out_of_service_at_once = 0
+    agents_with_old_driver_gone: list[str] = []
+    looks_at_a_replacement = 0
     for _ in range(200):
-        controller.run_round()
+        # A new controller every round: all it knows is on the nodes (a restart between any two steps).
+        UpgradeController(agent_kube, UPGRADE_NS).run_round()
         states = _states(kube)
         for n, s in states.items():
             if s and (not seen[n] or seen[n][-1] != s):
                 seen[n].append(s)
         in_flight = [n for n, s in states.items() if s and UpgradeState(s) in IN_FLIGHT]
-        cordoned = [n for n in UPGRADE_NODES if kube.get("v1", "Node", n)["spec"].get("unschedulable")]
+        cordoned = [n for n in UPGRADE_NODES[:-1] if kube.get("v1", "Node", n)["spec"].get("unschedulable")]
         out_of_service_at_once = max(out_of_service_at_once, len(in_flight), len(cordoned))
+        drivers, agents = _driver_pods(kube), _agent_pods(kube)
+        for n in UPGRADE_NODES:  # the driver being replaced: no agent may hold it then
+            pod = drivers.get(n)
+            replaced = pod is None or pod["metadata"]["name"] != old[n] or pod["metadata"].get("deletionTimestamp")
+            if replaced and states[n] in ("pod-restart-required", "validation-required"):
+                looks_at_a_replacement += 1
+                if agents.get(n):
+                    agents_with_old_driver_gone.append(n)
         if all(s == UpgradeState.DONE.value for s in states.values()):
             break
         time.sleep(0.2)
@@ -239,9 +301,16 @@ def test_a_version_change_walks_each_node_through_the_upgrade_one_at_a_time(kube
     assert set(pods) == set(UPGRADE_NODES) and not set(old.values()) & {p["metadata"]["name"] for p in pods.values()}
     image = "nvcr.io/nvidia/driver:550.127.05-ubuntu22.04"
     assert all(p["spec"]["containers"][0]["image"] == image and pod_ready(p) for p in pods.values())
-    # The drain moved every workload (drain: true); the nodes are schedulable again.
-    assert kube.list("v1", "Pod", UPGRADE_NS, labelSelector="app=work") == []
-    assert not any(kube.get("v1", "Node", n)["spec"].get("unschedulable") for n in UPGRADE_NODES)
+    assert looks_at_a_replacement >= len(UPGRADE_NODES), "a replacement was seen on every node"
+    assert not agents_with_old_driver_gone, "the GPU agents were stopped before the driver pod was replaced"
+    # The drain moved every workload (drain: true); the nodes are schedulable again but the one an operator
+    # cordoned; the upgrade's taint is gone and the agents are back.
+    assert not old_work & {p["metadata"]["name"] for p in kube.list("v1", "Pod", UPGRADE_NS,
+                                                                 labelSelector="app=work")}
+    nodes = {n: kube.get("v1", "Node", n) for n in UPGRADE_NODES}
+    assert [n for n, o in nodes.items() if o["spec"].get("unschedulable")] == [UPGRADE_NODES[-1]]
+    assert not any(t["key"] == UPGRADE_TAINT_KEY for o in nodes.values() for t in o["spec"].get("taints") or [])
+    wait_for(lambda: len(_agent_pods(kube)) == 3, timeout=60, what="the GPU agents back on every node")
 
 
 @pytest.mark.timeout(300)
@@ -279,19 +348,36 @@ def test_a_node_that_cannot_be_drained_fails_and_stops_the_rollout(kube: Kube, u
     assert "DriverUpgradeFailed" in reasons
 
 
+def _nodegroup(disruptions: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "deckhouse.io/v1", "kind": "NodeGroup", "metadata": {"name": "gpu-upg"},
+            "spec": {"nodeType": "Static", "disruptions": disruptions}}
+
+
 @pytest.mark.timeout(300)
-def test_on_deckhouse_each_node_waits_for_its_disruption_approval(kube: Kube, upgrade_cluster: Path) -> None:
-    """The Deckhouse path (``drainMode: deckhouse``), the controller with its own RBAC: a node asks for the
-    disruption (``update.node.deckhouse.io/disruption-required``) and stays in service until node-manager
-    (played here) approves it, then walks on; the handshake's annotations are gone once it is done."""
+def test_on_deckhouse_the_nodegroups_disruption_settings_hold(kube: Kube, upgrade_cluster: Path) -> None:
+    """The Deckhouse path (``--drain deckhouse``), the controller with its own RBAC (it reads the NodeGroup):
+    outside the NodeGroup's automatic disruption windows no node leaves service; with ``approvalMode:
+    Manual`` a node asks (``update.node.deckhouse.io/disruption-required``, and an Event says how to
+    approve), stays in service until a person approves it (``disruption-approved``), then walks on, one at a
+    time; the annotations are gone once it is done."""
     from node_agent.driverupgrade.controller import UpgradeController
     from node_agent.driverupgrade.machine import DrainMode, UpgradeState
     from node_agent.kube.transport import Kube as AgentKube
 
+    now = time.gmtime()
+    closed = f"{(now.tm_hour + 2) % 24:02d}:00"  # a one-hour window two hours from now: closed now
+    kube.apply(_nodegroup({"approvalMode": "Automatic", "automatic": {
+        "windows": [{"from": closed, "to": f"{(now.tm_hour + 3) % 24:02d}:00"}]}}))
     cluster, group = _upgrade_group("550.127.05")
     for ds in driver.driver_daemonsets(UPGRADE_NS, cluster, group):
         kube.apply(ds)
     controller = UpgradeController(AgentKube.connect(upgrade_cluster), UPGRADE_NS, drain_mode=DrainMode.DECKHOUSE)
+    for _ in range(3):
+        controller.run_round()
+    assert set(_states(kube).values()) == {UpgradeState.REQUIRED.value}, "outside the windows: nobody leaves"
+    assert not any(kube.get("v1", "Node", n)["spec"].get("unschedulable") for n in UPGRADE_NODES)
+
+    kube.apply(_nodegroup({"approvalMode": "Manual"}))
     for _ in range(3):
         controller.run_round()
     asking = {n: s for n, s in _states(kube).items() if s == UpgradeState.CORDON.value}
@@ -299,10 +385,12 @@ def test_on_deckhouse_each_node_waits_for_its_disruption_approval(kube: Kube, up
     (first,) = asking
     node = kube.get("v1", "Node", first)
     assert labels.DISRUPTION_REQUIRED in node["metadata"]["annotations"]
-    assert not node["spec"].get("unschedulable"), "nothing is disrupted before Deckhouse approves"
+    assert not node["spec"].get("unschedulable"), "nothing is disrupted before a person approves"
+    reasons = [e["reason"] for e in kube.list("v1", "Event", "default") if e["involvedObject"].get("name") == first]
+    assert "DriverUpgradeAwaitsApproval" in reasons
     seen: dict[str, list[str]] = {n: [s] if s else [] for n, s in _states(kube).items()}
     for _ in range(300):
-        for name in UPGRADE_NODES:  # node-manager: approve a node that asks (one at a time, as it does)
+        for name in UPGRADE_NODES:  # the person: approve a node that asks
             notes = kube.get("v1", "Node", name)["metadata"].get("annotations", {})
             if labels.DISRUPTION_REQUIRED in notes and labels.DISRUPTION_APPROVED not in notes:
                 kube.patch("v1", "Node", name, {"metadata": {"annotations": {labels.DISRUPTION_APPROVED: ""}}})

@@ -444,6 +444,7 @@ def test_6_destroy_leaves_the_cluster_as_it_was(cluster: ControlPlane, project: 
     assert not [s for s in kube.list("resource.k8s.io/v1", "ResourceSlice")]
 
 
+@pytest.mark.timeout(600)  # four engine runs, a node's teardown, and the module's control plane stopped after
 def test_7_prod_stack_previews_applies_and_destroys(cluster: ControlPlane,
                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
     """The prod stack (daemonset backend, images by digest) on the same 1.34 control plane: the only one

@@ -25,6 +25,7 @@ upgrades them node by node. The cluster's ``ClusterPolicy`` must set ``driver.us
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -152,7 +153,15 @@ def upgrade_policy(group: NodeGroup) -> str:
     u = group.gpu.driver.upgrade
     return driverspec.UpgradePolicy(max_unavailable=u.max_unavailable, drain=u.drain,
                                     drain_timeout_s=float(u.drain_timeout_seconds),
-                                    validation_timeout_s=float(u.validation_timeout_seconds)).to_annotation()
+                                    validation_timeout_s=float(u.validation_timeout_seconds),
+                                    force=u.force, delete_empty_dir=u.delete_empty_dir).to_annotation()
+
+
+def driver_spec_hash(container: dict[str, Any], volumes: list[dict[str, Any]], check_args: list[str]) -> str:
+    """What decides the driver a pod runs (``nvgpu.driver.DRIVER_SPEC_ANNOTATION``): the driver container,
+    the volumes and the declaration the check verifies, not the check's image or interval."""
+    text = json.dumps({"container": container, "volumes": volumes, "check": check_args}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _host_path(name: str, path: str, kind: str = "") -> dict[str, Any]:
@@ -185,12 +194,30 @@ def driver_daemonset(namespace: str, cluster: Cluster, group: NodeGroup, target:
             {"name": "firmware-search-path", "mountPath": "/sys/module/firmware_class/parameters/path"},
             {"name": "nv-firmware", "mountPath": "/lib/firmware"},
         ],
-        # Compiling takes minutes: up to 20 for the modules to load and nvidia-smi to answer.
-        "startupProbe": {"exec": {"command": ["sh", "-c", f"nvidia-smi && touch {READY_MARKER}"]},
-                         "initialDelaySeconds": 60, "periodSeconds": 10, "timeoutSeconds": 60,
-                         "failureThreshold": 120, "successThreshold": 1},
+        # Compiling takes minutes: up to 20 for the modules to load and nvidia-smi to answer. Older driver
+        # images do not make the validations directory the marker goes in.
+        "startupProbe": {"exec": {"command": ["sh", "-c",
+                                              f"nvidia-smi && mkdir -p {VALIDATIONS} && touch {READY_MARKER}"]},
+                         "initialDelaySeconds": driverspec.STARTUP_INITIAL_DELAY_S,
+                         "periodSeconds": driverspec.STARTUP_PERIOD_S, "timeoutSeconds": 60,
+                         "failureThreshold": driverspec.STARTUP_FAILURE_THRESHOLD, "successThreshold": 1},
         "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {READY_MARKER}"]}}},
     }
+    check = check_container(cluster, group)
+    volumes = [
+        _host_path("host-root", "/", "Directory"),
+        driver_root_volume(driverspec.CONTAINER_DRIVER_ROOT),
+        _host_path("run-nvidia", RUN_NVIDIA, "DirectoryOrCreate"),
+        _host_path("var-log", "/var/log"),
+        _host_path("dev-log", "/dev/log"),
+        _host_path("host-os-release", "/etc/os-release"),
+        _host_path("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
+        _host_path("nv-firmware", f"{RUN_NVIDIA}/driver/lib/firmware", "DirectoryOrCreate"),
+    ]
+    spec_hash = driver_spec_hash(container, volumes, group.gpu.driver_expectation.args())
+    # The upgrade's taint keeps the node's GPU agents away while the driver is replaced; the new driver
+    # pod must still start there.
+    upgrade_toleration = {"key": driverspec.UPGRADE_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -202,25 +229,17 @@ def driver_daemonset(namespace: str, cluster: Cluster, group: NodeGroup, target:
             "selector": {"matchLabels": {"app.kubernetes.io/name": COMPONENT, "app.kubernetes.io/instance": name}},
             "updateStrategy": {"type": "OnDelete"},
             "template": {
-                "metadata": {"labels": {**pod_labels, **version_label}},
+                "metadata": {"labels": {**pod_labels, **version_label},
+                             "annotations": {driverspec.DRIVER_SPEC_ANNOTATION: spec_hash}},
                 "spec": {
                     "hostPID": True,
                     "automountServiceAccountToken": False,
                     "priorityClassName": cluster.priority_class_name,
                     "terminationGracePeriodSeconds": 120,
                     "affinity": _driver_affinity(group, target),
-                    "tolerations": tolerations(group),
-                    "containers": [container, check_container(cluster, group)],
-                    "volumes": [
-                        _host_path("host-root", "/", "Directory"),
-                        driver_root_volume(driverspec.CONTAINER_DRIVER_ROOT),
-                        _host_path("run-nvidia", RUN_NVIDIA, "DirectoryOrCreate"),
-                        _host_path("var-log", "/var/log"),
-                        _host_path("dev-log", "/dev/log"),
-                        _host_path("host-os-release", "/etc/os-release"),
-                        _host_path("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
-                        _host_path("nv-firmware", f"{RUN_NVIDIA}/driver/lib/firmware", "DirectoryOrCreate"),
-                    ],
+                    "tolerations": [*tolerations(group), upgrade_toleration],
+                    "containers": [container, check],
+                    "volumes": volumes,
                 },
             },
         },
@@ -259,8 +278,9 @@ def nvidia_driver(namespace: str, cluster: Cluster, group: NodeGroup) -> Manifes
             "maxParallelUpgrades": upgrade.max_unavailable,
             "maxUnavailable": upgrade.max_unavailable,
             # Pods holding GPUs go first in any case; drain moves the rest of the node's pods too.
-            "podDeletion": {"force": False, "deleteEmptyDir": False, "timeoutSeconds": upgrade.drain_timeout_seconds},
-            "drain": {"enable": upgrade.drain, "force": False, "deleteEmptyDir": False,
+            "podDeletion": {"force": upgrade.force, "deleteEmptyDir": upgrade.delete_empty_dir,
+                            "timeoutSeconds": upgrade.drain_timeout_seconds},
+            "drain": {"enable": upgrade.drain, "force": upgrade.force, "deleteEmptyDir": upgrade.delete_empty_dir,
                       "timeoutSeconds": upgrade.drain_timeout_seconds},
             "waitForCompletion": {"timeoutSeconds": 0},
         },

@@ -5,8 +5,9 @@ agent's ``driver-upgrade``, which rolls a driver change through the nodes one at
 Like the eviction guard it runs off the GPU nodes (a compromised GPU node never holds a token that may
 cordon and evict across the cluster), unprivileged, one replica replaced with ``Recreate`` (two
 controllers would both count free slots). Its RBAC is what the rollout needs and no more: read the
-driver DaemonSets, delete their pods (in the stack's namespace only); read, label and cordon Nodes; list
-pods and create evictions (a drain moves any workload of the node); post Events. The stack never
+driver DaemonSets, delete their pods (in the stack's namespace only); read, label, taint and cordon Nodes;
+list pods and create evictions (a drain moves any workload of the node, and the node's GPU agents are
+evicted before the driver is replaced); post Events; on Deckhouse, read NodeGroups. The stack never
 emits it for pre-installed drivers or NVIDIA's operator (which upgrades its own).
 """
 
@@ -26,11 +27,12 @@ RESOURCES = {"requests": {"cpu": "10m", "memory": "48Mi"}, "limits": {"cpu": "20
 
 
 def drain_mode(cluster: Cluster) -> str:
-    """Deckhouse approves disruptions itself; elsewhere the controller cordons and evicts."""
+    """Cordon and evict; on Deckhouse within each NodeGroup's disruption settings."""
     return "deckhouse" if cluster.node_setup is NodeSetupBackend.DECKHOUSE else "cordon"
 
 
-def rbac(namespace: str) -> tuple[Manifest, ...]:
+def rbac(namespace: str, *, deckhouse: bool = False) -> tuple[Manifest, ...]:
+    """``deckhouse``: it also reads the NodeGroups, whose disruption settings it honours."""
     meta = app_labels(COMPONENT, namespace)
     name = cluster_object_name(namespace, COMPONENT)
     sa = {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
@@ -41,6 +43,8 @@ def rbac(namespace: str) -> tuple[Manifest, ...]:
                         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
                         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
                         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+                        *([{"apiGroups": ["deckhouse.io"], "resources": ["nodegroups"], "verbs": ["get"]}]
+                          if deckhouse else []),
                     ]}
     cluster_binding = {"apiVersion": RBAC_API, "kind": "ClusterRoleBinding", "metadata": {"name": name, "labels": meta},
                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},

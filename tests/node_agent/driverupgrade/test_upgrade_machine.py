@@ -1,14 +1,19 @@
 """The driver upgrade's decisions, node by node (``node_agent.driverupgrade.machine``): the states in order,
-one node out of service at a time, drains by policy, timeouts that stop the rollout, Deckhouse's approval."""
+one node out of service at a time, drains by policy, the GPU agents stopped before the driver, timeouts that
+stop the rollout, a node given back after an operator stopped its upgrade, Deckhouse's disruption settings."""
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
 
 import pytest
 
 from node_agent.driverupgrade.machine import (
+    WAS_CORDONED_ANNOTATION,
     Act,
+    Disruptions,
+    DisruptionWindow,
     DrainMode,
     DriverPod,
     NodeFacts,
@@ -45,6 +50,11 @@ def test_a_node_walks_the_states_in_order() -> None:
     s = decide(drained, may_start=True, policy=POLICY, drain_mode=DrainMode.CORDON, now=10)
     assert (s.act, s.pods) == (Act.EVICT, (TRAIN, WEB))
     assert step(node(UpgradeState.DRAIN)) == (Act.SET_STATE, UpgradeState.RESTART)
+    agent = PodRef("gpu", "device-plugin-x")
+    s = decide(node(UpgradeState.RESTART, clients=(agent,)), may_start=True, policy=POLICY,
+               drain_mode=DrainMode.CORDON, now=10)
+    assert (s.act, s.pods) == (Act.STOP_CLIENTS, (agent,)), "the agents go before the driver pod"
+    assert step(node(UpgradeState.RESTART, clients_stopping=1)) == (Act.NOTHING, None)
     assert step(node(UpgradeState.RESTART)) == (Act.DELETE_DRIVER_POD, None)
     assert step(node(UpgradeState.RESTART, dataclasses.replace(OLD, terminating=True))) == (Act.NOTHING, None)
     assert step(node(UpgradeState.RESTART, None)) == (Act.SET_STATE, UpgradeState.VALIDATION)
@@ -87,12 +97,66 @@ def test_a_pod_replaced_meanwhile_needs_no_upgrade() -> None:
     assert step(node(None, NEW)) == (Act.NOTHING, None)
 
 
+#: Tuesday 2026-12-01, 07:00 UTC.
+TUESDAY_7 = float(calendar.timegm((2026, 12, 1, 7, 0, 0)))
+
+
 @pytest.mark.parametrize("approved", [False, True])
-def test_deckhouse_approves_the_disruption_first(approved: bool) -> None:
-    assert step(node(UpgradeState.REQUIRED), mode=DrainMode.DECKHOUSE) == (Act.REQUEST_APPROVAL, UpgradeState.CORDON)
-    waiting = node(UpgradeState.CORDON, annotations={labels.DISRUPTION_APPROVED: ""} if approved else {})
-    assert step(waiting, mode=DrainMode.DECKHOUSE) == ((Act.CORDON, UpgradeState.DRAIN) if approved
-                                                       else (Act.NOTHING, None))
+def test_deckhouse_manual_approval_waits_for_a_person(approved: bool) -> None:
+    manual = Disruptions("Manual")
+    assert step(node(UpgradeState.REQUIRED, disruptions=manual), mode=DrainMode.DECKHOUSE) == (
+        Act.REQUEST_APPROVAL, UpgradeState.CORDON)
+    waiting = node(UpgradeState.CORDON, disruptions=manual,
+                   annotations={labels.DISRUPTION_APPROVED: ""} if approved else {})
+    # No timeout: a person approves (an hour later, still waiting).
+    assert step(waiting, mode=DrainMode.DECKHOUSE, now=3600.0) == ((Act.CORDON, UpgradeState.DRAIN) if approved
+                                                                  else (Act.NOTHING, None))
+
+
+def test_deckhouse_automatic_approval_keeps_to_the_nodegroups_windows() -> None:
+    group = {"spec": {"disruptions": {"approvalMode": "Automatic", "automatic": {
+        "windows": [{"from": "06:00", "to": "08:00", "days": ["Tue", "Sun"]}]}}}}
+    d = Disruptions.of_nodegroup(group)
+    assert d == Disruptions("Automatic", (DisruptionWindow(360, 480, frozenset({1, 6})),))
+    required = node(UpgradeState.REQUIRED, disruptions=d)
+    assert step(required, mode=DrainMode.DECKHOUSE, now=TUESDAY_7) == (Act.CORDON, UpgradeState.DRAIN)
+    assert step(required, mode=DrainMode.DECKHOUSE, now=TUESDAY_7 + 2 * 3600) == (Act.NOTHING, None)
+    assert step(required, mode=DrainMode.DECKHOUSE, now=TUESDAY_7 + 86400) == (Act.NOTHING, None), "Wednesday"
+    # Deckhouse's defaults: Automatic, always; a window across midnight; an unreadable window closes.
+    assert Disruptions.of_nodegroup(None).allows(TUESDAY_7)
+    assert DisruptionWindow(22 * 60, 8 * 60).contains(TUESDAY_7)
+    assert not Disruptions.of_nodegroup({"spec": {"disruptions": {"automatic": {"windows": [{"from": "x"}]}}}}
+                                        ).allows(TUESDAY_7)
+    rolling = Disruptions.of_nodegroup({"spec": {"disruptions": {"approvalMode": "RollingUpdate", "rollingUpdate": {
+        "windows": [{"from": "10:00", "to": "11:00"}]}}}})
+    assert not rolling.manual and not rolling.allows(TUESDAY_7)
+
+
+def test_the_drain_leaves_what_the_policy_does_not_evict_and_names_it() -> None:
+    bare = PodRef("ml", "notebook")
+    stuck = node(UpgradeState.DRAIN, workloads=(bare, WEB), refused={bare: "no controller recreates it"})
+    s = decide(stuck, may_start=True, policy=POLICY, drain_mode=DrainMode.CORDON, now=10)
+    assert (s.act, s.pods) == (Act.EVICT, (WEB,))
+    alone = node(UpgradeState.DRAIN, workloads=(bare,), refused={bare: "no controller recreates it"})
+    assert step(alone) == (Act.NOTHING, None)
+    s = decide(alone, may_start=True, policy=POLICY, drain_mode=DrainMode.CORDON, now=601)
+    assert s.act is Act.FAIL and "ml/notebook (no controller recreates it)" in s.reason
+
+
+def test_stopping_agents_and_the_old_pod_have_a_timeout() -> None:
+    assert step(node(UpgradeState.RESTART, clients_stopping=1, since=0), now=301) == (Act.FAIL, UpgradeState.FAILED)
+    assert step(node(UpgradeState.RESTART, dataclasses.replace(OLD, terminating=True), since=0), now=301) == (
+        Act.FAIL, UpgradeState.FAILED)
+    assert step(node(UpgradeState.RESTART, None, since=0), now=301) == (Act.SET_STATE, UpgradeState.VALIDATION)
+
+
+def test_a_node_whose_upgrade_an_operator_stopped_is_given_back() -> None:
+    # The failed state label removed, the driver now current: taint and cordon record go, nothing restarts.
+    assert step(node(None, NEW, tainted=True)) == (Act.UNCORDON, UpgradeState.DONE)
+    assert step(node(None, NEW, annotations={WAS_CORDONED_ANNOTATION: "false"})) == (Act.UNCORDON, UpgradeState.DONE)
+    assert step(node(UpgradeState.REQUIRED, NEW, tainted=True)) == (Act.UNCORDON, UpgradeState.DONE)
+    # Still outdated: the upgrade starts over.
+    assert step(node(None, OLD, tainted=True)) == (Act.SET_STATE, UpgradeState.REQUIRED)
 
 
 def test_the_policy_travels_on_the_daemonset_as_json() -> None:

@@ -99,7 +99,7 @@ def test_one_driver_daemonset_per_os_release_and_per_kernel_when_precompiled() -
     from nvgpu.driver import UPGRADE_POLICY_ANNOTATION, UpgradePolicy
 
     assert UpgradePolicy.from_annotation(annotations[UPGRADE_POLICY_ANNOTATION]) == UpgradePolicy(
-        max_unavailable=1, drain=True, drain_timeout_s=1800, validation_timeout_s=900)
+        max_unavailable=1, drain=True, drain_timeout_s=1800, validation_timeout_s=1800)
     assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod["tolerations"]
 
 
@@ -126,3 +126,37 @@ def test_a_compiled_driver_has_one_daemonset_per_os_and_the_policy_pack_allows_i
         other = {**ds, "metadata": {**ds["metadata"], "labels": {**ds["metadata"]["labels"],
                                                                  "app.kubernetes.io/component": "gpu-labeller"}}}
         assert any("hostPID" in m for m in check("host-access-allow-listed", DS_TYPE, other))
+
+
+def test_only_a_change_of_the_driver_outdates_a_driver_pod() -> None:
+    """The pod template's ``driver-spec`` hash, which the upgrade compares: a new release, image or module
+    type changes it; a new agent image (the check's container) or another interval does not, so an agent
+    release restarts no driver."""
+    from nvgpu.driver import DRIVER_SPEC_ANNOTATION, UPGRADE_TAINT_KEY
+    from nvgpu.stackconfig import load_stack_config
+
+    def spec_hash(agent_tag: str = "1.0.0", **driver_spec: Any) -> str:
+        cfg = load_stack_config({
+            "cluster": {**CLUSTER, "agentImage": {"repository": "registry.example.com/agent", "tag": agent_tag}},
+            "nodeGroups": [{"name": "h100", "nodeSelector": {"matchLabels": {"pool": "h100"}},
+                            "gpu": {"model": "H100-80GB", "driver": {
+                                "source": "container", "version": "550.90.07", "osReleases": ["ubuntu22.04"],
+                                **driver_spec}}}]})
+        (ds,) = driver.driver_daemonsets("nvidia-gpu", cfg.cluster, cfg.node_groups[0])
+        return str(ds["spec"]["template"]["metadata"]["annotations"][DRIVER_SPEC_ANNOTATION])
+
+    base = spec_hash()
+    assert spec_hash(agent_tag="1.0.1") == base
+    assert spec_hash(version="550.127.05") != base
+    assert spec_hash(kernelModules="open") != base
+    assert spec_hash(image={"digests": {"550.90.07-ubuntu22.04": "sha256:" + "a" * 64}}) != base
+    cluster, group = _group({"matchLabels": {"pool": "h100"}},
+                            {"source": "container", "version": "550.90.07", "osReleases": ["ubuntu22.04"]})
+    (ds,) = driver.driver_daemonsets("nvidia-gpu", cluster, group)
+    pod = ds["spec"]["template"]["spec"]
+    # The new driver pod starts where the upgrade's taint keeps the GPU agents away.
+    assert {"key": UPGRADE_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    probe = pod["containers"][0]["startupProbe"]
+    assert "mkdir -p /run/nvidia/validations" in probe["exec"]["command"][-1]
+    allowance = probe["initialDelaySeconds"] + probe["periodSeconds"] * probe["failureThreshold"]
+    assert allowance <= group.gpu.driver.upgrade.validation_timeout_seconds
