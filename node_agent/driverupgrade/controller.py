@@ -207,12 +207,16 @@ class UpgradeController:
         return cache[group]
 
     def _facts(self, node_name: str, pod: DriverPod | None, policy: UpgradePolicy,
-               nodegroups: dict[str, Disruptions]) -> tuple[NodeFacts, str] | None:
-        """The node's facts, and the resourceVersion they were read at; None for a node that is gone."""
-        try:
-            node = nodes.get_node(self.kube, node_name)
-        except NotFound:
-            return None
+               nodegroups: dict[str, Disruptions], listed: Mapping[str, dict[str, Any]]
+               ) -> tuple[NodeFacts, str] | None:
+        """The node's facts, and the resourceVersion they were read at; None for a node that is gone. The
+        round's node list serves a node of the stack's groups; a node without the group label is read."""
+        node = listed.get(node_name)
+        if node is None:
+            try:
+                node = nodes.get_node(self.kube, node_name)
+            except NotFound:
+                return None
         annotations = nodes.annotations_of(node)
         state_text = nodes.label_of(node, STATE_LABEL)
         try:
@@ -255,12 +259,17 @@ class UpgradeController:
                     current=_current(p, ds),
                     ready=pods.ready(p), terminating=bool(pmeta.get("deletionTimestamp")))
         nodegroups: dict[str, Disruptions] = {}
+        # One list of the groups' nodes a round, not a read per node (a round every few seconds).
+        listed = {n["metadata"]["name"]: n for n in self.kube.items(
+            nodes.NODES, query={"labelSelector": NODE_GROUP_LABEL}, what="list the node groups' nodes")} \
+            if groups else {}
         for group, (policy, members) in groups.items():
             # Nodes mid-upgrade whose driver pod is gone (being replaced) are still the group's.
-            for node in self._nodes_in_upgrade(group):
-                members.setdefault(node, None)
+            for name, node in listed.items():
+                if nodes.label_of(node, NODE_GROUP_LABEL) == group and nodes.label_of(node, STATE_LABEL):
+                    members.setdefault(name, None)
             read = [r for name, pod in sorted(members.items())
-                    if (r := self._facts(name, pod, policy, nodegroups)) is not None]
+                    if (r := self._facts(name, pod, policy, nodegroups, listed)) is not None]
             facts = [f for f, _ in read]
             for i, (f, version) in enumerate(read):
                 step = decide(f, may_start=may_start(facts, policy), policy=policy, drain_mode=self.drain_mode,
@@ -284,11 +293,6 @@ class UpgradeController:
                 if step.state is not None:
                     facts[i] = dataclasses.replace(f, state=step.state, since=self.clock())
         return out
-
-    def _nodes_in_upgrade(self, group: str) -> list[str]:
-        selector = f"{STATE_LABEL},{NODE_GROUP_LABEL}={group}"
-        return [n["metadata"]["name"] for n in self.kube.items(nodes.NODES, query={"labelSelector": selector},
-                                                               what="list nodes in a driver upgrade")]
 
     # -- acting ----------------------------------------------------------------------------------------
     def _state(self, f: NodeFacts, state: UpgradeState, version: str, *,
