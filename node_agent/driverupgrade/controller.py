@@ -194,6 +194,13 @@ class UpgradeController:
         selector = f"{DRIVER_SELECTOR},app.kubernetes.io/instance={instance}"
         return self.kube.items(path, query={"labelSelector": selector}, what=f"list pods of {instance}")
 
+    def _group_nodes(self) -> dict[str, dict[str, Any]]:
+        """Every node of a node group, by name: one list a round rather than a read per node (a round
+        runs every few seconds for as long as the stack has container drivers)."""
+        found = self.kube.items(nodes.NODES, query={"labelSelector": NODE_GROUP_LABEL},
+                                what="list the node groups' nodes")
+        return {n["metadata"]["name"]: n for n in found}
+
     def _disruptions(self, node: Mapping[str, Any], cache: dict[str, Disruptions]) -> Disruptions | None:
         group = nodes.label_of(node, labels.DECKHOUSE_NODE_GROUP)
         if self.drain_mode is not DrainMode.DECKHOUSE or not group:
@@ -259,10 +266,7 @@ class UpgradeController:
                     current=_current(p, ds),
                     ready=pods.ready(p), terminating=bool(pmeta.get("deletionTimestamp")))
         nodegroups: dict[str, Disruptions] = {}
-        # One list of the groups' nodes a round, not a read per node (a round every few seconds).
-        listed = {n["metadata"]["name"]: n for n in self.kube.items(
-            nodes.NODES, query={"labelSelector": NODE_GROUP_LABEL}, what="list the node groups' nodes")} \
-            if groups else {}
+        listed = self._group_nodes() if groups else {}
         for group, (policy, members) in groups.items():
             # Nodes mid-upgrade whose driver pod is gone (being replaced) are still the group's.
             for name, node in listed.items():

@@ -261,6 +261,10 @@ def test_a_version_change_walks_each_node_through_the_upgrade_one_at_a_time(kube
     for _ in range(3):
         UpgradeController(agent_kube, UPGRADE_NS).run_round()
     assert set(_states(kube).values()) == {None}, "the check's image is not the driver's"
+    before = agent_kube.calls
+    UpgradeController(agent_kube, UPGRADE_NS).run_round()
+    # An idle round: the driver DaemonSets, their pods, one list of the groups' nodes (not a read per node).
+    assert agent_kube.calls - before == 3
 
     cluster, group = _upgrade_group("550.127.05")  # what `pulumi up` applies after the version change
     for ds in driver.driver_daemonsets(UPGRADE_NS, cluster, group):
