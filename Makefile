@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 
-.PHONY: venv preview test unit cluster-test compare lint policy-test bench clean proto tools cluster-up cluster-down
+.PHONY: venv deps preview test check unit cluster-test compare lint policy-test bench clean proto tools cluster-up cluster-down
 
 $(VENV)/.installed: requirements.txt requirements-agent.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,9 +36,18 @@ cluster-up: venv tools
 cluster-down: venv
 	$(PY) -m localcluster down
 
+## What the tests need from the machine (shellcheck, openssl, buildah, debootstrap, gcc, Go): checked every
+## run, installed with apt-get when root on Debian/Ubuntu, otherwise one line naming what to install.
+deps:
+	@bash tools/deps.sh
+
 ## Everything CI runs: lint, types, layers, and every test, the cluster tests against the real control plane.
-test: venv tools lint
+## The first run on a fresh machine also installs deps and builds the tools (see the README).
+test: deps venv tools lint
 	NVIDIA_GPU_REQUIRE_CLUSTER=1 $(PY) -m pytest -q
+
+## The fast loop: lint, types, layers and the unit tests (no Go, no control plane).
+check: lint unit
 
 ## The fast tests only (no control plane).
 unit: venv

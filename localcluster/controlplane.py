@@ -56,6 +56,10 @@ def tools_bin(*, build: bool = False) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+#: Starts tried when a port picked free is taken before its component binds it.
+PORT_ATTEMPTS = 3
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -112,22 +116,32 @@ class ControlPlane:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "logs").mkdir(exist_ok=True)
         self._pki = make_pki(self.directory / "pki")
-        for name in ("etcd", "etcd-peer", "apiserver", "kwok"):
-            self.ports.setdefault(name, free_port())
         for user in ("admin", "kube-scheduler", "kube-controller-manager", "kwok"):
             self.tokens.setdefault(user, secrets.token_hex(16))
-        self._write_auth()
-        try:
-            self._spawn("etcd", detach)
-            self._spawn("kube-apiserver", detach)
-            self.wait_ready(timeout=timeout)
-            for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
-                if name in self.components:
-                    self._spawn(name, detach)
-            self._wait_components(timeout=timeout)
-        except BaseException:
-            self.stop(remove=False)
-            raise
+        fixed = dict(self.ports)  # ports the caller chose are kept; the others are picked free
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            for name in ("etcd", "etcd-peer", "apiserver", "kwok"):
+                self.ports[name] = fixed.get(name) or free_port()
+            self._write_auth()
+            try:
+                self._spawn("etcd", detach)
+                self._spawn("kube-apiserver", detach)
+                self.wait_ready(timeout=timeout)
+                for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
+                    if name in self.components:
+                        self._spawn(name, detach)
+                self._wait_components(timeout=timeout)
+                break
+            except RuntimeError as e:
+                self.stop(remove=False)
+                # A port picked free was taken by another process before the component bound it (two
+                # clones starting clusters at once): pick again.
+                if "address already in use" not in str(e) or attempt == PORT_ATTEMPTS:
+                    raise
+                shutil.rmtree(self.directory / "etcd", ignore_errors=True)  # it knows its old peer URL
+            except BaseException:
+                self.stop(remove=False)
+                raise
         self.startup_s = time.monotonic() - started
         self._save_state()
         return self

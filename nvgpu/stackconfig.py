@@ -287,6 +287,12 @@ class Monitoring(_Model):
     counters: str | None = None
     dcgm: DcgmExporterSettings = DcgmExporterSettings()
     dashboards: Dashboards = Dashboards()
+    #: What an agent does when another process holds its status port (``/metrics`` and its probes): by
+    #: default the device plugin, DRA plugin, MIG manager and node setup's monitor log it, keep doing
+    #: their job (the kubelet keeps its GPUs) and bind the port once it is free, their pods NotReady
+    #: meanwhile; ``true`` makes them exit instead, so the conflict shows as restarts. The exporter
+    #: always needs its port.
+    require_status_port: Bool = False
 
     @field_validator("counters")
     @classmethod

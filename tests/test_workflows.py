@@ -20,7 +20,7 @@ WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
 def _actionlint(*paths: Path) -> subprocess.CompletedProcess[str]:
     actionlint = required_bin("actionlint") / "actionlint"
     # Without shellcheck actionlint skips the scripts silently: make that a failure instead.
-    assert shutil.which("shellcheck"), "shellcheck is not installed (.ci/run installs it)"
+    assert shutil.which("shellcheck"), "shellcheck is not installed (make deps installs it)"
     return subprocess.run([str(actionlint), "-no-color", *map(str, paths)], cwd=REPO, capture_output=True,
                           text=True, timeout=120, check=False)
 

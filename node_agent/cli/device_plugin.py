@@ -18,10 +18,12 @@ from typing import Any
 from node_agent.cli import exitcodes
 from node_agent.cli.configsource import add_config_source_arguments, config_source
 from node_agent.cli.context import AgentContext
+from node_agent.cli.statusflags import add_status_arguments
 from node_agent.deviceplugin import config
 from node_agent.kubelet.deviceplugin import process
 from node_agent.kubelet.deviceplugin.api import DEVICE_PLUGIN_PATH
 from node_agent.kubelet.deviceplugin.process import DEFAULT_METRICS_PORT, PluginOptions
+from node_agent.status.server import StatusPortError
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how often the mounted config files are re-read (the node label is watched)")
     g.add_argument("--socket-dir", type=Path, default=Path(DEVICE_PLUGIN_PATH),
                    help="kubelet's device-plugins directory, as mounted in this container")
-    g.add_argument("--metrics-address", default="0.0.0.0")
-    g.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="0 disables the endpoint")
+    add_status_arguments(g, DEFAULT_METRICS_PORT)
     g.add_argument("--recovery-quiet-period", type=float, default=60.0, metavar="SECONDS",
                    help="an unhealthy device that stays quiet and passes re-checks this long turns Healthy")
     g.add_argument("--cdi-hook-dir", default=None, metavar="PATH",
@@ -83,6 +84,7 @@ def options(args: argparse.Namespace) -> PluginOptions:
     return PluginOptions(
         overrides=cli_overrides(args), source=config_source(args), config_poll_interval=args.config_poll_interval,
         socket_dir=args.socket_dir, metrics_address=args.metrics_address, metrics_port=args.metrics_port,
+        metrics_required=args.metrics_port_required,
         recovery_quiet_period=args.recovery_quiet_period, cdi_hook_dir=args.cdi_hook_dir,
         recheck_interval=args.recheck_interval, mps_daemon=args.mps_daemon,
     )
@@ -106,3 +108,5 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         log.error("event=fatal error=%s", e)
         print(str(e), file=sys.stderr)
         return exitcodes.HOST_INPUT
+    except StatusPortError as e:  # --metrics-port-required and the port is taken or not ours to bind
+        return ctx.fail(e)

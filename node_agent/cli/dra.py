@@ -14,6 +14,7 @@ from typing import Any
 from node_agent.cdi.driveredits import DEFAULT_HOOK_PATH, DriverEditsSource
 from node_agent.cli import exitcodes
 from node_agent.cli.context import AgentContext
+from node_agent.cli.statusflags import add_status_arguments
 from node_agent.dra.checkpoint import CheckpointError
 from node_agent.dra.devices import HealthAction
 from node_agent.dra.driver import DEFAULT_STATE_DIR, DriverSettings
@@ -41,9 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where this process sees the hook's directory (default: under --host-root)")
     p.add_argument("--uninstall-marker", default="", metavar="NAMESPACE/NAME",
                    help="ConfigMap whose deletion makes the plugin withdraw its ResourceSlices")
-    p.add_argument("--metrics-address", default="0.0.0.0", help="status endpoint address (default: %(default)s)")
-    p.add_argument("--metrics-port", type=int, default=process.DEFAULT_METRICS_PORT,
-                   help="/metrics, /healthz and /readyz (default: %(default)s; 0 disables the endpoint)")
+    add_status_arguments(p, process.DEFAULT_METRICS_PORT)
 
 
 def register(subparsers: Any) -> None:
@@ -73,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
         process.serve(settings, host=ctx.host, nvml_backend=ctx.nvml_backend, kubeconfig=ctx.kubeconfig,
                       driver_files=driver_edits_source(args, ctx),
                       endpoints=process.Endpoints(args.plugins_dir, args.registry_dir, args.metrics_address,
-                                                  args.metrics_port),
+                                                  args.metrics_port, args.metrics_port_required),
                       uninstall_marker=args.uninstall_marker)
-    except (CheckpointError, OSError) as e:  # OSError: the status port is taken or not ours to bind
+    except (CheckpointError, OSError) as e:  # OSError: a required status port is taken or not ours to bind
         return ctx.fail(e)
     return exitcodes.OK

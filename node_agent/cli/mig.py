@@ -32,6 +32,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from node_agent.cli import exitcodes
+from node_agent.cli.statusflags import add_status_arguments
 from node_agent.host import HostRoot
 from node_agent.host.proc import boot_id
 from node_agent.kube.errors import KubeError
@@ -219,9 +220,7 @@ def add_manager_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-timeout", type=float, default=1800.0, metavar="SECONDS")
     p.add_argument("--clients-timeout", type=float, default=300.0, metavar="SECONDS")
     p.add_argument("--once", action="store_true", help="converge as far as possible, then exit (tests)")
-    p.add_argument("--metrics-address", default="0.0.0.0", help="status endpoint address (default: %(default)s)")
-    p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                   help="/metrics and /healthz of the loop (default: %(default)s; 0 disables the endpoint)")
+    add_status_arguments(p, DEFAULT_METRICS_PORT)
     p.add_argument("--pre-stop", action="store_true", help="the preStop hook: finish or abort, restore the node")
     p.add_argument("--timeout", type=float, default=100.0, metavar="SECONDS", help="--pre-stop: wait this long")
 
@@ -265,8 +264,9 @@ def run_manager(args: argparse.Namespace) -> int:
             if args.metrics_port:
                 try:
                     status = StatusServer(RegistryRenderer(registry), live=lambda: True, ready=lambda: True,
-                                          host=args.metrics_address, port=args.metrics_port)
-                except OSError as e:  # the port is taken or not ours to bind
+                                          host=args.metrics_address, port=args.metrics_port,
+                                          required=args.metrics_port_required)
+                except OSError as e:  # a required port is taken or not ours to bind
                     return _fail(args, EXIT_BAD_INPUT, f"--metrics-port {args.metrics_port}: {e}")
                 status.start()
             previous = _stop_on_signals(manager.request_stop)

@@ -12,6 +12,7 @@ from node_agent.cli import exitcodes
 from node_agent.cli.check import add_expect_arguments, expectation
 from node_agent.cli.context import AgentContext
 from node_agent.cli.runtime import add_envvar_flag, add_toolkit_dir_flag
+from node_agent.cli.statusflags import add_status_arguments
 from node_agent.setup import check, flow
 from node_agent.setup.flow import Failure, FlowResult
 from node_agent.setup.monitor import DEFAULT_INTERVAL_S, CheckMonitor
@@ -84,8 +85,8 @@ def run_monitor(args: argparse.Namespace) -> int:
             server = StatusServer(RegistryRenderer(monitor.registry), live=lambda: True, ready=ready,
                                   host=args.metrics_address, port=args.metrics_port,
                                   not_ready=b"the last check did not find the node usable\n" if args.ready_when_usable
-                                  else b"no check yet\n")
-        except OSError as e:  # the port is taken or not ours to bind
+                                  else b"no check yet\n", required=args.metrics_port_required)
+        except OSError as e:  # a required port is taken or not ours to bind
             return ctx.fail(e)
         server.start()
     try:
@@ -119,9 +120,7 @@ def register(subparsers: Any) -> None:
                    help="host: the driver, devices and NVML only; all: also the container runtime (default)")
     m.add_argument("--ready-when-usable", action="store_true",
                    help="/readyz answers only while the last verdict is ok (the driver pod's check)")
-    m.add_argument("--metrics-address", default="0.0.0.0", help="status endpoint address (default: %(default)s)")
-    m.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                   help="/metrics and /readyz (default: %(default)s; 0 disables the endpoint)")
+    add_status_arguments(m, DEFAULT_METRICS_PORT)
     add_expect_arguments(m)
     add_toolkit_dir_flag(m)
     m.add_argument("--no-patch-node", action="store_true",

@@ -18,6 +18,7 @@ from typing import Any
 from localcluster import Kube
 from localcluster.objects import kwok_node, service_account_kube, wait_for, write_kubeconfig
 from nvgpu import labels as names_
+from tests.kit.ports import private_ports
 
 NS = "nvidia-gpu"
 REPO = Path(__file__).resolve().parents[2]
@@ -62,8 +63,9 @@ def identity(kube: Kube, daemonset: str, node: str, directory: Path, *, namespac
 
 
 def agent_command(*args: str) -> list[str]:
-    """``python -m node_agent ARGS`` with this interpreter (the image's entry point)."""
-    return [sys.executable, "-m", "node_agent", *args]
+    """``python -m node_agent ARGS`` with this interpreter (the image's entry point), a rendered fixed port
+    replaced by a free one (``tests.kit.ports.private_ports``)."""
+    return [sys.executable, "-m", "node_agent", *private_ports(args)]
 
 
 def run_agent(*args: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

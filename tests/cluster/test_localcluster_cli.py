@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from localcluster import ControlPlane, Kube
 
@@ -52,3 +55,25 @@ def test_up_status_down(control_plane: ControlPlane, tmp_path: Path) -> None:
     assert not state.exists()
     assert not any(_alive(pid) for pid in pids.values())
     assert _cli("status", "--dir", str(state)).returncode == 1
+
+
+def test_a_port_taken_between_picking_and_binding_is_picked_again(control_plane: ControlPlane, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two clones start control planes at once: a port one picked free may be bound by the other before its
+    API server binds it. The start picks again instead of failing."""
+    from localcluster import controlplane
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    picks = iter([held.getsockname()[1]])
+    real = controlplane.free_port
+    monkeypatch.setattr(controlplane, "free_port", lambda: next(picks, None) or real())
+    cp = ControlPlane(directory=tmp_path / "cp", components=("etcd", "kube-apiserver"), bin_dir=control_plane.bin_dir)
+    try:
+        cp.start(timeout=60)
+        assert cp.ports["etcd"] != held.getsockname()[1]
+        assert cp.admin().get("v1", "Namespace", "default")
+    finally:
+        cp.stop()
+        held.close()

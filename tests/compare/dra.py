@@ -82,7 +82,7 @@ def _argv(m: Machine, side: str, node: str, kubeconfig: Path, work: Path) -> lis
     return [sys.executable, "-m", "node_agent", "--host-root", str(m.root), "--driver-root", str(m.root),
             "--nvml", "real", "--node-name", node, "--kubeconfig", str(kubeconfig), "dra-driver",
             "--nvidia-driver-root", str(m.root),
-            "--cdi-hook-path", str(m.tools / "nvidia-cdi-hook"), "--cdi-hook-dir", str(m.tools)]
+            "--cdi-hook-path", str(m.tools / "nvidia-cdi-hook"), "--cdi-hook-dir", str(m.tools), "--metrics-port", "0"]
 
 
 #: Where each side writes its CDI specs: NVIDIA's where --cdi-root says; ours in the host's /var/run/cdi.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -120,3 +121,36 @@ def test_node_label_switches_config_live(tmp_path: Path, sock_dir: Path) -> None
         kubelet.wait_registered({"nvidia.com/gpu.shared"}, timeout=3, after=start)
         kubelet.wait_devices("nvidia.com/gpu.shared", lambda d: len(d) == 4)
         assert proc.metrics.render().count(b"nvidia_gpu_device_plugin_restarts_total{cause=\"config-changed\"}")
+
+
+@pytest.mark.slow
+def test_a_taken_status_port_does_not_stop_the_plugin_serving_the_kubelet(tmp_path: Path, sock_dir: Path) -> None:
+    """Another process holds the status port: the plugin says so once and registers all the same (the
+    kubelet keeps the node's GPUs); with --metrics-port-required it exits naming the address instead."""
+    kubelet = DevicePluginKubelet(sock_dir)
+    kubelet.start()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc, _ = _start(tmp_path, sock_dir, "--metrics-address", "127.0.0.1", "--metrics-port", str(port))
+        try:
+            kubelet.wait_registered({"nvidia.com/gpu"}, timeout=30)
+            kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 2)
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=20)
+            assert proc.returncode == 0, out
+            assert out.count("event=status-port-unavailable") == 1, out
+            assert f"port={port} error=Address already in use" in out
+        finally:
+            _reap(proc)
+            kubelet.stop()
+        required, _ = _start(tmp_path / "required", sock_dir, "--metrics-address", "127.0.0.1",
+                             "--metrics-port", str(port), "--metrics-port-required")
+        try:
+            out, _ = required.communicate(timeout=30)
+            assert required.returncode == 1, out
+            assert f"error: status endpoint 127.0.0.1:{port}: Address already in use (errno 98)" in out
+            assert "Traceback" not in out
+        finally:
+            _reap(required)

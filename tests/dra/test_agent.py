@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -115,13 +116,17 @@ def kube_api(env: Env) -> KubeDraApi:
     return KubeDraApi(env.server.kube())
 
 
-@pytest.mark.slow
-def test_dra_driver_command_serves_until_sigterm(host_root: Path, api_server: FakeApiServer, tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
+def _kubeconfig(api_server: FakeApiServer, path: Path) -> Path:
+    path.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
         f"clusters: [{{name: t, cluster: {{server: '{api_server.url.rstrip('/')}'}}}}]\n"
         "users: [{name: t, user: {}}]\ncontexts: [{name: t, context: {cluster: t, user: t}}]\n")
+    return path
+
+
+@pytest.mark.slow
+def test_dra_driver_command_serves_until_sigterm(host_root: Path, api_server: FakeApiServer, tmp_path: Path) -> None:
+    kubeconfig = _kubeconfig(api_server, tmp_path / "kubeconfig")
     populate_dev(host_root, machine(gpus=8))
     port = metrics.free_port()
     status = f"http://127.0.0.1:{port}"
@@ -167,6 +172,40 @@ def test_dra_driver_command_serves_until_sigterm(host_root: Path, api_server: Fa
     # SIGTERM removed both sockets: the kubelet deregisters the plugin.
     assert not list((host_root / "var/lib/kubelet/plugins_registry").glob("*.sock"))
     assert not list((host_root / "var/lib/kubelet/plugins").rglob("*.sock"))
+
+
+@pytest.mark.slow
+def test_a_taken_status_port_does_not_stop_the_dra_plugin(host_root: Path, api_server: FakeApiServer,
+                                                           tmp_path: Path) -> None:
+    """Another process holds the status port: the plugin publishes, registers and prepares all the same,
+    and says once why it serves no metrics; with --metrics-port-required it exits naming the address."""
+    kubeconfig = _kubeconfig(api_server, tmp_path / "kubeconfig")
+    populate_dev(host_root, machine(gpus=8))
+    command = [sys.executable, "-m", "node_agent", "--host-root", str(host_root), "--nvml", "simulated:dgx-h100",
+               "--node-name", NODE, "--kubeconfig", str(kubeconfig), "dra-driver", "--poll-interval", "0.2",
+               "--metrics-address", "127.0.0.1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        proc = subprocess.Popen([*command, "--metrics-port", port], cwd=REPO, env=env, stderr=subprocess.PIPE)
+        kubelet = DraKubelet(host_root)
+        try:
+            kubelet.register(timeout=20)
+            assert len(api_server.slices()[0]["spec"]["devices"]) == 8
+        finally:
+            kubelet.close()
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err.decode()
+        assert err.decode().count("event=status-port-unavailable") == 1, err.decode()
+        required = subprocess.run([*command, "--metrics-port", port, "--metrics-port-required"], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=60, check=False)
+    assert required.returncode == 1, required.stderr
+    assert f"error: status endpoint 127.0.0.1:{port}: Address already in use (errno 98)" in required.stdout + \
+        required.stderr
+    assert "Traceback" not in required.stderr
 
 
 def test_critical_xid_withdraws_a_gpu_until_it_stays_quiet(host_root: Path, tmp_path: Path) -> None:

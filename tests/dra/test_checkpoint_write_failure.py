@@ -137,7 +137,8 @@ def test_dra_driver_command_exits_with_the_error_not_a_traceback(host_root: Path
     (host_root / "var/lib/blocked").write_text("")
     proc = subprocess.run(
         [sys.executable, "-m", "node_agent", "--host-root", str(host_root), "--nvml", "simulated:l4x2",
-         "--node-name", NODE, "--kubeconfig", str(kubeconfig), "dra-driver", "--state-dir", "/var/lib/blocked/dra"],
+         "--node-name", NODE, "--kubeconfig", str(kubeconfig), "dra-driver", "--state-dir", "/var/lib/blocked/dra",
+         "--metrics-port", "0"],
         check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, timeout=60)
     output = (proc.stdout + proc.stderr).decode()
     assert proc.returncode == 1, output

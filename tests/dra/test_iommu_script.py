@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nvidia_gpu.components.manifests.dra import iommu_script
+from tests.tools import missing
 
 SCRIPT = iommu_script().content
 
@@ -49,8 +50,9 @@ def test_unknown_vendor_is_left_alone(tmp_path: Path) -> None:
     assert not (root / "etc").exists()
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
 def test_shellcheck_clean(tmp_path: Path) -> None:
+    if shutil.which("shellcheck") is None:
+        missing("shellcheck is not installed (make deps installs it)")
     script = tmp_path / "gpu-iommu.sh"
     script.write_text(SCRIPT)
     subprocess.run(["shellcheck", str(script)], check=True, timeout=60)

@@ -63,7 +63,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Image]:
         missing("the image test needs root (buildah's chroot isolation)")
     for tool in ("buildah", "debootstrap"):
         if shutil.which(tool) is None:
-            missing(f"the image test needs {tool}: apt-get install buildah debootstrap (.ci/run does)")
+            missing(f"the image test needs {tool}: apt-get install buildah debootstrap (make deps does)")
     storage = tmp_path_factory.mktemp("buildah")
     env = dict(os.environ, BUILDAH_ROOT=str(storage))
     if list(LOCAL_CAS.glob("*.crt")):

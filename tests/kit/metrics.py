@@ -3,11 +3,14 @@ stores them under (``..._total`` for counters), and a value lookup that fails wi
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.kit.ports import free_port  # the tests that scrape an agent pick its port here
+
+__all__ = ["Samples", "free_port", "get", "parse", "value", "with_port"]
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -36,10 +39,6 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return int(e.code), e.read().decode()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def with_port(args: list[str], port: int) -> list[str]:

@@ -151,7 +151,7 @@ def test_idle_manager_exits_promptly_on_sigterm(tmp_path: Path, config_file: Pat
         argv = [sys.executable, "-m", "node_agent", "--log-level", "debug", "--nvml", "simulated:dgx-h100",
                 "--nvml-state", str(tmp_path / "h100.json"), "--node-name", "gpu-1", "--host-root",
                 str(tmp_path / "host"), "--kubeconfig", str(kubeconfig(url, tmp_path / "kubeconfig")),
-                "mig-manager", "--drain", "cordon", "--config", str(config_file)]
+                "mig-manager", "--drain", "cordon", "--config", str(config_file), "--metrics-port", "0"]
         lines: list[str] = []
         with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
             try:

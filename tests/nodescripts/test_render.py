@@ -11,6 +11,7 @@ import pytest
 from nvgpu import catalogue
 from nvgpu.nodescripts import WEIGHTS, NodeScript, render_node_scripts
 from nvgpu.nodescripts.content import dropin_for, render_dropin, sysctl_dropin
+from tests.tools import missing
 
 
 def test_script_set_and_weights() -> None:
@@ -55,7 +56,7 @@ def test_dropin_templates_match_the_python_rendering() -> None:
 @pytest.mark.parametrize("script", [s.name for s in render_node_scripts(vfio=True)])
 def test_shellcheck_clean(script: str, tmp_path: Path) -> None:
     if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+        missing("shellcheck is not installed (make deps installs it)")
     content = next(s for s in render_node_scripts(vfio=True) if s.name == script).content
     path = tmp_path / script
     path.write_text(content)

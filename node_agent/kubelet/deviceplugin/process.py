@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -43,6 +43,44 @@ log = logging.getLogger(__name__)
 
 #: Matches the components' DaemonSet (``nvidia_gpu/components/manifests/workloads.py``).
 DEFAULT_METRICS_PORT = 9401
+#: The supervisor beats every half second while it waits; a loop silent this long is stuck (a hung
+#: gRPC or NVML call) and the process exits for the kubelet to restart it.
+STALL_EXIT_S = 90.0
+#: Exit status of a process the watchdog ended.
+EXIT_STALLED = 1
+
+
+class Watchdog:
+    """Ends the process when the supervisor stops beating.
+
+    This is the liveness check, kept in the process rather than in a probe on the status port: that port
+    is optional (``node_agent.status.server``), and a probe asking a port another process holds would
+    restart a plugin that serves the kubelet well."""
+
+    def __init__(self, live: Callable[[float], bool], *, stall_s: float = STALL_EXIT_S, every_s: float = 10.0,
+                 exit_process: Callable[[int], object] = os._exit):
+        self._live = live
+        self._stall_s = stall_s
+        self._every_s = every_s
+        self._exit = exit_process
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dp-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self._every_s + 1)
+
+    def _run(self) -> None:
+        if self._stop.wait(self._stall_s):  # the supervisor's first start may take a while
+            return
+        while not self._stop.wait(self._every_s):
+            if not self._live(self._stall_s):
+                log.error("event=supervisor-stalled silent_s=%g action=exit", self._stall_s)
+                self._exit(EXIT_STALLED)
+                return
 
 @dataclass(frozen=True)
 class PluginOptions:
@@ -57,6 +95,8 @@ class PluginOptions:
     metrics_address: str = "0.0.0.0"
     #: 0 disables the status endpoint.
     metrics_port: int = DEFAULT_METRICS_PORT
+    #: A taken status port stops the plugin (else it serves the kubelet without it and retries).
+    metrics_required: bool = False
     #: An unhealthy device that stays quiet and passes re-checks this long turns Healthy.
     recovery_quiet_period: float = 60.0
     #: Where this process sees the directory of ``nvidiaCTKPath`` (None: under the host root).
@@ -166,9 +206,11 @@ def serve(options: PluginOptions, env: Mapping[str, str], *, host: HostRoot, bac
     status = None
     if options.metrics_port:
         status = StatusServer(proc.metrics, proc.supervisor.live, proc.supervisor.ready,
-                              options.metrics_address, options.metrics_port)
+                              options.metrics_address, options.metrics_port, required=options.metrics_required)
         status.start()
     previous = _install_signals(proc.supervisor)
+    watchdog = Watchdog(proc.supervisor.live)
+    watchdog.start()
     if options.source.config_dir is not None:
         proc.watcher.start()
         if labels is not None:
@@ -178,6 +220,7 @@ def serve(options: PluginOptions, env: Mapping[str, str], *, host: HostRoot, bac
         return proc.supervisor.run()
     finally:
         _restore_signals(previous)
+        watchdog.stop()
         if labels is not None:
             labels.stop()
         proc.close()

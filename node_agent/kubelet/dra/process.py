@@ -45,6 +45,8 @@ class Endpoints:
     #: The status endpoint (``/metrics``, ``/healthz``, ``/readyz``); port 0 disables it.
     metrics_address: str = "0.0.0.0"
     metrics_port: int = DEFAULT_METRICS_PORT
+    #: A taken status port stops the plugin (else it serves the kubelet without it and retries).
+    metrics_required: bool = False
 
 
 def serve(settings: DriverSettings, *, host: HostRoot, nvml_backend: NvmlBackend, kubeconfig: Path | None,
@@ -70,12 +72,14 @@ def serve(settings: DriverSettings, *, host: HostRoot, nvml_backend: NvmlBackend
     loops = [threading.Thread(target=driver.run_inventory_loop, args=(stop,), name="dra-inventory", daemon=True)]
     status = None
     if endpoints.metrics_port:
-        # Bound before any socket is served, so a taken port fails the start with nothing to undo. Live
-        # while the inventory loop runs; ready once kubelet has accepted the registration.
+        # Bound before any socket is served, so a taken port that is required fails the start with
+        # nothing to undo. Live while the inventory loop runs; ready once kubelet has accepted the
+        # registration.
         try:
             status = StatusServer(RegistryRenderer(driver.metrics.registry), live=loops[0].is_alive,
                                   ready=lambda: server.registration.registered, not_ready=b"not registered\n",
-                                  host=endpoints.metrics_address, port=endpoints.metrics_port)
+                                  host=endpoints.metrics_address, port=endpoints.metrics_port,
+                                  required=endpoints.metrics_required)
         except OSError:
             driver.close()
             source.close()

@@ -34,6 +34,7 @@ from nvidia_gpu.components.manifests.workloads import (
     driver_root_volume,
     metrics_port,
     pod_annotations,
+    status_args,
 )
 
 RESOURCE_API = "resource.k8s.io/v1"
@@ -232,7 +233,7 @@ def plugin_args(cluster: Cluster, namespace: str, group: NodeGroup) -> list[str]
     return [*DRIVER_ROOT_ARGS, "dra-driver", "--driver-name", dra.driver_name, "--health-action", dra.health_action,
             "--nvidia-driver-root", cluster.driver_root_for(group), "--cdi-hook-path", cluster.cdi_hook_for(group),
             "--cdi-hook-dir", CDI_HOOK_DIR, "--uninstall-marker", f"{namespace}/{UNINSTALL_MARKER}",
-            "--metrics-port", str(DRA_PLUGIN_METRICS_PORT)]
+            *status_args(cluster, DRA_PLUGIN_METRICS_PORT)]
 
 
 def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Manifest:

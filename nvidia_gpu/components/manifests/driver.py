@@ -43,6 +43,7 @@ from nvidia_gpu.components.manifests.workloads import (
     SKIP_AWAIT,
     driver_root_mount,
     driver_root_volume,
+    status_args,
 )
 
 DRIVER_API = "nvidia.com/v1alpha1"
@@ -75,7 +76,7 @@ def check_container(cluster: Cluster, group: NodeGroup) -> dict[str, Any]:
     # Its verdict is the pod's readiness; node setup's monitor is the one that labels the node.
     args = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS, "setup-monitor", "--phase", "host", "--ready-when-usable",
             "--no-patch-node",
-            "--interval", str(CHECK_INTERVAL_S), "--metrics-port", str(CHECK_PORT),
+            "--interval", str(CHECK_INTERVAL_S), *status_args(cluster, CHECK_PORT),
             *group.gpu.driver_expectation.args()]
     return {
         "name": "driver-check",

@@ -36,6 +36,7 @@ from nvidia_gpu.components.manifests.workloads import (
     driver_root_volume,
     metrics_port,
     pod_annotations,
+    status_args,
 )
 
 COMPONENT = "mig-manager"
@@ -150,7 +151,7 @@ def _tolerations(groups: Sequence[NodeGroup]) -> list[dict[str, Any]]:
 def manager_args(cluster: Cluster) -> list[str]:
     drain = drain_mode(cluster)
     args = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS,
-            "mig-manager", "--metrics-port", str(MIG_MANAGER_METRICS_PORT), "--config", f"{CONFIG_DIR}/{CONFIG_KEY}",
+            "mig-manager", *status_args(cluster, MIG_MANAGER_METRICS_PORT), "--config", f"{CONFIG_DIR}/{CONFIG_KEY}",
             "--drain", drain]
     return [*args, "--allow-reboot"] if cluster.mig.allow_reboot else args
 

@@ -302,7 +302,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         *DRIVER_ROOT_ARGS,
         "device-plugin",
         *config_source_args(group),
-        "--metrics-port", str(DEVICE_PLUGIN_METRICS_PORT),
+        *status_args(ctx.cluster, DEVICE_PLUGIN_METRICS_PORT),
     ]
     if ctx.driver_root != HOST_DRIVER_ROOT:
         # CDI specs name the driver's files by their host path under nvidiaDriverRoot.
@@ -319,15 +319,12 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
     ]
     container["ports"] = metrics_port(DEVICE_PLUGIN_METRICS_PORT)
-    # /healthz: the supervisor loop is alive; /readyz: every resource is registered with kubelet
-    # (node_agent.deviceplugin.metrics). Startup waits for the first registration, readiness follows it.
-    def probe(path: str, failures: int) -> dict[str, Any]:
-        return {"httpGet": {"path": path, "port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 2,
-                "failureThreshold": failures}
-
-    container["startupProbe"] = probe("/readyz", 30)
-    container["readinessProbe"] = probe("/readyz", 3)
-    container["livenessProbe"] = probe("/healthz", 3)
+    # /readyz: every resource is registered with kubelet (node_agent.deviceplugin.metrics), and the
+    # status port is ours. No liveness probe on that port: it is optional (a taken port must not stop a
+    # plugin that serves the kubelet), so the process ends itself when its supervisor stalls
+    # (node_agent.kubelet.deviceplugin.process.Watchdog) and the kubelet restarts it.
+    container["readinessProbe"] = {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 10,
+                                   "timeoutSeconds": 2, "failureThreshold": 3}
     mounts = [
         _mount("device-plugins", KUBELET_DEVICE_PLUGINS),
         _mount("dev", "/dev"),
@@ -376,6 +373,13 @@ def pod_annotations(cluster: Cluster, port: int) -> dict[str, Any]:
     """A pod template's ``annotations`` entry with :func:`scrape_annotations`, or nothing at all."""
     annotations = scrape_annotations(cluster.monitoring, port)
     return {"annotations": annotations} if annotations else {}
+
+
+def status_args(cluster: Cluster, port: int) -> list[str]:
+    """An agent's status-port flags: the port, and ``--metrics-port-required`` where the stack asks for it
+    (``cluster.monitoring.requireStatusPort``; otherwise a taken port does not stop the agent)."""
+    return ["--metrics-port", str(port), *(["--metrics-port-required"] if cluster.monitoring.require_status_port
+                                           else [])]
 
 
 def metrics_port(port: int) -> list[dict[str, Any]]:
@@ -492,7 +496,7 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     teardown = [*AGENT, *base, "teardown"]
     # The main container checks the node again every few minutes and serves the findings
     # (node_agent.setup.monitor: read-only, nothing recorded); SIGTERM ends it, then preStop tears down.
-    monitor = [*base, "setup-monitor", "--metrics-port", str(NODE_SETUP_METRICS_PORT), *expect]
+    monitor = [*base, "setup-monitor", *status_args(ctx.cluster, NODE_SETUP_METRICS_PORT), *expect]
     if ctx.group.toolkit.container:
         # NVIDIA's toolkit container installs the toolkit (and its config, from the stack's flags): the runtime
         # runs the installed binary once it is there, and teardown removes the install when the node leaves.

@@ -98,11 +98,10 @@ def test_device_plugin_pod_gives_the_plugin_what_it_uses(stack: Path) -> None:
         assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "compute,utility")
         args = _parse(container["args"])
         assert args.metrics_port == DEFAULT_METRICS_PORT == container["ports"][0]["containerPort"]
-        probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
-        assert {k: (p["path"], p["port"]) for k, p in probes.items()} == {
-            "startupProbe": ("/readyz", "metrics"), "readinessProbe": ("/readyz", "metrics"),
-            "livenessProbe": ("/healthz", "metrics")}
-        assert all("tcpSocket" not in container[k] for k in probes)
+        probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")
+                  if k in container}
+        # Readiness only: the status port is optional, and liveness is the plugin's own watchdog.
+        assert {k: (p["path"], p["port"]) for k, p in probes.items()} == {"readinessProbe": ("/readyz", "metrics")}
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
         if group.gpu.sharing.value == "MPS":
             # Allocate mounts <mpsRoot>/shm at /dev/shm in clients; the daemon must see the same directory.
@@ -122,7 +121,8 @@ def test_device_plugin_status_endpoints_answer_the_probe_paths() -> None:
     cfg = load_stack_file(STACKS[0])
     container, _ = _plugin_container(workloads.device_plugin_daemonset(
         GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])))
-    paths = {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+    paths = {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "readinessProbe", "livenessProbe")
+             if k in container}
     state = {"live": True, "ready": False}
     server = StatusServer(PluginMetrics(), lambda: state["live"], lambda: state["ready"], host="127.0.0.1")
     server.start()
@@ -135,8 +135,7 @@ def test_device_plugin_status_endpoints_answer_the_probe_paths() -> None:
             return e.code
 
     try:
-        assert {k: status(p) for k, p in paths.items()} == {
-            "startupProbe": 503, "readinessProbe": 503, "livenessProbe": 200}
+        assert {k: status(p) for k, p in paths.items()} == {"readinessProbe": 503}
         state["ready"] = True
         assert {status(p) for p in paths.values()} == {200}
     finally:
@@ -189,6 +188,29 @@ def test_every_agents_metrics_port_is_the_one_its_pod_names_and_its_monitor_scra
         args = _parse(container["args"])
         assert args.metrics_port == default == container["ports"][0]["containerPort"] == scraped[component], component
         assert container["ports"][0]["name"] == "metrics"
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_the_stack_decides_whether_a_taken_status_port_stops_an_agent(required: bool) -> None:
+    """cluster.monitoring.requireStatusPort reaches every agent that serves a status port beside its job
+    (device plugin, DRA plugin, MIG manager, node setup's monitor, the driver pod's check), parsed by the
+    agent's own parser; the exporter always needs its port and takes no such flag."""
+    from nvidia_gpu.components.manifests import dra, driver, mig
+
+    cfg = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.dev.yaml"))
+    monitoring = cfg.cluster.monitoring.model_copy(update={"require_status_port": required})
+    cluster = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET, "monitoring": monitoring})
+    dra_group = next(g for g in cfg.node_groups if cfg.allocation_mode(g).value == "dra")
+    ctx = GroupContext(cluster.namespace, cluster, cfg.node_groups[0])
+    command_lines = {
+        "device-plugin": workloads.device_plugin_daemonset(ctx)["spec"]["template"]["spec"]["containers"][0]["args"],
+        "dra-driver": dra.plugin_args(cluster, cluster.namespace, dra_group),
+        "mig-manager": mig.manager_args(cluster),
+        "setup-monitor": workloads.setup_daemonset(ctx)["spec"]["template"]["spec"]["containers"][0]["args"],
+        "driver-check": driver.check_container(cluster, cfg.node_groups[0])["args"],
+    }
+    for name, argv in command_lines.items():
+        assert _parse(list(argv)).metrics_port_required is required, name
 
 
 def test_the_declared_driver_reaches_both_node_setup_backends() -> None:

@@ -215,7 +215,8 @@ def test_device_plugin_runs_the_agent_with_the_groups_configs() -> None:
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert volumes["config"]["configMap"]["name"] == sharing.config_map_name(ctx.group)
     assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
-    assert "livenessProbe" in c and "startupProbe" in c
+    # Only readiness asks the (optional) status port; liveness is the process's own watchdog.
+    assert "readinessProbe" in c and "livenessProbe" not in c and "startupProbe" not in c
 
 
 @pytest.mark.parametrize("enabled", [True, False])
