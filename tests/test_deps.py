@@ -60,7 +60,8 @@ def test_root_on_debian_installs_what_is_missing(tmp_path: Path) -> None:
     done = _run(_bin(tmp_path, have=("shellcheck", "openssl", "gcc", "unshare", "git"), uid=0, apt=True))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "apt.log").read_text().splitlines() == [
-        "update -qq", "install -y -qq --no-install-recommends buildah debootstrap"]
+        "-o DPkg::Lock::Timeout=600 update -qq",
+        "-o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends buildah debootstrap"]
 
 
 @pytest.mark.parametrize(("go", "message"), [

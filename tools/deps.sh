@@ -27,9 +27,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
     echo "deps: installing ${missing[*]} (apt-get, once) ..." >&2
     start=$(date +%s)
     export DEBIAN_FRONTEND=noninteractive
-    # (debconf's note that apt-utils is missing is noise on a minimal system)
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" 2> >(grep -v '^debconf: ' >&2) >/dev/null
+    # Another clone's make test may be installing at the same moment: wait for dpkg's lock, do not fail.
+    # (debconf's note that apt-utils is missing is noise on a minimal system.)
+    lock=(-o DPkg::Lock::Timeout=600)
+    apt-get "${lock[@]}" update -qq >/dev/null
+    apt-get "${lock[@]}" install -y -qq --no-install-recommends "${missing[@]}" 2> >(grep -v '^debconf: ' >&2) >/dev/null
     echo "deps: installed in $(( $(date +%s) - start )) s" >&2
   else
     echo "deps: make test needs ${missing[*]}: install them (Debian/Ubuntu: sudo apt-get install ${missing[*]}), or run make test as root on Debian or Ubuntu, which installs them" >&2

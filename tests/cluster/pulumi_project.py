@@ -103,8 +103,9 @@ def make_project(cluster: ControlPlane, work: Path, stack: str = "dev") -> Proje
     (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
     (work / "state").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
+    # HOME too: the provider keeps its discovery cache under ~/.kube, which another clone's run shares.
     env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", PYTHONPATH=str(REPO), KUBECONFIG=str(work / "kubeconfig"),
-               PULUMI_HOME=str(work / "home"), PULUMI_BACKEND_URL=f"file://{work / 'state'}",
+               HOME=str(work / "home"), PULUMI_HOME=str(work / "home"), PULUMI_BACKEND_URL=f"file://{work / 'state'}",
                PULUMI_CONFIG_PASSPHRASE="engine-test", PULUMI_SKIP_UPDATE_CHECK="true",
                PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION="true")
     return Project(directory, env, stack)

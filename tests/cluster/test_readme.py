@@ -46,7 +46,10 @@ def _environment(home: Path, bin_dir: Path) -> dict[str, str]:
            if not k.startswith(("PULUMI_", "NVIDIA_GPU_")) and k not in ("KUBECONFIG", "VIRTUAL_ENV", "PYTHONPATH")}
     home.mkdir()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    env.update(HOME=str(home), NVIDIA_GPU_TOOLS_CACHE=str(bin_dir.parent), PIP_CACHE_DIR=str(cache / "pip"))
+    # Pulumi finds its home from the password database, not $HOME: name the fresh one, so that nothing (logs,
+    # workspaces, plugins) lands in the account's ~/.pulumi, which another clone's run shares.
+    env.update(HOME=str(home), PULUMI_HOME=str(home / ".pulumi"), NVIDIA_GPU_TOOLS_CACHE=str(bin_dir.parent),
+               PIP_CACHE_DIR=str(cache / "pip"))
     if shutil.which("go"):
         for var in ("GOCACHE", "GOMODCACHE", "GOPATH"):
             value = subprocess.run(["go", "env", var], capture_output=True, text=True, check=True).stdout.strip()
