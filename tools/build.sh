@@ -20,8 +20,10 @@ KEEP_DAYS=14
 print_only=0
 [ "${1:-}" = "--print" ] && print_only=1
 
-components=(prometheus kube etcd kwok mocknvml pulumi pulumi-yaml pulumi-kubernetes cdi runc nvidia-device-plugin
-            mig-parted dra-driver-nvidia-gpu actionlint container-toolkit)
+# Every directory here with a recipe is a component (adding one is adding its directory), in a fixed order.
+export LC_ALL=C
+components=()
+for recipe in "$here"/*/build.sh; do components+=("$(basename "$(dirname "$recipe")")"); done
 
 if ! command -v go >/dev/null 2>&1; then
   echo "tools: Go is not on PATH: install it (make deps says which release)" >&2
@@ -89,7 +91,21 @@ for name in "${todo[@]}"; do
   start=$(date +%s)
   tmp="$cache/.tmp-$name-${keys[$name]}-$$"
   rm -rf "$tmp"; mkdir -p "$tmp"
-  ( cd "$here/$name" && bash ./build.sh "$tmp" ) >&2
+  # Go's output (hundreds of "go: downloading" lines) goes to the component's .build.log; the terminal gets
+  # a line a minute while it builds, and the log's tail if it fails.
+  ( cd "$here/$name" && exec bash ./build.sh "$tmp" ) > "$tmp/.build.log" 2>&1 &
+  pid=$!
+  ticks=0
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    ticks=$(( ticks + 1 ))
+    [ $(( ticks % 60 )) = 0 ] && echo "tools: [$n/${#todo[@]}] $name still building ($(( $(date +%s) - start )) s)" >&2
+  done
+  if ! wait "$pid"; then
+    echo "tools: $name failed; the end of $tmp/.build.log:" >&2
+    tail -n 40 "$tmp/.build.log" >&2
+    exit 1
+  fi
   touch "$tmp/.complete"
   rm -rf "$dir"; mv "$tmp" "$dir"
   echo "tools: [$n/${#todo[@]}] $name built in $(( $(date +%s) - start )) s" >&2

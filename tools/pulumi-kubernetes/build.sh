@@ -23,7 +23,9 @@ cp -r "$cmd" "$src/cmd/"; chmod -R u+w "$src"
 # use, is replaced by overlay/yaml_v2_kinds.go.overlay (that file says why): 250 of 390 build seconds. Go
 # takes no overlay of a file in its module cache, so the scratch module builds against a copy of the SDK
 # module (the same version, so the same dependencies) with that one file replaced.
+go mod download github.com/pulumi/pulumi-kubernetes/sdk/v4  # `go list -m` names no directory before this
 sdk="$(go list -m -f '{{.Dir}}' github.com/pulumi/pulumi-kubernetes/sdk/v4)"
+[ -d "$sdk" ] || { echo "the Go SDK module of the Kubernetes provider is not in the module cache" >&2; exit 1; }
 cp -r "$sdk" "$src/sdk-v4"; chmod -R u+w "$src/sdk-v4"
 cp overlay/yaml_v2_kinds.go.overlay "$src/sdk-v4/go/kubernetes/yaml/v2/kinds.go"
 ( cd "$src" && go mod edit -replace github.com/pulumi/pulumi-kubernetes/sdk/v4=./sdk-v4 )
