@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 
+from nvgpu.errortext import shown
+
 #: Deckhouse's check and NVIDIA's container toolkit both require at least this driver.
 GLOBAL_MIN_DRIVER = "450.80.02"
 #: Below this compute capability the device plugin refuses a GPU (Pascal is the oldest supported).
@@ -37,7 +39,8 @@ GI_PROFILE_1_SLICE_REV2 = 9  # 1g with twice the memory (e.g. 1g.10gb on A100-40
 # NVML compute-instance profile enum values, keyed by compute slices.
 CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 6: 5, 8: 6}
 
-_VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
+#: ``fullmatch``ed (``$`` with ``re.match`` also takes a trailing newline); ASCII digits, at most six each.
+_VERSION_RE = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})(?:\.([0-9]{1,6}))?")
 
 
 class DriverVersionError(ValueError):
@@ -46,10 +49,10 @@ class DriverVersionError(ValueError):
 
 def parse_driver_version(text: str) -> tuple[int, int, int]:
     """Parse ``550.54.14`` or ``550.67`` (two- and three-part versions both exist in the wild)."""
-    m = _VERSION_RE.match(text.strip())
+    m = _VERSION_RE.fullmatch(text.strip())
     if not m:
         raise DriverVersionError(
-            f"driver version {text!r} is not in the form MAJOR.MINOR[.PATCH] (for example 550.54.14)"
+            f"driver version {shown(text)} is not in the form MAJOR.MINOR[.PATCH] (for example 550.54.14)"
         )
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 

@@ -4,7 +4,8 @@ One field per line, ``DCGM_FIELD, type, help``; ``#`` starts a comment. The stac
 ``cluster.monitoring.counters`` is checked with :func:`read` at preview (a line dcgm-exporter would refuse
 fails there, with its line number), and the agent's exporter reads the same text with it before choosing
 what it can serve (``node_agent.exporter.counters``). NVIDIA's own default file is vendored
-(``nvgpu/data``) as the default of both exporters.
+(``nvgpu/data``) as the default of both exporters. A refused line is quoted cut
+(:func:`nvgpu.errortext.shown`), so a 1 MiB line makes a one-line error.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from nvgpu.errortext import shown
+
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_COUNTERS_FILE = DATA_DIR / "dcgm-exporter-default-counters.csv"
 TYPES = ("counter", "gauge", "label")
-_NAME = re.compile(r"^DCGM_[A-Z0-9_]+$")
+#: Matched with ``fullmatch`` (``re.match`` with ``$`` would accept a trailing newline).
+_NAME = re.compile(r"DCGM_[A-Z0-9_]{1,80}")
 
 
 class CountersError(ValueError):
@@ -43,13 +47,13 @@ def read(text: str, source: str = "counters file") -> list[Counter]:
         where = f"{source} line {number}"
         parts = [p.strip() for p in line.split(",", 2)]
         if len(parts) < 2:
-            raise CountersError(f"{where}: {line!r} is not 'DCGM_FIELD, type, help'")
+            raise CountersError(f"{where}: {shown(line)} is not 'DCGM_FIELD, type, help'")
         name, kind = parts[0], parts[1]
-        if not _NAME.match(name):
-            raise CountersError(f"{where}: {name!r} is not a DCGM field name (DCGM_ and capitals, like "
-                                "DCGM_FI_DEV_GPU_UTIL)")
+        if not _NAME.fullmatch(name):
+            raise CountersError(f"{where}: {shown(name)} is not a DCGM field name (DCGM_ and up to 80 "
+                                "capitals, digits or '_', like DCGM_FI_DEV_GPU_UTIL)")
         if kind not in TYPES:
-            raise CountersError(f"{where}: type {kind!r} of {name} is not one of {', '.join(TYPES)}")
+            raise CountersError(f"{where}: type {shown(kind)} of {name} is not one of {', '.join(TYPES)}")
         if name in seen:
             raise CountersError(f"{where}: {name} is listed on line {seen[name]} already")
         seen[name] = number

@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from nvgpu import catalogue
+from nvgpu.errortext import shown
 
 #: The first branch NVIDIA ships the open GPU kernel modules on.
 OPEN_MODULES_MIN_BRANCH = 515
@@ -41,9 +42,13 @@ CONTAINER_COMPONENT = "nvidia-driver"
 #: Where NVIDIA's driver container (and the GPU Operator's) installs the driver on the host.
 CONTAINER_DRIVER_ROOT = "/run/nvidia/driver"
 
-_BRANCH = re.compile(r"^[1-9][0-9]{2,3}$")
+#: Config patterns, matched with ``fullmatch``: ``re.match`` with ``$`` also took ``550.90.07\n``, written
+#: as it is into image tags, labels and node scripts.
+_BRANCH = re.compile(r"[1-9][0-9]{2,3}")
+#: A full release as a config writes it: ASCII digits, nothing around them.
+_RELEASE = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?")
 #: ``ID`` + ``VERSION_ID`` of /etc/os-release as the driver images are tagged (Ubuntu's is always YY.MM).
-_OS_RELEASE = re.compile(r"^(ubuntu[0-9]{2}\.[0-9]{2}|(rhel|rhcos|centos|rocky|sles|debian)[0-9]+(\.[0-9]+)?)$")
+_OS_RELEASE = re.compile(r"ubuntu[0-9]{2}\.[0-9]{2}|(rhel|rhcos|centos|rocky|sles|debian)[0-9]{1,3}(\.[0-9]{1,3})?")
 
 
 class DriverSource(StrEnum):
@@ -88,7 +93,7 @@ class DriverVersion:
 
     @property
     def is_branch(self) -> bool:
-        return bool(_BRANCH.match(self.text))
+        return bool(_BRANCH.fullmatch(self.text))
 
     @property
     def branch(self) -> int:
@@ -110,20 +115,17 @@ class DriverVersion:
 
 
 def parse_version(text: str) -> DriverVersion:
-    """A branch (``550``) or a full release (``550.90.07``); anything else raises ``ValueError``."""
-    if _BRANCH.match(text):
+    """A branch (``550``) or a full release (``550.90.07``), exactly (no whitespace around it: it is written
+    into image tags and labels as it is); anything else raises ``ValueError``."""
+    if _BRANCH.fullmatch(text) or _RELEASE.fullmatch(text):
         return DriverVersion(text)
-    try:
-        catalogue.parse_driver_version(text)
-    except catalogue.DriverVersionError:
-        raise ValueError(f"{text!r} is neither a driver branch (like 550) nor a release (like 550.90.07)") from None
-    return DriverVersion(text)
+    raise ValueError(f"{shown(text)} is neither a driver branch (like 550) nor a release (like 550.90.07)")
 
 
 def check_os_release(text: str) -> str:
     """An OS release as NVIDIA's driver image tags spell it: ``ubuntu22.04``, ``rhel9.4``, ``rhcos4.16``."""
-    if not _OS_RELEASE.match(text):
-        raise ValueError(f"{text!r} is not an OS release as NVIDIA's driver images name it: the OS ID and its "
+    if not _OS_RELEASE.fullmatch(text):
+        raise ValueError(f"{shown(text)} is not an OS release as NVIDIA's driver images name it: the OS ID and its "
                          "VERSION_ID from /etc/os-release, like ubuntu22.04, ubuntu24.04, rhel9.4 or rhcos4.16")
     return text
 

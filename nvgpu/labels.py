@@ -7,6 +7,7 @@ dashboards, selectors and runbooks keep working.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 # Deckhouse flow
 GPU_NODE = "node.deckhouse.io/gpu"  #: "" on every GPU node of a group
@@ -114,3 +115,84 @@ def written_by_agents(key: str) -> bool:
 
 # Feature files
 NFD_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+
+
+# What each node agent may write on its own Node
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """Label, annotation or taint keys: the exact ``keys``, and every key under ``prefixes`` except
+    ``except_keys`` and the keys under ``except_prefixes``."""
+
+    keys: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+    except_keys: tuple[str, ...] = ()
+    except_prefixes: tuple[str, ...] = ()
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        if key in self.keys:
+            return True
+        return (key.startswith(self.prefixes) and key not in self.except_keys
+                and not key.startswith(self.except_prefixes))
+
+
+@dataclass(frozen=True)
+class NodeWrites:
+    """What one node agent's role changes on its own Node, and nothing more: the stack's admission policy
+    (``nvidia_gpu.components.manifests.confinement``) refuses the rest with the agent's own token. ``set_*``
+    may be added, changed and removed; ``remove_*`` only removed (what another agent put there and this one
+    withdraws). One list per agent, not one shared domain: a labeller may not approve a disruption, and no
+    node agent may write the driver upgrade's state, which the upgrade controller trusts."""
+
+    set_labels: tuple[KeySet, ...] = ()
+    remove_labels: tuple[KeySet, ...] = ()
+    set_annotations: tuple[KeySet, ...] = ()
+    remove_annotations: tuple[KeySet, ...] = ()
+    set_taints: tuple[KeySet, ...] = ()
+    #: The node groups' own taint keys (the GPU taint and their extra taints, which only the stack knows):
+    #: ``set`` (the labeller applies them), ``remove`` (teardown withdraws them) or ``""``.
+    group_taints: str = ""
+    #: ``spec.unschedulable`` (cordon and uncordon).
+    cordon: bool = False
+
+    def may_set_label(self, key: str) -> bool:
+        return any(key in s for s in self.set_labels)
+
+    def may_remove_label(self, key: str) -> bool:
+        return self.may_set_label(key) or any(key in s for s in self.remove_labels)
+
+
+#: The driver upgrade's state on a Node (its controller's, never a node agent's).
+DRIVER_UPGRADE_KEYS = KeySet(keys=(DRIVER_UPGRADE_STATE, DRIVER_UPGRADE_FAILURE),
+                             prefixes=("nvidia.com/gpu-driver-upgrade", "gpu.nvidia-gpu.io/driver-upgrade"))
+#: The node group's labels (:func:`nvgpu.nodelabels.desired_node_labels`).
+GROUP_LABELS = KeySet(keys=(GPU_NODE, DEVICE_GPU_CONFIG, MIG_CONFIG, NODE_GROUP))
+#: GPU feature discovery's labels: NVIDIA's domain, but for the keys other writers own there (the MIG
+#: manager's state and the components it pauses, node setup's driver placement, the driver upgrade's state).
+GFD_LABELS = KeySet(prefixes=("nvidia.com/",),
+                    except_keys=(MIG_CONFIG_STATE, GPU_DEPLOY_DRIVER, *DRIVER_UPGRADE_KEYS.keys),
+                    except_prefixes=(GPU_DEPLOY_PREFIX, *DRIVER_UPGRADE_KEYS.prefixes))
+#: The labeller's ownership records (which group labels and taints it set).
+LABELLER_ANNOTATIONS = KeySet(keys=(OWNED_NODE_LABELS, OWNED_NODE_TAINTS))
+
+LABELLER_WRITES = NodeWrites(set_labels=(GROUP_LABELS, GFD_LABELS), set_annotations=(LABELLER_ANNOTATIONS,),
+                             group_taints="set")
+#: Node setup (and its monitor and teardown): the gate, VFIO, the check verdict, the OS and kernel labels and
+#: the pre-installed driver; teardown withdraws what the labeller put on (its labels, records and taints).
+NODE_SETUP_WRITES = NodeWrites(
+    set_labels=(KeySet(keys=(GPU_SETUP_COMPLETE, GPU_VFIO_READY, GPU_DEPLOY_DRIVER, NODE_CHECK, NODE_CHECK_REASONS,
+                             *OS_LABELS)),),
+    remove_labels=(GROUP_LABELS, GFD_LABELS), remove_annotations=(LABELLER_ANNOTATIONS,), group_taints="remove")
+#: The MIG manager: its state, the components it pauses, its failure reason, Deckhouse's handshake as far as
+#: a node asks for it (it requests a disruption and a drain, and clears the handshake when done, but never
+#: approves one or says a drain is done), its own taint, cordon; it clears the group's MIG config when the
+#: node has left MIG.
+MIG_MANAGER_WRITES = NodeWrites(
+    set_labels=(KeySet(keys=(MIG_CONFIG_STATE, *(GPU_DEPLOY_PREFIX + c for c in GPU_DEPLOY_COMPONENTS))),),
+    remove_labels=(KeySet(keys=(MIG_CONFIG,)),),
+    set_annotations=(KeySet(keys=(MIG_FAILURE_REASON, DISRUPTION_REQUIRED, DRAINING)),),
+    remove_annotations=(KeySet(keys=(DISRUPTION_APPROVED, DRAINED)),),
+    set_taints=(KeySet(keys=(MIG_RECONFIGURE_TAINT_KEY,)),), cordon=True)

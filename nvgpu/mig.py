@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nvgpu.catalogue import GpuModel, MigProfile
+from nvgpu.errortext import shown
 
 
 class MigLayoutError(ValueError):
@@ -45,17 +46,17 @@ def place_layout(model: GpuModel, layout: Mapping[str, int], gpu: str = "GPU") -
     media = 0
     for raw_name, count in layout.items():
         if count < 0:
-            raise MigLayoutError(f"{gpu}: profile {raw_name!r} has a negative count {count}")
+            raise MigLayoutError(f"{gpu}: profile {shown(raw_name)} has a negative count {shown(count)}")
         if count == 0:
             continue
         profile = spec.profile(normalize_profile_name(raw_name))
         if profile is None:
             raise MigLayoutError(
-                f"{gpu}: profile {raw_name!r} is unknown for {model.key}; allowed: {', '.join(spec.profile_names)}"
+                f"{gpu}: profile {shown(raw_name)} is unknown for {model.key}; allowed: {', '.join(spec.profile_names)}"
             )
         if count > profile.max_instances:
             raise MigLayoutError(
-                f"{gpu}: {count} x {profile.name} exceeds the {profile.max_instances} instance(s) "
+                f"{gpu}: {shown(count)} x {profile.name} exceeds the {profile.max_instances} instance(s) "
                 f"a {model.key} can hold"
             )
         if profile.media_extensions:
@@ -122,7 +123,7 @@ def all_profile_layout(model: GpuModel, profile_name: str) -> dict[str, int]:
     profile = model.mig.profile(normalize_profile_name(profile_name))
     if profile is None:
         raise MigLayoutError(
-            f"profile {profile_name!r} is unknown for {model.key}; allowed: {', '.join(model.mig.profile_names)}"
+            f"profile {shown(profile_name)} is unknown for {model.key}; allowed: {', '.join(model.mig.profile_names)}"
         )
     for count in range(profile.max_instances, 0, -1):
         if layout_fits(model, {profile.name: count}):

@@ -27,11 +27,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nvgpu import catalogue, yamltext
 from nvgpu.catalogue import NVIDIA_PCI_VENDOR, GpuModel
+from nvgpu.errortext import MESSAGE_CHARS, capped, clip, path_part, shown
 from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout, normalize_profile_name, place_layout
 
 VERSION = "v1"
@@ -39,8 +39,12 @@ ALL_DISABLED = "all-disabled"
 ALL_ENABLED = "all-enabled"
 ALL_BALANCED = "all-balanced"
 #: mig-parted profile names: ``[<C>c.]<G>g.<GB>gb`` plus ``+attr[,attr]`` or ``-attr`` (me, me.all, gfx).
-_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb((\+(me|me\.all|gfx))(,(me|me\.all|gfx))*|-(me|me\.all|gfx))?$")
-_PCI_ID_RE = re.compile(r"^0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})(?::0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4}))?$")
+#: Patterns validate with ``fullmatch``: ``re.match`` with ``$`` also accepts a trailing newline, so
+#: ``1g.10gb\n`` passed here and failed on the node.
+_PROFILE_RE = re.compile(r"([0-9]+c\.)?[0-9]+g\.[0-9]+gb((\+(me|me\.all|gfx))(,(me|me\.all|gfx))*|-(me|me\.all|gfx))?")
+_PCI_ID_RE = re.compile(r"0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})(?::0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4}))?")
+#: A config name: a label value (``nvidia.com/mig.config`` selects it).
+_CONFIG_NAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 #: Longest value of a Kubernetes label; the custom-config name must fit (Deckhouse's limit).
 _MAX_LABEL = 63
 _HASH_LEN = 8
@@ -50,8 +54,8 @@ class MigPartedError(ValueError):
     """A config that does not parse, or does not apply to a model; ``problems`` names each path."""
 
     def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        super().__init__("; ".join(self.problems))
+        self.problems = capped(list(problems), "mig-parted config")
+        super().__init__(clip("; ".join(self.problems), MESSAGE_CHARS))
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,10 @@ class PciFilter:
 
     @classmethod
     def parse(cls, text: str) -> PciFilter:
-        m = _PCI_ID_RE.match(text)
+        m = _PCI_ID_RE.fullmatch(text)
         if m is None:
             raise ValueError(
-                f"device-filter {text!r} is not 0xDDDDVVVV or 0xDDDDVVVV:0xSSSSVVVV (hex device then vendor)"
+                f"device-filter {shown(text)} is not 0xDDDDVVVV or 0xDDDDVVVV:0xSSSSVVVV (hex device then vendor)"
             )
         sub_dev = int(m.group(3), 16) if m.group(3) else None
         sub_ven = int(m.group(4), 16) if m.group(4) else None
@@ -108,23 +112,28 @@ class MigConfigSpec(BaseModel):
     @classmethod
     def _devices(cls, v: Any) -> Any:
         if isinstance(v, str) and v != "all":
-            raise ValueError(f"devices must be 'all' or a list of GPU indices, got {v!r}")
+            raise ValueError(f"devices must be 'all' or a list of GPU indices, got {shown(v)}")
         if isinstance(v, list):
             if not v:
                 raise ValueError("devices list is empty; use 'all' or list GPU indices")
-            if any(isinstance(i, bool) or not isinstance(i, int) for i in v):
-                raise ValueError(f"devices must be 'all' or a list of GPU indices (integers), got {v!r}")
-            if len(set(v)) != len(v):
-                raise ValueError(f"devices lists a GPU index twice: {v!r}")
+            bad = [i for i in v if isinstance(i, bool) or not isinstance(i, int)]
+            if bad:
+                raise ValueError(f"devices must be 'all' or a list of GPU indices (integers), got {shown(bad[0])}")
+            seen: set[int] = set()
+            for i in v:
+                if i in seen:
+                    raise ValueError(f"devices lists GPU index {shown(i)} twice")
+                seen.add(i)
         return v
 
     @field_validator("mig_devices")
     @classmethod
     def _profiles(cls, v: dict[str, int] | None) -> dict[str, int] | None:
         for name in v or {}:
-            if not _PROFILE_RE.match(name):
+            if not _PROFILE_RE.fullmatch(name):
                 raise ValueError(
-                    f"mig-devices profile {name!r} is not a MIG profile name like 1g.10gb, 1g.10gb+me or 1c.2g.20gb"
+                    f"mig-devices profile {shown(name)} is not a MIG profile name like 1g.10gb, 1g.10gb+me or "
+                    "1c.2g.20gb"
                 )
         return v
 
@@ -179,8 +188,10 @@ class MigPartedConfig(BaseModel):
     @classmethod
     def _names(cls, v: dict[str, list[MigConfigSpec]]) -> dict[str, list[MigConfigSpec]]:
         for name in v:
-            if not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", name) or len(name) > _MAX_LABEL:
-                raise ValueError(f"config name {name!r} is not usable as a label value (nvidia.com/mig.config)")
+            if len(name) > _MAX_LABEL or not _CONFIG_NAME_RE.fullmatch(name):
+                raise ValueError(f"config name {shown(name)} is not usable as a label value (nvidia.com/mig.config): "
+                                 f"at most {_MAX_LABEL} letters, digits, '-', '_' or '.', starting and ending with a "
+                                 "letter or digit")
         return v
 
     def get(self, name: str) -> list[MigConfigSpec]:
@@ -188,7 +199,8 @@ class MigPartedConfig(BaseModel):
             return self.mig_configs[name]
         except KeyError:
             raise MigPartedError(
-                [f"unknown MIG config {name!r}; the config defines: {', '.join(sorted(self.mig_configs))}"]
+                [f"unknown MIG config {shown(name)}; the config defines: "
+                 + clip(", ".join(sorted(self.mig_configs)), 300)]
             ) from None
 
     def to_yaml_dict(self) -> dict[str, Any]:
@@ -202,16 +214,29 @@ class MigPartedConfig(BaseModel):
         return yamltext.dump(self.to_yaml_dict(), single_quotes=True)
 
 
+#: pydantic's names for the members of a union, which are no part of a config path.
+_UNION_MEMBERS = ("function-after", "function-before", "str", "list[str]", "list[int]", "literal['all']",
+                  "list[constrained-int]")
+
+
 def _problems(err: ValidationError, source: str) -> list[str]:
+    """One ``<source>: <path>: <why> (got <value>)`` line per error, each bounded (a 5,000-digit integer,
+    a 1 MiB string or a key with a newline is shown cut, never written out or failing to be)."""
     out = []
     for e in err.errors(include_url=False):
-        path = ".".join(str(p) for p in e["loc"] if p not in ("function-after", "str", "list[str]", "list[int]"))
+        # mig-parted's own spelling of a path: ``mig-configs.x.0.devices`` (an index too large to write
+        # is described).
+        path = ".".join(shown(p) if isinstance(p, int) else path_part(p) for p in e["loc"] if p not in _UNION_MEMBERS)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         elif e["type"] == "literal_error" and e["loc"] == ("version",):
             msg = f"version must be {VERSION!r}"
-        out.append(f"{source}: {path}: {msg}")
+        got = e.get("input")
+        value_error = e["type"] == "value_error"
+        shown_value = "" if value_error or e["type"] == "missing" or isinstance(got, dict | list) \
+            else f" (got {shown(got)})"
+        out.append(clip(f"{source}: {path or '<root>'}: {clip(msg)}{shown_value}"))
     return out
 
 
@@ -220,7 +245,7 @@ def parse_config(data: Mapping[str, Any] | None, source: str = "mig-parted confi
     if not data:
         return MigPartedConfig(version=VERSION, mig_configs={})
     if not isinstance(data, Mapping):
-        raise MigPartedError([f"{source}: expected a mapping with version and mig-configs"])
+        raise MigPartedError([f"{source}: <root>: expected a mapping with version and mig-configs (got {shown(data)})"])
     try:
         return MigPartedConfig.model_validate(dict(data))
     except ValidationError as e:
@@ -228,10 +253,16 @@ def parse_config(data: Mapping[str, Any] | None, source: str = "mig-parted confi
 
 
 def load_config_text(text: str, source: str = "mig-parted config") -> MigPartedConfig:
+    """Parse a mig-parted config file's text.
+
+    YAML aliases are refused: mig-parted's format has no use for them (NVIDIA's own file has none), and
+    a 523-byte alias bomb expanded to gigabytes here (:func:`nvgpu.yamltext.load` also bounds the size,
+    the nesting and the integers).
+    """
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise MigPartedError([f"{source}: not YAML: {e}"]) from e
+        data = yamltext.load(text, source, aliases=False)
+    except yamltext.YamlLoadError as e:
+        raise MigPartedError([f"{source}: {e.where or '<root>'}: {e.problem}"]) from None
     return parse_config(data, source)
 
 
@@ -249,24 +280,24 @@ def validate_for_model(
     """
     hint = _standard_name_hint(name, model)
     if hint and name not in config.mig_configs:
-        raise MigPartedError([f"unknown MIG config {name!r}: {hint}"])
+        raise MigPartedError([f"unknown MIG config {shown(name)}: {hint}"])
     specs = config.get(name)
     matching = [s for s in specs if s.matches_model(model)]
     if not matching:
         why = hint or "its device-filters select other GPUs"
-        raise MigPartedError([f"MIG config {name!r} has no entry for the {model.key} ({why})"])
+        raise MigPartedError([f"MIG config {shown(name)} has no entry for the {model.key} ({why})"])
     problems: list[str] = []
     out: list[tuple[MigConfigSpec, dict[str, int]]] = []
     for spec in matching:
-        gpus = "every GPU" if spec.devices == "all" else "GPU " + ",".join(str(i) for i in spec.devices)
+        gpus = "every GPU" if spec.devices == "all" else "GPU " + clip(",".join(shown(i) for i in spec.devices), 120)
         if not spec.mig_enabled:
             out.append((spec, {}))
             continue
         if model.mig is None:
-            problems.append(f"MIG config {name!r}: {gpus}: the {model.key} does not support MIG")
+            problems.append(f"MIG config {shown(name)}: {gpus}: the {model.key} does not support MIG")
             continue
         try:
-            place_layout(model, spec.layout, gpu=f"MIG config {name!r}: {gpus}")
+            place_layout(model, spec.layout, gpu=f"MIG config {shown(name)}: {gpus}")
         except MigLayoutError as e:
             problems.append(str(e))
             continue
@@ -291,7 +322,7 @@ def _standard_name_hint(name: str, model: GpuModel) -> str | None:
     profile = name.removeprefix("all-")
     if model.mig.profile(normalize_profile_name(profile)) is not None:
         return None
-    return f"profile {profile!r} is unknown for {model.key}; allowed: {', '.join(model.mig.profile_names)}"
+    return f"profile {shown(profile)} is unknown for {model.key}; allowed: {', '.join(model.mig.profile_names)}"
 
 
 def fit_problems(config: MigPartedConfig, name: str, model: GpuModel | None, *, chosen: bool = True) -> list[str]:
@@ -320,12 +351,12 @@ def fit_problems(config: MigPartedConfig, name: str, model: GpuModel | None, *, 
     if not targets and any(not s.filters for s in specs):
         known = {p for m in catalogue.MODELS if m.mig for p in m.mig.profile_names}
         problems += [
-            f"MIG config {name!r}: profile {profile!r} is not a MIG profile of any catalogue GPU"
+            f"MIG config {shown(name)}: profile {shown(profile)} is not a MIG profile of any catalogue GPU"
             for s in specs if not s.filters
             for profile in s.layout if normalize_profile_name(profile) not in known
         ]
     if chosen and not problems and not models_for_config(config, name):
-        problems.append(f"MIG config {name!r} fits none of the catalogue's GPU models")
+        problems.append(f"MIG config {shown(name)} fits none of the catalogue's GPU models")
     return problems
 
 
@@ -456,7 +487,7 @@ def build_config(
     configs = standard_configs(models)
     for name, specs in (custom or {}).items():
         if name in configs:
-            raise MigPartedError([f"custom MIG config {name!r} clashes with a standard config of that name"])
+            raise MigPartedError([f"custom MIG config {shown(name)} clashes with a standard config of that name"])
         configs[name] = list(specs)
     try:
         return MigPartedConfig(version=VERSION, mig_configs=configs)

@@ -4,6 +4,13 @@ Parsing is validation: an invalid config never exists in memory. Every model for
 every error is reported as ``nvidia-gpu:<path>: <problem> (got <value>)`` naming what is allowed, so a
 typo fails ``pulumi preview`` before any resource is registered.
 
+Patterns validate with ``re.fullmatch`` (``re.match`` with ``$`` also accepts a trailing newline, so
+``a100-mig\n`` was a second group beside ``a100-mig`` and the API server refused its objects halfway
+through ``up``). Errors stay bounded whatever the input: a value is quoted cut
+(:func:`nvgpu.errortext.shown`; a 5,000-digit integer cannot even be written by ``repr``), a key of a
+path too, the message lists as many problems as fit in 2,000 characters. A stack file is read with
+:func:`nvgpu.yamltext.load` (size, nesting, integers and aliases bounded).
+
 A MIG group's layout is checked here by :func:`mig_layout_problems`, which the MigProfile manifests
 (``mig_config``) run again on the config they render (a caller may hand over groups built past these
 validators, and extra configs are only known there): both go through
@@ -12,13 +19,13 @@ validators, and extra configs are only known there): both go through
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -31,10 +38,11 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from nvgpu import catalogue, dcgmcounters, devicelist, labels
+from nvgpu import catalogue, dcgmcounters, devicelist, labels, yamltext
 from nvgpu import driver as driverspec
 from nvgpu import toolkit as toolkitspec
 from nvgpu.devicelist import DeviceListStrategy
+from nvgpu.errortext import capped, clip, index_part, listed, path_part, shown
 from nvgpu.k8snames import check_dns_label, check_dns_subdomain, check_key, check_label_value, dns_subdomain_problem
 from nvgpu.mig import balanced_layout
 from nvgpu.migparted import (
@@ -58,11 +66,18 @@ DRA_GA_MINOR = 34
 #: MPS control daemons accept at most 48 clients per GPU on Volta and newer.
 MPS_MAX_CLIENTS = 48
 
-_PARTED_NAME = re.compile(r"^all-(balanced|disabled|enabled|[0-9]g\.[0-9]+gb(\.me)?)$|^custom$")
+_PARTED_NAME = re.compile(r"all-(balanced|disabled|enabled|[0-9]g\.[0-9]+gb(\.me)?)|custom")
+#: The largest integer a Kubernetes quantity or count holds (int64): a larger one renders, and the API
+#: server refuses it.
+_INT64_MAX = 2**63 - 1
+#: Most requirements of one node selector: Kubernetes sets no limit, but a node group is selected by a
+#: handful, and checking them for contradictions compares every pair.
+MAX_SELECTOR_REQUIREMENTS = 100
 
 
 #: A path below the model that raised the problem, in the config's own key names.
 Loc = tuple[int | str, ...]
+_K = TypeVar("_K", bound=Hashable)
 
 
 class FieldProblems(ValueError):
@@ -81,6 +96,15 @@ class FieldProblems(ValueError):
 def _raise_all(problems: list[tuple[Loc, str]]) -> None:
     if problems:
         raise FieldProblems(problems)
+
+
+def _first_indices(items: list[_K]) -> dict[_K, int]:
+    """Where each item first appears: duplicates found in one pass (``list.index`` per item was
+    quadratic, minutes for a list of 50,000 entries)."""
+    first: dict[_K, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(item, i)
+    return first
 
 
 def _strict_bool(v: Any) -> Any:
@@ -114,27 +138,29 @@ def _driver_name(v: str) -> str:
     return v
 
 
-_REPOSITORY = re.compile(r"^[a-z0-9]+([._/:-][a-z0-9]+)*$")
-_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: ``driverVersion`` as written in the config: the release alone, ASCII digits, nothing around it.
+_DRIVER_RELEASE = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?")
+_REPOSITORY = re.compile(r"[a-z0-9]+([._/:-][a-z0-9]+)*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def _repository(v: str) -> str:
-    if len(v) > 255 or not _REPOSITORY.match(v):
+    if len(v) > 255 or not _REPOSITORY.fullmatch(v):
         raise ValueError("must be an image repository without tag or digest, like "
                          "registry.example.com/platform/nvidia-gpu-agent (lowercase, at most 255 characters)")
     return v
 
 
 def _tag(v: str) -> str:
-    if not _TAG.match(v):
+    if not _TAG.fullmatch(v):
         raise ValueError("must be an image tag: letters, digits, '_', '.' or '-', at most 128 characters, "
                          "not starting with '.' or '-'")
     return v
 
 
 def _digest(v: str) -> str:
-    if not _DIGEST.match(v):
+    if not _DIGEST.fullmatch(v):
         raise ValueError("must be an image digest: 'sha256:' and 64 lowercase hexadecimal digits")
     return v
 
@@ -143,8 +169,8 @@ class StackConfigError(ValueError):
     """Raised with every problem found, one per line, each naming its config path."""
 
     def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("invalid stack config:\n" + "\n".join(f"  - {p}" for p in problems))
+        self.problems = capped(problems, CONFIG_NAMESPACE)
+        super().__init__(listed(self.problems, "invalid stack config:"))
 
 
 class _Model(BaseModel):
@@ -223,12 +249,12 @@ class ScrapeMode(StrEnum):
     ANNOTATIONS = "annotations"
 
 
-_DURATION = re.compile(r"^([1-9][0-9]*)(ms|s|m|h)$")
+_DURATION = re.compile(r"([1-9][0-9]{0,6})(ms|s|m|h)")
 _DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
 
 
 def _scrape_interval(v: str) -> str:
-    m = _DURATION.match(v)
+    m = _DURATION.fullmatch(v)
     if not m:
         raise ValueError("must be a Prometheus duration like 30s or 1m (a whole number and ms, s, m or h)")
     seconds = int(m.group(1)) * _DURATION_SECONDS[m.group(2)]
@@ -337,12 +363,25 @@ class Monitoring(_Model):
         return self.counters if self.counters is not None else dcgmcounters.default_text()
 
 
+def _network(v: str) -> str:
+    """An IPv4 or IPv6 network in CIDR notation, as a NetworkPolicy's ``ipBlock.cidr`` takes it."""
+    try:
+        return str(ipaddress.ip_network(v, strict=True))
+    except ValueError as e:
+        raise ValueError(f"not a network in CIDR notation ({e}); e.g. 10.0.0.0/24 or fd00::/64") from None
+
+
 class MigManagerSettings(_Model):
     """The stack-wide MIG manager (one DaemonSet for every MIG-capable group, so the settings are cluster-wide)."""
 
     #: Reboot the node when a MIG mode change needs a GPU reset that fails (the manager's ``--allow-reboot``);
     #: off, such a change is rolled back and reported as failed.
     allow_reboot: Bool = False
+    #: Who may reach the eviction guard's webhook port (its NetworkPolicy, where the network plugin enforces
+    #: one): the API servers' source addresses as networks, e.g. the control-plane nodes' addresses or a
+    #: managed control plane's range. Empty (the default): any source, as the guard cannot know them; its
+    #: other ports are closed either way.
+    eviction_guard_sources: Annotated[tuple[Annotated[str, AfterValidator(_network)], ...], Field(max_length=64)] = ()
 
 
 #: NVIDIA's DRA driver name: the one the DeviceClasses of a cluster running NVIDIA's driver select.
@@ -359,17 +398,17 @@ class ClaimQuota(_Model):
 
     namespace: DnsLabel
     #: Most ResourceClaims the namespace may hold.
-    claims: Annotated[int | None, Field(ge=0)] = None
+    claims: Annotated[int | None, Field(ge=0, le=_INT64_MAX)] = None
     #: Most devices the namespace may request per DeviceClass, e.g. ``{gpu.nvidia.com: 4}``.
-    devices: dict[str, Annotated[int, Field(ge=0)]] = {}
+    devices: dict[str, Annotated[int, Field(ge=0, le=_INT64_MAX)]] = {}
 
     @model_validator(mode="after")
     def _some_limit(self) -> ClaimQuota:
         if self.claims is None and not self.devices:
             raise FieldProblems([((), "set claims and/or devices: a quota without limits would do nothing")])
         unknown = sorted(set(self.devices) - set(DRA_DEVICE_CLASSES))
-        _raise_all([(("devices", name), f"unknown DeviceClass {name!r}; allowed: {', '.join(DRA_DEVICE_CLASSES)}")
-                    for name in unknown])
+        _raise_all([(("devices", name), f"unknown DeviceClass {shown(name)}; allowed: "
+                                        f"{', '.join(DRA_DEVICE_CLASSES)}") for name in unknown])
         return self
 
 
@@ -386,10 +425,10 @@ class DraSettings(_Model):
     @field_validator("claim_quotas")
     @classmethod
     def _unique_namespaces(cls, v: list[ClaimQuota]) -> list[ClaimQuota]:
-        names = [q.namespace for q in v]
-        _raise_all([((i, "namespace"), f"one quota per namespace: {n!r} has one already "
-                                       f"(claimQuotas[{names.index(n)}])")
-                    for i, n in enumerate(names) if names.index(n) != i])
+        first = _first_indices([q.namespace for q in v])
+        _raise_all([((i, "namespace"), f"one quota per namespace: {q.namespace!r} has one already "
+                                       f"(claimQuotas[{first[q.namespace]}])")
+                    for i, q in enumerate(v) if first[q.namespace] != i])
         return v
 
     @model_validator(mode="after")
@@ -425,7 +464,8 @@ class Cluster(_Model):
     node_setup: NodeSetupBackend = NodeSetupBackend.DAEMONSET
     agent_image: AgentImage
     monitoring: Monitoring = Monitoring()
-    priority_class_name: str = "system-node-critical"
+    #: A PriorityClass's name is a DNS subdomain; the API server refuses the agents' pods otherwise.
+    priority_class_name: Annotated[str, AfterValidator(check_dns_subdomain)] = "system-node-critical"
     dra: DraSettings = DraSettings()
     mig: MigManagerSettings = MigManagerSettings()
     runtime_class: RuntimeClassSettings = RuntimeClassSettings()
@@ -446,6 +486,8 @@ class Cluster(_Model):
     @classmethod
     def _version_is_text(cls, v: Any) -> Any:
         """YAML reads an unquoted ``1.30`` as the number 1.3: say so instead of refusing a 'number'."""
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 10**6:
+            raise ValueError("must be a quoted string like \"1.34\", not a number")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             text = repr(v)
             major, _, minor = text.partition(".")
@@ -466,7 +508,7 @@ class Cluster(_Model):
     @field_validator("kubernetes_version")
     @classmethod
     def _version(cls, v: str) -> str:
-        m = re.match(r"^v?1\.(\d+)(\.\d+)?$", v)
+        m = re.fullmatch(r"v?1\.([0-9]{1,4})(\.[0-9]{1,6})?", v)
         if not m:
             raise ValueError("must look like '1.34' (major.minor, optionally .patch)")
         minor = int(m.group(1))
@@ -529,7 +571,7 @@ class LabelSelectorRequirement(_Model):
 
 class NodeSelector(_Model):
     match_labels: dict[LabelKey, LabelValue] = {}
-    match_expressions: list[LabelSelectorRequirement] = []
+    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=MAX_SELECTOR_REQUIREMENTS)] = []
 
     @model_validator(mode="after")
     def _non_empty(self) -> NodeSelector:
@@ -615,7 +657,7 @@ class Mig(_Model):
     @field_validator("parted_config")
     @classmethod
     def _parted(cls, v: str) -> str:
-        if not _PARTED_NAME.match(v):
+        if not _PARTED_NAME.fullmatch(v):
             raise ValueError(
                 "must be all-disabled, all-enabled, all-balanced, all-<profile> (like all-1g.10gb) or custom"
             )
@@ -629,9 +671,10 @@ class Mig(_Model):
         if self.parted_config != "custom" and self.custom_configs:
             raise FieldProblems([(("customConfigs",), f"only allowed with partedConfig 'custom' (partedConfig is "
                                                       f"{self.parted_config!r})")])
-        indices = [c.index for c in self.custom_configs]
-        _raise_all([(("customConfigs", i, "index"), f"GPU {n} has a layout already (customConfigs[{indices.index(n)}])")
-                    for i, n in enumerate(indices) if indices.index(n) != i])
+        first = _first_indices([c.index for c in self.custom_configs])
+        _raise_all([(("customConfigs", i, "index"), f"GPU {c.index} has a layout already "
+                                                    f"(customConfigs[{first[c.index]}])")
+                    for i, c in enumerate(self.custom_configs) if first[c.index] != i])
         return self
 
     @property
@@ -649,8 +692,8 @@ def _driver_version(v: str) -> str:
 
 
 def _kernel_release(v: str) -> str:
-    if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+[A-Za-z0-9._+-]*", v) or len(v) > 64:
-        raise ValueError(f"{v!r} is not a kernel release as `uname -r` prints it, like 5.15.0-105-generic")
+    if len(v) > 64 or not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+[A-Za-z0-9._+-]*", v):
+        raise ValueError(f"{shown(v)} is not a kernel release as `uname -r` prints it, like 5.15.0-105-generic")
     return v
 
 
@@ -827,8 +870,10 @@ class Gpu(_Model):
     @field_validator("driver_version")
     @classmethod
     def _driver(cls, v: str | None) -> str | None:
-        if v is not None:
-            catalogue.parse_driver_version(v)
+        # The catalogue's parser strips what the host prints; a config value must be the version alone
+        # (it is written into labels and node scripts as it is).
+        if v is not None and not _DRIVER_RELEASE.fullmatch(v):
+            raise ValueError(f"{shown(v)} is not a driver version MAJOR.MINOR[.PATCH] (like 550.54.14)")
         return v
 
     @model_validator(mode="after")
@@ -1043,10 +1088,10 @@ class StackConfig(_Model):
     @model_validator(mode="after")
     def _cross(self) -> StackConfig:
         problems: list[tuple[Loc, str]] = []
-        names = [g.name for g in self.node_groups]
-        problems += [(("nodeGroups", i, "name"), f"{n!r} is the name of nodeGroups[{names.index(n)}] already; "
+        first = _first_indices([g.name for g in self.node_groups])
+        problems += [(("nodeGroups", i, "name"), f"{g.name!r} is the name of nodeGroups[{first[g.name]}] already; "
                                                  "node group names must be unique")
-                     for i, n in enumerate(names) if names.index(n) != i]
+                     for i, g in enumerate(self.node_groups) if first[g.name] != i]
         for i, g in enumerate(self.node_groups):
             if self.cluster.node_setup is NodeSetupBackend.DECKHOUSE and g.toolkit.container:
                 problems.append((("nodeGroups", i, "toolkit", "source"), (
@@ -1114,13 +1159,14 @@ def mig_layout_problems(group: NodeGroup, config: MigPartedConfig | None = None)
 
 
 def _format_loc(loc: tuple[int | str, ...]) -> str:
+    """``nvidia-gpu:nodeGroups[0].gpu``; a key that is long or not printable is quoted and cut."""
     out = CONFIG_NAMESPACE + ":"
     first = True
     for part in loc:
         if isinstance(part, int):
-            out += f"[{part}]"
+            out += index_part(part)
         else:
-            out += ("" if first else ".") + part
+            out += ("" if first else ".") + path_part(part)
         first = False
     return out
 
@@ -1166,15 +1212,15 @@ def _problems(err: ValidationError) -> list[str]:
         if isinstance(error, FieldProblems):
             problems += [f"{_format_loc(loc + rel)}: {message}" for rel, message in error.problems]
             continue
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = clip(e["msg"].removeprefix("Value error, "))
         if kind == "enum":
             msg = "not an allowed value; allowed: " + e.get("ctx", {}).get("expected", "")
         elif kind == "missing":
             problems.append(f"{where}: required key is missing")
             continue
         value = e.get("input")
-        shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
-        problems.append(f"{where}: {msg}{shown}")
+        got = "" if isinstance(value, (dict, list)) else f" (got {shown(value)})"
+        problems.append(clip(f"{where}: {msg}{got}"))
     return problems
 
 
@@ -1196,12 +1242,32 @@ def namespace_values(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_stack_text(text: str, source: str) -> dict[str, Any]:
+    """The ``nvidia-gpu:*`` values of a stack file's text (``source`` names it in errors), unvalidated.
+
+    YAML aliases are allowed, as Pulumi's own reader allows them (a block shared between node groups),
+    up to :data:`nvgpu.yamltext.MAX_EXPANDED_NODES` values expanded; size, nesting and integers are
+    bounded too (:func:`nvgpu.yamltext.load`). A problem raises :class:`StackConfigError`.
+    """
+    try:
+        doc = yamltext.load(text, source, aliases=True) or {}
+    except yamltext.YamlLoadError as e:
+        raise StackConfigError([f"{source}: cannot read stack file: {e.where + ': ' if e.where else ''}"
+                                f"{e.problem}"]) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
+        raise StackConfigError([f"{source}: expected a mapping with a 'config:' mapping"])
+    return namespace_values(doc.get("config") or {})
+
+
+def load_stack_text(text: str, source: str = "stack file") -> StackConfig:
+    """Read and validate a stack file's text: :func:`read_stack_text`, then :func:`load_stack_config`."""
+    return load_stack_config(read_stack_text(text, source))
+
+
 def load_stack_file(path: Path) -> StackConfig:
     """Read ``Pulumi.<stack>.yaml`` directly (the offline preview and the policy tools use this)."""
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise StackConfigError([f"{path}: cannot read stack file: {e}"]) from e
-    if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
-        raise StackConfigError([f"{path}: expected a mapping with a 'config:' mapping"])
-    return load_stack_config(namespace_values(doc.get("config") or {}))
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise StackConfigError([f"{path}: cannot read stack file: {clip(str(e), 300)}"]) from None
+    return load_stack_text(text, str(path))

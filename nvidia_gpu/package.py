@@ -23,6 +23,7 @@ settings give them (:meth:`PlatformRefs.deployed`).
 # No ``from __future__ import annotations``: the component provider host reads these annotations at
 # run time and needs them as types, not strings.
 
+import dataclasses
 from typing import Any, NotRequired, TypedDict
 
 import pulumi
@@ -46,6 +47,12 @@ class GpuPlatformInputs(TypedDict):
     """The node-agent image, ``repository:tag`` and/or ``@sha256:...`` (default ``cluster.agentImage``)."""
     extra_labels: NotRequired[pulumi.Input[dict[str, pulumi.Input[str]]]]
     """Labels added to every object the component creates."""
+
+
+class PlatformInputs(GpuPlatformInputs):
+    node_taint_keys: NotRequired[list[str]]
+    """The taint keys the node groups declare (``extraTaints``): the labeller may set these on its node
+    and no others (``nvidia.com/gpu`` is always allowed), so it cannot lift an administrator's taint."""
 
 
 class GpuNodeGroupInputs(GpuPlatformInputs):
@@ -127,8 +134,10 @@ class GpuPlatform(platform.GpuPlatform):
     service_accounts: dict[str, str]
     """The agents' ServiceAccounts, by role."""
 
-    def __init__(self, name: str, args: GpuPlatformInputs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(name, _platform_args("GpuPlatform", name, args), opts)
+    def __init__(self, name: str, args: PlatformInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+        platform_args = _platform_args("GpuPlatform", name, args)
+        super().__init__(name, dataclasses.replace(platform_args, node_taint_keys=tuple(args.get("node_taint_keys")
+                                                                                        or ())), opts)
 
 
 class GpuNodeGroup(node_group.GpuNodeGroup):

@@ -20,7 +20,8 @@ def _tools(tmp_path: Path, recipes: dict[str, str]) -> Path:
     shutil.copy(REPO / "tools" / "build.sh", tools / "build.sh")
     for name, body in recipes.items():
         (tools / name).mkdir()
-        (tools / name / "build.sh").write_text(f"#!/usr/bin/env bash\n# cold: 1 s on 2 cores\nset -euo pipefail\n{body}\n")
+        recipe = f"#!/usr/bin/env bash\n# cold: 1 s on 2 cores\nset -euo pipefail\n{body}\n"
+        (tools / name / "build.sh").write_text(recipe)
     return tools
 
 
@@ -51,7 +52,8 @@ def test_components_are_built_once_and_rebuilt_when_their_files_change(tmp_path:
 
 
 def test_a_failed_recipe_stops_the_build_with_the_end_of_its_log(tmp_path: Path) -> None:
-    tools = _tools(tmp_path, {"broken": 'for i in $(seq 1 100); do echo "line $i"; done; echo "compile error" >&2; exit 3'})
+    noisy = 'for i in $(seq 1 100); do echo "line $i"; done; echo "compile error" >&2; exit 3'
+    tools = _tools(tmp_path, {"broken": noisy})
     done = _run(tools, tmp_path / "cache")
     assert done.returncode == 1
     assert "tools: broken failed; the end of" in done.stderr and "compile error" in done.stderr

@@ -1,9 +1,13 @@
 """The eviction guard's HTTPS server: ``POST /validate-eviction`` for the API server, probes for the kubelet.
 
-One thread per connection; the TLS handshake runs in that thread (a slow or stuck client holds only its
-own), bounded by :data:`HANDSHAKE_TIMEOUT_S`. A request body over :data:`MAX_BODY` or a review that is
-not ``admission.k8s.io/v1`` is answered 400, which the API server treats as a webhook failure, so with
-``failurePolicy: Fail`` the eviction is refused, never let through.
+One thread per connection, at most :data:`MAX_CONNECTIONS` at once: a further connection is closed at
+once (the API server retries; its webhook calls are few and short), so a flood of slow clients cannot
+take the guard past its memory limit (2,000 held connections took it to 172 MiB against 128). The TLS
+handshake runs in the connection's thread, bounded by :data:`HANDSHAKE_TIMEOUT_S`, and a connection that
+sends nothing for :data:`IDLE_TIMEOUT_S` (between requests, or mid-request) is closed. A client that
+goes away mid-request is logged at debug level, never as a traceback. A request body over
+:data:`MAX_BODY` or a review that is not ``admission.k8s.io/v1`` is answered 400, which the API server
+treats as a webhook failure, so with ``failurePolicy: Fail`` the eviction is refused, never let through.
 
 ``/readyz`` turns 200 once the webhook configuration trusts this process's CA: the stack orders the MIG
 manager after the guard's Deployment, so the manager never starts while its evictions would be refused
@@ -19,6 +23,7 @@ import json
 import logging
 import socket
 import ssl
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -39,6 +44,10 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20
 HANDSHAKE_TIMEOUT_S = 10.0
+#: A kept-alive connection the API server no longer uses, or a client that stalls mid-request.
+IDLE_TIMEOUT_S = 30.0
+#: Connections served at once; one API server keeps a few, a handful of them a few dozen.
+MAX_CONNECTIONS = 64
 
 
 @dataclass(frozen=True)
@@ -50,17 +59,48 @@ class GuardSettings:
     #: CA-bundle checks: every ``retry_s`` until the configuration trusts the CA, then every ``recheck_s``.
     retry_s: float = 5.0
     recheck_s: float = 60.0
+    max_connections: int = MAX_CONNECTIONS
+    idle_timeout_s: float = IDLE_TIMEOUT_S
 
 
 class _TLSServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 context: ssl.SSLContext) -> None:
+                 context: ssl.SSLContext, max_connections: int = MAX_CONNECTIONS,
+                 idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self.context = context
         self._open: set[Any] = set()
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        self.idle_timeout_s = idle_timeout_s
+        self.refused = 0
         super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread for the connection while a slot is free; otherwise the connection is closed at once."""
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            log.warning("event=connection-refused client=%s reason=too-many-connections limit=%d", client_address,
+                        self.max_connections)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away or stalled is routine for a server on a network: one debug line."""
+        log.debug("event=connection-ended client=%s error=%r", client_address, sys.exc_info()[1])
 
     def close_connections(self) -> None:
         """End the API server's kept-alive connections too: a stopped guard answers nothing."""
@@ -77,6 +117,7 @@ class _TLSServer(ThreadingHTTPServer):
         except (ssl.SSLError, OSError) as e:
             log.debug("event=tls-handshake-failed client=%s error=%s", client_address, e)
             return
+        tls.settimeout(self.idle_timeout_s)
         with self._lock:
             self._open.add(tls)
         try:
@@ -112,7 +153,8 @@ class EvictionGuard:
         self.trusted = threading.Event()
         self._stop = threading.Event()
         self.decisions = 0
-        self._server = _TLSServer(settings.listen, self._handler(), tls_context(self.cert))
+        self._server = _TLSServer(settings.listen, self._handler(), tls_context(self.cert),
+                                  settings.max_connections, settings.idle_timeout_s)
         self._threads = [threading.Thread(target=self._server.serve_forever, name="eviction-guard", daemon=True),
                          threading.Thread(target=self._keep_ca_bundle, name="ca-bundle", daemon=True)]
 

@@ -54,14 +54,15 @@ def _listen(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
-_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+#: A Prometheus label name, ``fullmatch``ed (``re.match`` with ``$`` also took a trailing newline).
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 def info_labels(pairs: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
-        if not sep or not _LABEL.match(name) or name.startswith("__") or name == "Hostname":
+        if not sep or not _LABEL.fullmatch(name) or name.startswith("__") or name == "Hostname":
             raise UsageError(f"--info {pair!r}: expected LABEL=VALUE with a Prometheus label name "
                              "(letters, digits and '_', not starting with a digit or '__', not Hostname)")
         out[name] = value

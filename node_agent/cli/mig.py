@@ -247,6 +247,7 @@ def run_manager(args: argparse.Namespace) -> int:
                 step_lock=HostStepLock(host),
                 boot_id=lambda: boot_id(host),
                 clock=time.time,
+                monotonic=time.monotonic,
                 rebooter=HostRebooter(host),
                 settings=settings,
                 registry=registry,

@@ -4,6 +4,11 @@ A node gets the same file NVIDIA's k8s-device-plugin reads (``version: v1`` with
 ``resources``, ``sharing`` and ``imex``), so configs written for that plugin keep working. Parsing is
 validation: unknown keys and bad values are rejected with the field path named. CLI flags override
 environment variables, which override the file (:func:`resolve`), exactly as ``api/config/v1`` does.
+
+The file comes from a ConfigMap anyone with edit rights on it can write, so reading it is bounded:
+:func:`nvgpu.yamltext.load` refuses YAML aliases (NVIDIA's format has no use for them; a 523-byte alias
+bomb expanded to gigabytes), deep nesting and integers past 32 characters, and every error message is
+cut to a fixed length (:mod:`nvgpu.errortext`).
 """
 
 from __future__ import annotations
@@ -11,16 +16,17 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nvgpu import devicelist, hostpaths
+from nvgpu import devicelist, hostpaths, yamltext
 from nvgpu.devicelist import DeviceListStrategy
+from nvgpu.errortext import capped, clip, index_part, listed, path_part, shown
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +34,25 @@ VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 DEFAULT_MPS_ROOT = hostpaths.DEVICE_PLUGIN_MPS_ROOT
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_RESOURCE_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+#: Both used with ``fullmatch``: ``re.match`` with ``$`` let ``gpu\n`` through as a resource name.
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_RESOURCE_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+#: Most replicas of one device (``sharing.*.resources[].replicas``). NVIDIA's plugin has no limit, but
+#: every replica is a device object here (about 350 bytes with its share of the kubelet's ListAndWatch
+#: answer): 10^9 replicas never finished building, 100,000 on an 8-GPU node took 278 MiB against the
+#: plugin's 192 MiB memory limit. At 512, the largest resource one node advertises (16 GPUs x 7 MIG
+#: devices under the single strategy) is 57,344 devices: about 20 MiB, and a ListAndWatch answer of
+#: about 3.7 MB, within the kubelet's 4 MiB gRPC message limit. It is also more than the pods a node
+#: runs (the kubelet's maxPods is 110 by default), so no usable sharing is refused.
+MAX_REPLICAS = 512
 
 
 class ConfigError(ValueError):
     """An invalid device-plugin config; ``problems`` has one ``path: message`` line per error."""
 
     def __init__(self, problems: list[str], source: str = "config"):
-        self.problems = problems
-        super().__init__(f"invalid device-plugin {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+        self.problems = capped(problems, "<root>")
+        super().__init__(listed(self.problems, f"invalid device-plugin {clip(source, 200)}:"))
 
 
 class MigStrategy(StrEnum):
@@ -139,9 +154,9 @@ def normalize_resource_name(name: str) -> str:
         name = f"{RESOURCE_PREFIX}/{name}"
     prefix, _, part = name.partition("/")
     if prefix != RESOURCE_PREFIX:
-        raise ValueError(f"resource name {name!r} must be in the {RESOURCE_PREFIX}/ domain")
-    if len(name) > 63 or not _RESOURCE_PART.match(part) or not _DNS_SUBDOMAIN.match(part.lower()):
-        raise ValueError(f"resource name {name!r} must be at most 63 characters and a DNS subdomain")
+        raise ValueError(f"resource name {shown(name)} must be in the {RESOURCE_PREFIX}/ domain")
+    if len(name) > 63 or not _RESOURCE_PART.fullmatch(part) or not _DNS_SUBDOMAIN.fullmatch(part.lower()):
+        raise ValueError(f"resource name {shown(name)} must be at most 63 characters and a DNS subdomain")
     return name
 
 
@@ -149,7 +164,8 @@ class ReplicatedResource(_Strict):
     name: str
     rename: str | None = None
     devices: Literal["all"] | Annotated[int, Field(gt=0)] | list[str | int] = "all"
-    replicas: Annotated[int, Field(ge=2)]
+    #: 2 to :data:`MAX_REPLICAS` (a bound of memory, not of NVIDIA's format: see there).
+    replicas: int
 
     @field_validator("name")
     @classmethod
@@ -161,6 +177,14 @@ class ReplicatedResource(_Strict):
     def _rename(cls, v: str | None) -> str | None:
         return None if v is None else normalize_resource_name(v)
 
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, v: int) -> int:
+        if not 2 <= v <= MAX_REPLICAS:
+            raise ValueError(f"must be from 2 to {MAX_REPLICAS}: each replica is a device the plugin builds and "
+                             "advertises to the kubelet, and more than a node's pods could use cost memory only")
+        return v
+
 
 class ReplicatedResources(_Strict):
     rename_by_default: bool = Field(default=False, alias="renameByDefault")
@@ -169,10 +193,10 @@ class ReplicatedResources(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> ReplicatedResources:
-        names = [r.name for r in self.resources]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        counts = Counter(r.name for r in self.resources)
+        dup = sorted(n for n, c in counts.items() if c > 1)
         if dup:
-            raise ValueError(f"resource {dup[0]!r} is listed twice")
+            raise ValueError(f"resource {shown(dup[0])} is listed twice")
         return self
 
 
@@ -205,26 +229,29 @@ class ConfigFile(_Strict):
     def _version(cls, v: str) -> str:
         if v in ("", VERSION):
             return VERSION
-        raise ValueError(f"unsupported version {v!r}; supported: {VERSION}")
+        raise ValueError(f"unsupported version {shown(v)}; supported: {VERSION}")
 
 
 def _problems(err: ValidationError) -> list[str]:
+    """``path: why (got value)`` per error; the value and every key of the path are bounded
+    (:func:`nvgpu.errortext.shown`): a 5,000-digit integer cannot even be written by ``repr``."""
     out = []
-    for e in err.errors():
-        path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"]).replace(".[", "[")
+    for e in err.errors(include_url=False):
+        path = ".".join(index_part(p) if isinstance(p, int) else path_part(p) for p in e["loc"]).replace(".[", "[")
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
-        suffix = f" (got {got!r})" if e["type"] != "missing" and not isinstance(got, dict | list) else ""
+        suffix = f" (got {shown(got)})" if e["type"] != "missing" and not isinstance(got, dict | list) else ""
         out.append(f"{path or '<root>'}: {msg}{suffix}")
     return out
 
 
 def parse_config_text(text: str, source: str = "config") -> ConfigFile:
-    """Parse YAML or JSON text; an empty document is the default config."""
+    """Parse YAML or JSON text; an empty document is the default config. YAML aliases are refused (the
+    format does not need them), as are documents past :func:`nvgpu.yamltext.load`'s limits."""
     try:
-        data: Any = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as e:
-        raise ConfigError([f"<root>: not valid YAML or JSON: {e}"], source) from e
+        data: Any = yamltext.load(text, source, aliases=False) if text.strip() else {}
+    except yamltext.YamlLoadError as e:
+        raise ConfigError([f"{e.where or '<root>'}: {e.problem}"], source) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -232,7 +259,7 @@ def parse_config_text(text: str, source: str = "config") -> ConfigFile:
     try:
         return ConfigFile.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_problems(e), source) from e
+        raise ConfigError(_problems(e), source) from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -359,7 +386,7 @@ def overrides_from_env(env: Mapping[str, str]) -> Overrides:
         for p in _problems(e):
             fld, _, rest = p.partition(":")
             problems.append(f"{by_field.get(fld.split('[')[0], fld)}:{rest}")
-        raise ConfigError(problems, "environment") from e
+        raise ConfigError(problems, "environment") from None
 
 
 def _sharing(cfg: ConfigFile, mig_strategy: MigStrategy, problems: list[str], plugin_checks: bool = True

@@ -26,7 +26,8 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 #: The standard attribute domain of Kubernetes (deviceattribute package).
 STANDARD_DOMAIN = "resource.kubernetes.io"
 
-_SEMVER_PART = re.compile(r"^\d+$")
+#: One numeric part, ``fullmatch``ed: ASCII digits only (``\d`` and ``$`` also took non-ASCII digits and ``5\n``).
+_SEMVER_PART = re.compile(r"[0-9]{1,9}")
 
 
 class DeviceKind(StrEnum):
@@ -217,7 +218,7 @@ def quantity_value(text: str) -> int:
 def semver(version: str) -> str:
     """Normalise ``550.67`` / ``580.95.05`` / ``12.4`` to semver 2.0.0 (three parts, no leading zeros)."""
     parts = version.strip().split(".")
-    if not 1 <= len(parts) <= 3 or not all(_SEMVER_PART.match(p) for p in parts):
+    if not 1 <= len(parts) <= 3 or not all(_SEMVER_PART.fullmatch(p) for p in parts):
         raise ValueError(f"version {version!r} is not numeric MAJOR[.MINOR[.PATCH]]")
     nums = [int(p) for p in parts] + [0] * (3 - len(parts))
     return ".".join(str(n) for n in nums)

@@ -165,7 +165,8 @@ class DraDriver:
         corrupted = loaded.recovery is Recovery.CORRUPTED
         reason = "DRACheckpointCorrupted" if corrupted else "DRACheckpointDiscarded"
         message = (f"DRA driver {self.settings.driver}: checkpoint unreadable ({loaded.detail}); rebuilt "
-                   f"{len(loaded.data.prepared_claims)} prepared claim(s) from the CDI specs on the node"
+                   f"{len(loaded.data.prepared_claims)} prepared claim(s) from the CDI specs and undo records on "
+                   "the node"
                    if corrupted else f"DRA driver {self.settings.driver}: node rebooted ({loaded.detail}); "
                    "prepared claims from the previous boot were discarded and will be prepared again")
         node = self.publisher.node_ref()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,8 +157,7 @@ def apply(backend: SharingBackend, host: HostPaths, claim_uid: str, *, record: A
                       pinned_limits_mib=mps.pinned_limits_mib([d.uuid for d in devices]))
 
 
-def _remove_mps_directory(host: HostPaths, mps_directory: str) -> None:
-    directory = host.path(mps_directory)
+def _remove_mps_directory(directory: Path) -> None:
     for sub in ("pipe", "log"):
         d = directory / sub
         if d.is_dir():
@@ -169,23 +169,87 @@ def _remove_mps_directory(host: HostPaths, mps_directory: str) -> None:
         directory.rmdir()
 
 
-def undo(backend: SharingBackend, host: HostPaths, claim_uid: str, record: AppliedSharing) -> list[str]:
-    """Revert one recorded change; returns problems instead of raising, so unprepare always finishes."""
-    problems: list[str] = []
+#: The control daemon's socket in its pipe directory; while it exists a daemon may be listening there.
+MPS_CONTROL_SOCKET = "control"
 
-    def attempt(what: str, fn: Callable[[], None]) -> None:
+
+@dataclass(frozen=True)
+class UndoOutcome:
+    """What undoing one :class:`AppliedSharing` left.
+
+    ``remaining`` is the record of what is still changed on the host (None: nothing is), for the journal,
+    so that a retry redoes only that; ``problems`` say why (each is worth retrying: the kubelet retries an
+    unprepare that reports them). A step that can never succeed, because the record names a directory the
+    host root refuses (a hand-edited journal: the driver never starts a daemon there), is logged and
+    dropped, not retried forever.
+    """
+
+    remaining: AppliedSharing | None
+    problems: tuple[str, ...] = ()
+
+
+def _stop_mps(backend: SharingBackend, claim_uid: str, mps_directory: str, local: Path, problems: list[str]) -> bool:
+    """Stop the claim's daemon; True once none runs. Idempotent: the pipe directory is made before the daemon
+    starts and removed only after it stopped, so without it (or without the daemon's control socket in it,
+    when ``quit`` finds nobody to talk to) there is nothing left to stop."""
+    pipe = local / "pipe"
+    if not pipe.is_dir():
+        return True
+    try:
+        backend.stop_mps(claim_uid, f"{mps_directory}/pipe")
+        return True
+    except (SharingError, HostError) as e:
+        if not os.path.lexists(pipe / MPS_CONTROL_SOCKET):
+            log.info("event=mps-already-stopped claim_uid=%s detail=no control socket error=%s", claim_uid, e)
+            return True
+        problems.append(f"stop MPS: {e}")
+        return False
+
+
+def undo(backend: SharingBackend, host: HostPaths, claim_uid: str, record: AppliedSharing) -> UndoOutcome:
+    """Revert one recorded change as far as the host allows, and say what is left (never raises).
+
+    The MPS daemon goes first; while it cannot be stopped its GPUs keep their compute mode (the daemon
+    still serves them in ``EXCLUSIVE_PROCESS``), so the host is never left half way between the two.
+    Every step is idempotent, so a retry, or an undo of more than a prepare did, is harmless."""
+    problems: list[str] = []
+    mps_directory, mps_stopped = record.mps_directory, record.mps_stopped
+    if mps_directory:
+        try:
+            local = host.path(mps_directory)
+        except HostError as e:  # the recorded directory climbs out of the host root (``..``)
+            log.warning("event=sharing-undo-failed claim_uid=%s problem=remove the MPS directories: %s retry=no",
+                        claim_uid, e)
+            mps_directory, mps_stopped = "", False
+        else:
+            mps_stopped = mps_stopped or _stop_mps(backend, claim_uid, mps_directory, local, problems)
+            if not mps_stopped:
+                return _outcome(claim_uid, record, problems)
+            try:
+                _remove_mps_directory(local)
+                mps_directory, mps_stopped = "", False
+            except OSError as e:
+                problems.append(f"remove the MPS directories: {e}")
+
+    def attempt(what: str, fn: Callable[[], None]) -> bool:
         try:
             fn()
-        except (SharingError, HostError) as e:  # HostError: the recorded directory is refused (``..``)
+            return True
+        except (SharingError, HostError) as e:
             problems.append(f"{what}: {e}")
+            return False
 
-    if record.mps_directory:
-        attempt("stop MPS", lambda: backend.stop_mps(claim_uid, f"{record.mps_directory}/pipe"))
-        attempt("remove the MPS directories", lambda: _remove_mps_directory(host, record.mps_directory))
-    for uuid in record.timeslice_changed:
-        attempt(f"reset timeslice of {uuid}", functools.partial(backend.set_timeslice, uuid, 0))
-    for uuid in record.compute_mode_changed:
-        attempt(f"reset compute mode of {uuid}", functools.partial(backend.set_compute_mode, uuid, "DEFAULT"))
+    timeslice = [u for u in record.timeslice_changed
+                 if not attempt(f"reset timeslice of {u}", functools.partial(backend.set_timeslice, u, 0))]
+    compute = [u for u in record.compute_mode_changed
+               if not attempt(f"reset compute mode of {u}", functools.partial(backend.set_compute_mode, u, "DEFAULT"))]
+    left = record.model_copy(update={"mps_directory": mps_directory, "mps_stopped": mps_stopped,
+                                     "timeslice_changed": timeslice, "compute_mode_changed": compute})
+    return _outcome(claim_uid, left, problems)
+
+
+def _outcome(claim_uid: str, left: AppliedSharing, problems: list[str]) -> UndoOutcome:
     for p in problems:
-        log.warning("event=sharing-undo-failed claim_uid=%s problem=%s", claim_uid, p)
-    return problems
+        log.warning("event=sharing-undo-failed claim_uid=%s problem=%s retry=yes", claim_uid, p)
+    changed = left.mps_directory or left.timeslice_changed or left.compute_mode_changed
+    return UndoOutcome(left if changed else None, tuple(problems))

@@ -6,6 +6,15 @@ before any host change, and ``PrepareCompleted`` only once the CDI spec is writt
 prepared for another claim is refused (the driver is the last line of defence against double allocation:
 scheduler races and force-deleted pods), including a full GPU whose MIG devices are in use and the
 reverse; admin-access claims are exempt, as in Kubernetes. ``unprepare`` of an unknown claim succeeds.
+
+Undo (unprepare, and the rollback of a prepare) succeeds only once the host is back as it was. A step that
+fails (``nvidia-smi -c DEFAULT`` exiting non-zero, an MPS daemon that does not quit) fails the call: the
+kubelet gets the claim's error and retries, and the journal keeps the claim, ``PrepareStarted`` and holding
+only what is still changed, so the retry (or the next start) redoes just that, and its devices stay refused
+to other claims meanwhile: the next tenant never gets a GPU still in a changed mode. A claim with sharing
+is marked ``PrepareStarted`` before its first undo step, so a crash half way never leaves a
+``PrepareCompleted`` entry for a half-undone claim. The claim's undo record (the second journal, see
+``node_agent.dra.checkpoint``) follows the journal entry and goes only after everything is undone.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from dataclasses import dataclass
 
 from node_agent.dra import cdi, sharing
 from node_agent.dra.checkpoint import (
+    LOST_STRATEGY,
     AppliedSharing,
     CheckpointData,
     CheckpointError,
@@ -40,7 +50,11 @@ log = logging.getLogger(__name__)
 
 
 class PrepareError(RuntimeError):
-    """This claim cannot be prepared now; the kubelet will retry it."""
+    """This claim cannot be prepared (or unprepared) now; the kubelet will retry it."""
+
+
+class UndoError(PrepareError):
+    """Some of the claim's host changes could not be undone; the claim stays recorded for the retry."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +128,9 @@ class DeviceState:
 
     def _complete_rebuilt(self, data: CheckpointData) -> None:
         """A journal rebuilt from CDI specs knows device names only: fill in what the overlap checks use
-        (kind, UUIDs, CDI IDs) from the devices this node publishes."""
+        (kind, UUIDs, CDI IDs) from the devices this node publishes, and the widest undo for a claim whose
+        undo record was damaged (every full GPU's compute mode and time slice). Then every claim with
+        sharing gets its undo record back, so the rebuilt journal is as protected as the one it replaces."""
         known = self._devices()
         for uid, claim in data.prepared_claims.items():
             for d in claim.devices:
@@ -123,6 +139,12 @@ class DeviceState:
                     d.kind, d.uuid, d.physical_uuid = dev.kind.value, dev.uuid, dev.physical_uuid
                 if not d.cdi_device_ids:
                     d.cdi_device_ids = [cdi.device_id(self.driver, uid, d.device)]
+            full = [d.uuid for d in claim.devices if d.kind == DeviceKind.GPU.value and d.uuid and not d.admin_access]
+            for applied in claim.sharing:
+                if applied.strategy == LOST_STRATEGY and not applied.compute_mode_changed:
+                    applied.uuids, applied.compute_mode_changed, applied.timeslice_changed = full, full, list(full)
+            if claim.sharing:
+                self._store.undo.write(uid, claim)
 
     def snapshot(self) -> CheckpointData:
         """The journal as it is on disk (read-only use: status, tests, the background cleanup)."""
@@ -140,20 +162,32 @@ class DeviceState:
         return {d.device for d in claim.devices} if claim else set()
 
     def startup(self) -> None:
-        """Before serving: roll back half-done prepares and remove claim specs nobody records. Raises
-        :class:`CheckpointError` when the state directory cannot be created or written."""
+        """Before serving: roll back half-done prepares (and unprepares), remove claim specs and undo records
+        nobody records. Raises :class:`CheckpointError` when the state directory cannot be created or
+        written; a rollback that fails is logged and kept for the next try, and start-up goes on."""
         self._store.ensure_directory()
         with self._locked(self._lock_timeout):
             data = self._load()
             for uid, claim in list(data.prepared_claims.items()):
                 if claim.state is ClaimState.PREPARE_STARTED:
                     log.warning("event=rollback-on-start claim=%s/%s uid=%s", claim.namespace, claim.name, uid)
-                    self._rollback(uid, claim)
+                    problems = self._undo(uid, claim)
+                    if problems:
+                        log.error("event=rollback-on-start-failed claim=%s/%s uid=%s problems=%s", claim.namespace,
+                                  claim.name, uid, "; ".join(problems))
+                        continue
+                    self._store.undo.remove(uid)
                     del data.prepared_claims[uid]
             for spec in cdi.scan_specs(self._host, self.driver):
                 if spec.claim_uid not in data.prepared_claims:
                     log.info("event=orphan-cdi-spec-removed claim_uid=%s", spec.claim_uid)
                     spec.path.unlink(missing_ok=True)
+            recorded = {uid.replace("/", "_") for uid in data.prepared_claims}
+            for stem in self._store.undo.files():
+                if stem not in recorded:
+                    # Written before the journal's PrepareStarted that never came: nothing was changed.
+                    log.info("event=orphan-undo-record-removed claim_uid=%s", stem)
+                    self._store.undo.remove(stem)
             self._store.save(data)
 
     # -- prepare ---------------------------------------------------------------------------------------
@@ -176,9 +210,12 @@ class DeviceState:
                 return self._results(existing)
             if existing is not None:
                 log.warning("event=rollback-half-prepared claim=%s uid=%s", claim.ref, uid)
-                self._rollback(uid, existing)
-                del data.prepared_claims[uid]
-                self._store.save(data)
+                problems = self._undo(uid, existing)
+                if problems:
+                    self._keep_for_retry(uid, existing, data)
+                    raise UndoError(f"claim {claim.ref}: cannot roll back its unfinished prepare: "
+                                    f"{'; '.join(problems)}; the kubelet will retry")
+                self._forget(uid, data)
             known = self._devices()
             gone = [r.device for r in claim.results if r.device not in known]
             if gone:
@@ -197,8 +234,15 @@ class DeviceState:
                 # Journal the intent before the first host change, so a crash mid-way is rolled back. A
                 # claim without sharing changes only writes its CDI spec, and a spec nobody records is
                 # removed on the next start, so it needs no PrepareStarted entry (one journal write saved).
+                # The undo record goes first: one the journal does not hold changed nothing.
+                self._store.undo.write(uid, record)
                 data.prepared_claims[uid] = record
-                self._store.save(data)
+                try:
+                    self._store.save(data)
+                except CheckpointError:
+                    with contextlib.suppress(CheckpointError):
+                        self._store.undo.remove(uid)
+                    raise
             try:
                 for (_cfg_key, (gsharing, gdevices)), applied in zip(groups.items(), record.sharing, strict=True):
                     deadline.check("applying sharing")
@@ -212,16 +256,20 @@ class DeviceState:
                 self._store.save(data)
             except Exception as e:
                 log.error("event=prepare-failed claim=%s uid=%s error=%s", claim.ref, uid, e)
-                self._rollback(uid, record)
-                if data.prepared_claims.pop(uid, None) is not None:
+                problems = self._undo(uid, record)
+                retry = "; the kubelet will retry" if isinstance(e, CheckpointError) or problems else ""
+                if problems:
+                    self._keep_for_retry(uid, record, data)
+                    raise UndoError(f"claim {claim.ref}: {e}; rolling it back failed: {'; '.join(problems)}"
+                                    f"{retry}") from e
+                if uid in data.prepared_claims:
                     try:
-                        self._store.save(data)
+                        self._forget(uid, data)
                     except CheckpointError as save_error:
-                        # The journal still says PrepareStarted (or nothing): rolled back again, harmlessly,
-                        # on the next prepare of this claim or the next start.
+                        # The journal still says PrepareStarted: rolled back again, harmlessly, on the next
+                        # prepare of this claim or the next start.
                         log.error("event=checkpoint-write-failed claim=%s uid=%s error=%s", claim.ref, uid,
                                   save_error)
-                retry = "; the kubelet will retry" if isinstance(e, CheckpointError) else ""
                 raise PrepareError(f"claim {claim.ref}: {e}{retry}") from e
             log.info("event=claim-prepared claim=%s uid=%s devices=%s", claim.ref, uid,
                      ",".join(d.device for d in record.devices))
@@ -298,18 +346,50 @@ class DeviceState:
     def _results(record: PreparedClaim) -> list[ResultDevice]:
         return [ResultDevice(tuple(d.requests), d.pool, d.device, tuple(d.cdi_device_ids)) for d in record.devices]
 
-    def _rollback(self, uid: str, record: PreparedClaim) -> list[str]:
+    def _undo(self, uid: str, record: PreparedClaim) -> list[str]:
+        """Undo what ``record`` says the claim changed: its CDI spec, then each sharing change. ``record``
+        is left holding what is still changed (``PrepareStarted`` if anything is); the problems are
+        returned, none when the host is back as it was. The spec goes first: a journal rebuilt from the
+        specs takes a claim with a spec for fully prepared, which stays true only if no sharing change is
+        undone while its spec is still there."""
         problems: list[str] = []
-        for applied in record.sharing:
-            problems += sharing.undo(self._backend, self._host, uid, AppliedSharing.model_validate(applied))
         try:
             cdi.delete_spec(self._host, self.driver, uid)
         except HostError as e:
             log.warning("event=cdi-spec-delete-failed claim_uid=%s error=%s", uid, e)
+            problems.append(f"delete the CDI spec: {e}")
+        left: list[AppliedSharing] = []
+        for applied in record.sharing:
+            outcome = sharing.undo(self._backend, self._host, uid, AppliedSharing.model_validate(applied))
+            problems += outcome.problems
+            if outcome.remaining is not None:
+                left.append(outcome.remaining)
+        record.sharing = left
+        if problems:
+            record.state = ClaimState.PREPARE_STARTED
         return problems
+
+    def _keep_for_retry(self, uid: str, record: PreparedClaim, data: CheckpointData) -> None:
+        """Journal what is still changed after a failed undo, so the retry redoes only that. The undo
+        record follows (best effort: an older, larger one is as good, since undo is idempotent)."""
+        data.prepared_claims[uid] = record
+        self._store.save(data)
+        try:
+            self._store.undo.write(uid, record)
+        except CheckpointError as e:
+            log.warning("event=undo-record-write-failed claim_uid=%s error=%s", uid, e)
+
+    def _forget(self, uid: str, data: CheckpointData) -> None:
+        """Drop a fully undone claim: its undo record first (if it has one), then the journal entry (see the
+        checkpoint's ordering rule)."""
+        self._store.undo.remove(uid)
+        del data.prepared_claims[uid]
+        self._store.save(data)
 
     # -- unprepare -------------------------------------------------------------------------------------
     def unprepare(self, ref: ClaimRef, deadline: Deadline) -> None:
+        """Unprepare one claim; raises :class:`UndoError` (naming what could not be undone) while the host is
+        not back as it was, and :class:`PrepareError` when the journal cannot be written."""
         deadline.check("taking the node lock")
         try:
             self._unprepare(ref, deadline)
@@ -324,7 +404,19 @@ class DeviceState:
             if record is None:
                 log.info("event=unprepare-unknown-claim claim=%s uid=%s", ref, ref.uid)
                 return
-            self._rollback(ref.uid, record)
+            if record.sharing and record.state is ClaimState.PREPARE_COMPLETED:
+                # From here the claim is never handed out as prepared, whatever happens to this call.
+                record.state = ClaimState.PREPARE_STARTED
+                self._store.save(data)
+            had_sharing = bool(record.sharing)
+            problems = self._undo(ref.uid, record)
+            if problems:
+                self._keep_for_retry(ref.uid, record, data)
+                log.error("event=unprepare-failed claim=%s uid=%s problems=%s", ref, ref.uid, "; ".join(problems))
+                raise UndoError(f"claim {ref}: cannot undo {'; '.join(problems)}; the claim stays prepared on "
+                                "this node and the kubelet will retry")
+            if had_sharing:
+                self._store.undo.remove(ref.uid)
             del data.prepared_claims[ref.uid]
             self._store.save(data)
             log.info("event=claim-unprepared claim=%s uid=%s", ref, ref.uid)

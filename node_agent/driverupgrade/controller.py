@@ -9,16 +9,24 @@ source) and its ``maxUnavailable``. Every step is one API call or a few idempote
 carries the resourceVersion the step was decided on (a node changed meanwhile is decided again next
 round), and the state is on the node: a controller killed between two steps takes the next round from
 there. One node's refused call is logged and reported; the other nodes go on.
+
+The state on the node is trusted only where the controller wrote it (:mod:`node_agent.driverupgrade.nodestate`:
+its Node writes name :data:`FIELD_MANAGER`, and ``managedFields`` says who last changed each key); another
+client's value is logged, reported in a ``DriverUpgradeStateForged`` Event, not acted on, and written back
+as the controller's record says. The timeouts are measured on the monotonic clock
+(:meth:`UpgradeController.waited`), so a step of the wall clock fails no node.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -37,7 +45,10 @@ from node_agent.driverupgrade.machine import (
     UpgradeState,
     decide,
     may_start,
+    timeout_s,
 )
+from node_agent.driverupgrade.nodestate import FIELD_MANAGER, RECORD_ANNOTATION, Record, Trusted, trusted
+from node_agent.host.proc import BOOT_ID_PATH
 from node_agent.kube import events, nodes, pods
 from node_agent.kube.errors import Conflict, KubeError, NotFound, TooManyRequests
 from node_agent.kube.transport import Kube
@@ -59,6 +70,15 @@ NODE_GROUP_LABEL = labels.NODE_GROUP
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 UPGRADE_TAINT = {"key": UPGRADE_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
 NODEGROUPS = "/apis/deckhouse.io/v1/nodegroups"
+
+
+def host_boot_id() -> str:
+    """The boot ID of the host the controller runs on ("" when unreadable: its waits are then never taken
+    as this host's). ``/proc/sys/kernel/random/boot_id`` is the host's, in a container too."""
+    try:
+        return Path(BOOT_ID_PATH).read_text().strip()
+    except OSError:
+        return ""
 
 
 def _owned_by_daemonset(pod: Mapping[str, Any]) -> bool:
@@ -173,15 +193,41 @@ class Round:
     steps: dict[str, Step] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Read:
+    """A node as a round read it: its facts, the resourceVersion they are of, what of its state is trusted."""
+
+    facts: NodeFacts
+    version: str
+    seen: Trusted
+
+
+@dataclass(frozen=True)
+class _Wait:
+    """A wait this process took over without a monotonic reading of this host to time it from."""
+
+    key: tuple[str, str, str]  #: the state, its since annotation and record it was taken over at
+    started: float  #: this process's monotonic clock then
+    carried: float  #: seconds the wait had run by then, by the wall clock (0: it starts again)
+
+
 class UpgradeController:
     def __init__(self, kube: Kube, namespace: str, *, drain_mode: DrainMode = DrainMode.CORDON,
-                 clock: Callable[[], float] = time.time, dry_run: bool = False) -> None:
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 boot_id: Callable[[], str] = host_boot_id, dry_run: bool = False) -> None:
         #: Decide each node's step and change nothing (``driver-upgrade --once``).
         self.dry_run = dry_run
         self.kube = kube
         self.namespace = namespace
         self.drain_mode = drain_mode
+        #: The wall clock: the NodeGroups' disruption windows (times of day) and the since annotation
+        #: people read. No timeout is measured on it.
         self.clock = clock
+        #: What the timeouts are measured on (:meth:`waited`), with the boot of the host it counts on
+        #: (read once: a process does not outlive its host's boot).
+        self.monotonic = monotonic
+        self.boot_id = boot_id()
+        self._waits: dict[str, _Wait] = {}
 
     # -- reading ---------------------------------------------------------------------------------------
     def _daemonsets(self) -> list[dict[str, Any]]:
@@ -214,38 +260,81 @@ class UpgradeController:
         return cache[group]
 
     def _facts(self, node_name: str, pod: DriverPod | None, policy: UpgradePolicy,
-               nodegroups: dict[str, Disruptions], listed: Mapping[str, dict[str, Any]]
-               ) -> tuple[NodeFacts, str] | None:
-        """The node's facts, and the resourceVersion they were read at; None for a node that is gone. The
-        round's node list serves a node of the stack's groups; a node without the group label is read."""
+               nodegroups: dict[str, Disruptions], listed: Mapping[str, dict[str, Any]]) -> _Read | None:
+        """The node's facts, the resourceVersion they were read at and what of its state is trusted; None
+        for a node that is gone. The round's node list serves a node of the stack's groups; a node without
+        the group label is read. The state and the controller's annotations are as the controller wrote
+        them (:func:`~node_agent.driverupgrade.nodestate.trusted`)."""
         node = listed.get(node_name)
         if node is None:
             try:
                 node = nodes.get_node(self.kube, node_name)
             except NotFound:
                 return None
-        annotations = nodes.annotations_of(node)
-        state_text = nodes.label_of(node, STATE_LABEL)
-        try:
-            state = UpgradeState(state_text) if state_text else None
-        except ValueError:
-            state = UpgradeState.REQUIRED  # someone wrote a value of their own: start over, cleanly
-        try:
-            since = float(annotations.get(SINCE_ANNOTATION, ""))
-        except ValueError:
-            since = self.clock()
+        seen = trusted(node)
+        annotations, state = dict(seen.annotations), seen.state
         on_node = pods.pods_on_node(self.kube, node_name) if state in (UpgradeState.DRAIN, UpgradeState.RESTART) else []
         moved, gpus, refused = workloads(on_node, policy) if state is UpgradeState.DRAIN else ((), (), {})
         running, stopping = clients(on_node) if state is UpgradeState.RESTART else ((), 0)
         disruptions = self._disruptions(node, nodegroups) if state in (UpgradeState.REQUIRED, UpgradeState.CORDON) \
             else None
-        facts = NodeFacts(name=node_name, state=state, since=since,
+        facts = NodeFacts(name=node_name, state=state, waited=self.waited(node_name, state, seen, policy),
                           unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
                           annotations=annotations, driver_pod=pod, workloads=moved, gpu_workloads=gpus,
                           refused=refused,
                           tainted=any(t.get("key") == UPGRADE_TAINT_KEY for t in nodes.taints_of(node)),
                           clients=running, clients_stopping=stopping, disruptions=disruptions)
-        return facts, str((node.get("metadata") or {}).get("resourceVersion", ""))
+        return _Read(facts, str((node.get("metadata") or {}).get("resourceVersion", "")), seen)
+
+    # -- timing ----------------------------------------------------------------------------------------
+    def waited(self, name: str, state: UpgradeState | None, seen: Trusted, policy: UpgradePolicy) -> float:
+        """Seconds node ``name`` has been in ``state``, for its timeout; 0 for a state without one.
+
+        Measured on the monotonic clock, never as the wall clock's now minus the node's since annotation: a
+        wall clock stepped forward (NTP, ``date -s``) failed a drain that had waited a minute, and one
+        stepped back held a real timeout back by as much. With each state the controller records the boot
+        ID of its host and that host's ``CLOCK_MONOTONIC`` (:class:`~node_agent.driverupgrade.nodestate.Record`);
+        a controller on the same boot, this process or a restarted one, measures the wait from that reading.
+
+        A controller on another host (the Deployment's pod moved) or after a reboot cannot read the writer's
+        monotonic clock: the wall clock is all that links the two. It takes the wait over once: the wall
+        clock's reading of it if that lies within the state's timeout, or else a wait that starts again now
+        (logged ``event=upgrade-wait-restarted``), since a start in the future or already past the timeout is
+        as likely a step as a real wait, and starting again holds a node one timeout longer where trusting
+        it would fail the node. From then on this process measures it on its own monotonic clock; its next
+        state write records this host's reading.
+        """
+        limit = timeout_s(state, policy)
+        if state is None or limit is None:
+            self._waits.pop(name, None)
+            return 0.0
+        now = self.monotonic()
+        r = seen.record
+        if r is not None and r.state is state and self.boot_id and r.boot_id == self.boot_id and now >= r.monotonic:
+            return now - r.monotonic
+        since = seen.annotations.get(SINCE_ANNOTATION, "")
+        key = (state.value, since, r.encode() if r is not None else "")
+        w = self._waits.get(name)
+        if w is None or w.key != key:
+            carried, why = self._placed(since, limit)
+            if why:
+                log.info("event=upgrade-wait-restarted node=%s state=%s reason=%s", name, state.value, why)
+            w = self._waits[name] = _Wait(key, now, carried)
+        return w.carried + now - w.started
+
+    def _placed(self, since: str, limit: float) -> tuple[float, str]:
+        """How long a wait begun at ``since`` (wall clock) has run, and why it starts again ("" if not)."""
+        try:
+            elapsed = self.clock() - float(since)
+        except ValueError:
+            return 0.0, "no-start-recorded"
+        if not math.isfinite(elapsed):
+            return 0.0, "no-start-recorded"
+        if elapsed < 0:
+            return 0.0, "start-in-the-future"
+        if elapsed > limit:
+            return 0.0, "start-past-the-timeout"
+        return elapsed, ""
 
     # -- one round -------------------------------------------------------------------------------------
     def run_round(self) -> Round:
@@ -267,6 +356,7 @@ class UpgradeController:
                     ready=pods.ready(p), terminating=bool(pmeta.get("deletionTimestamp")))
         nodegroups: dict[str, Disruptions] = {}
         listed = self._group_nodes() if groups else {}
+        seen_nodes: set[str] = set()
         for group, (policy, members) in groups.items():
             # Nodes mid-upgrade whose driver pod is gone (being replaced) are still the group's.
             for name, node in listed.items():
@@ -274,8 +364,13 @@ class UpgradeController:
                     members.setdefault(name, None)
             read = [r for name, pod in sorted(members.items())
                     if (r := self._facts(name, pod, policy, nodegroups, listed)) is not None]
-            facts = [f for f, _ in read]
-            for i, (f, version) in enumerate(read):
+            seen_nodes.update(r.facts.name for r in read)
+            facts = [r.facts for r in read]
+            for i, r in enumerate(read):
+                f, version = r.facts, r.version
+                for x in r.seen.forged:
+                    log.warning("event=upgrade-state-forged node=%s key=%s manager=%s value=%r", f.name, x.key,
+                                ",".join(x.managers) or "-", x.value)
                 step = decide(f, may_start=may_start(facts, policy), policy=policy, drain_mode=self.drain_mode,
                               now=self.clock())
                 out.steps[f.name] = step
@@ -285,6 +380,8 @@ class UpgradeController:
                     log.info("event=driver-upgrade-step node=%s act=%s state=%s reason=%r", f.name, step.act.value,
                              step.state.value if step.state else "-", step.reason)
                 try:
+                    if r.seen.restore_labels or r.seen.restore_annotations:
+                        version = self._restore(f, r.seen, version)
                     self._perform(f, step, version)
                 except Conflict:
                     log.info("event=node-changed-meanwhile node=%s", f.name)
@@ -295,17 +392,49 @@ class UpgradeController:
                     continue
                 # What this step changed counts for the next node's slot in this round.
                 if step.state is not None:
-                    facts[i] = dataclasses.replace(f, state=step.state, since=self.clock())
+                    facts[i] = dataclasses.replace(f, state=step.state, waited=0.0)
+        self._waits = {n: w for n, w in self._waits.items() if n in seen_nodes}
         return out
 
     # -- acting ----------------------------------------------------------------------------------------
+    def _patch(self, name: str, body: Mapping[str, Any], what: str) -> dict[str, Any]:
+        """One merge patch of the Node as :data:`FIELD_MANAGER`, which ``managedFields`` then names for
+        every key it changed: how the controller later tells its own state from another client's."""
+        obj = self.kube.request("PATCH", nodes.node_path(name), dict(body), query={"fieldManager": FIELD_MANAGER},
+                                what=f"{what} node {name}")
+        return obj if isinstance(obj, dict) else {}
+
     def _state(self, f: NodeFacts, state: UpgradeState, version: str, *,
                annotations: Mapping[str, str | None] | None = None, unschedulable: bool | None = None,
                taints: list[dict[str, Any]] | None = None) -> None:
+        """Record ``state`` on the node: the label, when it began (the since annotation, for people) and the
+        controller's record of it (what times its wait, and what it puts back if another client rewrites
+        its keys), in one patch, so label and record share one managedFields entry."""
+        since = f"{self.clock():.0f}"
+        extra = dict(annotations or {})
+        was = extra[WAS_CORDONED_ANNOTATION] if WAS_CORDONED_ANNOTATION in extra else \
+            f.annotations.get(WAS_CORDONED_ANNOTATION)
+        record = Record(state, float(since), self.boot_id, self.monotonic(), was)
         body = nodes.patch_body(labels={STATE_LABEL: state.value},
-                                annotations={SINCE_ANNOTATION: f"{self.clock():.0f}", **(annotations or {})},
+                                annotations={SINCE_ANNOTATION: since, RECORD_ANNOTATION: record.encode(), **extra},
                                 unschedulable=unschedulable, taints=taints, resource_version=version)
-        nodes.patch_node(self.kube, f.name, body, what=f"driver upgrade: {state.value}")
+        self._patch(f.name, body, what=f"driver upgrade: {state.value}")
+
+    def _restore(self, f: NodeFacts, seen: Trusted, version: str) -> str:
+        """Write the controller's view of the node's state back over what another client wrote (a forged
+        key as the controller's record says, or gone), at the resourceVersion the step was decided on, and
+        report a forgery in an Event. Answers the node's new resourceVersion, at which the step then goes:
+        the restore changed nothing the step was decided on, since the step read the restored view."""
+        body = nodes.patch_body(labels=seen.restore_labels, annotations=seen.restore_annotations,
+                                resource_version=version)
+        obj = self._patch(f.name, body, what="driver upgrade: restore its state")
+        if seen.forged:
+            named = "; ".join(f"{x.key}={x.value!r} by {', '.join(x.managers) or 'an unrecorded manager'}"
+                              for x in seen.forged)
+            self._event(f, "DriverUpgradeStateForged", f"the driver upgrade's state on this node was written by "
+                        f"another client and is ignored: {named}; put back as the controller recorded it",
+                        warning=True)
+        return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
     def _taints(self, f: NodeFacts, version: str, *, tainted: bool) -> list[dict[str, Any]] | None:
         """The node's taints with the upgrade's added or removed (None: no change). Read again at
@@ -352,8 +481,8 @@ class UpgradeController:
             # The taint first (one write, at the step's resourceVersion), so the DaemonSets place no new
             # agent here; then the agents go through the Eviction API (their budgets apply).
             if (taints := self._taints(f, version, tainted=True)) is not None:
-                nodes.patch_node(self.kube, f.name, nodes.patch_body(taints=taints, resource_version=version),
-                                 what="driver upgrade: taint")
+                self._patch(f.name, nodes.patch_body(taints=taints, resource_version=version),
+                            what="driver upgrade: taint")
             for ref in step.pods:
                 try:
                     pods.evict(self.kube, ref.namespace, ref.name)

@@ -33,7 +33,8 @@ from nvgpu import labels
 from nvgpu.driver import UpgradePolicy
 
 STATE_LABEL = labels.DRIVER_UPGRADE_STATE
-#: Unix time the node entered its state (the timeouts survive a controller restart).
+#: Unix time the node entered its state: for people, and for a controller on another host, which cannot
+#: read the writer's monotonic clock, to place a wait it did not time (see ``UpgradeController.waited``).
 SINCE_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-since"
 #: "true" when the node was cordoned before the upgrade (it stays cordoned after).
 WAS_CORDONED_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-was-cordoned"
@@ -156,7 +157,9 @@ class DriverPod:
 class NodeFacts:
     name: str
     state: UpgradeState | None
-    since: float
+    #: Seconds the node has been in its state, as the controller measured them (the monotonic clock, not
+    #: the wall clock, which a step would move: see ``UpgradeController.waited``); what its timeout reads.
+    waited: float
     unschedulable: bool
     annotations: Mapping[str, str] = field(default_factory=dict)
     driver_pod: DriverPod | None = None
@@ -204,9 +207,19 @@ def _left_over(node: NodeFacts) -> bool:
     return node.tainted or WAS_CORDONED_ANNOTATION in node.annotations
 
 
+def timeout_s(state: UpgradeState | None, policy: UpgradePolicy) -> float | None:
+    """How long ``state`` may last before the node fails (None: no timeout)."""
+    if state is UpgradeState.DRAIN:
+        return policy.drain_timeout_s
+    if state in (UpgradeState.RESTART, UpgradeState.VALIDATION):
+        return policy.validation_timeout_s
+    return None
+
+
 def decide(node: NodeFacts, *, may_start: bool, policy: UpgradePolicy, drain_mode: DrainMode, now: float) -> Step:
-    """The next step for ``node``; ``may_start``: a slot is free for one more node to leave service."""
-    state, waited = node.state, now - node.since
+    """The next step for ``node``; ``may_start``: a slot is free for one more node to leave service. ``now``
+    is the wall clock, for the NodeGroup's disruption windows (times of day); no timeout reads it."""
+    state, waited = node.state, node.waited
     if state in (None, UpgradeState.DONE):
         if outdated(node):
             return Step(Act.SET_STATE, UpgradeState.REQUIRED, "the driver pod is older than its DaemonSet")

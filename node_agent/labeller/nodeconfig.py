@@ -27,8 +27,9 @@ from nvgpu import labels as names
 from nvgpu.taints import NodeTaint
 
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: Both ``fullmatch``ed: ``re.match`` with ``$`` took ``--node-label pool=a100\n``, which the API server refuses.
+_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 #: Labels other parts of the agent own: node setup's gate labels (the labeller must never fake them) and the
 #: MIG manager's state and ``nvidia.com/gpu.deploy.*`` pause labels (pinning them would fight a reconfiguration).
 RESERVED_LABELS = frozenset({names.GPU_SETUP_COMPLETE, names.GPU_VFIO_READY, names.MIG_CONFIG_STATE})
@@ -43,16 +44,16 @@ class NodeConfigError(ValueError):
 
 def _key_problem(key: str) -> str | None:
     prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
         return f"prefix {prefix!r} must be a DNS subdomain (lowercase, at most 253 characters)"
-    if not name or len(name) > 63 or not _NAME.match(name):
+    if not name or len(name) > 63 or not _NAME.fullmatch(name):
         return ("name must be 1 to 63 characters of letters, digits, '-', '_' or '.', "
                 "starting and ending with a letter or digit")
     return None
 
 
 def _value_problem(value: str) -> str | None:
-    if value and (len(value) > 63 or not _NAME.match(value)):
+    if value and (len(value) > 63 or not _NAME.fullmatch(value)):
         return ("value must be empty or at most 63 characters of letters, digits, '-', '_' or '.', "
                 "starting and ending with a letter or digit")
     return None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from node_agent.mig import apply
 from node_agent.mig.hardware import GpuInfo, MigBackend, MigHardwareError, ResetUnavailable, snapshot
 from node_agent.mig.journal import (
     JOURNAL_PATH,
+    TIMED,
     Journal,
     JournalError,
     JournalFiles,
@@ -119,6 +121,9 @@ class MigManager:
     clock: Callable[[], float]
     rebooter: Rebooter
     settings: Settings = Settings()
+    #: Times the waits (approval, drain, clients, preStop): unlike ``clock``, the wall clock the journal
+    #: records for people, no NTP step or ``date -s`` moves it (see :class:`~node_agent.mig.journal.Journal`).
+    monotonic: Callable[[], float] = time.monotonic
     journal_path: str = JOURNAL_PATH
     stop: threading.Event = field(default_factory=threading.Event)
     _node: NodeView | None = None
@@ -139,7 +144,7 @@ class MigManager:
     def __post_init__(self) -> None:
         self.store = JournalStore(self.files, self.journal_path)
         self.metrics = MigMetrics(self.registry, clock=self.clock)
-        self.metrics.watch_journal(self._peek_journal)
+        self.metrics.watch_journal(self._peek_journal, self._phase_age)
 
     # --- observing --------------------------------------------------------------------------------
 
@@ -169,6 +174,31 @@ class MigManager:
                 outcome=Outcome.FAILED,
                 reason=str(e),
             )
+
+    def _anchored(self, journal: Journal, monotonic: float, boot: str) -> Journal:
+        """The journal with its wait timed on this boot's monotonic clock.
+
+        A phase entered by this boot carries its monotonic reading. One entered before a reboot, or by an
+        agent that did not record the reading, cannot be timed from it, and its wall-clock start may be
+        a step away from the truth (forward, it failed a drain that had just begun, not to be retried
+        until the label changed). Its wait starts again now, recorded so that a restarted manager goes
+        on from the same point.
+        """
+        if journal.phase not in TIMED or journal.anchored(monotonic, boot):
+            return journal
+        reason = "no-monotonic-reading" if journal.phase_mono is None else "another-boot"
+        log.info("event=mig-wait-restarted phase=%s reason=%s", journal.phase.value, reason)
+        anchored = journal.reanchored(monotonic, boot)
+        self._save(anchored)
+        return anchored
+
+    def _phase_age(self, journal: Journal) -> float:
+        """The phase's age for the metric: its monotonic wait on this boot; the wall clock's reading (never
+        below 0) for a phase not timed on this boot yet."""
+        monotonic, boot = self.monotonic(), self.boot_id()
+        if journal.anchored(monotonic, boot):
+            return journal.waited(monotonic, boot)
+        return max(self.clock() - journal.phase_since, 0.0)
 
     def target(self, name: str | None) -> Target:
         if not name:
@@ -209,6 +239,9 @@ class MigManager:
     def observe(self) -> tuple[Observation, Target]:
         node = self._read_node()
         journal = self._load_journal(node)
+        monotonic, boot = self.monotonic(), self.boot_id()
+        if journal is not None:
+            journal = self._anchored(journal, monotonic, boot)
         desired = node.labels.get(labels.MIG_CONFIG) or None
         name = journal.config if journal is not None else desired
         if self._target is None or self._target[0] != name:
@@ -240,13 +273,14 @@ class MigManager:
             workloads=tuple(p.ref for p in pods if p.gpu_requests and not p.daemonset),
             clients=tuple(p.ref for p in pods if self._is_client(p)),
             busy_gpus=busy,
-            boot_id=self.boot_id(),
+            boot_id=boot,
             drain=self.settings.drain,
             stopping=self._stopping(),
             failed_config=self._failed_config(),
             failure_reason=node.annotations.get(labels.MIG_FAILURE_REASON),
             labels_cleared=self._read(CLEARED_MARKER) is not None,
             timeouts=self.settings.timeouts,
+            monotonic=monotonic,
         )
         return obs, target
 
@@ -397,6 +431,8 @@ class MigManager:
                     phase=Phase.PAUSING,
                     started_at=o.now,
                     phase_since=o.now,
+                    phase_mono=o.monotonic,
+                    phase_boot_id=o.boot_id,
                     boot_id=o.boot_id,
                     original_labels=originals,
                     was_unschedulable=node.unschedulable,
@@ -423,12 +459,12 @@ class MigManager:
             taints = node.taints if RECONFIGURE_TAINT in node.taints else (*node.taints, RECONFIGURE_TAINT)
             self._patch(NodePatch(labels=new_labels, taints=tuple(taints), resource_version=node.resource_version))
             if a.phase is not None and a.phase is not j.phase:
-                self._save(j.advance(a.phase, o.now))
+                self._save(j.advance(a.phase, o.at))
         elif act is Act.REQUEST_APPROVAL:
             self._patch(NodePatch(annotations={labels.DISRUPTION_REQUIRED: ""}))
         elif act is Act.START_DRAIN:
             self._start_drain(o, node)
-            self._save(j.advance(Phase.DRAINING, o.now))
+            self._save(j.advance(Phase.DRAINING, o.at))
         elif act is Act.STOP_CLIENTS:
             for p in self.node.pods_on_node():
                 if p.daemonset and not p.finished and self._is_client(p):
@@ -439,7 +475,7 @@ class MigManager:
             changes: dict[str, object] = {}
             if j.phase is Phase.CLIENTS:
                 changes["previous"] = [JournalGpu.of(s) for s in snapshot(self.backend, self.gpus())]
-            self._save(j.advance(a.phase, o.now, **changes))
+            self._save(j.advance(a.phase, o.at, **changes))
         elif act is Act.APPLY_MODE:
             self._apply_mode(o, j, target)
         elif act is Act.REBOOT:
@@ -450,7 +486,7 @@ class MigManager:
             self._rollback(a, o, j)
         elif act is Act.FINISH:
             assert a.outcome is not None
-            self._save(j.advance(Phase.RESTORE, o.now, outcome=a.outcome, reason=a.reason))
+            self._save(j.advance(Phase.RESTORE, o.at, outcome=a.outcome, reason=a.reason))
         elif act is Act.RESTORE:
             self._restore(j, node)
         else:
@@ -483,19 +519,19 @@ class MigManager:
             apply.apply_modes(self.backend, target.node_plan)
         except ResetUnavailable as e:
             if self.settings.allow_reboot:
-                self._save(j.advance(Phase.REBOOTING, o.now, boot_id=o.boot_id, reason=str(e)))
+                self._save(j.advance(Phase.REBOOTING, o.at, boot_id=o.boot_id, reason=str(e)))
                 return
             self._save(
                 j.advance(
-                    Phase.ROLLBACK, o.now,
+                    Phase.ROLLBACK, o.at,
                     reason=f"the MIG mode change needs a GPU reset, which failed ({e}); rebooting is not allowed",
                 )
             )
             return
         except MigHardwareError as e:
-            self._save(j.advance(Phase.ROLLBACK, o.now, reason=f"applying MIG mode failed: {e}"))
+            self._save(j.advance(Phase.ROLLBACK, o.at, reason=f"applying MIG mode failed: {e}"))
             return
-        self._save(j.advance(Phase.LAYOUT, o.now))
+        self._save(j.advance(Phase.LAYOUT, o.at))
 
     def _reboot(self, node: NodeView) -> None:
         if node.labels.get(labels.MIG_CONFIG_STATE) != MigState.REBOOTING:
@@ -511,21 +547,21 @@ class MigManager:
         try:
             apply.apply_layouts(self.backend, target.node_plan, self.gpus())
         except MigHardwareError as e:
-            self._save(j.advance(Phase.ROLLBACK, o.now, reason=f"applying MIG layout failed: {e}"))
+            self._save(j.advance(Phase.ROLLBACK, o.at, reason=f"applying MIG layout failed: {e}"))
             return
-        self._save(j.advance(Phase.VERIFY, o.now))
+        self._save(j.advance(Phase.VERIFY, o.at))
 
     def _rollback(self, a: Action, o: Observation, j: Journal) -> None:
         reason = a.reason or j.reason
         if j.phase is not Phase.ROLLBACK:
-            j = j.advance(Phase.ROLLBACK, o.now, reason=reason)
+            j = j.advance(Phase.ROLLBACK, o.at, reason=reason)
         j = self._destructive_start(j)
         problems = apply.restore(self.backend, j.previous_states())
         if problems:
             reason = f"{reason}; rollback incomplete: {'; '.join(problems)}"
         else:
             reason = f"{reason}; previous layout restored"
-        self._save(j.advance(Phase.RESTORE, o.now, outcome=Outcome.FAILED, reason=reason))
+        self._save(j.advance(Phase.RESTORE, o.at, outcome=Outcome.FAILED, reason=reason))
 
     def _restore(self, j: Journal, node: NodeView) -> None:
         new_labels: dict[str, str | None] = {}
@@ -580,10 +616,10 @@ class MigManager:
         Returns the outcome of the operation that was in flight, or None when there was none.
         """
         self._write(STOP_MARKER, b"stop\n")
-        deadline = self.clock() + timeout_s
+        deadline = self.monotonic() + timeout_s
         while True:
             journal = self._peek_journal()
-            if journal is None or journal.phase not in _IN_FLIGHT or self.clock() >= deadline:
+            if journal is None or journal.phase not in _IN_FLIGHT or self.monotonic() >= deadline:
                 break
             self.stop.wait(poll_s)
         outcome: Outcome | None = None

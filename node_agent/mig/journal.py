@@ -49,6 +49,9 @@ class Phase(StrEnum):
 
 #: Phases in which the GPUs may be half-changed: a crash here resumes the step or rolls back.
 DESTRUCTIVE = frozenset({Phase.MODE, Phase.REBOOTING, Phase.LAYOUT, Phase.VERIFY, Phase.ROLLBACK})
+#: Phases whose wait has a timeout (:class:`~node_agent.mig.machine.Timeouts`), measured from the phase's
+#: monotonic anchor.
+TIMED = frozenset({Phase.APPROVAL, Phase.DRAINING, Phase.CLIENTS})
 
 
 class Outcome(StrEnum):
@@ -93,12 +96,32 @@ class JournalGpu(_Lenient):
         )
 
 
+@dataclass(frozen=True)
+class Instant:
+    """A moment as the journal records it: the wall clock, and the monotonic clock with the boot it counts
+    from. The wall clock is for people and the metrics (``started_at``, ``phase_since``); the waits are
+    timed on the monotonic one, which NTP steps, ``date -s`` and a VM resumed with a stale clock do not
+    move. ``CLOCK_MONOTONIC`` is the host's, shared by every process of one boot (the manager's container
+    has no time namespace), so a restarted manager on the same boot reads the same clock."""
+
+    wall: float
+    monotonic: float
+    boot_id: str
+
+
 class Journal(_Lenient):
     config: str  #: the mig.config value being applied
     phase: Phase
-    started_at: float
-    phase_since: float
+    started_at: float  #: wall clock (Unix time): for people and the duration metric, never for a timeout
+    phase_since: float  #: wall clock (Unix time): for people and the phase metric, never for a timeout
+    #: The boot whose reboot a mode change waits for (set at BEGIN and when entering REBOOTING).
     boot_id: str = ""
+    #: The phase's start on the monotonic clock: the reading ``phase_mono`` on boot ``phase_boot_id``. A
+    #: journal from another boot (the node rebooted) or from an agent before these fields cannot be timed
+    #: from it; the manager anchors it again (:meth:`reanchored`), so its wait starts again there rather
+    #: than trust a wall clock that may have been stepped.
+    phase_mono: float | None = None
+    phase_boot_id: str = ""
     #: Node state to put back: original label values (None = absent) of the deploy and state labels.
     original_labels: dict[str, str | None] = {}
     was_unschedulable: bool = False
@@ -109,8 +132,28 @@ class Journal(_Lenient):
     reason: str = ""
     clients_stopped: bool = False  #: GPU client pods were deleted (the taint keeps them from coming back)
 
-    def advance(self, phase: Phase, now: float, **changes: object) -> Journal:
-        return self.model_copy(update={"phase": phase, "phase_since": now, "attempts": 0, **changes})
+    def advance(self, phase: Phase, at: Instant, **changes: object) -> Journal:
+        return self.model_copy(update={"phase": phase, "phase_since": at.wall, "phase_mono": at.monotonic,
+                                       "phase_boot_id": at.boot_id, "attempts": 0, **changes})
+
+    def anchored(self, monotonic: float, boot_id: str) -> bool:
+        """The phase's monotonic reading can be compared with ``monotonic`` read on boot ``boot_id`` (a
+        reading ahead of the clock is another boot's, whatever the boot IDs say: one unreadable is "")."""
+        return self.phase_mono is not None and self.phase_boot_id == boot_id and monotonic >= self.phase_mono
+
+    def waited(self, monotonic: float, boot_id: str) -> float:
+        """Seconds spent in the phase by the monotonic clock; 0 for a journal not anchored on this boot
+        (its wait starts now: :meth:`reanchored`)."""
+        if self.phase_mono is None or not self.anchored(monotonic, boot_id):
+            return 0.0
+        return monotonic - self.phase_mono
+
+    def reanchored(self, monotonic: float, boot_id: str) -> Journal:
+        """The journal with its phase's wait starting at ``monotonic`` on ``boot_id``. Time before it (across
+        a reboot, or in an agent that did not anchor its waits) is not counted: only the wall clock could
+        say how long that was, and it may have been stepped. A wait that starts again can hold a node one
+        timeout longer; it never fails one early."""
+        return self.model_copy(update={"phase_mono": monotonic, "phase_boot_id": boot_id})
 
     def previous_states(self) -> tuple[GpuState, ...]:
         return tuple(g.state() for g in self.previous)

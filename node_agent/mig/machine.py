@@ -1,11 +1,15 @@
 """The MIG manager's decisions as a pure function: observation in, next action out.
 
 Everything the manager looks at — the Node's labels and annotations, the journal, how the GPUs compare
-with the target layout, the GPU client pods left, the boot ID, the clock — is gathered into one frozen
+with the target layout, the GPU client pods left, the boot ID, the clocks — is gathered into one frozen
 :class:`Observation`; :func:`decide` returns the one :class:`Action` to take next. There is no I/O
 here, so every path (approval waits, drains, crashes at each phase, reboots, rollbacks, bad input) is
 tested from tables in ``tests/mig/test_machine.py``; the executor only performs actions and records
 phases. Each action is idempotent, so repeating one after a crash is harmless.
+
+The approval, drain and clients timeouts are measured on the monotonic clock from the journal's reading
+at the phase's start (the wall clock can be stepped: forward, it failed a drain that had waited a minute,
+and the failed layout is not retried until its label changes); see :class:`~node_agent.mig.journal.Journal`.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from node_agent.mig.journal import DESTRUCTIVE, Journal, Outcome, Phase
+from node_agent.mig.journal import DESTRUCTIVE, Instant, Journal, Outcome, Phase
 from nvgpu import labels
 from nvgpu.migparted import ALL_DISABLED
 
@@ -85,6 +89,8 @@ class Timeouts:
 
 @dataclass(frozen=True)
 class Observation:
+    #: The wall clock (Unix time): what the journal records for people. No timeout reads it: a wall
+    #: clock stepped by NTP or by hand would fail a node early or hold a failure back.
     now: float
     desired: str | None  #: ``nvidia.com/mig.config``
     state: str | None  #: ``nvidia.com/mig.config.state``
@@ -111,6 +117,14 @@ class Observation:
     #: ``all-disabled`` back, leave it (clearing again would fight the template forever).
     labels_cleared: bool = False
     timeouts: Timeouts = Timeouts()
+    #: The monotonic clock, on boot ``boot_id``: the phase's wait is measured from the journal's reading
+    #: on it (:meth:`~node_agent.mig.journal.Journal.waited`).
+    monotonic: float = 0.0
+
+    @property
+    def at(self) -> Instant:
+        """This observation's moment, as the journal records a phase's start."""
+        return Instant(self.now, self.monotonic, self.boot_id)
 
 
 def decide(o: Observation) -> Action:
@@ -172,7 +186,7 @@ def _preparing(o: Observation, j: Journal) -> Action:
         return _finish(Outcome.FAILED, problem)
     if o.target is TargetKind.APPLIED:
         return _finish(Outcome.SUCCESS, f"MIG config {j.config!r} is applied")
-    waited = o.now - j.phase_since
+    waited = j.waited(o.monotonic, o.boot_id)
     if j.phase is Phase.PAUSING or not o.paused:
         return Action(Act.PAUSE, "pausing GPU clients", phase=Phase.APPROVAL if j.phase is Phase.PAUSING else j.phase)
     if j.phase is Phase.APPROVAL:

@@ -45,14 +45,18 @@ class MigMetrics:
         for outcome in Outcome:
             self._reconfigurations.labels(outcome.value)
 
-    def watch_journal(self, peek: Callable[[], Journal | None]) -> None:
-        """Read the journal at each scrape: the phase in flight (every phase 0 when idle)."""
+    def watch_journal(self, peek: Callable[[], Journal | None], age: Callable[[Journal], float] | None = None) -> None:
+        """Read the journal at each scrape: the phase in flight (every phase 0 when idle) and its age, by
+        ``age`` (the manager's: the monotonic clock, which a wall-clock step does not move) or else the
+        wall clock since the journal's ``phase_since``."""
         def in_phase(phase: Phase) -> Callable[[], float]:
             return lambda: 1.0 if (j := peek()) is not None and j.phase is phase else 0.0
 
         def phase_seconds() -> float:
             j = peek()
-            return max(self._clock() - j.phase_since, 0.0) if j is not None else 0.0
+            if j is None:
+                return 0.0
+            return age(j) if age is not None else max(self._clock() - j.phase_since, 0.0)
 
         for phase in Phase:
             self._phase.labels(phase.value).set_function(in_phase(phase))

@@ -102,7 +102,8 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, *, accept_envvar: bool,
     status = runtime_status(host)
     if not status.ready:
         return result.fail("runtime", status.detail)
-    result.steps.append(Step("runtime", True, f"{status.detail}; changed: {', '.join(rt.changed) or 'nothing'}"))
+    result.steps.append(Step("runtime", True, f"{status.detail}; changed: {', '.join(rt.changed) or 'nothing'}"
+                             + _notes(rt.notes)))
     try:
         sc = apply_sysctl(host)
     except Refused as e:
@@ -140,6 +141,12 @@ def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool, accept_en
     return result
 
 
+def _notes(notes: list[str]) -> str:
+    """The runtime step's notes, in its detail: what apply or rollback left alone (an operator's edit) or put
+    back is said where the setup pod's log shows it, not only in ``runtime``'s own output."""
+    return "".join(f"; note: {n}" for n in notes)
+
+
 def _driver_placement_labels(host: HostRoot) -> dict[str, str | None]:
     """The OS and kernel labels (NFD's names), and ``nvidia.com/gpu.deploy.driver=pre-installed`` where the
     host has its own driver, so no driver container is scheduled there (never removed here: NVIDIA's
@@ -172,7 +179,8 @@ def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool, toolkit_dir: str 
         result.steps.append(Step("labels", True, f"withdrawn: {len(withdrawn)} label(s)"))
     try:
         rt = rollback_runtime(ctx.host, restart=restart)
-        result.steps.append(Step("runtime", True, f"restored: {', '.join(rt.changed) or 'nothing'}"))
+        result.steps.append(Step("runtime", True, f"restored: {', '.join(rt.changed) or 'nothing'}"
+                                 + _notes(rt.notes)))
         sc = rollback_sysctl(ctx.host)
         result.steps.append(Step("sysctl", True, f"restored: {', '.join(sc.changed_files) or 'nothing'}; live: "
                                  + (", ".join(f"{k}={v}" for k, v in sc.live.items()) or "unchanged")))

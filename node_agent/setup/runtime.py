@@ -11,9 +11,16 @@ containerd layouts, chosen from ``/etc/containerd/config.toml``'s ``version``: 2
   (1.x) or ``conf2.d`` (2.x) and bashible merges it; the file is byte-identical to what
   ``gpu-runtime.sh`` writes.
 * Elsewhere: the drop-in goes to ``/etc/containerd/conf.d`` and ``config.toml`` gets an ``imports``
-  entry for it if it has none. containerd 1.x replaces a whole plugin section from an import
-  (containerd#5837), so on 1.x the drop-in carries a copy of the CRI section plus our keys, as
-  NVIDIA's toolkit installer does; 2.x merges sections, so there it carries only our keys.
+  entry for it if it has none. containerd 1.x replaces a whole plugin section from an import (its
+  ``mergeConfig``: "Replace entire sections instead of merging map's values"; containerd#5837), so on
+  1.x the drop-in carries a copy of the CRI section plus our keys, as NVIDIA's toolkit installer does (a
+  drop-in of our keys alone would put every other CRI setting back to containerd's defaults); 2.x merges
+  plugin sections (containerd#9982), so there it carries only our keys.
+* containerd 1.x, later edits: the copy is what containerd runs with, so an edit of config.toml's CRI
+  section (a ``sandbox_image``, a mirror) is not in effect until the copy is refreshed. ``runtime apply``
+  (node setup runs it at each start of its pod) copies the section again, says which keys it took and
+  restarts containerd; in between, ``check`` (the runtime line) names the keys that are not in effect
+  (:func:`copy_drift`). Edits belong in ``config.toml``: the drop-in is rewritten from it.
 
 * CRI-O: ``/etc/crio/crio.conf.d/99-nvidia.conf`` registers the ``nvidia`` handler
   (``runtime_path = "/usr/bin/nvidia-container-runtime"``, ``runtime_type = "oci"``, conmon's
@@ -33,9 +40,20 @@ containerd layouts, chosen from ``/etc/containerd/config.toml``'s ``version``: 2
   removes the block and re-enables the lines it disabled, and a package upgrade in between is not undone.
   The toolkit reads it for each new container: no restart.
 
-Apply is idempotent (nothing is written when the files are already right) and atomic per file;
-every file is recorded in the rollback journal first, so ``rollback`` restores ``/etc`` byte for
-byte. A malformed config is reported and nothing is touched.
+Apply is idempotent (nothing is written when the files are already right) and atomic per file, and
+records what it changes in the rollback journal first. Rollback undoes exactly that and keeps every later
+edit of someone else's as it is now (teardown runs it at each deletion of a setup pod):
+
+* our drop-ins (containerd's, CRI-O's) are ours, and go. One that someone edited since we wrote it goes
+  too (it names the nvidia runtime, which teardown may take away), but the edited file is kept under the
+  agent's state dir and a note says where; apply, rewriting such a file, names the keys it puts back.
+* ``config.toml`` is not ours: the journal records the ``imports`` entry apply added, not the file, and
+  rollback takes out that entry only (the line as it was when it is still as we wrote it; else our item
+  out of the list), so a later ``sandbox_image`` or mirror stays. An entry someone else took out already,
+  or one that a drop-in of theirs is imported through, is left, with a note. Journals of earlier
+  versions (a copy of the whole file) are read the same way: the copy says only whether there was a line.
+
+A malformed config is reported and nothing is touched, at apply and at rollback.
 """
 
 from __future__ import annotations
@@ -49,8 +67,8 @@ from typing import Any, Literal
 
 from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, nvidia_gpus
 from node_agent.host.root import CommandTimeout
-from node_agent.setup.journal import Journal
-from node_agent.setup.tomlwrite import dumps
+from node_agent.setup.journal import AddedItem, Journal, Recorded
+from node_agent.setup.tomlwrite import dotted, dumps, flatten
 from nvgpu import toolkit as toolkitspec
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import (
@@ -249,13 +267,61 @@ def runtime_status(host: HostRoot) -> RuntimeStatus:
     except (ContainerdConfigError, RuntimeDetectionError) as e:
         return RuntimeStatus(False, str(e))
     cri = _dig(eff, "plugins", cfg.cri_plugin) or {}
+    stale = _stale_copy_detail(host, cfg)
     binary = _dig(cri, "containerd", "runtimes", facts.NVIDIA_RUNTIME_NAME, "options", "BinaryName")
     if isinstance(binary, str) and binary.startswith("/") and host.which(binary):
-        return RuntimeStatus(True, f"nvidia runtime configured ({binary})", cfg.version, "containerd")
+        return RuntimeStatus(True, f"nvidia runtime configured ({binary}){stale}", cfg.version, "containerd")
     if cri.get("enable_cdi", cfg.version == 3) is True:
-        return RuntimeStatus(True, "CDI enabled", cfg.version, "containerd")
-    return RuntimeStatus(False, "containerd has neither the nvidia runtime nor CDI enabled", cfg.version,
+        return RuntimeStatus(True, f"CDI enabled{stale}", cfg.version, "containerd")
+    return RuntimeStatus(False, f"containerd has neither the nvidia runtime nor CDI enabled{stale}", cfg.version,
                          "containerd")
+
+
+def copies_cri_section(cfg: ContainerdConfig) -> bool:
+    """Whether our drop-in carries a copy of config.toml's CRI section: containerd 1.x importing it itself
+    (an import replaces the whole section there); not under bashible, which merges key by key."""
+    return cfg.version == 2 and not cfg.deckhouse
+
+
+def _key_list(keys: list[tuple[str, ...]], most: int = 8) -> str:
+    names = [dotted(k) for k in sorted(keys)]
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _our_cri_keys(cfg: ContainerdConfig) -> set[tuple[str, ...]]:
+    """Our keys in the CRI section, whatever their values: the copy's own, never an operator's edit that lags."""
+    ours = tomllib.loads(dropin_for(cfg.version, True, True))["plugins"][cfg.cri_plugin]
+    return set(flatten(ours))
+
+
+def copy_drift(cfg: ContainerdConfig, dropin_text: str) -> list[tuple[str, ...]]:
+    """The keys of config.toml's CRI section (ours left out) whose value the drop-in's copy does not have:
+    edits made to config.toml since the last apply copied the section, which containerd 1.x does not see
+    while the copy is there. Empty where the drop-in carries no copy."""
+    if not copies_cri_section(cfg):
+        return []
+    section = flatten(_dig(cfg.doc, "plugins", cfg.cri_plugin) or {})
+    try:
+        copy = flatten(_dig(tomllib.loads(dropin_text), "plugins", cfg.cri_plugin) or {})
+    except tomllib.TOMLDecodeError:
+        return []
+    ours = _our_cri_keys(cfg)
+    return sorted(k for k in section.keys() | copy.keys() if k not in ours and section.get(k) != copy.get(k))
+
+
+def _stale_copy_detail(host: HostRoot, cfg: ContainerdConfig) -> str:
+    """``; ...`` naming the CRI keys containerd 1.x does not see because our drop-in's copy lags behind
+    config.toml, and how to take them; empty when the copy is current (or there is none)."""
+    text = host.read_text_or_none(cfg.dropin_path) if copies_cri_section(cfg) else None
+    if text is None or not text.startswith(HEADER):
+        return ""
+    drift = copy_drift(cfg, text)
+    if not drift:
+        return ""
+    return (f"; {cfg.dropin_path} holds the copy of {facts.CONTAINERD_CONFIG}'s [plugins.\"{cfg.cri_plugin}\"] "
+            "that containerd 1.x runs with (an import replaces the whole section), taken at the last apply: "
+            f"{_key_list(drift)} changed in {facts.CONTAINERD_CONFIG} since and are not in effect; run "
+            "'runtime apply' (node setup does at each start of its pod) to take them")
 
 
 def render_dropin(host: HostRoot, cfg: ContainerdConfig, binary: str = facts.NVIDIA_CONTAINER_RUNTIME) -> str:
@@ -272,18 +338,34 @@ def render_dropin(host: HostRoot, cfg: ContainerdConfig, binary: str = facts.NVI
 
 
 _IMPORTS_RE = re.compile(r"^imports\s*=\s*\[.*?\][ \t]*(#[^\n]*)?$", re.MULTILINE | re.DOTALL)
+#: The pattern apply adds to config.toml's ``imports`` (outside Deckhouse).
+IMPORT_PATTERN = f"{facts.CONTAINERD_IMPORT_DIR}/*.toml"
+PLAIN_DROPIN = f"{facts.CONTAINERD_IMPORT_DIR}/{facts.RUNTIME_DROPIN_NAME}"
+
+
+def _head_end(text: str) -> int:
+    """Where the root table ends: the first table header (top-level keys come before it)."""
+    first_table = re.search(r"^\s*\[", text, re.MULTILINE)
+    return first_table.start() if first_table else len(text)
+
+
+def _imports_match(text: str) -> re.Match[str] | None:
+    """The top-level ``imports = [...]`` (with a comment after it) in config.toml's text, or None."""
+    return _IMPORTS_RE.search(text, 0, _head_end(text))
+
+
+def _imports_line(patterns: list[str]) -> str:
+    return "imports = [" + ", ".join(f'"{p}"' for p in patterns) + "]"
 
 
 def with_import(cfg: ContainerdConfig, pattern: str) -> str | None:
     """config.toml text that imports ``pattern`` (None when it already does)."""
     imports = cfg.doc.get("imports", []) or []
-    target = f"{facts.CONTAINERD_IMPORT_DIR}/{facts.RUNTIME_DROPIN_NAME}"
-    if any(isinstance(p, str) and fnmatch.fnmatch(target, p) for p in imports):
+    if any(isinstance(p, str) and fnmatch.fnmatch(PLAIN_DROPIN, p) for p in imports):
         return None
-    line = "imports = [" + ", ".join(f'"{p}"' for p in [*imports, pattern]) + "]"
-    first_table = re.search(r"^\s*\[", cfg.text, re.MULTILINE)
-    head_end = first_table.start() if first_table else len(cfg.text)
-    m = _IMPORTS_RE.search(cfg.text, 0, head_end)
+    line = _imports_line([*imports, pattern])
+    head_end = _head_end(cfg.text)
+    m = _imports_match(cfg.text)
     if "imports" in cfg.doc:
         if m is None:
             raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG}: cannot locate the top-level imports line to "
@@ -292,9 +374,14 @@ def with_import(cfg: ContainerdConfig, pattern: str) -> str | None:
     else:
         v = re.search(r"^version\s*=.*$", cfg.text[:head_end], re.MULTILINE)
         at = v.end() + 1 if v else 0
-        text = cfg.text[:at] + line + "\n" + cfg.text[at:]
-    new_doc = tomllib.loads(text)
-    if {k: v for k, v in new_doc.items() if k != "imports"} != {k: v for k, v in cfg.doc.items() if k != "imports"}:
+        head = cfg.text[:at] if at <= len(cfg.text) else cfg.text + "\n"  # a version line without its newline
+        text = head + line + "\n" + cfg.text[at:]
+    try:
+        new_doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        new_doc = {}
+    if ({k: v for k, v in new_doc.items() if k != "imports"} != {k: v for k, v in cfg.doc.items() if k != "imports"}
+            or _imports_match(text) is None):
         raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG}: adding imports would change other settings; "
                                     "add it by hand", facts.CONTAINERD_CONFIG)
     return text
@@ -485,7 +572,10 @@ def _apply_crio(host: HostRoot, restart: bool, binary: str = facts.NVIDIA_CONTAI
     if note:
         result.notes.append(note)
     if existing != dropin:
-        Journal(host, "runtime").record(facts.CRIO_DROPIN)
+        journal = Journal(host, "runtime")
+        _note_edited(journal, facts.CRIO_DROPIN, existing, dropin, result, where="a drop-in of your own")
+        journal.record(facts.CRIO_DROPIN)
+        journal.wrote(facts.CRIO_DROPIN, dropin)
         host.write_atomic(facts.CRIO_DROPIN, dropin)
         result.changed.append(facts.CRIO_DROPIN)
     if result.changed and restart:
@@ -500,16 +590,27 @@ def _apply_runtime(host: HostRoot, restart: bool, binary: str = facts.NVIDIA_CON
     dropin = render_dropin(host, cfg, binary)
     tomllib.loads(dropin)
     existing = _check_ours(host, cfg.dropin_path)
-    new_config = None if cfg.deckhouse else with_import(cfg, f"{facts.CONTAINERD_IMPORT_DIR}/*.toml")
+    new_config = None if cfg.deckhouse else with_import(cfg, IMPORT_PATTERN)
+    before, after = _imports_match(cfg.text) if "imports" in cfg.doc else None, _imports_match(new_config or "")
     if not host.is_executable(binary):
         result.notes.append(f"{binary} is missing: runc stays the default runtime")
     journal = Journal(host, "runtime")
     if existing != dropin:
+        where = (f"{facts.CONTAINERD_CONFIG} (the copy of its CRI section is taken again at each apply)"
+                 if copies_cri_section(cfg) else "a drop-in of your own")
+        if not _note_edited(journal, cfg.dropin_path, existing, dropin, result, where=where) and existing is not None:
+            drift = copy_drift(cfg, existing)
+            if drift:
+                result.notes.append(f"{cfg.dropin_path}: copy of {facts.CONTAINERD_CONFIG}'s "
+                                    f"[plugins.\"{cfg.cri_plugin}\"] refreshed: {_key_list(drift)} changed there "
+                                    "since the last apply")
         journal.record(cfg.dropin_path)
+        journal.wrote(cfg.dropin_path, dropin)
         host.write_atomic(cfg.dropin_path, dropin)
         result.changed.append(cfg.dropin_path)
-    if new_config is not None:
-        journal.record(facts.CONTAINERD_CONFIG)
+    if new_config is not None and after is not None:  # with_import checked that its line is there
+        journal.record_added_item(facts.CONTAINERD_CONFIG, "imports", IMPORT_PATTERN,
+                                  before=before.group(0) if before else None, after=after.group(0))
         host.write_atomic(facts.CONTAINERD_CONFIG, new_config, mode=host.path(facts.CONTAINERD_CONFIG).stat().st_mode
                           & 0o777)
         result.changed.append(facts.CONTAINERD_CONFIG)
@@ -518,23 +619,48 @@ def _apply_runtime(host: HostRoot, restart: bool, binary: str = facts.NVIDIA_CON
     return result
 
 
+def _changed_keys(before: str | None, after: str) -> str:
+    """The keys two versions of a TOML file differ in, for a note ("the file" when one does not parse)."""
+    try:
+        a, b = flatten(tomllib.loads(before or "")), flatten(tomllib.loads(after))
+    except tomllib.TOMLDecodeError:
+        return "the file"
+    keys = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]
+    return _key_list(keys) if keys else "comments or layout"
+
+
+def _note_edited(journal: Journal, path: str, existing: str | None, dropin: str, result: RuntimeResult, *,
+                 where: str) -> bool:
+    """Note (and return True) when someone changed our drop-in since we wrote it, before apply puts it back:
+    the file is ours and is rewritten, but an edit is never dropped without a word."""
+    if existing is None or not journal.changed_by_others(path, existing):
+        return False
+    result.notes.append(f"{path} was changed since nvidia-gpu wrote it ({_changed_keys(existing, dropin)}): "
+                        f"rewritten as nvidia-gpu writes it; make lasting changes in {where}")
+    return True
+
+
 def rollback_runtime(host: HostRoot, *, restart: bool = True) -> RuntimeResult:
-    """Undo ``apply``: restore journaled files, and remove our drop-ins a script wrote without a journal."""
+    """Undo ``apply``, exactly: remove our drop-ins (those a script wrote without a journal too), take the
+    ``imports`` entry we added out of config.toml, and leave every later edit of anyone else's as it is."""
     with host.lock("runtime"):
         return _rollback_runtime(host, restart)
 
 
 def _rollback_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
     result = RuntimeResult()
-    result.changed = Journal(host, "runtime").restore()
-    for d in {*facts.DECKHOUSE_DROPIN_DIRS.values(), facts.CONTAINERD_IMPORT_DIR}:
-        path = f"{d}/{facts.RUNTIME_DROPIN_NAME}"
-        text = host.read_text_or_none(path)
-        if text is not None and text.startswith(HEADER) and host.remove(path):
-            result.changed.append(path)
-    text = host.read_text_or_none(facts.CRIO_DROPIN)
-    if text is not None and text.startswith(HEADER) and host.remove(facts.CRIO_DROPIN):
-        result.changed.append(facts.CRIO_DROPIN)
+    journal = Journal(host, "runtime")
+    # Planned before anything changes: a config.toml that cannot be read stops the rollback untouched.
+    new_config = _config_without_ours(host, journal, result)
+    dropins = sorted({f"{d}/{facts.RUNTIME_DROPIN_NAME}"
+                      for d in (*facts.DECKHOUSE_DROPIN_DIRS.values(), facts.CONTAINERD_IMPORT_DIR)})
+    for path in (*dropins, facts.CRIO_DROPIN):
+        _remove_dropin(host, journal, path, result)
+    if new_config is not None:
+        mode = host.path(facts.CONTAINERD_CONFIG).stat().st_mode & 0o777
+        if host.write_atomic(facts.CONTAINERD_CONFIG, new_config, mode=mode):
+            result.changed.append(facts.CONTAINERD_CONFIG)
+    result.changed += [p for p in journal.restore() if p not in result.changed]
     _rollback_toolkit(host, result)  # the toolkit reads it per container: no restart for it
     if result.changed and restart:  # restart whichever runtime's files changed
         if any(p.startswith(facts.CONTAINERD_DIR + "/") for p in result.changed):
@@ -542,6 +668,115 @@ def _rollback_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
         if any(p.startswith(facts.CRIO_DIR + "/") for p in result.changed):
             restart_service(host, "crio", result)
     return result
+
+
+def _remove_dropin(host: HostRoot, journal: Journal, path: str, result: RuntimeResult) -> None:
+    """Remove our drop-in at ``path`` (ours: it starts with our header; its journal record, an earlier version
+    of ours or none, is not put back). One someone changed since we wrote it is removed all the same, since
+    it names the nvidia runtime, which teardown may take away; the edited file is kept under the state dir
+    first, and a note says where."""
+    journal.forget(path)
+    text = host.read_text_or_none(path)
+    if text is None or not text.startswith(HEADER):
+        return
+    if journal.changed_by_others(path, text):
+        kept = host.state_path("edited", *path.strip("/").split("/"))
+        host.write_atomic(kept, text, mode=0o600)
+        result.notes.append(f"{path} was changed since nvidia-gpu wrote it: removed all the same (it names the "
+                            f"nvidia runtime), the edited file is kept as {kept}")
+    if host.remove(path):
+        result.changed.append(path)
+
+
+def _importers(host: HostRoot, pattern: str) -> list[str]:
+    """The files an absolute ``imports`` pattern brings in (containerd globs ``*`` patterns, takes others
+    as they are)."""
+    if not pattern.startswith("/"):
+        return []
+    if not any(c in pattern for c in "*?["):
+        return [pattern] if host.path(pattern).is_file() else []
+    parent = pattern.rsplit("/", 1)[0] or "/"
+    return [f"{parent}/{n}" for n in host.listdir(parent) if fnmatch.fnmatch(f"{parent}/{n}", pattern)]
+
+
+def _legacy_item(recorded: Recorded) -> AddedItem:
+    """An earlier version's journal copied all of config.toml before adding our entry: read it as the entry
+    (its ``imports`` line before; after unknown), so rollback takes our item out and keeps later edits."""
+    before = None
+    try:
+        original = recorded.content.decode() if recorded.existed else ""
+        m = _imports_match(original) if "imports" in tomllib.loads(original) else None
+        before = m.group(0) if m else None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        pass
+    return AddedItem(path=facts.CONTAINERD_CONFIG, key="imports", item=IMPORT_PATTERN, before=before)
+
+
+def _config_without_ours(host: HostRoot, journal: Journal, result: RuntimeResult) -> str | None:
+    """config.toml's text without the ``imports`` entry apply added, everything else as it is now; None when
+    there is nothing of ours to take out. Refuses (``ContainerdConfigError``) a config.toml that is not TOML,
+    before the rollback changes anything."""
+    path = facts.CONTAINERD_CONFIG
+    legacy = journal.forget(path)
+    items = journal.added_items(path) or ([_legacy_item(legacy)] if legacy is not None else [])
+    if not items:
+        return None
+    text = host.read_text_or_none(path)
+    if text is None:
+        result.notes.append(f"{path} is gone: no imports entry to take out")
+        return None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ContainerdConfigError(
+            f"{path} is not valid TOML ({e}): cannot take the imports entry "
+            f"{', '.join(repr(i.item) for i in items)} that nvidia-gpu added out of it; nothing was rolled back: "
+            "fix the file and run rollback again", path) from e
+    new = text
+    for item in items:
+        new, doc = _without_item(host, new, doc, item, result)
+    return new if new != text else None
+
+
+def _without_item(host: HostRoot, text: str, doc: dict[str, Any], item: AddedItem,
+                  result: RuntimeResult) -> tuple[str, dict[str, Any]]:
+    """``text`` (parsed: ``doc``) without our ``item`` in its top-level list ``item.key``: the key's text as it
+    was before apply when it is still as apply wrote it, our item out of the list otherwise (the line gone
+    when it is empty and was not there before). Left as it is, with a note, when someone else took the item
+    out already, when files of theirs are imported through it, or when the edit cannot be made cleanly."""
+    path, key = item.path, item.key
+    listed = doc.get(key)
+    if not isinstance(listed, list) or item.item not in listed:
+        result.notes.append(f"{path}: {key} no longer lists {item.item!r}, which nvidia-gpu added (changed since "
+                            "apply): left as it is")
+        return text, doc
+    theirs = [f for f in _importers(host, item.item) if f != PLAIN_DROPIN]
+    if theirs:
+        result.notes.append(f"{path}: {item.item!r}, which nvidia-gpu added to {key}, is kept: "
+                            f"{', '.join(theirs)} {'is' if len(theirs) == 1 else 'are'} imported through it")
+        return text, doc
+    m = _imports_match(text)
+    remaining = [p for p in listed if p != item.item]
+    if m is None:
+        result.notes.append(f"{path}: cannot locate the top-level {key} line to take {item.item!r} out of; "
+                            "take it out by hand")
+        return text, doc
+    if item.after is not None and m.group(0) == item.after:
+        replacement = item.before
+    else:
+        replacement = None if not remaining and item.before is None else _imports_line(remaining)
+    end = m.end() + (1 if replacement is None and text[m.end():m.end() + 1] == "\n" else 0)
+    new = text[:m.start()] + (replacement or "") + text[end:]
+    try:
+        new_doc = tomllib.loads(new)
+    except tomllib.TOMLDecodeError:
+        new_doc = {}
+    others = {k: v for k, v in doc.items() if k != key}
+    if {k: v for k, v in new_doc.items() if k != key} != others or new_doc.get(key, []) != remaining:
+        result.notes.append(f"{path}: taking {item.item!r} out of {key} would change other settings; take it out "
+                            "by hand")
+        return text, doc
+    return new, new_doc
 
 
 #: What marks a directory as the toolkit NVIDIA's installer wrote (its wrapper and its config); teardown

@@ -9,14 +9,31 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _key(k: str) -> str:
-    return k if _BARE.match(k) else json.dumps(k)
+    return k if _BARE.fullmatch(k) else json.dumps(k)
+
+
+def dotted(path: Sequence[str]) -> str:
+    """A key path as TOML writes it (``registry.mirrors."docker.io".endpoint``), for messages naming a key."""
+    return ".".join(_key(p) for p in path)
+
+
+def flatten(doc: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Every leaf of ``doc`` (a value that is not a table) by its key path: what two configs differ in is
+    then a comparison of two flat maps, key by key."""
+    out: dict[tuple[str, ...], Any] = {}
+    for k, v in doc.items():
+        if isinstance(v, Mapping):
+            out |= flatten(v, (*prefix, k))
+        else:
+            out[(*prefix, k)] = v
+    return out
 
 
 def _value(v: Any) -> str:

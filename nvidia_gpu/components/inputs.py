@@ -22,6 +22,7 @@ from typing import Any, cast
 import pulumi
 from pydantic import ValidationError
 
+from nvgpu.errortext import shown
 from nvgpu.k8snames import check_key, check_label_value
 from nvgpu.stackconfig import AgentImage
 
@@ -30,9 +31,12 @@ _TOKENS: dict[str, pulumi.Output[str]] = {}
 _COUNTER = itertools.count()
 _pattern_cache: tuple[int, re.Pattern[str] | None] = (0, None)
 
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: Patterns here are ``fullmatch``ed: ``re.match`` with ``$`` also takes a trailing newline (``gpu\n`` as a
+#: namespace; ``repo:1.0\n`` even lost the newline and became the tag ``1.0``).
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 #: ``repository[:tag][@sha256:<hex>]``, the spelling :class:`nvgpu.stackconfig.AgentImage` renders.
-_IMAGE = re.compile(r"^(?P<repository>[^@]+?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]*))?(?:@(?P<digest>sha256:.*))?$")
+_IMAGE = re.compile(r"(?P<repository>[^@]+?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]*))?(?:@(?P<digest>sha256:.*))?",
+                    re.DOTALL)
 #: The digest the stand-in image carries: an Output image has no tag known to the program, so the
 #: ``app.kubernetes.io/version`` label (the tag) is left out of the objects that would carry it.
 _STAND_IN_DIGEST = "sha256:" + "0" * 64
@@ -53,17 +57,17 @@ def _checked(field: str, check: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def check_namespace(value: object) -> str:
-    if not isinstance(value, str) or len(value) > 63 or not DNS_LABEL.match(value):
-        raise ValueError(f"{value!r} is not a namespace name (a DNS label: lower-case letters, digits and '-', "
+    if not isinstance(value, str) or len(value) > 63 or not DNS_LABEL.fullmatch(value):
+        raise ValueError(f"{shown(value)} is not a namespace name (a DNS label: lower-case letters, digits and '-', "
                          "at most 63 characters)")
     return value
 
 
 def parse_image(value: object) -> AgentImage:
     """An image reference as :class:`AgentImage` (pinned by tag or digest, as the stack config requires)."""
-    m = _IMAGE.match(value) if isinstance(value, str) else None
+    m = _IMAGE.fullmatch(value) if isinstance(value, str) else None
     if m is None:
-        raise ValueError(f"{value!r} is not an image reference (repository[:tag][@sha256:digest])")
+        raise ValueError(f"{shown(value)} is not an image reference (repository[:tag][@sha256:digest])")
     try:
         return AgentImage(repository=m["repository"], tag=m["tag"], digest=m["digest"])
     except ValidationError as e:

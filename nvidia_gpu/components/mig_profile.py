@@ -88,12 +88,19 @@ class MigProfile(pulumi.ComponentResource):
         guard = f"{name}-eviction-guard"
         webhook = register(f"{guard}-webhook", evictionguard.webhook_configuration(ns),
                            pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
+        # The policy holding the guard's patches to caBundle is in force before the guard may patch at all.
+        policy = register(f"{guard}-ca-only-policy", evictionguard.ca_only_policy(ns),
+                          pulumi.ResourceOptions(parent=self))
+        policy_binding = register(f"{guard}-ca-only-policy-binding", evictionguard.ca_only_policy_binding(ns),
+                                  pulumi.ResourceOptions(parent=self, depends_on=[policy]))
         sa, cluster_role, cluster_binding = evictionguard.rbac(ns)
         in_ns = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
         sa_res = register(f"{guard}-sa", sa, in_ns)
         cr_res = register(f"{guard}-role", cluster_role, pulumi.ResourceOptions(parent=self))
         binding = register(f"{guard}-binding", cluster_binding,
-                           pulumi.ResourceOptions(parent=self, depends_on=[sa_res, cr_res]))
+                           pulumi.ResourceOptions(parent=self, depends_on=[sa_res, cr_res, policy_binding]))
         svc = register(f"{guard}-service", evictionguard.service(ns), in_ns)
+        register(f"{guard}-network-policy",
+                 evictionguard.network_policy(ns, args.cluster.mig.eviction_guard_sources), in_ns)
         return register(f"{guard}-deployment", evictionguard.deployment(ns, args.cluster, args.groups),
                         pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, webhook, binding, svc]))

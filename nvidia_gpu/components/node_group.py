@@ -16,6 +16,7 @@ import pulumi
 from pydantic import ValidationError
 
 from nvgpu.driver import DriverSource
+from nvgpu.labels import GPU_TAINT_KEY
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import NodeScript, render_node_scripts
 from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend
@@ -82,6 +83,13 @@ class GpuNodeGroupArgs:
         if settings.node_setup is NodeSetupBackend.DECKHOUSE and group.node_group is None:
             raise ValueError(f"GpuNodeGroupArgs.group.nodeGroup: group {group.name!r}: nodeSetup 'deckhouse' "
                              "targets Deckhouse NodeGroups, so set nodeGroup")
+        if refs.node_taint_keys is not None and settings.node_setup is NodeSetupBackend.DAEMONSET:
+            missing = sorted({t.key for t in desired_node_taints(group)} - {GPU_TAINT_KEY, *refs.node_taint_keys})
+            if missing:
+                raise ValueError(
+                    f"GpuNodeGroupArgs.group.extraTaints: group {group.name!r}: the labeller would set taint key(s) "
+                    f"{', '.join(missing)}, which the platform's admission policy does not let it: add them to "
+                    "GpuPlatformArgs.node_taint_keys")
         mode = self.allocation_mode or group.allocation_mode or settings.allocation_mode
         labels = refs.extra_labels if self.extra_labels is None else inputs.labels(
             "GpuNodeGroupArgs.extra_labels", self.extra_labels)

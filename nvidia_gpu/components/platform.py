@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,10 @@ class GpuPlatformArgs:
     #: Labels added to every object the platform and its node groups create (a clash with a label the
     #: component sets is refused). Patches of objects others own (the Deckhouse NodeGroup) get none.
     extra_labels: pulumi.Input[Mapping[str, pulumi.Input[str]]] | None = None
+    #: The taint keys the node groups declare (``extraTaints``; ``nvidia.com/gpu`` is always included): the
+    #: labeller may set and remove these on its node and no others, so it cannot lift an administrator's
+    #: taint. The program passes its groups' keys; a group whose taint is missing here is refused.
+    node_taint_keys: Sequence[str] = ()
     #: ``cluster`` validated, with ``namespace`` and ``agent_image`` folded in (an Output as its stand-in).
     settings: Cluster = field(init=False, repr=False)
     #: ``extra_labels`` checked (or an Output that checks them when it resolves).
@@ -91,6 +95,9 @@ class PlatformRefs:
     namespace_resource: pulumi.Resource | None
     #: Per role, what its pods need before they can start: the ServiceAccount and its binding.
     role_resources: dict[AgentRole, tuple[pulumi.Resource, ...]]
+    #: The taint keys the platform's admission policy lets the labeller set (besides ``nvidia.com/gpu``);
+    #: None for a platform deployed elsewhere, whose keys this program cannot see.
+    node_taint_keys: tuple[str, ...] | None = None
 
     def needs(self, role: AgentRole) -> list[pulumi.Resource]:
         """What a workload running as ``role`` must wait for: the namespace and the role's identity."""
@@ -153,7 +160,8 @@ class GpuPlatform(pulumi.ComponentResource):
         deps.append(register(f"{name}-gpu-inventory-crd", inventory_manifests.crd(ns_name), child))
         # Each node agent that writes Nodes or Pods may touch only its own node (RBAC cannot say so).
         if cluster.kubernetes_minor >= confinement.MIN_MINOR:
-            policy = register(f"{name}-own-node-policy", confinement.admission_policy(ns_name), child)
+            policy = register(f"{name}-own-node-policy",
+                              confinement.admission_policy(ns_name, args.node_taint_keys), child)
             binding = register(f"{name}-own-node-policy-binding", confinement.admission_policy_binding(ns_name),
                                pulumi.ResourceOptions(parent=self, depends_on=[policy]))
             deps += [policy, binding]
@@ -174,5 +182,6 @@ class GpuPlatform(pulumi.ComponentResource):
             dependencies=tuple(deps),
             namespace_resource=ns,
             role_resources=per_role,
+            node_taint_keys=tuple(args.node_taint_keys),
         )
         self.register_outputs({"namespace": self.namespace, "serviceAccounts": self.service_accounts})

@@ -15,6 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from nvgpu.driver import DriverSource
+from nvgpu.nodelabels import desired_node_taints
 from nvgpu.nodescripts import NodeScript
 from nvgpu.stackconfig import (
     CONFIG_NAMESPACE,
@@ -74,7 +75,9 @@ def build_stack(config: StackConfig) -> Stack:
         enable_config_map_mutable=True,
     )
     with_provider = pulumi.ResourceOptions(providers={"kubernetes": provider})
-    platform = GpuPlatform(cluster.namespace, GpuPlatformArgs(cluster=cluster), with_provider)
+    taint_keys = sorted({t.key for group in config.node_groups for t in desired_node_taints(group)})
+    platform = GpuPlatform(cluster.namespace, GpuPlatformArgs(cluster=cluster, node_taint_keys=taint_keys),
+                           with_provider)
     groups: dict[str, GpuNodeGroup] = {}
     for group in config.node_groups:
         groups[group.name] = GpuNodeGroup(

@@ -26,6 +26,7 @@ from pulumi_policy import (
 
 from nvgpu import catalogue, labels, migparted
 from nvgpu import driver as driverspec
+from nvgpu import toolkit as toolkitspec
 from nvgpu.catalogue import GpuModel
 from nvgpu.stackconfig import DRA_GA_MINOR, MPS_MAX_CLIENTS, DraSettings
 from nvidia_gpu.policies import stack_facts
@@ -57,7 +58,9 @@ DRA_API_SINCE = {"resource.k8s.io/v1": DRA_GA_MINOR, "resource.k8s.io/v1beta2": 
 DRA_FEATURE_GATE = "DynamicResourceAllocation"
 #: DaemonSets that run before node setup's gate opens: node setup itself, and NVIDIA's driver container
 #: (``gpu.driver.source: container``), whose driver the setup check waits for.
-DEFAULT_SETUP_ROLES = ("gpu-setup", "nvidia-driver")
+#: Node setup itself, the driver container and NVIDIA's toolkit container (node setup waits for the toolkit
+#: it installs), none of which can wait for the gate it opens.
+DEFAULT_SETUP_ROLES = ("gpu-setup", driverspec.CONTAINER_COMPONENT, toolkitspec.COMPONENT)
 _DRIVER_TEST = re.compile(r"device\.driver\s*==\s*[\"']([^\"']+)[\"']|[\"']([^\"']+)[\"']\s*==\s*device\.driver")
 
 

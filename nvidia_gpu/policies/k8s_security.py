@@ -61,7 +61,9 @@ PSA_PREFIX = "pod-security.kubernetes.io/"
 PSA_LEVELS = ("privileged", "baseline", "restricted")
 DEFAULT_PSA_MODES = ("enforce",)
 RBAC_GROUP = "rbac.authorization.k8s.io"
-_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+#: Searched at the end of the reference with ``\Z``: ``$`` also matched before a trailing newline, so an
+#: image ``repo@sha256:<hex>\n``, which no runtime pulls, counted as pinned.
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}\Z")
 
 
 def _who(kind: Kind, props: Mapping[str, Any]) -> str:

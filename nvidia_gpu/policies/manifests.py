@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import yaml
+from nvgpu import yamltext
 
 EMPTY: Mapping[str, Any] = {}
 
@@ -145,9 +145,11 @@ def workload_role(kind: Kind, props: Mapping[str, Any]) -> str:
 
 @lru_cache(maxsize=512)
 def _parse_yaml(text: str) -> Any:
+    """A ConfigMap value as a document, or None; bounded (no aliases, size and depth limits), as the agents
+    read these configs, so a crafted value cannot crash or exhaust the policy pack."""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return yamltext.load(text, "ConfigMap data")
+    except yamltext.YamlLoadError:
         return None
 
 

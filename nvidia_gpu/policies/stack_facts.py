@@ -29,7 +29,8 @@ from nvidia_gpu.policies.manifests import annotations_of, as_list, as_map, as_st
 
 KUBERNETES_VERSION_KEY = labels.KUBERNETES_VERSION
 PSA_ENFORCE_VERSION = "pod-security.kubernetes.io/enforce-version"
-_VERSION = re.compile(r"^v?1\.(\d+)(?:\.\d+)?$")
+#: ``fullmatch``ed on the stripped text (a label or annotation value); ASCII digits only.
+_VERSION = re.compile(r"v?1\.([0-9]{1,4})(?:\.[0-9]{1,6})?")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class KubernetesVersion:
 
 
 def parse_minor(text: str) -> int | None:
-    m = _VERSION.match(text.strip())
+    m = _VERSION.fullmatch(text.strip())
     return int(m.group(1)) if m else None
 
 

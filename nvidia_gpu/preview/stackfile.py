@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from nvgpu import yamltext
 from nvgpu.stackconfig import CONFIG_NAMESPACE, StackConfigError, load_stack_config, namespace_values
 from nvidia_gpu.preview.model import PreviewResult, Problem
 
@@ -40,9 +41,14 @@ def engine_config(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
 
 
 def load(result: PreviewResult) -> None:
+    # The bounded reader: a stack file is one of the inputs a config can crash or exhaust (a 5,000-digit
+    # integer, an alias bomb); aliases stay allowed, as Pulumi's own reader allows them.
     try:
-        doc = yaml.load(result.stack_file.read_text(), Loader=_LOADER) or {}
-    except (OSError, yaml.YAMLError) as e:
+        doc = yamltext.load(result.stack_file.read_text(), str(result.stack_file), aliases=True) or {}
+    except OSError as e:
+        result.problems.append(Problem(STEP, str(result.stack_file), f"cannot read stack file: {e}"))
+        return
+    except yamltext.YamlLoadError as e:
         result.problems.append(Problem(STEP, str(result.stack_file), f"cannot read stack file: {e}"))
         return
     raw = doc.get("config") if isinstance(doc, dict) else None

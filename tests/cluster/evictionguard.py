@@ -40,7 +40,9 @@ def webhook_at(namespace: str, url: str) -> dict[str, Any]:
 @contextmanager
 def running_guard(kube: Kube, namespace: str, directory: Path) -> Iterator[RunningGuard]:
     """The guard serving on loopback and trusted by the API server; removed again afterwards."""
-    objects = manifests.rbac(namespace)
+    # The policy first, as the stack registers it: the guard may patch only once it holds.
+    objects = (manifests.ca_only_policy(namespace), manifests.ca_only_policy_binding(namespace),
+               *manifests.rbac(namespace))
     for obj in objects:
         kube.apply(obj)
     sa = service_account_kube(kube, namespace, contract.COMPONENT)

@@ -350,7 +350,7 @@ def test_labeller_rereads_after_a_real_conflict(kube: Kube, labeller: Labeller, 
     the labeller's stale resourceVersion with 409, the labeller re-reads and both taints end up on the Node.
     Runs the labeller's own ``patch_node`` in-process (the seam is its Node read), as its ServiceAccount."""
     race = {"key": "example.com/drain", "value": "soon", "effect": "PreferNoSchedule"}
-    extra = "lab.example.com/conflict=yes:PreferNoSchedule"
+    extra = "dedicated=yes:PreferNoSchedule"  # a dev-stack group's taint key: the labeller may set it
     reads: list[str] = []
     refusals: list[int | None] = []
     read_node, patch_node = KubeNodeApi.read_node, KubeNodeApi.patch_node
@@ -577,7 +577,7 @@ def test_labeller_identity_reads_and_patches_its_own_node(kube: Kube, labeller: 
     me = labeller.agent
     assert me.kube.get("v1", "Node", labeller.node)["metadata"]["name"] == labeller.node
     path = f"/api/v1/nodes/{labeller.node}"
-    me.kube.request("PATCH", path, {"metadata": {"labels": {"gpu.nvidia-gpu.io/probe": "x"}}},
+    me.kube.request("PATCH", path, {"metadata": {"labels": {"nvidia.com/probe": "x"}}},
                     content_type=MERGE_PATCH, query={"dryRun": "All"})
     # Outside the GPU label domains the node-confinement policy refuses, on its own node too.
     with pytest.raises(ApiError) as caught:

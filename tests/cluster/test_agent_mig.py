@@ -422,7 +422,7 @@ def test_rbac_allows_every_call_the_manager_makes(kube: Kube, dev_stack: Applied
                                                          "resourceVersion": node["metadata"]["resourceVersion"],
                                                          "timeoutSeconds": "1"})
     assert watched is None or "ERROR" not in str(watched)
-    probe = "gpu.nvidia-gpu.io/rbac-probe"
+    probe = labels.GPU_DEPLOY_PREFIX + "nvsm"  # a label its role writes (it pauses NVIDIA's components)
     me.patch("v1", "Node", name, {"metadata": {"labels": {probe: "x"}}})
     assert kube.get("v1", "Node", name)["metadata"]["labels"][probe] == "x"
     me.patch("v1", "Node", name, {"metadata": {"labels": {probe: None}}})

@@ -38,6 +38,13 @@ CLUSTER = {"kubernetesVersion": "1.34", "driverRoot": "/run/nvidia/driver",
            "agentImage": {"repository": "registry.example.com/agent", "tag": "1.0.0"}}
 
 
+def _track(seen: dict[str, list[str]], states: dict[str, str | None]) -> None:
+    """Append each node's state to its history when it changed."""
+    for n, s in states.items():
+        if s and (not seen[n] or seen[n][-1] != s):
+            seen[n].append(s)
+
+
 def test_the_nvidia_driver_objects_are_accepted_as_rendered(kube: Kube) -> None:
     cfg = load_stack_config({"cluster": CLUSTER, "nodeGroups": [
         {"name": "h100", "nodeSelector": {"matchLabels": {"pool": "h100"}},
@@ -277,9 +284,7 @@ def test_a_version_change_walks_each_node_through_the_upgrade_one_at_a_time(kube
         # A new controller every round: all it knows is on the nodes (a restart between any two steps).
         UpgradeController(agent_kube, UPGRADE_NS).run_round()
         states = _states(kube)
-        for n, s in states.items():
-            if s and (not seen[n] or seen[n][-1] != s):
-                seen[n].append(s)
+        _track(seen, states)
         in_flight = [n for n, s in states.items() if s and UpgradeState(s) in IN_FLIGHT]
         cordoned = [n for n in UPGRADE_NODES[:-1] if kube.get("v1", "Node", n)["spec"].get("unschedulable")]
         out_of_service_at_once = max(out_of_service_at_once, len(in_flight), len(cordoned))
@@ -400,9 +405,7 @@ def test_on_deckhouse_the_nodegroups_disruption_settings_hold(kube: Kube, upgrad
                 kube.patch("v1", "Node", name, {"metadata": {"annotations": {labels.DISRUPTION_APPROVED: ""}}})
         controller.run_round()
         states = _states(kube)
-        for n, s in states.items():
-            if s and (not seen[n] or seen[n][-1] != s):
-                seen[n].append(s)
+        _track(seen, states)
         if all(s == UpgradeState.DONE.value for s in states.values()):
             break
         time.sleep(0.2)
@@ -411,3 +414,62 @@ def test_on_deckhouse_the_nodegroups_disruption_settings_hold(kube: Kube, upgrad
         notes = kube.get("v1", "Node", n)["metadata"].get("annotations", {})
         assert labels.DISRUPTION_REQUIRED not in notes and labels.DISRUPTION_APPROVED not in notes, n
         assert not kube.get("v1", "Node", n)["spec"].get("unschedulable")
+
+
+@pytest.mark.timeout(300)
+def test_a_forged_upgrade_state_neither_stops_the_rollout_nor_skips_a_node(
+        kube: Kube, cluster: ControlPlane, upgrade_cluster: Path) -> None:
+    """Other clients write the upgrade state the controller keeps on the nodes: a person's ``kubectl label``
+    (its own field manager) marks a node not yet started ``upgrade-failed``, and a node agent's transport
+    (no field manager: the API server records ``python-urllib3``) marks the node being drained
+    ``uncordon-required``. The real API server's ``managedFields`` names them, not the controller: the
+    controller acts on neither (the first would stop the rollout, the second give the node back with its
+    old driver), writes its own state back, says so in an Event, and the rollout goes through every node."""
+    from node_agent.driverupgrade.controller import UpgradeController
+    from node_agent.driverupgrade.nodestate import FIELD_MANAGER, field_owners
+    from node_agent.kube import nodes as agent_nodes
+    from node_agent.kube.transport import Kube as AgentKube
+
+    old = {n: p["metadata"]["name"] for n, p in _driver_pods(kube).items()}
+    cluster_cfg, group = _upgrade_group("550.127.05")
+    for ds in driver.driver_daemonsets(UPGRADE_NS, cluster_cfg, group):
+        kube.apply(ds)
+    agent_kube = AgentKube.connect(upgrade_cluster)
+    UpgradeController(agent_kube, UPGRADE_NS).run_round()
+    assert set(_states(kube).values()) == {"upgrade-required"}
+    last = UPGRADE_NODES[-1]
+    kube.request("PATCH", f"/api/v1/nodes/{last}",
+                 {"metadata": {"labels": {labels.DRIVER_UPGRADE_STATE: "upgrade-failed"},
+                               "annotations": {labels.DRIVER_UPGRADE_FAILURE: "forged"}}},
+                 content_type="application/merge-patch+json", query={"fieldManager": "kubectl-label"})
+    node_agent = AgentKube.connect(cluster.kubeconfig)  # the agent's transport, as a node agent writes
+    forged_drain: str | None = None
+    seen: dict[str, list[str]] = {n: [] for n in UPGRADE_NODES}
+    for _ in range(200):
+        # A new controller every round, as in the walk above: it trusts only what the nodes' managedFields say.
+        UpgradeController(agent_kube, UPGRADE_NS).run_round()
+        states = _states(kube)
+        _track(seen, states)
+        assert states[last] != "upgrade-failed", "the forged failure was put back at once"
+        if forged_drain is None and (draining := [n for n, s in states.items() if s == "drain-required"]):
+            forged_drain = draining[0]
+            agent_nodes.patch_node(node_agent, forged_drain,
+                                   {"metadata": {"labels": {labels.DRIVER_UPGRADE_STATE: "uncordon-required"}}})
+            UpgradeController(agent_kube, UPGRADE_NS).run_round()
+            assert _states(kube)[forged_drain] in ("drain-required", "pod-restart-required"), _states(kube)
+            assert kube.get("v1", "Node", forged_drain)["spec"].get("unschedulable"), "still out of service"
+            assert _driver_pods(kube)[forged_drain]["metadata"]["name"] == old[forged_drain], "not skipped"
+        if all(s == "upgrade-done" for s in states.values()):
+            break
+        time.sleep(0.2)
+    assert forged_drain is not None, seen
+    assert all(s[-1] == "upgrade-done" for s in seen.values()), seen
+    pods = _driver_pods(kube)
+    assert not set(old.values()) & {p["metadata"]["name"] for p in pods.values()}, "every driver replaced"
+    for name in UPGRADE_NODES:
+        node = kube.get("v1", "Node", name)
+        assert field_owners(node)[("labels", labels.DRIVER_UPGRADE_STATE)] == {FIELD_MANAGER}, node["metadata"]
+        assert labels.DRIVER_UPGRADE_FAILURE not in node["metadata"].get("annotations", {})
+    for name in (last, forged_drain):
+        reasons = [e["reason"] for e in kube.list("v1", "Event", "default") if e["involvedObject"].get("name") == name]
+        assert "DriverUpgradeStateForged" in reasons, (name, reasons)

@@ -6,13 +6,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import kmock
 import pytest
 
 from node_agent.dra.api import KubeDraApi
+from node_agent.dra.claims import ClaimRef
 from node_agent.dra.driver import DraDriver, DriverSettings
-from node_agent.host import HostRoot
+from node_agent.dra.nvml_source import NvmlInventorySource
+from node_agent.dra.sharing import NvidiaSmiSharing
+from node_agent.host import HostRoot, RecordingExec
 from tests.kit.dra_builders import DRIVER, NODE, FakeSource, RecordingSharing, machine, populate_dev
 from tests.kit.kmock import FakeApiServer, fake_api_server
 from tests.kit.kubelet.common import short_root
@@ -62,3 +66,37 @@ def env(host_root: Path, api_server: FakeApiServer) -> Env:
     populate_dev(host_root, source.snapshot())
     sharing = RecordingSharing()
     return Env(host_root, api_server, source, sharing, make_driver(host_root, api_server, source, sharing))
+
+
+@dataclass
+class Node:
+    root: Path
+    server: FakeApiServer
+    exec: RecordingExec
+    driver: DraDriver
+    uuids: list[str]
+
+    def put(self, body: dict[str, Any]) -> ClaimRef:
+        from kubernetes import client
+
+        meta = body["metadata"]
+        client.ResourceV1Api(self.server.api_client()).create_namespaced_resource_claim(meta["namespace"], body)
+        return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+
+
+@pytest.fixture
+def node(host_root: Path, api_server: FakeApiServer) -> Iterator[Node]:
+    """A simulated DGX H100 whose sharing commands run through the production backend and a recorder."""
+    rec = RecordingExec()
+    host = HostRoot(host_root, executor=rec)
+    source = NvmlInventorySource("simulated:dgx-h100", HostRoot(host_root))
+    inventory = source.snapshot()
+    populate_dev(host_root, inventory)
+    driver = DraDriver(DriverSettings(driver=DRIVER, node=NODE), api=KubeDraApi(api_server.kube()),
+                       source=source, host=host, backend=NvidiaSmiSharing(host))
+    driver.start()
+    try:
+        yield Node(host_root, api_server, rec, driver, [g.uuid for g in inventory.gpus])
+    finally:
+        driver.close()
+        source.close()

@@ -248,10 +248,20 @@ class StepLock:
 
 @dataclass
 class Clock:
+    """The manager's two clocks. ``t`` is time passing: both move with it. :meth:`step` moves only the
+    wall clock, as an NTP step or an operator's ``date -s`` does; the monotonic clock does not see it."""
+
     t: float = 1000.0
+    wall_offset: float = 0.0
 
     def __call__(self) -> float:
+        return self.t + self.wall_offset
+
+    def monotonic(self) -> float:
         return self.t
+
+    def step(self, seconds: float) -> None:
+        self.wall_offset += seconds
 
 
 @dataclass

@@ -55,6 +55,7 @@ class Rig:
             step_lock=self.lock,
             boot_id=lambda: self.boot[0],
             clock=self.clock,
+            monotonic=self.clock.monotonic,
             rebooter=self.rebooter,
             settings=Settings(drain=self.drain, allow_reboot=self.allow_reboot, timeouts=self.timeouts,
                               max_steps=64),

@@ -21,7 +21,8 @@ from tests.mig.harness import CONFIG, Rig, mig_node
 
 def _manager(rig: Rig, host: HostRoot, lock: HostStepLock) -> MigManager:
     return MigManager(node=rig.node, backend=rig.backend, load_config=lambda: CONFIG, files=host, step_lock=lock,
-                      boot_id=lambda: rig.boot[0], clock=rig.clock, rebooter=rig.rebooter,
+                      boot_id=lambda: rig.boot[0], clock=rig.clock, monotonic=rig.clock.monotonic,
+                      rebooter=rig.rebooter,
                       settings=Settings(timeouts=rig.timeouts))
 
 

@@ -12,18 +12,22 @@ from node_agent.mig.machine import Act, DrainMode, Observation, TargetKind, Time
 from nvgpu import labels
 
 NOW = 10_000.0
+#: The monotonic clock at NOW (seconds since boot b1): the waits are timed on it.
+MONO = 500.0
 APPROVED = {labels.DISRUPTION_REQUIRED: "", labels.DISRUPTION_APPROVED: ""}
 
 
 def obs(**kw: Any) -> Observation:
     base = Observation(now=NOW, desired="all-1g.10gb", state=None, sharing="MIG", mig_capable="true",
-                       target=TargetKind.LAYOUT, boot_id="b1")
+                       target=TargetKind.LAYOUT, boot_id="b1", monotonic=MONO)
     return replace(base, **kw)
 
 
 def journal(phase: Phase, config: str = "all-1g.10gb", **kw: Any) -> Journal:
-    return Journal(config=config, phase=phase, started_at=NOW - 100, phase_since=kw.pop("since", NOW - 10),
-                   boot_id=kw.pop("boot_id", "b1"), **kw)
+    """A journal whose phase began ``since`` (default 10 s before NOW), by both clocks, on boot b1."""
+    since = kw.pop("since", NOW - 10)
+    return Journal(config=config, phase=phase, started_at=NOW - 100, phase_since=since,
+                   phase_mono=MONO - (NOW - since), phase_boot_id="b1", boot_id=kw.pop("boot_id", "b1"), **kw)
 
 
 # (id, observation, expected action, expected phase or outcome)
@@ -85,6 +89,13 @@ TABLE: list[tuple[str, Observation, Act, Phase | Outcome | None]] = [
      Act.ADVANCE, Phase.CLIENTS),
     ("draining: timeout", obs(journal=journal(Phase.DRAINING, since=NOW - 2000), paused=True),
      Act.FINISH, Outcome.FAILED),
+    ("draining: the wall clock stepped ahead, the monotonic one says 10 s: wait",
+     obs(journal=journal(Phase.DRAINING), now=NOW + 7200, paused=True), Act.WAIT, None),
+    ("draining: the wall clock stepped back, the monotonic one says 2000 s: timeout",
+     obs(journal=journal(Phase.DRAINING, since=NOW - 2000), now=NOW - 3600, paused=True),
+     Act.FINISH, Outcome.FAILED),
+    ("draining: a journal of another boot is not timed by its reading",
+     obs(journal=journal(Phase.DRAINING, since=NOW - 2000), boot_id="b2", paused=True), Act.WAIT, None),
     ("cordon: workloads left", obs(journal=journal(Phase.DRAINING), paused=True, drain=DrainMode.CORDON,
                                    workloads=("ml/train",)), Act.WAIT, None),
     ("cordon: workloads gone", obs(journal=journal(Phase.DRAINING), paused=True, drain=DrainMode.CORDON),

@@ -334,3 +334,38 @@ def test_the_check_labels_are_written_alike(case: str, tmp_path: Path, run_scrip
     else:
         assert by_script == wanted, (by_script, wanted)
         assert by_script[labels.NODE_CHECK] == doc["verdict"]
+
+
+@pytest.mark.parametrize("scenario", ["good-dgx-h100-containerd1", "good-hgx-h200-containerd2"])
+def test_an_edited_dropin_is_put_back_alike_and_teardown_keeps_the_operators_own(
+        scenario: str, tmp_path: Path, run_script: RunScript, capsys: pytest.CaptureFixture[str]) -> None:
+    """On Deckhouse, someone edits our drop-in and adds one of their own beside it: gpu-runtime.sh and the agent's
+    ``runtime apply`` put ours back byte for byte alike (the agent naming the key it puts back), and the
+    agent's teardown then removes ours, keeps the edited copy aside and leaves the operator's drop-in."""
+    from nvgpu.nodescripts import facts
+
+    hosts = [SCENARIOS[scenario](tmp_path / side) for side in ("script", "agent")]
+    script, agent = hosts
+    version = 2 if scenario.endswith("containerd1") else 3
+    dropin = f"{facts.DECKHOUSE_DROPIN_DIRS[version]}/{facts.RUNTIME_DROPIN_NAME}"
+    theirs = f"{facts.DECKHOUSE_DROPIN_DIRS[version]}/20-mirrors.toml"
+    for name in ("gpu-check.sh", "gpu-runtime.sh"):
+        run_script(script, name)
+    _agent_json(agent, capsys, "check", "--phase", "host")
+    code, _ = _agent_json(agent, capsys, "runtime", "apply", "--no-restart")
+    assert code == 0
+    for host in hosts:
+        ours = host.path(dropin)
+        ours.write_text(ours.read_text().replace("SystemdCgroup = true", "SystemdCgroup = false"))
+        host.path(theirs).write_text('[plugins."x".registry]\n  config_path = "/etc/containerd/certs.d"\n')
+    assert run_script(script, "gpu-runtime.sh").returncode == 0
+    code, doc = _agent_json(agent, capsys, "runtime", "apply", "--no-restart")
+    assert code == 0 and dropin in doc["changed"]
+    assert any("SystemdCgroup" in n and "changed since nvidia-gpu wrote it" in n for n in doc["notes"]), doc["notes"]
+    assert agent.snapshot("/etc") == script.snapshot("/etc")
+    operators = agent.path(theirs).read_bytes()
+    agent.path(dropin).write_text(agent.path(dropin).read_text() + "# mine\n")
+    code, doc = _agent_json(agent, capsys, "teardown", "--no-patch-node", "--no-restart")
+    assert code == 0
+    assert not agent.path(dropin).exists() and agent.path(f"{facts.STATE_DIR}/edited{dropin}").exists()
+    assert agent.path(theirs).read_bytes() == operators

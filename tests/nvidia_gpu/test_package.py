@@ -28,6 +28,7 @@ def test_the_schema_has_every_component_with_its_inputs_and_outputs() -> None:
     # registers); the values that may come from other resources are Inputs.
     assert group.inputs["group"].plain and not group.inputs["namespace"].plain
     assert sorted(defs["GpuPlatform"].outputs) == ["namespace", "serviceAccounts"]
+    assert sorted(defs["GpuPlatform"].inputs) == ["agentImage", "cluster", "extraLabels", "namespace", "nodeTaintKeys"]
     assert sorted(defs["MigProfile"].outputs) == ["configMapName", "configNames"]
 
 

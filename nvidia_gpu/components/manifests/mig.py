@@ -54,7 +54,7 @@ RBAC_API = "rbac.authorization.k8s.io/v1"
 RULES: tuple[dict[str, list[str]], ...] = (
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]},
-    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
 #: Where it drains itself (``--drain cordon``) it also evicts GPU workloads. An Eviction names only the
 #: pod, so no admission policy can keep it to its node: the right is given only where it is used (on

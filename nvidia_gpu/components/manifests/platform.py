@@ -58,14 +58,13 @@ _PATCH_OWN_NODE = Rule(("",), ("nodes",), ("get", "patch"))
 #: ... and keeps its node's GPU inventory objects (the node-confinement policy keeps it to its own node's).
 _GPU_INVENTORY = Rule((inventory.GROUP,), (inventory.PLURAL,), ("get", "list", "create", "delete"))
 _GPU_INVENTORY_STATUS = Rule((inventory.GROUP,), (f"{inventory.PLURAL}/status",), ("patch",))
-_EVENTS = Rule(("", "events.k8s.io"), ("events",), ("create", "patch"))
 
 #: The device plugin reads its own Node to pick the named sharing config from the node label.
 #: The labeller and the setup agent patch labels (and the setup-complete label) onto their own Node.
 ROLE_RULES: dict[AgentRole, tuple[Rule, ...]] = {
-    AgentRole.DEVICE_PLUGIN: (_READ_NODES, _EVENTS),
+    AgentRole.DEVICE_PLUGIN: (_READ_NODES,),
     AgentRole.LABELLER: (_PATCH_OWN_NODE, _GPU_INVENTORY, _GPU_INVENTORY_STATUS),
-    AgentRole.NODE_SETUP: (_PATCH_NODES, _EVENTS),
+    AgentRole.NODE_SETUP: (_PATCH_NODES,),
 }
 
 #: Namespaced, in the stack's namespace: the labeller reads its own DaemonSet when stopping, to tell a

@@ -66,6 +66,8 @@ RESOURCES: dict[AgentRole, Resources] = {
     AgentRole.LABELLER: Resources("10m", "48Mi", "200m", "128Mi"),
     AgentRole.NODE_SETUP: Resources("20m", "64Mi", "500m", "256Mi"),
 }
+#: The teardown holder: a shell at rest, with room for the teardown its preStop hook runs.
+TEARDOWN_HOLD_RESOURCES = Resources("1m", "4Mi", "500m", "256Mi")
 
 #: MPS groups: the device plugin starts ``nvidia-cuda-mps-control -d`` itself
 #: (``node_agent.deviceplugin.mps``), and the control daemon forks ``nvidia-cuda-mps-server`` when the
@@ -112,6 +114,24 @@ _RESTRICTED: dict[str, Any] = {
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+
+#: Node setup's teardown holder: sleeps until SIGTERM (``sleep`` as PID 1 would ignore it and hold the pod
+#: for its whole grace period), its preStop hook running the teardown first.
+HOLD_COMMAND = ("sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done")
+
+
+def device_plugin_security(group: NodeGroup) -> dict[str, Any]:
+    """The device plugin's securityContext, the least each sharing mode needs (NVIDIA's chart: unprivileged,
+    ``SYS_ADMIN`` only for MIG strategies). Root, for kubelet's root-owned device-plugins directory, but with
+    no capabilities: writing there and to the CDI directory needs only the owner's permission bits. MPS
+    groups stay privileged while the MPS control daemon runs inside the plugin's container."""
+    if group.gpu.sharing is Sharing.MPS:
+        return dict(_PRIVILEGED)
+    security = {**_RESTRICTED, "runAsUser": 0, "runAsGroup": 0}
+    if group.gpu.sharing is Sharing.MIG:
+        security["capabilities"] = {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    return security
+
 
 _NODE_NAME_ENV = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 
@@ -309,15 +329,23 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         args += ["--nvidia-driver-root", ctx.driver_root]
     # CDI specs run the toolkit's hook (nvidiaCTKPath) when the plugin sees it in the mounted directory.
     args += ["--nvidia-ctk-path", ctx.cluster.cdi_hook_for(group), "--cdi-hook-dir", CDI_HOOK_DIR]
-    # Privileged: NVML and the device specs handed to kubelet need every /dev/nvidia* node, and the
-    # plugin's sockets live in kubelet's root-owned device-plugins directory (see the module docstring).
-    container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, _PRIVILEGED)
+    container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, device_plugin_security(group))
     container["resources"] = device_plugin_resources(group.gpu.sharing).as_dict()  # MPS daemons included
-    # The NVIDIA runtime injects the driver's NVML and CUDA libraries (the MPS daemon needs compute).
-    container["env"] += [
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
-    ]
+    mps = group.gpu.sharing is Sharing.MPS
+    if mps:
+        # The MPS control daemon runs in this container and sets the GPUs' compute mode: privileged, as
+        # NVIDIA's own MPS daemon container is, and given every GPU by the privileged toolkit path.
+        container["env"] += [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    else:
+        # Unprivileged, as NVIDIA's chart runs its plugin: the NVIDIA runtime injects the GPUs' device nodes
+        # (asked for as the labeller does, by the volume-mounts list: the toolkit ignores the variable in
+        # unprivileged containers), NVML comes from the read-only driver root.
+        container["env"] += [{"name": "NVIDIA_VISIBLE_DEVICES", "value": devicelist.VOLUME_MOUNT_ROOT}]
+    container["env"] += [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
+    if group.gpu.sharing is Sharing.MIG:
+        # NVML lists MIG devices only to a process that may read their capabilities; the runtime mounts them
+        # (/dev/nvidia-caps) for a container with CAP_SYS_ADMIN that asks (NVIDIA's chart, MIG strategies).
+        container["env"] += [{"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}]
     container["ports"] = metrics_port(DEVICE_PLUGIN_METRICS_PORT)
     # /readyz: every resource is registered with kubelet (node_agent.deviceplugin.metrics), and the
     # status port is ours. No liveness probe on that port: it is optional (a taken port must not stop a
@@ -327,7 +355,6 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
                                    "timeoutSeconds": 2, "failureThreshold": 3}
     mounts = [
         _mount("device-plugins", KUBELET_DEVICE_PLUGINS),
-        _mount("dev", "/dev"),
         _mount("cdi", CDI_DIR),
         _mount("mps-root", MPS_ROOT),
         _mount("agent-state", AGENT_STATE_DIR),
@@ -339,7 +366,6 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
     ]
     volumes = [
         _host_path("device-plugins", KUBELET_DEVICE_PLUGINS, "Directory"),
-        _host_path("dev", "/dev", "Directory"),
         _host_path("cdi", CDI_DIR, "DirectoryOrCreate"),
         _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
         _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
@@ -348,11 +374,14 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         cdi_hook_volume(ctx.cluster, ctx.group),
         dict(_TMP_VOLUME),
     ]
-    if group.gpu.sharing is Sharing.MPS:
+    if mps:
         # The MPS control daemon runs in this container; its shared memory must be the host directory
         # that Allocate mounts at /dev/shm in every client (<mpsRoot>/shm).
         mounts.append(_mount("mps-shm", "/dev/shm"))
         volumes.append(_host_path("mps-shm", f"{MPS_ROOT}/shm", "DirectoryOrCreate"))
+    else:
+        mounts.append(_mount(ALL_GPUS_VOLUME, f"{devicelist.VOLUME_MOUNT_ROOT}/all", read_only=True))
+        volumes.append(_host_path(ALL_GPUS_VOLUME, "/dev/null", "CharDevice"))
     container["volumeMounts"] = mounts
     pod_spec = {"containers": [container], "volumes": volumes}
     return _daemonset(ctx, component, AgentRole.DEVICE_PLUGIN, pod_spec, require_setup_complete=True,
@@ -507,17 +536,27 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     elif _containerised(ctx.driver_root):  # the host's toolkit must look for the driver where the container put it
         setup += ["--toolkit-driver-root", ctx.driver_root]
     init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
-    hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, monitor, _PRIVILEGED)
-    hold["ports"] = metrics_port(NODE_SETUP_METRICS_PORT)
+    # Only setup and teardown write the host. The hold container does nothing but hold the teardown (its
+    # preStop hook) with the host root writable: a shell waiting for SIGTERM, not an interpreter. The
+    # monitor reads: the host root is mounted read-only there. It stays privileged only because NVML opens
+    # the GPUs' device nodes and this pod, which configures the NVIDIA runtime, cannot have them injected
+    # (its sandbox predates the runtime's configuration).
+    hold = _container(ctx, f"{component}-hold", AgentRole.NODE_SETUP, [], _PRIVILEGED)
+    hold["command"] = list(HOLD_COMMAND)
+    hold["resources"] = TEARDOWN_HOLD_RESOURCES.as_dict()
     hold["lifecycle"] = {"preStop": {"exec": {"command": teardown}}}
+    watch = _container(ctx, f"{component}-monitor", AgentRole.NODE_SETUP, monitor, _PRIVILEGED)
+    watch["ports"] = metrics_port(NODE_SETUP_METRICS_PORT)
     mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(ctx.driver_root), _TMP_MOUNT]
     init["volumeMounts"] = list(mounts)
     hold["volumeMounts"] = list(mounts)
+    watch["volumeMounts"] = [_mount("host-root", HOST_ROOT, read_only=True), driver_root_mount(ctx.driver_root),
+                             _TMP_MOUNT]
     pod_spec = {
         "hostPID": False,
         "terminationGracePeriodSeconds": 120,
         "initContainers": [init],
-        "containers": [hold],
+        "containers": [hold, watch],
         "volumes": [_host_path("host-root", "/", "Directory"), driver_root_volume(ctx.driver_root), dict(_TMP_VOLUME)],
     }
     # The provider waits for a DaemonSet's rollout; an OnDelete one rolls only when an operator deletes

@@ -9,7 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import http.client
 import json
+import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,3 +174,65 @@ def test_what_is_not_a_review_is_a_400_never_an_allow(guard: EvictionGuard) -> N
 def test_probes(guard: EvictionGuard) -> None:
     assert call(guard, "GET", "/healthz") == (200, {"status": "ok"})
     assert call(guard, "GET", "/readyz") == (200, {"status": "ok"})
+
+
+@pytest.fixture
+def small_guard() -> Iterator[EvictionGuard]:
+    settings = GuardSettings(namespace="nvidia-gpu", configuration="cfg", hosts=("127.0.0.1",),
+                             listen=("127.0.0.1", 0), retry_s=0.05, max_connections=4, idle_timeout_s=0.5)
+    g = EvictionGuard(settings, FakeKube(), pod_node=pod_node)  # type: ignore[arg-type]
+    g.start()
+    assert g.trusted.wait(5)
+    yield g
+    g.stop()
+
+
+def _tls_client(g: EvictionGuard) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cadata=g.cert.ca.decode())
+    return context.wrap_socket(socket.create_connection(("127.0.0.1", g.port), timeout=5), server_hostname="127.0.0.1")
+
+
+def test_connections_beyond_the_cap_are_closed_and_the_guard_still_answers(small_guard: EvictionGuard) -> None:
+    """A flood of clients that connect and say nothing: the guard serves its cap, closes the rest at once,
+    and answers the API server again as soon as a slot is free."""
+    held = [_tls_client(small_guard) for _ in range(4)]
+    extra = socket.create_connection(("127.0.0.1", small_guard.port), timeout=5)
+    try:
+        assert extra.recv(1) == b""  # closed by the guard, without a TLS handshake
+        for c in held:
+            c.close()
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                assert call(small_guard, "GET", "/readyz") == (200, {"status": "ok"})
+                break
+            except (ConnectionError, ssl.SSLError, http.client.HTTPException):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        extra.close()
+        for c in held:
+            c.close()
+
+
+def test_an_idle_or_stalled_client_is_closed(small_guard: EvictionGuard) -> None:
+    client = _tls_client(small_guard)
+    try:
+        client.sendall(b"POST " + contract.WEBHOOK_PATH.encode() + b" HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        t0 = time.monotonic()
+        assert client.recv(1) == b""  # the guard gave up on the rest of the body
+        assert time.monotonic() - t0 < 5
+    finally:
+        client.close()
+
+
+def test_a_client_that_goes_away_mid_request_is_no_traceback(small_guard: EvictionGuard,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    for _ in range(3):
+        client = _tls_client(small_guard)
+        client.sendall(b"POST " + contract.WEBHOOK_PATH.encode() + b" HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        client.close()
+    time.sleep(1.0)  # past the idle timeout: every connection thread has ended
+    assert "Traceback" not in capsys.readouterr().err
+    assert call(small_guard, "GET", "/healthz")[0] == 200

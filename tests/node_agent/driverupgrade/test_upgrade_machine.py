@@ -33,8 +33,9 @@ TRAIN = PodRef("ml", "train")
 WEB = PodRef("web", "srv")
 
 
-def node(state: UpgradeState | None, pod: DriverPod | None = OLD, *, since: float = 0.0, **kw: object) -> NodeFacts:
-    return NodeFacts("n1", state, since, False, driver_pod=pod, **kw)  # type: ignore[arg-type]
+def node(state: UpgradeState | None, pod: DriverPod | None = OLD, *, waited: float = 10.0, **kw: object) -> NodeFacts:
+    """A node ``waited`` seconds in its state (as the controller measures it: see test_upgrade_controller)."""
+    return NodeFacts("n1", state, waited, False, driver_pod=pod, **kw)  # type: ignore[arg-type]
 
 
 def step(n: NodeFacts, *, free: bool = True, policy: UpgradePolicy = POLICY, now: float = 10.0,
@@ -73,11 +74,12 @@ def test_without_drain_only_the_pods_holding_gpus_are_moved() -> None:
 
 
 def test_waits_that_outlast_their_timeout_fail_the_node() -> None:
-    stuck = node(UpgradeState.DRAIN, since=0.0, workloads=(TRAIN,), gpu_workloads=(TRAIN,))
-    assert step(stuck, now=599) == (Act.EVICT, None)
-    s = decide(stuck, may_start=True, policy=POLICY, drain_mode=DrainMode.CORDON, now=601)
+    stuck = node(UpgradeState.DRAIN, waited=599, workloads=(TRAIN,), gpu_workloads=(TRAIN,))
+    assert step(stuck) == (Act.EVICT, None)
+    s = decide(dataclasses.replace(stuck, waited=601), may_start=True, policy=POLICY, drain_mode=DrainMode.CORDON,
+               now=10)
     assert (s.act, s.state) == (Act.FAIL, UpgradeState.FAILED) and "ml/train" in s.reason
-    assert step(node(UpgradeState.VALIDATION, STARTING, since=0), now=301) == (Act.FAIL, UpgradeState.FAILED)
+    assert step(node(UpgradeState.VALIDATION, STARTING, waited=301)) == (Act.FAIL, UpgradeState.FAILED)
     assert step(node(UpgradeState.FAILED)) == (Act.NOTHING, None)
 
 
@@ -139,15 +141,23 @@ def test_the_drain_leaves_what_the_policy_does_not_evict_and_names_it() -> None:
     assert (s.act, s.pods) == (Act.EVICT, (WEB,))
     alone = node(UpgradeState.DRAIN, workloads=(bare,), refused={bare: "no controller recreates it"})
     assert step(alone) == (Act.NOTHING, None)
-    s = decide(alone, may_start=True, policy=POLICY, drain_mode=DrainMode.CORDON, now=601)
+    s = decide(dataclasses.replace(alone, waited=601), may_start=True, policy=POLICY, drain_mode=DrainMode.CORDON,
+               now=10)
     assert s.act is Act.FAIL and "ml/notebook (no controller recreates it)" in s.reason
 
 
 def test_stopping_agents_and_the_old_pod_have_a_timeout() -> None:
-    assert step(node(UpgradeState.RESTART, clients_stopping=1, since=0), now=301) == (Act.FAIL, UpgradeState.FAILED)
-    assert step(node(UpgradeState.RESTART, dataclasses.replace(OLD, terminating=True), since=0), now=301) == (
+    assert step(node(UpgradeState.RESTART, clients_stopping=1, waited=301)) == (Act.FAIL, UpgradeState.FAILED)
+    assert step(node(UpgradeState.RESTART, dataclasses.replace(OLD, terminating=True), waited=301)) == (
         Act.FAIL, UpgradeState.FAILED)
-    assert step(node(UpgradeState.RESTART, None, since=0), now=301) == (Act.SET_STATE, UpgradeState.VALIDATION)
+    assert step(node(UpgradeState.RESTART, None, waited=301)) == (Act.SET_STATE, UpgradeState.VALIDATION)
+
+
+def test_no_timeout_reads_the_wall_clock() -> None:
+    """``now`` is for the disruption windows only: a wall clock far ahead fails no node that has waited 10 s."""
+    stuck = node(UpgradeState.DRAIN, workloads=(TRAIN,), gpu_workloads=(TRAIN,))
+    assert step(stuck, now=10 + 7 * 86400) == (Act.EVICT, None)
+    assert step(node(UpgradeState.VALIDATION, STARTING), now=1e12) == (Act.NOTHING, None)
 
 
 def test_a_node_whose_upgrade_an_operator_stopped_is_given_back() -> None:

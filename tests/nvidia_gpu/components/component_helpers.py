@@ -81,3 +81,12 @@ def of_kind(resources: tuple[RecordedResource, ...], kind: str) -> list[Recorded
 
 #: The shipped stack files (``Pulumi.<stack>.yaml``).
 ROOT_STACKS = sorted(Path(__file__).resolve().parents[3].glob("Pulumi.*.yaml"))
+
+
+def agent_container(ds: dict[str, Any]) -> dict[str, Any]:
+    """The one container of a DaemonSet that runs an agent command (node setup's monitor beside its teardown
+    holder, which only sleeps; every other DaemonSet's only container)."""
+    from nvidia_gpu.components.manifests.workloads import AGENT
+
+    (container,) = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["command"] == AGENT]
+    return container

@@ -21,11 +21,12 @@ from node_agent.deviceplugin.config import Settings
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.kubelet.deviceplugin.process import DEFAULT_METRICS_PORT
 from node_agent.status.server import StatusServer
-from nvgpu import labels
+from nvgpu import devicelist, labels
 from nvgpu.stackconfig import NodeSetupBackend, load_stack_file
 from nvidia_gpu.components.manifests import workloads
 from nvidia_gpu.components.manifests.sharing import render_named_configs
 from nvidia_gpu.components.manifests.workloads import GroupContext
+from tests.nvidia_gpu.components.component_helpers import agent_container
 
 ROOT = Path(__file__).resolve().parents[3]
 STACKS = sorted(ROOT.glob("Pulumi.*.yaml"))
@@ -95,14 +96,26 @@ def test_device_plugin_pod_gives_the_plugin_what_it_uses(stack: Path) -> None:
         ds = workloads.device_plugin_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, group))
         container, volumes = _plugin_container(ds)
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "compute,utility")
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        security = container["securityContext"]
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+        assert "/dev" not in mounts  # the GPUs' nodes come from the NVIDIA runtime, not a writable host /dev
+        if group.gpu.sharing.value == "MPS":  # the MPS control daemon runs inside: privileged, every GPU
+            assert security["privileged"] is True and env["NVIDIA_VISIBLE_DEVICES"] == "all"
+        else:  # unprivileged, no capabilities (SYS_ADMIN for MIG: the runtime then mounts the MIG caps)
+            assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+            mig = group.gpu.sharing.value == "MIG"
+            assert security["capabilities"] == {"drop": ["ALL"], **({"add": ["SYS_ADMIN"]} if mig else {})}
+            assert (env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all") is mig
+            # The GPUs asked for as the volume-mounts list does (the toolkit ignores the variable here).
+            assert env["NVIDIA_VISIBLE_DEVICES"] == devicelist.VOLUME_MOUNT_ROOT
+            assert mounts[f"{devicelist.VOLUME_MOUNT_ROOT}/all"]["readOnly"] is True
         args = _parse(container["args"])
         assert args.metrics_port == DEFAULT_METRICS_PORT == container["ports"][0]["containerPort"]
         probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")
                   if k in container}
         # Readiness only: the status port is optional, and liveness is the plugin's own watchdog.
         assert {k: (p["path"], p["port"]) for k, p in probes.items()} == {"readinessProbe": ("/readyz", "metrics")}
-        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
         if group.gpu.sharing.value == "MPS":
             # Allocate mounts <mpsRoot>/shm at /dev/shm in clients; the daemon must see the same directory.
             mps_root = yaml.safe_load(render_named_configs(group)["MPS"])["flags"]["mpsRoot"]
@@ -184,7 +197,7 @@ def test_every_agents_metrics_port_is_the_one_its_pod_names_and_its_monitor_scra
     }
     scraped = {t.component: t.port for t in monitoring.targets(cluster, cfg.node_groups)}
     for component, (ds, default) in pods.items():
-        container = ds["spec"]["template"]["spec"]["containers"][0]
+        container = agent_container(ds)
         args = _parse(container["args"])
         assert args.metrics_port == default == container["ports"][0]["containerPort"] == scraped[component], component
         assert container["ports"][0]["name"] == "metrics"
@@ -206,7 +219,7 @@ def test_the_stack_decides_whether_a_taken_status_port_stops_an_agent(required: 
         "device-plugin": workloads.device_plugin_daemonset(ctx)["spec"]["template"]["spec"]["containers"][0]["args"],
         "dra-driver": dra.plugin_args(cluster, cluster.namespace, dra_group),
         "mig-manager": mig.manager_args(cluster),
-        "setup-monitor": workloads.setup_daemonset(ctx)["spec"]["template"]["spec"]["containers"][0]["args"],
+        "setup-monitor": agent_container(workloads.setup_daemonset(ctx))["args"],
         "driver-check": driver.check_container(cluster, cfg.node_groups[0])["args"],
     }
     for name, argv in command_lines.items():
@@ -227,7 +240,7 @@ def test_the_declared_driver_reaches_both_node_setup_backends() -> None:
     cfg = load_stack_config(values)
     ds = workloads.setup_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0]))
     pod = ds["spec"]["template"]["spec"]
-    for container in (pod["initContainers"][0], pod["containers"][0]):
+    for container in (pod["initContainers"][0], agent_container(ds)):
         args = _parse(container["args"])
         assert (args.expect_driver.text, args.expect_kernel_modules) == ("550", "open"), container["name"]
     deckhouse = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DECKHOUSE})

@@ -26,7 +26,9 @@ def _ctx(groups: list[dict[str, Any]], node_setup: str = "deckhouse") -> GroupCo
 
 
 #: Only the device plugin (host devices, kubelet sockets) and node setup (/proc/sys, containerd) are privileged.
-_PRIVILEGED = {"device-plugin": True, "gpu-labeller": False, "gpu-setup": True}
+#: Privileged containers by component: node setup's (its init and its teardown holder; the monitor reads
+#: only); the device plugin only for MPS groups, whose control daemon it runs (not these groups').
+_PRIVILEGED = {"device-plugin": False, "gpu-labeller": False, "gpu-setup": True}
 
 
 def _containers(ds: dict[str, Any]) -> list[dict[str, Any]]:
@@ -195,7 +197,7 @@ def test_every_container_is_pinned_bounded_and_locked_down(node_setup: str) -> N
         assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
         for c in _containers(ds):
             assert c["image"] == "registry.example.com/nvidia-gpu-agent:0.1.0"
-            assert c["command"] == ["python", "-m", "node_agent"]
+            assert c["command"] == ["python", "-m", "node_agent"] or c["command"] == list(workloads.HOLD_COMMAND)
             assert set(c["resources"]) == {"requests", "limits"}
             assert c["securityContext"]["readOnlyRootFilesystem"] is True
             privileged = c["securityContext"].get("privileged", False)
@@ -280,12 +282,17 @@ def test_setup_daemonset_runs_before_the_gate_and_tears_down_on_delete() -> None
     assert all(e["key"] != labels.GPU_SETUP_COMPLETE for e in exprs["matchExpressions"])
     assert pod["hostPID"] is False
     assert pod["initContainers"][0]["args"] == ["--host-root", "/host", "--driver-root", "/driver-root", "setup"]
-    hold = pod["containers"][0]
+    hold, watch = pod["containers"]
+    # The holder only holds the teardown (its preStop hook), with the host root writable; no interpreter.
     assert hold["lifecycle"]["preStop"]["exec"]["command"] == [
         "python", "-m", "node_agent", "--host-root", "/host", "--driver-root", "/driver-root", "teardown"]
-    # The main container re-runs the check and serves it (setup-monitor), exiting 0 on SIGTERM.
-    assert hold["args"] == ["--host-root", "/host", "--driver-root", "/driver-root", "setup-monitor",
-                            "--metrics-port", str(workloads.NODE_SETUP_METRICS_PORT)]
+    assert hold["command"][:2] == ["sh", "-c"] and "trap 'exit 0' TERM" in hold["command"][2]
+    assert {m["mountPath"]: m.get("readOnly", False) for m in hold["volumeMounts"]}["/host"] is False
+    # The monitor re-runs the check and serves it (setup-monitor), exiting 0 on SIGTERM; it reads only.
+    assert watch["args"] == ["--host-root", "/host", "--driver-root", "/driver-root", "setup-monitor",
+                             "--metrics-port", str(workloads.NODE_SETUP_METRICS_PORT)]
+    assert {m["mountPath"]: m.get("readOnly", False) for m in watch["volumeMounts"]}["/host"] is True
+    assert "lifecycle" not in watch
     assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
+
 from nvgpu import evictionguard as contract
 from nvgpu import labels
 from nvgpu.stackconfig import NodeGroup
 from nvidia_gpu.components.manifests import evictionguard, offgpu
+from nvidia_gpu.components.manifests.meta import selector_labels
 from nvidia_gpu.components.manifests.mig import drain_mode
 from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
 from nvidia_gpu.policies.k8s_security import rbac_secret_problems, rbac_wildcard_problems
@@ -153,8 +156,11 @@ def test_the_manager_waits_for_the_guard_which_waits_for_its_webhook() -> None:
     r = {x.name: x for x in monitor.recorded_resources()}
     guard = "mig-eviction-guard"
     assert {n for n in r if n.startswith(guard)} == {f"{guard}-{s}" for s in (
-        "webhook", "sa", "role", "binding", "service", "deployment")}
+        "webhook", "ca-only-policy", "ca-only-policy-binding", "sa", "role", "binding", "service", "network-policy",
+        "deployment")}
     assert all(r[n].parent_urn == r["mig"].urn for n in r if n.startswith(guard))
+    # The guard may patch its webhook only once the policy holding it to the CA bundle is in force.
+    assert r[f"{guard}-ca-only-policy-binding"].urn in r[f"{guard}-binding"].dependencies
     assert r[f"{guard}-deployment"].urn in r["mig-manager"].dependencies
     assert {r[f"{guard}-webhook"].urn, r[f"{guard}-binding"].urn} <= set(r[f"{guard}-deployment"].dependencies)
     # Off every group's nodes, the L4 time-slicing group's too (the MIG manager covers only MIG-capable ones).
@@ -169,3 +175,16 @@ def test_no_guard_on_deckhouse() -> None:
     cfg = stack_config(MIG_STACK_GROUPS)
     run_in_engine(lambda: MigProfile("mig", MigProfileArgs(cluster=cfg.cluster, groups=cfg.node_groups)))
     assert not [x for x in monitor.recorded_resources() if "eviction-guard" in x.name]
+
+
+@pytest.mark.parametrize("sources", [(), ("10.0.0.0/24", "fd00::/64")])
+def test_only_the_webhook_port_is_open_and_only_to_the_api_servers_where_known(sources: tuple[str, ...]) -> None:
+    """The guard's NetworkPolicy: ingress to its HTTPS port only, from ``cluster.mig.evictionGuardSources``
+    where given (any source otherwise, as the API servers' addresses differ per cluster)."""
+    policy = evictionguard.network_policy("nvidia-gpu", sources)
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["podSelector"]["matchLabels"] == selector_labels(evictionguard.COMPONENT, "nvidia-gpu")
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": contract.PORT}]
+    assert rule.get("from") == ([{"ipBlock": {"cidr": c}} for c in sources] if sources else None)

@@ -35,7 +35,7 @@ def _requested(argv: list[str]) -> Requested:
 
 
 def _register(cfg: StackConfig) -> None:
-    platform = GpuPlatform(cfg.cluster.namespace, GpuPlatformArgs(cluster=cfg.cluster))
+    platform = GpuPlatform(cfg.cluster.namespace, GpuPlatformArgs(cluster=cfg.cluster, node_taint_keys=["dedicated"]))
     g = cfg.node_groups[0]
     GpuNodeGroup(g.name, GpuNodeGroupArgs(cluster=cfg.cluster, group=g, allocation_mode=cfg.allocation_mode(g),
                                          platform=platform.refs))
@@ -88,3 +88,19 @@ def test_shipped_stacks_render_labeller_flags_the_agent_accepts() -> None:
             daemonset = cfg.cluster.node_setup is NodeSetupBackend.DAEMONSET
             assert dict(want.labels) == (desired_node_labels(group) if daemonset else {}), path.name
             assert want.taints == (desired_node_taints(group) if daemonset else ()), path.name
+
+
+def test_a_group_taint_the_platforms_policy_does_not_allow_is_refused_before_anything_registers(
+        engine: Engine) -> None:
+    """The platform's admission policy lets the labeller set only the taint keys it was given; a group
+    whose labeller would set another is refused at construction, naming the field and the fix."""
+    cfg = stack_config([MIG_GROUP], node_setup="daemonset")
+
+    def register() -> None:
+        platform = GpuPlatform(cfg.cluster.namespace, GpuPlatformArgs(cluster=cfg.cluster))
+        g = cfg.node_groups[0]
+        GpuNodeGroup(g.name, GpuNodeGroupArgs(cluster=cfg.cluster, group=g, platform=platform.refs))
+
+    with pytest.raises(ValueError, match=r"^GpuNodeGroupArgs.group.extraTaints: group 'h100': the labeller would set "
+                                         r"taint key\(s\) dedicated, .* add them to GpuPlatformArgs.node_taint_keys$"):
+        engine.run(register)

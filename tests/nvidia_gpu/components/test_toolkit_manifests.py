@@ -46,7 +46,7 @@ def test_node_setup_and_the_device_plugin_use_the_installed_toolkit() -> None:
     setup = workloads.setup_daemonset(ctx)["spec"]["template"]["spec"]
     (init,) = setup["initContainers"]
     assert init["args"][-2:] == ["--toolkit-dir", "/opt/nvidia/toolkit"]
-    (hold,) = setup["containers"]
+    hold, _ = setup["containers"]
     assert hold["lifecycle"]["preStop"]["exec"]["command"][-3:] == ["teardown", "--toolkit-dir", "/opt/nvidia/toolkit"]
     plugin = workloads.device_plugin_daemonset(ctx)["spec"]["template"]["spec"]
     args = plugin["containers"][0]["args"]
