@@ -721,6 +721,19 @@ class NvmlSession:
         ci = self._run(where, pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id)
         self._run(where, pynvml.nvmlComputeInstanceDestroy, ci)
 
+    # -- diagnostics -------------------------------------------------------------------------
+    def nvml_version(self) -> str:
+        return str(self._run("nvmlSystemGetNVMLVersion", pynvml.nvmlSystemGetNVMLVersion))
+
+    @_per_gpu
+    def query(self, index: int, name: str, *args: Any) -> Any:
+        """One read of GPU ``index`` by its nvidia-ml-py name (``nvmlDeviceGet*`` only: a read can change
+        nothing), for ``diagnose``: the raw value, or the project's error (``NvmlNotSupported`` where the
+        GPU or the library has no such thing)."""
+        if not name.startswith("nvmlDeviceGet") or not hasattr(pynvml, name):
+            raise ValueError(f"{name}: not an NVML device getter")
+        return self._run(f"{name}({index})", getattr(pynvml, name), self._handle(index), *args)
+
     # -- telemetry ---------------------------------------------------------------------------
     def _optional(self, where: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, or None where the GPU or the library does not support it."""

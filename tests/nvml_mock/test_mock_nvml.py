@@ -550,3 +550,34 @@ def test_error_codes(pair: tuple[Pair, Side, Side]) -> None:
     assert (mock.errors["handleByUUID(unknown)"], sim.errors["handleByUUID(unknown)"]) == (2, 6)
     assert (mock.mig["ciProfile(engine 1)"], sim.mig["ciProfile(engine 1)"]) == (3, 2)
     assert (mock.errors["numaNode"], sim.errors["numaNode"]) == (3, 0)
+
+
+def test_diagnose_on_nvidias_mock_has_the_shape_it_has_on_the_simulator(tmp_path: Path) -> None:
+    """``diagnose`` against NVIDIA's model of a DGX H100 (``--nvml real``, the mock library loaded as the
+    driver's) and against our simulated one: the same sections and per-GPU fields, each a value or an error
+    in its place; and the real path reads the loaded library's exported NVML symbols."""
+    mock_bin = required_bin(LIBRARY)
+    real_root, sim_root = tmp_path / "real", tmp_path / "sim"
+    from tests.kit.fakehost import build_fake_host
+    from tests.kit.mockhost import probe_mock
+
+    mock_host(real_root, probe_mock(mock_bin, "dgxh100", tmp_path / "probe"))
+    build_fake_host(sim_root, "dgx-h100")
+
+    def run(root: Path, nvml: str, env: dict[str, str]) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-m", "node_agent", "--host-root", str(root), "--nvml", nvml,
+                               "diagnose"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        doc: dict[str, Any] = json.loads(done.stdout)
+        return doc
+
+    real = run(real_root, "real", mock_env(mock_bin, "dgxh100"))
+    sim = run(sim_root, "simulated:dgx-h100", {**os.environ, "PYTHONPATH": str(REPO)})
+    assert set(real) == set(sim)
+    assert len(real["gpus"]) == len(sim["gpus"]) == 8
+    assert [set(g) for g in real["gpus"]] == [set(g) for g in sim["gpus"]]
+    assert set(real["driver"]) == set(sim["driver"])
+    symbols = real["driver"]["exportedSymbols"]
+    assert isinstance(symbols, list) and "nvmlInit_v2" in symbols and "nvmlDeviceGetCount_v2" in symbols
+    assert real["driver"]["library"].endswith(LIBRARY)

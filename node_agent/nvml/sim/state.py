@@ -224,7 +224,9 @@ class SimStore:
     # -- writing -----------------------------------------------------------------------------
     @contextlib.contextmanager
     def mutate(self) -> Iterator[SimState]:
-        """Yield the state for changes; they are saved (atomically, under a file lock) on exit."""
+        """Yield the state for changes; they are saved (atomically, under a file lock) on exit, and only
+        when there are any: a real NVML writes nothing when it is read (``diagnose`` proves it changes
+        nothing on a simulated host, down to the state file's time)."""
         with self._lock:
             if self.path is None:
                 yield self._state
@@ -235,11 +237,16 @@ class SimStore:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 try:
                     self._stamp = None
-                    if self.path.exists():
+                    existed = self.path.exists()
+                    if existed:
                         self._state = self._load(self.path)
                     state = self._state.model_copy(deep=True)
                     yield state
-                    self._save(state)
+                    if not existed or state != self._state:
+                        self._save(state)
+                    else:
+                        st = self.path.stat()
+                        self._stamp = (st.st_mtime_ns, st.st_size)
                     self._state = state
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
