@@ -75,7 +75,11 @@ def group_capacity(group: NodeGroup, mode: AllocationMode) -> GroupCapacity:
     model = gpu.declared_model
     memory = model.memory_mib if model else None
     notes: list[str] = []
-    if model is None:
+    if gpu.model_unlisted:
+        notes.append(f"gpu.model {gpu.model} is not in the catalogue: its memory and MIG profiles are not known "
+                     "before the nodes report them (the MIG layout is checked on the node against NVML's own "
+                     "profiles; the global driver minimum applies)")
+    elif model is None:
         notes.append("gpu.model is not declared: memory and MIG layouts depend on each node's GPU")
     dra = mode is AllocationMode.DRA
     whole_resource = GPU_CLASS if dra else GPU_RESOURCE

@@ -23,3 +23,6 @@ DEVICE_PLUGIN_MPS_ROOT = "/run/nvidia/mps"
 AGENT_RUN_DIR = "/run/nvidia-gpu-agent"
 #: The DRA driver's MPS root (one directory per shared claim).
 DRA_MPS_ROOT = f"{AGENT_RUN_DIR}/mps"
+#: The DRA driver's MPS daemons' ``/dev/shm`` (its plugin container mounts it there), bind-mounted at
+#: ``/dev/shm`` into every MPS claim's containers: a client reaches the server through its segments.
+DRA_MPS_SHM = f"{DRA_MPS_ROOT}/shm"

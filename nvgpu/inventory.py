@@ -19,6 +19,12 @@ NODE_LABEL = f"{GROUP}/node"
 #: The manager name of the agent's writes (server-side field ownership).
 FIELD_MANAGER = "nvidia-gpu-inventory"
 
+#: What a GPU's object says it needs before it may take work again (``status.health.needs``), most drastic
+#: first: NVML's recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``), a pending row remap or page
+#: retirement (a reset), a failed row remap (NVIDIA's RMA policy: a replacement).
+RECOVERY_NEEDS: tuple[str, ...] = ("replacement", "reboot", "drain-and-reset", "reset", "recover-imex-domain",
+                                   "drain-p2p")
+
 
 def object_name(node: str, index: int) -> str:
     """``<node>-gpu<index>``: NVML's index is stable for a GPU on one node (PCI bus order) and survives the

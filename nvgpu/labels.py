@@ -54,6 +54,7 @@ GPU_AGENT_POD_LABELS: tuple[tuple[str, str], ...] = (
     ("app", "nvidia-dcgm-exporter"),
     ("app", "nvidia-dcgm"),
     ("app.kubernetes.io/name", "device-plugin"),
+    ("app.kubernetes.io/name", "mps-control-daemon"),  # its MPS servers hold the GPUs open
     ("app.kubernetes.io/name", "gpu-labeller"),
     ("app.kubernetes.io/name", "dra-kubelet-plugin"),
     ("app.kubernetes.io/name", "gpu-exporter"),

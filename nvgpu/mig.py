@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nvgpu.catalogue import GpuModel, MigProfile
+from nvgpu.catalogue import normalize_profile_name as catalogue_normalize
 from nvgpu.errortext import shown
 
 
@@ -30,8 +31,9 @@ class Placement:
 
 
 def normalize_profile_name(name: str) -> str:
-    """Accept both ``1g.10gb+me`` (mig-parted) and ``1g.10gb.me`` (resource/label spelling)."""
-    return name[: -len(".me")] + "+me" if name.endswith(".me") else name
+    """Accept both ``1g.10gb+me`` (mig-parted) and ``1g.10gb.me`` (resource/label spelling), and the same for
+    the RTX PRO 6000's ``+me.all`` and ``+gfx`` (:func:`nvgpu.catalogue.normalize_profile_name`)."""
+    return catalogue_normalize(name)
 
 
 def place_layout(model: GpuModel, layout: Mapping[str, int], gpu: str = "GPU") -> tuple[Placement, ...]:
@@ -135,7 +137,10 @@ def balanced_layout(model: GpuModel) -> dict[str, int]:
     """mig-parted's ``all-balanced``: 2x1g + 1x2g + 1x3g on 7-slice GPUs, 2x1g + 1x2g on 4-slice GPUs."""
     if model.mig is None:
         raise MigLayoutError(f"model {model.key} does not support MIG")
-    by_shape = {(p.compute_slices, p.memory_slices, p.media_extensions): p.name for p in model.mig.profiles}
+    # The plain profiles only: the RTX PRO 6000's +gfx and -me variants share the plain ones' shapes, and
+    # NVIDIA's all-balanced for it is 2x 1g.24gb + 1x 2g.48gb (mig-parted config-default.yaml).
+    by_shape = {(p.compute_slices, p.memory_slices, p.media_extensions): p.name for p in model.mig.profiles
+                if "+" not in p.name and "-" not in p.name}
     layout = {by_shape[(1, 1, False)]: 2, by_shape[(2, 2, False)]: 1}
     if model.mig.compute_slices == 7:
         layout[by_shape[(3, 4, False)]] = 1

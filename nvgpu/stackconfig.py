@@ -66,7 +66,9 @@ DRA_GA_MINOR = 34
 #: MPS control daemons accept at most 48 clients per GPU on Volta and newer.
 MPS_MAX_CLIENTS = 48
 
-_PARTED_NAME = re.compile(r"all-(balanced|disabled|enabled|[0-9]g\.[0-9]+gb(\.me)?)|custom")
+#: mig-parted's config names: ``all-<profile>`` with ``+`` spelled ``.``, including the RTX PRO 6000's
+#: ``all-1g.24gb.me.all``, ``all-1g.24gb.gfx`` and ``all-1g.24gb-me`` (NVIDIA's config-default.yaml).
+_PARTED_NAME = re.compile(r"all-(balanced|disabled|enabled|[0-9]g\.[0-9]+gb(\.me|\.me\.all|\.gfx|-me)?)|custom")
 #: The largest integer a Kubernetes quantity or count holds (int64): a larger one renders, and the API
 #: server refuses it.
 _INT64_MAX = 2**63 - 1
@@ -143,6 +145,9 @@ _DRIVER_RELEASE = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?")
 _REPOSITORY = re.compile(r"[a-z0-9]+([._/:-][a-z0-9]+)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+#: A GPU model the catalogue lacks, named like the catalogue's keys (``B200-180GB``): it is written into a
+#: label value (``nvidia-gpu.io/gpu-model``), so label-value characters, at most 63.
+_UNLISTED_MODEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
 
 def _repository(v: str) -> str:
@@ -363,6 +368,17 @@ class Monitoring(_Model):
         return self.counters if self.counters is not None else dcgmcounters.default_text()
 
 
+_SYSTEMD_UNIT = re.compile(r"[A-Za-z0-9:_.@-]{1,240}\.(service|socket|target|scope)")
+
+
+def _systemd_unit(v: str) -> str:
+    """A systemd unit name with its type, as ``systemctl stop`` takes it (``nvidia-dcgm.service``)."""
+    if not _SYSTEMD_UNIT.fullmatch(v):
+        raise ValueError(f"{shown(v)} is not a systemd unit name: letters, digits and :_.@- then .service, .socket, "
+                         ".target or .scope, e.g. nvidia-dcgm.service")
+    return v
+
+
 def _network(v: str) -> str:
     """An IPv4 or IPv6 network in CIDR notation, as a NetworkPolicy's ``ipBlock.cidr`` takes it."""
     try:
@@ -377,6 +393,11 @@ class MigManagerSettings(_Model):
     #: Reboot the node when a MIG mode change needs a GPU reset that fails (the manager's ``--allow-reboot``);
     #: off, such a change is rolled back and reported as failed.
     allow_reboot: Bool = False
+    #: Host systemd units that hold the GPUs, stopped around the GPU reset of a MIG mode change and started
+    #: again after it (the manager's ``--host-gpu-client``). Unset: NVIDIA's list, ``nvsm.service`` and
+    #: ``nvidia-dcgm.service`` (mig-parted ``deployments/systemd/hooks.sh``); units a node lacks are skipped.
+    host_gpu_clients: Annotated[tuple[Annotated[str, AfterValidator(_systemd_unit)], ...] | None,
+                                Field(min_length=1, max_length=32)] = None
     #: Who may reach the eviction guard's webhook port (its NetworkPolicy, where the network plugin enforces
     #: one): the API servers' source addresses as networks, e.g. the control-plane nodes' addresses or a
     #: managed control plane's range. Empty (the default): any source, as the guard cannot know them; its
@@ -863,8 +884,12 @@ class Gpu(_Model):
     @field_validator("model")
     @classmethod
     def _model(cls, v: str | None) -> str | None:
-        if v is not None and v not in catalogue.MODEL_KEYS:
-            raise ValueError(f"unknown GPU model; allowed: {', '.join(catalogue.MODEL_KEYS)}")
+        # A model the catalogue lacks is allowed (a GPU NVML can describe is a GPU): what only the catalogue
+        # knows, its MIG profiles and driver floor, is then checked on the node (``model_unlisted``).
+        if v is not None and v not in catalogue.MODEL_KEYS and not _UNLISTED_MODEL.fullmatch(v):
+            # The rule first: the catalogue's list is long and a problem line is clipped.
+            raise ValueError(f"{shown(v)} is neither a model name of letters, digits, '.', '_' and '-' (at most 63, "
+                             f"like B200-180GB) nor a catalogue model ({', '.join(catalogue.MODEL_KEYS)})")
         return v
 
     @field_validator("driver_version")
@@ -948,8 +973,15 @@ class Gpu(_Model):
 
     @property
     def declared_model(self) -> catalogue.GpuModel | None:
-        """The catalogue entry for ``model``; ``None`` when undeclared, so checks fall back to every model."""
-        return catalogue.get_model(self.model) if self.model else None
+        """The catalogue entry for ``model``; ``None`` when undeclared (checks then fall back to every model)
+        or not in the catalogue (``model_unlisted``: checks that need the catalogue defer to the node)."""
+        return catalogue.get_model(self.model) if self.model in catalogue.MODEL_KEYS else None
+
+    @property
+    def model_unlisted(self) -> bool:
+        """A declared model the catalogue lacks: its MIG layout is checked on the node, where the MIG manager
+        reads the GPU's own profiles and placements from NVML, not at preview; its driver floor is the global one."""
+        return self.model is not None and self.model not in catalogue.MODEL_KEYS
 
     @property
     def effective_mig(self) -> Mig:
@@ -1040,8 +1072,8 @@ class NodeGroup(_Model):
         mig = self.gpu.effective_mig
         if mig.parted_config == "custom":
             return sorted({s.profile for c in mig.custom_configs for s in c.slices})
-        if mig.parted_config != "all-balanced":
-            return []
+        if mig.parted_config != "all-balanced" or self.gpu.model_unlisted:
+            return []  # an unlisted model's balanced layout is NVML's to say, on the node
         model = self.gpu.declared_model
         models = [model] if model is not None else [m for m in catalogue.MODELS if m.mig]
         return sorted({p for m in models for p in balanced_layout(m)})
@@ -1151,6 +1183,11 @@ def mig_layout_problems(group: NodeGroup, config: MigPartedConfig | None = None)
         return []
     try:
         cfg = config if config is not None else build_config(None, group.custom_mig_configs())
+        if group.gpu.model_unlisted:
+            # Deferred to the node: the catalogue cannot say which profiles a model it lacks has. The config
+            # must exist and be well formed; the MIG manager fits it to NVML's own profiles and placements.
+            cfg.get(group.mig_config_name)
+            return []
     except MigPartedError as e:
         problems = e.problems
     else:

@@ -239,7 +239,8 @@ def _custom(slices: list[dict[str, Any]], model: str | None = "H100-80GB") -> di
 def test_mig_needs_a_mig_capable_model() -> None:
     assert _mig_problem({"sharing": "MIG", "model": "L4"}) == (
         "nvidia-gpu:nodeGroups[0].gpu.sharing: MIG needs a MIG-capable GPU and L4 is not one (A100-40GB, "
-        "A100-80GB, H100-80GB, H200-141GB, A30-24GB are)")
+        "A100-80GB, H100-80GB, H200-141GB, A30-24GB, H100-94GB, H100-96GB, GH200-96GB, H20, GH200-144GB, B200, "
+        "GB200, B300, GB300, RTX-PRO-6000 are)")
 
 
 def test_a_profile_set_of_another_model_names_the_allowed_profiles() -> None:

@@ -36,6 +36,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("eviction-guard", "node_agent.cli.eviction_guard", "serve the webhook keeping MIG evictions on-node"),
     Command("driver-upgrade", "node_agent.cli.driver_upgrade", "roll driver changes through the nodes one at a time"),
     Command("device-plugin", "node_agent.cli.device_plugin", "run the kubelet device plugin (nvidia.com/gpu)"),
+    Command("mps-daemon", "node_agent.cli.mps_daemon", "run the MPS control daemons of MPS-shared GPUs"),
     Command("exporter", "node_agent.cli.exporter", "serve GPU metrics under dcgm-exporter's names, from NVML"),
     Command("diagnose", "node_agent.cli.diagnose", "a read-only report of this node's GPUs, driver and stack"),
 )

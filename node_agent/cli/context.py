@@ -79,6 +79,11 @@ class AgentContext:
         simulated = backend.kind == "simulated" and root != "/" and simulated_host(Path(root), backend.machine)
         # A simulated host has no OS to chroot into: its tools are resolved inside it and run directly.
         exec_mode: ExecMode = getattr(args, "host_exec", None) or ("direct" if root == "/" or simulated else "chroot")
+        if host_factory is None and simulated:
+            from node_agent.nvml.sim.host import device_node_stand_in
+
+            # A simulated host's device nodes are regular files: its users run as non-root, where mknod fails.
+            host_factory = lambda r, m: HostRoot(r, exec_mode=m, mknod=device_node_stand_in)  # noqa: E731
         host = (host_factory or (lambda r, m: HostRoot(r, exec_mode=m)))(root, exec_mode)
         if backend.kind == "simulated" and backend.state_file is None and not host.is_real_root:
             from node_agent.nvml.sim import DEFAULT_STATE_DIR

@@ -64,7 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where this process sees the directory of nvidiaCTKPath (default: under --host-root)")
     g.add_argument("--recheck-interval", type=float, default=5.0, metavar="SECONDS")
     g.add_argument("--mps-daemon", type=_bool, default=True, metavar="BOOL",
-                   help="run the MPS control daemon for MPS-shared resources (default true)")
+                   help="serve MPS-shared resources only once their control daemon (mps-daemon) is up "
+                        "(default true)")
+    g.add_argument("--mps-wait", type=float, default=60.0, metavar="SECONDS",
+                   help="how long one start waits for the MPS control daemon")
 
 
 def cli_overrides(args: argparse.Namespace) -> config.Overrides:
@@ -86,7 +89,7 @@ def options(args: argparse.Namespace) -> PluginOptions:
         socket_dir=args.socket_dir, metrics_address=args.metrics_address, metrics_port=args.metrics_port,
         metrics_required=args.metrics_port_required,
         recovery_quiet_period=args.recovery_quiet_period, cdi_hook_dir=args.cdi_hook_dir,
-        recheck_interval=args.recheck_interval, mps_daemon=args.mps_daemon,
+        recheck_interval=args.recheck_interval, mps_daemon=args.mps_daemon, mps_wait_s=args.mps_wait,
     )
 
 

@@ -33,20 +33,34 @@ from prometheus_client import CollectorRegistry
 
 from node_agent.cli import exitcodes
 from node_agent.cli.statusflags import add_status_arguments
-from node_agent.host import HostRoot
+from node_agent.host import HostError, HostRoot
 from node_agent.host.proc import boot_id
 from node_agent.kube.errors import KubeError
 from node_agent.kube.transport import Kube
 from node_agent.mig import apply
 from node_agent.mig.executor import MigManager, Settings
 from node_agent.mig.hardware import GpuInfo, MigBackend, MigHardwareError, ResetUnavailable, snapshot
-from node_agent.mig.hostfiles import HostCommandRunner, HostRebooter, HostStepLock
+from node_agent.mig.hostfiles import (
+    DEFAULT_HOST_GPU_CLIENTS,
+    HostCommandRunner,
+    HostGpuClients,
+    HostRebooter,
+    HostStepLock,
+)
 from node_agent.mig.journal import JournalError
 from node_agent.mig.kube import KubeNodeApi
 from node_agent.mig.machine import DrainMode, Timeouts
-from node_agent.mig.nvmlbackend import GpuResetter, NvidiaSmiReset, NvmlMigBackend, SimulatedReset
+from node_agent.mig.nvmlbackend import (
+    GpuClients,
+    GpuResetter,
+    NoGpuClients,
+    NvidiaSmiReset,
+    NvmlMigBackend,
+    SimulatedReset,
+)
 from node_agent.mig.plan import NodePlan, PlanError, diff, plan
 from node_agent.nvml import NvmlBackend, NvmlError, open_nvml
+from node_agent.setup import devnodes
 from node_agent.status.server import RegistryRenderer, StatusServer
 from nvgpu.migparted import MigPartedConfig, MigPartedError, load_config_text
 
@@ -66,7 +80,31 @@ DEFAULT_METRICS_PORT = 9403
 def _host(args: argparse.Namespace) -> HostRoot:
     root = getattr(args, "host_root", None) or "/"
     chroot = (getattr(args, "host_exec", None) or ("direct" if root == "/" else "chroot")) == "chroot"
+    if root != "/":
+        from node_agent.nvml.sim import host as sim_host
+
+        if sim_host.is_simulated_host(Path(root)):  # its device nodes are regular files (no mknod as non-root)
+            return HostRoot(root, exec_mode="chroot" if chroot else "direct", mknod=sim_host.device_node_stand_in)
     return HostRoot(root, exec_mode="chroot" if chroot else "direct")
+
+
+def _device_nodes(args: argparse.Namespace, host: HostRoot, backend: MigBackend) -> Callable[[], None] | None:
+    """The manager's :attr:`~node_agent.mig.executor.MigManager.device_nodes`: the caps nodes of the instances
+    NVML lists now, and the control nodes, through the host root (``node_agent.setup.devnodes``). None for a
+    simulated machine on this machine's own root, whose ``/dev`` is not the simulated node's."""
+    simulated = (getattr(args, "nvml", None) or "real").startswith("simulated")
+    if not isinstance(backend, NvmlMigBackend) or (simulated and host.is_real_root):
+        return None
+    nvml_backend = backend
+
+    def make() -> None:
+        result = devnodes.ensure(host, load_modules=False, mig_caps=nvml_backend.mig_caps())
+        if result.created:
+            log.info("event=device-nodes-made paths=%s", ",".join(result.created))
+        for problem in result.missing:
+            log.warning("event=device-node-missing detail=%r", problem)
+
+    return make
 
 
 def load_config(path: Path) -> MigPartedConfig:
@@ -97,8 +135,13 @@ def open_backend(args: argparse.Namespace) -> Iterator[MigBackend]:
         resetter = SimulatedReset(backend.machine, state)
     else:
         resetter = NvidiaSmiReset(HostCommandRunner(_host(args)))
+    # The host's GPU clients stopped around a reset (NVIDIA's defaults, or --host-gpu-client); never the
+    # machine's own units under a simulated NVML on the real root.
+    units = tuple(getattr(args, "host_gpu_client", None) or DEFAULT_HOST_GPU_CLIENTS)
+    clients: GpuClients = NoGpuClients() if backend.kind == "simulated" and host.is_real_root \
+        else HostGpuClients(host, units)
     with open_nvml(backend) as session:
-        yield NvmlMigBackend(session, resetter)
+        yield NvmlMigBackend(session, resetter, clients)
 
 
 def _emit(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
@@ -113,6 +156,12 @@ def _fail(args: argparse.Namespace, code: int, message: str) -> int:
 # --- mig plan | apply | assert -----------------------------------------------------------------------
 
 
+def _add_host_gpu_clients(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host-gpu-client", action="append", metavar="UNIT",
+                   help="a host systemd unit that holds the GPUs, stopped around a GPU reset (repeatable; "
+                        f"default: {', '.join(DEFAULT_HOST_GPU_CLIENTS)}, as NVIDIA's MIG manager)")
+
+
 def add_mig_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="mig_command", required=True, metavar="plan|apply|assert")
     for name, text in (("plan", "show the instances and placements per GPU"),
@@ -121,6 +170,7 @@ def add_mig_arguments(p: argparse.ArgumentParser) -> None:
         s.add_argument("--config", type=Path, required=True, help="mig-parted config file (version: v1)")
         s.add_argument("--name", required=True, help="the named config, e.g. all-1g.10gb")
         s.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+        _add_host_gpu_clients(s)
 
 
 def _plan_doc(node_plan: NodePlan, gpus: Sequence[GpuInfo]) -> dict[str, Any]:
@@ -199,6 +249,12 @@ def _apply_once(
     except MigHardwareError as e:
         problems = apply.restore(backend, before)
         return _fail(args, EXIT_FAILED, f"{e}{_restored(problems)}")
+    make_nodes = _device_nodes(args, _host(args), backend)
+    if make_nodes is not None:
+        try:
+            make_nodes()
+        except (HostError, MigHardwareError) as e:
+            log.warning("event=device-nodes-failed error=%s", e)
     _emit(args, {"ok": True, "changed": list(changed), **doc}, _plan_text(doc) + "\napplied")
     return EXIT_OK
 
@@ -216,6 +272,7 @@ def add_manager_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain", choices=[m.value for m in DrainMode], default=DrainMode.DECKHOUSE.value,
                    help="deckhouse: disruption approval and node-manager drain; cordon: cordon and evict")
     p.add_argument("--allow-reboot", action="store_true", help="reboot when a MIG mode change needs it")
+    _add_host_gpu_clients(p)
     p.add_argument("--approval-timeout", type=float, metavar="SECONDS", help="default: wait forever")
     p.add_argument("--drain-timeout", type=float, default=1800.0, metavar="SECONDS")
     p.add_argument("--clients-timeout", type=float, default=300.0, metavar="SECONDS")
@@ -251,6 +308,7 @@ def run_manager(args: argparse.Namespace) -> int:
                 rebooter=HostRebooter(host),
                 settings=settings,
                 registry=registry,
+                device_nodes=_device_nodes(args, host, backend),
             )
             if args.pre_stop:
                 outcome = manager.pre_stop(args.timeout)

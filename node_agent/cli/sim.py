@@ -7,8 +7,16 @@ using the same machine: the device plugin's health loop sees the XID, ``check`` 
     sim host                        lay out the simulated machine's node under --host-root (PCI
                                     devices, /proc/driver/nvidia, device nodes, modules, containerd,
                                     stand-in tools); an empty --host-root is laid out on first use
+    sim host --fresh-boot           the node as right after boot: nvidia_uvm not loaded, no /dev/nvidia*
+                                    node (node setup loads it and makes them, as nvidia-ctk does)
+    sim persistence GPU on|off      the GPU's persistence mode (on: the driver holds the GPU, so an
+                                    unbind from nvidia blocks; `vfio bind` turns it off first)
     sim status                      GPUs, MIG mode and instances, faults, queued events
-    sim xid GPU XID [--gi N --ci N] raise an XID event (79 = fell off the bus, 48 = DBE, ...)
+    sim xid GPU XID [--gi N --ci N] raise an XID event (79 = fell off the bus, 48 = DBE, ...) and leave
+                                    what it leaves on a real GPU: 95 a reset needed and a row remap
+                                    pending, 64 a failed remap, 48 on a T4 a pending retired page
+    sim recovery GPU ACTION         the GPU's NVML recovery action (none, reset, reboot, drain-p2p,
+                                    drain-and-reset; drivers from 565 report it)
     sim ecc GPU single|double       raise an ECC event
     sim lose GPU | sim hang GPU     the GPU falls off the bus | stops answering
     sim restore GPU                 undo lose/hang/fail
@@ -19,10 +27,18 @@ using the same machine: the device plugin's health loop sees the XID, ``check`` 
     sim processes GPU [PID[:MIB]..] set the processes on a GPU (none: idle)
     sim fail-init REASON|none       NVML init fails (driver-not-loaded, library-not-found, ...)
     sim driver VERSION|default      report another driver version
-    sim reset GPU                   GPU reset: a pending MIG mode takes effect
+    sim reset GPU                   GPU reset: a pending MIG mode, row remap or page retirement takes
+                                    effect, a recovery action a reset settles is cleared
+    sim service UNIT on|off         a host GPU client (systemd unit, e.g. nvidia-dcgm.service) running
+                                    or not: while one runs an A100 keeps a MIG mode pending and the
+                                    simulated `nvidia-smi -r` refuses (the host's systemctl stops it)
     sim fabric UUID CLIQUE [--gpu N ..] [--state S] [--status CODE]
                                     the GPUs (default all) registered with an NVLink fabric
                                     (GB200 NVL72 style); `sim fabric none`: no fabric
+    sim mig-monitor required|off    NVML refuses a MIG GPU's memory and GPU instances
+                                    (NO_PERMISSION) to a caller without NVIDIA_MIG_MONITOR_DEVICES=all
+    sim mig-empty-slot GPU not-found|invalid-argument
+                                    what a MIG device slot with no device answers (drivers answer both)
 """
 
 from __future__ import annotations
@@ -38,6 +54,9 @@ from node_agent.nvml.sim import SimulatedMachine, UnknownMachineError
 from node_agent.nvml.sim import host as sim_host
 from node_agent.nvml.sim.state import FabricStateName, InitError, SimProcess
 from node_agent.nvml.sim.summary import summary
+
+#: ``nvmlDeviceGpuRecoveryAction_t`` values 0-4 by position, as ``sim recovery`` spells them.
+RECOVERY_ACTIONS = ("none", "reset", "reboot", "drain-p2p", "drain-and-reset")
 
 
 def _machine(ctx: AgentContext) -> SimulatedMachine:
@@ -104,7 +123,8 @@ def _host(args: argparse.Namespace) -> int:
         return exitcodes.HOST_INPUT
     ctx = AgentContext.from_args(args)  # an empty root is laid out here; another machine's is refused
     try:
-        sim_host.lay_out(root, machine)  # brings an earlier layout back, the machine's state kept
+        # brings an earlier layout back, the machine's state kept; --fresh-boot: as right after a reboot
+        sim_host.lay_out(root, machine, fresh_boot=bool(getattr(args, "fresh_boot", False)))
     except UnknownMachineError as e:
         raise UsageError(str(e)) from None
     m = _machine(ctx)
@@ -141,10 +161,24 @@ def run(args: argparse.Namespace) -> int:
         m.set_driver_version(None if args.version == "default" else args.version)
     elif action == "reset":
         m.reset_gpu(_gpu(m, args.gpu))
+    elif action == "service":
+        m.set_host_service(args.unit, args.state == "on")
+    elif action == "recovery":
+        m.set_recovery_action(_gpu(m, args.gpu), RECOVERY_ACTIONS.index(args.recovery_action))
     elif action == "fabric":
         _fabric(m, args)
+    elif action == "persistence":
+        m.set_persistence_mode(_gpu(m, args.gpu), args.mode == "on")
+    elif action == "mig-monitor":
+        m.require_mig_monitor(args.mode == "required")
+    elif action == "mig-empty-slot":
+        m.set_mig_empty_slot_error(_gpu(m, args.gpu), _EMPTY_SLOT_CODES[args.answer])
     ctx.emit(m.state.model_dump(mode="json"), summary(m))
     return exitcodes.OK
+
+
+#: What an empty MIG device slot answers (``sim mig-empty-slot``): NVML's return codes by name.
+_EMPTY_SLOT_CODES = {"not-found": 6, "invalid-argument": 2}
 
 
 def register(subparsers: Any) -> None:
@@ -153,13 +187,24 @@ def register(subparsers: Any) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="\n".join((__doc__ or "").splitlines()[6:]))
     sub = p.add_subparsers(dest="action", required=True, metavar="<action>")
-    sub.add_parser("host", help="lay out the simulated machine's node under --host-root")
+    host = sub.add_parser("host", help="lay out the simulated machine's node under --host-root")
+    host.add_argument("--fresh-boot", action="store_true",
+                      help="as right after boot: nvidia_uvm not loaded, no /dev/nvidia* node (node setup makes them)")
     sub.add_parser("status", help="show the machine's state")
+    persistence = sub.add_parser("persistence", help="turn a GPU's persistence mode on or off")
+    persistence.add_argument("gpu", type=int)
+    persistence.add_argument("mode", choices=("on", "off"))
     xid = sub.add_parser("xid", help="raise an XID event")
     xid.add_argument("gpu", type=int)
     xid.add_argument("xid", type=int)
     xid.add_argument("--gi", type=int, default=None)
     xid.add_argument("--ci", type=int, default=None)
+    service = sub.add_parser("service", help="a host GPU client (systemd unit) running or not")
+    service.add_argument("unit")
+    service.add_argument("state", choices=("on", "off"))
+    recovery = sub.add_parser("recovery", help="set the GPU's NVML recovery action")
+    recovery.add_argument("gpu", type=int)
+    recovery.add_argument("recovery_action", choices=RECOVERY_ACTIONS, metavar="ACTION")
     ecc = sub.add_parser("ecc", help="raise an ECC event")
     ecc.add_argument("gpu", type=int)
     ecc.add_argument("kind", choices=("single", "double"))
@@ -179,6 +224,12 @@ def register(subparsers: Any) -> None:
     init.add_argument("reason", choices=(*get_args(InitError), "none"))
     drv = sub.add_parser("driver", help="report another driver version")
     drv.add_argument("version")
+    monitor = sub.add_parser("mig-monitor", help="whether NVML refuses MIG GPUs' memory and instances to a caller "
+                                                 "without NVIDIA_MIG_MONITOR_DEVICES=all")
+    monitor.add_argument("mode", choices=("required", "off"))
+    empty = sub.add_parser("mig-empty-slot", help="what a MIG device slot with no device answers")
+    empty.add_argument("gpu", type=int)
+    empty.add_argument("answer", choices=tuple(_EMPTY_SLOT_CODES))
     fabric = sub.add_parser("fabric", help="register GPUs with an NVLink fabric (none: no fabric)")
     fabric.add_argument("cluster_uuid", metavar="UUID|none")
     fabric.add_argument("clique", nargs="?", type=int, default=None, metavar="CLIQUE")

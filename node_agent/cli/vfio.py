@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
                 address = normalize_address(args.address)
             except ValueError as e:
                 raise UsageError(str(e)) from e
-            dev = vfio.bind(ctx.host, ctx.nvml, address) if args.action == "bind" else vfio.unbind(ctx.host, address)
+            dev = (vfio.bind(ctx.host, ctx.nvml, address, timeout_s=args.timeout) if args.action == "bind"
+                   else vfio.unbind(ctx.host, address, ctx.nvml))
             ctx.emit({"address": dev.address, "driver": dev.driver}, f"{dev.address}: driver {dev.driver}")
             return exitcodes.OK
         status = vfio.prepare(ctx.host) if args.action == "prepare" else vfio.vfio_status(ctx.host)
@@ -54,4 +55,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("action", choices=("status", "prepare", "bind", "unbind"))
     p.add_argument("address", nargs="?", help="GPU PCI address for bind/unbind")
     p.add_argument("--patch-node", action="store_true", help=f"prepare: set/remove {labels.GPU_VFIO_READY}")
+    p.add_argument("--timeout", type=float, default=vfio.FREE_TIMEOUT_S, metavar="SECONDS",
+                   help="bind: wait this long for the processes holding the GPU to exit")
     p.set_defaults(run=run)

@@ -98,10 +98,15 @@ class Allocator:
         self.settings = settings
         self._host = host
         self._new_id = new_id
-        # Optional control nodes are passed only when the host has them (checked once per start).
-        self._control = tuple(
+
+    def _control(self) -> tuple[str, ...]:
+        """The control nodes to pass: ``nvidiactl`` always, the optional ones (UVM, modeset) the host has now.
+        Looked up per allocation, not once per start: on a freshly booted node ``nvidia-uvm`` is loaded and its
+        nodes made after the plugin started (node setup, ``node_agent.setup.devnodes``), and a container without
+        ``/dev/nvidia-uvm`` cannot run CUDA."""
+        return tuple(
             p for i, p in enumerate(CONTROL_DEVICES)
-            if i == 0 or device_node_present(host, _join_root(settings.nvidia_dev_root, p))
+            if i == 0 or device_node_present(self._host, _join_root(self.settings.nvidia_dev_root, p))
         )
 
     def allocate(self, ids: Sequence[str]) -> ContainerAllocation:
@@ -141,7 +146,7 @@ class Allocator:
                                    cdi_devices=tuple(cdi))
 
     def _device_specs(self, devices: Sequence[PluginDevice]) -> list[DeviceSpec]:
-        paths: list[str] = list(self._control)
+        paths: list[str] = list(self._control())
         for d in devices:
             for p in d.paths:
                 if p not in paths:

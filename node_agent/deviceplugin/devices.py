@@ -97,6 +97,23 @@ class HealthEvent:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """What NVML says a GPU still needs after an error before new work may land on it (its recovery action,
+    row remapper and page retirement: NVIDIA's "GPU Memory Error Management" guide, "Error Recovery and
+    Response Flags")."""
+
+    #: The most drastic step outstanding (``reset``, ``reboot``, ``drain-and-reset``, ``replacement`` ...);
+    #: ``None``: NVML shows nothing left to do.
+    need: str | None = None
+    #: The need keeps the GPU out of service on its own, XID or not (a recovery action, a failed remap);
+    #: a pending row remap alone does not (NVIDIA: "new workloads can be launched").
+    out_of_service: bool = False
+    #: NVML answered at least one of the reads (without any, nothing can show the GPU recovered).
+    known: bool = True
+    detail: str = ""
+
+
 class NodeDevices(Protocol):
     """The GPUs of this node and their events (implemented over NVML, or by test builders)."""
 
@@ -114,6 +131,10 @@ class NodeDevices(Protocol):
 
     def check(self, gpu_uuid: str) -> bool:
         """A re-check: the GPU answers NVML queries normally right now."""
+        ...
+
+    def recovery(self, gpu_uuid: str) -> Recovery:
+        """What NVML says the GPU still needs after an error (raises nothing: an unreadable GPU is ``check``'s)."""
         ...
 
 

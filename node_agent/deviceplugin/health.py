@@ -1,10 +1,20 @@
-"""Device health: NVML events mark devices Unhealthy, quiet re-checks bring them back.
+"""Device health: NVML events mark devices Unhealthy; only NVML showing the GPU recovered brings them back.
 
-NVIDIA's plugin marks a device Unhealthy on a critical XID and never looks again (a known pain point:
-only a pod restart recovers). Here a :class:`HealthMonitor` turns events into per-device state on a
-:class:`HealthBoard`, which wakes every ListAndWatch stream at once; a device that passes re-checks
-for ``recovery_quiet_s`` after its last bad event turns Healthy again. A GPU that fell off the bus is
-Unhealthy at once and recovers only when re-checks pass (it came back).
+NVIDIA's plugin marks a device Unhealthy on a critical XID and never looks again (NVIDIA/k8s-device-plugin
+``internal/rm/health.go``: it only ever sends devices to its unhealthy channel; only a pod restart
+recovers). Here a :class:`HealthMonitor` turns events into per-device state on a :class:`HealthBoard`,
+which wakes every ListAndWatch stream at once. A device turns Healthy again only when, ``recovery_quiet_s``
+after its last bad event, its GPU answers NVML and NVML shows nothing outstanding: no recovery action
+(``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``), no pending or failed row remap, no pending retired page (NVIDIA
+"GPU Memory Error Management", "Error Recovery and Response Flags"). XIDs 48, 63, 94 and 95 leave a GPU
+that still answers NVML but needs a reset first: a quiet period alone put pods on it that crashed. Where
+the GPU answers none of those reads, the quiet period alone decides, as before (NVIDIA would hold it until
+the plugin restarts). A healthy GPU whose NVML names a recovery action or a failed remap is taken out too,
+with or without an XID (one raised before this process started). A GPU that fell off the bus is Unhealthy
+at once and recovers only when re-checks pass (it came back).
+
+Events are matched to GPUs by the UUID NVML gives for the event's device, as NVIDIA's plugin does; an
+event for a device that is none of ours (or whose UUID NVML cannot give) re-checks every GPU at once.
 
 XID filtering follows NVIDIA: 13, 31, 43, 45, 68 and 109 are application errors and ignored;
 ``DP_DISABLE_HEALTHCHECKS`` is ``all`` / ``xids`` (no checks) or a list of extra XIDs to ignore;
@@ -19,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from node_agent.deviceplugin.devices import WHOLE_GPU, Gpu, HealthEvent, HealthEventKind, NodeDevices
+from node_agent.deviceplugin.devices import WHOLE_GPU, Gpu, HealthEvent, HealthEventKind, NodeDevices, Recovery
 from node_agent.nvml.xid import APPLICATION_XIDS
 
 log = logging.getLogger(__name__)
@@ -83,6 +93,7 @@ class _State:
     healthy: bool = True
     last_bad: float = 0.0
     reason: str = ""
+    need: str = ""  #: what NVML says the GPU needs before it is trusted again (reset, reboot, replacement ...)
 
 
 @dataclass
@@ -117,6 +128,19 @@ class HealthBoard:
         with self._cond:
             return {u: s.reason for u, s in self._states.items() if not s.healthy}
 
+    def needs(self) -> dict[str, str]:
+        """Unhealthy devices NVML says need something (``reset``, ``reboot``, ``replacement`` ...) to recover."""
+        with self._cond:
+            return {u: s.need for u, s in self._states.items() if not s.healthy and s.need}
+
+    def hold(self, uuid: str, need: str) -> None:
+        """Keep an unhealthy device unhealthy and record what it needs (no transition, no wake-up)."""
+        with self._cond:
+            s = self._states.get(uuid)
+            if s is not None and not s.healthy and s.need != need:
+                log.warning("event=health-held device=%s reason=%s needs=%s", uuid, s.reason, need)
+                s.need = need
+
     def last_bad(self, uuid: str) -> float:
         with self._cond:
             s = self._states.get(uuid)
@@ -139,6 +163,7 @@ class HealthBoard:
                 if s.healthy != healthy:
                     s.healthy = healthy
                     s.reason = reason
+                    s.need = ""
                     changed.append(u)
             for u in changed:
                 log.warning("event=health-transition device=%s healthy=%s reason=%s", u, healthy, reason)
@@ -183,6 +208,10 @@ class HealthMonitor:
             return [*self._gpus, *(m.uuid for g in self._gpus.values() for m in g.migs)]
         gpu = self._gpus.get(ev.gpu_uuid)
         if gpu is None:
+            # Not one of ours by UUID (NVML could not name the event's device, or the GPU was re-enumerated):
+            # which GPU it hit is unknown, so every GPU is re-checked now rather than the event dropped.
+            log.warning("event=health-event-unmatched gpu=%r kind=%s xid=%d", ev.gpu_uuid, ev.kind.value, ev.xid)
+            self._next_recheck = self._clock()
             return []
         if ev.kind is HealthEventKind.XID and gpu.migs and ev.gi_id != WHOLE_GPU:
             return [m.uuid for m in gpu.migs
@@ -200,22 +229,43 @@ class HealthMonitor:
         return self.board.mark(self._targets(ev), False, reason)
 
     def recheck(self) -> list[str]:
-        """Re-check devices: healthy GPUs that stopped answering are lost; unhealthy devices that
-        stayed quiet long enough and pass turn Healthy. Returns the recovered UUIDs."""
+        """Re-check devices: healthy GPUs that stopped answering are lost, and those NVML says must take no
+        new work (a recovery action, a failed remap) are taken out; unhealthy devices that stayed quiet long
+        enough, answer, and have nothing outstanding in NVML turn Healthy. Returns the recovered UUIDs."""
         now = self._clock()
         recovered: list[str] = []
+        readings: dict[str, Recovery] = {}
+
+        def reading(gpu_uuid: str) -> Recovery:
+            if gpu_uuid not in readings:
+                readings[gpu_uuid] = self._devices.recovery(gpu_uuid)
+            return readings[gpu_uuid]
+
         bad = self.board.unhealthy()
-        for uuid in self._gpus:
-            if uuid not in bad and not self._devices.check(uuid):
+        for uuid, gpu in self._gpus.items():
+            if uuid in bad:
+                continue
+            if not self._devices.check(uuid):
                 self.board.mark([uuid], False, HealthEventKind.GPU_LOST.value)
+                continue
+            r = reading(uuid)
+            if r.out_of_service and r.need:
+                devices = [uuid, *(m.uuid for m in gpu.migs)]
+                self.board.mark(devices, False, f"needs-{r.need}")
+                for d in devices:
+                    self.board.hold(d, r.need)
         for uuid in self.board.unhealthy():
             if now - self.board.last_bad(uuid) < self.policy.recovery_quiet_s:
                 continue
             gpu_uuid = self._parent(uuid)
-            if gpu_uuid is not None and self._devices.check(gpu_uuid):
-                recovered += self.board.mark([uuid], True, "recovered")
-            else:
+            if gpu_uuid is None or not self._devices.check(gpu_uuid):
                 self.board.mark([uuid], False, "recheck-failed")
+                continue
+            r = reading(gpu_uuid)
+            if r.need:
+                self.board.hold(uuid, r.need)  # answers, but NVML says it is not fit yet (e.g. XID 95: reset)
+                continue
+            recovered += self.board.mark([uuid], True, "recovered")
         return recovered
 
     def _parent(self, uuid: str) -> str | None:

@@ -22,6 +22,7 @@ from node_agent.deviceplugin.devices import (
     Link,
     MigDevice,
     PcieLink,
+    Recovery,
 )
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,19 @@ class NvmlNodeDevices:
             log.info("event=recheck-failed gpu=%s error=%s", gpu_uuid, e)
             return False
         return str(g.uuid) == gpu_uuid
+
+    def recovery(self, gpu_uuid: str) -> Recovery:
+        index = self._index.get(gpu_uuid)
+        if index is None:
+            return Recovery(known=False, detail="not a GPU of this node")
+        try:
+            r = self._session.recovery(index)
+        except nvml.NvmlError as e:
+            log.info("event=recovery-read-failed gpu=%s error=%s", gpu_uuid, e)
+            return Recovery(known=False, detail=str(e))
+        need = r.need
+        return Recovery(need=None if need is None else need.value, out_of_service=r.out_of_service, known=r.known,
+                        detail=", ".join(r.reasons))
 
     def close(self) -> None:
         if self._watcher is not None:

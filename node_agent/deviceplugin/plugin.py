@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from node_agent.cdi.spec import ContainerEdits
@@ -23,6 +23,7 @@ from node_agent.deviceplugin.health import HealthBoard, HealthMonitor, HealthPol
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.preferred import PreferenceError, Request, preferred_allocation
 from node_agent.deviceplugin.resources import Resource, build_resources, select_imex_channels
+from node_agent.host import HostError
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,16 @@ class ResourcePlugin:
     """Answers kubelet's calls for one resource (no protocol types here)."""
 
     def __init__(self, resource: Resource, settings: Settings, board: HealthBoard, *,
-                 pair_scores: dict[tuple[int, int], int], host: HostFiles, metrics: PluginMetrics):
+                 pair_scores: dict[tuple[int, int], int], host: HostFiles, metrics: PluginMetrics,
+                 refresh_cdi: Callable[[], object] | None = None):
         self.resource = resource
         self.settings = settings
         self.board = board
         self._scores = pair_scores
         self._allocator = Allocator(resource, settings, host)
+        #: Rewrites the CDI spec if the host's control nodes changed (``nvidia-uvm`` made after the plugin
+        #: started): the runtime resolves the names Allocate answers from that spec.
+        self._refresh_cdi = refresh_cdi
         self.metrics = metrics
         self._stopped = threading.Event()
 
@@ -110,6 +115,11 @@ class ResourcePlugin:
 
     def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         start = time.perf_counter()
+        if self._refresh_cdi is not None and self.settings.uses_cdi:
+            try:
+                self._refresh_cdi()
+            except HostError as e:  # the spec written at start still serves; the container may lack UVM
+                log.warning("event=cdi-refresh-failed resource=%s error=%s", self.name, e)
         try:
             out = [self._allocator.allocate(ids) for ids in requests]
         except AllocationError:
@@ -143,7 +153,9 @@ class NodePlugins:
                     scores[(a.index, b.index)] = scores[(b.index, a.index)] = s
         self.board = HealthBoard() if board is None else board
         self.board.add_listener(metrics.on_transition)
-        self.plugins = [ResourcePlugin(r, settings, self.board, pair_scores=scores, host=host, metrics=metrics)
+        resources = self.resources
+        self.plugins = [ResourcePlugin(r, settings, self.board, pair_scores=scores, host=host, metrics=metrics,
+                                       refresh_cdi=lambda: write_specs(resources, settings, host, driver_edits))
                         for r in self.resources]
         self.monitor = HealthMonitor(node, self.gpus, self.board, policy)
         self.cdi_changed = write_specs(self.resources, settings, host, driver_edits)

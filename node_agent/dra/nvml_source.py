@@ -7,8 +7,10 @@ marked ``gpu-lost``, so the driver withdraws or taints it instead of silently fo
 needs the ``/dev/nvidia-caps/nvidia-cap<N>`` nodes named in ``/proc/driver/nvidia-caps/mig-minors``.
 
 Health: critical XID events (NVIDIA's application-error XIDs are ignored, the same set as the device
-plugin) mark the whole GPU ``xid`` (with its MIG devices) until ``xid_quiet_s`` passes without another one;
-unlike NVIDIA's driver, which keeps the taint until the plugin restarts, a GPU that stays quiet comes back.
+plugin) mark the whole GPU ``xid`` (with its MIG devices) until ``xid_quiet_s`` passes without another one
+and NVML shows nothing outstanding (no recovery action, no pending or failed row remap, no pending retired
+page: XIDs 48, 94 and 95 leave a GPU that answers but needs a reset first); unlike NVIDIA's driver, which
+keeps the taint until the plugin restarts, a GPU that recovered comes back.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from node_agent.host.pci import nvidia_gpus, pcie_root
 from node_agent.host.proc import MIG_MINORS_PATH, parse_mig_minors
 from node_agent.host.root import HostError, HostRoot
 from node_agent.nvml import NvmlError, NvmlNotSupported
+from node_agent.nvml.names import GO_NVLIB_BRANDS
 from node_agent.nvml.session import EventWatcher, NvmlBackend, NvmlSession, open_nvml
 from node_agent.nvml.types import EventKind, Gpu
 from node_agent.nvml.types import Inventory as NvmlInventory
@@ -48,9 +51,11 @@ def architecture_name(arch: str) -> str:
     return _ARCHITECTURES.get(arch, arch.title())
 
 
-def brand_name(product: str) -> str:
-    """NVML's brand as NVIDIA's driver spells it: data-center parts report ``Nvidia``, older ones ``Tesla``."""
-    return "Tesla" if product.startswith("Tesla") else "Nvidia"
+def brand_name(brand: int | None) -> str:
+    """``nvmlDeviceGetBrand`` as NVIDIA's DRA driver publishes it (go-nvlib's ``GetBrandAsString``): not the
+    product name's first word, a "Tesla T4" answers NVML_BRAND_NVIDIA (``Nvidia``). ``Unknown`` where the
+    driver cannot tell (go-nvlib's word for NVML_BRAND_UNKNOWN)."""
+    return GO_NVLIB_BRANDS.get(brand, "Unknown") if brand is not None else "Unknown"
 
 
 class NvmlInventorySource:
@@ -62,6 +67,8 @@ class NvmlInventorySource:
         self._watcher: EventWatcher | None = None
         #: GPU index -> (last critical XID, when it arrived).
         self._xids: dict[int, tuple[int, float]] = {}
+        #: GPU index -> what NVML says it needs, for GPUs quiet long enough but not recovered yet.
+        self._held: dict[int, str] = {}
         self._host = host
         self._timeout = timeout_s
         self._stack = contextlib.ExitStack()
@@ -96,9 +103,29 @@ class NvmlInventorySource:
                 self._xids[event.gpu_index] = (event.data, self._clock())
         now = self._clock()
         for index, (_xid, when) in list(self._xids.items()):
-            if now - when >= self._xid_quiet:
-                log.info("event=gpu-xid-cleared index=%d quiet_s=%.0f", index, self._xid_quiet)
-                del self._xids[index]
+            if now - when < self._xid_quiet:
+                continue
+            need = self._outstanding(index)
+            if need is not None:  # quiet, but NVML says it is not fit yet (e.g. XID 95: a reset first)
+                if self._held.get(index) != need:
+                    log.warning("event=gpu-xid-held index=%d needs=%s", index, need)
+                    self._held[index] = need
+                continue
+            log.info("event=gpu-xid-cleared index=%d quiet_s=%.0f", index, self._xid_quiet)
+            del self._xids[index]
+            self._held.pop(index, None)
+
+    def _outstanding(self, index: int) -> str | None:
+        """What NVML says GPU ``index`` still needs before it takes work again (``NvmlSession.recovery``), as
+        the device plugin asks before trusting a GPU again; ``None``: nothing, or NVML cannot tell (no
+        recovery read on this GPU: the quiet period alone decides, as before)."""
+        if self._session is None:
+            return None
+        try:
+            need = self._session.recovery(index).need
+        except NvmlError as e:
+            return f"unreadable ({e})"
+        return None if need is None else need.value
 
     def close(self) -> None:
         with self._lock:
@@ -175,7 +202,7 @@ class NvmlInventorySource:
     @staticmethod
     def _gpu(g: Gpu, root: str | None = None) -> GpuInfo:
         return GpuInfo(
-            index=g.index, minor=g.minor, uuid=g.uuid, product_name=g.name, brand=brand_name(g.name),
+            index=g.index, minor=g.minor, uuid=g.uuid, product_name=g.name, brand=brand_name(g.brand),
             architecture=architecture_name(g.architecture), compute_capability=g.compute_capability,
             memory_bytes=g.memory_mib * 2**20, pci_bus_id=g.sysfs_bus_id, mig_enabled=g.mig_enabled,
             pcie_root=root,

@@ -12,6 +12,11 @@ interrupted half-way can be rolled back from the checkpoint alone.
   ``/run/nvidia-gpu-agent/mps/<claimUID>``, which is bind-mounted into the containers with
   ``CUDA_MPS_PIPE_DIRECTORY``; thread and pinned-memory limits are set on the daemon and, as
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, in the client environment.
+  The daemon's ``/dev/shm`` is bind-mounted at ``/dev/shm`` too (NVIDIA/k8s-dra-driver-gpu
+  ``cmd/gpu-kubelet-plugin/sharing.go``, ``GetCDIContainerEdits``): clients reach the MPS server through
+  shared-memory segments there. NVIDIA gives each claim's daemon its own tmpfs; the daemons here run in the
+  plugin's container, whose ``/dev/shm`` is the node's ``hostpaths.DRA_MPS_SHM``, shared by the node's MPS
+  claims as NVIDIA's device plugin shares one ``<mpsRoot>/shm`` between its resources.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from nvgpu import hostpaths
 log = logging.getLogger(__name__)
 
 MPS_ROOT = hostpaths.DRA_MPS_ROOT
+MPS_SHM = hostpaths.DRA_MPS_SHM
 
 
 class SharingError(RuntimeError):
@@ -133,7 +139,8 @@ def plan(claim_uid: str, devices: Sequence[Allocatable], sharing: GpuSharing) ->
         env.append("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + ",".join(f"{i}={m}M" for i, m in sorted(limits.items())))
     return Plan(AppliedSharing(strategy=sharing.strategy.value, uuids=uuids, compute_mode_changed=full,
                                mps_directory=directory),
-                SharingEdits(env=tuple(env), mounts=((f"{directory}/pipe", f"{directory}/pipe"),)))
+                SharingEdits(env=tuple(env), mounts=((f"{directory}/pipe", f"{directory}/pipe"),
+                                                     (MPS_SHM, "/dev/shm"))))
 
 
 def apply(backend: SharingBackend, host: HostPaths, claim_uid: str, *, record: AppliedSharing,
@@ -150,7 +157,7 @@ def apply(backend: SharingBackend, host: HostPaths, claim_uid: str, *, record: A
     for uuid in record.compute_mode_changed:
         backend.set_compute_mode(uuid, "EXCLUSIVE_PROCESS")
     pipe, logs = f"{record.mps_directory}/pipe", f"{record.mps_directory}/log"
-    for d in (pipe, logs):
+    for d in (pipe, logs, MPS_SHM):
         host.path(d).mkdir(parents=True, exist_ok=True)
     backend.start_mps(claim_uid, record.uuids, pipe_dir=pipe, log_dir=logs,
                       active_thread_percentage=mps.default_active_thread_percentage,

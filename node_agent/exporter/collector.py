@@ -7,6 +7,8 @@ container adds ``pod``, ``namespace`` and ``container``. On a GPU in MIG mode th
 served per MIG device only (the instances' memory is the GPU's, so a per-GPU series would count it twice);
 the other fields are the GPU's. A GPU NVML reports lost is left out of the device series and counted in
 ``nvidia_gpu_exporter_gpus{state="lost"}``; a failed scrape answers what it could and counts the failure.
+A GPU whose details NVML refuses (a GPU in MIG mode read without the MIG monitor capability: its memory and
+MIG devices) keeps its series, and ``nvidia_gpu_exporter_unreadable{what=...}`` says what is missing.
 """
 
 from __future__ import annotations
@@ -93,11 +95,16 @@ class Exporter:
             if XID_FIELD in self.fields else None
         held = Family("nvidia_gpu_device_holder", "gauge",
                       "1 for each container holding a GPU, MIG device or a shared replica of one.")
+        unreadable = Family("nvidia_gpu_exporter_unreadable", "gauge",
+                            "1 for each detail NVML refuses to tell about a GPU (its memory or MIG devices when "
+                            "the exporter lacks the MIG monitor capability), by what is missing.")
         last = self.xid_last()
         for gpu in inv.gpus:
             base: Labels = (("gpu", str(gpu.index)), ("UUID", str(gpu.uuid)), ("pci_bus_id", gpu.pci_bus_id),
                             ("device", f"nvidia{gpu.minor}"), ("modelName", gpu.name), ("Hostname", self.hostname),
                             (DRIVER_VERSION_LABEL, driver))
+            for what in gpu.unreadable:
+                unreadable.samples.append(((*base, ("what", what.split(":", 1)[0])), 1.0))
             try:
                 reading = self.nvml.telemetry(gpu.index)
                 migs = self.nvml.mig_memory(gpu.index) if gpu.mig_enabled else ()
@@ -113,7 +120,7 @@ class Exporter:
                 for h in holders.by_uuid.get(uuid, ()):
                     held.samples.append(((*base, ("device_uuid", uuid), *_holder_labels(h)), 1.0))
         self.read, self.lost = len(inv.gpus), len(inv.lost)
-        out = list(families.values()) + ([xid] if xid else []) + [held]
+        out = list(families.values()) + ([xid] if xid else []) + [held, unreadable]
         out += self._own(inv.gpus, len(inv.lost), self.clock() - start)
         return out
 

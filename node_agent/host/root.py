@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+import stat
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -72,13 +73,27 @@ class CommandResult:
         return self.returncode == 0
 
 
+#: Makes one character device node: ``(local path, major, minor, mode)``. The real one is mknod(2); a simulated
+#: host (whose tests run as non-root, where mknod fails) passes ``node_agent.nvml.sim.host.device_node_stand_in``.
+Mknod = Callable[[Path, int, int, int], None]
+
+
+def real_mknod(local: Path, major: int, minor: int, mode: int) -> None:
+    """mknod(2) of a character device, then chmod: mknod honours the umask, and NVIDIA's ``nvdevices``
+    (nvidia-container-toolkit ``internal/system/nvdevices/mknod.go``) chmods to the mode after it too."""
+    os.mknod(local, stat.S_IFCHR | mode, os.makedev(major, minor))
+    os.chmod(local, mode)
+
+
 class HostRoot:
     def __init__(self, root: str | Path = "/", *, exec_mode: ExecMode = "direct",
-                 executor: Exec | None = None) -> None:
+                 executor: Exec | None = None, mknod: Mknod | None = None) -> None:
         self.root = Path(root).resolve()
         self.exec_mode: ExecMode = exec_mode
         #: Where every command goes (``node_agent.host.exec``): the real one unless a test injects one.
         self.executor: Exec = executor if executor is not None else HostExec(self)
+        #: How device nodes are made (:meth:`make_char_device`): mknod(2) unless a simulated host passes its own.
+        self.mknod: Mknod = mknod if mknod is not None else real_mknod
 
     def __repr__(self) -> str:
         return f"HostRoot({str(self.root)!r}, exec_mode={self.exec_mode!r})"
@@ -210,6 +225,23 @@ class HostRoot:
         except OSError as e:
             raise HostError(f"cannot remove {host_path}: {e.strerror}", host_path) from e
         atomic.fsync_dir(self.path(host_path).parent)
+        return True
+
+    def make_char_device(self, host_path: str, major: int, minor: int, mode: int = 0o666) -> bool:
+        """Create the character device node ``host_path`` (``c major:minor``) unless something is already there
+        (False then, nothing changed), as NVIDIA's ``nvdevices`` does. Missing parent directories are made."""
+        local = self.path(host_path)
+        if local.exists() or local.is_symlink():
+            return False
+        try:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            self.mknod(local, major, minor, mode)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise HostError(f"cannot create device node {host_path} (c {major}:{minor}): {e.strerror or e}",
+                            host_path) from e
+        atomic.fsync_dir(local.parent)
         return True
 
     def remove_tree(self, host_path: str) -> None:

@@ -15,7 +15,11 @@ upgrade label and annotation), so ``kubectl get gpus -o wide`` shows a rollout G
 
 Each object shows its GPU's last XID and when it was raised (:mod:`node_agent.nvml.xidwatch`); a critical
 one (not an application's) keeps the GPU ``Unhealthy`` for the quiet period the device plugin waits before
-it trusts the GPU again, so the object and the allocatable count tell the same story.
+it trusts the GPU again, so the object and the allocatable count tell the same story. Past that period it
+stays ``Unhealthy`` while NVML shows something outstanding (a recovery action, a pending or failed row
+remap, a pending retired page: ``NvmlSession.recovery``), as the device plugin holds it; and ``health.needs``
+says what it takes (``reset``, ``reboot``, ``replacement`` ...). A recovery action or a failed remap keeps
+the GPU ``Unhealthy`` with no XID seen at all (NVIDIA: the GPU must be reset, or rebooted, before new work).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from node_agent.dra.devices import mig_device_name
 from node_agent.kube.errors import NotFound
 from node_agent.kube.transport import Kube
 from node_agent.labeller.labels import InventoryContext as Context
-from node_agent.nvml.types import DriverInfo, Gpu, Inventory
+from node_agent.nvml.types import DriverInfo, Gpu, GpuRecovery, Inventory
 from node_agent.nvml.xidwatch import XidSeen, utcnow
 from nvgpu import catalogue, inventory
 
@@ -104,14 +108,24 @@ def last_xid(recorded: XidSeen | None, status: Mapping[str, Any]) -> XidSeen | N
     return recorded
 
 
-def gpu_health(xid: XidSeen | None, now: datetime.datetime, quiet_s: float) -> dict[str, Any]:
-    """Healthy, unless a critical XID was raised less than ``quiet_s`` ago; the last XID either way."""
+def gpu_health(xid: XidSeen | None, now: datetime.datetime, quiet_s: float,
+               recovery: GpuRecovery | None = None) -> dict[str, Any]:
+    """Healthy, unless NVML says the GPU must take no new work (a recovery action, a failed remap), or a
+    critical XID was raised less than ``quiet_s`` ago or left something NVML still shows outstanding; the
+    last XID and what NVML says the GPU needs either way."""
     health: dict[str, Any] = {"state": "Healthy"}
-    if xid is None:
-        return health
-    health.update(lastXID=xid.xid, lastXIDTime=_stamp(xid.at))
-    if xid.critical and (now - xid.at).total_seconds() < quiet_s:
+    need = recovery.need if recovery is not None else None
+    nvml_says = ", ".join(recovery.reasons) if recovery is not None else ""
+    if xid is not None:
+        health.update(lastXID=xid.xid, lastXIDTime=_stamp(xid.at))
+    if need is not None:
+        health["needs"] = need.value
+    if recovery is not None and recovery.out_of_service:
+        health.update(state="Unhealthy", reason=f"NVML: {nvml_says}")
+    elif xid is not None and xid.critical and (now - xid.at).total_seconds() < quiet_s:
         health.update(state="Unhealthy", reason=f"critical XID {xid.xid} less than {quiet_s:g}s ago")
+    elif xid is not None and xid.critical and need is not None:
+        health.update(state="Unhealthy", reason=f"critical XID {xid.xid}, and NVML: {nvml_says}")
     return health
 
 
@@ -153,6 +167,8 @@ def gpu_status(gpu: Gpu, driver: DriverInfo | None, ctx: Context, node: NodeDriv
         "sharing": ctx.sharing, "allocationMode": ctx.allocation_mode, "mig": mig,
         "exposedAs": exposed_as(gpu, ctx), "health": {"state": "Healthy"},
     }
+    if gpu.unreadable:  # counted and shown all the same, with what NVML refused and why
+        status["unreadable"] = list(gpu.unreadable)
     if driver is not None:
         status["driverVersion"] = driver.driver_version
         status["cudaVersion"] = f"{driver.cuda_driver_version[0]}.{driver.cuda_driver_version[1]}"
@@ -162,17 +178,19 @@ def gpu_status(gpu: Gpu, driver: DriverInfo | None, ctx: Context, node: NodeDriv
 
 def desired(inv: Inventory, driver: DriverInfo | None, ctx: Context, existing: Mapping[int, Mapping[str, Any]],
             *, xids: Mapping[int, XidSeen] | None = None, now: datetime.datetime | None = None,
-            node: NodeDriver = NodeDriver()) -> dict[int, dict[str, Any]]:
+            node: NodeDriver = NodeDriver(), recoveries: Mapping[int, GpuRecovery] | None = None
+            ) -> dict[int, dict[str, Any]]:
     """Per NVML index, the status each GPU's object should have (``existing``: index to current status;
-    ``xids``: the recorder's last XID per index). A lost GPU keeps what was known of it and is marked
-    unhealthy with NVML's reason."""
+    ``xids``: the recorder's last XID per index; ``recoveries``: what NVML says each GPU still needs). A
+    lost GPU keeps what was known of it and is marked unhealthy with NVML's reason."""
     now = now or utcnow()
     xids = xids or {}
+    recoveries = recoveries or {}
     out: dict[int, dict[str, Any]] = {}
     for g in inv.gpus:
         out[g.index] = gpu_status(g, driver, ctx, node)
         out[g.index]["health"] = gpu_health(last_xid(xids.get(g.index), existing.get(g.index) or {}), now,
-                                            ctx.xid_quiet_s)
+                                            ctx.xid_quiet_s, recoveries.get(g.index))
     for lost in inv.lost:
         before = dict(existing.get(lost.index) or {})
         health: dict[str, Any] = {"state": "Unhealthy", "reason": lost.reason}
@@ -208,14 +226,15 @@ def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
 
 def sync(kube: Kube, node: str, inv: Inventory, driver: DriverInfo | None, ctx: Context, *,
          node_uid: Callable[[], str], xids: Mapping[int, XidSeen] | None = None,
-         now: Callable[[], datetime.datetime] = utcnow, node_driver: NodeDriver = NodeDriver()) -> SyncResult:
+         now: Callable[[], datetime.datetime] = utcnow, node_driver: NodeDriver = NodeDriver(),
+         recoveries: Mapping[int, GpuRecovery] | None = None) -> SyncResult:
     """Make this node's GPU objects match ``inv``: one list, then a write only where something changed."""
     listed = kube.get(inventory.collection_path(), query={"labelSelector": f"{inventory.NODE_LABEL}={node}"},
                       what=f"list GPUs of node {node}") or {}
     current = {int(o["spec"]["index"]): o for o in listed.get("items") or [] if o.get("spec", {}).get("node") == node}
     at = now()
     want = desired(inv, driver, ctx, {i: o.get("status") or {} for i, o in current.items()}, xids=xids, now=at,
-                   node=node_driver)
+                   node=node_driver, recoveries=recoveries)
     created, updated, deleted = [], [], []
     for index, status in sorted(want.items()):
         obj = current.get(index)

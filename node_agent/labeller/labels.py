@@ -50,7 +50,7 @@ from node_agent.host import HostError, HostRoot, VgpuDevice, VgpuScanError, nvid
 from node_agent.labeller import gfd
 from node_agent.labeller.nodeconfig import NodePlan, Requested, plan
 from node_agent.labeller.nodepatch import NodeEnv
-from node_agent.nvml import FabricInfo, GpuInstanceProfile, NvmlError
+from node_agent.nvml import FabricInfo, GpuInstanceProfile, GpuRecovery, Inventory, NvmlError, NvmlSession
 from node_agent.nvml.xidwatch import XidSeen
 from nvgpu import labels as label_names
 
@@ -250,6 +250,7 @@ def collect(ctx: NodeEnv, options: LabelOptions, source: SharingSource | None = 
         fabric: dict[int, FabricInfo | None] = {g.index: nvml.fabric_info(g.index) for g in inventory.gpus}
     clique, disagreement = gfd.fabric_clique(fabric)
     warnings += [f"GPU {lost.index} left out: {lost.reason}" for lost in inventory.lost]
+    warnings += [f"GPU {g.index} labelled without its {what}" for g in inventory.gpus for what in g.unreadable]
     warnings += [disagreement] if disagreement else []
     settings = dataclasses.replace(settings, clique=clique)
     return gfd.compute_labels(inventory.gpus, driver, profiles, settings), tuple(warnings)
@@ -311,6 +312,7 @@ def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContex
     with ctx.nvml() as nvml:
         inv = nvml.inventory()
         driver = nvml.driver() if inv.gpus else None
+        recoveries = _recoveries(nvml, inv)
     node = ctx.require_node_name()
     node_obj = api.read_node(node)  # one read: its uid for new objects, the driver upgrade's state
     meta = node_obj.get("metadata") or {}
@@ -323,7 +325,20 @@ def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContex
         check_reasons=tuple(r for r in node_labels.get(label_names.NODE_CHECK_REASONS, "").split(".") if r))
     return inventory.sync(api.kube, node, inv, driver,
                           dataclasses.replace(inv_ctx, mig_strategy=sharing.mig_strategy, replicas=replicas),
-                          node_uid=lambda: str(meta["uid"]), xids=xids, node_driver=node_driver)
+                          node_uid=lambda: str(meta["uid"]), xids=xids, node_driver=node_driver,
+                          recoveries=recoveries)
+
+
+def _recoveries(nvml: NvmlSession, inv: Inventory) -> dict[int, GpuRecovery]:
+    """What NVML says each GPU still needs after an error; a GPU that fails the reads is left out (logged):
+    its object then says what the XIDs say, as before."""
+    out: dict[int, GpuRecovery] = {}
+    for g in inv.gpus:
+        try:
+            out[g.index] = nvml.recovery(g.index)
+        except NvmlError as e:
+            log.warning("event=recovery-read-failed gpu=%d error=%s", g.index, e)
+    return out
 
 
 def _kernel_modules(host: HostRoot) -> str | None:

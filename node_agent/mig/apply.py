@@ -12,7 +12,15 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from node_agent.mig.hardware import GpuInfo, GpuState, MigBackend, MigHardwareError, PlacedInstance, snapshot
+from node_agent.mig.hardware import (
+    GpuInfo,
+    GpuState,
+    MigBackend,
+    MigHardwareError,
+    PlacedInstance,
+    ResetUnavailable,
+    snapshot,
+)
 from node_agent.mig.plan import GpuTarget, NodePlan
 from nvgpu.catalogue import GpuModel
 
@@ -64,7 +72,14 @@ def set_modes(backend: MigBackend, wanted: Sequence[tuple[int, bool]]) -> ModeRe
 
 
 def apply_modes(backend: MigBackend, node_plan: NodePlan) -> ModeResult:
-    return set_modes(backend, [(t.index, t.mig_enabled) for t in node_plan.targets])
+    """The plan's MIG modes set; :class:`ResetUnavailable` when one is still pending after the GPU reset
+    (NVML re-read after it): the layout step would only fail on it later with a misleading reason, where
+    mig-parted's ``assert --mode-only`` after its apply fails at once (NVIDIA's ``reconfigure-mig.sh``)."""
+    result = set_modes(backend, [(t.index, t.mig_enabled) for t in node_plan.targets])
+    if result.pending:
+        raise ResetUnavailable(f"MIG mode still pending on GPU {', '.join(map(str, result.pending))} after the "
+                               "GPU reset")
+    return result
 
 
 def _create(backend: MigBackend, model: GpuModel, index: int, instances: Sequence[PlacedInstance]) -> None:

@@ -140,6 +140,11 @@ class MigManager:
     history: deque[Action] = field(default_factory=lambda: deque(maxlen=256))
     #: Where :attr:`metrics` registers (the status endpoint's registry; tests pass their own).
     registry: CollectorRegistry | None = None
+    #: Makes the device nodes of the instances there are now (``/dev/nvidia-caps/nvidia-cap<N>``), run after
+    #: every layout change and rollback, as NVIDIA's MIG manager runs ``nvidia-ctk system create-device-nodes``
+    #: and ``nvidia-smi`` after its changes (mig-parted ``Reconfigure.handleCDI`` / ``runNvidiaSMI``): the
+    #: driver makes no node for a new instance, and a container given a MIG device without them cannot use it.
+    device_nodes: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.store = JournalStore(self.files, self.journal_path)
@@ -516,7 +521,7 @@ class MigManager:
         assert target.node_plan is not None
         j = self._destructive_start(j)
         try:
-            apply.apply_modes(self.backend, target.node_plan)
+            apply.apply_modes(self.backend, target.node_plan)  # a mode still pending after the reset raises
         except ResetUnavailable as e:
             if self.settings.allow_reboot:
                 self._save(j.advance(Phase.REBOOTING, o.at, boot_id=o.boot_id, reason=str(e)))
@@ -549,7 +554,18 @@ class MigManager:
         except MigHardwareError as e:
             self._save(j.advance(Phase.ROLLBACK, o.at, reason=f"applying MIG layout failed: {e}"))
             return
+        self._make_device_nodes()
         self._save(j.advance(Phase.VERIFY, o.at))
+
+    def _make_device_nodes(self) -> None:
+        """:attr:`device_nodes`; a failure is logged, not fatal: the layout is right, and the device plugin
+        reports the missing node by name when it builds the device (NVIDIA's manager logs and goes on too)."""
+        if self.device_nodes is None:
+            return
+        try:
+            self.device_nodes()
+        except (HostError, MigHardwareError) as e:
+            log.warning("event=device-nodes-failed error=%s", e)
 
     def _rollback(self, a: Action, o: Observation, j: Journal) -> None:
         reason = a.reason or j.reason
@@ -557,6 +573,7 @@ class MigManager:
             j = j.advance(Phase.ROLLBACK, o.at, reason=reason)
         j = self._destructive_start(j)
         problems = apply.restore(self.backend, j.previous_states())
+        self._make_device_nodes()
         if problems:
             reason = f"{reason}; rollback incomplete: {'; '.join(problems)}"
         else:

@@ -31,10 +31,14 @@ class GpuInfo:
     pci_device_id: int  #: PCI device ID (vendor 0x10de implied), e.g. 0x2330
     bus_id: str
     pci_subsystem_id: int | None = None  #: NVML pciSubSystemId ``0xSSSSVVVV`` when known
+    #: A model the catalogue lacks, described by NVML itself: its MIG profiles from the GPU's own profile
+    #: info and possible-placement queries (filled by the backend). A new board is planned from what its
+    #: hardware reports, as NVIDIA's mig-parted generates its config from NVML, rather than refused.
+    nvml_model: GpuModel | None = None
 
     @property
     def model(self) -> GpuModel | None:
-        return catalogue.identify_model(self.pci_device_id, self.name)
+        return catalogue.identify_model(self.pci_device_id, self.name) or self.nvml_model
 
 
 @dataclass(frozen=True)

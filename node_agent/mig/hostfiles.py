@@ -13,12 +13,16 @@ several simulated nodes shared one lock file. It is taken with the host layer's 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 from node_agent.host import HostError, HostRoot
 from node_agent.host.atomic import LockTimeout, exclusive_lock
+from node_agent.mig.hardware import ResetUnavailable
 from node_agent.mig.journal import JournalError
 from nvgpu.nodescripts.facts import STATE_DIR
+
+log = logging.getLogger(__name__)
 
 REBOOT_TIMEOUT_S = 60.0
 #: Longer than any one step holds the lock (a GPU reset alone may take ``RESET_TIMEOUT_S``, 120 s, plus
@@ -62,6 +66,59 @@ class HostRebooter:
             self.host.run(["systemctl", "reboot"], timeout_s=REBOOT_TIMEOUT_S)
         except HostError as e:
             raise JournalError(f"cannot reboot: {e}") from e
+
+
+#: The host systemd units that keep GPUs open, which NVIDIA's MIG manager stops before a MIG mode change and
+#: starts again after it (mig-parted ``deployments/systemd/hooks.sh``: ``driver_services``, stopped in reverse
+#: order by ``pre-apply-mode`` and started in order by ``apply-exit``). Units a host lacks are skipped.
+DEFAULT_HOST_GPU_CLIENTS: tuple[str, ...] = ("nvsm.service", "nvidia-dcgm.service")
+#: How long one ``systemctl`` call may take (stopping DCGM waits for it to close the GPUs).
+SYSTEMCTL_TIMEOUT_S = 90.0
+
+
+class HostGpuClients:
+    """The host's GPU clients (systemd units) stopped around a GPU reset and started again after it.
+
+    Only the units that were active are stopped, and only those are started again, whatever the reset did:
+    the node is left as it was found (mig-parted's hooks do the same with ``systemctl list-unit-files`` and
+    its gpu-operator script keeps ``HOST_GPU_CLIENT_SERVICES_STOPPED``)."""
+
+    def __init__(self, host: HostRoot, units: tuple[str, ...] = DEFAULT_HOST_GPU_CLIENTS) -> None:
+        self.host = host
+        self.units = units
+
+    def _systemctl(self, *args: str) -> int:
+        try:
+            return self.host.run(["systemctl", *args], timeout_s=SYSTEMCTL_TIMEOUT_S).returncode
+        except HostError as e:
+            raise ResetUnavailable(f"systemctl {' '.join(args)}: {e}") from e
+
+    def _start(self, unit: str) -> bool:
+        try:
+            return self._systemctl("start", unit) == 0
+        except ResetUnavailable as e:  # starting the rest matters more than this one's error
+            log.error("event=host-gpu-client-start-failed unit=%s error=%s", unit, e)
+            return False
+
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[tuple[str, ...]]:
+        """Stop the active units (in reverse order) for the ``with`` block; yields the ones stopped."""
+        active = [u for u in self.units if self._systemctl("is-active", "--quiet", u) == 0]
+        stopped: list[str] = []
+        try:
+            for unit in reversed(active):
+                if self._systemctl("stop", unit) != 0:
+                    raise ResetUnavailable(f"cannot stop the host's GPU client {unit}: systemctl stop failed")
+                log.info("event=host-gpu-client-stopped unit=%s", unit)
+                stopped.append(unit)
+            yield tuple(reversed(stopped))
+        finally:
+            failed = [u for u in reversed(stopped) if not self._start(u)]
+            for unit in reversed(stopped):
+                if unit not in failed:
+                    log.info("event=host-gpu-client-started unit=%s", unit)
+            if failed:
+                log.error("event=host-gpu-client-start-failed units=%s", ",".join(failed))
 
 
 class HostCommandRunner:

@@ -8,16 +8,19 @@ like a real GPU, refuses while processes hold the GPU or a reset is blocked).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from node_agent.mig.hardware import GpuInfo, InstanceInfo, MigHardwareError, ResetUnavailable
-from node_agent.nvml import GpuInstanceProfile, NvmlError, NvmlSession
-from node_agent.nvml.sim import SimulatedMachine
-from nvgpu.catalogue import MigProfile
+from node_agent.nvml import Gpu, GpuInstanceProfile, NvmlError, NvmlSession, Placement
+from node_agent.nvml.sim import ResetRefused, SimulatedMachine
+from nvgpu import catalogue
+from nvgpu.catalogue import GpuModel, MigProfile, MigSpec
 
 log = logging.getLogger(__name__)
 
@@ -53,28 +56,46 @@ class NvidiaSmiReset:
 
 @dataclass
 class SimulatedReset:
-    """The simulator's GPU reset, refusing like the driver does while the GPU is held."""
+    """The simulator's ``nvidia-smi -r``, refusing like the driver does while the GPU is held: processes on
+    it, a host GPU client running, any process with NVML initialised (this one's own session included)."""
 
     machine: str
     state_file: Path | None = None
 
     def reset(self, gpus: Sequence[GpuInfo]) -> None:
         sim = SimulatedMachine(self.machine, self.state_file)
-        state = sim.state
-        for g in gpus:
-            held = state.gpus[g.index]
-            if held.reset_blocked or held.processes:
-                raise ResetUnavailable(f"GPU {g.index} ({g.bus_id}) reset failed: In use by another client")
-        for g in gpus:
-            sim.reset_gpu(g.index)
+        try:
+            sim.smi_reset(g.index for g in gpus)
+        except ResetRefused as e:
+            raise ResetUnavailable(f"GPU {', '.join(str(g.index) for g in gpus)} reset failed: {e}") from e
+
+
+class GpuClients(Protocol):
+    def stopped(self) -> AbstractContextManager[tuple[str, ...]]:
+        """The host's GPU clients stopped for the ``with`` block (raise :class:`ResetUnavailable` when one
+        cannot be), started again after it."""
+        ...
+
+
+class NoGpuClients:
+    """No host GPU clients to stop (a node without them, the tests' in-memory machines)."""
+
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[tuple[str, ...]]:
+        yield ()
 
 
 class NvmlMigBackend:
-    """The MIG manager's NVML operations, each failure raised as :class:`MigHardwareError`."""
+    """The MIG manager's NVML operations, each failure raised as :class:`MigHardwareError`.
 
-    def __init__(self, session: NvmlSession, resetter: GpuResetter) -> None:
+    A GPU reset is done as NVIDIA's mig-parted does it: the host's GPU clients stopped (``hooks.sh``),
+    NVML shut down (``apply/mode.go``), ``nvidia-smi -r``, then NVML initialised again and the clients
+    started again; a driver refuses the reset while any of them holds the GPUs."""
+
+    def __init__(self, session: NvmlSession, resetter: GpuResetter, clients: GpuClients | None = None) -> None:
         self.nvml = session
         self.resetter = resetter
+        self.clients: GpuClients = clients if clients is not None else NoGpuClients()
 
     def gpus(self) -> Sequence[GpuInfo]:
         try:
@@ -85,9 +106,22 @@ class NvmlMigBackend:
             lost = ", ".join(f"GPU {g.index} ({g.reason})" for g in inventory.lost)
             raise MigHardwareError(f"GPUs unusable: {lost}")
         return [
-            GpuInfo(g.index, g.uuid, g.name, g.pci_device_id, g.pci_bus_id, g.pci_subsystem_id)
+            GpuInfo(g.index, g.uuid, g.name, g.pci_device_id, g.pci_bus_id, g.pci_subsystem_id,
+                    nvml_model=None if catalogue.identify_model(g.pci_device_id, g.name) else self._nvml_model(g))
             for g in inventory.gpus
         ]
+
+    def _nvml_model(self, gpu: Gpu) -> GpuModel | None:
+        """A GPU the catalogue lacks, as NVML describes it: its MIG profiles are what the GPU reports
+        (``nvmlDeviceGetGpuInstanceProfileInfo`` per profile enum, ``...PossiblePlacements`` per profile);
+        None when it has no MIG (or NVML lists no profile)."""
+        if gpu.mig_mode is None:
+            return None
+        try:
+            placements = {p.id: self.nvml.possible_placements(gpu.index, p.id) for p in self._profiles(gpu.index)}
+        except NvmlError as e:
+            raise MigHardwareError(f"GPU {gpu.index}: reading GPU-instance placements: {e}") from e
+        return model_from_nvml(gpu, self._profiles(gpu.index), placements)
 
     def mig_mode(self, index: int) -> tuple[bool, bool]:
         try:
@@ -104,7 +138,15 @@ class NvmlMigBackend:
 
     def reset_gpus(self, indices: Sequence[int]) -> None:
         by_index = {g.index: g for g in self.gpus()}
-        self.resetter.reset([by_index[i] for i in indices])
+        targets = [by_index[i] for i in indices]
+        with self.clients.stopped() as stopped:
+            if stopped:
+                log.info("event=host-gpu-clients-stopped units=%s", ",".join(stopped))
+            try:
+                with self.nvml.released():
+                    self.resetter.reset(targets)
+            except NvmlError as e:  # NVML did not come back after the reset
+                raise MigHardwareError(f"NVML after resetting GPU {', '.join(map(str, indices))}: {e}") from e
 
     def gpu_instances(self, index: int) -> Sequence[InstanceInfo]:
         try:
@@ -159,8 +201,51 @@ class NvmlMigBackend:
                 last = e
         raise MigHardwareError(f"GPU {index}: destroying MIG instances: {last}") from last
 
+    def mig_caps(self) -> list[str]:
+        """The ``mig-minors`` keys of every GPU and compute instance there is now (``gpu<minor>/gi<id>/access``,
+        ``gpu<minor>/gi<id>/ci<id>/access``, NVIDIA's ``internal/nvcaps``): whose caps nodes must exist."""
+        caps: list[str] = []
+        try:
+            for g in self.nvml.gpus():
+                mode = self.nvml.mig_mode(g.index)
+                if mode is None or not mode.current:
+                    continue
+                for gi in self.nvml.gpu_instances(g.index):
+                    caps.append(f"gpu{g.minor}/gi{gi.id}/access")
+                    caps += [f"gpu{g.minor}/gi{gi.id}/ci{ci.id}/access"
+                             for ci in self.nvml.compute_instances(g.index, gi.id)]
+        except NvmlError as e:
+            raise MigHardwareError(f"listing MIG instances for their device nodes: {e}") from e
+        return caps
+
     def gpu_processes(self, index: int) -> Sequence[int]:
         try:
             return [p.pid for p in self.nvml.processes(index)]
         except NvmlError as e:
             raise MigHardwareError(f"GPU {index}: listing processes: {e}") from e
+
+
+def model_from_nvml(gpu: Gpu, profiles: Sequence[GpuInstanceProfile],
+                    placements: dict[int, tuple[Placement, ...]]) -> GpuModel | None:
+    """The model of a GPU the catalogue lacks, from NVML's own answers: one :class:`MigProfile` per
+    GPU-instance profile the GPU reports with at least one possible placement (compute slices = NVML's
+    ``sliceCount``, memory slices = the placements' size, starts = the placements'), keyed by its product
+    name. The driver floor is the global one: the driver that answered is the one MIG will run on."""
+    mig: list[MigProfile] = []
+    for p in profiles:
+        where = placements.get(p.id, ())
+        if not where:
+            continue
+        mig.append(MigProfile(
+            name=p.name, gi_profile=p.profile, profile_id=p.id, compute_slices=p.slice_count,
+            memory_slices=where[0].size, max_instances=p.instance_count,
+            placement_starts=tuple(sorted(pl.start for pl in where)), memory_mib=p.memory_mib,
+            multiprocessors=p.multiprocessors, media_extensions=p.name.endswith("+me")))
+    if not mig:
+        return None
+    spec = MigSpec(compute_slices=max(p.compute_slices for p in mig),
+                   memory_slices=max(s + p.memory_slices for p in mig for s in p.placement_starts),
+                   profiles=tuple(mig), min_driver=catalogue.GLOBAL_MIN_DRIVER)
+    return GpuModel(key=gpu.name, product_names=(gpu.name,), architecture=gpu.architecture,
+                    compute_capability=gpu.compute_capability, memory_mib=gpu.memory_mib,
+                    pci_device_ids=(gpu.pci_device_id,), min_driver=catalogue.GLOBAL_MIN_DRIVER, mig=spec)

@@ -23,6 +23,18 @@ def _names(prefix: str) -> dict[int, str]:
 
 #: ``nvmlBrandType_t``.
 BRANDS = _names("NVML_BRAND_")
+#: ``nvmlBrandType_t`` as NVIDIA's go-nvlib spells it (``GetBrandAsString``, ``pkg/nvlib/device/device.go``),
+#: which NVIDIA's DRA driver publishes as the ``brand`` attribute (``cmd/gpu-kubelet-plugin/nvlib.go``).
+GO_NVLIB_BRANDS: dict[int, str] = {
+    pynvml.NVML_BRAND_UNKNOWN: "Unknown", pynvml.NVML_BRAND_QUADRO: "Quadro", pynvml.NVML_BRAND_TESLA: "Tesla",
+    pynvml.NVML_BRAND_NVS: "NVS", pynvml.NVML_BRAND_GRID: "Grid", pynvml.NVML_BRAND_GEFORCE: "GeForce",
+    pynvml.NVML_BRAND_TITAN: "Titan", pynvml.NVML_BRAND_NVIDIA_VAPPS: "NvidiaVApps",
+    pynvml.NVML_BRAND_NVIDIA_VPC: "NvidiaVPC", pynvml.NVML_BRAND_NVIDIA_VCS: "NvidiaVCS",
+    pynvml.NVML_BRAND_NVIDIA_VWS: "NvidiaVWS", pynvml.NVML_BRAND_NVIDIA_CLOUD_GAMING: "NvidiaCloudGaming",
+    pynvml.NVML_BRAND_QUADRO_RTX: "QuadroRTX", pynvml.NVML_BRAND_NVIDIA_RTX: "NvidiaRTX",
+    pynvml.NVML_BRAND_NVIDIA: "Nvidia", pynvml.NVML_BRAND_GEFORCE_RTX: "GeForceRTX",
+    pynvml.NVML_BRAND_TITAN_RTX: "TitanRTX",
+}
 #: ``nvmlComputeMode_t`` (nvml.h; nvidia-ml-py spells the constants ``NVML_COMPUTEMODE_*``).
 COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
 #: ``nvmlDeviceGpuRecoveryAction_t``: what the GPU needs after an error (none, a reset, a reboot, a drain and reset).

@@ -32,10 +32,12 @@ from node_agent.nvml.errors import (
     NvmlInvalidArgument,
     NvmlNotFound,
     NvmlNotSupported,
+    NvmlPermissionDenied,
     NvmlTimeout,
     NvmlUnavailable,
 )
 from node_agent.nvml.loader import load_nvml
+from node_agent.nvml.names import COMPUTE_MODES, RECOVERY_ACTIONS, RECOVERY_FIELD
 from node_agent.nvml.types import (
     VIRTUALIZATION_MODES,
     ComputeInstance,
@@ -49,6 +51,7 @@ from node_agent.nvml.types import (
     GpuInstanceProfile,
     GpuPair,
     GpuProcess,
+    GpuRecovery,
     GpuTelemetry,
     GpuUuid,
     Inventory,
@@ -86,6 +89,13 @@ _EVENT_BITS = {
     EventKind.SINGLE_BIT_ECC: pynvml.nvmlEventTypeSingleBitEccError,
 }
 _LINK_END = (NvmlNotSupported, NvmlInvalidArgument, NvmlNotFound)
+#: What ``nvmlDeviceGetMigDeviceHandleByIndex`` answers for a slot with no MIG device: NOT_FOUND (nvml.h)
+#: or INVALID_ARGUMENT (drivers answer it too); NVIDIA's go-nvlib skips both (``pkg/nvlib/device/device.go``,
+#: ``VisitMigDevices``), so an empty slot never costs the GPU.
+_EMPTY_MIG_SLOT = (NvmlNotFound, NvmlInvalidArgument)
+#: Why NVML refuses a MIG GPU's memory and MIG devices to a process (``Gpu.unreadable``).
+_NO_MIG_MONITOR = ("the process lacks the MIG monitor capability (a container needs NVIDIA_MIG_MONITOR_DEVICES=all "
+                   "and CAP_SYS_ADMIN)")
 
 
 @dataclass(frozen=True)
@@ -232,6 +242,28 @@ class NvmlSession:
         self._profiles: dict[int, tuple[GpuInstanceProfile, ...]] = {}
         self._lock = threading.Lock()
 
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        """NVML shut down for the ``with`` block and initialised again after it, handles from before dropped:
+        a GPU reset is refused while any process has NVML open ("In use by another client"), this one
+        included, so NVIDIA's mig-parted shuts NVML down before it resets the GPUs
+        (``cmd/nvidia-mig-parted/apply/mode.go``: ``TryNvmlShutdown``, then ``ResetAllGPUs``). Raises
+        :class:`NvmlUnavailable` when NVML does not come back (the caller's session is then unusable)."""
+        with self._lock:
+            self._handles.clear()
+            self._profiles.clear()
+        with contextlib.suppress(NvmlError):
+            self._run("nvmlShutdown", pynvml.nvmlShutdown)
+        try:
+            yield
+        finally:
+            try:
+                self._run("nvmlInit", pynvml.nvmlInit)
+            except NvmlError as e:
+                if isinstance(e, NvmlUnavailable):
+                    raise
+                raise NvmlUnavailable(str(e), e.code) from e
+
     # -- system ------------------------------------------------------------------------------
     def driver(self) -> DriverInfo:
         version = self._run("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)
@@ -283,7 +315,17 @@ class NvmlSession:
         r = self._run
         pci = r(f"nvmlDeviceGetPciInfo({index})", pynvml.nvmlDeviceGetPciInfo, h)
         major, minor = r(f"nvmlDeviceGetCudaComputeCapability({index})", pynvml.nvmlDeviceGetCudaComputeCapability, h)
-        mem = r(f"nvmlDeviceGetMemoryInfo({index})", pynvml.nvmlDeviceGetMemoryInfo, h)
+        unreadable: list[str] = []
+        try:
+            memory_mib = int(r(f"nvmlDeviceGetMemoryInfo({index})", pynvml.nvmlDeviceGetMemoryInfo, h).total) >> 20
+        except NvmlPermissionDenied as e:
+            # A GPU in MIG mode read without the MIG monitor capability: keep the GPU (NVIDIA's tools drop
+            # the whole node's GPUs, k8s-device-plugin#1683) with the catalogue's memory and the reason.
+            from nvgpu.catalogue import model_by_pci_device
+
+            model = model_by_pci_device(int(pci.pciDeviceId) >> 16)
+            memory_mib = model.memory_mib if model else 0
+            unreadable.append(f"memory: {e}; {_NO_MIG_MONITOR}")
         uuid = GpuUuid(str(r(f"nvmlDeviceGetUUID({index})", pynvml.nvmlDeviceGetUUID, h)))
         try:
             arch_code = r(f"nvmlDeviceGetArchitecture({index})", pynvml.nvmlDeviceGetArchitecture, h)
@@ -291,6 +333,16 @@ class NvmlSession:
         except NvmlNotSupported:
             architecture = "unknown"
         mode = self.mig_mode(index)
+        migs: tuple[MigDevice, ...] = ()
+        if mode is not None and mode.current:
+            try:
+                migs = self._mig_devices(index, h, uuid)
+            except NvmlPermissionDenied as e:
+                unreadable.append(f"MIG devices: {e}; {_NO_MIG_MONITOR}")
+        try:
+            brand: int | None = int(r(f"nvmlDeviceGetBrand({index})", pynvml.nvmlDeviceGetBrand, h))
+        except NvmlNotSupported:
+            brand = None
         return Gpu(
             index=index,
             uuid=uuid,
@@ -299,13 +351,15 @@ class NvmlSession:
             pci_bus_id=pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId),
             pci_device_id=int(pci.pciDeviceId) >> 16,
             pci_subsystem_id=int(pci.pciSubSystemId),
-            memory_mib=int(mem.total) >> 20,
+            memory_mib=memory_mib,
             compute_capability=(int(major), int(minor)),
             architecture=architecture,
             numa_node=self._numa(index, h),
             mig_mode=mode,
-            mig_devices=self._mig_devices(index, h, uuid) if mode is not None and mode.current else (),
+            mig_devices=migs,
             virtualization=self._virtualization(index, h),
+            brand=brand,
+            unreadable=tuple(unreadable),
         )
 
     @_per_gpu
@@ -371,14 +425,8 @@ class NvmlSession:
     def _mig_devices(self, index: int, h: Any, parent_uuid: GpuUuid) -> tuple[MigDevice, ...]:
         r = self._run
         profiles = {p.id: p for p in self.gpu_instance_profiles(index)}
-        count = int(r(f"nvmlDeviceGetMaxMigDeviceCount({index})", pynvml.nvmlDeviceGetMaxMigDeviceCount, h))
         out: list[MigDevice] = []
-        for mig_index in range(count):
-            where = f"MIG device {index}:{mig_index}"
-            try:
-                mh = r(where, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, mig_index)
-            except NvmlNotFound:
-                continue
+        for where, mh in self._mig_slots(index, h):
             gi_id = int(r(where, pynvml.nvmlDeviceGetGpuInstanceId, mh))
             ci_id = int(r(where, pynvml.nvmlDeviceGetComputeInstanceId, mh))
             gi = r(where, pynvml.nvmlDeviceGetGpuInstanceById, h, gi_id)
@@ -404,6 +452,18 @@ class NvmlSession:
                 name=str(r(where, pynvml.nvmlDeviceGetName, mh)),
             ))
         return tuple(out)
+
+    def _mig_slots(self, index: int, h: Any) -> Iterator[tuple[str, Any]]:
+        """(where, handle) of each MIG device of GPU ``index``, walking its slots as go-nvlib does: every
+        index below nvmlDeviceGetMaxMigDeviceCount, an empty one (NOT_FOUND or INVALID_ARGUMENT) skipped."""
+        count = int(self._run(f"nvmlDeviceGetMaxMigDeviceCount({index})", pynvml.nvmlDeviceGetMaxMigDeviceCount, h))
+        for mig_index in range(count):
+            where = f"MIG device {index}:{mig_index}"
+            try:
+                mh = self._run(where, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, mig_index)
+            except _EMPTY_MIG_SLOT:
+                continue
+            yield where, mh
 
     def _ci_profile_info(self, where: str, gi: Any, enum: int) -> Any:
         """The compute-instance profile info of ``enum`` (shared engines): the versioned call, else the v1
@@ -544,6 +604,38 @@ class NvmlSession:
                     ci_id=None if p.ci_id == _WHOLE_GPU else p.ci_id,
                 ))
         return tuple(seen.values())
+
+    # -- compute mode ------------------------------------------------------------------------
+    @_per_gpu
+    def compute_mode(self, index: int) -> str:
+        """GPU ``index``'s compute mode by NVML's name (``DEFAULT``, ``PROHIBITED``, ``EXCLUSIVE_PROCESS``)."""
+        code = self._run(f"nvmlDeviceGetComputeMode({index})", pynvml.nvmlDeviceGetComputeMode, self._handle(index))
+        return COMPUTE_MODES.get(int(code), f"unknown({int(code)})")
+
+    @_per_gpu
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        """Put GPU ``index`` in compute mode ``mode`` (a name of :data:`COMPUTE_MODES`); needs root, as
+        ``nvidia-smi -c`` does (``NvmlPermissionDenied`` otherwise)."""
+        codes = {name: code for code, name in COMPUTE_MODES.items()}
+        if mode not in codes:
+            raise ValueError(f"compute mode {mode!r}: expected one of {', '.join(sorted(codes))}")
+        self._run(f"nvmlDeviceSetComputeMode({index},{mode})", pynvml.nvmlDeviceSetComputeMode,
+                  self._handle(index), codes[mode])
+
+    # -- persistence mode --------------------------------------------------------------------
+    @_per_gpu
+    def persistence_mode(self, index: int) -> bool:
+        """Whether GPU ``index`` is in persistence mode (the driver keeps it initialised with no client)."""
+        code = self._run(f"nvmlDeviceGetPersistenceMode({index})", pynvml.nvmlDeviceGetPersistenceMode,
+                         self._handle(index))
+        return bool(int(code) == pynvml.NVML_FEATURE_ENABLED)
+
+    @_per_gpu
+    def set_persistence_mode(self, index: int, enabled: bool) -> None:
+        """Turn GPU ``index``'s persistence mode on or off; needs root, as ``nvidia-smi -pm`` does
+        (``NvmlPermissionDenied`` otherwise)."""
+        self._run(f"nvmlDeviceSetPersistenceMode({index},{int(enabled)})", pynvml.nvmlDeviceSetPersistenceMode,
+                  self._handle(index), pynvml.NVML_FEATURE_ENABLED if enabled else pynvml.NVML_FEATURE_DISABLED)
 
     # -- MIG ---------------------------------------------------------------------------------
     @_per_gpu
@@ -756,11 +848,16 @@ class NvmlSession:
         enc, dec = get("nvmlDeviceGetEncoderUtilization"), get("nvmlDeviceGetDecoderUtilization")
         tx = get("nvmlDeviceGetPcieThroughput", pynvml.NVML_PCIE_UTIL_TX_BYTES)
         rx = get("nvmlDeviceGetPcieThroughput", pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        mem: Any = None
         try:
-            mem = self._run(f"nvmlDeviceGetMemoryInfo_v2({index})", pynvml.nvmlDeviceGetMemoryInfo, h,
-                            pynvml.nvmlMemory_v2)
-        except NvmlNotSupported:
-            mem = self._run(f"nvmlDeviceGetMemoryInfo({index})", pynvml.nvmlDeviceGetMemoryInfo, h)
+            try:
+                mem = self._run(f"nvmlDeviceGetMemoryInfo_v2({index})", pynvml.nvmlDeviceGetMemoryInfo, h,
+                                pynvml.nvmlMemory_v2)
+            except NvmlNotSupported:
+                mem = self._run(f"nvmlDeviceGetMemoryInfo({index})", pynvml.nvmlDeviceGetMemoryInfo, h)
+        except NvmlPermissionDenied:
+            pass  # a GPU in MIG mode without the MIG monitor capability: its framebuffer is its MIG devices'
+
         rows = get("nvmlDeviceGetRemappedRows")
         corrected, uncorrected = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         return GpuTelemetry(
@@ -776,9 +873,9 @@ class NvmlSession:
             pcie_replays=get("nvmlDeviceGetPcieReplayCounter"),
             pcie_tx_bytes_per_s=None if tx is None else int(tx) * 1024,
             pcie_rx_bytes_per_s=None if rx is None else int(rx) * 1024,
-            fb_used_mib=int(mem.used) >> 20,
-            fb_free_mib=int(mem.free) >> 20,
-            fb_reserved_mib=int(mem.reserved) >> 20 if hasattr(mem, "reserved") else None,
+            fb_used_mib=None if mem is None else int(mem.used) >> 20,
+            fb_free_mib=None if mem is None else int(mem.free) >> 20,
+            fb_reserved_mib=int(mem.reserved) >> 20 if mem is not None and hasattr(mem, "reserved") else None,
             ecc_sbe_volatile=get("nvmlDeviceGetTotalEccErrors", corrected, pynvml.NVML_VOLATILE_ECC),
             ecc_dbe_volatile=get("nvmlDeviceGetTotalEccErrors", uncorrected, pynvml.NVML_VOLATILE_ECC),
             ecc_sbe_aggregate=get("nvmlDeviceGetTotalEccErrors", corrected, pynvml.NVML_AGGREGATE_ECC),
@@ -791,20 +888,34 @@ class NvmlSession:
         )
 
     @_per_gpu
+    def recovery(self, index: int) -> GpuRecovery:
+        """What NVML says GPU ``index`` still needs after an error: its recovery action field, the row
+        remapper's pending and failure flags (Ampere and later) and pending page retirement (earlier GPUs).
+        A read the GPU or driver lacks is ``None``; a lost GPU raises, as every other per-GPU call does."""
+        h = self._handle(index)
+        action: str | None = None
+        if RECOVERY_FIELD is not None:
+            values = self._optional(f"nvmlDeviceGetFieldValues({index})", pynvml.nvmlDeviceGetFieldValues, h,
+                                    [RECOVERY_FIELD])
+            if values is not None and int(values[0].nvmlReturn) == pynvml.NVML_SUCCESS:
+                raw = int(values[0].value.uiVal)
+                action = RECOVERY_ACTIONS.get(raw, str(raw))
+        rows = self._optional(f"nvmlDeviceGetRemappedRows({index})", pynvml.nvmlDeviceGetRemappedRows, h)
+        pages = self._optional(f"nvmlDeviceGetRetiredPagesPendingStatus({index})",
+                               pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+        return GpuRecovery(action=action, remap_pending=None if rows is None else bool(rows[2]),
+                           remap_failure=None if rows is None else bool(rows[3]),
+                           retired_pages_pending=None if pages is None else bool(pages))
+
+    @_per_gpu
     def mig_memory(self, index: int) -> tuple[MigMemory, ...]:
         """Each MIG device's framebuffer use on GPU ``index`` (empty when MIG is off)."""
         h = self._handle(index)
         mode = self.mig_mode(index)
         if mode is None or not mode.current:
             return ()
-        count = int(self._run(f"nvmlDeviceGetMaxMigDeviceCount({index})", pynvml.nvmlDeviceGetMaxMigDeviceCount, h))
         out: list[MigMemory] = []
-        for mig_index in range(count):
-            where = f"MIG device {index}:{mig_index}"
-            try:
-                mh = self._run(where, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, mig_index)
-            except NvmlNotFound:
-                continue
+        for where, mh in self._mig_slots(index, h):
             mem = self._run(where, pynvml.nvmlDeviceGetMemoryInfo, mh)
             out.append(MigMemory(int(self._run(where, pynvml.nvmlDeviceGetGpuInstanceId, mh)),
                                  int(self._run(where, pynvml.nvmlDeviceGetComputeInstanceId, mh)),
@@ -866,11 +977,24 @@ class EventWatcher:
             if e.code == pynvml.NVML_ERROR_TIMEOUT:
                 return None
             raise
-        index, uuid = self._by_handle.get(_addr(data.device), (-1, GpuUuid("")))
+        index, uuid = self._device_of(data.device)
         kind = next((k for k, bit in _EVENT_BITS.items() if int(data.eventType) & bit), EventKind.XID)
         gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
         return GpuEvent(index, uuid, kind, int(data.eventData),
                         None if gi == _WHOLE_GPU else gi, None if ci == _WHOLE_GPU else ci)
+
+    def _device_of(self, handle: Any) -> tuple[int, GpuUuid]:
+        """The NVML index and UUID of an event's device, by the UUID NVML gives for it (NVIDIA's plugin asks
+        ``event.Device.GetUUID()``, k8s-device-plugin ``internal/rm/health.go``), the handle's address only
+        where NVML cannot name it. ``(-1, "")``: neither names one of the watched GPUs (the caller re-checks
+        them all)."""
+        try:
+            named = GpuUuid(str(self._runner.call("nvmlDeviceGetUUID(event device)", pynvml.nvmlDeviceGetUUID,
+                                                  handle)))
+        except NvmlError:
+            return self._by_handle.get(_addr(handle), (-1, GpuUuid("")))
+        index = next((i for i, u in self._by_handle.values() if u == named), -1)
+        return index, named
 
     def close(self) -> None:
         with contextlib.suppress(NvmlError):

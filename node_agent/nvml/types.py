@@ -100,6 +100,13 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = field(default=())
     #: None when the driver cannot tell (NOT_SUPPORTED, or a library without the function).
     virtualization: Virtualization | None = None
+    #: ``nvmlDeviceGetBrand`` (``nvmlBrandType_t``); None when the driver cannot tell.
+    brand: int | None = None
+    #: What NVML refused to tell about this GPU, each ``"<what>: <reason>"``: a GPU in MIG mode read by a
+    #: process without the MIG monitor capability answers NO_PERMISSION for its memory and its MIG devices
+    #: (NVIDIA/k8s-device-plugin#1683). The GPU is still listed (counted, labelled, exported) with these
+    #: reasons; its memory is then the catalogue's for its PCI device ID (0 for a GPU the catalogue lacks).
+    unreadable: tuple[str, ...] = ()
 
     @property
     def mig_enabled(self) -> bool:
@@ -141,6 +148,79 @@ class GpuTelemetry:
     remap_failure: bool | None = None
     #: NVML's clock event (throttle) reasons bitmask.
     clock_events: int | None = None
+
+
+class RecoveryNeed(StrEnum):
+    """What a GPU needs before new work may land on it, most drastic first (``GpuRecovery.need``)."""
+
+    REPLACEMENT = "replacement"  #: a row remapping failed: NVIDIA's RMA policy
+    REBOOT = "reboot"  #: NVML_GPU_RECOVERY_ACTION_NODE_REBOOT / SYSTEM_REBOOT
+    DRAIN_AND_RESET = "drain-and-reset"  #: NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET
+    RESET = "reset"  #: NVML_GPU_RECOVERY_ACTION_GPU_RESET / BUS_RESET, a pending row remap or page retirement
+    RECOVER_IMEX_DOMAIN = "recover-imex-domain"  #: NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN
+    DRAIN_P2P = "drain-p2p"  #: NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: stop the processes doing peer-to-peer traffic
+
+
+#: NVML's recovery action names (``names.RECOVERY_ACTIONS``, nvml.h ``nvmlDeviceGpuRecoveryAction_t``) to the need.
+RECOVERY_ACTION_NEEDS: dict[str, RecoveryNeed] = {
+    "GPU_RESET": RecoveryNeed.RESET, "BUS_RESET": RecoveryNeed.RESET, "NODE_REBOOT": RecoveryNeed.REBOOT,
+    "SYSTEM_REBOOT": RecoveryNeed.REBOOT, "DRAIN_P2P": RecoveryNeed.DRAIN_P2P,
+    "DRAIN_AND_RESET": RecoveryNeed.DRAIN_AND_RESET, "RECOVER_IMEX_DOMAIN": RecoveryNeed.RECOVER_IMEX_DOMAIN,
+}
+
+
+@dataclass(frozen=True)
+class GpuRecovery:
+    """What NVML says is still outstanding on a GPU after an error (NVIDIA's "GPU Memory Error Management"
+    guide, "Error Recovery and Response Flags": the row-remapping pending and failure flags and the recovery
+    action; pre-Ampere GPUs retire pages instead, pending until the GPU is reattached). ``None`` per read:
+    the GPU or the driver does not support it."""
+
+    #: ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` by name (``NONE``, ``GPU_RESET``, ``NODE_REBOOT`` ...).
+    action: str | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    retired_pages_pending: bool | None = None
+
+    @property
+    def known(self) -> bool:
+        """NVML answered at least one of the reads (a clean answer is then evidence, not a guess)."""
+        return any(v is not None for v in (self.action, self.remap_pending, self.remap_failure,
+                                            self.retired_pages_pending))
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        out: list[str] = []
+        if self.remap_failure:
+            out.append("row remapping failed")
+        if self.action not in (None, "NONE"):
+            out.append(f"recovery action {self.action}")
+        if self.remap_pending:
+            out.append("row remapping pending")
+        if self.retired_pages_pending:
+            out.append("page retirement pending")
+        return tuple(out)
+
+    @property
+    def out_of_service(self) -> bool:
+        """The GPU must take no new work whatever raised it: NVML names a recovery action, or a row remap
+        failed. A pending remap alone is not that: "unaffected applications can continue running ... and new
+        workloads can be launched" (NVIDIA "GPU Memory Error Management", "Error Recovery and Response Flags")."""
+        return bool(self.remap_failure) or self.action not in (None, "NONE")
+
+    @property
+    def need(self) -> RecoveryNeed | None:
+        """The most drastic step outstanding, or ``None`` when NVML shows nothing left to do."""
+        needs: list[RecoveryNeed] = []
+        if self.remap_failure:
+            needs.append(RecoveryNeed.REPLACEMENT)
+        if self.action not in (None, "NONE"):
+            # An action this table does not know yet (a newer driver's) still needs a reset at least.
+            needs.append(RECOVERY_ACTION_NEEDS.get(str(self.action), RecoveryNeed.RESET))
+        if self.remap_pending or self.retired_pages_pending:
+            needs.append(RecoveryNeed.RESET)
+        order = list(RecoveryNeed)
+        return min(needs, key=order.index) if needs else None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ modules and type, the last against the GPUs' virtualization mode): an NVIDIA GPU
 -> verdict ``no-gpu``, a silent success); the driver version in ``/proc/driver/nvidia/version``
 (present, parseable, at least the catalogue minimum for every GPU model found); kernel modules
 ``nvidia`` and ``nvidia_uvm``; ``/dev/nvidiactl`` and ``/dev/nvidia<minor>`` per GPU; NVML initialises
-and lists GPUs; each model is in the catalogue and has compute capability >= 6.0; and (phase ``all``)
+and lists GPUs; each has compute capability >= 6.0 (a model the catalogue lacks is a notice, not a
+failure: the global driver minimum applies to it); every NVSwitch GPU's
+Fabric Manager registration has completed (``fabric-not-ready`` otherwise); and (phase ``all``)
 the container runtime is ready: containerd has the nvidia runtime or CDI, CRI-O has the nvidia runtime
 (``runtimeName`` says which was found).
 Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts.Reason``.
@@ -27,7 +29,7 @@ from node_agent.host import (
     nvidia_gpus,
     read_driver_version,
 )
-from node_agent.nvml import NvmlError, NvmlSession
+from node_agent.nvml import FabricState, NvmlError, NvmlSession
 from nvgpu import catalogue
 from nvgpu import toolkit as toolkitspec
 from nvgpu.driver import NO_EXPECTATION, DriverExpectation
@@ -62,6 +64,7 @@ class CheckReport:
     gpus: tuple[GpuSummary, ...] = ()
     runtime: str | None = None
     runtime_name: str | None = None
+    notices: tuple[str, ...] = ()
 
     @property
     def reasons(self) -> tuple[str, ...]:
@@ -79,6 +82,7 @@ class CheckReport:
                      for g in self.gpus],
             "runtime": self.runtime,
             "runtimeName": self.runtime_name,
+            "notices": list(self.notices),
         }
 
     def verdict_file(self) -> str:
@@ -90,6 +94,8 @@ class CheckReport:
 class _Run:
     host: HostRoot
     findings: list[Finding] = field(default_factory=list)
+    #: What the operator should know that does not make the node unusable (a GPU the catalogue lacks).
+    notices: list[str] = field(default_factory=list)
 
     def fail(self, reason: Reason, message: str) -> None:
         self.findings.append(Finding(reason, message))
@@ -100,6 +106,29 @@ def toolkit_programs(toolkit_dir: str | None = None) -> tuple[str, ...]:
     under ``/usr/bin``, or the runtime a toolkit container installed in ``toolkit_dir``."""
     own = (facts.NVIDIA_CONTAINER_RUNTIME, facts.CDI_HOOK_PATH)
     return (*own, toolkitspec.installed_runtime(toolkit_dir)) if toolkit_dir else own
+
+
+def _check_fabric(r: _Run, index: int, name: str, nvml: NvmlSession) -> None:
+    """An NVSwitch GPU (HGX/DGX H100, H200 and newer) runs no CUDA program, each failing with error 802
+    (cudaErrorSystemNotReady), until Fabric Manager has registered it with the NVLink fabric.
+
+    The rule is NVIDIA's own, from kubernetes-sigs/dra-driver-nvidia-gpu
+    ``cmd/compute-domain-kubelet-plugin/nvlib.go`` (``getCliqueIDStrict``, on by default through
+    ``CrashOnNVLinkFabricErrors``): NOT_SUPPORTED, from the call or as the state, is a GPU without a fabric
+    (PCIe boards, and every pre-Hopper GPU, whose NVML reports no fabric); any state but COMPLETED is not
+    ready; COMPLETED with a status other than success is a failed registration. Any other NVML error is
+    raised (NVIDIA's strict path refuses to start on it too): the caller records it as ``nvml-failed``.
+    """
+    info = nvml.fabric_info(index)
+    if info is None or info.state is FabricState.NOT_SUPPORTED:
+        return
+    if info.state is not FabricState.COMPLETED:
+        state = info.state.name.lower().replace("_", "-")
+        r.fail(Reason.FABRIC_NOT_READY, f"GPU {index} {name!r}: its NVLink fabric registration is {state}: CUDA "
+               "fails with error 802 until Fabric Manager (nvidia-fabricmanager) has finished")
+    elif info.status != 0:
+        r.fail(Reason.FABRIC_NOT_READY, f"GPU {index} {name!r}: Fabric Manager failed to register it with the "
+               f"NVLink fabric (NVML status {info.status}): CUDA fails with error 802; check nvidia-fabricmanager")
 
 
 def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
@@ -145,6 +174,11 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
     try:
         with open_nvml() as nvml:
             inventory = nvml.inventory()
+            for g in inventory.gpus:
+                try:
+                    _check_fabric(r, g.index, g.name, nvml)
+                except NvmlError as e:  # this GPU's query only: the other checks still run
+                    r.fail(Reason.NVML_FAILED, f"NVML: {e}")
     except NvmlError as e:
         r.fail(Reason.NVML_FAILED, f"NVML: {e}")
     else:
@@ -157,8 +191,11 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
                 model = catalogue.identify_model(g.pci_device_id, g.name)
                 gpus.append(GpuSummary(g.index, g.name, g.uuid, g.compute_capability, model.key if model else None))
                 if model is None:
-                    r.fail(Reason.MODEL_UNKNOWN, f"GPU model {g.name!r} is not in the catalogue (PCI device ID "
-                           f"0x{g.pci_device_id:04X}); known models: {', '.join(catalogue.MODEL_KEYS)}")
+                    # A GPU NVML can describe is a GPU: NVIDIA's device plugin and GFD serve any board NVML
+                    # lists; only the catalogue's extra knowledge (a model's own driver floor) is missing.
+                    r.notices.append(f"GPU {g.index} {g.name!r} (PCI device ID 0x{g.pci_device_id:04X}) is not in "
+                                     f"the catalogue: the global minimum driver {catalogue.GLOBAL_MIN_DRIVER} "
+                                     "applies, and its MIG profiles are NVML's own")
                 else:
                     required = max(required, model.effective_min_driver, key=catalogue.parse_driver_version)
                 if g.compute_capability < catalogue.MIN_COMPUTE_CAPABILITY:
@@ -189,7 +226,8 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
                    "container)")
 
     verdict = Verdict.UNUSABLE if r.findings else Verdict.OK
-    return CheckReport(verdict, tuple(r.findings), driver, required, tuple(gpus), runtime, runtime_name)
+    return CheckReport(verdict, tuple(r.findings), driver, required, tuple(gpus), runtime, runtime_name,
+                       tuple(r.notices))
 
 
 def record_verdict(host: HostRoot, report: CheckReport) -> None:
@@ -206,5 +244,6 @@ def report_text(report: CheckReport) -> str:
                      f" (required {report.required_driver})")
     if report.runtime:
         lines.append(f"  runtime: {report.runtime}")
+    lines += [f"  NOTE {n}" for n in report.notices]
     lines += [f"  FAIL {f.reason.value}: {f.message}" for f in report.findings]
     return "\n".join(lines)

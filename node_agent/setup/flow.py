@@ -1,10 +1,12 @@
 """``setup`` and ``teardown``: the node-setup flow, the Python twin of the Deckhouse scripts.
 
-``setup``: check (host phase) → runtime apply (and the toolkit config) → runtime ready? → sysctl apply →
-(``--dra``) VFIO prepare → label ``node.deckhouse.io/gpu-setup-complete`` (and ``gpu-vfio-ready``). The first failing
-step stops the flow, removes the label(s) and reports the reason; a node without a GPU gets the
-labels removed and exits 0. ``teardown`` (GPU turned off for the node) removes the labels, rolls
-back the runtime drop-in and the sysctl change, and leaves ``/etc`` as it was before setup.
+``setup``: device nodes (``nvidia-uvm`` loaded and the ``/dev/nvidia*`` nodes made, as NVIDIA's
+``nvidia-ctk system create-device-nodes`` does: ``node_agent.setup.devnodes``) → check (host phase) →
+runtime apply (and the toolkit config) → runtime ready? → sysctl apply → (``--dra``) VFIO prepare → label
+``node.deckhouse.io/gpu-setup-complete`` (and ``gpu-vfio-ready``). The first failing step stops the flow,
+removes the label(s) and reports the reason; a node without a GPU gets the labels removed and exits 0.
+``teardown`` (GPU turned off for the node) removes the labels, rolls back the runtime drop-in, the sysctl
+change and the device nodes setup made, and leaves ``/etc`` as it was before setup.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from node_agent.host import HostError, HostRoot, Refused, osinfo
+from node_agent.host import HostError, HostRoot, Refused, nvidia_gpus, osinfo
 from node_agent.labeller.labels import withdraw as withdraw_labels
 from node_agent.labeller.nodepatch import NodeEnv
+from node_agent.setup import devnodes
 from node_agent.setup.check import record_verdict, run_check
 from node_agent.setup.runtime import (
     apply_runtime,
@@ -76,6 +79,18 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, *, accept_envvar: bool,
                  expect: DriverExpectation, toolkit_root: str, toolkit_dir: str | None) -> FlowResult:
     host = ctx.host
     result = FlowResult("setup")
+    # A freshly booted node has the driver loaded but not nvidia-uvm, and no /dev/nvidia* node: NVIDIA's
+    # stack loads the module and makes the nodes itself before it checks (node_agent.setup.devnodes).
+    try:
+        has_gpu = bool(nvidia_gpus(host))
+    except HostError:
+        has_gpu = False  # the check reports the unreadable bus (proc-unreadable)
+    try:
+        made = devnodes.ensure(host) if has_gpu else devnodes.Result()
+    except Refused as e:
+        return result.fail("devices", str(e), Failure.REFUSED)
+    except HostError as e:
+        return result.fail("devices", str(e), Failure.HOST_INPUT)
     report = run_check(host, ctx.nvml, phase="host", expect=expect)
     result.check_labels = labels.check_labels(report.verdict.value, report.reasons)
     try:
@@ -87,7 +102,9 @@ def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, *, accept_envvar: bool,
         return result
     if report.verdict is Verdict.UNUSABLE:
         return result.fail("check", "; ".join(f"{f.reason.value}: {f.message}" for f in report.findings))
-    result.steps.append(Step("check", True, f"{len(report.gpus)} GPU(s), driver {report.driver_version}"))
+    result.steps.append(Step("check", True, f"{len(report.gpus)} GPU(s), driver {report.driver_version}"
+                             + "".join(f"; loaded {m}" for m in made.loaded)
+                             + (f"; device nodes made: {', '.join(made.created)}" if made.created else "")))
     if toolkit_dir is not None and not installed_toolkit(host, toolkit_dir):
         # The runtime must name a binary that is there (it becomes the default runtime only then): the
         # pod's init container fails and kubelet retries it until the toolkit container has installed it.
@@ -184,6 +201,10 @@ def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool, toolkit_dir: str 
         sc = rollback_sysctl(ctx.host)
         result.steps.append(Step("sysctl", True, f"restored: {', '.join(sc.changed_files) or 'nothing'}; live: "
                                  + (", ".join(f"{k}={v}" for k, v in sc.live.items()) or "unchanged")))
+        removed_nodes = devnodes.rollback(ctx.host)
+        if removed_nodes:
+            result.steps.append(Step("devices", True,
+                                     f"removed the device nodes setup made: {', '.join(removed_nodes)}"))
         if toolkit_dir is not None:
             removed = remove_installed_toolkit(ctx.host, toolkit_dir)
             result.steps.append(Step("toolkit", True, f"removed {toolkit_dir}" if removed

@@ -109,7 +109,10 @@ class Reason(StrEnum):
     NVML_FAILED = "nvml-failed"
     NO_GPUS_LISTED = "no-gpus-listed"
     COMPUTE_TOO_OLD = "compute-too-old"
-    MODEL_UNKNOWN = "model-unknown"
+    #: An NVSwitch GPU's Fabric Manager registration is not done (not started, in progress) or failed: every
+    #: CUDA program fails with error 802 until it completes (kubernetes-sigs/dra-driver-nvidia-gpu
+    #: ``cmd/compute-domain-kubelet-plugin/nvlib.go`` ``getCliqueIDStrict`` refuses to start alike).
+    FABRIC_NOT_READY = "fabric-not-ready"
     RUNTIME_NOT_READY = "runtime-not-ready"
     #: None of NVIDIA's Container Toolkit programs a GPU container is started with is installed.
     TOOLKIT_MISSING = "toolkit-missing"

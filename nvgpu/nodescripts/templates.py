@@ -354,7 +354,9 @@ else
         min_driver="$model_min"
       fi
     else
-      fail model-unknown "GPU model '${name}' is not in the catalogue (PCI device ID 0x${device:-?})"
+      # Not a failure (node_agent.setup.check): a GPU nvidia-smi lists is a GPU; the global minimum applies.
+      echo "nvidia-gpu-check notice: GPU model '${name}' (PCI device ID 0x${device:-?}) is not in the catalogue: \
+the global minimum driver ${GLOBAL_MIN_DRIVER} applies" >&2
     fi
     if [[ ! "$cc" =~ ^[0-9]+\.[0-9]+$ ]] || ((10#${cc%%.*} * 100 + 10#${cc#*.} < MIN_COMPUTE)); then
       fail compute-too-old "GPU '${name}' has compute capability ${cc}, below @@MIN_COMPUTE_TEXT@@"
@@ -366,28 +368,49 @@ else
   if [[ -n "$driver" ]] && (($(version_to_int "$driver") < $(version_to_int "$min_driver"))); then
     fail driver-too-old "driver ${driver} is older than the required ${min_driver}"
   fi
-  if ((count > 0)) && [[ -n "$EXPECT_DRIVER_TYPE" ]]; then
+  queried=false
+  if ((count > 0)); then
+    if query="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ @@SMI@@ -q 2>&1)"; then
+      queried=true
+    else
+      fail nvml-failed "@@SMI@@ -q failed: ${query}"
+    fi
+  fi
+  # NVSwitch GPUs (HGX/DGX H100, H200 and newer) run no CUDA program (error 802) until Fabric Manager has
+  # registered them: state Completed with Status Success, as the agent's check reads NVML
+  # (node_agent.setup.check._check_fabric; N/A is a GPU without a fabric).
+  if [[ "$queried" == true ]]; then
+    while IFS='|' read -r bus fstate fstatus; do
+      if [[ "$fstate" == "Not Started" || "$fstate" == "In Progress" ]]; then
+        fail fabric-not-ready "GPU ${bus}: its NVLink fabric registration is ${fstate}: CUDA fails with error 802 \
+until Fabric Manager (nvidia-fabricmanager) has finished"
+      elif [[ "$fstate" == Completed && "$fstatus" != Success ]]; then
+        fail fabric-not-ready "GPU ${bus}: Fabric Manager failed to register it with the NVLink fabric \
+(${fstatus}): CUDA fails with error 802; check nvidia-fabricmanager"
+      fi
+    done < <(awk '/^GPU / { bus = $2; fabric = 0; state = "" }
+      /^    Fabric$/ { fabric = 1; next }
+      fabric && /^        State / { sub(/^[^:]*: */, ""); state = $0; next }
+      fabric && /^        Status / { sub(/^[^:]*: */, ""); print bus "|" state "|" $0; fabric = 0 }' <<<"$query")
+  fi
+  if [[ "$queried" == true && -n "$EXPECT_DRIVER_TYPE" ]]; then
     allowed=()
     case "$EXPECT_DRIVER_TYPE" in
 @@VIRTUALIZATION_CASES@@
     esac
-    if ! query="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ @@SMI@@ -q 2>&1)"; then
-      fail nvml-failed "@@SMI@@ -q failed: ${query}"
-    else
-      while IFS= read -r mode; do
-        [[ -n "$mode" && "$mode" != N/A ]] || continue
-        fits=false
-        for a in "${allowed[@]}"; do
-          [[ "$mode" == "$a" ]] && fits=true
-        done
-        if [[ "$fits" != true ]]; then
-          need="$(printf '%s or ' "${allowed[@]}")"
-          fail driver-mismatch \
-            "the GPUs are in virtualization mode ${mode}; driver type ${EXPECT_DRIVER_TYPE} needs ${need% or }"
-        fi
-      done < <(sed -nE 's/^[[:space:]]*Virtualization Mode[[:space:]]*:[[:space:]]*(.*[^[:space:]])[[:space:]]*$/\1/p' \
-        <<<"$query" | sort -u)
-    fi
+    while IFS= read -r mode; do
+      [[ -n "$mode" && "$mode" != N/A ]] || continue
+      fits=false
+      for a in "${allowed[@]}"; do
+        [[ "$mode" == "$a" ]] && fits=true
+      done
+      if [[ "$fits" != true ]]; then
+        need="$(printf '%s or ' "${allowed[@]}")"
+        fail driver-mismatch \
+          "the GPUs are in virtualization mode ${mode}; driver type ${EXPECT_DRIVER_TYPE} needs ${need% or }"
+      fi
+    done < <(sed -nE 's/^[[:space:]]*Virtualization Mode[[:space:]]*:[[:space:]]*(.*[^[:space:]])[[:space:]]*$/\1/p' \
+      <<<"$query" | sort -u)
   fi
 fi
 

@@ -1,9 +1,10 @@
 """``GpuNodeGroup``: everything one GPU node group runs, in device-plugin mode.
 
 Children: the ``SharingPolicy`` (device-plugin configs), the device-plugin and feature-labelling
-DaemonSets, and node setup for the cluster's backend: the Deckhouse NodeGroup's node template plus
-``NodeGroupConfiguration`` scripts, or the setup DaemonSet elsewhere. A group whose allocation mode is
-``dra`` gets node setup and labels only; its DRA driver is a separate component.
+DaemonSets (and, in MPS groups, the MPS control daemon's), and node setup for the cluster's backend: the
+Deckhouse NodeGroup's node template plus ``NodeGroupConfiguration`` scripts, or the setup DaemonSet
+elsewhere. A group whose allocation mode is ``dra`` gets node setup and labels only; its DRA driver is a
+separate component.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from nvgpu.driver import DriverSource
 from nvgpu.labels import GPU_TAINT_KEY
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import NodeScript, render_node_scripts
-from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend
+from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend, Sharing
 from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import deckhouse, dra, driver, toolkit, workloads
 from nvidia_gpu.components.manifests.platform import AgentRole
@@ -190,6 +191,15 @@ class GpuNodeGroup(pulumi.ComponentResource):
             self.device_plugin = register(
                 f"{name}-device-plugin",
                 workloads.device_plugin_daemonset(ctx),
+                runs_as(AgentRole.DEVICE_PLUGIN, self.sharing.config_map),
+            )
+        # MPS groups: the control daemons in their own DaemonSet (NVIDIA's mps-control-daemon), so a device
+        # plugin restart leaves every client's MPS server running; the plugin waits for them to be up.
+        self.mps_control_daemon: pulumi.CustomResource | None = None
+        if self.sharing is not None and group.gpu.sharing is Sharing.MPS:
+            self.mps_control_daemon = register(
+                f"{name}-mps-control-daemon",
+                workloads.mps_control_daemon_daemonset(ctx),
                 runs_as(AgentRole.DEVICE_PLUGIN, self.sharing.config_map),
             )
 

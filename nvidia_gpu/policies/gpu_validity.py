@@ -84,33 +84,42 @@ def mig_parted_documents(props: Mapping[str, Any]) -> Iterable[tuple[str, Mappin
             yield key, doc
 
 
-def mig_config_problems(kind: Kind, props: Mapping[str, Any]) -> list[str]:
+def mig_config_problems(kind: Kind, props: Mapping[str, Any], node_fitted: Iterable[str] = ()) -> list[str]:
     """mig-parted configs that do not parse or whose layouts do not fit the GPUs they target.
 
     The target is the ConfigMap's ``gpu.nvidia-gpu.io/gpu-model`` when set, else every catalogue model
     an entry's ``device-filter`` selects; entries with no filter and no declared model must at least
-    use profiles some catalogue GPU has. Filters naming only GPUs the catalogue does not know are left
-    to mig-parted on the node. The check is the shared core's (:func:`nvgpu.migparted.fit_problems`,
-    for a config that is defined, not chosen), the one the stack config and the MigProfile component run.
+    use profiles some catalogue GPU has. Filters naming only GPUs the catalogue does not know, and configs
+    for a declared model it lacks, are left to the MIG manager on the node (NVML's own profiles). The check
+    is the shared core's (:func:`nvgpu.migparted.fit_problems`, for a config that is defined, not chosen),
+    the one the stack config and the MigProfile component run. ``node_fitted``: configs chosen only by
+    node groups of such a model (:func:`node_fitted_configs`), likewise left to the node.
     """
+    skip = frozenset(node_fitted)
     if kind.kind != "ConfigMap":
         return []
     declared = _meta_value(props, GPU_MODEL_KEY)
     declared_model = _model_or_none(declared)
     problems: list[str] = []
-    if declared and declared_model is None:
-        known = ", ".join(catalogue.MODEL_KEYS)
-        problems.append(f"{GPU_MODEL_KEY} {declared!r} is not a catalogue model; known: {known}")
     for key, doc in mig_parted_documents(props):
         try:
             config = migparted.parse_config(doc, source=f"data[{key}]")
         except migparted.MigPartedError as e:
             problems.extend(e.problems)
             continue
+        if declared and declared_model is None:
+            continue  # a model the catalogue lacks: its layouts are fitted on the node, to NVML's own profiles
         for name in config.mig_configs:
+            if name in skip:
+                continue
             found = migparted.fit_problems(config, name, declared_model, chosen=False)
             problems.extend(f"data[{key}]: {p}" for p in found)
     return problems
+
+
+def _unlisted(key: str | None) -> bool:
+    """A declared model the catalogue lacks (allowed: what only the catalogue knows is checked on the node)."""
+    return bool(key) and key not in catalogue.MODEL_KEYS
 
 
 def _model_or_none(key: str | None) -> GpuModel | None:
@@ -130,6 +139,8 @@ class MigSelection:
     model: GpuModel | None
     source: str  #: the object choosing it, for messages
     urn: str | None
+    #: The group declares a model the catalogue lacks: the fit is the node's (NVML's profiles), not the preview's.
+    unlisted: bool = False
 
 
 def node_label_args(container: Mapping[str, Any]) -> dict[str, str]:
@@ -167,17 +178,21 @@ def _mig_selections(resources: Sequence[Resource], values: Mapping[str, Any]) ->
         as_str(g.get("name")) or "": _model_or_none(as_str(as_map(g.get("gpu")).get("model")))
         for g in stack_facts.node_groups(values)
     }
+    unlisted_groups = {as_str(g.get("name")) or "" for g in stack_facts.node_groups(values)
+                       if _unlisted(as_str(as_map(g.get("gpu")).get("model")))}
     out: list[MigSelection] = []
     for r in resources:
         for where, lbls in node_label_sets(r.kind, r.props):
             value = as_str(lbls.get(labels.MIG_CONFIG))
             if not value:
                 continue
-            model = _model_or_none(_meta_value(r.props, GPU_MODEL_KEY) or as_str(lbls.get(GPU_MODEL_KEY)))
+            declared = _meta_value(r.props, GPU_MODEL_KEY) or as_str(lbls.get(GPU_MODEL_KEY))
+            model = _model_or_none(declared)
             group = as_str(lbls.get(labels.NODE_GROUP)) or _group_of(r.kind, r.props)
+            unlisted = _unlisted(declared) or (not declared and group in unlisted_groups)
             if model is None and group in group_models:
                 model = group_models[group]
-            out.append(MigSelection(value, model, f"{r.title} {where}", r.urn))
+            out.append(MigSelection(value, model, f"{r.title} {where}", r.urn, unlisted))
     return out
 
 
@@ -210,6 +225,8 @@ def mig_selection_problems(resources: Sequence[Resource], values: Mapping[str, A
             names = ", ".join(sorted({n for c in emitted for n in c.mig_configs}))
             out.append(Violation(f"{label}: no mig-parted config of that name; the stack defines: {names}", sel.urn))
             continue
+        if sel.unlisted:
+            continue  # the catalogue lacks the model: the MIG manager fits the layout to NVML's profiles
         if not emitted:
             standard = migparted.standard_configs(None if sel.model is None else [sel.model])
             if sel.config not in standard:
@@ -475,8 +492,13 @@ def setup_gate_problems(kind: Kind, props: Mapping[str, Any], setup_roles: Seque
 def driver_problem(model_key: str, driver: str, mig: bool, where: str) -> str | None:
     """The declared driver against the catalogue minimum for the model (raised further for MIG)."""
     model = _model_or_none(model_key)
-    if model is None:
-        return f"{where}: unknown GPU model {model_key!r}; known: {', '.join(catalogue.MODEL_KEYS)}"
+    if model is None:  # a model the catalogue lacks: the global floor, as the node's check applies it
+        try:
+            ok = driverspec.parse_version(driver).at_least(catalogue.GLOBAL_MIN_DRIVER)
+        except (ValueError, catalogue.DriverVersionError) as e:
+            return f"{where}: {e}"
+        return None if ok else (f"{where}: driver {driver} is below the global minimum {catalogue.GLOBAL_MIN_DRIVER} "
+                                f"({model_key} is not in the catalogue)")
     minimum = model.effective_min_driver
     if mig and model.mig is not None:
         minimum = max(minimum, model.mig.min_driver, key=catalogue.parse_driver_version)
@@ -532,13 +554,22 @@ def _report_violations(report: ReportViolation, violations: Iterable[Violation])
         report(v.message, v.urn)
 
 
+def node_fitted_configs(resources: Sequence[Resource], values: Mapping[str, Any]) -> frozenset[str]:
+    """The mig-parted configs only nodes of a model the catalogue lacks are told to apply: their layouts are
+    fitted on the node by the MIG manager, to the profiles NVML reports, not by the preview."""
+    selections = _mig_selections(resources, values)
+    return frozenset(s.config for s in selections if s.unlisted) - {s.config for s in selections if not s.unlisted}
+
+
 def _validate_mig_configs(args: StackValidationArgs, report: ReportViolation) -> None:
     """Both MIG rules: every mig-parted ConfigMap on its own, then every config choice against them."""
     resources = _stack_resources(args)
+    values = stack_facts.config_values()
+    node_fitted = node_fitted_configs(resources, values)
     for r in resources:
-        for message in mig_config_problems(r.kind, r.props):
+        for message in mig_config_problems(r.kind, r.props, node_fitted):
             report(message, r.urn)
-    _report_violations(report, mig_selection_problems(resources, stack_facts.config_values()))
+    _report_violations(report, mig_selection_problems(resources, values))
 
 
 def _validate_time_slicing(args: ResourceValidationArgs, report: ReportViolation) -> None:

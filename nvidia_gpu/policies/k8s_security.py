@@ -44,18 +44,28 @@ from nvidia_gpu.policies.manifests import (
 #: the MIG manager (``/dev/nvidia-caps`` for MIG changes, the host's nvidia-smi reset and its journal).
 #: NVIDIA's dcgm-exporter (``cluster.monitoring.exporter: dcgm``) needs SYS_ADMIN for DCGM's profiling fields.
 #: NVIDIA's driver container (``gpu.driver.source: container``) loads the kernel modules; NVIDIA's toolkit
-#: container (``toolkit.source: container``) installs the toolkit into a host directory.
+#: container (``toolkit.source: container``) installs the toolkit into a host directory. An MPS group's
+#: control daemon (``mps-control-daemon``) sets the GPUs' compute mode, privileged as NVIDIA's is.
 DEFAULT_PRIVILEGED_ROLES = ("device-plugin", "gpu-setup", "dra-kubelet-plugin", "mig-manager", "dcgm-exporter",
-                            "nvidia-driver", "nvidia-container-toolkit")
+                            "nvidia-driver", "nvidia-container-toolkit", "mps-control-daemon")
 #: Agent roles that may mount host paths: the five above plus the labeller (NFD's features.d) and the agent's
 #: metrics exporter (kubelet's PodResources socket, the driver root, the GPUs' device list).
 DEFAULT_HOST_PATH_ROLES = ("device-plugin", "gpu-labeller", "gpu-setup", "dra-kubelet-plugin", "mig-manager",
-                           "gpu-exporter", "dcgm-exporter", "nvidia-driver", "nvidia-container-toolkit")
-#: Only NVIDIA's driver container shares a host namespace (its PID namespace: unloading the modules looks
-#: for the host's processes holding the GPUs); no agent needs the host's network or IPC.
-DEFAULT_HOST_NAMESPACE_ROLES: dict[str, tuple[str, ...]] = {"hostPID": ("nvidia-driver",), "hostNetwork": (),
-                                                            "hostIPC": ()}
+                           "gpu-exporter", "dcgm-exporter", "nvidia-driver", "nvidia-container-toolkit",
+                           "mps-control-daemon")
+#: Two share the host's PID namespace: NVIDIA's driver container (unloading the modules looks for the host's
+#: processes holding the GPUs) and the MPS control daemon (NVIDIA's DRA driver runs it with ``hostPID``,
+#: ``templates/mps-control-daemon.tmpl.yaml``: its server then lives where a restarted container finds it and
+#: sees its clients' PIDs). No agent needs the host's network or IPC.
+DEFAULT_HOST_NAMESPACE_ROLES: dict[str, tuple[str, ...]] = {"hostPID": ("nvidia-driver", "mps-control-daemon"),
+                                                            "hostNetwork": (), "hostIPC": ()}
 HOST_NAMESPACES = ("hostPID", "hostNetwork", "hostIPC")
+#: Roles that read NVML on MIG nodes and may add CAP_SYS_ADMIN, and nothing else, in a container that asks
+#: the NVIDIA runtime for the MIG monitor capability (``NVIDIA_MIG_MONITOR_DEVICES=all``): without it NVML
+#: refuses a GPU in MIG mode's memory and MIG devices (NVIDIA/gpu-feature-discovery#6), and the runtime
+#: honours the variable only in a container with CAP_SYS_ADMIN (nvidia-container-toolkit
+#: ``TestMigCapsValidate``). Not privileged, no other capability.
+MIG_MONITOR_ROLES = ("gpu-labeller", "gpu-exporter")
 DEFAULT_REQUIRED = ("cpu", "memory")
 PSA_PREFIX = "pod-security.kubernetes.io/"
 PSA_LEVELS = ("privileged", "baseline", "restricted")
@@ -81,9 +91,17 @@ def privileged_problems(kind: Kind, props: Mapping[str, Any], allowed_roles: Seq
         if sc.get("privileged") is True:
             out.append(f"{_who(kind, props)}: {c.where} is privileged")
         caps = [str(x) for x in as_list(as_map(sc.get("capabilities")).get("add"))]
+        if caps == ["SYS_ADMIN"] and workload_role(kind, props) in MIG_MONITOR_ROLES and _asks_mig_monitor(c.spec):
+            continue
         if "SYS_ADMIN" in caps or "ALL" in caps:
             out.append(f"{_who(kind, props)}: {c.where} adds capability {', '.join(sorted(caps))}")
     return out
+
+
+def _asks_mig_monitor(container: Mapping[str, Any]) -> bool:
+    """The container sets ``NVIDIA_MIG_MONITOR_DEVICES=all`` (the only value the runtime accepts)."""
+    return any(as_map(e).get("name") == "NVIDIA_MIG_MONITOR_DEVICES" and as_map(e).get("value") == "all"
+               for e in as_list(container.get("env")))
 
 
 def host_path_problems(kind: Kind, props: Mapping[str, Any], allowed_roles: Sequence[str]) -> list[str]:

@@ -139,7 +139,8 @@ def test_kubectl_get_gpus_lists_the_nodes_gpus(kube: Kube, control_plane: Contro
     # What an administrator types, with the CRD's printer columns.
     table = _kubectl(control_plane, "get", "gpus", "-o", "wide", "-l", f"{inventory.NODE_LABEL}={NODE}").splitlines()
     assert table[0].split() == ["NAME", "NODE", "INDEX", "MODEL", "MEMORY(MIB)", "MIG", "HEALTH", "AGE", "UUID",
-                                "DRIVER", "MODULES", "UPGRADE", "CHECK", "SHARING", "ALLOCATION", "REASON", "LAST-XID"]
+                                "DRIVER", "MODULES", "UPGRADE", "CHECK", "SHARING", "ALLOCATION", "REASON", "LAST-XID",
+                                "NEEDS"]
     assert len(table) == 9 and all(" NVIDIA A100-SXM4-80GB " in row and " Healthy " in row for row in table[1:])
 
 
@@ -175,10 +176,24 @@ def test_xids_show_at_once_and_a_critical_one_turns_the_gpu_unhealthy_for_the_qu
         wait_for(lambda: _raise_until(kube, labeller, 1, 13), timeout=20, interval=1, what=f"{app} showing XID 13")
         gpus = _gpus(kube)
         assert gpus[app]["status"]["health"]["state"] == "Healthy"
-        assert gpus[ecc]["status"]["health"]["state"] == "Healthy", "the quiet period passed"
-        assert gpus[ecc]["status"]["health"]["lastXID"] == 48, "the last XID is kept"
+        # The quiet period passed, but the double-bit error left a row remap pending: a reset first.
+        held = gpus[ecc]["status"]["health"]
+        assert (held["state"], held["needs"], held["lastXID"]) == ("Unhealthy", "reset", 48), held
         row = next(r for r in _kubectl(control_plane, "get", "gpus", "-o", "wide", ecc).splitlines()[1:])
-        assert row.split()[-1] == "48", row
+        assert row.split()[-2:] == ["48", "reset"], row
+        labeller.sim.reset_gpu(2)
+
+        def recovered() -> dict[str, Any] | None:
+            health: dict[str, Any] = _gpus(kube)[ecc]["status"]["health"]
+            if health["state"] == "Healthy":
+                return health
+            labeller.sim.inject_xid(1, 13)  # an application's XID starts the next run
+            return None
+
+        health = wait_for(recovered, timeout=20, interval=1, what=f"{ecc} healthy after its reset")
+        assert health["lastXID"] == 48 and "needs" not in health, "the last XID is kept"
+        row = next(r for r in _kubectl(control_plane, "get", "gpus", "-o", "wide", ecc).splitlines()[1:])
+        assert row.split()[-1] == "48", row  # no reason, nothing needed: those columns are blank
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)

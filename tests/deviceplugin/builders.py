@@ -11,7 +11,7 @@ import queue
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from node_agent.deviceplugin.devices import Gpu, HealthEvent, HealthEventKind, Link, MigDevice, PcieLink
+from node_agent.deviceplugin.devices import Gpu, HealthEvent, HealthEventKind, Link, MigDevice, PcieLink, Recovery
 from nvgpu import catalogue
 from tests.kit.fakehost import FakeHost
 from tests.kit.gpus import gpu_uuid, machine_base, mig_profile, nvml_bus_id
@@ -25,6 +25,8 @@ class FakeNode:
     events: queue.Queue[HealthEvent] = field(default_factory=queue.Queue)
     failing: set[str] = field(default_factory=set)
     checks: int = 0
+    #: GPU UUID to what NVML says it still needs (absent: NVML shows nothing outstanding).
+    recoveries: dict[str, Recovery] = field(default_factory=dict)
 
     def gpus(self) -> Sequence[Gpu]:
         return list(self.gpu_list)
@@ -41,6 +43,9 @@ class FakeNode:
     def check(self, gpu_uuid: str) -> bool:
         self.checks += 1
         return gpu_uuid not in self.failing
+
+    def recovery(self, gpu_uuid: str) -> Recovery:
+        return self.recoveries.get(gpu_uuid, Recovery())
 
     def xid(self, gpu: int, xid: int, gi: int = 0xFFFFFFFF, ci: int = 0xFFFFFFFF) -> None:
         self.events.put(HealthEvent(HealthEventKind.XID, self.gpu_list[gpu].uuid, xid, gi, ci))

@@ -18,6 +18,21 @@ from tests.kit.fakehost import FakeHost
 DATA = Path(__file__).parent / "data"
 
 
+class _Modes:
+    """GPU compute modes by UUID (what NVML's nvmlDeviceGet/SetComputeMode answer), recording each change."""
+
+    def __init__(self, uuids: list[str]) -> None:
+        self.modes = dict.fromkeys(uuids, "DEFAULT")
+        self.changes: list[tuple[str, str]] = []
+
+    def compute_mode(self, uuid: str) -> str:
+        return self.modes[uuid]
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        self.modes[uuid] = mode
+        self.changes.append((uuid, mode))
+
+
 def test_mps_daemon_start_defaults_and_quit(tmp_path: Path, host: FakeHost) -> None:
     node = machine("a30x4", host)
     s = config.load((DATA / "nvidia-device-plugin-config-mps.yaml").read_text())
@@ -33,21 +48,26 @@ def test_mps_daemon_start_defaults_and_quit(tmp_path: Path, host: FakeHost) -> N
             running[0] = False
         return CommandResult(call.argv, 0 if was else 1, "", "" if was else "Cannot find MPS control daemon process")
 
-    rec = RecordingExec({"env": daemon})
-    daemons = mps.MpsDaemons(HostRoot(tmp_path, executor=rec), host)
+    rec = RecordingExec({"nvidia-cuda-mps-control": daemon})
+    uuids = [g.uuid for g in node.gpu_list]
+    modes = _Modes(uuids)
+    daemons = mps.MpsDaemons(HostRoot(tmp_path, executor=rec), host, modes, "/run/nvidia/mps")
     daemons.ensure([d])
-    uuids = ",".join(g.uuid for g in node.gpu_list)
-    env = ["env", f"CUDA_VISIBLE_DEVICES={uuids}", "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps/nvidia.com/gpu/pipe",
-           "CUDA_MPS_LOG_DIRECTORY=/run/nvidia/mps/nvidia.com/gpu/log"]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(uuids), "CUDA_MPS_PIPE_DIRECTORY": "/run/nvidia/mps/nvidia.com/gpu/pipe",
+           "CUDA_MPS_LOG_DIRECTORY": "/run/nvidia/mps/nvidia.com/gpu/log"}
     limit = catalogue.A30_24GB.memory_mib // 10
     defaults = "set_default_active_thread_percentage 10\n" + "".join(
         f"set_default_device_pinned_mem_limit {i} {limit}M\n" for i in range(4))
-    assert [(list(c.argv), c.stdin) for c in rec.calls] == [
-        ([*env, "nvidia-cuda-mps-control"], defaults),  # adopt a daemon already serving? none here
-        ([*env, "nvidia-cuda-mps-control", "-d"], None),
-        ([*env, "nvidia-cuda-mps-control"], defaults),
+    # EXCLUSIVE_PROCESS first (NVIDIA's Start), then the daemon, then the clients' shares.
+    assert modes.changes == [(u, "EXCLUSIVE_PROCESS") for u in uuids]
+    assert [(list(c.argv), dict(c.env), c.stdin) for c in rec.calls] == [
+        (["nvidia-cuda-mps-control"], env, "get_default_active_thread_percentage\n"),  # one to adopt? none here
+        (["nvidia-cuda-mps-control", "-d"], env, None),
+        (["nvidia-cuda-mps-control"], env, defaults),
     ]
     rec.calls.clear()
-    daemons.stop()
-    assert [(list(c.argv), c.stdin) for c in rec.calls] == [([*env, "nvidia-cuda-mps-control"], "quit\n")]
+    modes.changes.clear()
+    assert daemons.stop() == []
+    assert [(list(c.argv), c.stdin) for c in rec.calls] == [(["nvidia-cuda-mps-control"], "quit\n")]
     assert not running[0]
+    assert modes.changes == [(u, "DEFAULT") for u in uuids]

@@ -322,6 +322,7 @@ def test_full_gpu_builder_is_plain() -> None:
 class _Result:
     def __init__(self, code: int, err: str = ""):
         self.returncode = code
+        self.stdout = ""
         self.stderr = err
 
 
@@ -330,7 +331,8 @@ class _Runner:
         self.calls: list[tuple[list[str], str | None]] = []
         self.running = running
 
-    def run(self, argv: object, *, timeout_s: float, kill_after_s: float = 5.0, stdin: str | None = None) -> _Result:
+    def run(self, argv: object, *, timeout_s: float, kill_after_s: float = 5.0, stdin: str | None = None,
+            env: object = None) -> _Result:
         args = list(argv)  # type: ignore[call-overload]
         self.calls.append((args, stdin))
         if args[-1] == "-d":
@@ -340,6 +342,17 @@ class _Runner:
             was, self.running = self.running, False
             return _Result(0 if was else 1, "" if was else "Cannot find MPS control daemon process")
         return _Result(0 if self.running else 1, "" if self.running else "Cannot find MPS control daemon process")
+
+
+class _Modes:
+    def __init__(self) -> None:
+        self.modes: dict[str, str] = {}
+
+    def compute_mode(self, uuid: str) -> str:
+        return self.modes.get(uuid, "DEFAULT")
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        self.modes[uuid] = mode
 
 
 def test_mps_daemon_plan_start_adopt_and_stop(host: FakeHost) -> None:
@@ -353,30 +366,35 @@ def test_mps_daemon_plan_start_adopt_and_stop(host: FakeHost) -> None:
     assert d.visible == tuple(g.uuid for g in node.gpu_list) and d.active_thread_percentage == 10
     assert d.defaults().splitlines() == ["set_default_active_thread_percentage 10"] + [
         f"set_default_device_pinned_mem_limit {i} {catalogue.A30_24GB.memory_mib // 10}M" for i in range(4)]
-    assert "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps/nvidia.com/gpu/pipe" in d.start_argv()
+    assert d.env()["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia/mps/nvidia.com/gpu/pipe"
 
-    runner = _Runner()
-    daemons = mps.MpsDaemons(runner, host)
+    runner, modes = _Runner(), _Modes()
+    daemons = mps.MpsDaemons(runner, host, modes, "/run/nvidia/mps")
+    assert mps.daemon_problem(host, d, "/run/nvidia/mps") is not None
     daemons.ensure([d])
     assert [c[0][-1] for c in runner.calls] == ["nvidia-cuda-mps-control", "-d", "nvidia-cuda-mps-control"]
     assert runner.calls[-1][1] == d.defaults()
     assert host.exists("/run/nvidia/mps/nvidia.com/gpu/log/plugin-settings.json")
+    assert mps.daemon_problem(host, d, "/run/nvidia/mps") is None  # what the plugin waits for
+    assert set(modes.modes.values()) == {"EXCLUSIVE_PROCESS"}
     runner.calls.clear()
-    daemons.ensure([d])  # unchanged plan: nothing to do (a plugin restart keeps the daemon)
+    daemons.ensure([d])  # unchanged plan: nothing to do
     assert runner.calls == []
-    adopted = mps.MpsDaemons(runner, host)  # a new agent process finds the daemon serving
+    adopted = mps.MpsDaemons(runner, host, modes, "/run/nvidia/mps")  # a restarted container finds it serving
     adopted.ensure([d])
-    assert [c[1] for c in runner.calls] == [d.defaults()]
+    assert [c[1] for c in runner.calls] == ["get_default_active_thread_percentage\n", d.defaults()]
     runner.calls.clear()
-    daemons.ensure([])  # MPS switched off: the daemon quits
+    daemons.ensure([])  # MPS switched off: the daemon quits, the GPUs get their modes back
     assert runner.calls == [(d.control_argv(), "quit\n")] and not runner.running
+    assert set(modes.modes.values()) == {"DEFAULT"}
+    assert mps.daemon_problem(host, d, "/run/nvidia/mps") is not None
 
     class Broken:
         def run(self, argv: object, **kwargs: object) -> _Result:
             return _Result(1, "no driver")
 
     with pytest.raises(mps.MpsError, match="no driver"):
-        mps.MpsDaemons(Broken(), host).ensure([d])
+        mps.MpsDaemons(Broken(), host, _Modes(), "/run/nvidia/mps").ensure([d])
 
 
 def test_ties_keep_well_connected_groups_together() -> None:

@@ -17,9 +17,11 @@ from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.dra.sharing import NvidiaSmiSharing
 from node_agent.host import HostRoot, RecordingExec
+from node_agent.kubelet.dra.server import PluginServer
 from tests.kit.dra_builders import DRIVER, NODE, FakeSource, RecordingSharing, machine, populate_dev
 from tests.kit.kmock import FakeApiServer, fake_api_server
 from tests.kit.kubelet.common import short_root
+from tests.kit.kubelet.dra import DraKubelet
 
 BOOT_ID = "11111111-2222-3333-4444-555555555555"
 
@@ -100,3 +102,16 @@ def node(host_root: Path, api_server: FakeApiServer) -> Iterator[Node]:
     finally:
         driver.close()
         source.close()
+
+
+@pytest.fixture
+def plugin(env: Env) -> Iterator[tuple[PluginServer, DraKubelet]]:
+    """The DRA plugin's gRPC server on ``env``'s driver, registered with a test kubelet."""
+    env.driver.start()
+    server = PluginServer(env.driver, HostRoot(env.root))
+    server.start(watch_interval=0.05)
+    kubelet = DraKubelet(env.root)
+    kubelet.register()
+    yield server, kubelet
+    kubelet.close()
+    server.stop(grace=0.1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,18 +20,6 @@ from tests.kit.dra_builders import DRIVER, NODE, claim, gpu_config
 from tests.kit.kubelet.dra import DraKubelet
 
 MIG_1G = "gpu-1-mig-1g10gb-19-6"
-
-
-@pytest.fixture
-def plugin(env: Env) -> Iterator[tuple[PluginServer, DraKubelet]]:
-    env.driver.start()
-    server = PluginServer(env.driver, HostRoot(env.root))
-    server.start(watch_interval=0.05)
-    kubelet = DraKubelet(env.root)
-    kubelet.register()
-    yield server, kubelet
-    kubelet.close()
-    server.stop(grace=0.1)
 
 
 def put_claim(env: Env, body: dict[str, object]) -> tuple[str, str, str]:

@@ -224,3 +224,20 @@ def test_through_the_agent_cli_in_separate_processes(tmp_path: Path) -> None:
     assert json.loads(applied.stdout)["changed"] == list(range(8))
     checked = agent("assert")
     assert checked.returncode == 0 and json.loads(checked.stdout)["ok"] is True
+
+
+def test_apply_and_assert_on_gpus_whose_empty_mig_slots_answer_invalid_argument(
+        tmp_path: Path, config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Drivers answer INVALID_ARGUMENT as well as NOT_FOUND for an empty MIG device slot (NVIDIA's go-nvlib
+    skips both, ``pkg/nvlib/device/device.go``). A layout with empty slots (all-balanced: four devices in
+    seven slots) used to cost the GPUs ("MIG device 0:4: Invalid Argument") and the MIG manager the node."""
+    state = tmp_path / "a100.json"
+    sim = SimulatedMachine("dgx-a100-40gb", state)
+    for index in range(8):
+        sim.set_mig_empty_slot_error(index, 2)
+    common = ["--nvml", "simulated:dgx-a100-40gb", "--nvml-state", str(state), "mig"]
+    opts = ["--config", str(config_file), "--name", "all-balanced"]
+    code, doc = run(capsys, *common, "apply", *opts)
+    assert code == 0 and doc["changed"] == list(range(8))
+    assert run(capsys, *common, "assert", *opts)[0] == 0
+    assert run(capsys, *common, "apply", *opts)[1]["changed"] == []  # idempotent: the layout reads back

@@ -57,10 +57,12 @@ def test_nvidia_configs_validate_on_the_models_they_name(nvidia: migparted.MigPa
     expect = {
         "all-1g.5gb": {"A100-40GB"},
         "all-1g.10gb": {"A100-40GB", "A100-80GB", "H100-80GB"},
-        "all-1g.18gb": {"H200-141GB"},
+        "all-1g.18gb": {"H200-141GB", "GH200-144GB"},  # NVIDIA's comment: "H200-141GB, GH200 144G HBM3e"
         "all-2g.12gb": {"A30-24GB"},
-        "all-balanced": {"A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB", "A30-24GB"},
-        "all-4g.96gb": set(),  # RTX PRO 6000: not in the catalogue
+        # Every GPU NVIDIA's comment over all-balanced names (H800/A800 are IDs of the H100/A100 models).
+        "all-balanced": {"A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB", "A30-24GB", "H100-94GB", "H100-96GB",
+                         "GH200-96GB", "H20", "GH200-144GB", "B200", "GB200", "B300", "GB300", "RTX-PRO-6000"},
+        "all-4g.96gb": {"RTX-PRO-6000"},
     }
     for name, models in expect.items():
         assert {m.key for m in migparted.models_for_config(nvidia, name)} == models, name
@@ -182,7 +184,7 @@ def test_custom_specs_validate_per_gpu() -> None:
 
 # --- fit_problems: the one MIG layout check (stack config, MigProfile component, policy pack) -------------
 
-B200 = "0x290110DE"  # a PCI ID the catalogue does not know
+UNLISTED = "0x2FF010DE"  # a PCI ID the catalogue does not know (the simulator's unlisted-x2 board)
 A30 = "0x20B710DE"
 
 
@@ -228,7 +230,7 @@ def test_without_a_model_unfiltered_entries_need_known_profiles() -> None:
 
 
 def test_a_defined_config_for_unknown_gpus_is_left_to_mig_parted_but_a_chosen_one_must_fit_some_gpu() -> None:
-    cfg = _one("blackwell", _entry({"1g.23gb": 7}, B200))
+    cfg = _one("blackwell", _entry({"1g.23gb": 7}, UNLISTED))
     assert fit_problems(cfg, "blackwell", None, chosen=False) == []
     assert fit_problems(cfg, "blackwell", None) == ["MIG config 'blackwell' fits none of the catalogue's GPU models"]
 

@@ -132,3 +132,20 @@ def test_a_bundle_path_that_cannot_be_written_is_one_line(tmp_path: Path) -> Non
     done = _run(root, "dgx-h100", "diagnose", "--bundle", str(tmp_path / "missing" / "b.tar.gz"))
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: --bundle ") and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("machine", "vbios"), [("t4x1", "90.04.96.00.9F"), ("hgx-h200", "96.00.A5.00.01")])
+def test_the_boards_identity_and_modes_are_values_not_errors(machine: str, vbios: str, tmp_path: Path) -> None:
+    """Brand, serial, VBIOS, persistence and compute mode are answered by the simulated driver as a real one
+    answers them (``nvidia-smi -q`` of a Tesla T4 in NVIDIA/nvidia-docker#1628: brand NVIDIA, a 13-digit
+    serial, VBIOS 90.04.96.00.9F, persistence mode on), on every GPU."""
+    root = tmp_path / "host"
+    build_fake_host(root, machine)
+    doc = _diagnose(root, machine, "diagnose")
+    serials = set()
+    for gpu in doc["gpus"]:
+        assert (gpu["brand"], gpu["vbios"], gpu["persistenceMode"], gpu["computeMode"]) == (
+            "NVIDIA", vbios, True, "DEFAULT"), gpu["index"]
+        assert isinstance(gpu["serial"], str) and len(gpu["serial"]) == 13 and gpu["serial"].isdigit()
+        serials.add(gpu["serial"])
+    assert len(serials) == len(doc["gpus"])  # one board, one serial

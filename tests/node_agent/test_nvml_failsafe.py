@@ -151,10 +151,10 @@ def test_vfio_bind_refuses_a_busy_gpu_on_an_old_driver(tmp_path: Path, cli: Cli,
     assert host.machine is not None
     host.machine.set_driver_version(driver)
     host.machine.set_processes(1, [SimProcess(pid=31337, used_mib=2048)])
-    with pytest.raises(vfio.Refused, match="31337"):
-        vfio.bind(ctx.host, ctx.nvml, GPU1)
+    with pytest.raises(vfio.Refused, match="31337"):  # bind waits for the process to exit, a short while here
+        vfio.bind(ctx.host, ctx.nvml, GPU1, timeout_s=0.2, poll_s=0.05)
     assert read_device(ctx.host, GPU1).driver == "nvidia"
-    code, doc = cli(host.root, A30, "vfio", "bind", GPU1)
+    code, doc = cli(host.root, A30, "vfio", "bind", GPU1, "--timeout", "0.2")
     assert (code, doc["refused"]) == (5, True)
     assert "31337" in doc["error"]
     assert read_device(ctx.host, GPU1).driver == "nvidia"

@@ -16,6 +16,7 @@ import pytest
 from nodescript_helpers import RunScript, summary
 
 from node_agent.cli import main
+from node_agent.nvml.sim.state import FabricStateName
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import FakeHost, build_fake_host
 
@@ -60,7 +61,32 @@ def _in_use(root: Path) -> FakeHost:
     return host
 
 
+def _fabric(machine: str, state: FabricStateName, status: int = 0) -> Scenario:
+    """An NVSwitch board whose Fabric Manager has not registered GPU 2 (CUDA error 802): NVML's fabric info
+    for the agent, ``nvidia-smi -q``'s Fabric section for the script."""
+    def build(root: Path) -> FakeHost:
+        host = build_fake_host(root, machine)
+        assert host.machine is not None
+        host.machine.set_fabric_manager(state, status, gpus=[2])
+        return host
+    return build
+
+
+def _fabric_query_fails(root: Path) -> FakeHost:
+    host = build_fake_host(root, "dgx-h100")
+    assert host.machine is not None
+    host.machine.fail_call(2, "nvmlDeviceGetGpuFabricInfo", 999)
+    return host
+
+
 SCENARIOS: dict[str, Scenario] = {
+    "fabric-not-started": _fabric("dgx-h100", "not-started"),
+    "fabric-in-progress": _fabric("hgx-h200", "in-progress"),
+    "fabric-failed": _fabric("dgx-h100", "completed", 10),  # NVML_ERROR_TIMEOUT
+    "fabric-query-fails": _fabric_query_fails,
+    # A board the catalogue lacks (PCI 0x2FF0): a notice on both sides, the global driver minimum, verdict ok.
+    "unknown-model": lambda r: build_fake_host(r, "unlisted-x2"),
+    "unknown-model-old-driver": lambda r: build_fake_host(r, "unlisted-x2", driver_version="418.67"),
     "no-gpu": lambda r: build_fake_host(r, None),
     "good-dgx-h100-containerd1": lambda r: build_fake_host(r, "dgx-h100", containerd=1),
     "good-hgx-h200-containerd2": lambda r: build_fake_host(r, "hgx-h200", containerd=2),

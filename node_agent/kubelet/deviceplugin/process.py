@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,8 +103,12 @@ class PluginOptions:
     #: Where this process sees the directory of ``nvidiaCTKPath`` (None: under the host root).
     cdi_hook_dir: str | None = None
     recheck_interval: float = 5.0
-    #: Run the MPS control daemon for MPS-shared resources.
+    #: Serve an MPS-shared resource only once its MPS control daemon (the ``mps-daemon`` command, in its own
+    #: DaemonSet) is up with this plugin's settings, as NVIDIA's plugin checks (``waitForMPSDaemon``).
     mps_daemon: bool = True
+    #: How long one start waits for that daemon before it fails (and is retried, or ends the process
+    #: with ``failOnInitError``, for the kubelet to restart it).
+    mps_wait_s: float = 60.0
 
 
 class PluginProcess:
@@ -118,7 +123,6 @@ class PluginProcess:
         self._backend = backend
         self._stack = contextlib.ExitStack()
         self.host = host or HostRoot("/")
-        self.mps = mps.MpsDaemons(self.host, self.host)
         self.metrics = PluginMetrics()
         self.board = HealthBoard()  # outlives plugin restarts: health is not reset by kubelet restarts
         self.overrides = options.overrides
@@ -163,8 +167,20 @@ class PluginProcess:
         plugins = NodePlugins(self._node, settings, self.host, metrics=self.metrics, policy=policy,
                               board=self.board, driver_edits=edits)
         if self.options.mps_daemon:
-            self.mps.ensure(mps.plan(plugins.resources, settings))
+            self._wait_for_mps(mps.plan(plugins.resources, settings), settings)
         return plugins
+
+    def _wait_for_mps(self, daemons: list[mps.MpsDaemon], settings: config.Settings) -> None:
+        """Wait until each daemon's ``mps-daemon`` reports it up with these settings; ``RuntimeError`` after
+        ``mps_wait_s``. The plugin never starts or stops a daemon: a plugin restart leaves the clients'
+        servers running (NVIDIA/k8s-device-plugin ``internal/plugin/server.go``, ``waitForMPSDaemon``)."""
+        deadline = time.monotonic() + self.options.mps_wait_s
+        for d in daemons:
+            while (problem := mps.daemon_problem(self.host, d, settings.mps_root)) is not None:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"MPS control daemon for {d.resource} is not ready: {problem}")
+                log.info("event=mps-daemon-wait resource=%s problem=%s", d.resource, problem)
+                time.sleep(min(1.0, self.options.mps_wait_s))
 
     def _driver_edits(self, settings: config.Settings) -> DriverEditsSource:
         """The driver's files under ``containerDriverRoot`` (named under ``nvidiaDriverRoot``) and the hook
@@ -180,7 +196,6 @@ class PluginProcess:
 
     def close(self) -> None:
         self.watcher.stop()
-        self.mps.stop()
         if self._node is not None:
             self._node.close()
             self._node = None

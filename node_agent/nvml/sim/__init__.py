@@ -7,8 +7,14 @@ that falls off the bus, a hung GPU, one C function failing on one GPU (``fail_ca
 999), functions the library lacks (``remove_functions``, and by driver version: see
 ``lib.FUNCTION_SINCE``), NVML init failure, processes holding a GPU, overridden driver version /
 name / compute capability for bad-node scenarios, and NVLink fabric registration (``set_fabric``: a
-multi-node NVLink machine such as a GB200 NVL72 tray; by default no GPU is in a fabric). ``summary``
-renders a machine's state for the ``sim`` command (``node_agent.cli.sim``); ``smi`` is the simulated ``nvidia-smi``.
+multi-node NVLink machine such as a GB200 NVL72 tray; ``set_fabric_manager``: Fabric Manager not started,
+still running or failed; by default the Hopper NVSwitch machines are registered, no other GPU is in a
+fabric). XIDs leave what they leave on a real GPU (``inject_xid``: a pending row remap or retired page, a
+failed remap, a recovery action; ``reset_gpu`` settles what a reset settles; ``set_recovery_action``), and
+what holds the GPUs is tracked as a driver sees it: processes, host GPU clients (``set_host_service``) and
+every process with NVML initialised, so ``smi_reset`` (``nvidia-smi -r``) refuses while any holds them.
+``summary`` renders a machine's state for the ``sim`` command (``node_agent.cli.sim``); ``smi`` is the
+simulated ``nvidia-smi``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import pynvml
 from node_agent.nvml.sim.lib import FakeNvmlLibrary
 from node_agent.nvml.sim.machines import MACHINE_NAMES, MACHINES, MachineSpec, UnknownMachineError, get_machine
 from node_agent.nvml.sim.state import (
+    FABRIC_MIN_COMPUTE_CAPABILITY,
+    PAGE_RETIREMENT_ARCHITECTURES,
     EventName,
     FabricStateName,
     InitError,
@@ -33,6 +41,9 @@ from node_agent.nvml.sim.state import (
     SimStateError,
     SimStore,
     SimTelemetry,
+    nvml_clients_open,
+    reset_aftermath,
+    xid_aftermath,
 )
 from nvgpu import hostpaths
 
@@ -46,6 +57,7 @@ __all__ = [
     "MACHINE_NAMES",
     "FakeNvmlLibrary",
     "MachineSpec",
+    "ResetRefused",
     "SimStateError",
     "SimStore",
     "SimTelemetry",
@@ -102,6 +114,14 @@ def uninstall(lib: FakeNvmlLibrary) -> None:
 def installed_library() -> FakeNvmlLibrary | None:
     lib = pynvml.nvmlLib
     return lib if isinstance(lib, FakeNvmlLibrary) else None
+
+
+#: ``nvmlGpuVirtualizationMode_t`` NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH.
+PASSTHROUGH = 1
+
+
+class ResetRefused(RuntimeError):
+    """The simulated ``nvidia-smi -r`` refused: something holds the GPUs."""
 
 
 class SimulatedMachine:
@@ -166,7 +186,17 @@ class SimulatedMachine:
             s.push_event(index, kind, data, gi_id, ci_id)
 
     def inject_xid(self, index: int, xid: int, gi_id: int | None = None, ci_id: int | None = None) -> None:
-        self.inject_event(index, "xid", xid, gi_id, ci_id)
+        """Raise XID ``xid`` and leave what it leaves on a real GPU (``state.xid_aftermath``): XID 95 makes
+        the GPU need a reset with a row remap pending, 64 a failed remap, 48 on a T4 a pending retired page."""
+        with self.store.mutate() as s:
+            s.push_event(index, "xid", xid, gi_id, ci_id)
+            remaps_rows = self.spec.model.architecture not in PAGE_RETIREMENT_ARCHITECTURES
+            xid_aftermath(s.gpus[index], xid, row_remapping=remaps_rows)
+
+    def set_recovery_action(self, index: int, action: int) -> None:
+        """GPU ``index``'s ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (0 none, 1 reset, 2 reboot, 3 drain P2P,
+        4 drain and reset); drivers before 565 do not report it."""
+        self.set_telemetry(index, recovery_action=action)
 
     def set_telemetry(self, index: int, **values: Any) -> SimTelemetry:
         """Set what GPU ``index``'s sensors and counters read (:class:`SimTelemetry` fields); answers them all."""
@@ -192,21 +222,127 @@ class SimulatedMachine:
                    gpus: Iterable[int] | None = None, state: FabricStateName = "completed",
                    status: int = 0) -> None:
         """Register ``gpus`` (default: all) with an NVLink fabric, as a GB200 NVL72 tray reports it;
-        ``cluster_uuid=None`` takes them out of any fabric again (NVML answers NOT_SUPPORTED)."""
+        ``cluster_uuid=None`` takes them out of any fabric again (NVML answers NOT_SUPPORTED). Only
+        Hopper-or-newer GPUs have a fabric NVML reports (``%HOPPER_OR_NEWER%``, NVIDIA/go-nvml ``nvml.h``):
+        registering an older one is refused rather than silently never seen."""
         fabric = None if cluster_uuid is None else SimFabric(
             cluster_uuid=uuid.UUID(str(cluster_uuid)), clique_id=clique_id, state=state, status=status)
         with self.store.mutate() as s:
             for i in range(len(s.gpus)) if gpus is None else gpus:
+                cc = s.gpus[i].compute_capability or self.spec.model.compute_capability
+                if fabric is not None and cc < FABRIC_MIN_COMPUTE_CAPABILITY:
+                    raise ValueError(f"GPU {i} ({self.spec.name}) has compute capability {cc[0]}.{cc[1]}: NVML "
+                                     "reports a fabric on Hopper (9.0) or newer GPUs only")
                 s.gpus[i].fabric = fabric
+
+    def set_fabric_manager(self, state: FabricStateName, status: int = 0, *,
+                           gpus: Iterable[int] | None = None) -> None:
+        """Where Fabric Manager's registration of ``gpus`` (default: every GPU with a fabric) stands, each
+        GPU keeping its cluster and clique: ``not-started`` (the service is not running), ``in-progress``
+        (it is training the NVSwitch fabric), ``completed`` with ``status`` 0 (done) or an NVML error code
+        (it failed, e.g. 10 = NVML_ERROR_TIMEOUT). Until ``completed`` with status 0, CUDA fails every
+        program with error 802 (cudaErrorSystemNotReady); a GPU without a fabric is refused."""
+        with self.store.mutate() as s:
+            for i in range(len(s.gpus)) if gpus is None else gpus:
+                fabric = s.gpus[i].fabric
+                if fabric is None:
+                    if gpus is None:
+                        continue
+                    raise ValueError(f"GPU {i} ({self.spec.name}) is in no NVLink fabric (NVML answers NOT_SUPPORTED)")
+                s.gpus[i].fabric = fabric.model_copy(update={"state": state, "status": status})
+
+    def compute_mode(self, index: int) -> int:
+        """GPU ``index``'s ``nvmlComputeMode_t`` (0 DEFAULT, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS)."""
+        return self.store.read().gpus[index].compute_mode
+
+    def set_compute_mode(self, index: int, mode: int) -> None:
+        """Put GPU ``index`` in ``mode`` as an operator's ``nvidia-smi -c`` would (before an agent starts)."""
+        with self.store.mutate() as s:
+            s.gpus[index].compute_mode = mode
+
+    def persistence_mode(self, index: int) -> bool:
+        """Whether GPU ``index`` is in persistence mode now (its own setting, else the machine's default)."""
+        on = self.store.read().gpus[index].persistence_mode
+        return self.spec.persistence_mode if on is None else on
+
+    def set_persistence_mode(self, index: int, enabled: bool) -> None:
+        """Turn GPU ``index``'s persistence mode on or off, as an operator's ``nvidia-smi -pm`` would."""
+        with self.store.mutate() as s:
+            s.gpus[index].persistence_mode = enabled
+
+    def fail_mps_start(self, message: str | None) -> None:
+        """The simulated ``nvidia-cuda-mps-control -d`` fails with ``message`` (None: it starts again)."""
+        with self.store.mutate() as s:
+            s.mps_start_error = message
+
+    def require_mig_monitor(self, required: bool = True) -> None:
+        """NVML checks the caller's MIG monitor capability, as a real driver does: on a GPU in MIG mode a
+        caller whose environment lacks ``NVIDIA_MIG_MONITOR_DEVICES=all`` gets NVML_ERROR_NO_PERMISSION from
+        the parent's memory info and the GPU-instance lookups (``SimState.mig_monitor_required``)."""
+        with self.store.mutate() as s:
+            s.mig_monitor_required = required
+
+    def set_mig_empty_slot_error(self, index: int, code: int) -> None:
+        """What GPU ``index`` answers for a MIG device slot with no device behind it: 6 (NOT_FOUND) or 2
+        (INVALID_ARGUMENT), both of which real drivers answer (``SimGpu.mig_empty_slot_error``)."""
+        if code not in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+            raise ValueError(f"empty MIG slot error {code}: expected 6 (NOT_FOUND) or 2 (INVALID_ARGUMENT)")
+        with self.store.mutate() as s:
+            s.gpus[index].mig_empty_slot_error = code  # type: ignore[assignment]
+
+    def set_brand(self, index: int, brand: int | None) -> None:
+        """GPU ``index`` answers ``brand`` (an ``nvmlBrandType_t``) to nvmlDeviceGetBrand (None: the machine's)."""
+        with self.store.mutate() as s:
+            s.gpus[index].brand = brand
+
+    def set_host_service(self, unit: str, active: bool) -> None:
+        """A host systemd unit that holds the GPUs while active (``nvidia-dcgm.service``, ``nvsm.service``)."""
+        with self.store.mutate() as s:
+            s.host_services[unit] = active
+
+    def reset_refusal(self, indices: Iterable[int]) -> str | None:
+        """Why ``nvidia-smi -r`` would refuse to reset these GPUs now, or None: processes on them, a blocked
+        reset, a host GPU client (a systemd unit) running, or any process with NVML initialised, this one
+        included (nvidia-smi: "In use by another client"; mig-parted shuts NVML down and stops the host's
+        GPU clients first: ``cmd/nvidia-mig-parted/apply/mode.go``, ``deployments/systemd/hooks.sh``)."""
+        state = self.state
+        for i in indices:
+            g = state.gpus[i]
+            if g.processes or g.reset_blocked:
+                return f"GPU {self.spec.bus_ids[i]}: In use by another client (processes on the GPU)"
+        running = sorted(u for u, active in state.host_services.items() if active)
+        if running:
+            return f"In use by another client (host services: {', '.join(running)})"
+        if self.store.path is not None and nvml_clients_open(self.store.path):
+            return "In use by another client (a process has NVML open)"
+        lib = installed_library()
+        if self.store.path is None and lib is not None and lib.store is self.store and lib.initialised:
+            return "In use by another client (a process has NVML open)"
+        return None
+
+    def smi_reset(self, indices: Iterable[int]) -> None:
+        """``nvidia-smi -r``: reset the GPUs, or raise :class:`ResetRefused` (nothing reset) when held."""
+        wanted = list(indices)
+        refusal = self.reset_refusal(wanted)
+        if refusal is not None:
+            raise ResetRefused(refusal)
+        for i in wanted:
+            self.reset_gpu(i)
 
     def block_reset(self, index: int, blocked: bool = True) -> None:
         with self.store.mutate() as s:
             s.gpus[index].reset_blocked = blocked
 
     def reset_gpu(self, index: int) -> None:
-        """A GPU reset: a pending MIG mode takes effect (instances are gone after a mode change)."""
+        """A GPU reset: a pending MIG mode takes effect (instances are gone after a mode change), pending row
+        remaps and retired pages take effect and a recovery action a reset settles is cleared. A GPU passed
+        through to a VM (``set_virtualization_mode(1)``) keeps its MIG mode pending: "on certain platforms
+        like pass-through virtualization, where reset functionality may not be exposed directly, VM reboot is
+        required" (nvml.h, ``nvmlDeviceSetMigMode``)."""
         with self.store.mutate() as s:
             g = s.gpus[index]
-            if g.mig_current != g.mig_pending:
-                g.instances = []
-            g.mig_current = g.mig_pending
+            if s.virtualization_mode != PASSTHROUGH:
+                if g.mig_current != g.mig_pending:
+                    g.instances = []
+                g.mig_current = g.mig_pending
+            reset_aftermath(g)

@@ -130,6 +130,59 @@ state = "/run/containerd"
 """
 
 
+#: The driver's character-device majors in the simulated ``/proc/devices``: 195 is the ``nvidia`` module's fixed
+#: major (``NV_MAJOR_DEVICE_NUMBER``); ``nvidia-uvm`` and ``nvidia-caps`` get theirs from the kernel at load.
+NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 511, 234
+#: The kernel's own character and block devices, as fs/proc/devices.c prints them (``%3d %s``), around the driver's.
+_KERNEL_CHAR_DEVICES = ((1, "mem"), (4, "/dev/vc/0"), (4, "tty"), (5, "/dev/tty"), (5, "/dev/console"),
+                        (5, "/dev/ptmx"), (7, "vcs"), (10, "misc"), (13, "input"), (136, "pts"), (226, "drm"))
+_KERNEL_BLOCK_DEVICES = ((7, "loop"), (8, "sd"), (259, "blkext"))
+#: GPU-instance and compute-instance slots the driver reserves ``nvidia-caps`` minors for, per GPU.
+MIG_GI_SLOTS, MIG_CI_SLOTS = 15, 8
+
+
+def proc_devices_text(driver_version: str, *, uvm: bool) -> str:
+    """``/proc/devices`` of a node with the driver loaded (``uvm``: and ``nvidia-uvm``), as fs/proc/devices.c
+    writes it: ``Character devices:``, ``%3d %s`` lines by major, a blank line, ``Block devices:``. The GPU
+    major is named ``nvidia`` from driver 550.40 on and ``nvidia-frontend`` before (nvidia-container-toolkit
+    ``internal/info/proc/devices/devices.go``)."""
+    from nvgpu.catalogue import parse_driver_version
+
+    gpu_name = "nvidia" if parse_driver_version(driver_version) >= parse_driver_version("550.40") else "nvidia-frontend"
+    chars = [*_KERNEL_CHAR_DEVICES, (NVIDIA_MAJOR, gpu_name), (CAPS_MAJOR, "nvidia-caps")]
+    if uvm:
+        chars.append((UVM_MAJOR, "nvidia-uvm"))
+    lines = ["Character devices:", *(f"{major:3d} {name}" for major, name in sorted(chars, key=lambda c: c[0])),
+             "", "Block devices:", *(f"{major:3d} {name}" for major, name in _KERNEL_BLOCK_DEVICES)]
+    return "\n".join(lines) + "\n"
+
+
+def mig_minors_text(gpu_minors: Iterable[int]) -> str:
+    """``/proc/driver/nvidia-caps/mig-minors`` as the driver writes it at load, for every GPU whatever its MIG
+    mode: ``config 1``, ``monitor 2``, then ``gpu<minor>/gi<id>/access <n>`` and ``gpu<minor>/gi<id>/ci<id>/access
+    <n>`` for every slot, numbered on in GPU-minor order (NVIDIA's MIG user guide, "/dev based nvidia-capabilities";
+    parsed by nvidia-container-toolkit ``internal/nvcaps``)."""
+    lines = ["config 1", "monitor 2"]
+    n = 3
+    for minor in sorted(set(gpu_minors)):
+        for gi in range(MIG_GI_SLOTS):
+            lines.append(f"gpu{minor}/gi{gi}/access {n}")
+            n += 1
+            for ci in range(MIG_CI_SLOTS):
+                lines.append(f"gpu{minor}/gi{gi}/ci{ci}/access {n}")
+                n += 1
+    return "\n".join(lines) + "\n"
+
+
+def device_node_stand_in(local: Path, major: int, minor: int, mode: int) -> None:
+    """The simulated host's mknod (``HostRoot(mknod=...)``): tests run as non-root, where mknod(2) fails, so a
+    device node is a regular file, as every node :func:`lay_out` makes is, holding ``c <major>:<minor>`` so a
+    test can tell what was made."""
+    with open(local, "x") as f:  # O_EXCL, like mknod: an existing path fails with FileExistsError
+        f.write(f"c {major}:{minor}\n")
+    local.chmod(mode)
+
+
 def sim_state_file(root: Path, machine: str) -> Path:
     """The simulated machine's state file under a host root: where the agent's ``--nvml simulated:<machine>``
     keeps it by default, so the tests, the simulated ``nvidia-smi`` and the agent share one machine."""
@@ -223,6 +276,53 @@ def set_driver(sysfs: Path, driver: str | None) -> None:
         link.symlink_to(f"../../..{PCI_DRIVERS.removeprefix('/sys')}/{driver}")
 
 
+def hold_device(root: Path, pid: int, host_path: str, *, comm: str = "cuda-app", fd: int = 3) -> None:
+    """A process ``pid`` (named ``comm``) holding ``host_path`` open, as ``/proc`` shows it: an ``fd/<fd>`` link
+    to the path and a ``comm`` file. What NVIDIA's VFIO code looks for before it unbinds a GPU (``fuser``, or
+    ``findFileUsers`` scanning ``/proc/*/fd``: NVIDIA/k8s-dra-driver-gpu ``cmd/gpu-kubelet-plugin/vfio-device.go``);
+    a GPU whose ``/dev/nvidia<N>`` is held cannot leave the ``nvidia`` driver: the unbind blocks in the kernel
+    until the holder closes it (``tests.kit.fakekernel`` plays that part)."""
+    fd_dir = root / f"proc/{pid}/fd"
+    fd_dir.mkdir(parents=True, exist_ok=True)
+    (root / f"proc/{pid}/comm").write_text(comm + "\n")
+    _link(root, f"/proc/{pid}/fd/{fd}", host_path)
+
+
+def release_device(root: Path, pid: int) -> None:
+    """Process ``pid`` exits: its ``/proc`` entry goes, and with it every file it held."""
+    import shutil
+
+    shutil.rmtree(root / f"proc/{pid}", ignore_errors=True)
+
+
+def sriov_vfs(root: Path, pf_address: str, count: int, *, total: int = 16, driver: str | None = None,
+              iommu_group_base: int = 100) -> list[str]:
+    """Enable ``count`` SR-IOV virtual functions on the GPU at ``pf_address``, as the kernel lays them out once
+    ``sriov_numvfs`` is written (NVIDIA's ``sriov-manage -e``): ``sriov_totalvfs``/``sriov_numvfs`` on the PF,
+    a ``virtfn<i>`` link per VF, and each VF a PCI function of its own (same IDs and class, its own IOMMU group,
+    a ``physfn`` link back), at the PF's function + 4 + i (the A100/H100 "First VF Offset" 4, stride 1). The VFs'
+    addresses."""
+    pf = normalize_address(pf_address)
+    pf_sysfs = root / PCI_DEVICES.lstrip("/") / pf
+    domain_bus, _, devfn = pf.rpartition(":")
+    dev, fn = (int(x, 16) for x in devfn.split("."))
+    vendor, device = (int((pf_sysfs / f).read_text(), 16) for f in ("vendor", "device"))
+    pci_class = int((pf_sysfs / "class").read_text(), 16)
+    _write(root, f"{PCI_DEVICES}/{pf}/sriov_totalvfs", f"{total}\n")
+    _write(root, f"{PCI_DEVICES}/{pf}/sriov_numvfs", f"{count}\n")
+    vfs = []
+    for i in range(count):
+        n = dev * 8 + fn + 4 + i
+        addr = f"{domain_bus}:{n // 8:02x}.{n % 8}"
+        pci_device(root, addr, vendor=vendor, device=device, pci_class=pci_class, driver=driver,
+                   iommu_group=iommu_group_base + i)
+        _link(root, f"{PCI_DEVICES}/{pf}/virtfn{i}", f"../{addr}")
+        _link(root, f"{PCI_DEVICES}/{addr}/physfn", f"../{pf}")
+        (root / PCI_DEVICES.lstrip("/") / addr / "driver_override").write_text("(null)\n")
+        vfs.append(addr)
+    return vfs
+
+
 def pci_config_space(device_id: int, *, vgpu_host_driver: tuple[str, str] | None = None) -> bytes:
     """A 256-byte PCI config space of an NVIDIA 3D controller, as a privileged reader of sysfs gets it.
 
@@ -255,6 +355,7 @@ def lay_out(
     driver_text: str | None = None,
     modules: Iterable[str] = DEFAULT_MODULES,
     device_nodes: bool = True,
+    fresh_boot: bool = False,
     iommu: bool = True,
     nvidia_container_runtime: bool = True,
     toolkit_config: bool = True,
@@ -266,11 +367,27 @@ def lay_out(
     """Lay out a simulated node for ``machine`` under ``root`` (None: a node with no GPU) and answer the
     machine's handle. Idempotent: an existing tree is brought back to this layout, its simulated state kept.
     ``deckhouse`` adds the containerd drop-in layout Deckhouse manages; the other options make the bad
-    nodes the tests need."""
+    nodes the tests need. ``fresh_boot``: the node as it is right after boot, before anything ran a CUDA
+    program: only the ``nvidia`` module loaded (``nvidia_uvm`` is loaded by the first CUDA program's
+    ``nvidia-modprobe``, not at boot), ``/proc/devices`` and ``mig-minors`` as the driver writes them at load,
+    and no ``/dev/nvidia*`` node at all (the module registers majors but makes no node: nvidia-modprobe or
+    ``nvidia-ctk system create-device-nodes`` does)."""
     root.mkdir(parents=True, exist_ok=True)
     bin_dir = root / "usr/bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    modules = tuple(modules)
+    modules = ("nvidia",) if fresh_boot else tuple(modules)
+    device_nodes = device_nodes and not fresh_boot
+    if fresh_boot:  # a reboot of an existing layout: /dev is a new devtmpfs, /sys/module the kernel's own again
+        import shutil
+
+        for dev_node in (root / "dev").glob("nvidia*"):
+            if dev_node.is_dir() and not dev_node.is_symlink():
+                shutil.rmtree(dev_node)
+            else:
+                dev_node.unlink()
+        for m in DEFAULT_MODULES:
+            if m != "nvidia":
+                shutil.rmtree(root / f"sys/module/{m}", ignore_errors=True)
     # The OS and kernel node setup publishes (NFD's labels): os-release(5) and `uname -r`.
     if os_release is not None:
         os_id, version_id = os_release
@@ -317,6 +434,9 @@ def lay_out(
             proc_modules += [f"{m} 1234567 0 - Live 0x0000000000000000" for m in modules]
             for m in modules:
                 (root / f"sys/module/{m}").mkdir(parents=True, exist_ok=True)
+            _write(root, "/proc/devices", proc_devices_text(version, uvm="nvidia_uvm" in modules))
+            if not (root / "proc/driver/nvidia-caps/mig-minors").exists():
+                _write(root, "/proc/driver/nvidia-caps/mig-minors", mig_minors_text(range(spec.gpu_count)), 0o444)
         else:
             sim.fail_init("driver-not-loaded")
         if nvidia_smi:
@@ -325,6 +445,10 @@ def lay_out(
             _write(root, "/usr/bin/nvidia-smi",
                    f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
                    f'-m node_agent.nvml.sim.smi --machine {spec.name} --state "{state}" "$@"\n', 0o755)
+            # The driver's MPS control program over the same machine (node_agent.nvml.sim.mpsctl).
+            _write(root, "/usr/bin/nvidia-cuda-mps-control",
+                   f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+                   f'-m node_agent.nvml.sim.mpsctl --machine {spec.name} --state "{state}" "$@"\n', 0o755)
     _write(root, "/proc/modules", "\n".join(proc_modules) + "\n")
     _write(root, "/proc/sys/net/core/bpf_jit_harden", bpf_jit_harden + "\n")
 
@@ -347,12 +471,25 @@ def lay_out(
     logs.mkdir(parents=True, exist_ok=True)
     for tool in RECORDING_TOOLS:
         _write(root, f"/usr/bin/{tool}", f'#!/bin/sh\necho "$*" >>"{logs}/simulated-{tool}.log"\n', 0o755)
+    if machine is not None and nvidia_smi:
+        # systemctl also starts and stops the host's GPU clients of the machine (node_agent.nvml.sim.systemctl).
+        repo = Path(node_agent.__file__).resolve().parent.parent
+        _write(root, "/usr/bin/systemctl",
+               f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+               f'-m node_agent.nvml.sim.systemctl --machine {machine} --state "{sim_state_file(root, machine)}" '
+               f'--log "{logs}/simulated-systemctl.log" -- "$@"\n', 0o755)
     _write(root, "/usr/sbin/modprobe",
-           "#!/bin/sh\n# simulated modprobe: marks each module loaded in this root\n"
-           'for m in "$@"; do\n  case "$m" in -*) continue ;; esac\n'
+           "#!/bin/sh\n# simulated modprobe: marks each module loaded in this root (the kernel names it with\n"
+           "# underscores); nvidia-uvm also registers its character major in /proc/devices, as the module does.\n"
+           'for arg in "$@"; do\n  case "$arg" in -*) continue ;; esac\n'
+           '  m=$(echo "$arg" | tr - _)\n'
            f'  mkdir -p "{root}/sys/module/$m"\n'
            f'  echo "$m 16384 0 - Live 0x0000000000000000" >>"{root}/proc/modules"\n'
-           f'  echo "$m" >>"{logs}/simulated-modprobe.log"\n'
+           f'  if [ "$m" = nvidia_uvm ] && [ -f "{root}/proc/devices" ] && '
+           f'! grep -q " nvidia-uvm$" "{root}/proc/devices"; then\n'
+           f'    sed -i "/^\\$/i{UVM_MAJOR} nvidia-uvm" "{root}/proc/devices"\n'
+           "  fi\n"
+           f'  echo "$arg" >>"{logs}/simulated-modprobe.log"\n'
            "done\n", 0o755)
     _write(root, MARKER, json.dumps({"machine": machine}) + "\n")
     return sim

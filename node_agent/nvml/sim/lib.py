@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +35,17 @@ from typing import Any
 import pynvml
 
 from node_agent.nvml.sim.machines import MachineSpec
-from node_agent.nvml.sim.state import SimComputeInstance, SimGpu, SimGpuInstance, SimState, SimStore, SimTelemetry
+from node_agent.nvml.sim.state import (
+    FABRIC_MIN_COMPUTE_CAPABILITY,
+    PAGE_RETIREMENT_ARCHITECTURES,
+    SimComputeInstance,
+    SimGpu,
+    SimGpuInstance,
+    SimState,
+    SimStore,
+    SimTelemetry,
+    hold_clients,
+)
 from nvgpu.catalogue import (
     CI_PROFILE_BY_SLICES,
     GI_PROFILE_1_SLICE,
@@ -65,8 +76,11 @@ _GI_OFF = 0x800  # + gi
 _EVENT_BASE = 0x7E58_0000_0000
 _WHOLE_GPU = 0xFFFFFFFF
 _NVSWITCH_PCI_ID = {"ampere": 0x1AF110DE, "hopper": 0x22A310DE}
+#: nvmlDeviceGetArchitecture by the catalogue's family word; nvml.h has NVML_DEVICE_ARCH_BLACKWELL (10) for
+#: the B200/GB200/B300 and the RTX PRO 6000 alike (compute 10.x and 12.0, both GFD's "blackwell").
 _ARCH = {"turing": pynvml.NVML_DEVICE_ARCH_TURING, "ampere": pynvml.NVML_DEVICE_ARCH_AMPERE,
-         "ada-lovelace": pynvml.NVML_DEVICE_ARCH_ADA, "hopper": pynvml.NVML_DEVICE_ARCH_HOPPER}
+         "ada-lovelace": pynvml.NVML_DEVICE_ARCH_ADA, "hopper": pynvml.NVML_DEVICE_ARCH_HOPPER,
+         "blackwell": pynvml.NVML_DEVICE_ARCH_BLACKWELL}
 _INIT_ERRORS = {"driver-not-loaded": pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
                 "library-not-found": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
                 "lib-rm-version-mismatch": pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
@@ -81,6 +95,16 @@ _FABRIC_STATES = {"not-started": pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
 #: ``nvmlGpuFabricInfoV`` struct versions the fake fills: v2 and v3 (v3 adds ``healthSummary``).
 _FABRIC_V_STRUCTS: dict[int, Any] = {pynvml.nvmlGpuFabricInfo_v2: pynvml.c_nvmlGpuFabricInfo_v2_t,
                                      pynvml.nvmlGpuFabricInfo_v3: pynvml.c_nvmlGpuFabricInfo_v3_t}
+#: ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` and the first driver that answers it (NVML API changelog, "Changes
+#: between v560 and v565": "Added new fieldId to query GPU recovery action").
+RECOVERY_ACTION_FIELD = 230
+RECOVERY_ACTION_SINCE = "565.57.01"
+#: The environment variable by which a simulated caller holds the MIG monitor capability (see
+#: ``SimState.mig_monitor_required``): nvidia-container-toolkit mounts the monitor capability's device
+#: (``/dev/nvidia-caps/nvidia-cap2``) into a container that sets it to ``all`` and has CAP_SYS_ADMIN
+#: (NVIDIA/nvidia-container-toolkit ``TestMigCapsValidate``: "errors when requested in a non-privileged
+#: container"), so a process that sees ``all`` here is one the runtime gave the capability to.
+MIG_MONITOR_ENV = "NVIDIA_MIG_MONITOR_DEVICES"
 #: How long a "hung" GPU blocks a call before giving up on its own (keeps leaked threads bounded).
 HANG_LIMIT_S = 30.0
 #: The first driver whose libnvidia-ml.so exports the function: a simulated machine whose driver
@@ -206,6 +230,7 @@ class FakeNvmlLibrary:
         self.store = store
         self.spec: MachineSpec = store.read().spec
         self._init_count = 0
+        self._clients_fd: int | None = None
         self._lock = threading.RLock()
         self._pointers: dict[str, Any] = {}
         self._strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
@@ -234,6 +259,13 @@ class FakeNvmlLibrary:
             "nvmlDeviceGetArchitecture": ((_P, _P), self.architecture, _I),
             "nvmlDeviceGetNumaNodeId": ((_P, _P), self.numa_node, _I),
             "nvmlDeviceGetVirtualizationMode": ((_P, _P), self.virtualization_mode, _I),
+            "nvmlDeviceGetComputeMode": ((_P, _P), self.get_compute_mode, _I),
+            "nvmlDeviceGetBrand": ((_P, _P), self.brand, _I),
+            "nvmlDeviceGetSerial": ((_P, _P, _U), self.serial, _I),
+            "nvmlDeviceGetVbiosVersion": ((_P, _P, _U), self.vbios_version, _I),
+            "nvmlDeviceGetPersistenceMode": ((_P, _P), self.persistence_mode, _I),
+            "nvmlDeviceSetComputeMode": ((_P, _U), self.set_compute_mode, _I),
+            "nvmlDeviceSetPersistenceMode": ((_P, _U), self.set_persistence_mode, _I),
             "nvmlDeviceGetMigMode": ((_P, _P, _P), self.get_mig_mode, _I),
             "nvmlDeviceSetMigMode": ((_P, _U, _P), self.set_mig_mode, _I),
             "nvmlDeviceGetMaxMigDeviceCount": ((_P, _P), self.max_mig_devices, _I),
@@ -283,6 +315,8 @@ class FakeNvmlLibrary:
             "nvmlDeviceGetPcieThroughput": ((_P, _U, _P), self.pcie_throughput, _I),
             "nvmlDeviceGetTotalEccErrors": ((_P, _U, _U, _P), self.total_ecc_errors, _I),
             "nvmlDeviceGetRemappedRows": ((_P, _P, _P, _P, _P), self.remapped_rows, _I),
+            "nvmlDeviceGetRetiredPagesPendingStatus": ((_P, _P), self.retired_pages_pending, _I),
+            "nvmlDeviceGetFieldValues": ((_P, ctypes.c_int32, _P), self.field_values, _I),
             "nvmlDeviceGetCurrentClocksEventReasons": ((_P, _P), self.clock_events, _I),
             "nvmlEventSetCreate": ((_P,), self.event_set_create, _I),
             "nvmlDeviceRegisterEvents": ((_P, _ULL, _P), self.register_events, _I),
@@ -429,11 +463,31 @@ class FakeNvmlLibrary:
             return int(_INIT_ERRORS[state.init_error])
         with self._lock:
             self._init_count += 1
+            if self._init_count == 1:
+                self._hold_clients()
         return None
 
     def shutdown(self) -> None:
         with self._lock:
             self._init_count = max(0, self._init_count - 1)
+            if self._init_count == 0 and self._clients_fd is not None:
+                os.close(self._clients_fd)  # the process's last session ends: its hold on the GPUs goes
+                self._clients_fd = None
+
+    @property
+    def initialised(self) -> bool:
+        """Whether a session of this process has NVML initialised."""
+        with self._lock:
+            return self._init_count > 0
+
+    def _hold_clients(self) -> None:
+        """While NVML is initialised, this process holds the GPUs open as a real NVML client does: a shared
+        ``flock`` on the machine's clients file, which the simulated ``nvidia-smi -r`` finds (it refuses a
+        reset "In use by another client"; mig-parted shuts NVML down before resetting, ``cmd/nvidia-mig-parted/
+        apply/mode.go``)."""
+        if self.store.path is None or self._clients_fd is not None:
+            return
+        self._clients_fd = hold_clients(self.store.path)
 
     def error_string(self, code: int) -> int | None:
         text = {v: k for k, v in vars(pynvml).items() if k.startswith("NVML_ERROR_") and isinstance(v, int)}.get(
@@ -544,8 +598,16 @@ class FakeNvmlLibrary:
         procs = [p for p in gpu.processes if h.kind == "gpu" or (p.gi_id, p.ci_id) == (h.gi, h.ci)]
         return sum(p.used_mib or 0 for p in procs)
 
+    def _check_mig_monitor(self, gpu: SimGpu) -> None:
+        """NO_PERMISSION on a GPU in MIG mode for a caller without the MIG monitor capability, where the
+        machine checks it (``SimState.mig_monitor_required``; the caller's side: ``MIG_MONITOR_ENV``)."""
+        if gpu.mig_current and self._state().mig_monitor_required and os.environ.get(MIG_MONITOR_ENV) != "all":
+            raise _Ret(pynvml.NVML_ERROR_NO_PERMISSION)
+
     def memory_info(self, handle: int | None, out: int | None) -> None:
         h, gpu = self._gpu(handle, ("gpu", "mig"))
+        if h.kind == "gpu":  # "error getting parent memory info: Insufficient Permissions" (k8s-device-plugin#1683)
+            self._check_mig_monitor(gpu)
         if out is None:
             raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         mem = pynvml.c_nvmlMemory_t.from_address(out)
@@ -555,6 +617,8 @@ class FakeNvmlLibrary:
 
     def memory_info_v2(self, handle: int | None, out: int | None) -> None:
         h, gpu = self._gpu(handle, ("gpu", "mig"))
+        if h.kind == "gpu":
+            self._check_mig_monitor(gpu)
         if out is None:
             raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         mem = pynvml.c_nvmlMemory_v2_t.from_address(out)
@@ -584,6 +648,53 @@ class FakeNvmlLibrary:
         self._gpu(handle)
         _put(out, ctypes.c_uint, self._state().virtualization_mode)
 
+    def brand(self, handle: int | None, out: int | None) -> None:
+        """``nvmlDeviceGetBrand``: the machine's brand (``MachineSpec.brand``) or the GPU's override; a MIG
+        device answers its parent's."""
+        _, gpu = self._gpu(handle, ("gpu", "mig"))
+        _put(out, ctypes.c_uint, self.spec.brand if gpu.brand is None else gpu.brand)
+
+    def serial(self, handle: int | None, buf: int | None, size: int) -> None:
+        h, _ = self._gpu(handle)
+        _put_str(buf, size, self.spec.serial(h.gpu))
+
+    def vbios_version(self, handle: int | None, buf: int | None, size: int) -> None:
+        self._gpu(handle)
+        _put_str(buf, size, self.spec.vbios_version)
+
+    def persistence_mode(self, handle: int | None, out: int | None) -> None:
+        _, gpu = self._gpu(handle)
+        on = self.spec.persistence_mode if gpu.persistence_mode is None else gpu.persistence_mode
+        _put(out, ctypes.c_uint, pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED)
+
+    def set_persistence_mode(self, handle: int | None, mode: int) -> None:
+        """``nvmlDeviceSetPersistenceMode`` (Linux only, root only: inject NO_PERMISSION with
+        ``fail_call(i, "nvmlDeviceSetPersistenceMode", 4)``); INVALID_ARGUMENT for a mode that is neither
+        ``NVML_FEATURE_ENABLED`` nor ``NVML_FEATURE_DISABLED`` (nvml.h)."""
+        h, _ = self._gpu(handle)
+        if mode not in (pynvml.NVML_FEATURE_DISABLED, pynvml.NVML_FEATURE_ENABLED):
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self.store.mutate() as state:
+            state.gpus[h.gpu].persistence_mode = mode == pynvml.NVML_FEATURE_ENABLED
+
+    # -- compute mode -------------------------------------------------------------------------
+    def get_compute_mode(self, handle: int | None, out: int | None) -> None:
+        """The GPU's ``nvmlComputeMode_t``; a MIG device answers its parent's."""
+        _, gpu = self._gpu(handle, ("gpu", "mig"))
+        _put(out, ctypes.c_uint, gpu.compute_mode)
+
+    def set_compute_mode(self, handle: int | None, mode: int) -> None:
+        """``nvmlDeviceSetComputeMode``: whole GPUs only (a MIG handle is INVALID_ARGUMENT), and
+        ``NVML_COMPUTEMODE_EXCLUSIVE_THREAD`` (1) is refused: NVML removed it (nvml.h, "Support Removed").
+        It needs root: inject NO_PERMISSION with ``fail_call(i, "nvmlDeviceSetComputeMode", 4)`` for an
+        unprivileged container. The mode persists in the state, so a restarted agent reads what it set."""
+        h, _ = self._gpu(handle)
+        if mode not in (pynvml.NVML_COMPUTEMODE_DEFAULT, pynvml.NVML_COMPUTEMODE_PROHIBITED,
+                        pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS):
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self.store.mutate() as state:
+            state.gpus[h.gpu].compute_mode = int(mode)
+
     # -- MIG mode ----------------------------------------------------------------------------
     def get_mig_mode(self, handle: int | None, current: int | None, pending: int | None) -> None:
         _, gpu = self._gpu(handle)
@@ -605,8 +716,17 @@ class FakeNvmlLibrary:
         with self.store.mutate() as state:
             g = state.gpus[h.gpu]
             g.mig_pending = bool(mode)
-            # The mode flips at once unless something holds the GPU: then it stays pending until a reset.
-            if not (g.processes or g.reset_blocked):
+            # The mode flips at once unless something holds the GPU: then it stays pending until a reset (NVML
+            # resets the GPU itself when it can: nvml.h, nvmlDeviceSetMigMode; mig-parted's mock A100 keeps the
+            # mode pending while its "driver is busy", pkg/mig/mode/nvml_test.go). On an A100 the host's GPU
+            # clients (DCGM, NVSM: mig-parted's hooks.sh stops them before a mode change) hold it too; Hopper
+            # changes MIG mode without a reset (NVML_FI_DEV_IS_RESETLESS_MIG_SUPPORTED, NVML API changelog
+            # v530 to v535), so only processes running on it keep its mode pending.
+            resetless = self._model.architecture not in ("ampere",)
+            # An A100 passed through to a VM needs the VM rebooted ("VM reboot is required", nvml.h).
+            held = g.processes or g.reset_blocked or (not resetless and (any(state.host_services.values())
+                                                                         or state.virtualization_mode == 1))
+            if not held:
                 g.mig_current = g.mig_pending
                 result = pynvml.NVML_SUCCESS
             else:
@@ -624,9 +744,14 @@ class FakeNvmlLibrary:
         h, gpu = self._gpu(handle)
         if not gpu.mig_current:
             raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mig = self._model.mig
+        if mig is None or index >= mig.compute_slices:  # past nvmlDeviceGetMaxMigDeviceCount
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         devices = self._mig_devices(gpu)
         if index >= len(devices):
-            raise _Ret(pynvml.NVML_ERROR_NOT_FOUND)
+            # An empty slot: NOT_FOUND as nvml.h documents it, or INVALID_ARGUMENT as drivers answer too
+            # (go-nvlib skips both, pkg/nvlib/device/device.go VisitMigDevices): SimGpu.mig_empty_slot_error.
+            raise _Ret(gpu.mig_empty_slot_error)
         gi, ci = devices[index]
         _set_ptr(out, _mig_handle(h.gpu, gi.id, ci))
 
@@ -778,6 +903,7 @@ class FakeNvmlLibrary:
         h, gpu = self._gpu(handle)
         if not gpu.mig_current:
             raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._check_mig_monitor(gpu)
         profile = self._profile_by_id(profile_id)
         found = [gi for gi in sorted(gpu.instances, key=lambda g: g.id) if gi.profile == profile.gi_profile]
         if count is None:
@@ -791,6 +917,7 @@ class FakeNvmlLibrary:
 
     def gi_by_id(self, handle: int | None, gi_id: int, out: int | None) -> None:
         h, gpu = self._gpu(handle)
+        self._check_mig_monitor(gpu)
         self._find_gi(gpu, gi_id)
         _set_ptr(out, _gi_handle(h.gpu, gi_id))
 
@@ -974,10 +1101,12 @@ class FakeNvmlLibrary:
 
     # -- NVLink fabric ----------------------------------------------------------------------
     def _fill_fabric(self, handle: int | None, out: int | None, struct: Any) -> None:
-        """One GPU's fabric registration into ``struct`` at ``out``; NOT_SUPPORTED outside a fabric."""
+        """One GPU's fabric registration into ``struct`` at ``out``; NOT_SUPPORTED outside a fabric, and on
+        every GPU older than Hopper whatever its state says (``%HOPPER_OR_NEWER%``, NVIDIA/go-nvml ``nvml.h``:
+        a DGX A100 has NVSwitches and a Fabric Manager, yet its NVML reports no fabric)."""
         _, gpu = self._gpu(handle)
         fabric = gpu.fabric
-        if fabric is None:
+        if fabric is None or (gpu.compute_capability or self._model.compute_capability) < FABRIC_MIN_COMPUTE_CAPABILITY:
             raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if out is None:
             raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -1109,6 +1238,34 @@ class FakeNvmlLibrary:
         _put(unc, ctypes.c_uint, t.remapped_uncorrectable)
         _put(pending, ctypes.c_uint, int(t.remap_pending))
         _put(failure, ctypes.c_uint, int(t.remap_failure))
+
+    def retired_pages_pending(self, handle: int | None, out: int | None) -> None:
+        """Pages an ECC error retired, still mapped until a reset (``nvmlEnableState_t``). GPUs with row
+        remapping (Ampere and later) retire no pages: NOT_SUPPORTED there (NVIDIA "GPU Memory Error
+        Management": row remapping replaces dynamic page retirement from A100 on)."""
+        if self._model.architecture not in PAGE_RETIREMENT_ARCHITECTURES:
+            raise _Ret(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        _put(out, ctypes.c_uint, int(self._telemetry(handle).retired_pages_pending))
+
+    def field_values(self, handle: int | None, count: int, values: int | None) -> None:
+        """``nvmlDeviceGetFieldValues``: each field answers in its own ``nvmlReturn``. Only the GPU recovery
+        action is modelled (on drivers from 565, which added it: NVML API changelog "Changes between v560 and
+        v565"); every other field, and that one on an older driver, answers NOT_SUPPORTED, as fields a
+        driver lacks do. NVIDIA's own mock NVML answers the same field the same way (NVIDIA/k8s-test-infra
+        ``pkg/gpu/mocknvml``, ``nvmlDeviceGetFieldValues``)."""
+        if values is None or count <= 0:
+            raise _Ret(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        t = self._telemetry(handle)
+        fields = (pynvml.c_nvmlFieldValue_t * count).from_address(values)
+        has_action = parse_driver_version(self._driver()) >= parse_driver_version(RECOVERY_ACTION_SINCE)
+        for f in fields:
+            f.timestamp, f.latencyUsec = int(time.time() * 1_000_000), 0
+            if f.fieldId == RECOVERY_ACTION_FIELD and has_action:
+                f.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                f.nvmlReturn = pynvml.NVML_SUCCESS
+                f.value.uiVal = t.recovery_action
+            else:
+                f.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
 
     def clock_events(self, handle: int | None, out: int | None) -> None:
         _put(out, ctypes.c_ulonglong, self._telemetry(handle).clock_events)

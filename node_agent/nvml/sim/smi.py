@@ -6,8 +6,9 @@ NVML: ``--machine M`` reads the simulated machine, ``--driver-root R`` the ``lib
 that driver root (NVIDIA's mock library on a node laid out like a real one), as the driver's own
 ``nvidia-smi`` reads the driver's NVML. It goes through the NVML facade itself, so both paths read one
 source. Only the forms the scripts use are implemented: ``-L``, ``-q`` (the lines of nvidia-smi's report the
-scripts read: driver version, GPUs, product names, virtualization mode) and
-``--query-gpu=<fields> --format=csv,noheader[,nounits]``; anything else exits 2 like nvidia-smi does for bad arguments.
+scripts read: driver version, GPUs, product names, virtualization mode, fabric state and status) and
+``--query-gpu=<fields> --format=csv,noheader[,nounits]``, and ``-r [-i <bus IDs>]`` (a GPU reset, refused while
+anything holds the GPUs); anything else exits 2 like nvidia-smi does for bad arguments.
 """
 
 from __future__ import annotations
@@ -16,9 +17,25 @@ import argparse
 import sys
 from pathlib import Path
 
-from node_agent.nvml import DeviceLost, NvmlBackend, NvmlError, NvmlUnavailable, open_nvml
+from node_agent.nvml import DeviceLost, FabricInfo, FabricState, NvmlBackend, NvmlError, NvmlUnavailable, open_nvml
 
 FIELDS = ("index", "name", "uuid", "pci.bus_id", "pci.device_id", "driver_version", "compute_cap", "memory.total")
+
+
+#: How ``nvidia-smi -q`` words a GPU's fabric state (its "Fabric" section: "N/A" without a fabric, "In Progress"
+#: with Status "N/A" while Fabric Manager runs, "Completed" with Status "Success" once done).
+_FABRIC_STATE_TEXT = {FabricState.NOT_SUPPORTED: "N/A", FabricState.NOT_STARTED: "Not Started",
+                      FabricState.IN_PROGRESS: "In Progress", FabricState.COMPLETED: "Completed"}
+
+
+def _fabric_lines(info: FabricInfo | None) -> tuple[str, str]:
+    """State and Status of ``nvidia-smi -q``'s Fabric section; a failed registration's status is NVML's
+    return code, worded here as ``Failure (<code>)``."""
+    if info is None:
+        return "N/A", "N/A"
+    if info.state is not FabricState.COMPLETED:
+        return _FABRIC_STATE_TEXT[info.state], "N/A"
+    return "Completed", "Success" if info.status == 0 else f"Failure ({info.status})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-q", "--query", action="store_true")
     parser.add_argument("--query-gpu")
     parser.add_argument("--format")
+    parser.add_argument("-r", "--gpu-reset", action="store_true")
+    parser.add_argument("-i", "--id")
     args, rest = parser.parse_known_args(argv)
+    if args.gpu_reset:
+        return _reset(args)
     if rest or not (args.list_gpus or args.query_gpu or args.query):
         print(f"Invalid combination of input arguments: {' '.join(rest)}", file=sys.stderr)
         return 2
@@ -41,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         with open_nvml(backend, timeout_s=10.0) as nvml:
             driver = nvml.driver().driver_version
             inv = nvml.inventory()
+            fabrics = {g.index: nvml.fabric_info(g.index) for g in inv.gpus} if args.query else {}
     except NvmlUnavailable:
         print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
               "Make sure that the latest NVIDIA driver is installed and running.")
@@ -59,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {'Product Name':<38}: {g.name}")
             print("    GPU Virtualization Mode")
             print(f"        {'Virtualization Mode':<34}: {g.virtualization.value if g.virtualization else 'N/A'}")
+            state, status = _fabric_lines(fabrics.get(g.index))
+            print("    Fabric")
+            print(f"        {'State':<34}: {state}")
+            print(f"        {'Status':<34}: {status}")
         return 15 if inv.lost else 0
     if args.list_gpus:
         for g in inv.gpus:
@@ -86,6 +112,37 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(", ".join(values[f] for f in fields))
     return 15 if inv.lost else 0
+
+
+def _reset(args: argparse.Namespace) -> int:
+    """``nvidia-smi -r [-i <bus IDs or indices>]`` on a simulated machine: refused "In use by another client"
+    while anything holds the GPUs (``SimulatedMachine.reset_refusal``), as the real one refuses."""
+    if not args.machine:
+        print("GPU reset is not supported on this driver root", file=sys.stderr)
+        return 3
+    from node_agent.nvml.sim import ResetRefused, SimulatedMachine
+
+    machine = SimulatedMachine(args.machine, args.state)
+    buses = [b.lower() for b in machine.spec.bus_ids]
+    wanted: list[int] = []
+    for item in (args.id.split(",") if args.id else [str(i) for i in range(len(buses))]):
+        key = item.strip().lower()
+        if key.isdigit() and int(key) < len(buses):
+            wanted.append(int(key))
+        elif key in buses:
+            wanted.append(buses.index(key))
+        else:
+            print(f"No devices were found matching {item!r}", file=sys.stderr)
+            return 6
+    try:
+        machine.smi_reset(wanted)
+    except ResetRefused as e:
+        print(f"{e}\nPlease first kill all processes using this device and all compute applications running "
+              "in the system.", file=sys.stderr)
+        return 255
+    for i in wanted:
+        print(f"GPU {machine.spec.bus_ids[i]} was successfully reset.")
+    return 0
 
 
 if __name__ == "__main__":

@@ -71,9 +71,14 @@ class SimEvent(_Model):
 class SimFabric(_Model):
     """The GPU's registration with the NVLink fabric manager (``nvmlDeviceGetGpuFabricInfo``).
 
-    What a multi-node NVLink machine reports, a GB200 NVL72 compute tray for one: every GPU ``completed``
-    in the rack's cluster UUID and its NVLink partition (clique). Without it (the default) the GPU is
-    outside any fabric and NVML answers NOT_SUPPORTED, like every PCIe and HGX board.
+    What a Hopper-or-newer GPU on NVSwitches reports (the NVML header marks the call ``%HOPPER_OR_NEWER%``:
+    "On Hopper + NVSwitch systems, GPU is registered with the NVIDIA Fabric Manager", NVIDIA/go-nvml
+    ``pkg/nvml/nvml.h``). An HGX/DGX H100 or H200 board: every GPU ``completed`` with a zero cluster UUID
+    and clique 0 once Fabric Manager has run (see :func:`default_fabric`); until then ``not-started`` or
+    ``in-progress``, and CUDA fails every program with error 802 (cudaErrorSystemNotReady). A multi-node
+    NVLink machine (a GB200 NVL72 compute tray) reports the rack's cluster UUID and its NVLink partition
+    (clique). ``None``: the GPU is outside any fabric and NVML answers NOT_SUPPORTED, like every PCIe board
+    and every pre-Hopper GPU (A100 on NVSwitches included: its Fabric Manager state is not in NVML).
     """
 
     cluster_uuid: uuid.UUID
@@ -114,6 +119,13 @@ class SimTelemetry(_Model):
     remapped_uncorrectable: int = Field(default=0, ge=0)
     remap_pending: bool = False
     remap_failure: bool = False
+    #: Pages retired by ECC errors but still mapped until the GPU is reset or the driver reloads
+    #: (``nvmlDeviceGetRetiredPagesPendingStatus``; GPUs before Ampere, which remap rows instead).
+    retired_pages_pending: bool = False
+    #: ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (``nvmlDeviceGpuRecoveryAction_t``): 0 none, 1 GPU reset,
+    #: 2 node reboot, 3 drain P2P, 4 drain and reset (NVIDIA "GPU Memory Error Management", "Error Recovery
+    #: and Response Flags"). Drivers before 565 do not have the field (NVML API changelog, v560 to v565).
+    recovery_action: int = Field(default=0, ge=0, le=7)
     #: Clock event (throttle) reasons bitmask (nvmlDeviceGetCurrentClocksEventReasons).
     clock_events: int = Field(default=0, ge=0)
 
@@ -136,6 +148,22 @@ class SimGpu(_Model):
     call_errors: dict[str, int] = {}
     fabric: SimFabric | None = None
     telemetry: SimTelemetry = SimTelemetry()
+    #: ``nvmlComputeMode_t``: 0 DEFAULT, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS (1, EXCLUSIVE_THREAD, was removed
+    #: from NVML: setting it fails). Kept until changed or the driver reloads; NVIDIA's MPS daemons set 3 on
+    #: the GPUs they serve (NVIDIA/k8s-device-plugin ``cmd/mps-control-daemon/mps/daemon.go``).
+    compute_mode: int = Field(default=0, ge=0, le=3)
+    #: Persistence mode as set since the driver loaded (None: the machine's default, ``MachineSpec.persistence_mode``).
+    #: While it is on the driver keeps the GPU initialised, a client of its own: unbinding the GPU from ``nvidia``
+    #: then blocks in the kernel, which is why NVIDIA's VFIO code turns it off first (NVIDIA/k8s-dra-driver-gpu
+    #: ``cmd/gpu-kubelet-plugin/vfio-device.go``, ``disableGPUPersistenceMode`` before ``WaitForGPUFree``).
+    persistence_mode: bool | None = None
+    #: Another board's ``nvmlBrandType_t`` (None: the machine's, ``MachineSpec.brand``).
+    brand: int | None = None
+    #: What ``nvmlDeviceGetMigDeviceHandleByIndex`` answers for an index with no MIG device behind it:
+    #: NVML_ERROR_NOT_FOUND (6, what nvml.h documents) or NVML_ERROR_INVALID_ARGUMENT (2), which drivers
+    #: answer too: NVIDIA's go-nvlib skips both while walking the slots (``pkg/nvlib/device/device.go``,
+    #: ``VisitMigDevices``), and NVIDIA's DRA driver tests fake the latter for unused slots.
+    mig_empty_slot_error: Literal[2, 6] = 6
 
 
 class SimState(_Model):
@@ -149,6 +177,24 @@ class SimState(_Model):
     missing_functions: list[str] = []
     gpus: list[SimGpu]
     events: list[SimEvent] = []
+    #: The simulated ``nvidia-cuda-mps-control -d`` fails with this message (``node_agent.nvml.sim.mpsctl``),
+    #: as the real one does when it cannot start (no permission on the pipe directory, a driver problem).
+    mps_start_error: str | None = None
+    #: Whether NVML checks the caller's MIG monitor capability, as the real driver does: on a GPU in MIG
+    #: mode, a process that cannot open the monitor capability (``/dev/nvidia-caps/nvidia-cap2``, which
+    #: nvidia-container-toolkit mounts into a container that sets ``NVIDIA_MIG_MONITOR_DEVICES=all`` and has
+    #: CAP_SYS_ADMIN) gets NVML_ERROR_NO_PERMISSION from the parent GPU's memory info and the GPU-instance
+    #: lookups (NVIDIA/gpu-feature-discovery#6, NVIDIA/gpu-operator#322 and #685,
+    #: NVIDIA/k8s-device-plugin#399 and #1683). The simulated caller holds the capability when its
+    #: environment says ``NVIDIA_MIG_MONITOR_DEVICES=all`` (what the runtime honours), see
+    #: ``lib.MIG_MONITOR_ENV``. Off by default: in-process tests play the privileged agents.
+    mig_monitor_required: bool = False
+    #: Host systemd units that keep the GPUs open while active (unit -> active), such as the ones NVIDIA's
+    #: MIG manager stops before a MIG mode change (mig-parted ``deployments/systemd/hooks.sh``:
+    #: ``nvsm.service``, ``nvidia-dcgm.service``). The simulated host's ``systemctl`` starts and stops them
+    #: (``node_agent.nvml.sim.systemctl``); while one is active an A100 keeps a MIG mode pending and
+    #: ``nvidia-smi -r`` refuses.
+    host_services: dict[str, bool] = {}
     next_seq: int = Field(default=1, ge=1)
 
     @property
@@ -171,9 +217,107 @@ class SimStateError(ValueError):
     """The state file is unreadable or does not describe the machine asked for."""
 
 
+def clients_path(state_path: Path) -> Path:
+    """The file every process with the simulated machine's NVML initialised holds a shared ``flock`` on (a
+    process's open ``/dev/nvidia*``, as ``nvidia-smi -r`` sees it); created with the state file."""
+    return state_path.with_name(state_path.name + ".clients")
+
+
+def hold_clients(state_path: Path) -> int | None:
+    """Take this process's shared hold on the machine's GPUs (an open descriptor; close it to let go), or
+    None for a state file from before clients were tracked."""
+    try:
+        fd = os.open(clients_path(state_path), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def nvml_clients_open(state_path: Path) -> bool:
+    """Whether any process (this one included) has this machine's NVML initialised now."""
+    try:
+        fd = os.open(clients_path(state_path), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's own lock
+    return False
+
+
+#: The first compute capability (Hopper) whose NVML reports the GPU's fabric registration; older GPUs answer
+#: NVML_ERROR_NOT_SUPPORTED (``%HOPPER_OR_NEWER%`` on ``nvmlDeviceGetGpuFabricInfo``, NVIDIA/go-nvml ``nvml.h``).
+FABRIC_MIN_COMPUTE_CAPABILITY = (9, 0)
+#: The cluster UUID of a single-node NVSwitch fabric (HGX/DGX H100): all zeros, "NVLink-capable, but not
+#: MNNVL-capable" (kubernetes-sigs/dra-driver-nvidia-gpu ``cmd/compute-domain-kubelet-plugin/nvlib.go``).
+NO_FABRIC_CLUSTER = uuid.UUID(int=0)
+
+
+def default_fabric(spec: MachineSpec) -> SimFabric | None:
+    """A GPU's fabric registration on a freshly booted ``spec`` whose Fabric Manager has finished: registered
+    (``completed``, status 0) in no multi-node cluster on Hopper-or-newer NVSwitch boards; none elsewhere."""
+    if spec.nvlink != "nvswitch" or spec.model.compute_capability < FABRIC_MIN_COMPUTE_CAPABILITY:
+        return None
+    return SimFabric(cluster_uuid=NO_FABRIC_CLUSTER, clique_id=0)
+
+
+#: What a memory or GSP XID leaves behind on a GPU that remaps rows (Ampere and later), after NVIDIA's Xid
+#: catalogue (docs.nvidia.com/deploy/xid-errors, "Analyzing Xid Errors with the Xid Catalog": 48, 64, 95,
+#: 119 and 120 RESET_GPU; 63 and 94 RESTART_APP) and "GPU Memory Error Management" (a DBE marks its row for
+#: remapping, done at the next reset; an uncontained error needs the reset now, a contained one does not):
+#: XID -> (row remap pending, remap failed, recovery action).
+ROW_REMAP_XIDS: dict[int, tuple[bool, bool, int]] = {
+    48: (True, False, 1),  # double-bit ECC error
+    63: (True, False, 0),  # row remapping recorded: "reset gpu to activate"
+    64: (False, True, 1),  # row remapping failed (NVIDIA's RMA threshold)
+    94: (True, False, 0),  # contained ECC error: the application that hit it is killed, the GPU goes on
+    95: (True, False, 1),  # uncontained ECC error: every process on the GPU is lost, reset it
+    119: (False, False, 1),  # GSP RPC timeout
+    120: (False, False, 1),  # GSP error
+}
+#: Architectures that retire pages on ECC errors; Ampere and later remap rows instead.
+PAGE_RETIREMENT_ARCHITECTURES = frozenset({"volta", "turing"})
+#: XIDs that retire a page on GPUs before Ampere (48 DBE, 63 page retirement recorded, 64 recording failed):
+#: the page stays mapped until the GPU is reattached (reset or driver reload).
+PAGE_RETIREMENT_XIDS = frozenset({48, 63, 64})
+#: Recovery actions a GPU reset settles (GPU_RESET, DRAIN_P2P, DRAIN_AND_RESET, BUS_RESET); NODE_REBOOT
+#: and SYSTEM_REBOOT outlive it.
+RESET_SETTLES_ACTIONS = frozenset({1, 3, 4, 6})
+
+
+def xid_aftermath(gpu: SimGpu, xid: int, *, row_remapping: bool) -> None:
+    """Leave on ``gpu`` what XID ``xid`` leaves on a real one: a pending row remap or page retirement, a
+    failed remap, a recovery action (the most drastic of the one already set and the new one wins)."""
+    t = gpu.telemetry
+    if row_remapping and xid in ROW_REMAP_XIDS:
+        pending, failure, action = ROW_REMAP_XIDS[xid]
+        t.remap_pending = t.remap_pending or pending
+        t.remap_failure = t.remap_failure or failure
+        if action and t.recovery_action in (0, 3):  # a reboot or drain-and-reset already asked for stays
+            t.recovery_action = action
+    elif not row_remapping and xid in PAGE_RETIREMENT_XIDS:
+        t.retired_pages_pending = True
+
+
+def reset_aftermath(gpu: SimGpu) -> None:
+    """A GPU reset: pending row remaps take effect (they count as remapped rows from now on), pending
+    retired pages are retired, and a recovery action the reset settles goes back to NONE."""
+    t = gpu.telemetry
+    if t.remap_pending:
+        t.remap_pending = False
+        t.remapped_uncorrectable += 1
+    t.retired_pages_pending = False
+    if t.recovery_action in RESET_SETTLES_ACTIONS:
+        t.recovery_action = 0
+
+
 def fresh_state(machine: str) -> SimState:
     spec = get_machine(machine)
-    return SimState(machine=spec.name, gpus=[SimGpu() for _ in range(spec.gpu_count)])
+    return SimState(machine=spec.name, gpus=[SimGpu(fabric=default_fabric(spec)) for _ in range(spec.gpu_count)])
 
 
 class SimStore:
@@ -242,6 +386,8 @@ class SimStore:
                         self._state = self._load(self.path)
                     state = self._state.model_copy(deep=True)
                     yield state
+                    if not existed:
+                        clients_path(self.path).touch()
                     if not existed or state != self._state:
                         self._save(state)
                     else:

@@ -271,6 +271,9 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
             {"name": "agent-state", "mountPath": AGENT_STATE_DIR},
             {"name": "mps", "mountPath": MPS_DIR},
             {"name": "dev", "mountPath": "/dev"},
+            # The MPS daemons' /dev/shm, over the host's /dev: every MPS claim's containers get this directory
+            # at /dev/shm (node_agent.dra.sharing), as NVIDIA's per-claim daemon and its clients share one.
+            {"name": "mps-shm", "mountPath": "/dev/shm"},
             driver_root_mount(cluster.driver_root_for(group)),
             cdi_hook_mount(),
             {"name": "tmp", "mountPath": "/tmp"},
@@ -309,6 +312,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
                         _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
                         _host_path("mps", MPS_DIR, "DirectoryOrCreate"),
                         _host_path("dev", "/dev", "Directory"),
+                        _host_path("mps-shm", hostpaths.DRA_MPS_SHM, "DirectoryOrCreate"),
                         driver_root_volume(cluster.driver_root_for(group)),
                         cdi_hook_volume(cluster, group),
                         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},

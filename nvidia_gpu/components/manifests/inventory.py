@@ -98,6 +98,11 @@ SCHEMA: dict[str, Any] = {
                         },
                     },
                 },
+                "unreadable": {
+                    "type": "array", "items": {"type": "string"},
+                    "description": "What NVML refused to tell about the GPU, and why (a GPU in MIG mode read "
+                                   "without the MIG monitor capability: its memory and MIG devices).",
+                },
                 "exposedAs": {
                     "type": "array",
                     "description": "What workloads ask for to get (a share of) this GPU.",
@@ -120,6 +125,9 @@ SCHEMA: dict[str, Any] = {
                         "since": {**_TIME, "description": "When the state last changed."},
                         "lastXID": _integer("The last XID error reported for the GPU."),
                         "lastXIDTime": {**_TIME, "description": "When the last XID error was reported."},
+                        "needs": _string("What NVML says the GPU needs before it may take work again (its "
+                                         "recovery action, a pending row remap or page retirement, a failed "
+                                         "row remap).", enum=list(inventory.RECOVERY_NEEDS)),
                     },
                 },
             },
@@ -145,6 +153,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Allocation", "type": "string", "jsonPath": ".status.allocationMode", "priority": 1},
     {"name": "Reason", "type": "string", "jsonPath": ".status.health.reason", "priority": 1},
     {"name": "Last-XID", "type": "integer", "jsonPath": ".status.health.lastXID", "priority": 1},
+    {"name": "Needs", "type": "string", "jsonPath": ".status.health.needs", "priority": 1},
 ]
 
 

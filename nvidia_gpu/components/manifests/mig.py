@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nvgpu import catalogue, labels
+from nvgpu import labels
 from nvgpu.migparted import MigConfigSpec, MigPartedConfig, MigPartedError, build_config
 from nvgpu.stackconfig import Cluster, NodeGroup, NodeSetupBackend, mig_layout_problems
 from nvidia_gpu.components.manifests import Manifest
@@ -75,8 +75,10 @@ class MigProfileError(ValueError):
 
 
 def may_use_mig(group: NodeGroup) -> bool:
-    """Groups whose GPUs can be MIG-capable: those with no declared model or a MIG-capable one."""
-    return group.gpu.model is None or catalogue.get_model(group.gpu.model).mig_capable
+    """Groups whose GPUs can be MIG-capable: those with no declared model, a model the catalogue lacks (NVML
+    says on the node) or a MIG-capable one."""
+    model = group.gpu.declared_model
+    return model is None or model.mig_capable
 
 
 def mig_config(
@@ -153,6 +155,8 @@ def manager_args(cluster: Cluster) -> list[str]:
     args = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS,
             "mig-manager", *status_args(cluster, MIG_MANAGER_METRICS_PORT), "--config", f"{CONFIG_DIR}/{CONFIG_KEY}",
             "--drain", drain]
+    for unit in cluster.mig.host_gpu_clients or ():  # unset: the manager's own default, NVIDIA's list
+        args += ["--host-gpu-client", unit]
     return [*args, "--allow-reboot"] if cluster.mig.allow_reboot else args
 
 

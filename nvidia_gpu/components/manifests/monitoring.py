@@ -5,7 +5,8 @@
 
 * ``agent``: the agent image's ``exporter`` (NVML through the agent's NVML layer; no DCGM on the node),
   unprivileged like the labeller: the GPUs' device nodes come from the NVIDIA runtime, asked for the way a
-  device plugin's volume-mounts list does, NVML from the read-only driver root;
+  device plugin's volume-mounts list does, NVML from the read-only driver root; on MIG groups it asks for the
+  MIG monitor capability as the labeller does (``workloads.with_mig_monitor``: CAP_SYS_ADMIN, no more);
 * ``dcgm``: NVIDIA's dcgm-exporter image, pinned by digest, for DCGM's profiling fields. It embeds DCGM's
   host engine, which needs ``SYS_ADMIN`` for the profiling counters (as NVIDIA's chart grants it).
 
@@ -47,6 +48,7 @@ from nvidia_gpu.components.manifests.workloads import (
     driver_root_mount,
     driver_root_volume,
     scrape_annotations,
+    with_mig_monitor,
 )
 
 EXPORTER = "gpu-exporter"
@@ -170,6 +172,8 @@ def _agent_container(ctx: GroupContext) -> tuple[dict[str, Any], list[dict[str, 
         "livenessProbe": _probe("/healthz", 3),
         "volumeMounts": [*mounts, driver_root_mount(ctx.driver_root), {"name": "tmp", "mountPath": "/tmp"}],
     }
+    # MIG groups: the MIG monitor capability, or NVML hides the MIG GPUs' memory and MIG devices.
+    container = with_mig_monitor(container, ctx.group)
     return container, [*volumes, driver_root_volume(ctx.driver_root),
                        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]
 

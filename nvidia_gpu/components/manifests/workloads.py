@@ -9,7 +9,8 @@ requests and limits, and a securityContext that is privileged only where the hos
 
 The labeller only reads NVML through the NVIDIA runtime's injected devices, writes one feature file and
 merge-patches its own Node through the API, so it runs unprivileged with a read-only root filesystem and
-no capabilities.
+no capabilities; on MIG groups CAP_SYS_ADMIN alone, which the NVIDIA runtime requires to grant the MIG monitor
+capability NVML needs to describe GPUs in MIG mode (:func:`with_mig_monitor`).
 """
 
 from __future__ import annotations
@@ -69,13 +70,12 @@ RESOURCES: dict[AgentRole, Resources] = {
 #: The teardown holder: a shell at rest, with room for the teardown its preStop hook runs.
 TEARDOWN_HOLD_RESOURCES = Resources("1m", "4Mi", "500m", "256Mi")
 
-#: MPS groups: the device plugin starts ``nvidia-cuda-mps-control -d`` itself
+#: MPS groups: the ``mps-control-daemon`` container starts ``nvidia-cuda-mps-control -d``
 #: (``node_agent.deviceplugin.mps``), and the control daemon forks ``nvidia-cuda-mps-server`` when the
-#: first client connects. Both stay in the plugin container's memory cgroup, and so do the pages of
-#: the server's shared-memory segments under ``/dev/shm`` (``<mpsRoot>/shm``; tmpfs pages are charged to
-#: the cgroup that first touches them). NVIDIA avoids this by running the daemon in its own DaemonSet,
-#: ``nvidia-device-plugin-mps-control-daemon``; here the plugin's limit is raised instead, so an MPS
-#: node cannot OOM-kill the plugin (which would also take every client's MPS server down with it).
+#: first client connects. Both stay in that container's memory cgroup, and so do the pages of the
+#: server's shared-memory segments under ``/dev/shm`` (``<mpsRoot>/shm``; tmpfs pages are charged to the
+#: cgroup that first touches them): its limit is sized for them (:func:`mps_daemon_resources`), as NVIDIA
+#: runs the daemon in its own DaemonSet (``nvidia-device-plugin-mps-control-daemon``) for the same reason.
 #:
 #: The numbers are an upper estimate, not a measurement (no GPU node was available to measure them):
 #: the server is a CUDA process that maps the driver's ``libcuda.so`` (tens of MiB resident) and holds a
@@ -96,11 +96,9 @@ def _mib(quantity: str) -> int:
     return int(quantity[:-2])
 
 
-def device_plugin_resources(sharing: Sharing) -> Resources:
-    """The device plugin's requests and limits: the agent alone, plus the MPS daemons in MPS groups."""
+def mps_daemon_resources() -> Resources:
+    """The MPS control daemon container's requests and limits: the agent, plus the daemon and its server."""
     base = RESOURCES[AgentRole.DEVICE_PLUGIN]
-    if sharing is not Sharing.MPS:
-        return base
     limit = _mib(base.memory_limit) + MPS_BASE_MIB + MPS_PER_GPU_MIB * MPS_SIZED_FOR_GPUS
     request = _mib(base.memory_request) + MPS_BASE_MIB
     return Resources(base.cpu_request, f"{request}Mi", base.cpu_limit, f"{limit}Mi")
@@ -124,9 +122,8 @@ def device_plugin_security(group: NodeGroup) -> dict[str, Any]:
     """The device plugin's securityContext, the least each sharing mode needs (NVIDIA's chart: unprivileged,
     ``SYS_ADMIN`` only for MIG strategies). Root, for kubelet's root-owned device-plugins directory, but with
     no capabilities: writing there and to the CDI directory needs only the owner's permission bits. MPS
-    groups stay privileged while the MPS control daemon runs inside the plugin's container."""
-    if group.gpu.sharing is Sharing.MPS:
-        return dict(_PRIVILEGED)
+    groups too: their control daemon, which sets the GPUs' compute mode, runs in its own privileged
+    container (:func:`mps_control_daemon_daemonset`), the plugin only reads that it is up."""
     security = {**_RESTRICTED, "runAsUser": 0, "runAsGroup": 0}
     if group.gpu.sharing is Sharing.MIG:
         security["capabilities"] = {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
@@ -134,6 +131,23 @@ def device_plugin_security(group: NodeGroup) -> dict[str, Any]:
 
 
 _NODE_NAME_ENV = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+#: Asks the NVIDIA runtime for the MIG monitor capability (``/dev/nvidia-caps/nvidia-cap2``), without which
+#: NVML refuses a GPU in MIG mode's memory and MIG devices (NO_PERMISSION: NVIDIA/gpu-feature-discovery#6,
+#: NVIDIA/k8s-device-plugin#399 and #1683). NVIDIA's charts set it on GFD and the device plugin.
+MIG_MONITOR_ENV = {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}
+
+
+def with_mig_monitor(container: dict[str, Any], group: NodeGroup) -> dict[str, Any]:
+    """``container`` (a reader of NVML: the labeller, the agent's exporter) given the MIG monitor capability
+    on MIG groups, in the narrowest form the runtime honours: ``NVIDIA_MIG_MONITOR_DEVICES=all`` plus
+    CAP_SYS_ADMIN and nothing else, not ``privileged``. nvidia-container-toolkit refuses the variable in a
+    container without CAP_SYS_ADMIN in its bounding set (``TestMigCapsValidate``: "errors when requested in a
+    non-privileged container"); the policy pack allows exactly this pair (``k8s_security.MIG_MONITOR_ROLES``)."""
+    if group.gpu.sharing is not Sharing.MIG:
+        return container
+    security = dict(container["securityContext"])
+    security["capabilities"] = {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    return {**container, "env": [*container["env"], dict(MIG_MONITOR_ENV)], "securityContext": security}
 
 
 @dataclass(frozen=True)
@@ -330,17 +344,10 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
     # CDI specs run the toolkit's hook (nvidiaCTKPath) when the plugin sees it in the mounted directory.
     args += ["--nvidia-ctk-path", ctx.cluster.cdi_hook_for(group), "--cdi-hook-dir", CDI_HOOK_DIR]
     container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, device_plugin_security(group))
-    container["resources"] = device_plugin_resources(group.gpu.sharing).as_dict()  # MPS daemons included
-    mps = group.gpu.sharing is Sharing.MPS
-    if mps:
-        # The MPS control daemon runs in this container and sets the GPUs' compute mode: privileged, as
-        # NVIDIA's own MPS daemon container is, and given every GPU by the privileged toolkit path.
-        container["env"] += [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
-    else:
-        # Unprivileged, as NVIDIA's chart runs its plugin: the NVIDIA runtime injects the GPUs' device nodes
-        # (asked for as the labeller does, by the volume-mounts list: the toolkit ignores the variable in
-        # unprivileged containers), NVML comes from the read-only driver root.
-        container["env"] += [{"name": "NVIDIA_VISIBLE_DEVICES", "value": devicelist.VOLUME_MOUNT_ROOT}]
+    # Unprivileged, as NVIDIA's chart runs its plugin: the NVIDIA runtime injects the GPUs' device nodes
+    # (asked for as the labeller does, by the volume-mounts list: the toolkit ignores the variable in
+    # unprivileged containers), NVML comes from the read-only driver root.
+    container["env"] += [{"name": "NVIDIA_VISIBLE_DEVICES", "value": devicelist.VOLUME_MOUNT_ROOT}]
     container["env"] += [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
     if group.gpu.sharing is Sharing.MIG:
         # NVML lists MIG devices only to a process that may read their capabilities; the runtime mounts them
@@ -374,19 +381,63 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         cdi_hook_volume(ctx.cluster, ctx.group),
         dict(_TMP_VOLUME),
     ]
-    if mps:
-        # The MPS control daemon runs in this container; its shared memory must be the host directory
-        # that Allocate mounts at /dev/shm in every client (<mpsRoot>/shm).
-        mounts.append(_mount("mps-shm", "/dev/shm"))
-        volumes.append(_host_path("mps-shm", f"{MPS_ROOT}/shm", "DirectoryOrCreate"))
-    else:
-        mounts.append(_mount(ALL_GPUS_VOLUME, f"{devicelist.VOLUME_MOUNT_ROOT}/all", read_only=True))
-        volumes.append(_host_path(ALL_GPUS_VOLUME, "/dev/null", "CharDevice"))
+    mounts.append(_mount(ALL_GPUS_VOLUME, f"{devicelist.VOLUME_MOUNT_ROOT}/all", read_only=True))
+    volumes.append(_host_path(ALL_GPUS_VOLUME, "/dev/null", "CharDevice"))
     container["volumeMounts"] = mounts
     pod_spec = {"containers": [container], "volumes": volumes}
     return _daemonset(ctx, component, AgentRole.DEVICE_PLUGIN, pod_spec, require_setup_complete=True,
                       update_strategy=_ROLLING,
                       pod_annotations=scrape_annotations(ctx.cluster.monitoring, DEVICE_PLUGIN_METRICS_PORT))
+
+
+#: The component (``app.kubernetes.io/component``) of an MPS group's control daemon DaemonSet.
+MPS_CONTROL_DAEMON = "mps-control-daemon"
+#: Written by ``mps-daemon`` once every daemon of the node is up (``node_agent.deviceplugin.mps.READY_FILE``).
+MPS_READY_FILE = f"{MPS_ROOT}/.ready"
+
+
+def mps_control_daemon_daemonset(ctx: GroupContext) -> Manifest:
+    """An MPS group's control daemons, apart from the device plugin, as NVIDIA runs them.
+
+    NVIDIA/k8s-device-plugin's chart (``templates/daemonset-mps-control-daemon.yml``) runs
+    ``mps-control-daemon`` from the plugin's image, privileged, with the MPS root at ``/mps`` and a shared
+    ``<mpsRoot>/shm`` as its ``/dev/shm`` (the same directory the plugin's Allocate mounts at ``/dev/shm`` in
+    every client), under the plugin's ServiceAccount (it reads the plugin's config and node label). Here the
+    agent's ``mps-daemon`` command does the same, with the host's MPS root at its own path (the pipe
+    directory names in ``.started`` are the host's) and, as NVIDIA's DRA driver runs its daemon
+    (``templates/mps-control-daemon.tmpl.yaml``), ``hostPID``: the daemon and its server then live in the
+    host's PID namespace, where a restarted container finds and adopts them, and clients in other pods can
+    be told apart by the server. Privileged: it sets the GPUs' compute mode (root, every GPU's device node)
+    and the NVIDIA runtime gives it every GPU. Ready once ``mpsRoot/.ready`` exists (NVIDIA's DRA driver
+    probes its daemon with ``cat`` of a startup file the same way)."""
+    group = ctx.group
+    args = [*DRIVER_ROOT_ARGS, "mps-daemon", *config_source_args(group)]
+    container = _container(ctx, MPS_CONTROL_DAEMON, AgentRole.DEVICE_PLUGIN, args, dict(_PRIVILEGED))
+    container["resources"] = mps_daemon_resources().as_dict()
+    container["env"] += [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
+    container["readinessProbe"] = {"exec": {"command": ["cat", MPS_READY_FILE]}, "periodSeconds": 5,
+                                   "timeoutSeconds": 2, "failureThreshold": 3}
+    container["volumeMounts"] = [
+        _mount("mps-root", MPS_ROOT),
+        _mount("mps-shm", "/dev/shm"),
+        config_mount(),
+        driver_root_mount(ctx.driver_root),
+        _TMP_MOUNT,
+    ]
+    pod_spec = {
+        "hostPID": True,
+        "containers": [container],
+        "volumes": [
+            _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
+            _host_path("mps-shm", f"{MPS_ROOT}/shm", "DirectoryOrCreate"),
+            config_volume(group),
+            driver_root_volume(ctx.driver_root),
+            dict(_TMP_VOLUME),
+        ],
+    }
+    return _daemonset(ctx, MPS_CONTROL_DAEMON, AgentRole.DEVICE_PLUGIN, pod_spec, require_setup_complete=True,
+                      update_strategy=_ROLLING)
 
 
 def scrape_annotations(monitoring: Monitoring, port: int) -> dict[str, str]:
@@ -471,6 +522,8 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": devicelist.VOLUME_MOUNT_ROOT},
         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
     ]
+    # MIG groups: the MIG monitor capability, or NVML hides the MIG GPUs' memory and MIG devices.
+    container = with_mig_monitor(container, ctx.group)
     # No probe: the loop has no endpoint, and a wedged loop only delays labels the setup gate already guards.
     # Gated on gpu-setup-complete like the other GPU pods, also on the daemonset backend where it applies the
     # group's labels and taints: node setup (check, runtime, sysctl, VFIO) reads none of them, their readers

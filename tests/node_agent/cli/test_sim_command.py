@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from node_agent.nvml import EventKind, NvmlBackend, open_nvml
 from tests.kit.fakehost import build_fake_host
 from tests.node_agent.agent_testkit import Cli
@@ -48,3 +50,25 @@ def test_bad_input(tmp_path: Path, cli: Cli) -> None:
     assert cli(host.root, "simulated:t4x1", "sim", "processes", "0", "abc")[0] == 2
     assert cli("/", "simulated:t4x1", "sim", "status")[0] == 2
     assert cli(host.root, "real", "sim", "status")[0] == 2
+
+
+def test_mig_monitor_and_empty_slot_faults_reach_the_labeller(tmp_path: Path, cli: Cli,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sim mig-monitor required`` and ``sim mig-empty-slot``: the harsh answers of a real MIG node, on
+    demand; the labeller still counts every GPU and says what it could not read."""
+    monkeypatch.delenv("NVIDIA_MIG_MONITOR_DEVICES", raising=False)
+    host = build_fake_host(tmp_path, "dgx-h100")
+    assert host.machine is not None
+    with open_nvml(NvmlBackend("simulated", "dgx-h100", host.machine.store.path)) as nvml:
+        nvml.set_mig_mode(4, True)
+        gi = nvml.create_gpu_instance(4, 19)  # 1g.10gb
+        nvml.create_compute_instance(4, gi.id)
+    code, doc = cli(host.root, H100, "sim", "mig-empty-slot", "4", "invalid-argument")
+    assert code == 0 and doc["gpus"][4]["mig_empty_slot_error"] == 2
+    assert cli(host.root, H100, "sim", "mig-monitor", "required")[1]["mig_monitor_required"] is True
+    _, labels = cli(host.root, H100, "labels", "--mig-strategy", "mixed", "--no-timestamp")
+    assert labels["labels"]["nvidia.com/gpu.count"] == "8"
+    assert any(w.startswith("GPU 4 labelled without its MIG devices") for w in labels["warnings"])
+    cli(host.root, H100, "sim", "mig-monitor", "off")
+    _, labels = cli(host.root, H100, "labels", "--mig-strategy", "mixed", "--no-timestamp")
+    assert labels["labels"]["nvidia.com/mig-1g.10gb.count"] == "1"

@@ -14,7 +14,7 @@ from nvgpu.driver import UpgradePolicy
 from tests.cluster.stack import rendered
 
 #: Hold NVML or the GPUs' device nodes for as long as they run.
-HOLDERS = {"device-plugin", "gpu-labeller", "dra-kubelet-plugin", "gpu-exporter", "dcgm-exporter"}
+HOLDERS = {"device-plugin", "mps-control-daemon", "gpu-labeller", "dra-kubelet-plugin", "gpu-exporter", "dcgm-exporter"}
 #: Must stay (node setup's gate and monitor, the MIG manager, the driver itself, the toolkit).
 STAYS = {"gpu-setup", "mig-manager", "nvidia-driver", "nvidia-container-toolkit"}
 

@@ -445,3 +445,28 @@ def test_the_dashboards_answer_over_a_live_scrape(dgx: Node, socket: Path, tmp_p
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, "\n".join([*(f"Q{i}: {q}" for i, q in enumerate(queries)), done.stdout,
                                             done.stderr])
+
+
+def test_mig_gpus_without_the_monitor_capability_keep_their_series_and_say_what_is_missing(
+        dgx: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUs 2 and 5 in MIG mode, read by an exporter without the MIG monitor capability: NVML refuses their
+    memory and MIG devices (NO_PERMISSION, NVIDIA/k8s-device-plugin#1683). They stay served (8 GPUs, none
+    lost) and ``nvidia_gpu_exporter_unreadable`` names what is missing; with the capability nothing is."""
+    from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
+
+    monkeypatch.delenv(MIG_MONITOR_ENV, raising=False)
+    with open_nvml(dgx.backend) as nvml:
+        for index in (2, 5):
+            nvml.set_mig_mode(index, True)
+            gi = nvml.create_gpu_instance(index, 9)  # 3g.40gb
+            nvml.create_compute_instance(index, gi.id)
+    dgx.sim.require_mig_monitor()
+    got = scrape(dgx.service())
+    assert len(got["DCGM_FI_DEV_GPU_TEMP"]) == 8
+    assert ({"state": "ok", "Hostname": "node-a"}, 8) in got["nvidia_gpu_exporter_gpus"]
+    assert sorted((lb["gpu"], lb["what"]) for lb, _ in got["nvidia_gpu_exporter_unreadable"]) == [
+        ("2", "MIG devices"), ("2", "memory"), ("5", "MIG devices"), ("5", "memory")]
+    monkeypatch.setenv(MIG_MONITOR_ENV, "all")
+    got = scrape(dgx.service("node-b"))
+    assert "nvidia_gpu_exporter_unreadable" not in got
+    assert sorted(lb["gpu"] for lb, _ in got["DCGM_FI_DEV_FB_USED"] if "GPU_I_ID" in lb) == ["2", "5"]

@@ -280,3 +280,34 @@ def test_every_gpu_object_shows_the_nodes_driver_modules_and_upgrade(dgx: tuple[
     assert patch["driverUpgrade"] is None and patch["nodeCheck"] is None and patch["kernelModules"] == "proprietary"
     with pytest.raises(jsonschema.ValidationError):
         _validator().validate({"spec": {"node": "n", "index": 0}, "status": {**done[0], "kernelModules": "nouveau"}})
+
+
+def test_a_mig_gpu_nvml_will_not_describe_keeps_its_object_with_the_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read without the MIG monitor capability, a GPU in MIG mode answers NO_PERMISSION for its memory and
+    MIG devices (NVIDIA/k8s-device-plugin#1683). Its object stays (not deleted, not "lost"), healthy, with
+    ``unreadable`` saying what is missing and why, and it fits the CRD."""
+    from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
+
+    monkeypatch.delenv(MIG_MONITOR_ENV, raising=False)
+    root = build_fake_host(tmp_path / "host", "dgx-h100").root
+    backend = NvmlBackend("simulated", "dgx-h100", sim_state_file(root, "dgx-h100"))
+    with open_nvml(backend) as nvml:
+        nvml.set_mig_mode(3, True)
+        gi = nvml.create_gpu_instance(3, 9)
+        nvml.create_compute_instance(3, gi.id)
+    SimulatedMachine("dgx-h100", backend.state_file).require_mig_monitor()
+    with open_nvml(backend) as nvml:
+        inv, driver = nvml.inventory(), nvml.driver()
+    want = inventory.desired(inv, driver, CTX, {})
+    assert sorted(want) == list(range(8))
+    status = want[3]
+    assert status["health"]["state"] == "Healthy" and status["mig"]["mode"] == "Enabled"
+    assert [u.split(":")[0] for u in status["unreadable"]] == ["memory", "MIG devices"]
+    assert "NVIDIA_MIG_MONITOR_DEVICES=all" in status["unreadable"][0]
+    assert all("unreadable" not in want[i] for i in range(8) if i != 3)
+    validator = _validator()
+    for s in want.values():
+        validator.validate({"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "x"},
+                            "spec": {"node": "n", "index": 0}, "status": s})
+    assert "unreadable" in SCHEMA["properties"]["status"]["properties"]

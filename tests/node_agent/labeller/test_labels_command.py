@@ -176,3 +176,27 @@ def test_sanitize() -> None:
     assert gfd.sanitize("NVIDIA A100-SXM4-40GB") == "NVIDIA-A100-SXM4-40GB"
     assert gfd.sanitize("Tesla T4 (rev a1)/x") == "Tesla-T4-rev-a1x"
     assert len(gfd.sanitize("x" * 100)) == 63
+
+
+def test_mig_gpus_read_without_the_monitor_capability_stay_counted(tmp_path: Path, cli: Cli,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an HGX H200 with GPUs 2 and 5 in MIG mode, a labeller without the MIG monitor capability gets
+    NO_PERMISSION for those GPUs' memory and MIG devices (NVIDIA/gpu-feature-discovery#6); they used to be
+    dropped (``gpu.count`` 6). Now all 8 are counted and the run says what it could not read."""
+    from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
+
+    monkeypatch.delenv(MIG_MONITOR_ENV, raising=False)
+    host = build_fake_host(tmp_path, "hgx-h200")
+    _mig_layout(host, range(2, 6, 3), [(9, None)])  # GPUs 2 and 5: one 3g.71gb each
+    assert host.machine is not None
+    host.machine.require_mig_monitor()
+    code, doc = cli(host.root, "simulated:hgx-h200", "labels", "--mig-strategy", "mixed", "--no-timestamp")
+    assert code == 0
+    assert (doc["labels"]["nvidia.com/gpu.count"], doc["labels"]["nvidia.com/gpu.memory"]) == ("8", "143771")
+    assert sorted(w.split(":")[0] for w in doc["warnings"] if "labelled without" in w) == [
+        "GPU 2 labelled without its MIG devices", "GPU 2 labelled without its memory",
+        "GPU 5 labelled without its MIG devices", "GPU 5 labelled without its memory"]
+    monkeypatch.setenv(MIG_MONITOR_ENV, "all")  # what the labeller's container sets on MIG groups
+    _, doc = cli(host.root, "simulated:hgx-h200", "labels", "--mig-strategy", "mixed", "--no-timestamp")
+    assert doc["labels"]["nvidia.com/mig-3g.71gb.count"] == "2"
+    assert not [w for w in doc["warnings"] if "labelled without" in w]

@@ -55,11 +55,15 @@ def test_simulated_fabric_through_both_nvml_symbols(tmp_path: Path) -> None:
     host = build_fake_host(tmp_path, "dgx-h100")
     assert host.machine is not None
     backend = NvmlBackend("simulated", "dgx-h100", host.machine.store.path)
+    hgx = _fabric(str(uuid.UUID(int=0)), clique=0)  # an HGX board's GPUs once Fabric Manager ran: no cluster
     with open_nvml(backend) as nvml:
-        assert nvml.fabric_info(0) is None  # default: no fabric (NVML answers NOT_SUPPORTED)
+        assert nvml.fabric_info(0) == hgx
     host.machine.set_fabric(CLUSTER, 3, gpus=[0])
     with open_nvml(backend) as nvml:
-        assert nvml.fabric_info(0) == _fabric(clique=3) and nvml.fabric_info(1) is None
+        assert nvml.fabric_info(0) == _fabric(clique=3) and nvml.fabric_info(1) == hgx
+    host.machine.set_fabric(None, gpus=[1])
+    with open_nvml(backend) as nvml:
+        assert nvml.fabric_info(1) is None  # out of any fabric: NVML answers NOT_SUPPORTED
     host.machine.remove_functions(["nvmlDeviceGetGpuFabricInfo"])  # a library with only the V symbol
     with open_nvml(backend) as nvml:
         assert nvml.fabric_info(0) == _fabric(clique=3)
@@ -309,9 +313,9 @@ def test_no_config_at_all_fails_the_first_run(tmp_path: Path) -> None:
 
 def test_not_supported_means_no_fabric(tmp_path: Path) -> None:
     """NVML_ERROR_NOT_SUPPORTED (every GPU outside an NVLink fabric) is "no fabric", not a failed run."""
-    host = build_fake_host(tmp_path, "t4x1")
+    host = build_fake_host(tmp_path, "dgx-h100")
     assert host.machine is not None
     host.machine.set_fabric(CLUSTER, 1)
     host.machine.fail_call(0, "nvmlDeviceGetGpuFabricInfo", 3)  # NVML_ERROR_NOT_SUPPORTED
-    with open_nvml(NvmlBackend("simulated", "t4x1", host.machine.store.path)) as nvml:
+    with open_nvml(NvmlBackend("simulated", "dgx-h100", host.machine.store.path)) as nvml:
         assert nvml.fabric_info(0) is None

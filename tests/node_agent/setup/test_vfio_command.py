@@ -68,8 +68,8 @@ def test_bind_refuses_a_gpu_in_use(tmp_path: Path) -> None:
     host.machine.set_processes(1, [SimProcess(pid=31337, used_mib=2048)])
     ctx = _ctx(host)
     vfio.prepare(ctx.host)
-    with pytest.raises(vfio.Refused, match="31337"):
-        vfio.bind(ctx.host, ctx.nvml, GPU1)
+    with pytest.raises(vfio.Refused, match=r"still in use after 0\.2s by process\(es\) 31337"):
+        vfio.bind(ctx.host, ctx.nvml, GPU1, timeout_s=0.2, poll_s=0.05)
     assert read_device(ctx.host, GPU1).driver == "nvidia"
     assert host.path(f"/sys/bus/pci/devices/{GPU1}/driver_override").read_text() == "(null)\n"
 

@@ -94,35 +94,37 @@ def test_device_plugin_pod_gives_the_plugin_what_it_uses(stack: Path) -> None:
     cfg = load_stack_file(stack)
     for group in cfg.node_groups:
         ds = workloads.device_plugin_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, group))
-        container, volumes = _plugin_container(ds)
+        container, _ = _plugin_container(ds)
         env = {e["name"]: e.get("value") for e in container["env"]}
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
         security = container["securityContext"]
         assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
         assert "/dev" not in mounts  # the GPUs' nodes come from the NVIDIA runtime, not a writable host /dev
-        if group.gpu.sharing.value == "MPS":  # the MPS control daemon runs inside: privileged, every GPU
-            assert security["privileged"] is True and env["NVIDIA_VISIBLE_DEVICES"] == "all"
-        else:  # unprivileged, no capabilities (SYS_ADMIN for MIG: the runtime then mounts the MIG caps)
-            assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
-            mig = group.gpu.sharing.value == "MIG"
-            assert security["capabilities"] == {"drop": ["ALL"], **({"add": ["SYS_ADMIN"]} if mig else {})}
-            assert (env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all") is mig
-            # The GPUs asked for as the volume-mounts list does (the toolkit ignores the variable here).
-            assert env["NVIDIA_VISIBLE_DEVICES"] == devicelist.VOLUME_MOUNT_ROOT
-            assert mounts[f"{devicelist.VOLUME_MOUNT_ROOT}/all"]["readOnly"] is True
+        # Unprivileged, no capabilities (SYS_ADMIN for MIG: the runtime then mounts the MIG caps), MPS groups
+        # too: their control daemon runs in its own DaemonSet (workloads.mps_control_daemon_daemonset).
+        assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+        mig = group.gpu.sharing.value == "MIG"
+        assert security["capabilities"] == {"drop": ["ALL"], **({"add": ["SYS_ADMIN"]} if mig else {})}
+        assert (env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all") is mig
+        # The GPUs asked for as the volume-mounts list does (the toolkit ignores the variable here).
+        assert env["NVIDIA_VISIBLE_DEVICES"] == devicelist.VOLUME_MOUNT_ROOT
+        assert mounts[f"{devicelist.VOLUME_MOUNT_ROOT}/all"]["readOnly"] is True
         args = _parse(container["args"])
         assert args.metrics_port == DEFAULT_METRICS_PORT == container["ports"][0]["containerPort"]
         probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")
                   if k in container}
         # Readiness only: the status port is optional, and liveness is the plugin's own watchdog.
         assert {k: (p["path"], p["port"]) for k, p in probes.items()} == {"readinessProbe": ("/readyz", "metrics")}
+        assert "/dev/shm" not in mounts
         if group.gpu.sharing.value == "MPS":
             # Allocate mounts <mpsRoot>/shm at /dev/shm in clients; the daemon must see the same directory.
             mps_root = yaml.safe_load(render_named_configs(group)["MPS"])["flags"]["mpsRoot"]
-            assert Mount("/dev/shm", f"{mps_root}/shm").host_path == volumes[mounts["/dev/shm"]["name"]][
-                "hostPath"]["path"]
-        else:
-            assert "/dev/shm" not in mounts
+            daemon, daemon_volumes = _plugin_container(workloads.mps_control_daemon_daemonset(
+                GroupContext(cfg.cluster.namespace, cfg.cluster, group)))
+            daemon_mounts = {m["mountPath"]: m for m in daemon["volumeMounts"]}
+            assert Mount("/dev/shm", f"{mps_root}/shm").host_path == daemon_volumes[
+                daemon_mounts["/dev/shm"]["name"]]["hostPath"]["path"]
+            assert daemon_volumes[daemon_mounts[mps_root]["name"]]["hostPath"]["path"] == mps_root
         # NVML from the driver root (--driver-root), also the plugin's containerDriverRoot for CDI specs.
         assert mounts[Settings().container_driver_root]["readOnly"] is True
         assert args.driver_root == Settings().container_driver_root

@@ -40,8 +40,21 @@ def test_allow_reboot_reaches_the_manager_daemonset() -> None:
     assert _manager_args(mig={"allowReboot": True}).allow_reboot is True
 
 
+def test_host_gpu_clients_reach_the_manager_daemonset() -> None:
+    """Unset, the manager stops NVIDIA's list around a GPU reset; set, exactly the units given."""
+    assert _manager_args().host_gpu_client is None
+    units = ["nvidia-dcgm.service", "dcgm-exporter.service"]
+    cfg = load_stack_config(_cluster(mig={"hostGpuClients": units}))
+    args = daemonset(cfg.cluster.namespace, cfg.cluster, cfg.node_groups)["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--host-gpu-client"] == units
+    assert _manager_args(mig={"hostGpuClients": units}).host_gpu_client == units
+
+
 @pytest.mark.parametrize(("mig", "path"), [
     ({"allowReboot": "sometimes"}, "nvidia-gpu:cluster.mig.allowReboot"),
+    ({"hostGpuClients": ["dcgm; reboot"]}, "nvidia-gpu:cluster.mig.hostGpuClients"),
+    ({"hostGpuClients": []}, "nvidia-gpu:cluster.mig.hostGpuClients"),
     ({"allowReboots": True}, "nvidia-gpu:cluster.mig.allowReboots"),
 ])
 def test_bad_mig_settings_name_the_field(mig: dict[str, Any], path: str) -> None:

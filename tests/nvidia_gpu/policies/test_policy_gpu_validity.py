@@ -77,9 +77,17 @@ def test_mig_config_checked_against_the_models_its_device_filter_names() -> None
 
 
 def test_mig_config_for_gpus_outside_the_catalogue_is_left_to_mig_parted() -> None:
-    b200 = "0x290110DE"
-    cm = config_map({"c": mig_doc({"all-1g.23gb": [mig_entry({"1g.23gb": 7}, **{"device-filter": b200})]})})
+    unlisted = "0x2FF010DE"  # the simulator's unlisted-x2 board: in neither the catalogue nor NVIDIA's tables
+    cm = config_map({"c": mig_doc({"all-1g.23gb": [mig_entry({"1g.23gb": 7}, **{"device-filter": unlisted})]})})
     assert mig_messages(cm) == []
+
+
+def test_mig_config_for_a_b200_is_checked_now_the_catalogue_knows_it() -> None:
+    b200 = "0x290110DE"  # NVIDIA's mig-parted device filter for the B200
+    cm = config_map({"c": mig_doc({"all-1g.23gb": [mig_entry({"1g.23gb": 8}, **{"device-filter": b200})]})})
+    assert mig_messages(cm) == [
+        "data[c]: MIG config 'all-1g.23gb': every GPU: 8 x 1g.23gb exceeds the 7 instance(s) a B200 can hold"
+    ]
 
 
 def test_mig_config_without_a_model_still_needs_known_profiles() -> None:
@@ -138,7 +146,7 @@ def test_selection_must_name_a_config_the_stack_defines() -> None:
 def test_selection_without_a_model_must_fit_some_catalogue_gpu() -> None:
     """A defined config for GPUs outside the catalogue is left to mig-parted, but nodes of unknown model told
     to apply it are not: the MigProfile component refuses the same choice (nvgpu.migparted.fit_problems)."""
-    cm = config_map({"c": mig_doc({"blackwell": [mig_entry({"1g.23gb": 7}, **{"device-filter": "0x290110DE"})],
+    cm = config_map({"c": mig_doc({"blackwell": [mig_entry({"1g.23gb": 7}, **{"device-filter": "0x2FF010DE"})],
                                    "custom-a": [mig_entry({"1g.10gb": 2})]})})
     ok = node_group_patch("gpu-a", {labels.MIG_CONFIG: "custom-a"})
     assert check_stack("mig-config-fits-gpu", [(CM_TYPE, cm), (NODE_GROUP_PATCH_TYPE, ok)]) == []
