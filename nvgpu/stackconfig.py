@@ -19,9 +19,10 @@ validators, and extra configs are only known there): both go through
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -368,6 +369,42 @@ class Monitoring(_Model):
         return self.counters if self.counters is not None else dcgmcounters.default_text()
 
 
+def _folded(name: str) -> str:
+    return re.sub(r"[-_. ]", "", name).lower()
+
+
+def _catalogue_spelling(name: str) -> str | None:
+    """The catalogue key ``name`` spells with other case or separators (``h100_80gb``), or None."""
+    return next((k for k in catalogue.MODEL_KEYS if _folded(k) == _folded(name)), None)
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices``, or nothing when none is close."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.75)
+    if not close:
+        folded = {c.lower(): c for c in choices}
+        close = [folded[word.lower()]] if word.lower() in folded else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _image_text(v: Any) -> Any:
+    """``agentImage`` written as one reference (``repo:tag``, ``repo@sha256:...``, ``repo:tag@sha256:...``),
+    as ``docker pull`` takes it, split into the mapping; anything else is left for the model to judge."""
+    if not isinstance(v, str):
+        return v
+    ref, _, digest = v.partition("@")
+    repository, tag = ref, None
+    head, sep, tail = ref.rpartition(":")
+    if sep and "/" not in tail:  # a colon after the last slash is the tag's; one before it is a port's
+        repository, tag = head, tail
+    out: dict[str, Any] = {"repository": repository}
+    if tag is not None:
+        out["tag"] = tag
+    if digest:
+        out["digest"] = digest
+    return out
+
+
 _SYSTEMD_UNIT = re.compile(r"[A-Za-z0-9:_.@-]{1,240}\.(service|socket|target|scope)")
 
 
@@ -483,7 +520,8 @@ class Cluster(_Model):
     namespace: DnsLabel = "nvidia-gpu"
     allocation_mode: AllocationMode = AllocationMode.DEVICE_PLUGIN
     node_setup: NodeSetupBackend = NodeSetupBackend.DAEMONSET
-    agent_image: AgentImage
+    #: A mapping, or one reference as ``docker pull`` takes it (``registry/agent:1.2.0`` or with ``@sha256:``).
+    agent_image: Annotated[AgentImage, BeforeValidator(_image_text)]
     monitoring: Monitoring = Monitoring()
     #: A PriorityClass's name is a DNS subdomain; the API server refuses the agents' pods otherwise.
     priority_class_name: Annotated[str, AfterValidator(check_dns_subdomain)] = "system-node-critical"
@@ -890,6 +928,10 @@ class Gpu(_Model):
             # The rule first: the catalogue's list is long and a problem line is clipped.
             raise ValueError(f"{shown(v)} is neither a model name of letters, digits, '.', '_' and '-' (at most 63, "
                              f"like B200-180GB) nor a catalogue model ({', '.join(catalogue.MODEL_KEYS)})")
+        if v is not None and v not in catalogue.MODEL_KEYS and (same := _catalogue_spelling(v)) is not None:
+            # An unlisted name is accepted as a board the catalogue lacks, so a catalogue model spelled another
+            # way ("h100-80gb") would silently lose its MIG and driver checks: refuse it instead.
+            raise ValueError(f"{shown(v)} is the catalogue model {same!r} spelled differently; write {same!r}")
         return v
 
     @field_validator("driver_version")
@@ -1124,6 +1166,12 @@ class StackConfig(_Model):
         problems += [(("nodeGroups", i, "name"), f"{g.name!r} is the name of nodeGroups[{first[g.name]}] already; "
                                                  "node group names must be unique")
                      for i, g in enumerate(self.node_groups) if first[g.name] != i]
+        on_node_group = _first_indices([g.node_group or f"\0{i}" for i, g in enumerate(self.node_groups)])
+        problems += [(("nodeGroups", i, "nodeGroup"), (
+            f"{g.node_group!r} is the Deckhouse NodeGroup of nodeGroups[{on_node_group[g.node_group]}] "
+            f"({self.node_groups[on_node_group[g.node_group]].name!r}) already: its nodes would get two groups' "
+            "labels, taints and node scripts; one node group per Deckhouse NodeGroup"))
+            for i, g in enumerate(self.node_groups) if g.node_group and on_node_group[g.node_group] != i]
         for i, g in enumerate(self.node_groups):
             if self.cluster.node_setup is NodeSetupBackend.DECKHOUSE and g.toolkit.container:
                 problems.append((("nodeGroups", i, "toolkit", "source"), (
@@ -1243,7 +1291,8 @@ def _problems(err: ValidationError) -> list[str]:
         if kind == "extra_forbidden":
             allowed = _allowed_keys(loc)
             hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
-            problems.append(f"{where}: unknown key{hint}")
+            guess = _did_you_mean(str(loc[-1]), allowed) if allowed and loc else ""
+            problems.append(clip(f"{where}: unknown key{guess}{hint}"))
             continue
         error = (e.get("ctx") or {}).get("error")
         if isinstance(error, FieldProblems):
@@ -1256,6 +1305,13 @@ def _problems(err: ValidationError) -> list[str]:
             problems.append(f"{where}: required key is missing")
             continue
         value = e.get("input")
+        if kind == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            # YAML reads an unquoted 550 or 1.0 as a number (and 1.10 as 1.1): the text is what was meant.
+            number = shown(value)
+            example = f", e.g. \"{number}\"" if number[:1].isdigit() or number[:1] == "-" else ""
+            problems.append(clip(f"{where}: must be text, and YAML reads an unquoted {number} as a number; "
+                                 f"quote it as it should read{example}"))
+            continue
         got = "" if isinstance(value, (dict, list)) else f" (got {shown(value)})"
         problems.append(clip(f"{where}: {msg}{got}"))
     return problems
@@ -1279,6 +1335,41 @@ def namespace_values(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def misplaced_keys(config: Mapping[str, Any]) -> dict[str, str]:
+    """Our top-level keys (``cluster``, ``nodeGroups``) written in another namespace: short key -> problem.
+
+    Pulumi puts a key without a namespace in the project's (``cluster:`` in a project named ``gpu-platform``
+    is ``gpu-platform:cluster``), so a stack of a project with another name that forgets the prefix reaches
+    this program without its config; say which key and how to write it instead of "required key is missing".
+    """
+    top = {f.alias or n for n, f in StackConfig.model_fields.items()}
+    out: dict[str, str] = {}
+    for key in config:
+        ns, sep, short = str(key).rpartition(":")
+        if short in top and ns != CONFIG_NAMESPACE:
+            where = f"in the namespace {ns!r}" if sep else "without a namespace"
+            out[short] = (f"{CONFIG_NAMESPACE}:{short}: missing, but the config has {shown(key)} {where}; write "
+                          f"{CONFIG_NAMESPACE}:{short} (Pulumi gives a key without a namespace the project's name)")
+    return out
+
+
+def load_namespaced_config(config: Mapping[str, Any], decode: Callable[[Any], Any] | None = None) -> StackConfig:
+    """Validate a whole ``config:`` map of namespaced keys: ours picked out (and decoded), and our
+    top-level keys that are missing because they were written in another namespace named as such."""
+    values = namespace_values(config)
+    if decode is not None:
+        values = {k: decode(v) for k, v in values.items()}
+    try:
+        return load_stack_config(values)
+    except StackConfigError as e:
+        hints = {short: why for short, why in misplaced_keys(config).items() if short not in values}
+        if not hints:
+            raise
+        missing = {f"{CONFIG_NAMESPACE}:{s}: required key is missing" for s in hints}
+        rest = [p for p in e.problems if p not in missing]
+        raise StackConfigError([*hints.values(), *rest]) from None
+
+
 def read_stack_text(text: str, source: str) -> dict[str, Any]:
     """The ``nvidia-gpu:*`` values of a stack file's text (``source`` names it in errors), unvalidated.
 
@@ -1286,6 +1377,10 @@ def read_stack_text(text: str, source: str) -> dict[str, Any]:
     up to :data:`nvgpu.yamltext.MAX_EXPANDED_NODES` values expanded; size, nesting and integers are
     bounded too (:func:`nvgpu.yamltext.load`). A problem raises :class:`StackConfigError`.
     """
+    return namespace_values(_config_map(text, source))
+
+
+def _config_map(text: str, source: str) -> dict[str, Any]:
     try:
         doc = yamltext.load(text, source, aliases=True) or {}
     except yamltext.YamlLoadError as e:
@@ -1293,12 +1388,12 @@ def read_stack_text(text: str, source: str) -> dict[str, Any]:
                                 f"{e.problem}"]) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
         raise StackConfigError([f"{source}: expected a mapping with a 'config:' mapping"])
-    return namespace_values(doc.get("config") or {})
+    return dict(doc.get("config") or {})
 
 
 def load_stack_text(text: str, source: str = "stack file") -> StackConfig:
-    """Read and validate a stack file's text: :func:`read_stack_text`, then :func:`load_stack_config`."""
-    return load_stack_config(read_stack_text(text, source))
+    """Read and validate a stack file's text (:func:`load_namespaced_config` on its ``config:`` map)."""
+    return load_namespaced_config(_config_map(text, source))
 
 
 def load_stack_file(path: Path) -> StackConfig:

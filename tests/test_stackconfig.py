@@ -58,7 +58,8 @@ def test_typoed_key_names_the_path_and_the_allowed_keys() -> None:
 
 def test_typoed_top_level_key() -> None:
     problems = _problems(lambda v: v.update(nodeGroup=[]))
-    assert problems == ["nvidia-gpu:nodeGroup: unknown key; allowed keys: cluster, nodeGroups"]
+    assert problems == ["nvidia-gpu:nodeGroup: unknown key (did you mean 'nodeGroups'?); allowed keys: cluster, "
+                        "nodeGroups"]
 
 
 def test_unknown_sharing_mode_lists_the_allowed_modes() -> None:

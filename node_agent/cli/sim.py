@@ -9,6 +9,8 @@ using the same machine: the device plugin's health loop sees the XID, ``check`` 
                                     stand-in tools); an empty --host-root is laid out on first use
     sim host --fresh-boot           the node as right after boot: nvidia_uvm not loaded, no /dev/nvidia*
                                     node (node setup loads it and makes them, as nvidia-ctk does)
+    sim host --unloadable-module M  the host's modprobe fails for M as kmod's does ("Module M not found in
+                                    directory /lib/modules/<kernel>"), e.g. nvidia-uvm
     sim persistence GPU on|off      the GPU's persistence mode (on: the driver holds the GPU, so an
                                     unbind from nvidia blocks; `vfio bind` turns it off first)
     sim status                      GPUs, MIG mode and instances, faults, queued events
@@ -124,7 +126,9 @@ def _host(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)  # an empty root is laid out here; another machine's is refused
     try:
         # brings an earlier layout back, the machine's state kept; --fresh-boot: as right after a reboot
-        sim_host.lay_out(root, machine, fresh_boot=bool(getattr(args, "fresh_boot", False)))
+        # --unloadable-module: the host's modprobe fails for it as kmod's does (a driver without nvidia-uvm)
+        sim_host.lay_out(root, machine, fresh_boot=bool(getattr(args, "fresh_boot", False)),
+                         unloadable_modules=tuple(getattr(args, "unloadable_module", None) or ()))
     except UnknownMachineError as e:
         raise UsageError(str(e)) from None
     m = _machine(ctx)
@@ -190,6 +194,8 @@ def register(subparsers: Any) -> None:
     host = sub.add_parser("host", help="lay out the simulated machine's node under --host-root")
     host.add_argument("--fresh-boot", action="store_true",
                       help="as right after boot: nvidia_uvm not loaded, no /dev/nvidia* node (node setup makes them)")
+    host.add_argument("--unloadable-module", action="append", metavar="MODULE",
+                      help="the host's modprobe fails for MODULE (not in /lib/modules/<kernel>), e.g. nvidia-uvm")
     sub.add_parser("status", help="show the machine's state")
     persistence = sub.add_parser("persistence", help="turn a GPU's persistence mode on or off")
     persistence.add_argument("gpu", type=int)

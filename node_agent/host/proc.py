@@ -9,6 +9,9 @@ from typing import Protocol
 from node_agent.host.root import HostError, HostRoot
 from nvgpu.nodescripts.facts import DRIVER_VERSION_FILE, NVIDIA_GPUS_PROC_DIR, PROC_MODULES
 
+# The caps nodes' minors: a fact of node setup (gpu-devices.sh reads it too), re-exported for the host layer.
+from nvgpu.nodescripts.facts import MIG_MINORS_PATH as MIG_MINORS_PATH  # noqa: PLC0414
+
 # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024"
 # "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.90.07  Release Build  (...)"
 DRIVER_VERSION_RE = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)\s")
@@ -54,8 +57,6 @@ def gpu_minors(host: HostRoot) -> dict[str, int]:
     return out
 
 
-#: Minor numbers of the MIG capability device nodes (``/dev/nvidia-caps/nvidia-cap<N>``).
-MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 

@@ -19,7 +19,9 @@ compute instance appear only when something makes them. NVIDIA's stack makes the
 
 Here the same, through the host root (``HostRoot.make_char_device``, mknod(2)) and the host's ``modprobe``
 (``HostRoot.run``). Every node made is first recorded in the setup journal (feature ``devnodes``), so
-:func:`rollback` removes exactly the nodes the agent made and never one the driver or an admin made.
+:func:`rollback` removes exactly the nodes the agent made and never one the driver or an admin made. On
+Deckhouse, bashible's ``gpu-devices.sh`` (``nvgpu.nodescripts``) does the same in bash from the same facts
+(``nvgpu.nodescripts.facts``) and writes the same journal, so this module's :func:`rollback` undoes it too.
 """
 
 from __future__ import annotations
@@ -31,31 +33,27 @@ from dataclasses import dataclass, field
 from node_agent.host.proc import MIG_MINORS_PATH, gpu_minors, loaded_modules, parse_mig_minors
 from node_agent.host.root import CommandNotFound, CommandTimeout, HostError, HostRoot
 from node_agent.setup.journal import Journal
+from nvgpu.nodescripts.facts import (
+    CAP_ACCESS_MODE,
+    CAP_MODES,
+    CAPS_DEV_DIR,
+    CAPS_MAJOR_NAME,
+    CONTROL_MODE,
+    CONTROL_NODES,
+    GPU_MAJOR_NAMES,
+    PROC_DEVICES,
+    UVM_MAJOR_NAME,
+    UVM_MODULE,
+)
+from nvgpu.nodescripts.facts import DEVNODES_FEATURE as FEATURE
+from nvgpu.nodescripts.facts import MODPROBE_TIMEOUT_S as _MODPROBE_TIMEOUT_S
 
-PROC_DEVICES = "/proc/devices"
-#: The journal feature (``/var/lib/nvidia-gpu-agent/rollback/devnodes``) and the lock name.
-FEATURE = "devnodes"
-CAPS_DEV_DIR = "/dev/nvidia-caps"
-#: ``/proc/devices`` names (``internal/info/proc/devices/devices.go``): the GPU major is ``nvidia`` from driver
-#: 550.40 on and ``nvidia-frontend`` before.
-GPU_MAJOR_NAMES = ("nvidia", "nvidia-frontend")
-UVM_MAJOR_NAME = "nvidia-uvm"
-CAPS_MAJOR_NAME = "nvidia-caps"
-#: Control node -> (``/proc/devices`` names of its major, minor), as ``control-device-nodes.go`` has them.
-CONTROL_NODES: dict[str, tuple[tuple[str, ...], int]] = {
-    "/dev/nvidiactl": (GPU_MAJOR_NAMES, 255),
-    "/dev/nvidia-modeset": (GPU_MAJOR_NAMES, 254),
-    "/dev/nvidia-uvm": ((UVM_MAJOR_NAME,), 0),
-    "/dev/nvidia-uvm-tools": ((UVM_MAJOR_NAME,), 1),
-}
-#: The kernel module ``nvidia-uvm`` and how ``/proc/modules`` names it.
-UVM_MODULE = "nvidia-uvm"
-MODPROBE_TIMEOUT_S = 30.0
-#: Modes the driver gives the capability nodes by default (its ``DeviceFileMode`` in
-#: ``/proc/driver/nvidia/capabilities/...``): only root may configure MIG, anyone may monitor or hold access.
-CAP_MODES = {"config": 0o400, "monitor": 0o444}
-CAP_ACCESS_MODE = 0o444
-CONTROL_MODE = 0o666
+# The facts (majors' names, minors, modes, the journal) are nvgpu.nodescripts.facts': gpu-devices.sh, the
+# Deckhouse twin of this module, is rendered from the same ones.
+__all__ = ["CAPS_DEV_DIR", "CAPS_MAJOR_NAME", "CAP_ACCESS_MODE", "CAP_MODES", "CONTROL_MODE", "CONTROL_NODES",
+           "FEATURE", "GPU_MAJOR_NAMES", "PROC_DEVICES", "UVM_MAJOR_NAME", "UVM_MODULE", "Node", "Result", "ensure",
+           "load_uvm", "parse_proc_devices", "rollback", "wanted"]
+MODPROBE_TIMEOUT_S = float(_MODPROBE_TIMEOUT_S)
 _DEVICE_LINE = re.compile(r"^\s*(\d+)\s+(\S+)\s*$")
 
 

@@ -10,9 +10,18 @@ API (for the components)::
         NodeGroupConfiguration(name=f"{group}-{s.name}", spec={"weight": s.weight,
             "content": s.content, "nodeGroups": [group], "bundles": ["*"]})
 
-* ``gpu-check.sh`` (weight 25): the node check. Silent success without an NVIDIA GPU; otherwise it
-  checks the driver version (catalogue minima), kernel modules, device nodes, ``nvidia-smi`` (each
-  call bounded by ``timeout -k 5 15``) and compute capability, writes its verdict to
+* ``gpu-devices.sh`` (weight 24): on a freshly booted node, ``modprobe nvidia-uvm`` (when ``nvidia`` is loaded
+  and it is not) and ``mknod`` the missing ``/dev/nvidiactl``, ``nvidia-modeset``, ``nvidia-uvm``,
+  ``nvidia-uvm-tools``, ``/dev/nvidia<minor>`` and ``/dev/nvidia-caps/nvidia-cap{config,monitor}`` with the
+  kernel's majors (``/proc/devices``) and minors, as ``nvidia-ctk system create-device-nodes`` and the agent's
+  setup (``node_agent.setup.devnodes``) do, each recorded first in the agent's setup journal
+  (``/var/lib/nvidia-gpu-agent/rollback/devnodes/manifest.json``), so the agent's teardown removes exactly
+  those. Prints ``nvidia-gpu-devices result=ok|failed loaded=… made=…``; a failure (``nvidia-uvm`` that
+  cannot be loaded) is left to the check, which finds it missing, unless rendered with ``strict_check=True``.
+* ``gpu-check.sh`` (weight 25): the node check (it reports device nodes, never makes them). Silent
+  success without an NVIDIA GPU; otherwise it checks the driver version (catalogue minima), kernel
+  modules, device nodes, ``nvidia-smi`` (each call bounded by ``timeout -k 5 15``) and compute
+  capability, writes its verdict to
   ``/var/lib/nvidia-gpu-agent/check.verdict`` and prints ``nvidia-gpu-check verdict=… reasons=…``.
   It exits 0 (it must not block bashible) unless rendered with ``strict_check=True``.
 * ``gpu-runtime.sh`` (31): the containerd drop-in (nvidia runtime, ``enable_cdi``, CDI spec dirs)

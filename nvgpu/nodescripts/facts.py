@@ -27,6 +27,40 @@ HOST_DRIVER_MARKERS = ("/usr/bin/nvidia-smi",)
 PCI_DEVICES_DIR = "/sys/bus/pci/devices"
 IOMMU_GROUPS_DIR = "/sys/kernel/iommu_groups"
 NVIDIACTL = "/dev/nvidiactl"
+
+# The device nodes node setup makes on a freshly booted node (the agent's ``node_agent.setup.devnodes``,
+# Deckhouse's ``gpu-devices.sh``), as ``nvidia-ctk system create-device-nodes --control-devices
+# --load-kernel-modules`` does (nvidia-container-toolkit ``internal/system/nvdevices/control-device-nodes.go``,
+# ``internal/system/nvmodules/modules.go``): the driver registers majors but makes no /dev node.
+PROC_DEVICES = "/proc/devices"
+#: Minor numbers of the MIG capability device nodes (``/dev/nvidia-caps/nvidia-cap<N>``).
+MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"
+CAPS_DEV_DIR = "/dev/nvidia-caps"
+#: ``/proc/devices`` names (``internal/info/proc/devices/devices.go``): the GPU major is ``nvidia`` from driver
+#: 550.40 on and ``nvidia-frontend`` before.
+GPU_MAJOR_NAMES = ("nvidia", "nvidia-frontend")
+UVM_MAJOR_NAME = "nvidia-uvm"
+CAPS_MAJOR_NAME = "nvidia-caps"
+#: Control node -> (``/proc/devices`` names of its major, minor), as ``control-device-nodes.go`` has them.
+CONTROL_NODES: dict[str, tuple[tuple[str, ...], int]] = {
+    "/dev/nvidiactl": (GPU_MAJOR_NAMES, 255),
+    "/dev/nvidia-modeset": (GPU_MAJOR_NAMES, 254),
+    "/dev/nvidia-uvm": ((UVM_MAJOR_NAME,), 0),
+    "/dev/nvidia-uvm-tools": ((UVM_MAJOR_NAME,), 1),
+}
+#: The kernel module ``nvidia-uvm`` (``/proc/modules`` names it ``nvidia_uvm``), loaded when ``nvidia`` is.
+UVM_MODULE = "nvidia-uvm"
+MODPROBE_TIMEOUT_S = 30
+#: Modes the driver gives the capability nodes by default (its ``DeviceFileMode`` in
+#: ``/proc/driver/nvidia/capabilities/...``): only root may configure MIG, anyone may monitor or hold access.
+CAP_MODES = {"config": 0o400, "monitor": 0o444}
+CAP_ACCESS_MODE = 0o444
+CONTROL_MODE = 0o666
+#: The setup journal of the nodes made (``node_agent.setup.journal``'s manifest, feature ``devnodes``): both
+#: paths record every node in it before making it, so either's teardown removes exactly the nodes made.
+DEVNODES_FEATURE = "devnodes"
+DEVNODES_JOURNAL = f"{STATE_DIR}/rollback/{DEVNODES_FEATURE}/manifest.json"
+DEVNODES_LOCK = f"{STATE_DIR}/{DEVNODES_FEATURE}.lock"
 REQUIRED_MODULES = ("nvidia", "nvidia_uvm")
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
 VFIO_DRIVER = "vfio-pci"

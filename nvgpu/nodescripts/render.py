@@ -24,9 +24,10 @@ from nvgpu.nodescripts.content import (
 
 #: NodeGroupConfiguration weights. Bashible runs NGC scripts and its own steps in weight order:
 #: the drop-in must land before step 032 (configure containerd) merges conf.d into config.toml,
-#: and the final gate (gpu-sysctl.sh, which sets gpu-setup-complete) runs after it.
+#: and the final gate (gpu-sysctl.sh, which sets gpu-setup-complete) runs after it. gpu-devices.sh (nvidia-uvm
+#: and the /dev/nvidia* nodes) runs just before the check, as the agent's setup makes them before its check.
 _DEFAULT_RUNTIME_LINE = f'default_runtime_name = "{facts.NVIDIA_RUNTIME_NAME}"'
-WEIGHTS = {"gpu-check.sh": 25, "gpu-runtime.sh": 31, "gpu-vfio.sh": 35, "gpu-sysctl.sh": 40}
+WEIGHTS = {"gpu-devices.sh": 24, "gpu-check.sh": 25, "gpu-runtime.sh": 31, "gpu-vfio.sh": 35, "gpu-sysctl.sh": 40}
 
 
 @dataclass(frozen=True)
@@ -136,10 +137,25 @@ def _common(root_prefix: str) -> dict[str, str]:
         "TOOLKIT_KEY_ERE": TOOLKIT_KEY_ERE,
         "TOOLKIT_CLI_TABLE_ERE": TOOLKIT_CLI_TABLE_ERE,
         "TOOLKIT_ROOT_ERE": TOOLKIT_ROOT_ERE,
+        "PROC_DEVICES": facts.PROC_DEVICES,
+        "MIG_MINORS": facts.MIG_MINORS_PATH,
+        "CAPS_DEV_DIR": facts.CAPS_DEV_DIR,
+        "GPU_MAJOR_NAMES": " ".join(facts.GPU_MAJOR_NAMES),
+        "CAPS_MAJOR_NAME": facts.CAPS_MAJOR_NAME,
+        "CONTROL_NODES": "\n".join(f"want_control {path} {minor} {' '.join(names)}"
+                                   for path, (names, minor) in facts.CONTROL_NODES.items()),
+        "CONTROL_MODE": f"{facts.CONTROL_MODE:04o}",
+        "CAP_NODES": " ".join(f"{cap}:{mode:04o}" for cap, mode in facts.CAP_MODES.items()),
+        "UVM_MODULE": facts.UVM_MODULE,
+        "UVM_KMOD": facts.UVM_MODULE.replace("-", "_"),
+        "MODPROBE_TIMEOUT": str(facts.MODPROBE_TIMEOUT_S),
+        "DEVNODES_JOURNAL": facts.DEVNODES_JOURNAL,
+        "DEVNODES_LOCK": facts.DEVNODES_LOCK,
     }
 
 
 _PURPOSES = {
+    "gpu-devices.sh": "load nvidia-uvm and make the missing /dev/nvidia* device nodes, as nvidia-ctk does",
     "gpu-check.sh": "decide whether this node's NVIDIA GPUs are usable (driver, modules, devices, NVML)",
     "gpu-runtime.sh": "enable the nvidia runtime and CDI in containerd (or CRI-O) through a drop-in",
     "gpu-vfio.sh": "load the VFIO modules, check the IOMMU and label the node gpu-vfio-ready",
@@ -164,6 +180,7 @@ def render_node_scripts(
     set as the toolkit's nvidia-container-cli root."""
     t = templates
     body = {
+        "gpu-devices.sh": t.HEAD + t.HAS_GPU + t.DEVICES,
         "gpu-check.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.NODE_LABEL + t.HAS_GPU + t.CONTAINERD_VERSION
         + t.RUNTIME_DETECT + t.RUNTIME_READY + t.CHECK,
         "gpu-runtime.sh": t.HEAD + t.STATE + t.WRITE_FILE + t.HAS_GPU + t.CONTAINERD_VERSION + t.RUNTIME_DETECT

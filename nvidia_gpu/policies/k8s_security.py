@@ -317,7 +317,7 @@ def device_list_problems(kind: Kind, props: Mapping[str, Any]) -> list[str]:
     containers, and any pod that sets ``NVIDIA_VISIBLE_DEVICES=all`` gets every GPU of its node."""
     if kind.kind != "ConfigMap":
         return []
-    problems = []
+    said: dict[str, list[str]] = {}  # one advisory per ConfigMap, naming every config it applies to
     for key, doc in config_documents(props):
         flags = as_map(doc.get("flags"))
         if not flags and not doc.get("sharing"):
@@ -326,13 +326,13 @@ def device_list_problems(kind: Kind, props: Mapping[str, Any]) -> list[str]:
         names = devicelist.split(plugin.get("deviceListStrategy", DeviceListStrategy.ENVVAR.value))
         if DeviceListStrategy.ENVVAR.value not in {str(n) for n in as_list(names)}:
             continue
-        said = "deviceListStrategy includes envvar" if "deviceListStrategy" in plugin else \
+        why = "deviceListStrategy includes envvar" if "deviceListStrategy" in plugin else \
             "no deviceListStrategy, so envvar"
-        problems.append(
-            f"ConfigMap {name_of(props)!r} data[{key}]: {said}: the NVIDIA toolkit must then honour "
+        said.setdefault(why, []).append(f"data[{key}]")
+    return [f"ConfigMap {name_of(props)!r} {', '.join(keys)}: {why}: the NVIDIA toolkit must then honour "
             "NVIDIA_VISIBLE_DEVICES in unprivileged containers, so any pod on these nodes can take every GPU "
-            "by setting NVIDIA_VISIBLE_DEVICES=all; use volume-mounts or cdi-cri (gpu.deviceListStrategy)")
-    return problems
+            "by setting NVIDIA_VISIBLE_DEVICES=all; use volume-mounts or cdi-cri (gpu.deviceListStrategy)"
+            for why, keys in said.items()]
 
 
 def _validate_device_lists(args: ResourceValidationArgs, report: ReportViolation) -> None:

@@ -11,7 +11,9 @@ when not (or when the files cannot be read), 2 on usage errors.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -25,24 +27,52 @@ def problem(stack_file: Path, kubeconfig: Path) -> str | None:
         wanted = load_stack_file(stack_file).cluster.kube_context
     except StackConfigError as e:
         return str(e)
-    try:
-        doc = yaml.safe_load(kubeconfig.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        return f"{kubeconfig}: cannot read the kubeconfig: {e}"
-    if not isinstance(doc, dict):
-        return f"{kubeconfig}: not a kubeconfig (expected a mapping)"
-    contexts = sorted(str(c.get("name")) for c in doc.get("contexts") or [] if isinstance(c, dict))
+    return context_problem(wanted, [kubeconfig], stack_file.name, missing_ok=False)
+
+
+def kubeconfig_files(env: Mapping[str, str]) -> list[Path]:
+    """The files the Kubernetes provider merges, as kubectl does: ``$KUBECONFIG`` (a path list), else
+    ``~/.kube/config``."""
+    listed = [Path(p) for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
+    return listed or [Path(env.get("HOME", str(Path.home()))) / ".kube" / "config"]
+
+
+def context_problem(wanted: str | None, files: Sequence[Path], source: str = "the stack", *,
+                    missing_ok: bool = True) -> str | None:
+    """Why ``wanted`` (None: the current context) is not a context of the merged ``files``, in one line,
+    or None when it is. With ``missing_ok``, files that do not exist are skipped and none at all is not a
+    problem: the provider may then run with the in-cluster configuration, and says so when it cannot."""
+    contexts: list[str] = []
+    current: str | None = None
+    read: list[Path] = []
+    for path in files:
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError as e:
+            if missing_ok:
+                continue
+            return f"{path}: cannot read the kubeconfig: {e.strerror}"
+        except (OSError, yaml.YAMLError) as e:
+            return f"{path}: cannot read the kubeconfig: {str(e).splitlines()[0]}"
+        if not isinstance(doc, dict):
+            return f"{path}: not a kubeconfig (expected a mapping)"
+        read.append(path)
+        contexts += [str(c.get("name")) for c in doc.get("contexts") or [] if isinstance(c, dict)]
+        current = current or (str(doc["current-context"]) if doc.get("current-context") else None)
+    if not read:
+        return None
+    where = ", ".join(map(str, read))
+    known = ", ".join(sorted(set(contexts))) or "no contexts"
     if wanted is None:
-        current = doc.get("current-context")
         if current in contexts:
             return None
-        return (f"{kubeconfig}: {stack_file.name} sets no nvidia-gpu:cluster.kubeContext, and the kubeconfig's "
-                f"current-context {current!r} is not one of its contexts ({', '.join(contexts) or 'none'})")
+        return (f"{where}: {source} sets no nvidia-gpu:cluster.kubeContext, and the kubeconfig's current-context "
+                f"{current!r} is not one of its contexts ({known})")
     if wanted in contexts:
         return None
-    return (f"{kubeconfig}: no context {wanted!r}, which {stack_file.name} names in nvidia-gpu:cluster.kubeContext; "
-            f"the kubeconfig has: {', '.join(contexts) or 'no contexts'}. Rename the context in the kubeconfig "
-            f"(kubectl config rename-context) or set kubeContext to one of these")
+    return (f"{where}: no context {wanted!r}, which {source} names in nvidia-gpu:cluster.kubeContext; the kubeconfig "
+            f"has: {known}. Rename the context in the kubeconfig (kubectl config rename-context) or set kubeContext "
+            "to one of these")
 
 
 def main(argv: list[str] | None = None) -> int:

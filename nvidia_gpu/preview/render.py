@@ -42,10 +42,18 @@ _RANK: dict[str, int] = {
     "Job": 5,
 }
 _CUSTOM_RANK = 6
-_PATCH_HEADER = (
-    "# A partial object for server-side apply onto an object another controller owns:\n"
-    "#   kubectl apply --server-side --force-conflicts --field-manager=nvidia-gpu -f <this file>\n"
-)
+#: The provider's annotation naming a patch's server-side-apply field manager.
+_PATCH_FIELD_MANAGER = "pulumi.com/patchFieldManager"
+
+
+def _patch_header(obj: dict[str, Any]) -> str:
+    """How to apply a patch file by hand as the stack applies it: its own field manager, and no
+    ``--force-conflicts`` (the stack never takes fields over from another manager; a conflict is refused)."""
+    manager = ((obj.get("metadata") or {}).get("annotations") or {}).get(_PATCH_FIELD_MANAGER)
+    flag = f" --field-manager={manager}" if manager else ""
+    return ("# A partial object for server-side apply onto an object another controller owns, as the stack\n"
+            "# applies it (a field another manager holds is a conflict, refused, never taken over):\n"
+            f"#   kubectl apply --server-side{flag} -f <this file>\n")
 
 
 def _rank(kind: str) -> int:
@@ -80,7 +88,7 @@ def render_manifests(resources: tuple[RecordedResource, ...]) -> tuple[RenderedM
 
 def manifest_text(manifest: RenderedManifest) -> str:
     body = yamltext.dump(manifest.object)
-    return (_PATCH_HEADER if manifest.patch else "") + "---\n" + body
+    return (_patch_header(manifest.object) if manifest.patch else "") + "---\n" + body
 
 
 def plan(result: PreviewResult) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from nvgpu import yamltext
-from nvgpu.stackconfig import CONFIG_NAMESPACE, StackConfigError, load_stack_config, namespace_values
+from nvgpu.stackconfig import CONFIG_NAMESPACE, StackConfigError, load_namespaced_config
 from nvidia_gpu.preview.model import PreviewResult, Problem
 
 STEP = "config"
@@ -62,7 +62,7 @@ def load(result: PreviewResult) -> None:
     if result.problems:
         return
     try:
-        result.config = load_stack_config(namespace_values(raw))
+        result.config = load_namespaced_config(raw)
     except StackConfigError as e:
         for line in e.problems:
             subject, _, message = line.partition(": ")

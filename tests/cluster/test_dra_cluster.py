@@ -772,7 +772,14 @@ def test_kubelet_prepare_writes_cdi_for_exactly_the_allocated_devices(kube: Kube
                     continue
                 uuid = offered[device]["attributes"]["uuid"]["string"]
                 assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in edits["env"]
-                assert nodes == [f"/dev/nvidia{device.split('-mig-')[0].removeprefix('gpu-')}"]
+                parent = f"/dev/nvidia{device.split('-mig-')[0].removeprefix('gpu-')}"
+                if "-mig-" not in device:
+                    assert nodes == [parent]
+                    continue
+                # A MIG device also needs its GPU instance's and compute instance's access capabilities,
+                # as NVIDIA's CDI specs list them (the host has them: node setup and the MIG manager make them).
+                assert nodes[0] == parent and len(nodes) == 3, nodes
+                assert all(n.startswith("/dev/nvidia-caps/nvidia-cap") for n in nodes[1:]), nodes
         specs = sorted(p.name for p in (plugin.root / "var/run/cdi").glob("*.json"))
         assert specs == sorted(f"k8s.{DRIVER}-claim_{c['metadata']['uid']}.json" for c in claims)
         # Idempotent, as the kubelet may repeat the call after a restart.

@@ -66,6 +66,8 @@ def _expected(stack: AppliedStack, nodes: dict[str, dict[str, Any]]) -> dict[str
         want[plugin].add(name)
         if f"gpu-exporter-{group}" in want:  # GPU metrics (cluster.monitoring), behind the same gate
             want[f"gpu-exporter-{group}"].add(name)
+        if f"mps-control-daemon-{group}" in want:  # an MPS group's control daemon, beside its plugin
+            want[f"mps-control-daemon-{group}"].add(name)
         if "nvidia.com/mig.config" in labels and group in mig_groups:
             want["nvidia-gpu-mig-manager"].add(name)
     return want

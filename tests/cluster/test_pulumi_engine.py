@@ -254,28 +254,65 @@ def test_5_taints_another_manager_owns_are_refused_at_preview(cluster: ControlPl
     ours = kube.get("deckhouse.io/v1", "NodeGroup", "gpu-h200")["spec"]["nodeTemplate"]["taints"]
     # Another manager (a person, GitOps) takes the atomic list over with a taint of its own.
     kube.patch("deckhouse.io/v1", "NodeGroup", "gpu-h200", {"spec": {"nodeTemplate": {"taints": [*ours, taint]}}})
+    done = project.pulumi("preview", check=False)
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "Deckhouse NodeGroup 'gpu-h200' has taints this stack does not declare: team=ml:NoSchedule" in out, out
+    assert "extraTaints" in out and "/spec/nodeTemplate/taints" in out
+
+    # The first half of the advice alone (declare it) still leaves the list another manager's: refused at
+    # preview too, never a server-side-apply conflict halfway through up.
+    text = project.config_file().read_text()
+    config = yaml.safe_load(text)
+    (group,) = [g for g in config["config"]["nvidia-gpu:nodeGroups"] if g.get("nodeGroup") == "gpu-h200"]
+    group["extraTaints"] = [*group.get("extraTaints", []), taint]
     try:
+        project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
         done = project.pulumi("preview", check=False)
-        assert done.returncode != 0
         out = done.stdout + done.stderr
-        assert "Deckhouse NodeGroup 'gpu-h200' has taints this stack does not declare: team=ml:NoSchedule" in out, out
-        assert "extraTaints" in out
-    finally:
-        # The other manager lets go (removes the list), and a refreshing up puts the stack's back.
+        assert done.returncode != 0 and "spec.nodeTemplate.taints is managed by" in out, out[-3000:]
+        # The whole advice: hand the list over, as the message says; the stack's up then applies the
+        # declared taint with its own, and owns the list.
         kube.patch("deckhouse.io/v1", "NodeGroup", "gpu-h200", {"spec": {"nodeTemplate": {"taints": None}}})
+        project.pulumi("up", "--yes", "--refresh")
+        live = kube.get("deckhouse.io/v1", "NodeGroup", "gpu-h200")
+        assert taint in live["spec"]["nodeTemplate"]["taints"]
+        managers = {m["manager"] for m in live["metadata"]["managedFields"]
+                    if "f:taints" in m.get("fieldsV1", {}).get("f:spec", {}).get("f:nodeTemplate", {})}
+        assert len(managers) == 1 and managers != {"kubectl-patch"}, managers
+    finally:
+        project.config_file().write_text(text)
+    # Declared no more: the stack's list goes back to its own taints.
     project.pulumi("up", "--yes", "--refresh", "--skip-preview")
     assert kube.get("deckhouse.io/v1", "NodeGroup", "gpu-h200")["spec"]["nodeTemplate"]["taints"] == ours
 
 
-def test_5a_a_mistyped_nodegroup_fails_at_preview(project: Project) -> None:
+def _preview_with(project: Project, line: str, instead: str) -> tuple[int, str]:
+    """``pulumi preview`` with one line of the stack's config replaced (put back after): its code and output."""
     text = project.config_file().read_text()
-    project.config_file().write_text(text.replace("nodeGroup: gpu-h100\n", "nodeGroup: gpu-h100x\n"))
+    assert line in text
+    project.config_file().write_text(text.replace(line, instead))
     try:
         done = project.pulumi("preview", check=False)
     finally:
         project.config_file().write_text(text)
-    out = done.stdout + done.stderr
-    assert done.returncode != 0 and "gpu-h100x" in out and "does not exist" in out, out[-3000:]
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_5a_a_mistyped_nodegroup_fails_at_preview(project: Project) -> None:
+    code, out = _preview_with(project, "nodeGroup: gpu-h100\n", "nodeGroup: gpu-h100x\n")
+    assert code != 0 and "gpu-h100x" in out and "does not exist" in out, out[-3000:]
+
+
+def test_5a2_a_kube_context_the_kubeconfig_lacks_fails_in_one_line(project: Project) -> None:
+    """The provider alone answers a wrong ``kubeContext`` with pages of Python and gRPC traceback; the
+    program says which context is missing and which there are, in one line, before registering anything."""
+    code, out = _preview_with(project, "kubeContext: dev\n", "kubeContext: kubernetes-admin@dev\n")
+    assert code != 0, out[-3000:]
+    # The CLI shows a program's error twice (the progress line and the Diagnostics): one message.
+    (line,) = {x.split("error: ", 1)[1] for x in out.splitlines() if "no context 'kubernetes-admin@dev'" in x}
+    assert "Pulumi.dev.yaml names in nvidia-gpu:cluster.kubeContext" in line and "the kubeconfig has: dev" in line
+    assert "Traceback" not in out and "grpc" not in out.lower(), out[-3000:]
 
 
 def test_5b_a_removed_group_leaves_its_nodegroup_and_namespace_clean(cluster: ControlPlane, project: Project) -> None:

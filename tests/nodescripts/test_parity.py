@@ -96,6 +96,11 @@ SCENARIOS: dict[str, Scenario] = {
     "renamed-gpu": _renamed_gpu,
     "modules-missing": lambda r: build_fake_host(r, "l4x2", modules=("nvidia_modeset",)),
     "device-nodes-missing": lambda r: build_fake_host(r, "a30x4", device_nodes=False),
+    # Right after boot: nvidia_uvm not loaded, no /dev/nvidia* node; setup (gpu-devices.sh, the agent's
+    # devnodes) makes them, the check alone reports them.
+    "fresh-boot": lambda r: build_fake_host(r, "a30x4", containerd=2, fresh_boot=True),
+    "fresh-boot-uvm-unloadable": lambda r: build_fake_host(r, "a30x4", containerd=2, fresh_boot=True,
+                                                           unloadable_modules=("nvidia-uvm",)),
     "driver-not-loaded": lambda r: build_fake_host(r, "dgx-a100-80gb", driver_loaded=False),
     "driver-unparseable": lambda r: build_fake_host(r, "l4x2", driver_text="NVRM version: who knows\n"),
     "two-part-driver": lambda r: build_fake_host(
@@ -143,15 +148,16 @@ def test_check_verdicts_agree(scenario: str, tmp_path: Path, run_script: RunScri
 
 @pytest.mark.parametrize("scenario", ["good-dgx-h100-containerd1", "good-hgx-h200-containerd2",
                                       "no-nvidia-runtime-containerd2", "no-gpu", "old-driver", "good-l4x2-crio",
-                                      "crio-without-conmon"])
+                                      "crio-without-conmon", "fresh-boot", "fresh-boot-uvm-unloadable"])
 def test_setup_writes_identical_files(scenario: str, tmp_path: Path, run_script: RunScript,
                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from nvgpu.nodescripts import render_node_scripts
+
     by_script = SCENARIOS[scenario](tmp_path / "script")
     by_agent = SCENARIOS[scenario](tmp_path / "agent")
-    for name in ("gpu-check.sh", "gpu-runtime.sh", "gpu-sysctl.sh"):
-        run_script(by_script, name)
-    script_complete = summary(run_script(by_script, "gpu-sysctl.sh").stdout, "nvidia-gpu-setup")["complete"] \
-        if scenario != "no-gpu" else "false"
+    for script in render_node_scripts():  # every step, in the weight order bashible runs them
+        ran = run_script(by_script, script.name)
+    script_complete = summary(ran.stdout, "nvidia-gpu-setup")["complete"] if scenario != "no-gpu" else "false"
     _, doc = _agent_json(by_agent, capsys, "setup", "--no-patch-node", "--no-restart")
     assert str(doc["complete"]).lower() == script_complete
     etc_script, etc_agent = by_script.snapshot("/etc"), by_agent.snapshot("/etc")

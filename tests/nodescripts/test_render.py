@@ -16,9 +16,10 @@ from tests.tools import missing
 
 def test_script_set_and_weights() -> None:
     plain = render_node_scripts()
-    assert [(s.name, s.weight) for s in plain] == [("gpu-check.sh", 25), ("gpu-runtime.sh", 31), ("gpu-sysctl.sh", 40)]
+    assert [(s.name, s.weight) for s in plain] == [("gpu-devices.sh", 24), ("gpu-check.sh", 25), ("gpu-runtime.sh", 31),
+                                                   ("gpu-sysctl.sh", 40)]
     dra = render_node_scripts(vfio=True)
-    assert [s.name for s in dra] == ["gpu-check.sh", "gpu-runtime.sh", "gpu-vfio.sh", "gpu-sysctl.sh"]
+    assert [s.name for s in dra] == ["gpu-devices.sh", "gpu-check.sh", "gpu-runtime.sh", "gpu-vfio.sh", "gpu-sysctl.sh"]
     assert all(isinstance(s, NodeScript) and s.weight == WEIGHTS[s.name] for s in dra)
     for s in dra:
         assert s.content.startswith("#!/usr/bin/env bash\n")

@@ -183,6 +183,50 @@ def device_node_stand_in(local: Path, major: int, minor: int, mode: int) -> None
     local.chmod(mode)
 
 
+def modprobe_stand_in(root: Path, kernel: str, unloadable: Iterable[str] = ()) -> str:
+    """The simulated host's ``modprobe``: marks each module loaded in this root (the kernel names it with
+    underscores); ``nvidia-uvm`` also registers its character major in ``/proc/devices``, as the module does.
+    A module of ``unloadable`` is not in the kernel's module directory: it fails as kmod's modprobe does
+    (``modprobe: FATAL: Module nvidia-uvm not found in directory /lib/modules/<release>``, exit 1), loading
+    nothing, the way a driver installed without ``nvidia-uvm`` or built for another kernel fails on a node."""
+    logs = root / "var/log"
+    missing = " ".join(sorted({m.replace("_", "-") for m in unloadable}))
+    return ("#!/bin/sh\n# simulated modprobe (node_agent.nvml.sim.host.modprobe_stand_in)\n"
+            'for arg in "$@"; do\n  case "$arg" in -*) continue ;; esac\n'
+            '  for gone in ' + (missing or '""') + '; do\n'
+            '    if [ "$(echo "$arg" | tr _ -)" = "$gone" ]; then\n'
+            f'      echo "$arg" >>"{logs}/simulated-modprobe.log"\n'
+            f'      echo "modprobe: FATAL: Module $arg not found in directory /lib/modules/{kernel}" >&2\n'
+            "      exit 1\n    fi\n  done\n"
+            '  m=$(echo "$arg" | tr - _)\n'
+            f'  mkdir -p "{root}/sys/module/$m"\n'
+            f'  echo "$m 16384 0 - Live 0x0000000000000000" >>"{root}/proc/modules"\n'
+            f'  if [ "$m" = nvidia_uvm ] && [ -f "{root}/proc/devices" ] && '
+            f'! grep -q " nvidia-uvm$" "{root}/proc/devices"; then\n'
+            f'    sed -i "/^\\$/i{UVM_MAJOR} nvidia-uvm" "{root}/proc/devices"\n'
+            "  fi\n"
+            f'  echo "$arg" >>"{logs}/simulated-modprobe.log"\n'
+            "done\n")
+
+
+#: The simulated host's ``mknod`` (coreutils' ``mknod -m MODE PATH c MAJOR MINOR``, the one form the node scripts
+#: use), for the bash node scripts as :func:`device_node_stand_in` is for the agent: tests run as non-root, where
+#: mknod(2) fails, so the node is a regular file holding ``c <major>:<minor>`` with the mode; an existing path
+#: fails as mknod(2) does (EEXIST).
+MKNOD_STAND_IN = """#!/bin/sh
+# simulated mknod (node_agent.nvml.sim.host.MKNOD_STAND_IN): mknod -m MODE PATH c MAJOR MINOR
+if [ "$#" -ne 6 ] || [ "$1" != -m ] || [ "$4" != c ]; then
+  echo "mknod: the simulated host's mknod takes only -m MODE PATH c MAJOR MINOR, not: $*" >&2
+  exit 2
+fi
+if [ -e "$3" ] || [ -L "$3" ]; then
+  echo "mknod: '$3': File exists" >&2
+  exit 1
+fi
+printf 'c %s:%s\\n' "$5" "$6" >"$3" && chmod "$2" "$3"
+"""
+
+
 def sim_state_file(root: Path, machine: str) -> Path:
     """The simulated machine's state file under a host root: where the agent's ``--nvml simulated:<machine>``
     keeps it by default, so the tests, the simulated ``nvidia-smi`` and the agent share one machine."""
@@ -356,6 +400,7 @@ def lay_out(
     modules: Iterable[str] = DEFAULT_MODULES,
     device_nodes: bool = True,
     fresh_boot: bool = False,
+    unloadable_modules: Iterable[str] = (),
     iommu: bool = True,
     nvidia_container_runtime: bool = True,
     toolkit_config: bool = True,
@@ -371,7 +416,9 @@ def lay_out(
     program: only the ``nvidia`` module loaded (``nvidia_uvm`` is loaded by the first CUDA program's
     ``nvidia-modprobe``, not at boot), ``/proc/devices`` and ``mig-minors`` as the driver writes them at load,
     and no ``/dev/nvidia*`` node at all (the module registers majors but makes no node: nvidia-modprobe or
-    ``nvidia-ctk system create-device-nodes`` does)."""
+    ``nvidia-ctk system create-device-nodes`` does). ``unloadable_modules``: modules (``nvidia-uvm``) the
+    kernel's module directory lacks, so the host's ``modprobe`` fails for them as kmod's does (a driver
+    installed without them, or built for another kernel): :func:`modprobe_stand_in`."""
     root.mkdir(parents=True, exist_ok=True)
     bin_dir = root / "usr/bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -478,18 +525,7 @@ def lay_out(
                f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
                f'-m node_agent.nvml.sim.systemctl --machine {machine} --state "{sim_state_file(root, machine)}" '
                f'--log "{logs}/simulated-systemctl.log" -- "$@"\n', 0o755)
-    _write(root, "/usr/sbin/modprobe",
-           "#!/bin/sh\n# simulated modprobe: marks each module loaded in this root (the kernel names it with\n"
-           "# underscores); nvidia-uvm also registers its character major in /proc/devices, as the module does.\n"
-           'for arg in "$@"; do\n  case "$arg" in -*) continue ;; esac\n'
-           '  m=$(echo "$arg" | tr - _)\n'
-           f'  mkdir -p "{root}/sys/module/$m"\n'
-           f'  echo "$m 16384 0 - Live 0x0000000000000000" >>"{root}/proc/modules"\n'
-           f'  if [ "$m" = nvidia_uvm ] && [ -f "{root}/proc/devices" ] && '
-           f'! grep -q " nvidia-uvm$" "{root}/proc/devices"; then\n'
-           f'    sed -i "/^\\$/i{UVM_MAJOR} nvidia-uvm" "{root}/proc/devices"\n'
-           "  fi\n"
-           f'  echo "$arg" >>"{logs}/simulated-modprobe.log"\n'
-           "done\n", 0o755)
+    _write(root, "/usr/sbin/modprobe", modprobe_stand_in(root, kernel, unloadable_modules), 0o755)
+    _write(root, "/usr/bin/mknod", MKNOD_STAND_IN, 0o755)
     _write(root, MARKER, json.dumps({"machine": machine}) + "\n")
     return sim

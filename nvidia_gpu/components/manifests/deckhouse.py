@@ -53,29 +53,40 @@ class NodeTemplateConflict(Exception):
 
 def check_node_template(group: NodeGroup, metadata: dict[str, Any] | None, spec: dict[str, Any] | None,
                         ours: list[dict[str, str]], manager: str) -> bool:
-    """Refuse (at preview) to take over taints this stack does not declare from another manager.
+    """Refuse (at preview) a node template whose taints list another manager holds.
 
     ``metadata``/``spec`` are the live NodeGroup's (None under the offline preview, which has no
-    cluster). The taints list is atomic, so applying ours would silently drop theirs; the message names
-    the taints, who manages them and the way out.
+    cluster). The taints list is atomic: applying ours would drop taints the stack does not declare, and
+    even when it declares them all (``extraTaints``), the apply conflicts with the other manager's
+    ownership of the list halfway through ``up``. So the list must be the stack's or nobody's: the
+    message names the taints, who holds them and how to hand the list over (remove it; the stack then
+    applies its own, extraTaints included). Taking it over by force is not offered: it would silently
+    overrule an operator's or a GitOps tool's later writes.
     """
     if not spec:
         return True
     live = (spec.get("nodeTemplate") or {}).get("taints") or []
     owners = [m.get("manager", "?") for m in (metadata or {}).get("managedFields") or []
               if "f:taints" in (((m.get("fieldsV1") or {}).get("f:spec") or {}).get("f:nodeTemplate") or {})]
-    if owners and all(o == manager for o in owners):
-        return True  # the list is ours already: whatever it holds, the stack declares it
+    others = sorted({o for o in owners if o != manager})
+    if not others or not live:
+        return True  # the list is ours already, or nobody's
     declared = {(t.get("key"), t.get("value"), t.get("effect")) for t in ours}
     foreign = [t for t in live if (t.get("key"), t.get("value"), t.get("effect")) not in declared]
-    if not foreign:
-        return True
-    shown = ", ".join(f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in foreign)
+    hand_over = (f"kubectl patch nodegroups.deckhouse.io {group.node_group} --type=json -p "
+                 "'[{\"op\":\"remove\",\"path\":\"/spec/nodeTemplate/taints\"}]'")
+    if foreign:
+        shown = ", ".join(f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in foreign)
+        raise NodeTemplateConflict(
+            f"nodeGroups[{group.name}]: Deckhouse NodeGroup {group.node_group!r} has taints this stack does not "
+            f"declare: {shown} (the list is managed by {', '.join(others)}). spec.nodeTemplate.taints is an "
+            "atomic list, so applying the stack's taints would remove them. To keep them, add them to the "
+            f"group's extraTaints and hand the list to the stack: {hand_over} (the stack's up then applies "
+            "them with its own); or remove them from the NodeGroup")
     raise NodeTemplateConflict(
-        f"nodeGroups[{group.name}]: Deckhouse NodeGroup {group.node_group!r} has taints this stack does not "
-        f"declare: {shown} (managed by {', '.join(sorted(set(owners))) or 'another manager'}). "
-        "spec.nodeTemplate.taints is an atomic list, so applying the stack's taints would remove them: add "
-        "them to the group's extraTaints (the stack then manages them), or remove them from the NodeGroup")
+        f"nodeGroups[{group.name}]: Deckhouse NodeGroup {group.node_group!r}: spec.nodeTemplate.taints is managed "
+        f"by {', '.join(others)}, so the stack's apply of the same list would conflict halfway through up. "
+        f"Hand the list to the stack: {hand_over} (the stack's up then applies the taints it declares)")
 
 
 def ngc_name(namespace_name: str, group: NodeGroup, script: NodeScript) -> str:

@@ -117,3 +117,23 @@ def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path: Path) -> None
     finally:
         os.close(write_end)
     assert done.returncode == exitcodes.OK and "Traceback" not in done.stderr, done.stderr
+
+
+def test_sim_host_makes_a_module_unloadable_on_demand(tmp_path: Path) -> None:
+    """``sim host --fresh-boot --unloadable-module nvidia-uvm``: the node's modprobe fails as kmod's does, so
+    setup stops at its devices step naming the module and the message (a driver installed without nvidia-uvm)."""
+    root = tmp_path / "node"
+    opts = ("--host-root", str(root), "--nvml", "simulated:l4x2")
+    laid = agent("sim", "host", "--fresh-boot", "--unloadable-module", "nvidia-uvm", *opts)
+    assert laid.returncode == exitcodes.OK, laid.stderr
+    modprobe = subprocess.run([str(root / "usr/sbin/modprobe"), "nvidia-uvm"], capture_output=True, text=True,
+                              timeout=30, check=False)
+    assert (modprobe.returncode, modprobe.stderr.strip()) == (
+        1, "modprobe: FATAL: Module nvidia-uvm not found in directory /lib/modules/5.15.0-105-generic")
+    assert "nvidia_uvm" not in (root / "proc/modules").read_text()
+    setup = agent("setup", "--json", "--no-patch-node", "--no-restart", "--host-exec", "direct", *opts)
+    step = json.loads(setup.stdout)["steps"][-1]
+    assert setup.returncode != 0 and step["name"] == "devices"
+    assert "modprobe nvidia-uvm failed (exit 1)" in step["detail"]
+    assert agent("sim", "host", *opts).returncode == exitcodes.OK  # laid out again without it: modprobe loads it
+    assert subprocess.run([str(root / "usr/sbin/modprobe"), "nvidia-uvm"], timeout=30, check=False).returncode == 0

@@ -206,8 +206,11 @@ def test_build_stack_renders_the_node_scripts_for_deckhouse_groups(engine: Engin
     cfg = stack_config([group("a"), {**group("d"), "allocationMode": "dra", "passthrough": True}])
     resources = engine.run(lambda: build_stack(cfg))
     ngcs = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in of_kind(resources, "NodeGroupConfiguration")}
-    expected = {f"nvidia-gpu-a-{n}" for n in ("gpu-check.sh", "gpu-runtime.sh", "gpu-sysctl.sh")}
+    expected = {f"nvidia-gpu-a-{n}" for n in ("gpu-devices.sh", "gpu-check.sh", "gpu-runtime.sh", "gpu-sysctl.sh")}
     assert expected <= set(ngcs)
+    # A fresh-boot node gets nvidia-uvm and its /dev/nvidia* nodes before bashible's check runs.
+    assert ngcs["nvidia-gpu-a-gpu-devices.sh"]["weight"] < ngcs["nvidia-gpu-a-gpu-check.sh"]["weight"]
+    assert "modprobe nvidia-uvm" in ngcs["nvidia-gpu-a-gpu-devices.sh"]["content"]
     assert "nvidia-gpu-d-gpu-vfio.sh" in ngcs and "nvidia-gpu-a-gpu-vfio.sh" not in ngcs
     assert ngcs["nvidia-gpu-d-gpu-iommu.sh"]["weight"] == 34 and "nvidia-gpu-a-gpu-iommu.sh" not in ngcs
     for name, spec in ngcs.items():

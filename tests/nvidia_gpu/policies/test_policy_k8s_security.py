@@ -234,6 +234,18 @@ def test_envvar_device_list_is_warned_about() -> None:
     assert check("gpus-only-as-allocated", CM_TYPE, other) == []
 
 
+def test_envvar_is_said_once_per_config_map() -> None:
+    """A node group's ConfigMap carries one config per sharing variant; the advisory names them all in one line
+    (it used to be printed once per config, four times for one setting)."""
+    cm = _plugin_config(deviceListStrategy="envvar")
+    data = cm["data"]
+    assert isinstance(data, dict)
+    cm["data"] = {name: data["Exclusive"] for name in ("Exclusive", "TimeSlicing", "MPS", "default")}
+    (line,) = check("gpus-only-as-allocated", CM_TYPE, cm)
+    assert line.startswith("ConfigMap 'device-plugin-config-h100' data[Exclusive], data[TimeSlicing], data[MPS], "
+                           "data[default]: deviceListStrategy includes envvar"), line
+
+
 def test_envvar_policy_is_advisory() -> None:
     from pulumi_policy import EnforcementLevel
 

@@ -45,3 +45,28 @@ def test_without_a_kube_context_the_current_one_must_exist(tmp_path: Path) -> No
 def test_an_unreadable_kubeconfig_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
     found = kubecontext.problem(REPO / "Pulumi.dev.yaml", tmp_path / "missing")
     assert found is not None and "cannot read the kubeconfig" in found
+
+
+def test_the_provider_merges_the_kubeconfig_path_list(tmp_path: Path) -> None:
+    """``$KUBECONFIG`` is a path list the provider merges, as kubectl does; a missing file is skipped."""
+    a = _kubeconfig(tmp_path / "a", "staging", current="staging")
+    b = _kubeconfig(tmp_path / "b", "prod")
+    files = kubecontext.kubeconfig_files({"KUBECONFIG": f"{a}:{tmp_path / 'gone'}:{b}", "HOME": str(tmp_path)})
+    assert files == [a, tmp_path / "gone", b]
+    assert kubecontext.context_problem("prod", files) is None
+    assert kubecontext.context_problem(None, files) is None  # the first file's current context
+    wrong = kubecontext.context_problem("dev", files, "Pulumi.dev.yaml")
+    assert wrong is not None and "\n" not in wrong
+    assert wrong.startswith(f"{a}, {b}: no context 'dev', which Pulumi.dev.yaml names") and "prod, staging" in wrong
+
+
+def test_without_kubeconfig_the_home_file_is_read_and_none_at_all_is_left_to_the_provider(tmp_path: Path) -> None:
+    assert kubecontext.kubeconfig_files({"HOME": str(tmp_path)}) == [tmp_path / ".kube" / "config"]
+    assert kubecontext.context_problem("dev", [tmp_path / ".kube" / "config"]) is None  # in-cluster, maybe
+
+
+def test_an_unreadable_kubeconfig_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "config"
+    bad.write_text("contexts: [\n  - {")
+    wrong = kubecontext.context_problem("dev", [bad])
+    assert wrong is not None and wrong.startswith(f"{bad}: cannot read the kubeconfig") and "\n" not in wrong

@@ -103,6 +103,16 @@ def test_render_orders_namespaces_first_and_custom_resources_last() -> None:
                      "004-nodegroupconfiguration-gpu-check.sh.yaml"]
 
 
+def test_a_patch_file_says_how_the_stack_applies_it() -> None:
+    """The header names the patch's own field manager and no --force-conflicts: the stack never takes a
+    field over, so applying the file by hand the way it says must not either."""
+    patch = {"apiVersion": "deckhouse.io/v1", "kind": "NodeGroup",
+             "metadata": {"name": "gpu-l4", "annotations": {"pulumi.com/patchFieldManager": "nvidia-gpu.ns"}}}
+    text = render.manifest_text(RenderedManifest(1, "001-nodegroup-gpu-l4.yaml", patch, _resource(patch), patch=True))
+    assert "#   kubectl apply --server-side --field-manager=nvidia-gpu.ns -f <this file>\n" in text
+    assert "--force-conflicts" not in text
+
+
 def test_engine_config_encodes_like_the_pulumi_engine() -> None:
     encoded, secrets = stackfile.engine_config(
         {"nvidia-gpu:cluster": {"a": 1}, "kubernetes:context": "dev", "x:y": {"secure": "AAA"}})
