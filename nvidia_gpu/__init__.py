@@ -21,7 +21,9 @@ What a user imports is this package's top level::
 * :class:`GpuPlatform` / :class:`GpuPlatformArgs`: the cluster-wide part (the namespace, the agents'
   ServiceAccounts and RBAC, the ``nvidia`` RuntimeClass); :class:`GpuNodeGroup` / :class:`GpuNodeGroupArgs`:
   one group of GPU nodes (node setup, the labeller, the device plugin and its :class:`SharingPolicy`);
-  :class:`MigProfile` (the MIG manager) and :class:`DraStack` (the DRA driver), with their ``Args``.
+  :class:`MigProfile` (the MIG manager), :class:`DraStack` (the DRA driver), :class:`GpuMonitoring` (the
+  exporters, scrape objects, alerts and dashboards) and :class:`DriverUpgrade` (the driver upgrade
+  controller), with their ``Args``.
 * :func:`build_stack`: a whole stack from a validated :class:`nvgpu.stackconfig.StackConfig`, what
   this repository's own ``__main__.py`` runs.
 
@@ -45,7 +47,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nvidia_gpu.components.dra_stack import DraStack, DraStackArgs
+    from nvidia_gpu.components.driver_upgrade import DriverUpgrade, DriverUpgradeArgs
     from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
+    from nvidia_gpu.components.monitoring import GpuMonitoring, GpuMonitoringArgs
     from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
     from nvidia_gpu.components.platform import GpuPlatform, GpuPlatformArgs
     from nvidia_gpu.components.program import build_stack
@@ -63,12 +67,20 @@ _EXPORTS = {
     "MigProfileArgs": "nvidia_gpu.components.mig_profile",
     "DraStack": "nvidia_gpu.components.dra_stack",
     "DraStackArgs": "nvidia_gpu.components.dra_stack",
+    "GpuMonitoring": "nvidia_gpu.components.monitoring",
+    "GpuMonitoringArgs": "nvidia_gpu.components.monitoring",
+    "DriverUpgrade": "nvidia_gpu.components.driver_upgrade",
+    "DriverUpgradeArgs": "nvidia_gpu.components.driver_upgrade",
     "build_stack": "nvidia_gpu.components.program",
 }
 
 __all__ = [
     "DraStack",
     "DraStackArgs",
+    "DriverUpgrade",
+    "DriverUpgradeArgs",
+    "GpuMonitoring",
+    "GpuMonitoringArgs",
     "GpuNodeGroup",
     "GpuNodeGroupArgs",
     "GpuPlatform",

@@ -28,9 +28,11 @@ from typing import Any, NotRequired, TypedDict
 
 import pulumi
 
+from nvgpu.driver import DriverSource
 from nvgpu.protostruct import integral
 from nvgpu.stackconfig import AllocationMode, NodeGroup, StackConfig, StackConfigError, load_stack_config
-from nvidia_gpu.components import dra_stack, mig_profile, node_group, platform
+from nvidia_gpu.components import dra_stack, driver_upgrade, mig_profile, monitoring, node_group, platform
+from nvidia_gpu.components.manifests import driverupgrade as driverupgrade_manifests
 
 #: The package name: the first part of every type token.
 PACKAGE = "nvidia-gpu"
@@ -188,7 +190,49 @@ class DraStack(dra_stack.DraStack):
             opts)
 
 
-COMPONENTS: list[type[pulumi.ComponentResource]] = [GpuPlatform, GpuNodeGroup, MigProfile, DraStack]
+class GpuMonitoring(monitoring.GpuMonitoring):
+    """GPU metrics and their use, as ``cluster.monitoring`` says: an exporter DaemonSet per group (the agent's
+    NVML exporter or NVIDIA's dcgm-exporter), ServiceMonitors or PodMonitors, the alert rules and the Grafana
+    dashboards. One per cluster; depends on its ``GpuPlatform`` and, for the exporters, on the groups."""
+
+    metrics_exporter: str
+    """Who serves the GPU metrics: ``agent``, ``dcgm`` or ``none``."""
+    alert_rules: bool
+    """Whether the alert rules were created."""
+    dashboard_count: int
+    """How many dashboard ConfigMaps were created."""
+
+    def __init__(self, name: str, args: GroupsInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+        platform_args, config = _validated("GpuMonitoring", name, args, args["groups"])
+        super().__init__(name, monitoring.GpuMonitoringArgs(
+            platform=platform.PlatformRefs.deployed(platform_args), groups=config.node_groups,
+            cluster=platform_args.settings), opts)
+        settings = platform_args.settings.monitoring
+        self.metrics_exporter = settings.exporter.value if settings.enabled else "none"
+        self.alert_rules = self.rules is not None
+        self.dashboard_count = len(self.dashboards)
+
+
+class DriverUpgrade(driver_upgrade.DriverUpgrade):
+    """The driver upgrade controller for the groups whose ``gpu.driver.source`` is ``container``: it rolls a
+    driver change through their nodes one at a time (cordon, drain, new driver, check, uncordon), honouring
+    Deckhouse disruption windows. One per cluster; depends on its ``GpuPlatform``."""
+
+    drain_mode: str
+    """How nodes are drained: ``deckhouse`` (NodeGroup disruptions) or ``evict``."""
+
+    def __init__(self, name: str, args: GroupsInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+        platform_args, config = _validated("DriverUpgrade", name, args, args["groups"])
+        if not any(g.gpu.driver.source is DriverSource.CONTAINER for g in config.node_groups):
+            raise InputsError("DriverUpgrade", name, [(
+                "groups", "none has gpu.driver.source 'container': there is no driver for the controller to roll")])
+        super().__init__(name, driver_upgrade.DriverUpgradeArgs(cluster=platform_args.settings,
+                                                                groups=config.node_groups), opts)
+        self.drain_mode = driverupgrade_manifests.drain_mode(platform_args.settings)
+
+
+COMPONENTS: list[type[pulumi.ComponentResource]] = [GpuPlatform, GpuNodeGroup, MigProfile, DraStack, GpuMonitoring,
+                                                    DriverUpgrade]
 
 
 def serve() -> None:

@@ -52,3 +52,11 @@ def test_every_skipped_line_is_in_its_block(name: str) -> None:
     run = readme.BLOCKS[name]
     missing = [s for s in (*run.skip_lines, *(old for old, _ in run.replace_lines)) if s not in commands]
     assert not missing, f"{name}: skip_lines or replace_lines {missing} are not lines of the block"
+
+
+def test_the_offline_provider_install_names_the_pinned_provider() -> None:
+    """The README's offline install of the Kubernetes provider names the version the package declares."""
+    from importlib.metadata import version
+
+    (block,) = [b for b in readme.shell_blocks() if b.name == "provider-offline"]
+    assert f"plugin install resource kubernetes {version('pulumi-kubernetes')} --file" in block.text

@@ -101,6 +101,16 @@ class GpuNodeGroupArgs:
         object.__setattr__(self, "scripts", scripts)
 
 
+def _checked_node_template(group: NodeGroup, metadata: dict[str, Any] | None, spec: dict[str, Any] | None,
+                           ours: list[dict[str, str]], manager: str) -> bool:
+    """:func:`deckhouse.check_node_template`, its refusal as a ``RunError``: the engine shows its message alone,
+    not a Python traceback through the SDK's Output machinery."""
+    try:
+        return deckhouse.check_node_template(group, metadata, spec, ours, manager)
+    except deckhouse.NodeTemplateConflict as e:
+        raise pulumi.RunError(str(e)) from None
+
+
 class GpuNodeGroup(pulumi.ComponentResource):
     # Children are instance attributes, typed where they are set: class-level annotations are what
     # Pulumi's component provider host reads as a component's outputs (nvidia_gpu.package).
@@ -130,7 +140,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             ours = [t.as_dict() for t in desired_node_taints(group)]
             manager = inputs.resolve(deckhouse.field_manager(refs.namespace))
             checked = pulumi.Output.all(live.metadata, live.spec, manager).apply(
-                lambda ms: deckhouse.check_node_template(group, ms[0], ms[1], ours, ms[2]))
+                lambda ms: _checked_node_template(group, ms[0], ms[1], ours, ms[2]))
             # Removed with the group or the stack: our labels and taints leave the NodeGroup, and
             # Deckhouse takes them off its nodes.
             self.node_setup.append(

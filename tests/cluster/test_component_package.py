@@ -86,8 +86,8 @@ def test_the_package_schema_is_inferred_from_the_components(cluster: ControlPlan
     schema = json.loads(project.pulumi("package", "get-schema", str(REPO / "provider")).stdout)
     assert schema["name"] == "nvidia-gpu"
     resources = schema["resources"]
-    assert sorted(resources) == [f"nvidia-gpu:index:{n}" for n in ("DraStack", "GpuNodeGroup", "GpuPlatform",
-                                                                   "MigProfile")]
+    assert sorted(resources) == [f"nvidia-gpu:index:{n}" for n in ("DraStack", "DriverUpgrade", "GpuMonitoring",
+                                                                   "GpuNodeGroup", "GpuPlatform", "MigProfile")]
     group = resources["nvidia-gpu:index:GpuNodeGroup"]
     assert group["isComponent"] is True
     assert sorted(group["requiredInputs"]) == ["cluster", "group"]

@@ -259,6 +259,7 @@ def test_5_taints_another_manager_owns_are_refused_at_preview(cluster: ControlPl
     out = done.stdout + done.stderr
     assert "Deckhouse NodeGroup 'gpu-h200' has taints this stack does not declare: team=ml:NoSchedule" in out, out
     assert "extraTaints" in out and "/spec/nodeTemplate/taints" in out
+    assert "Traceback" not in out, out[-3000:]  # the refusal alone, not the SDK's stack
 
     # The first half of the advice alone (declare it) still leaves the list another manager's: refused at
     # preview too, never a server-side-apply conflict halfway through up.

@@ -67,6 +67,7 @@ BLOCKS: dict[str, Run] = {
         replace_lines=(("pulumi login --local", 'pulumi login "file://$HOME"'),),
         why="`--local` is `file://~`, the account's home from the password database, not $HOME: the test's "
             "stacks go to its fresh HOME instead of the machine's ~/.pulumi"),
+    "provider-offline": Run(),
     "cluster-up": Run(),
     "policies-offline": Run(),
 }

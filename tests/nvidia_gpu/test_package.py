@@ -18,7 +18,7 @@ L4 = {"name": "l4", "nodeSelector": {"matchLabels": {"pool": "l4"}},
 def test_the_schema_has_every_component_with_its_inputs_and_outputs() -> None:
     result = Analyzer(package.PACKAGE).analyze(package.COMPONENTS)
     defs = result["component_definitions"]
-    assert sorted(defs) == ["DraStack", "GpuNodeGroup", "GpuPlatform", "MigProfile"]
+    assert sorted(defs) == ["DraStack", "DriverUpgrade", "GpuMonitoring", "GpuNodeGroup", "GpuPlatform", "MigProfile"]
     group = defs["GpuNodeGroup"]
     required = sorted(k for k, p in group.inputs.items() if not p.optional)
     assert required == ["cluster", "group"]
@@ -30,6 +30,9 @@ def test_the_schema_has_every_component_with_its_inputs_and_outputs() -> None:
     assert sorted(defs["GpuPlatform"].outputs) == ["namespace", "serviceAccounts"]
     assert sorted(defs["GpuPlatform"].inputs) == ["agentImage", "cluster", "extraLabels", "namespace", "nodeTaintKeys"]
     assert sorted(defs["MigProfile"].outputs) == ["configMapName", "configNames"]
+    assert sorted(defs["GpuMonitoring"].outputs) == ["alertRules", "dashboardCount", "metricsExporter"]
+    assert sorted(defs["GpuMonitoring"].inputs) == ["agentImage", "cluster", "extraLabels", "groups", "namespace"]
+    assert sorted(defs["DriverUpgrade"].outputs) == ["drainMode"]
 
 
 def test_whole_numbers_from_other_languages_validate_as_integers() -> None:
@@ -46,6 +49,8 @@ def test_whole_numbers_from_other_languages_validate_as_integers() -> None:
     ("DraStack", {"cluster": {**CLUSTER, "kubernetesVersion": "1.33"}},
      [{**L4, "allocationMode": "dra", "gpu": {"model": "L4"}}], ("groups", "needs Kubernetes 1.34+")),
     ("GpuPlatform", {"cluster": CLUSTER, "namespace": "Not_A_Label"}, [], ("namespace", "not a namespace name")),
+    ("GpuMonitoring", {"cluster": {**CLUSTER, "monitoring": {"scrape": "pods"}}}, [L4],
+     ("cluster.monitoring.scrape", "'serviceMonitor', 'podMonitor' or 'annotations'")),
     ("GpuPlatform", {"cluster": CLUSTER, "agent_image": "UPPER CASE"}, [],
      ("agentImage", "must be an image repository without tag or digest")),
 ])
@@ -56,3 +61,20 @@ def test_a_bad_input_names_the_component_and_the_property(component: str, args: 
     assert str(caught.value).startswith(f"{component} 'x': ")
     path, reason = problem
     assert any(p.startswith(path) and reason in r for p, r in caught.value.problems), caught.value.problems
+
+
+def test_driver_upgrade_without_a_container_driver_is_refused_naming_the_groups() -> None:
+    """The controller has nothing to roll unless a group's driver comes from a container."""
+    with pytest.raises(package.InputsError) as caught:
+        package.DriverUpgrade("up", {"cluster": CLUSTER, "groups": [L4]})
+    assert caught.value.problems == [
+        ("groups", "none has gpu.driver.source 'container': there is no driver for the controller to roll")]
+
+
+def test_the_library_exports_every_component_of_the_package() -> None:
+    import nvidia_gpu
+
+    for component in package.COMPONENTS:
+        assert component.__name__ in nvidia_gpu.__all__
+        assert issubclass(component, getattr(nvidia_gpu, component.__name__))
+        assert f"{component.__name__}Args" in nvidia_gpu.__all__
