@@ -387,22 +387,22 @@ def _did_you_mean(word: str, choices: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+#: One image reference as ``docker pull`` takes it: ``repository[:tag][@sha256:digest]`` (a colon before
+#: the last slash is a registry port's, so it stays in the repository).
+_IMAGE_REF = re.compile(r"(?P<repository>[^@]+?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]*))?(?:@(?P<digest>sha256:.*))?",
+                        re.DOTALL)
+
+
+def image_parts(text: str) -> dict[str, str] | None:
+    """``text`` split into :class:`AgentImage`'s ``repository``, ``tag`` and ``digest`` (those present), or None
+    when it is no reference at all; the parts are judged by the model."""
+    m = _IMAGE_REF.fullmatch(text)
+    return None if m is None else {k: v for k, v in m.groupdict().items() if v is not None}
+
+
 def _image_text(v: Any) -> Any:
-    """``agentImage`` written as one reference (``repo:tag``, ``repo@sha256:...``, ``repo:tag@sha256:...``),
-    as ``docker pull`` takes it, split into the mapping; anything else is left for the model to judge."""
-    if not isinstance(v, str):
-        return v
-    ref, _, digest = v.partition("@")
-    repository, tag = ref, None
-    head, sep, tail = ref.rpartition(":")
-    if sep and "/" not in tail:  # a colon after the last slash is the tag's; one before it is a port's
-        repository, tag = head, tail
-    out: dict[str, Any] = {"repository": repository}
-    if tag is not None:
-        out["tag"] = tag
-    if digest:
-        out["digest"] = digest
-    return out
+    """``agentImage`` written as one reference, split into the mapping; anything else is left for the model."""
+    return (image_parts(v) or v) if isinstance(v, str) else v
 
 
 _SYSTEMD_UNIT = re.compile(r"[A-Za-z0-9:_.@-]{1,240}\.(service|socket|target|scope)")

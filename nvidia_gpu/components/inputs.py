@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from nvgpu.errortext import shown
 from nvgpu.k8snames import check_key, check_label_value
-from nvgpu.stackconfig import AgentImage
+from nvgpu.stackconfig import AgentImage, image_parts
 
 #: Stand-in token -> the (validated) Output it stands for, for this program's process.
 _TOKENS: dict[str, pulumi.Output[str]] = {}
@@ -35,8 +35,6 @@ _pattern_cache: tuple[int, re.Pattern[str] | None] = (0, None)
 #: namespace; ``repo:1.0\n`` even lost the newline and became the tag ``1.0``).
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 #: ``repository[:tag][@sha256:<hex>]``, the spelling :class:`nvgpu.stackconfig.AgentImage` renders.
-_IMAGE = re.compile(r"(?P<repository>[^@]+?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]*))?(?:@(?P<digest>sha256:.*))?",
-                    re.DOTALL)
 #: The digest the stand-in image carries: an Output image has no tag known to the program, so the
 #: ``app.kubernetes.io/version`` label (the tag) is left out of the objects that would carry it.
 _STAND_IN_DIGEST = "sha256:" + "0" * 64
@@ -65,11 +63,11 @@ def check_namespace(value: object) -> str:
 
 def parse_image(value: object) -> AgentImage:
     """An image reference as :class:`AgentImage` (pinned by tag or digest, as the stack config requires)."""
-    m = _IMAGE.fullmatch(value) if isinstance(value, str) else None
-    if m is None:
+    parts = image_parts(value) if isinstance(value, str) else None
+    if parts is None:
         raise ValueError(f"{shown(value)} is not an image reference (repository[:tag][@sha256:digest])")
     try:
-        return AgentImage(repository=m["repository"], tag=m["tag"], digest=m["digest"])
+        return AgentImage(**parts)
     except ValidationError as e:
         raise ValueError("; ".join(err["msg"] for err in e.errors(include_url=False))) from None
 
