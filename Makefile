@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 
-.PHONY: venv deps preview test check unit cluster-test compare lint policy-test bench clean proto tools cluster-up cluster-down
+.PHONY: venv deps preview test check unit cluster-test compare lint policy-test policy-pack policy-pack-cache policy-publish bench clean proto tools cluster-up cluster-down
 
 $(VENV)/.installed: requirements.txt requirements-agent.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,7 @@ deps:
 
 ## Everything CI runs: lint, types, layers, and every test, the cluster tests against the real control plane.
 ## The first run on a fresh machine also installs deps and builds the tools (see the README).
-test: deps venv tools lint
+test: deps venv tools policy-pack-cache lint
 	NVIDIA_GPU_REQUIRE_CLUSTER=1 $(PY) -m pytest -q
 
 ## The fast loop: lint, types, layers and the unit tests (no Go, no control plane).
@@ -69,6 +69,21 @@ lint: venv
 
 policy-test: venv
 	$(PY) -m pytest -q tests/nvidia_gpu/policies
+
+## The policy pack to publish: out/policy-pack/, self-contained (PulumiPolicy.yaml, __main__.py and config.json
+## as in policies/, the rules as a wheel of their own, requirements pinned; tools/policypack.py says more).
+policy-pack: venv
+	$(PY) tools/policypack.py build
+
+## What the pack's tests need, fetched once (network): its pinned wheels for offline installs, and the Pulumi
+## CLI's archive code built as a program (from tools/pulumi's modules) that lists what publish uploads.
+policy-pack-cache: venv
+	$(PY) tools/policypack.py cache
+
+## `pulumi policy publish` of that pack (logged in to the Pulumi Cloud; ORG=<organization>, default: yours),
+## from a temporary directory: the CLI leaves out what any .gitignore above the pack ignores, here out/.
+policy-publish: venv
+	$(PY) tools/policypack.py publish $(ORG)
 
 bench: venv
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,6 +1,8 @@
-"""Pulumi entry point: read the ``nvidia-gpu:`` stack config, validate it, build the stack.
+"""Pulumi entry point: read the ``nvidia-gpu:`` stack config, validate it, check the cluster, build the stack.
 
-An invalid config stops here with every problem listed, before any resource is registered.
+An invalid config stops here with every problem listed, before any resource is registered; so does a
+collision with what the target cluster already holds (another stack, another installer): see
+:mod:`nvidia_gpu.preflight`.
 """
 
 import os
@@ -13,6 +15,9 @@ from pulumi.runtime.settings import get_monitor
 from nvgpu.stackconfig import StackConfigError, load_namespaced_config
 from nvidia_gpu import build_stack
 from nvidia_gpu.components.program import decode_config_value
+from nvidia_gpu.components.register import recording
+from nvidia_gpu.preflight import check as preflight
+from nvidia_gpu.preflight import nodetemplate
 from nvidia_gpu.preview.kubecontext import context_problem, kubeconfig_files
 
 try:
@@ -26,5 +31,27 @@ wrong = context_problem(stack_config.cluster.kube_context, kubeconfig_files(os.e
                         f"Pulumi.{pulumi.get_stack()}.yaml") if real_engine else None
 if wrong is not None:
     raise pulumi.RunError(wrong)
+if real_engine:
+    report = preflight.run(stack_config, stack=f"{pulumi.get_project()}/{pulumi.get_stack()}",
+                           kubeconfigs=kubeconfig_files(os.environ))
+    for line in report.warnings:
+        pulumi.log.warn(line)
+    if report.errors:
+        raise pulumi.RunError("\n".join(f.line() for f in report.errors))
+# `up` only (destroy does not run the program): other managers' claims on the NodeGroups' node template
+# containers released, so that destroy can withdraw this stack's labels (nvidia_gpu.preflight.nodetemplate).
+if real_engine and not pulumi.runtime.is_dry_run():
+    try:
+        for line in nodetemplate.run(stack_config, kubeconfig_files(os.environ)):
+            pulumi.log.info(line)
+    except nodetemplate.ReleaseFailed as e:
+        raise pulumi.RunError(str(e)) from None
 
-build_stack(stack_config)
+with recording() as registered:
+    build_stack(stack_config)
+if real_engine and pulumi.runtime.is_dry_run():
+    # The server's validation is what a preview against the cluster is for: say where it will not run.
+    applied = [(r.manifest["apiVersion"], r.manifest["kind"], (r.manifest.get("metadata") or {}).get("namespace"))
+               for r in registered if r.mode != "read"]
+    for line in preflight.dry_run_warnings(stack_config, kubeconfigs=kubeconfig_files(os.environ), applied=applied):
+        pulumi.log.warn(line)

@@ -22,6 +22,9 @@ DRAINED = "update.node.deckhouse.io/drained"
 
 # This project's own labels
 NODE_GROUP = "gpu.nvidia-gpu.io/node-group"  #: the stack's node group a node belongs to
+#: On a stack's Namespace: ``<project>/<stack>`` of the Pulumi stack it belongs to, so a second stack
+#: given the same namespace is told apart before it applies anything (nvidia_gpu.preflight).
+STACK_ANNOTATION = "gpu.nvidia-gpu.io/stack"
 ALLOCATION_MODE = "gpu.nvidia-gpu.io/allocation-mode"  #: devicePlugin | dra
 #: Annotations on a Node: the label keys / taints (``key:effect``) the agent's labeller set there, comma-separated,
 #: so it removes only its own when the stack stops asking for them (``node_agent.labeller.nodeconfig``).

@@ -508,6 +508,56 @@ class RuntimeClassSettings(_Model):
     name: Annotated[str, AfterValidator(check_dns_subdomain)] = "nvidia"
 
 
+#: ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1), which keeps the preview identity to dry-runs: GA.
+PREVIEW_IDENTITY_MIN_MINOR = 30
+#: A user or group name as it goes into the admission policy's CEL string literal (no quote, no backslash).
+_USER_NAME = re.compile(r"[^\x00-\x1f\x7f'\\]{1,253}")
+
+
+class PreviewIdentity(_Model):
+    """Who runs ``pulumi preview`` in CI: the stack grants it what a server-side dry-run of every object the
+    stack applies needs (RBAC authorizes a dry-run create or patch like the write itself) and a
+    ValidatingAdmissionPolicy refuses it every request that is not a dry-run, so it validates but never writes
+    (``nvidia_gpu.components.manifests.previewaccess``)."""
+
+    kind: Literal["User", "Group", "ServiceAccount"]
+    #: The user or group name as the cluster's authenticator reports it, or the ServiceAccount's name.
+    name: str
+    #: The ServiceAccount's namespace (ServiceAccounts only).
+    namespace: DnsLabel | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> PreviewIdentity:
+        problems: list[tuple[Loc, str]] = []
+        if self.kind == "ServiceAccount":
+            if dns_subdomain_problem(self.name):
+                problems.append((("name",), f"{shown(self.name)} is not a ServiceAccount name: a DNS subdomain "
+                                            "(lowercase letters, digits, '-' and '.')"))
+            if self.namespace is None:
+                problems.append((("namespace",), "required for a ServiceAccount: the namespace it lives in"))
+        else:
+            if not _USER_NAME.fullmatch(self.name):
+                problems.append((("name",), f"{shown(self.name)} is not a {self.kind.lower()} name: 1 to 253 "
+                                            "characters, no quote, backslash or control character"))
+            if self.namespace is not None:
+                problems.append((("namespace",), f"only a ServiceAccount has a namespace, not a {self.kind}"))
+        _raise_all(problems)
+        return self
+
+    @property
+    def username(self) -> str | None:
+        """What the API server reports as ``userInfo.username`` (None for a group)."""
+        if self.kind == "ServiceAccount":
+            return f"system:serviceaccount:{self.namespace}:{self.name}"
+        return self.name if self.kind == "User" else None
+
+    def subject(self) -> dict[str, str]:
+        """The RBAC binding's subject."""
+        if self.kind == "ServiceAccount":
+            return {"kind": "ServiceAccount", "name": self.name, "namespace": str(self.namespace)}
+        return {"apiGroup": "rbac.authorization.k8s.io", "kind": self.kind, "name": self.name}
+
+
 def _absolute(v: str, example: str) -> str:
     parts = v.split("/")
     if not v.startswith("/") or ".." in parts or any(c in v for c in "\0\n"):
@@ -540,6 +590,9 @@ class Cluster(_Model):
     cdi_hook_path: str = facts.CDI_HOOK_PATH
     #: The kubeconfig context the stack's Kubernetes provider uses (default: the current context).
     kube_context: str | None = None
+    #: The identity CI's ``pulumi preview`` runs as: the stack grants it server-side dry-runs of what it applies,
+    #: and nothing else (README, "CI for your clusters").
+    preview_identity: PreviewIdentity | None = None
 
     @field_validator("kubernetes_version", mode="before")
     @classmethod
@@ -577,6 +630,15 @@ class Cluster(_Model):
                 f"supported: 1.{MIN_KUBERNETES_MINOR} to 1.{MAX_KUBERNETES_MINOR}"
             )
         return f"1.{minor}"
+
+    @model_validator(mode="after")
+    def _preview_identity_needs_admission_policies(self) -> Cluster:
+        if self.preview_identity is not None and self.kubernetes_minor < PREVIEW_IDENTITY_MIN_MINOR:
+            raise FieldProblems([(("previewIdentity",), (
+                f"needs Kubernetes 1.{PREVIEW_IDENTITY_MIN_MINOR} or later (ValidatingAdmissionPolicy keeps the "
+                f"identity to dry-runs), but kubernetesVersion is {self.kubernetes_version}: leave it out and give "
+                "previews a read-only identity (server-side validation then skipped)"))])
+        return self
 
     @field_validator("driver_root")
     @classmethod

@@ -31,6 +31,7 @@ import pulumi
 from nvgpu.driver import DriverSource
 from nvgpu.protostruct import integral
 from nvgpu.stackconfig import AllocationMode, NodeGroup, StackConfig, StackConfigError, load_stack_config
+from nvgpu.version import VERSION
 from nvidia_gpu.components import dra_stack, driver_upgrade, mig_profile, monitoring, node_group, platform
 from nvidia_gpu.components.manifests import driverupgrade as driverupgrade_manifests
 
@@ -235,6 +236,17 @@ COMPONENTS: list[type[pulumi.ComponentResource]] = [GpuPlatform, GpuNodeGroup, M
                                                     DriverUpgrade]
 
 
+def schema() -> str:
+    """The package's schema as the engine receives it (``pulumi package get-schema``), without an engine: what
+    a release publishes (``tools/release.py``), for ``pulumi package gen-sdk`` in languages the user picks."""
+    from pulumi.provider.experimental.component import ComponentProvider
+
+    text: str | None = ComponentProvider(COMPONENTS, PACKAGE, None, VERSION).schema
+    if text is None:  # the host always infers one; a None would be an SDK change to see at once
+        raise RuntimeError("the component provider host inferred no schema")
+    return text
+
+
 def serve() -> None:
     """Serve the components to the engine (``provider/__main__.py``); returns when the engine is done.
 
@@ -243,7 +255,6 @@ def serve() -> None:
     unexpected one, with its traceback).
     """
     import sys
-    from importlib.metadata import version
 
     from pulumi.errors import InputPropertiesError
     from pulumi.provider import main
@@ -261,4 +272,6 @@ def serve() -> None:
                 raise
 
     # As component_provider_host does: the engine passes the plugin's directory, then its own address.
-    main(Provider(COMPONENTS, PACKAGE, None, version("nvidia-gpu")), sys.argv[1:])
+    # The schema's version is the release's (nvgpu.version), not the installed distribution's metadata: an
+    # editable install keeps the version it was installed with.
+    main(Provider(COMPONENTS, PACKAGE, None, VERSION), sys.argv[1:])

@@ -42,6 +42,7 @@ from node_agent.cli import exitcodes
 from node_agent.cli.commands import COMMANDS
 from node_agent.cli.context import UsageError
 from node_agent.host.driverroot import default_driver_root, set_driver_root
+from nvgpu.version import VERSION
 
 #: ``--help``'s description.
 _DESCRIPTION = "``python -m node_agent [global options] <command> ...``: the node agent's command line."
@@ -85,6 +86,8 @@ def _command_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentP
 
 def build_parser(selected: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m node_agent", description=_DESCRIPTION, epilog=exitcodes.SUMMARY)
+    # The release the image was built from: the components that render this agent's command lines carry the same.
+    parser.add_argument("--version", action="version", version=f"nvidia-gpu node agent {VERSION}")
     _globals(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
     chosen_module = next((c.module for c in COMMANDS if c.name == selected), None)

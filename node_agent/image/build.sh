@@ -13,6 +13,12 @@
 #   BUILDAH_ROOT        buildah's storage (default: buildah's own)
 #   IMAGE_BASE_CACHE    where the debootstrap base is kept, keyed by suite and packages
 #                       (default ${XDG_CACHE_HOME:-~/.cache}/nvidia-gpu/image-base)
+#   SOURCE_DATE_EPOCH   a reproducible build (tools/release.py: the release commit's time): the image's
+#                       created time, its history and every file of its own layers carry this time, so
+#                       one commit built twice on one base is one digest
+#   IMAGE_VERSION, IMAGE_REVISION, IMAGE_SOURCE
+#                       the release's version, commit and repository URL, as the image's
+#                       org.opencontainers.image.{version,revision,source} labels (default: none)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -46,7 +52,8 @@ if ! bah inspect --type image "$base" >/dev/null 2>&1; then
   ctr="$(bah from scratch)"
   bah add --quiet "$ctr" "$base_tar" / >/dev/null
   bah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/sh "$ctr"
-  bah commit --quiet --rm "$ctr" "$base" >/dev/null
+  # No history: its entry would carry the import's time into every image built on it.
+  bah commit --quiet --rm --omit-history "$ctr" "$base" >/dev/null
 fi
 
 # The context holds only what .dockerignore lets through, plus the CAs asked for.
@@ -57,8 +64,16 @@ trap 'rm -rf "$context" ${work:+"$work"}' EXIT
 if [ -n "${CA_DIR:-}" ]; then
   cp "$CA_DIR"/*.crt "$context/node_agent/image/ca/"
 fi
+release=()
+if [ -n "${SOURCE_DATE_EPOCH:-}" ]; then
+  release+=(--timestamp "$SOURCE_DATE_EPOCH" --build-arg SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH")
+fi
+for label in version revision source; do
+  value="$(printenv "IMAGE_${label^^}" || true)"
+  [ -z "$value" ] || release+=(--label "org.opencontainers.image.$label=$value")
+done
 echo "image: building $tag from $base" >&2
 bah build --quiet --isolation chroot --layers=false -f "$context/node_agent/Dockerfile" \
   --build-arg BASE_IMAGE="$base" --build-arg PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}" \
-  -t "$tag" "$context" >/dev/null
+  "${release[@]}" -t "$tag" "$context" >/dev/null
 echo "$tag"

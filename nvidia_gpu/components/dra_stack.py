@@ -23,7 +23,7 @@ import pulumi
 from nvgpu.stackconfig import Cluster, NodeGroup
 from nvidia_gpu.components.manifests import dra
 from nvidia_gpu.components.platform import PlatformRefs
-from nvidia_gpu.components.register import register
+from nvidia_gpu.components.register import register, register_shared
 
 TYPE = "nvidia-gpu:index:DraStack"
 
@@ -46,7 +46,8 @@ class DraStack(pulumi.ComponentResource):
         after_ns = pulumi.ResourceOptions(parent=self, depends_on=list(args.platform.dependencies))
 
         self.device_classes: list[pulumi.CustomResource] = [
-            register(f"{name}-class-{spec.type}", dra.device_class(ns, driver, spec), child)
+            register_shared(f"{name}-class-{spec.type}", dra.device_class(driver, spec),
+                            args.platform.namespace_resource, child)
             for spec in dra.DEVICE_CLASSES
         ] if cluster.dra.create_device_classes else []
         sa = register(f"{name}-sa", dra.service_account(ns), after_ns)

@@ -29,7 +29,7 @@ from nvidia_gpu.components.manifests.mig import (
     mig_config,
     rbac,
 )
-from nvidia_gpu.components.register import register
+from nvidia_gpu.components.register import register, register_config_map
 
 TYPE = "nvidia-gpu:index:MigProfile"
 
@@ -64,7 +64,8 @@ class MigProfile(pulumi.ComponentResource):
             role_res = register(f"{name}-role", role, pulumi.ResourceOptions(parent=self))
             binding_res = register(f"{name}-binding", binding,
                                    pulumi.ResourceOptions(parent=self, depends_on=[sa_res, role_res]))
-            self.config_map = register(f"{name}-config", config_map(ns, cfg), after)
+            # Its data patch (register_config_map): a mig-parted change is an in-place update the manager reloads.
+            self.config_map = register_config_map(f"{name}-config", config_map(ns, cfg), after)
             manager_after: list[pulumi.Resource] = [*args.depends_on, self.config_map, binding_res]
             if evictionguard.wanted(args.cluster, drain_mode(args.cluster)):
                 manager_after.append(self._eviction_guard(name, args))

@@ -23,6 +23,7 @@ from nvidia_gpu.components.manifests import monitoring as manifests
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvidia_gpu.components.platform import PlatformRefs
 from nvidia_gpu.components.register import register as register_object
+from nvidia_gpu.components.register import register_config_map
 
 TYPE = "nvidia-gpu:index:GpuMonitoring"
 
@@ -49,9 +50,11 @@ class GpuMonitoring(pulumi.ComponentResource):
         ns = refs.namespace
 
         def register(suffix: str, manifest: dict[str, Any], *deps: pulumi.Resource) -> pulumi.CustomResource:
-            return register_object(f"{name}-{suffix}",
-                                   inputs.with_labels(manifest, refs.extra_labels, "GpuPlatformArgs.extra_labels"),
-                                   pulumi.ResourceOptions(parent=self, depends_on=[*refs.needs_namespace(), *deps]))
+            # A ConfigMap's content is an in-place update whatever the provider (see register_config_map).
+            how = register_config_map if manifest["kind"] == "ConfigMap" else register_object
+            return how(f"{name}-{suffix}",
+                       inputs.with_labels(manifest, refs.extra_labels, "GpuPlatformArgs.extra_labels"),
+                       pulumi.ResourceOptions(parent=self, depends_on=[*refs.needs_namespace(), *deps]))
 
         self.exporters: list[pulumi.CustomResource] = []
         self.scrape_objects: list[pulumi.CustomResource] = []

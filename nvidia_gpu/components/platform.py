@@ -18,6 +18,7 @@ from nvidia_gpu.components.manifests import monitoring as monitoring_manifests
 from nvidia_gpu.components.manifests import platform as manifests
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.register import register as register_object
+from nvidia_gpu.components.register import register_shared
 
 TYPE = "nvidia-gpu:index:GpuPlatform"
 
@@ -50,7 +51,9 @@ class GpuPlatformArgs:
     #: Output the tag is unknown to the program, so no ``app.kubernetes.io/version`` label is set.
     agent_image: pulumi.Input[str] | None = None
     #: Labels added to every object the platform and its node groups create (a clash with a label the
-    #: component sets is refused). Patches of objects others own (the Deckhouse NodeGroup) get none.
+    #: component sets is refused). Patches of objects others own (the Deckhouse NodeGroup) get none, nor do
+    #: the definitions every stack on the cluster shares (the GPU CRD, the RuntimeClass, the DeviceClasses:
+    #: see :mod:`nvidia_gpu.components.manifests.shared`).
     extra_labels: pulumi.Input[Mapping[str, pulumi.Input[str]]] | None = None
     #: The taint keys the node groups declare (``extraTaints``; ``nvidia.com/gpu`` is always included): the
     #: labeller may set and remove these on its node and no others, so it cannot lift an administrator's
@@ -75,6 +78,10 @@ class GpuPlatformArgs:
                 settings = Cluster.model_validate({**self.cluster, **overrides})
             except ValidationError as e:
                 raise ValueError(validation_problems("GpuPlatformArgs.cluster", e)) from None
+            if settings.preview_identity is not None:
+                # Its role is derived from every object of the stack, which one component cannot see.
+                raise ValueError("GpuPlatformArgs.cluster.previewIdentity: a whole stack's setting (build_stack, "
+                                 "the stack config's nvidia-gpu:cluster); a component does not grant it: leave it out")
         object.__setattr__(self, "settings", settings)
         object.__setattr__(self, "labels", labels)
 
@@ -135,7 +142,8 @@ class GpuPlatform(pulumi.ComponentResource):
                                    opts)
 
         ns = register(f"{name}-ns", manifests.namespace(ns_name, cluster.kubernetes_version,
-                                                        monitoring_manifests.namespace_labels(cluster)), child)
+                                                        monitoring_manifests.namespace_labels(cluster),
+                                                        stack=f"{pulumi.get_project()}/{pulumi.get_stack()}"), child)
         in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
         deps: list[pulumi.Resource] = [ns]
         per_role: dict[AgentRole, tuple[pulumi.Resource, ...]] = {}
@@ -157,7 +165,8 @@ class GpuPlatform(pulumi.ComponentResource):
                 deps += [r, rb]
                 per_role[role] = (sa, crb, rb)
         # The GPU inventory's kind (its objects are the labellers'): before the agents that write them.
-        deps.append(register(f"{name}-gpu-inventory-crd", inventory_manifests.crd(ns_name), child))
+        # Shared by every stack on the cluster, so without this stack's extra labels (see manifests.shared).
+        deps.append(register_shared(f"{name}-gpu-inventory-crd", inventory_manifests.crd(), ns, child))
         # Each node agent that writes Nodes or Pods may touch only its own node (RBAC cannot say so).
         if cluster.kubernetes_minor >= confinement.MIN_MINOR:
             policy = register(f"{name}-own-node-policy",
@@ -170,8 +179,8 @@ class GpuPlatform(pulumi.ComponentResource):
         settings = cluster.runtime_class
         self.runtime_class: pulumi.Resource | None = None
         if settings.create:
-            rc = manifests.runtime_class(settings.name, ns_name)
-            self.runtime_class = register(f"{name}-runtime-class", rc, child)
+            self.runtime_class = register_shared(f"{name}-runtime-class", manifests.runtime_class(settings.name), ns,
+                                                 child)
         self.namespace = pulumi.Output.from_input(inputs.resolve(ns_name))
         self.service_accounts = {role.value: role.value for role in roles}
         self.refs = PlatformRefs(

@@ -26,11 +26,13 @@ from nvgpu.stackconfig import (
 )
 from nvidia_gpu.components.dra_stack import DraStack, DraStackArgs
 from nvidia_gpu.components.driver_upgrade import DriverUpgrade, DriverUpgradeArgs
+from nvidia_gpu.components.manifests import previewaccess
 from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
 from nvidia_gpu.components.monitoring import GpuMonitoring, GpuMonitoringArgs
 from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
 from nvidia_gpu.components.node_group import node_scripts as group_node_scripts
 from nvidia_gpu.components.platform import GpuPlatform, GpuPlatformArgs
+from nvidia_gpu.components.register import recording, register
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,29 @@ def node_scripts(config: StackConfig, group: NodeGroup) -> tuple[NodeScript, ...
 
 
 def build_stack(config: StackConfig) -> Stack:
+    with recording() as seen:
+        stack = _build_stack(config)
+    identity = config.cluster.preview_identity
+    if identity is not None:
+        # After everything else: its role is derived from what the stack registered.
+        namespace = config.cluster.namespace
+        objects = [previewaccess.Applied(r.manifest, r.mode != "read") for r in seen]
+        before: list[pulumi.Resource] = []
+        for manifest in previewaccess.manifests(namespace, identity, objects):
+            opts = pulumi.ResourceOptions(parent=stack.platform, providers={"kubernetes": stack.provider},
+                                          depends_on=list(before))
+            before.append(register(f"{namespace}-preview-{manifest['kind'].lower()}", manifest, opts))
+    return stack
+
+
+def _build_stack(config: StackConfig) -> Stack:
     cluster = config.cluster
     provider = k8s.Provider(
         f"{cluster.namespace}-kubernetes",
         context=cluster.kube_context,
         enable_server_side_apply=True,
-        # The device-plugin configs are fixed-name ConfigMaps the plugins watch: a change must update
-        # them in place (the provider otherwise replaces a ConfigMap whose data changes, deleting first).
+        # The stack's ConfigMaps no longer need it: register_config_map updates their content in place
+        # under any provider (a user's own may lack it). Kept so deployed stacks' provider config stays as it was.
         enable_config_map_mutable=True,
     )
     with_provider = pulumi.ResourceOptions(providers={"kubernetes": provider})

@@ -10,7 +10,7 @@ import pulumi
 from nvgpu.stackconfig import NodeGroup
 from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import sharing as manifests
-from nvidia_gpu.components.register import register
+from nvidia_gpu.components.register import register_config_map
 
 TYPE = "nvidia-gpu:index:SharingPolicy"
 
@@ -32,7 +32,8 @@ class SharingPolicy(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: SharingPolicyArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE, name, None, opts)
-        self.config_map: pulumi.CustomResource = register(
+        #: The ConfigMap's data patch (``register_config_map``): the device plugin and labeller wait for it.
+        self.config_map: pulumi.CustomResource = register_config_map(
             f"{name}-config",
             inputs.with_labels(manifests.config_map(args.namespace, args.group), args.extra_labels,
                                "GpuPlatformArgs.extra_labels"),

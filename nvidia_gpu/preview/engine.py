@@ -166,6 +166,7 @@ class RecordingMonitor(MockMonitor):  # type: ignore[misc]
                 dependencies=tuple(sorted(request.dependencies)),
                 retain_on_delete=bool(request.retainOnDelete),
                 delete_before_replace=bool(request.deleteBeforeReplace),
+                ignore_changes=tuple(request.ignoreChanges),
             )
             self.recorded.append(record)
             for listener in self.listeners:

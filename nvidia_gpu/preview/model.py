@@ -36,6 +36,8 @@ class RecordedResource:
     dependencies: tuple[str, ...] = ()
     retain_on_delete: bool = False
     delete_before_replace: bool = False
+    #: Input paths the engine keeps at their old values (``ResourceOptions.ignore_changes``).
+    ignore_changes: tuple[str, ...] = ()
 
     @property
     def is_component(self) -> bool:
@@ -65,6 +67,7 @@ class RecordedResource:
             "dependencies": list(self.dependencies),
             "retainOnDelete": self.retain_on_delete,
             "deleteBeforeReplace": self.delete_before_replace,
+            "ignoreChanges": list(self.ignore_changes),
             "inputs": self.inputs,
         }
 

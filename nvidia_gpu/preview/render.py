@@ -3,7 +3,9 @@
 Apply order: Namespaces and CRDs, then cluster-wide classes (PriorityClass, RuntimeClass), then identities
 and RBAC, then configuration, then workloads, then custom resources and patches of objects other
 controllers own. Inside a rank files sort by kind, namespace and name, so the output is byte-identical
-run to run.
+run to run. A patch of an object the stack itself creates (a ConfigMap's data patch, see
+``nvidia_gpu.components.register.register_config_map``) is merged into that object's file: the cluster
+holds one object, and that file is what the validation and the server dry-run check.
 """
 
 from __future__ import annotations
@@ -70,8 +72,27 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.-]+", "-", text.lower()).strip("-")
 
 
+def _identity(obj: dict[str, Any]) -> tuple[str, str, str, str]:
+    meta = obj.get("metadata") or {}
+    return obj["apiVersion"], obj["kind"], meta.get("namespace") or "", meta.get("name") or ""
+
+
+def _merged(base: Any, patch: Any) -> Any:
+    """``patch`` applied over ``base`` as server-side apply merges maps (new dicts; neither is changed)."""
+    if not isinstance(base, dict) or not isinstance(patch, dict):
+        return patch
+    return {**base, **{k: _merged(base.get(k), v) for k, v in patch.items()}}
+
+
 def render_manifests(resources: tuple[RecordedResource, ...]) -> tuple[RenderedManifest, ...]:
-    objects = [(r, manifest_object(r)) for r in resources if r.is_kubernetes_object]
+    recorded = [(r, manifest_object(r)) for r in resources if r.is_kubernetes_object]
+    whole = {_identity(obj): i for i, (r, obj) in enumerate(recorded) if not r.is_patch}
+    merged = {i: obj for i, (r, obj) in enumerate(recorded) if not r.is_patch}
+    for r, obj in recorded:
+        if r.is_patch and (i := whole.get(_identity(obj))) is not None:
+            merged[i] = _merged(merged[i], obj)  # the stack's own object: one file
+    objects = [(r, merged.get(i, obj)) for i, (r, obj) in enumerate(recorded)
+               if not (r.is_patch and _identity(obj) in whole)]
 
     def key(item: tuple[RecordedResource, dict[str, Any]]) -> tuple[int, int, str, str, str]:
         r, obj = item

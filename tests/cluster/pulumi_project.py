@@ -8,6 +8,7 @@ file backend there, and the CLI, language host and provider are the pinned ones 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ KINDS = [("v1", "Namespace"), ("v1", "ConfigMap"), ("v1", "ServiceAccount"), ("v
          ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
          ("deckhouse.io/v1alpha1", "NodeGroupConfiguration"), ("deckhouse.io/v1", "NodeGroup"),
          ("v1", "Service"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
-         ("monitoring.coreos.com/v1", "PrometheusRule")]
+         ("monitoring.coreos.com/v1", "PrometheusRule"), ("apiextensions.k8s.io/v1", "CustomResourceDefinition")]
 
 
 @dataclass
@@ -127,6 +128,23 @@ def assert_same_objects(steps: list[dict[str, Any]], stack: str) -> None:
     cluster_scoped = {(k, n) for k, ns, n in offline if not ns}
     engine = {(k, "" if (k, n) in cluster_scoped and ns == "default" else ns, n) for k, ns, n in engine}
     assert engine == offline, f"engine only: {sorted(engine - offline)}; offline only: {sorted(offline - engine)}"
+
+
+def settled(kube: Kube, expected: dict[str, Any], kinds: list[tuple[str, str]] = KINDS,
+            timeout: float = 60.0) -> dict[str, Any]:
+    """The snapshot once it equals ``expected``, or the last one after ``timeout``: the shared definitions
+    (the GPU CRD, the RuntimeClass, the DeviceClasses) are retained by Pulumi and deleted by the garbage
+    collector once their owning namespace is gone, a moment after ``destroy`` returns."""
+    last: dict[str, Any] = {}
+
+    def same() -> bool:
+        nonlocal last
+        last = snapshot(kube, kinds)
+        return last == expected
+
+    with contextlib.suppress(TimeoutError):
+        wait_for(same, timeout=timeout, interval=1.0, what="the cluster as it was")
+    return last
 
 
 def snapshot(kube: Kube, kinds: list[tuple[str, str]] = KINDS) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from localcluster.objects import create_kwok_node, service_account_kube, wait_fo
 from node_agent.kube.pods import ready as pod_ready
 from nvgpu import labels
 from nvidia_gpu.components.manifests import driver
-from tests.cluster.pulumi_project import KINDS, Project, assert_same_objects, make_project, snapshot
+from tests.cluster.pulumi_project import KINDS, Project, assert_same_objects, make_project, settled, snapshot
 
 STACK = "drivers"
 NS = "gpu-drivers"
@@ -117,7 +117,7 @@ def test_the_drivers_stack_applies_rolls_a_version_change_and_destroys(cluster: 
         project.pulumi("up", "--yes", "--expect-no-changes")
         project.pulumi("destroy", "--yes")
         wait_for(lambda: kube.get_or_none("v1", "Namespace", NS) is None, timeout=90, what=f"namespace {NS} gone")
-        assert snapshot(kube, SNAPSHOT_KINDS) == before
+        assert settled(kube, before, SNAPSHOT_KINDS) == before
     finally:
         for name in (*H100, H200):
             kube.delete("v1", "Node", name)

@@ -27,7 +27,7 @@ def dra_config(**dra_settings: Any) -> Any:
 
 
 def test_device_classes_select_driver_and_type() -> None:
-    classes = {c.name: dra.device_class("ns", "gpu.example.com", c) for c in dra.DEVICE_CLASSES}
+    classes = {c.name: dra.device_class("gpu.example.com", c) for c in dra.DEVICE_CLASSES}
     assert set(classes) == {"gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"}
     expr = classes["mig.nvidia.com"]["spec"]["selectors"][0]["cel"]["expression"]
     assert expr == "device.driver == 'gpu.example.com' && device.attributes['gpu.example.com'].type == 'mig'"
@@ -114,7 +114,7 @@ def test_device_plugin_only_stack_has_no_dra_stack(engine: Engine) -> None:  # n
 
 def _docs() -> list[dict[str, Any]]:
     cfg = dra_config(claimQuotas=[{"namespace": "team-a", "claims": 10, "devices": {"mig.nvidia.com": 7}}])
-    out = [dra.device_class("nvidia-gpu", DRIVER, c) for c in dra.DEVICE_CLASSES]
+    out = [dra.device_class(DRIVER, c) for c in dra.DEVICE_CLASSES]
     out += [dra.service_account("nvidia-gpu"), dra.cluster_role("nvidia-gpu"), dra.cluster_role_binding("nvidia-gpu"),
             dra.marker_role("nvidia-gpu"), dra.marker_role_binding("nvidia-gpu"),
             dra.admission_policy("nvidia-gpu", DRIVER), dra.admission_policy_binding("nvidia-gpu"),

@@ -47,6 +47,62 @@ def node_group_patch(group: NodeGroup, namespace: str) -> Manifest:
     }
 
 
+def released_container_claims(managed_fields: list[dict[str, Any]], manager: str) -> list[dict[str, Any]] | None:
+    """``managed_fields`` without other managers' claims on ``spec.nodeTemplate`` and its ``labels`` map
+    themselves (their keys stay theirs), or None when there are none.
+
+    Why: a manager whose update *created* one of these containers (``kubectl patch`` adding the first
+    label, ``kubectl create`` with a node template) keeps a claim on the container itself (``"."``, or a
+    bare ``"f:labels": {}`` once its own keys are gone). On ``destroy`` the provider relinquishes our
+    fields by applying an empty patch under our field manager; the API server removes our keys but keeps
+    the container another manager claims, and an emptied map comes out of the removal as ``null``
+    (structured-merge-diff's ``removingWalker``), which the NodeGroup schema refuses (``spec.nodeTemplate.
+    labels: Invalid value: "null": ... must be of type object``) on every retry. Without those claims the
+    emptied container is removed with our keys, and everything another manager set (its labels, its
+    keys' ownership) stays. The release changes no value of the object, only who claims two containers
+    (``spec`` itself always holds the group's ``nodeType``, so it is never emptied).
+    """
+    out: list[dict[str, Any]] = []
+    changed = False
+    for entry in managed_fields:
+        fields = entry.get("fieldsV1")
+        spec = fields.get("f:spec") if isinstance(fields, dict) else None
+        template = spec.get("f:nodeTemplate") if isinstance(spec, dict) else None
+        if entry.get("manager") == manager or not isinstance(template, dict):
+            out.append(entry)
+            continue
+        assert isinstance(fields, dict) and isinstance(spec, dict)  # narrowed above, for mypy
+        new_template = _without_claim(template, "f:labels")
+        if template and new_template == template:  # an empty node is a bare claim on nodeTemplate itself
+            out.append(entry)
+            continue
+        changed = True
+        new_spec = {k: v for k, v in spec.items() if k != "f:nodeTemplate"}
+        if new_template:
+            new_spec["f:nodeTemplate"] = new_template
+        new_fields = {k: v for k, v in fields.items() if k != "f:spec"}
+        if new_spec:
+            new_fields["f:spec"] = new_spec
+        if new_fields:
+            out.append({**entry, "fieldsV1": new_fields})
+        # else: the entry claimed nothing but the containers, and goes (the server drops empty entries too)
+    return out if changed else None
+
+
+def _without_claim(container: dict[str, Any], child: str) -> dict[str, Any]:
+    """``container`` (a ``fieldsV1`` node) without its own ``"."`` claim, and ``child`` likewise; a child
+    left empty (a bare claim on it, no keys inside) goes."""
+    out = {k: v for k, v in container.items() if k != "."}
+    inner = out.get(child)
+    if isinstance(inner, dict):
+        inner = {k: v for k, v in inner.items() if k != "."}
+        if inner:
+            out[child] = inner
+        else:
+            del out[child]
+    return out
+
+
 class NodeTemplateConflict(Exception):
     """The NodeGroup's node template has taints another manager owns that this stack does not declare."""
 

@@ -19,7 +19,13 @@ from nvgpu import hostpaths
 from nvgpu.nodescripts import NodeScript, facts
 from nvgpu.stackconfig import ClaimQuota, Cluster, NodeGroup
 from nvidia_gpu.components.manifests import Manifest
-from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name, group_object_name, selector_labels
+from nvidia_gpu.components.manifests.meta import (
+    app_labels,
+    cluster_object_name,
+    group_object_name,
+    selector_labels,
+    shared_labels,
+)
 from nvidia_gpu.components.manifests.scheduling import node_affinity, tolerations
 from nvidia_gpu.components.manifests.workloads import (
     CDI_HOOK_DIR,
@@ -73,11 +79,12 @@ def selector(driver: str, device_type: str) -> str:
     return f"device.driver == '{driver}' && device.attributes['{driver}'].type == '{device_type}'"
 
 
-def device_class(namespace: str, driver: str, spec: DeviceClassSpec) -> Manifest:
+def device_class(driver: str, spec: DeviceClassSpec) -> Manifest:
+    """Shared by every stack on the cluster (see :mod:`nvidia_gpu.components.manifests.shared`)."""
     return {
         "apiVersion": RESOURCE_API,
         "kind": "DeviceClass",
-        "metadata": {"name": spec.name, "labels": app_labels("dra-device-class", namespace)},
+        "metadata": {"name": spec.name, "labels": shared_labels("dra-device-class")},
         "spec": {"selectors": [{"cel": {"expression": selector(driver, spec.type)}}]},
     }
 
@@ -194,6 +201,8 @@ def admission_policy_binding(namespace: str) -> Manifest:
 
 
 def claim_quota(namespace: str, quota: ClaimQuota) -> Manifest:
+    """Named after the stack (``<namespace>-dra-claims``): the tenant namespace is not the stack's, and a
+    second stack may set its own quota there (the API server enforces every quota of a namespace)."""
     hard: dict[str, str] = {}
     if quota.claims is not None:
         hard["count/resourceclaims.resource.k8s.io"] = str(quota.claims)
@@ -202,7 +211,7 @@ def claim_quota(namespace: str, quota: ClaimQuota) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
-        "metadata": {"name": "nvidia-gpu-dra-claims", "namespace": quota.namespace,
+        "metadata": {"name": cluster_object_name(namespace, "dra-claims"), "namespace": quota.namespace,
                      "labels": app_labels("dra-claim-quota", namespace)},
         "spec": {"hard": hard},
     }

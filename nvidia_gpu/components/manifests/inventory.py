@@ -12,7 +12,7 @@ from typing import Any
 
 from nvgpu import inventory
 from nvidia_gpu.components.manifests import Manifest
-from nvidia_gpu.components.manifests.meta import app_labels
+from nvidia_gpu.components.manifests.meta import shared_labels
 
 COMPONENT = "gpu-inventory"
 
@@ -157,11 +157,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
-def crd(namespace: str) -> Manifest:
+def crd() -> Manifest:
+    """Shared by every stack on the cluster (see :mod:`nvidia_gpu.components.manifests.shared`)."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": inventory.CRD_NAME, "labels": app_labels(COMPONENT, namespace)},
+        "metadata": {"name": inventory.CRD_NAME, "labels": shared_labels(COMPONENT)},
         "spec": {
             "group": inventory.GROUP,
             "scope": "Cluster",

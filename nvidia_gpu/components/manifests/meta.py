@@ -30,6 +30,18 @@ def app_labels(
     return out
 
 
+def shared_labels(component: str) -> dict[str, str]:
+    """The labels of a cluster-wide definition every stack on a cluster applies alike (see
+    :mod:`nvidia_gpu.components.manifests.shared`): nothing that names the stack or its version, so two
+    stacks' server-side applies hold the same values and co-own them instead of conflicting."""
+    return {
+        "app.kubernetes.io/name": component,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
 def selector_labels(component: str, instance: str) -> dict[str, str]:
     """The immutable subset used in DaemonSet selectors (changing it would force a replace)."""
     return {"app.kubernetes.io/name": component, "app.kubernetes.io/instance": instance}

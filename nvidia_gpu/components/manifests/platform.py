@@ -25,7 +25,7 @@ from typing import Any
 from nvgpu import inventory, labels
 from nvgpu.nodescripts.facts import NVIDIA_RUNTIME_NAME
 from nvidia_gpu.components.manifests import Manifest
-from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name
+from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name, shared_labels
 
 RBAC_API = "rbac.authorization.k8s.io/v1"
 RUNTIME_CLASS_API = "node.k8s.io/v1"
@@ -77,8 +77,10 @@ NAMESPACED_RULES: dict[AgentRole, tuple[Rule, ...]] = {
 POD_SECURITY = {"enforce": "privileged", "warn": "privileged", "audit": "baseline"}
 
 
-def namespace(name: str, kubernetes_version: str, extra_labels: dict[str, str] | None = None) -> Manifest:
-    """The stack's namespace; ``extra_labels`` are what the cluster's Prometheus selects namespaces by."""
+def namespace(name: str, kubernetes_version: str, extra_labels: dict[str, str] | None = None,
+              stack: str | None = None) -> Manifest:
+    """The stack's namespace; ``extra_labels`` are what the cluster's Prometheus selects namespaces by, and
+    ``stack`` (``<project>/<stack>``) says which Pulumi stack it belongs to."""
     psa: dict[str, str] = dict(extra_labels or {})
     for mode, level in POD_SECURITY.items():
         psa[f"pod-security.kubernetes.io/{mode}"] = level
@@ -86,7 +88,8 @@ def namespace(name: str, kubernetes_version: str, extra_labels: dict[str, str] |
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": name, "labels": {**app_labels("namespace", name), **psa}},
+        "metadata": {"name": name, "labels": {**app_labels("namespace", name), **psa},
+                     **({"annotations": {labels.STACK_ANNOTATION: stack}} if stack else {})},
     }
 
 
@@ -155,13 +158,14 @@ def roles_for_backend(daemonset_setup: bool) -> tuple[AgentRole, ...]:
     return tuple(roles)
 
 
-def runtime_class(name: str, namespace_name: str) -> Manifest:
+def runtime_class(name: str) -> Manifest:
     """Cluster-scoped ``RuntimeClass`` ``name`` with handler ``nvidia``; admission adds its scheduling to the pods
-    that name it (a pod whose own ``nodeSelector`` contradicts it is refused)."""
+    that name it (a pod whose own ``nodeSelector`` contradicts it is refused). Shared by every stack on the
+    cluster (see :mod:`nvidia_gpu.components.manifests.shared`)."""
     return {
         "apiVersion": RUNTIME_CLASS_API,
         "kind": "RuntimeClass",
-        "metadata": {"name": name, "labels": app_labels("runtime-class", namespace_name)},
+        "metadata": {"name": name, "labels": shared_labels("runtime-class")},
         "handler": NVIDIA_RUNTIME_NAME,
         "scheduling": {
             "nodeSelector": {labels.GPU_SETUP_COMPLETE: SETUP_COMPLETE_VALUE},

@@ -185,7 +185,7 @@ def test_sync_creates_then_writes_only_changes_then_deletes(kube: FakeKube, dgx:
 
 
 def test_the_crd_is_cluster_scoped_with_a_status_subresource_and_kubectl_columns() -> None:
-    c = crd("nvidia-gpu")
+    c = crd()
     assert c["metadata"]["name"] == api.CRD_NAME == "gpus.gpu.nvidia-gpu.io"
     assert c["spec"]["scope"] == "Cluster"
     (version,) = c["spec"]["versions"]

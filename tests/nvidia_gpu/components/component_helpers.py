@@ -79,6 +79,16 @@ def of_kind(resources: tuple[RecordedResource, ...], kind: str) -> list[Recorded
     return [r for r in resources if r.is_kubernetes_object and r.inputs["kind"] == kind]
 
 
+def config_map_data(resources: tuple[RecordedResource, ...], name: str) -> dict[str, str]:
+    """The content of the ConfigMap ``name``: its data patch's (``register_config_map``); the ConfigMap
+    resource itself carries none."""
+    (whole,) = [r for r in of_kind(resources, "ConfigMap") if not r.is_patch and r.inputs["metadata"]["name"] == name]
+    assert "data" not in whole.inputs, whole.name
+    (patch,) = [r for r in of_kind(resources, "ConfigMap") if r.is_patch and r.inputs["metadata"]["name"] == name]
+    data: dict[str, str] = patch.inputs["data"]
+    return data
+
+
 #: The shipped stack files (``Pulumi.<stack>.yaml``).
 ROOT_STACKS = sorted(Path(__file__).resolve().parents[3].glob("Pulumi.*.yaml"))
 

@@ -17,7 +17,15 @@ from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
 from nvidia_gpu.components.platform import GpuPlatform, GpuPlatformArgs
 from nvidia_gpu.components.program import build_stack, decode_config_value, node_scripts, runtime_config_values
 from nvidia_gpu.components.sharing_policy import SharingPolicy, SharingPolicyArgs
-from tests.nvidia_gpu.components.component_helpers import Engine, by_name, engine, group, of_kind, stack_config
+from tests.nvidia_gpu.components.component_helpers import (
+    Engine,
+    by_name,
+    config_map_data,
+    engine,
+    group,
+    of_kind,
+    stack_config,
+)
 
 __all__ = ["engine"]  # the fixture, imported for pytest
 
@@ -111,7 +119,7 @@ def test_node_group_per_sharing_mode(engine: Engine, gpu: dict[str, Any], replic
         assert names[child].parent_urn == comp.urn, child
 
     # The ConfigMap: all named configs, the group's mode with the group's parameters.
-    data = names["grp-sharing-config"].inputs["data"]
+    data = config_map_data(resources, "device-plugin-config-grp")
     assert set(data) == {"Exclusive", "TimeSlicing", "MPS", "MIG"}
     own = yaml.safe_load(data[gpu["sharing"]])
     if replicas_key:
@@ -129,7 +137,7 @@ def test_node_group_per_sharing_mode(engine: Engine, gpu: dict[str, Any], replic
 
     # The device plugin waits for the config and for the platform, and runs only on prepared group nodes.
     plugin = names["grp-device-plugin"]
-    assert names["grp-sharing"].urn in plugin.dependencies or names["grp-sharing-config"].urn in plugin.dependencies
+    assert names["grp-sharing-config-data"].urn in plugin.dependencies  # the ConfigMap with its content
     terms = plugin.inputs["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms[0]["matchExpressions"] == [
@@ -170,10 +178,11 @@ def test_dra_groups_get_no_device_plugin(engine: Engine) -> None:
 def test_sharing_policy_alone(engine: Engine) -> None:
     g = stack_config([group(sharing="TimeSlicing")]).node_groups[0]
     resources = engine.run(lambda: SharingPolicy("sp", SharingPolicyArgs(namespace="ns", group=g)))
-    (cm,) = of_kind(resources, "ConfigMap")
+    cm, data = by_name(resources)["sp-config"], by_name(resources)["sp-config-data"]
     assert cm.inputs["metadata"] == {
         "name": "device-plugin-config-gpu", "namespace": "ns", "labels": cm.inputs["metadata"]["labels"]}
-    assert cm.parent_urn == by_name(resources)["sp"].urn
+    assert cm.parent_urn == data.parent_urn == by_name(resources)["sp"].urn
+    assert set(config_map_data(resources, "device-plugin-config-gpu")) == {"Exclusive", "TimeSlicing", "MPS", "MIG"}
 
 
 def test_build_stack_uses_one_explicit_provider_for_everything(engine: Engine) -> None:

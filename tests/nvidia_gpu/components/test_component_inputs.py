@@ -72,7 +72,12 @@ def test_an_output_image_flows_into_the_containers_without_a_version_label(engin
 def test_extra_labels_plain_or_output_land_on_every_object(engine: Engine) -> None:
     resources = engine.run(lambda: _library_program("team-gpu", extra_labels={"team": _later("ml"),
                                                                               "cost-center": "42"}))
-    objects = [r for r in _objects(resources) if not r.type_token.endswith("Patch")]
+    # The cluster's shared definitions get none: other stacks apply them alike (manifests.shared).
+    shared_kinds = ("CustomResourceDefinition", "RuntimeClass", "DeviceClass")
+    shared = [r for r in _objects(resources) if r.inputs["kind"] in shared_kinds]
+    assert shared and all(r.retain_on_delete for r in shared)
+    assert not [r for r in shared if "team" in r.inputs["metadata"]["labels"]]
+    objects = [r for r in _objects(resources) if not r.type_token.endswith("Patch") and r not in shared]
     assert objects and all(r.inputs["metadata"]["labels"]["team"] == "ml" for r in objects)
     assert all(r.inputs["metadata"]["labels"]["cost-center"] == "42" for r in objects)
     # Ours are kept.

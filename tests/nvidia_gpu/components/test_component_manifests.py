@@ -329,10 +329,12 @@ def test_only_the_daemonset_backend_has_a_setup_role() -> None:
 
 
 def test_runtime_class_runs_the_nvidia_handler_on_set_up_gpu_nodes_only() -> None:
-    rc = platform.runtime_class("nvidia", "nvidia-gpu")
+    rc = platform.runtime_class("nvidia")
     assert rc["apiVersion"] == "node.k8s.io/v1" and rc["kind"] == "RuntimeClass"
     assert rc["metadata"]["name"] == "nvidia" and "namespace" not in rc["metadata"]
-    assert rc["metadata"]["labels"]["app.kubernetes.io/instance"] == "nvidia-gpu"
+    # Every stack on the cluster applies it alike: no label names the stack (co-owned, never a conflict).
+    assert "app.kubernetes.io/instance" not in rc["metadata"]["labels"]
+    assert rc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "nvidia-gpu"
     # The runtime entry node setup writes into containerd's and CRI-O's config.
     assert rc["handler"] == facts.NVIDIA_RUNTIME_NAME == "nvidia"
     # Node setup sets the gate label to "" (a RuntimeClass nodeSelector matches exact values).
@@ -345,4 +347,4 @@ def test_runtime_class_runs_the_nvidia_handler_on_set_up_gpu_nodes_only() -> Non
     agent_tolerations = scheduling.tolerations(dedicated.node_groups[0])
     assert rc["scheduling"]["tolerations"] == agent_tolerations[:1] and len(agent_tolerations) == 2
     assert "overhead" not in rc
-    assert platform.runtime_class("gpu.example.com", "ns")["metadata"]["name"] == "gpu.example.com"
+    assert platform.runtime_class("gpu.example.com")["metadata"]["name"] == "gpu.example.com"

@@ -28,7 +28,7 @@ def _plugin_strategies(resources: Any) -> set[tuple[str, ...]]:
     for cm in of_kind(resources, "ConfigMap"):
         if not cm.inputs["metadata"]["name"].startswith("device-plugin-config"):
             continue
-        for text in cm.inputs["data"].values():
+        for text in (cm.inputs.get("data") or {}).values():  # the content is on the ConfigMap's data patch
             out.add(tuple(yaml.safe_load(text)["flags"]["plugin"]["deviceListStrategy"]))
     return out
 

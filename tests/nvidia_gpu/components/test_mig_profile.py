@@ -23,10 +23,10 @@ def test_component_under_the_mock_engine() -> None:
     comp = resources["mig"]
     assert comp.type_token == "nvidia-gpu:index:MigProfile" and comp.is_component
     children = {n for n, r in resources.items() if r.parent_urn == comp.urn}
-    assert children == {"mig-sa", "mig-role", "mig-binding", "mig-config", "mig-manager"}
+    assert children == {"mig-sa", "mig-role", "mig-binding", "mig-config", "mig-config-data", "mig-manager"}
     manager = resources["mig-manager"]
-    assert resources["mig-config"].urn in manager.dependencies
-    data = yaml.safe_load(resources["mig-config"].inputs["data"][CONFIG_KEY])
+    assert resources["mig-config-data"].urn in manager.dependencies  # the ConfigMap with its content
+    data = yaml.safe_load(resources["mig-config-data"].inputs["data"][CONFIG_KEY])
     assert data["version"] == "v1" and mig_config_name(cfg.node_groups[0]) in data["mig-configs"]
 
 

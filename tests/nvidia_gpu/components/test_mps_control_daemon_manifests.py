@@ -83,7 +83,7 @@ def test_only_mps_groups_get_the_daemonset(engine: Engine, sharing: str, expecte
         daemon = named["a30-mps-control-daemon"]
         assert daemon.parent_urn == named["a30"].urn
         # Created after the ConfigMap it reads, as the plugin is.
-        assert named["a30-sharing-config"].urn in daemon.dependencies or named["a30-sharing"].urn in daemon.dependencies
+        assert named["a30-sharing-config-data"].urn in daemon.dependencies  # the ConfigMap with its content
 
 
 def test_the_security_policies_allow_it_by_role_and_only_it() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from nvgpu.version import VERSION
 from nvidia_gpu.policies.pack import PACK_NAME, POLICIES
 from nvidia_gpu.preview.policyrun.analyzer_client import PackInfo, PackManifest, PolicyInfo, reconcile_config
 from nvidia_gpu.preview.policyrun.offline import PROJECT_CONFIG, load_policy_config
@@ -18,7 +19,7 @@ WORKFLOWS = ROOT / ".github" / "workflows"
 
 def _info() -> PackInfo:
     """The pack's info built from the policy objects, without a servicer or a process."""
-    return PackInfo(PACK_NAME, "0.1.0", tuple(
+    return PackInfo(PACK_NAME, VERSION, tuple(
         PolicyInfo(p.name, p.description, p.enforcement_level.value if p.enforcement_level else "advisory",
                    p.config_schema.properties if p.config_schema else {})
         for p in POLICIES

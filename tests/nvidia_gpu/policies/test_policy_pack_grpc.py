@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
+from nvgpu.version import VERSION
 from nvidia_gpu.policies.pack import POLICIES
 from nvidia_gpu.preview.policyrun.analyzer_client import (
     AnalyzerResource,
@@ -48,7 +49,7 @@ def pack() -> Iterator[PackProcess]:
 def test_pack_serves_every_policy_with_its_level_and_schema(pack: PackProcess) -> None:
     info = pack.info
     assert info is not None
-    assert (info.name, info.version) == ("nvidia-gpu", "0.1.0")
+    assert (info.name, info.version) == ("nvidia-gpu", VERSION)
     served = {p.name: p for p in info.policies}
     assert set(served) == {p.name for p in POLICIES}
     for p in POLICIES:
@@ -64,7 +65,7 @@ def test_analyze_reports_the_violation_as_the_cli_receives_it(pack: PackProcess)
     assert diags == [Diagnostic(
         policy_name="host-access-allow-listed",
         pack_name="nvidia-gpu",
-        pack_version="0.1.0",
+        pack_version=VERSION,
         description="Privileged containers, hostPath volumes and host namespaces only for allow-listed agent roles.",
         message="Privileged containers, hostPath volumes and host namespaces only for allow-listed agent roles.\n"
                 "DaemonSet 'exporter' (role 'exporter'): container 'exporter' is privileged",
@@ -104,7 +105,7 @@ def test_analyze_stack_sees_the_stack_config_from_the_environment() -> None:
     text = format_policies(pack.info, diags, source="local: policies", project="nvidia-gpu", stack="dev")  # type: ignore[arg-type]
     assert text == (
         "Policies:\n"
-        "    ❌ nvidia-gpu@v0.1.0 (local: policies)\n"
+        f"    ❌ nvidia-gpu@v{VERSION} (local: policies)\n"
         "        - [mandatory]  driver-meets-gpu-minimum  (pulumi:pulumi:Stack: nvidia-gpu-dev)\n"
         "          A declared NVIDIA driver must meet the GPU model's minimum.\n"
         "          nvidia-gpu:nodeGroups[h200].gpu.driverVersion: driver 535.104.05 is below the H200-141GB "

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
 
+from nvgpu.version import VERSION
 from nvidia_gpu.policies.pack import POLICIES
 from nvidia_gpu.preview import engine, stackfile
 from nvidia_gpu.preview.model import PreviewResult, Problem, RecordedResource
@@ -103,7 +104,7 @@ def test_preview_step_turns_mandatory_violations_into_problems(tmp_path: Path) -
         "host-access-allow-listed: DaemonSet 'exporter' (role 'exporter'): container 'exporter' is privileged",
     )]
     (out,) = result.report_sections
-    assert out.startswith("Policies:\n    ❌ nvidia-gpu@v0.1.0 (local: policies)\n"
+    assert out.startswith(f"Policies:\n    ❌ nvidia-gpu@v{VERSION} (local: policies)\n"
                           "        - [mandatory]  host-access-allow-listed  (kubernetes:apps/v1:DaemonSet: exporter)\n")
     assert out.endswith("Policy violations: 1 mandatory, 0 advisory")
 
@@ -120,7 +121,7 @@ def test_offline_command_on_a_clean_plan(
     _write_plan(recorded["dev"], plan)
     assert main(["--plan", str(plan), "--stack-file", str(ROOT / "Pulumi.dev.yaml")]) == 0
     assert capsys.readouterr().out == (
-        "Policies:\n    ✅ nvidia-gpu@v0.1.0 (local: policies)\nPolicy violations: 0 mandatory, 0 advisory\n"
+        f"Policies:\n    ✅ nvidia-gpu@v{VERSION} (local: policies)\nPolicy violations: 0 mandatory, 0 advisory\n"
     )
 
 
@@ -135,7 +136,7 @@ def test_offline_command_fails_on_mandatory_violations(
                  str(config)])
     out = capsys.readouterr().out
     assert code == 1
-    assert "    ❌ nvidia-gpu@v0.1.0 (local: policies)\n" in out
+    assert f"    ❌ nvidia-gpu@v{VERSION} (local: policies)\n" in out
     assert "- [mandatory]  host-access-allow-listed  (kubernetes:apps/v1:DaemonSet: " in out
     assert "container 'mig-manager' is privileged" in out  # the device plugin is not, outside MPS groups
 
