@@ -23,7 +23,8 @@ preview: venv
 proto: venv
 	$(PY) -m node_agent.kubelet.codegen
 
-## The pinned real components (kube-apiserver, scheduler, controller-manager, etcd, kwok) from their Go
+## The pinned real components (kube-apiserver, scheduler, controller-manager, etcd, kwok; a real node's kubelet,
+## containerd, runc, CNI plugins and crictl; the rest listed in the README) from their Go
 ## modules, built into a cache outside the clone ($$XDG_CACHE_HOME/nvidia-gpu/tools); the last line printed
 ## is the binary directory. Cold: about 8 minutes on 2 cores; warm: a second.
 tools:

@@ -42,7 +42,9 @@ def make_pki(directory: Path) -> Pki:
              "-keyout", str(pki.ca_key), "-out", str(pki.ca_cert))
     csr = directory / "apiserver.csr"
     ext = directory / "apiserver.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
+    # 10.96.0.1: the `kubernetes` Service's address (the first of SERVICE_CIDR), which in-cluster clients
+    # on a real node dial and verify (the node's netns forwards it to this server).
+    ext.write_text("subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
                    "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
              "-keyout", str(pki.serving_key), "-out", str(csr))

@@ -12,7 +12,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DEPS = REPO / "tools" / "deps.sh"
-COMMANDS = ("shellcheck", "openssl", "buildah", "debootstrap", "gcc", "unshare", "git")
+COMMANDS = ("shellcheck", "openssl", "buildah", "debootstrap", "gcc", "unshare", "nsenter", "git", "iptables", "ip")
+#: What a node needs besides commands, and where the script looks for it (``DEPS_INCLUDE_DIR``).
+HEADERS = ("seccomp.h",)
 
 
 def _bin(tmp_path: Path, *, have: tuple[str, ...], uid: int, go: str | None = "go1.26.8",
@@ -38,8 +40,13 @@ def _bin(tmp_path: Path, *, have: tuple[str, ...], uid: int, go: str | None = "g
     return bin_dir
 
 
-def _run(bin_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(bin_dir / "bash"), str(DEPS)], env={"PATH": str(bin_dir), "HOME": os.environ["HOME"]},
+def _run(bin_dir: Path, headers: tuple[str, ...] = HEADERS) -> subprocess.CompletedProcess[str]:
+    include = bin_dir.parent / "include"
+    include.mkdir(exist_ok=True)
+    for name in headers:
+        (include / name).write_text("")
+    return subprocess.run([str(bin_dir / "bash"), str(DEPS)],
+                          env={"PATH": str(bin_dir), "HOME": os.environ["HOME"], "DEPS_INCLUDE_DIR": str(include)},
                           capture_output=True, text=True, timeout=30, check=False)
 
 
@@ -49,7 +56,7 @@ def test_everything_present_costs_nothing(tmp_path: Path) -> None:
 
 
 def test_missing_tools_without_root_are_named_in_one_line(tmp_path: Path) -> None:
-    done = _run(_bin(tmp_path, have=("openssl", "gcc", "unshare", "git"), uid=1000))
+    done = _run(_bin(tmp_path, have=("openssl", "gcc", "unshare", "nsenter", "git", "iptables", "ip"), uid=1000))
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
         "deps: make test needs shellcheck buildah debootstrap: install them (Debian/Ubuntu: sudo apt-get install "
@@ -57,11 +64,14 @@ def test_missing_tools_without_root_are_named_in_one_line(tmp_path: Path) -> Non
 
 
 def test_root_on_debian_installs_what_is_missing(tmp_path: Path) -> None:
-    done = _run(_bin(tmp_path, have=("shellcheck", "openssl", "gcc", "unshare", "git"), uid=0, apt=True))
+    done = _run(_bin(tmp_path, have=("shellcheck", "openssl", "gcc", "unshare", "git"), uid=0, apt=True),
+                headers=())
     assert done.returncode == 0, done.stderr
+    # A real node's: nsenter (util-linux), iptables and ip (iproute2), and runc's seccomp header.
     assert (tmp_path / "apt.log").read_text().splitlines() == [
         "-o DPkg::Lock::Timeout=600 update -qq",
-        "-o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends buildah debootstrap"]
+        "-o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends buildah debootstrap util-linux iptables "
+        "iproute2 libseccomp-dev"]
 
 
 @pytest.mark.parametrize(("go", "message"), [

@@ -11,16 +11,23 @@
 #   gcc           cgo: NVIDIA's mock NVML is a shared library built from Go (tools/mocknvml)
 #   unshare       util-linux: NVIDIA's programs run in private mount namespaces (tests/compare)
 #   git           the URN test exports the program as an earlier commit had it
+#   libseccomp-dev
+#                 runc is built with seccomp (tools/runc): the kubelet gives pod sandboxes RuntimeDefault
+#   iptables, ip  a real node's CNI plugins (bridge, portmap) and its Service address, in the node's netns
+#   nsenter       util-linux: a real node's containerd and kubelet run in the node's namespaces
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
 # command -> the Debian package that provides it
 declare -A package=([shellcheck]=shellcheck [openssl]=openssl [buildah]=buildah [debootstrap]=debootstrap
-                    [gcc]=gcc [unshare]=util-linux [git]=git)
+                    [gcc]=gcc [unshare]=util-linux [nsenter]=util-linux [git]=git [iptables]=iptables
+                    [ip]=iproute2)
 missing=()
-for cmd in shellcheck openssl buildah debootstrap gcc unshare git; do
+for cmd in shellcheck openssl buildah debootstrap gcc unshare nsenter git iptables ip; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${package[$cmd]}")
 done
+# A library, not a command: its header is what cgo needs.
+[ -f "${DEPS_INCLUDE_DIR:-/usr/include}/seccomp.h" ] || missing+=(libseccomp-dev)
 
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,7 +1,7 @@
 //go:build tools
 
-// Package tools pins the Kubernetes commands the cluster tests build (see tools/build.sh), and kubectl,
-// the client the README and the tests use, from the same release.
+// Package tools pins the Kubernetes commands the cluster tests build (see tools/build.sh): the control
+// plane, kubectl (the client the README and the tests use) and the kubelet of the real nodes, from one release.
 package tools
 
 import (
@@ -9,4 +9,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
