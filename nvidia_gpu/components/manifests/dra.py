@@ -19,6 +19,7 @@ from nvgpu import hostpaths
 from nvgpu.nodescripts import NodeScript, facts
 from nvgpu.stackconfig import ClaimQuota, Cluster, NodeGroup
 from nvidia_gpu.components.manifests import Manifest
+from nvidia_gpu.components.manifests.confinement import deny_binding
 from nvidia_gpu.components.manifests.meta import (
     app_labels,
     cluster_object_name,
@@ -191,13 +192,7 @@ def admission_policy(namespace: str, driver: str) -> Manifest:
 
 
 def admission_policy_binding(namespace: str) -> Manifest:
-    name = cluster_object_name(namespace, "dra-slices-own-node")
-    return {
-        "apiVersion": ADMISSION_API,
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": app_labels(COMPONENT, namespace)},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }
+    return deny_binding(cluster_object_name(namespace, "dra-slices-own-node"), app_labels(COMPONENT, namespace))
 
 
 def claim_quota(namespace: str, quota: ClaimQuota) -> Manifest:

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 from nvgpu.stackconfig import PreviewIdentity
 from nvidia_gpu.components.manifests import Manifest
+from nvidia_gpu.components.manifests.confinement import ADMISSION_API, deny_binding
 from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name
 
 RBAC_API = "rbac.authorization.k8s.io/v1"
-ADMISSION_API = "admissionregistration.k8s.io/v1"
 COMPONENT = "preview-identity"
 #: API groups whose objects no admission policy or webhook sees (kube-apiserver exempts them).
 ADMISSION_EXEMPT_GROUPS = frozenset({"admissionregistration.k8s.io"})
@@ -163,13 +163,7 @@ def admission_policy(namespace: str, identity: PreviewIdentity) -> Manifest:
 
 
 def admission_policy_binding(namespace: str) -> Manifest:
-    name = policy_name(namespace)
-    return {
-        "apiVersion": ADMISSION_API,
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": app_labels(COMPONENT, namespace)},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }
+    return deny_binding(policy_name(namespace), app_labels(COMPONENT, namespace))
 
 
 #: What the program's cluster preflight (``nvidia_gpu.preflight``) reads besides the stack's own objects, as
