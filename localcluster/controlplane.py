@@ -4,6 +4,14 @@ Every component listens on 127.0.0.1 only, on ports picked free at start, with i
 directory, so several control planes (parallel test runs, ``make cluster-up`` beside a test run) can
 coexist. Identities are static bearer tokens for the control-plane components and the admin, and
 TokenRequest tokens for the agents (:meth:`localcluster.client.Kube.token_for`).
+
+Real nodes (:mod:`localcluster.node`, ``python -m localcluster node add``) live in network namespaces of
+their own; :mod:`localcluster.netproxy`, started and stopped with the API server, is the only path between
+them and the host's loopback. The API server therefore always gets an egress selector (its "cluster"
+traffic, to kubelets, goes through the proxy's unix socket; the proxy dials anything that is not a node
+from the host, so nothing changes without nodes), a client certificate for the kubelets
+(``system:masters``, so their webhook authorizer allows logs and exec) and the cluster CA to verify their
+serving certificates. :meth:`ControlPlane.stop` removes the nodes first.
 """
 
 from __future__ import annotations
@@ -16,19 +24,23 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from localcluster.client import ApiError, Kube
-from localcluster.pki import Pki, make_pki
+from localcluster.pki import Pki, client_pair, make_pki
 
 REPO = Path(__file__).resolve().parent.parent
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 BINARIES = (*COMPONENTS, "kwok-stages.yaml")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CIDR = "10.96.0.0/16"
+#: Processes beside the components: the proxy between the host and the real nodes (started before the API
+#: server, whose egress selector needs it, and stopped last).
+NETPROXY = "netproxy"
 
 
 class ToolsMissing(RuntimeError):
@@ -102,6 +114,15 @@ class ControlPlane:
     def log(self, component: str) -> Path:
         return self.directory / "logs" / f"{component}.log"
 
+    @property
+    def nodes_dir(self) -> Path:
+        """Where :class:`localcluster.node.Node` keeps each real node (``nodes/NAME/``)."""
+        return self.directory / "nodes"
+
+    @property
+    def egress_socket(self) -> Path:
+        return self.directory / "egress.sock"
+
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self, *, timeout: float = 120.0, detach: bool = False) -> ControlPlane:
@@ -123,8 +144,10 @@ class ControlPlane:
             for name in ("etcd", "etcd-peer", "apiserver", "kwok"):
                 self.ports[name] = fixed.get(name) or free_port()
             self._write_auth()
+            self._write_node_access()
             try:
                 self._spawn("etcd", detach)
+                self._spawn(NETPROXY, detach)
                 self._spawn("kube-apiserver", detach)
                 self.wait_ready(timeout=timeout)
                 for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
@@ -162,10 +185,25 @@ class ControlPlane:
             path.write_text(kube.kubeconfig_text(user))
             os.chmod(path, 0o600)
 
+    def _write_node_access(self) -> None:
+        """The egress selector file and the API server's client pair for kubelets (see the module docstring)."""
+        assert self._pki is not None
+        client_pair(self.directory / "pki", self._pki, "apiserver-kubelet-client",
+                    cn="kube-apiserver-kubelet-client", org="system:masters")
+        self.nodes_dir.mkdir(exist_ok=True)
+        (self.directory / "egress.yaml").write_text(json.dumps({
+            "apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
+            "egressSelections": [{"name": "cluster", "connection": {
+                "proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(self.egress_socket)}}}}]},
+            indent=1))
+
     def _command(self, name: str) -> list[str]:
         assert self._pki is not None and self.bin_dir is not None
         d, p, pki = self.directory, self.ports, self._pki
         binary = str(self.bin_dir / name)
+        if name == NETPROXY:
+            return [sys.executable, "-m", "localcluster.netproxy", "--uds", str(self.egress_socket),
+                    "--api", f"127.0.0.1:{p['apiserver']}", "--nodes-dir", str(self.nodes_dir)]
         if name == "etcd":
             peer = f"http://127.0.0.1:{p['etcd-peer']}"
             client = f"http://127.0.0.1:{p['etcd']}"
@@ -189,6 +227,10 @@ class ControlPlane:
                    "--service-cluster-ip-range", SERVICE_CIDR,
                    "--endpoint-reconciler-type", "none",
                    "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false",
+                   "--egress-selector-config-file", str(d / "egress.yaml"),
+                   "--kubelet-client-certificate", str(d / "pki" / "apiserver-kubelet-client.crt"),
+                   "--kubelet-client-key", str(d / "pki" / "apiserver-kubelet-client.key"),
+                   "--kubelet-certificate-authority", str(pki.ca_cert),
                    "--v=1"]
             if self.feature_gates:
                 cmd += ["--feature-gates", self.feature_gates]
@@ -217,8 +259,11 @@ class ControlPlane:
 
     def _spawn(self, name: str, detach: bool) -> None:
         log = self.log(name).open("ab")
+        env = None
+        if name == NETPROXY:  # the module from this checkout, whatever the caller's working directory
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         proc = subprocess.Popen(self._command(name), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=self.directory, start_new_session=detach)
+                                cwd=self.directory, start_new_session=detach, env=env)
         log.close()
         self._procs[name] = proc
         self.pids[name] = proc.pid
@@ -298,8 +343,14 @@ class ControlPlane:
         return down
 
     def stop(self, *, remove: bool = True) -> None:
-        """Stop every component (reverse order); ``remove`` deletes the state directory."""
-        for name in reversed(COMPONENTS):
+        """Remove every real node (a node without its control plane is of no use, and its mounts, cgroups and
+        processes must not outlive the cluster), stop every component (reverse order) and the proxy;
+        ``remove`` deletes the state directory."""
+        from localcluster.node import Node  # node imports netproxy only; keep this module light
+
+        for node in Node.all(self.directory):
+            node.remove()
+        for name in (*reversed(COMPONENTS), NETPROXY):
             if name in self._procs or name in self.pids:
                 self.stop_component(name)
         if remove:

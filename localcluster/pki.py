@@ -53,3 +53,17 @@ def make_pki(directory: Path) -> Pki:
     _openssl("genrsa", "-out", str(pki.sa_key), "2048")
     _openssl("rsa", "-in", str(pki.sa_key), "-pubout", "-out", str(pki.sa_pub))
     return pki
+
+
+def client_pair(directory: Path, ca: Pki, name: str, *, cn: str, org: str) -> tuple[Path, Path]:
+    """A client certificate and key ``directory/NAME.{crt,key}`` signed by ``ca`` (made once, then reused)."""
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    if cert.exists() and key.exists():
+        return cert, key
+    ext, csr = directory / f"{name}.ext", directory / f"{name}.csr"
+    ext.write_text("extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/O={org}/CN={cn}",
+             "-keyout", str(key), "-out", str(csr))
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca.ca_cert), "-CAkey", str(ca.ca_key), "-CAcreateserial",
+             "-days", "30", "-extfile", str(ext), "-out", str(cert))
+    return cert, key

@@ -38,7 +38,9 @@ def test_up_status_down(control_plane: ControlPlane, tmp_path: Path) -> None:
     assert "control plane v1.34.4 up in" in up.stdout
     pids = json.loads((state / "state.json").read_text())["pids"]
     try:
-        assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
+        # netproxy: the path between the host and real nodes (localcluster.node), always beside the API server.
+        assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+                             "netproxy"}
         assert all(_alive(pid) for pid in pids.values()), "the processes outlive `up`"
         kube = Kube.from_kubeconfig(state / "kubeconfig")
         assert kube.can_i("*", "*"), "the kubeconfig is cluster-admin"

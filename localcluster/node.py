@@ -1,0 +1,485 @@
+"""A real node for the loopback control plane: containerd and the kubelet in namespaces of their own
+(``python -m localcluster node add NAME``; issue 35, whose notes record the prototype this follows).
+
+State lives under ``<cluster>/nodes/NAME/``. Inside the node's mount namespace the standard paths are the
+node's own, so containerd and the kubelet run with their defaults and hostPath volumes resolve inside the
+node:
+
+- ``/etc``: an overlay, the host's ``/etc`` below and ``root/etc`` above (containerd's config and drop-ins,
+  the CNI config). Once mounted, ``root/etc`` is written only through the node's view (overlayfs caches its
+  upper layer: edits from outside are not seen, and renames then fail with ESTALE).
+- ``/var/lib``, ``/var/log``, ``/run``: binds of ``root/var/lib``, ``root/var/log``, ``root/run``.
+
+Its network namespace holds the node IP (``10.200.0.INDEX/32`` on ``lo``: this kernel has no ``dummy``
+links, and the kubelet refuses a loopback node IP), the CNI bridge with ``10.244.INDEX.0/24``, and the DNAT
+of the ``kubernetes`` Service (``10.96.0.1:443``) to :mod:`localcluster.netproxy`'s API listener; nothing is
+added to the host's network. The pods' cgroups are one tree per node (``/nvgpu-NAME-CLUSTERHASH`` in each cgroup v1
+hierarchy). Sandbox limits the settings answer are noted where they are set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localcluster.client import ApiError, Kube
+from localcluster.images import PAUSE_IMAGE, pause_archive
+from localcluster.netproxy import NODE_API_PORT
+
+SERVICE_IP = "10.96.0.1"
+SERVICE_RANGE = "10.96.0.0/16"
+#: Node indexes: the node IP is 10.200.0.INDEX, its pod range 10.244.INDEX.0/24.
+MAX_INDEX = 250
+CGROUP_V1 = Path("/sys/fs/cgroup")
+#: Seconds a daemon gets between SIGTERM and SIGKILL.
+GRACE_S = 5.0
+#: The daemons this process started, by pid: kept so that a running one is never garbage-collected (which
+#: warns) and so that stopping one reaps it.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class NodeError(RuntimeError):
+    """A node could not be set up or started; the message names the step and carries the tool's words."""
+
+
+def _run(argv: Sequence[str], what: str) -> None:
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise NodeError(f"{what}: {' '.join(argv[:3])} failed: {done.stderr.strip()}")
+
+
+@dataclass
+class Node:
+    """One node: :meth:`add` creates and starts it, :meth:`remove` leaves nothing of it behind."""
+
+    cluster_dir: Path
+    name: str
+    index: int
+    bin_dir: Path
+    pids: dict[str, int] = field(default_factory=dict)
+    removing: bool = False
+
+    @classmethod
+    def new(cls, cluster_dir: Path, name: str, bin_dir: Path) -> Node:
+        """A node not yet added, with the lowest index no node in ``cluster_dir`` has."""
+        if not name or len(name) > 40 or not all(c.isalnum() or c == "-" for c in name) or not name[0].isalnum():
+            raise NodeError(f"node name {name!r}: letters, digits and '-' (at most 40), starting alphanumeric")
+        if (cluster_dir / "nodes" / name).exists():
+            raise NodeError(f"node {name} exists in {cluster_dir} (remove it first)")
+        taken = {n.index for n in cls.all(cluster_dir)}
+        index = next((i for i in range(1, MAX_INDEX + 1) if i not in taken), None)
+        if index is None:
+            raise NodeError(f"{MAX_INDEX} nodes already")
+        return cls(cluster_dir=cluster_dir, name=name, index=index, bin_dir=bin_dir)
+
+    @classmethod
+    def all(cls, cluster_dir: Path) -> list[Node]:
+        """Every node :meth:`add` left in ``cluster_dir`` (also half-added ones, for :meth:`remove`)."""
+        nodes = []
+        for state in sorted((cluster_dir / "nodes").glob("*/state.json")):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                nodes.append(cls.attach(cluster_dir, state.parent.name))
+        return nodes
+
+    @classmethod
+    def attach(cls, cluster_dir: Path, name: str) -> Node:
+        """The node :meth:`add` left in ``cluster_dir`` (raises if there is none)."""
+        state = json.loads((cluster_dir / "nodes" / name / "state.json").read_text())
+        return cls(cluster_dir=cluster_dir, name=name, index=int(state["index"]), bin_dir=Path(state["bin_dir"]),
+                   pids={k: int(v) for k, v in state["pids"].items()}, removing=bool(state.get("removing")))
+
+    # --- names and paths ------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path:
+        return self.cluster_dir / "nodes" / self.name
+
+    @property
+    def ip(self) -> str:
+        return f"10.200.0.{self.index}"
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"10.244.{self.index}.0/24"
+
+    @property
+    def cgroup_root(self) -> str:
+        """The node's cgroup tree, named after the node and its cluster: the hierarchies are the machine's,
+        and two clusters (parallel test runs, ``make cluster-up`` beside one) may both have a node ``n1``."""
+        cluster = hashlib.sha256(str(self.cluster_dir.resolve()).encode()).hexdigest()[:8]
+        return f"nvgpu-{self.name}-{cluster}"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.directory / "root" / "run" / "containerd" / "containerd.sock"
+
+    def ns(self, kind: str) -> Path:
+        return self.directory / "ns" / kind
+
+    def nsenter(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` inside the node (nsenter and env exec, so the child's pid is the program's)."""
+        return ["nsenter", f"--net={self.ns('net')}", f"--mount={self.ns('mnt')}", f"--uts={self.ns('uts')}",
+                "--", "env", f"PATH={self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", *argv]
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def add(self, *, ca_cert: Path, ca_key: Path, images: Sequence[Path], timeout: float = 60.0) -> Node:
+        """Credentials, files, namespaces, cgroups; then containerd, the images, the kubelet."""
+        d = self.directory
+        for sub in ("ns", "root/etc", "work/etc", "root/var/lib", "root/var/log", "root/run", "pki", "logs"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        self._save_state()  # claims the index; remove() can undo a half-done add from here on
+        self._credentials(ca_cert, ca_key)
+        self._write_files(ca_cert)  # before the overlay exists (see the module docstring)
+        self._namespaces()
+        self._cgroups()
+        self.start("containerd")
+        deadline = time.monotonic() + timeout
+        while not self.containerd_socket.is_socket():
+            if time.monotonic() > deadline:
+                raise NodeError(f"containerd of {self.name} did not listen; see {d / 'logs' / 'containerd.log'}")
+            time.sleep(0.1)
+        for image in images:
+            self.import_image(image)
+        self._notify_proxy()  # its API listener in the node's netns, before the kubelet dials it
+        self.start("kubelet")
+        return self
+
+    def _notify_proxy(self) -> None:
+        """SIGHUP to the control plane's netproxy: it re-reads the nodes now (it also does every 0.5 s)."""
+        with contextlib.suppress(OSError, ValueError, KeyError, ProcessLookupError, TypeError):
+            pid = int(json.loads((self.cluster_dir / "state.json").read_text())["pids"]["netproxy"])
+            os.kill(pid, signal.SIGHUP)
+            time.sleep(0.2)
+
+    def import_image(self, archive: Path) -> list[str]:
+        """An OCI or Docker archive into the node's ``k8s.io`` namespace (no registry anywhere). Each image an
+        OCI archive names is also tagged ``REPO@DIGEST``: the CRI reports a repo digest (and so resolves a
+        pod's by-digest reference) only for such a name, which a pull makes and an import does not.
+        Answers those by-digest references."""
+        ctr = [str(self.bin_dir / "ctr"), "--address", str(self.containerd_socket.resolve()), "-n", "k8s.io"]
+        _run([*ctr, "images", "import", "--local", str(archive.resolve())],
+             f"importing {archive.name} into {self.name}")
+        refs = []
+        for name, digest in _oci_names(archive):
+            repo = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+            refs.append(f"{repo}@{digest}")
+            _run([*ctr, "images", "tag", "--force", name, refs[-1]], f"tagging {name} by digest in {self.name}")
+        return refs
+
+    def command(self, component: str) -> list[str]:
+        if component == "containerd":
+            return self.nsenter([str(self.bin_dir / "containerd")])
+        if component == "kubelet":
+            return self.nsenter([str(self.bin_dir / "kubelet"), "--config", str(self.directory / "kubelet.yaml"),
+                                 "--kubeconfig", str(self.directory / "kubelet.kubeconfig"),
+                                 "--hostname-override", self.name, "--node-ip", self.ip, "--v=2"])
+        raise ValueError(component)
+
+    def start(self, component: str) -> None:
+        log = (self.directory / "logs" / f"{component}.log").open("ab")
+        proc = subprocess.Popen(self.command(component), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        _CHILDREN[proc.pid] = proc
+        self.pids[component] = proc.pid
+        self._save_state()
+
+    def stop(self, component: str, *, grace_s: float = GRACE_S) -> None:
+        """SIGTERM, SIGKILL after ``grace_s``; returns once the process is gone (a kubelet started again
+        before the old one let go of :10250 exits with "address already in use")."""
+        _terminate(self.pids.pop(component, None), grace_s)
+        self._save_state()
+
+    def remove(self) -> None:
+        """Everything of the node, in the order that leaves nothing: the kubelet (so nothing recreates pods),
+        the pods (CNI DEL gives their IPs back), every process in the node's netns (containerd, the shims)
+        and cgroup tree, the namespace files (the kernel then frees the namespaces and every mount inside
+        them), the cgroup tree, the directory."""
+        d = self.directory
+        if not d.exists():
+            return
+        self.removing = True
+        self._save_state()
+        self._notify_proxy()  # closes its listener in the netns (which would keep the namespace alive)
+        self.stop("kubelet")
+        if self.containerd_socket.is_socket():
+            crictl = [str(self.bin_dir / "crictl"), "--runtime-endpoint", f"unix://{self.containerd_socket}"]
+            pods = subprocess.run([*crictl, "pods", "-q"], capture_output=True, text=True, check=False).stdout.split()
+            if pods:
+                subprocess.run([*crictl, "stopp", *pods], capture_output=True, check=False)
+                subprocess.run([*crictl, "rmp", "-f", *pods], capture_output=True, check=False)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self._processes():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            time.sleep(1.0 if sig == signal.SIGTERM else 0.2)
+        for pid in list(self.pids.values()):
+            child = _CHILDREN.pop(pid, None)
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(GRACE_S)
+        self.pids.clear()
+        for path in (self.ns("net"), self.ns("mnt"), self.ns("uts"), d / "ns"):
+            subprocess.run(["umount", str(path)], capture_output=True, check=False)
+        # runc also makes the path in the cgroup2 ("unified") mount of this hybrid host: remove it there too.
+        for hierarchy in [*_v1_hierarchies(), CGROUP_V1 / "unified"]:
+            root = hierarchy / self.cgroup_root
+            if root.is_dir():
+                for sub in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                    with contextlib.suppress(OSError):
+                        sub.rmdir()
+                with contextlib.suppress(OSError):
+                    root.rmdir()
+        left = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if f" {d}" in line]
+        if left:
+            raise NodeError(f"mounts remain under {d}: " + "; ".join(left))
+        shutil.rmtree(d)
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def _processes(self) -> set[int]:
+        """Every process in the node's netns or its cgroup tree (containers sit in their pods' netns)."""
+        found: set[int] = set()
+        with contextlib.suppress(OSError):
+            ino = os.stat(self.ns("net")).st_ino
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    with contextlib.suppress(OSError):
+                        if os.stat(entry / "ns" / "net").st_ino == ino:
+                            found.add(int(entry.name))
+        pids_root = CGROUP_V1 / "pids" / self.cgroup_root
+        if pids_root.is_dir():
+            for procs in pids_root.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError):
+                    found.update(int(p) for p in procs.read_text().split())
+        found.discard(os.getpid())
+        return found
+
+    def _credentials(self, ca_cert: Path, ca_key: Path) -> None:
+        """The kubelet's client certificate (the Node authorizer's ``system:node:NAME`` in ``system:nodes``)
+        and its serving certificate (the API server verifies it: SANs for the name it dials and the IP)."""
+        pki = self.directory / "pki"
+        if (pki / "kubelet.crt").exists():
+            return
+        subject = f"/O=system:nodes/CN=system:node:{self.name}"
+        pairs = {"kubelet-client": "extendedKeyUsage=clientAuth\n",
+                 "kubelet": f"subjectAltName=IP:{self.ip},IP:127.0.0.1,DNS:{self.name}\nextendedKeyUsage=serverAuth\n"}
+        for name, ext in pairs.items():
+            (pki / f"{name}.ext").write_text(ext + "keyUsage=digitalSignature,keyEncipherment\n")
+            _run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+                  "-keyout", str(pki / f"{name}.key"), "-out", str(pki / f"{name}.csr")], "node key")
+            _run(["openssl", "x509", "-req", "-in", str(pki / f"{name}.csr"), "-CA", str(ca_cert),
+                  "-CAkey", str(ca_key), "-CAcreateserial", "-days", "30", "-extfile", str(pki / f"{name}.ext"),
+                  "-out", str(pki / f"{name}.crt")], "node certificate")
+
+    def _write_files(self, ca_cert: Path) -> None:
+        d, pki, b = self.directory, self.directory / "pki", self.bin_dir
+        (d / "kubelet.kubeconfig").write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "node",
+            "clusters": [{"name": "local", "cluster": {"server": f"https://127.0.0.1:{NODE_API_PORT}",
+                                                       "certificate-authority": str(ca_cert)}}],
+            "users": [{"name": "node", "user": {"client-certificate": str(pki / "kubelet-client.crt"),
+                                                "client-key": str(pki / "kubelet-client.key")}}],
+            "contexts": [{"name": "node", "context": {"cluster": "local", "user": "node"}}]}, indent=1))
+        etc = d / "root" / "etc"
+        (etc / "containerd" / "conf.d").mkdir(parents=True, exist_ok=True)
+        (etc / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
+        (etc / "containerd" / "config.toml").write_text(f"""\
+version = 3
+imports = ["/etc/containerd/conf.d/*.toml"]
+# Not on this machine or not needed: btrfs/zfs/devmapper/erofs; opt installs into /opt; NRI.
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs",
+                    "io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri",
+                    "io.containerd.tracing.processor.v1.otlp"]
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins."io.containerd.cri.v1.runtime"]
+  # No CAP_SYS_RESOURCE in this sandbox: a negative oom_score_adj (the kubelet asks -998 for every
+  # sandbox, -997 for Guaranteed pods) fails in runc with EACCES; clamp to containerd's own.
+  restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{b / 'runc'}"
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{b / 'cni'}"]
+    conf_dir = "/etc/cni/net.d"
+""")
+        (etc / "cni" / "net.d" / "10-bridge.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "node", "plugins": [
+                {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_cidr}]],
+                          "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "portmap", "capabilities": {"portMappings": True}}]}, indent=1))
+        (d / "kubelet.yaml").write_text(json.dumps({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(ca_cert)}},
+            "authorization": {"mode": "Webhook"},
+            "tlsCertFile": str(pki / "kubelet.crt"), "tlsPrivateKeyFile": str(pki / "kubelet.key"),
+            "readOnlyPort": 0,
+            "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+            # PID 1 is not systemd; the per-node root must exist before the kubelet starts (_cgroups).
+            "cgroupDriver": "cgroupfs", "cgroupsPerQOS": True, "cgroupRoot": f"/{self.cgroup_root}",
+            "enforceNodeAllocatable": ["pods"],
+            "oomScoreAdj": 0,  # the default -999 needs CAP_SYS_RESOURCE
+            "failSwapOn": False,
+            "resolvConf": "/etc/resolv.conf", "clusterDomain": "cluster.local",
+            "imageGCHighThresholdPercent": 100,  # no registry: a collected image cannot come back
+            "evictionHard": {"memory.available": "1%", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "podCIDR": self.pod_cidr, "registerNode": True}, indent=1))
+
+    def _namespaces(self) -> None:
+        """Persistent net, mount and UTS namespaces on files under ``ns/`` (which must sit on a private
+        mount), with the node's mounts, address, route and Service DNAT made once inside."""
+        nsdir = self.directory / "ns"
+        if subprocess.run(["mountpoint", "-q", str(nsdir)], check=False).returncode != 0:
+            _run(["mount", "--bind", str(nsdir), str(nsdir)], "namespace directory")
+            _run(["mount", "--make-private", str(nsdir)], "namespace directory")
+        if (nsdir / "created").exists():
+            return
+        for kind in ("net", "mnt", "uts"):
+            self.ns(kind).touch()
+        d, api = self.directory, f"{self.ip}:{NODE_API_PORT}"
+        script = "\n".join([
+            "set -e", f"hostname {self.name}",
+            f"mount -t overlay overlay -o lowerdir=/etc,upperdir={d}/root/etc,workdir={d}/work/etc /etc",
+            f"mount --bind {d}/root/var/lib /var/lib", f"mount --bind {d}/root/var/log /var/log",
+            f"mount --bind {d}/root/run /run",
+            "ip link set lo up", f"ip addr add {self.ip}/32 dev lo",
+            # No kube-proxy: the one Service a node needs is the API server's. PREROUTING for pods on the
+            # bridge; OUTPUT for hostNetwork pods, whose route lookup needs a route before the DNAT.
+            f"ip route add {SERVICE_RANGE} dev lo",
+            f"iptables -t nat -A PREROUTING -d {SERVICE_IP}/32 -p tcp --dport 443 -j DNAT --to-destination {api}",
+            f"iptables -t nat -A OUTPUT -d {SERVICE_IP}/32 -p tcp --dport 443 -j DNAT --to-destination {api}",
+        ])
+        _run(["unshare", f"--net={self.ns('net')}", f"--mount={self.ns('mnt')}", f"--uts={self.ns('uts')}",
+              "--propagation", "private", "sh", "-c", script], f"namespaces of {self.name}")
+        (nsdir / "created").write_text("")
+
+    def _cgroups(self) -> None:
+        for hierarchy in _v1_hierarchies():
+            (hierarchy / self.cgroup_root).mkdir(exist_ok=True)
+        cpuset = CGROUP_V1 / "cpuset"
+        if cpuset.is_dir():  # a cpuset cgroup takes no task before it has cpus and mems
+            for key in ("cpuset.cpus", "cpuset.mems"):
+                (cpuset / self.cgroup_root / key).write_text((cpuset / key).read_text())
+
+    def _save_state(self) -> None:
+        state = {"name": self.name, "index": self.index, "ip": self.ip, "pod_cidr": self.pod_cidr,
+                 "bin_dir": str(self.bin_dir), "pids": self.pids, "cgroup_root": self.cgroup_root,
+                 "removing": self.removing}
+        (self.directory / "state.json").write_text(json.dumps(state, indent=2))
+
+
+def _oci_names(archive: Path) -> list[tuple[str, str]]:
+    """(name, manifest digest) of each named image in an OCI archive's index; none for a Docker archive."""
+    with tarfile.open(archive) as tar:
+        try:
+            member = tar.extractfile("index.json")
+        except KeyError:
+            return []
+        if member is None:
+            return []
+        index = json.loads(member.read())
+    return [(str(m["annotations"]["io.containerd.image.name"]), str(m["digest"]))
+            for m in index.get("manifests", []) if "io.containerd.image.name" in m.get("annotations", {})]
+
+
+def _v1_hierarchies() -> list[Path]:
+    """The cgroup v1 hierarchies (this machine mounts cgroup2 beside them as ``unified``)."""
+    if not CGROUP_V1.is_dir():
+        return []
+    return sorted(p for p in CGROUP_V1.iterdir() if p.is_dir() and p.name != "unified")
+
+
+def _terminate(pid: int | None, grace_s: float) -> None:
+    if not pid:
+        return
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        child.terminate()
+        try:
+            child.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def wait_ready(kube: Kube, name: str, *, timeout: float = 120.0) -> float:
+    """Until the Node ``name`` reports Ready; answers the seconds waited."""
+    t0 = time.monotonic()
+    last = "not registered"
+    while time.monotonic() - t0 < timeout:
+        node = kube.get_or_none("v1", "Node", name)
+        if node is not None:
+            conditions = {c["type"]: c for c in node.get("status", {}).get("conditions", [])}
+            ready = conditions.get("Ready", {})
+            if ready.get("status") == "True":
+                return time.monotonic() - t0
+            last = f"Ready={ready.get('status')} ({ready.get('message', '')})"
+        time.sleep(0.5)
+    raise TimeoutError(f"node {name} not Ready after {timeout:.0f} s: {last}")
+
+
+def add_node(cluster_dir: Path, name: str, bin_dir: Path, kube: Kube, *, images: Sequence[Path] = (),
+             timeout: float = 120.0) -> Node:
+    """A node joined to the control plane in ``cluster_dir``, the pause image and ``images`` imported, Ready.
+    A failed add is undone (:meth:`Node.remove`) before the error propagates."""
+    pause = cluster_dir / "images" / "pause.tar"
+    pause_archive(pause)
+    node = Node.new(cluster_dir, name, bin_dir)
+    try:
+        node.add(ca_cert=cluster_dir / "pki" / "ca.crt", ca_key=cluster_dir / "pki" / "ca.key",
+                 images=[pause, *images], timeout=timeout)
+        wait_ready(kube, name, timeout=timeout)
+    except BaseException:
+        node.remove()
+        with contextlib.suppress(ApiError):
+            kube.delete("v1", "Node", name)
+        raise
+    return node
+
+
+def remove_node(cluster_dir: Path, name: str, kube: Kube | None) -> bool:
+    """The node's processes, pods, mounts, cgroups and files, then its Node object; False if there was none."""
+    if not (cluster_dir / "nodes" / name).exists():
+        return False
+    Node.attach(cluster_dir, name).remove()
+    if kube is not None:
+        with contextlib.suppress(ApiError, OSError):
+            kube.delete("v1", "Node", name)
+    return True
