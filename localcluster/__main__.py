@@ -7,7 +7,8 @@ NodeGroups and NodeGroupConfigurations, and the Prometheus Operator's monitors a
 monitoring modules bring), and prints how long start-up took and where the cluster-admin kubeconfig
 is; ``down`` removes the real nodes, stops them and removes the state directory.
 
-``node add NAME [--image ARCHIVE ...]`` starts containerd and a kubelet in namespaces of their own, with
+``node add NAME [--machine dgx-h100] [--image ARCHIVE ...]`` starts containerd and a kubelet in namespaces of
+their own (a GPU node with ``--machine``), with
 state under ``DIR/nodes/NAME/`` (:mod:`localcluster.node`), imports the pause image (built here) and each
 OCI/Docker ``ARCHIVE`` into its containerd, and waits for the Node to be Ready; ``node remove NAME`` leaves
 nothing of it behind (processes, mounts, cgroups, files) and deletes the Node object.
@@ -24,7 +25,7 @@ from pathlib import Path
 from localcluster.controlplane import REPO, ControlPlane, ToolsMissing
 from localcluster.dryrun import install_crds, server_version
 from localcluster.images import ImageError
-from localcluster.node import Node, NodeError, add_node, remove_node
+from localcluster.node import MACHINES, Node, NodeError, add_node, remove_node
 
 DEFAULT_DIR = REPO / "out" / "cluster"
 #: The CRDs the offline preview validates against (nvidia_gpu/preview/crds, with their SOURCES.md).
@@ -38,6 +39,8 @@ def node_main(argv: list[str]) -> int:
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default: {DEFAULT_DIR})")
     parser.add_argument("--image", type=Path, action="append", default=[],
                         help="an OCI or Docker image archive to import into the node's containerd (repeatable)")
+    parser.add_argument("--machine", choices=sorted(MACHINES),
+                        help="a GPU node: the machine's driver (NVIDIA's go-nvml model as its NVML) and device nodes")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for Ready (default: 120)")
     args = parser.parse_args(argv)
     directory: Path = args.dir.resolve()
@@ -72,7 +75,7 @@ def node_main(argv: list[str]) -> int:
         return 1
     try:
         node = add_node(directory, args.name, cp.bin_dir, cp.admin(), images=[i.resolve() for i in args.image],
-                        timeout=args.timeout)
+                        machine=args.machine, timeout=args.timeout)
     except (NodeError, ImageError, TimeoutError) as e:
         print(f"node {args.name} failed: {e}", file=sys.stderr)
         return 1

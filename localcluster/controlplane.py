@@ -16,12 +16,10 @@ serving certificates. :meth:`ControlPlane.stop` removes the nodes first.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +30,7 @@ from typing import Any
 
 from localcluster.client import ApiError, Kube
 from localcluster.pki import Pki, client_pair, make_pki
+from localcluster.processes import alive, stop_child, stop_pid
 
 REPO = Path(__file__).resolve().parent.parent
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -310,14 +309,9 @@ class ControlPlane:
         to drain (etcd keeps every write it acknowledged)."""
         proc = self._procs.pop(name, None)
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_child(proc, grace_s)
         else:
-            _kill(self.pids.get(name), grace_s=grace_s)
+            stop_pid(self.pids.get(name), grace_s)
         self.pids.pop(name, None)
 
     def restart_apiserver(self, *, down_s: float = 0.0, timeout: float = 120.0) -> float:
@@ -375,28 +369,4 @@ class ControlPlane:
         return cp
 
     def alive(self) -> bool:
-        return all(_running(pid) for pid in self.pids.values()) and bool(self.pids)
-
-
-def _running(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _kill(pid: int | None, *, grace_s: float = 5.0) -> None:
-    if not _running(pid):
-        return
-    assert pid is not None
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(int(grace_s * 10)):
-        if not _running(pid):
-            return
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
+        return all(alive(pid) for pid in self.pids.values()) and bool(self.pids)

@@ -6,9 +6,15 @@
   SIGINT/SIGTERM, reap orphans).
 - :func:`rootfs_archive`: a tiny image of host binaries and the shared libraries ``ldd`` lists for them
   (``sh``, ``cat``, ``sleep``, ...), enough for a workload that prints, sleeps and takes ``kubectl exec``.
+- :func:`probe_archive`: such an image around ``tests/cdi/gpu_probe.c`` (a CUDA workload's view of the
+  driver), laid out like a Debian image for the NVIDIA CDI hook: multiarch library directories,
+  ``/etc/ld.so.conf(.d)``, ``/sbin/ldconfig`` and a linker cache.
+- :func:`agent_archive`: the node agent image as ``node_agent/image/build.sh`` builds it (buildah, no
+  registry), exported from buildah's storage.
 
-Layers are stored uncompressed (``application/vnd.oci.image.layer.v1.tar``): their diff IDs are their own
-digests, and nothing is pulled, so compression would only cost time.
+Layers written here are stored uncompressed (``application/vnd.oci.image.layer.v1.tar``): their diff IDs are
+their own digests, and nothing is pulled, so compression would only cost time. The agent's archive keeps the
+gzip layers buildah stores and pushes as they are (74 MB; the image is 177 MB unpacked).
 """
 
 from __future__ import annotations
@@ -16,17 +22,22 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
 DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+AGENT_BUILD = Path(__file__).resolve().parents[1] / "node_agent" / "image" / "build.sh"
+#: Debian's multiarch library directories: where a CDI spec mounts the driver's libraries, and what the
+#: image's ``/etc/ld.so.conf.d`` lists (as ``tests/oci.py``'s root file systems do).
+MULTIARCH = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu")
 
 PAUSE_C = r"""
 #include <signal.h>
@@ -110,8 +121,10 @@ def archive_digest(out: Path) -> str:
     return out.with_name(out.name + ".digest").read_text().strip()
 
 
-def _layer(out: Path, files: dict[str, Path], dirs: Sequence[str] = ()) -> None:
-    """A layer tar holding ``files`` (path in the image -> host file, symlinks resolved) and empty ``dirs``."""
+def _layer(out: Path, files: Mapping[str, Path], dirs: Sequence[str] = (),
+           data: Mapping[str, bytes] | None = None) -> None:
+    """A layer tar holding ``files`` (path in the image -> host file, symlinks resolved), empty ``dirs`` and
+    ``data`` (path in the image -> contents of a 0644 file)."""
     with tarfile.open(out, "w") as tar:
         for d in dirs:
             info = tarfile.TarInfo(d.strip("/"))
@@ -120,6 +133,10 @@ def _layer(out: Path, files: dict[str, Path], dirs: Sequence[str] = ()) -> None:
             tar.addfile(info)
         for inside, host in sorted(files.items()):
             tar.add(host.resolve(), arcname=inside.strip("/"), recursive=False)
+        for inside, content in sorted((data or {}).items()):
+            info = tarfile.TarInfo(inside.strip("/"))
+            info.size, info.mode = len(content), 0o644
+            tar.addfile(info, io.BytesIO(content))
 
 
 def pause_archive(out: Path) -> str:
@@ -146,18 +163,133 @@ def _libraries(binary: Path) -> set[Path]:
     return {Path(m) for m in re.findall(r"(/\S+)\s+\(0x", done.stdout)}
 
 
-def rootfs_archive(out: Path, ref: str, programs: Sequence[str], *, cmd: Sequence[str] | None = None) -> str:
+def rootfs_archive(out: Path, ref: str, programs: Sequence[str], *, cmd: Sequence[str] | None = None,
+                   extra: Mapping[str, Path] | None = None, data: Mapping[str, bytes] | None = None,
+                   dirs: Sequence[str] = (), env: Sequence[str] = ("PATH=/bin",), ld_cache: bool = False) -> str:
     """An image of the host's ``programs`` (found on PATH, placed in ``/bin``) and their libraries at their
-    host paths, plus ``/tmp``, ``/proc``, ``/sys``, ``/dev``, ``/etc`` mount points; rebuilt every call."""
+    host paths, plus ``/tmp``, ``/proc``, ``/sys``, ``/dev``, ``/etc`` mount points; rebuilt every call.
+    ``extra`` adds host files (path in the image -> host file, their libraries too), ``data`` small files
+    by contents, ``dirs`` empty directories; ``ld_cache`` adds the ``/etc/ld.so.cache`` the host's
+    ``ldconfig -r`` builds for the image (what a distribution image ships)."""
     files: dict[str, Path] = {}
+    wanted: dict[str, Path] = {}
     for program in programs:
         found = shutil.which(program)
         if found is None:
             raise ImageError(f"{program} is not on PATH")
-        files[f"bin/{program}"] = Path(found)
-        for lib in _libraries(Path(found)):
+        wanted[f"bin/{program}"] = Path(found)
+    for inside, host in (extra or {}).items():
+        if not host.is_file():
+            raise ImageError(f"extra file for {inside}: {host} is not a file")
+        wanted[inside.strip("/")] = host
+    for inside, host in wanted.items():
+        files[inside] = host
+        for lib in _libraries(host):
             files[str(lib)] = lib
+    contents = dict(data or {})
+    if ld_cache:
+        contents["etc/ld.so.cache"] = _ld_cache(files, contents)
     with tempfile.TemporaryDirectory() as tmp:
         layer = Path(tmp) / "layer.tar"
-        _layer(layer, files, dirs=("tmp", "proc", "sys", "dev", "etc", "bin"))
-        return write_archive(out, ref, [layer], cmd=cmd, env=["PATH=/bin"])
+        _layer(layer, files, dirs=("tmp", "proc", "sys", "dev", "etc", "bin", *dirs), data=contents)
+        return write_archive(out, ref, [layer], cmd=cmd, env=env)
+
+
+def _ld_cache(files: Mapping[str, Path], data: Mapping[str, bytes]) -> bytes:
+    """The linker cache of an image of ``files`` and ``data``, as the host's ``ldconfig -r`` writes it (it
+    reads the image's ``/etc/ld.so.conf``), from a copy of the image staged here."""
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for inside, host in files.items():
+            (root / inside.strip("/")).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(host.resolve(), root / inside.strip("/"))
+        for inside, content in data.items():
+            (root / inside.strip("/")).parent.mkdir(parents=True, exist_ok=True)
+            (root / inside.strip("/")).write_bytes(content)
+        (root / "etc").mkdir(exist_ok=True)
+        done = subprocess.run([ldconfig, "-r", str(root)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise ImageError(f"{ldconfig} -r (the image's linker cache): {done.stderr.strip()}")
+        return (root / "etc" / "ld.so.cache").read_bytes()
+
+
+def probe_archive(out: Path, ref: str, probe_source: Path) -> str:
+    """An image whose command is ``probe_source`` (C, compiled here as ``/usr/bin/gpu-probe``) with ``sh``,
+    ``cat``, ``sleep`` and ``ls``, laid out for the NVIDIA CDI hook: the CDI spec mounts the driver's
+    libraries into the multiarch directories, and ``update-ldcache`` runs ``ldconfig`` in the container
+    with its ``/etc/ld.so.conf``, so the image has both, ``/sbin/ldconfig`` (the host's: static on Debian)
+    and a linker cache of its own; rebuilt every call."""
+    ldconfig = shutil.which("ldconfig")
+    if ldconfig is None:
+        raise ImageError("ldconfig is not on PATH (the probe image carries the host's)")
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "gpu-probe"
+        done = subprocess.run(["cc", "-O1", "-o", str(probe), str(probe_source), "-ldl"], capture_output=True,
+                              text=True, check=False)
+        if done.returncode != 0:
+            raise ImageError(f"compiling {probe_source}: {done.stderr.strip()}")
+        conf = {"etc/ld.so.conf": b"include /etc/ld.so.conf.d/*.conf\n",
+                "etc/ld.so.conf.d/x86_64-linux-gnu.conf": ("\n".join(MULTIARCH) + "\n").encode()}
+        return rootfs_archive(out, ref, ["sh", "cat", "sleep", "ls"],
+                              extra={"usr/bin/gpu-probe": probe, "sbin/ldconfig": Path(ldconfig)}, data=conf,
+                              dirs=("etc/ld.so.conf.d", "usr", "usr/bin", "usr/lib", "sbin",
+                                    *(d.strip("/") for d in MULTIARCH)),
+                              env=["PATH=/usr/bin:/sbin:/bin"], ld_cache=True, cmd=["/usr/bin/gpu-probe"])
+
+
+def _buildah(buildah_root: Path, *args: str, env: Mapping[str, str] | None = None,
+             timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
+    storage = ["--storage-driver", "vfs", "--root", str(buildah_root / "root"), "--runroot", str(buildah_root / "run")]
+    return subprocess.run(["buildah", *storage, *args], capture_output=True, text=True, env=env, timeout=timeout,
+                          check=False)
+
+
+def build_agent_image(tag: str, *, buildah_root: Path, ca_dir: Path | None = None, timeout: float = 1800.0) -> None:
+    """``node_agent/image/build.sh TAG`` into buildah's vfs storage under ``buildah_root`` (kept between calls,
+    it keeps the imported base; the debootstrap base itself is cached by the script). ``ca_dir``: extra CA
+    certificates for the Python package index (the script's ``CA_DIR``)."""
+    if shutil.which("buildah") is None:
+        raise ImageError("buildah is not on PATH (apt-get install buildah debootstrap)")
+    env = dict(os.environ, BUILDAH_ROOT=str(buildah_root))
+    if ca_dir is not None:
+        env["CA_DIR"] = str(ca_dir)
+    buildah_root.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["bash", str(AGENT_BUILD), tag], capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise ImageError(f"{AGENT_BUILD} {tag} failed: {done.stderr.strip()[-4000:]}")
+
+
+def buildah_archive(tag: str, out: Path, *, buildah_root: Path) -> str:
+    """The image ``tag`` in buildah's storage as an OCI archive at ``out`` named ``tag``; answers its manifest
+    digest (also recorded beside ``out``, as :func:`write_archive` does). ``buildah push`` names the image
+    only by ``org.opencontainers.image.ref.name``; ``ctr import`` names images by
+    ``io.containerd.image.name``, added here to the pushed layout's index before it is archived."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        layout = Path(tmp) / "oci"
+        done = _buildah(buildah_root, "push", "--quiet", tag, f"oci:{layout}:{tag.rsplit(':', 1)[-1]}")
+        if done.returncode != 0:
+            raise ImageError(f"buildah push {tag}: {done.stderr.strip()}")
+        index = json.loads((layout / "index.json").read_text())
+        manifests = index.get("manifests", [])
+        if len(manifests) != 1:
+            raise ImageError(f"buildah push {tag}: {len(manifests)} manifests in the layout's index, expected 1")
+        manifests[0].setdefault("annotations", {})["io.containerd.image.name"] = tag
+        (layout / "index.json").write_text(json.dumps(index))
+        partial = out.with_name(out.name + ".partial")
+        with tarfile.open(partial, "w") as tar:
+            for name in ("oci-layout", "index.json", "blobs"):
+                tar.add(layout / name, arcname=name)
+        partial.replace(out)
+    digest = str(manifests[0]["digest"])
+    out.with_name(out.name + ".digest").write_text(digest + "\n")
+    return digest
+
+
+def agent_archive(out: Path, ref: str, *, buildah_root: Path, ca_dir: Path | None = None) -> str:
+    """The node agent image built (:func:`build_agent_image`) and archived (:func:`buildah_archive`) as
+    ``ref``; answers its manifest digest."""
+    build_agent_image(ref, buildah_root=buildah_root, ca_dir=ca_dir)
+    return buildah_archive(ref, out, buildah_root=buildah_root)

@@ -9,6 +9,19 @@ node:
   the CNI config). Once mounted, ``root/etc`` is written only through the node's view (overlayfs caches its
   upper layer: edits from outside are not seen, and renames then fail with ESTALE).
 - ``/var/lib``, ``/var/log``, ``/run``: binds of ``root/var/lib``, ``root/var/log``, ``root/run``.
+- ``/usr``: an overlay like ``/etc`` (``root/usr`` above): the node's ``systemctl`` (its supervisor's, see
+  :mod:`localcluster.supervisor`) and, on a GPU node, the driver and the NVIDIA Container Toolkit installed as
+  their packages install them.
+- ``/dev``: an overlay on the host's ``/dev`` (``root/dev`` above) with fresh ``pts``, ``shm`` and ``mqueue``:
+  a GPU node's ``/dev/nvidia*`` character devices exist only in the node's view, never in this machine's.
+
+A GPU node (``--machine dgx-h100``) is the machine's driver without the silicon: NVIDIA's go-nvml model of the
+machine (``tools/mocknvml``, the copy linked for that machine and for ``/dev``, so a process sees only the
+GPUs whose device node it has, as on a node) installed as the driver's ``libnvidia-ml`` in
+``/usr/lib/x86_64-linux-gnu`` beside the driver's other libraries, tools and firmware
+(:mod:`localcluster.driverinstall`), the device nodes with the driver's numbers (major 195, the GPU's minor;
+``nvidiactl`` 255), and the toolkit's programs in ``/usr/bin``. Opening a device node answers ENXIO (no
+kernel module): nothing on the node opens one but a CUDA program, and the mock answers NVML.
 
 Its network namespace holds the node IP (``10.200.0.INDEX/32`` on ``lo``: this kernel has no ``dummy``
 links, and the kubelet refuses a loopback node IP), the CNI bridge with ``10.244.INDEX.0/24``, and the DNAT
@@ -26,6 +39,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Sequence
@@ -33,8 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localcluster.client import ApiError, Kube
+from localcluster.driverinstall import install_driver
 from localcluster.images import PAUSE_IMAGE, pause_archive
 from localcluster.netproxy import NODE_API_PORT
+from localcluster.processes import alive, stop_child, stop_pid
+from localcluster.supervisor import SYSTEMCTL
 
 SERVICE_IP = "10.96.0.1"
 SERVICE_RANGE = "10.96.0.0/16"
@@ -43,6 +60,19 @@ MAX_INDEX = 250
 CGROUP_V1 = Path("/sys/fs/cgroup")
 #: Seconds a daemon gets between SIGTERM and SIGKILL.
 GRACE_S = 5.0
+#: ``--machine`` names -> tools/mocknvml's machines (go-nvml's mock servers) and their driver version.
+MACHINES: dict[str, tuple[str, str]] = {
+    "dgx-a100": ("dgxa100", "550.54.15"), "dgx-h100": ("dgxh100", "550.54.15"),
+    "dgx-h200": ("dgxh200", "550.54.15"), "dgx-b200": ("dgxb200", "560.28.03"),
+}
+#: The driver's device numbers: ``nvidia<minor>`` and ``nvidiactl`` have the fixed major 195 (NVIDIA's
+#: ``nvidia-modprobe`` and ``/proc/devices``); ``nvidia-uvm`` takes a dynamic major, any free one.
+NVIDIA_MAJOR, UVM_MAJOR, GPUS_PER_MACHINE = 195, 510, 8
+#: The NVIDIA Container Toolkit's programs, as its packages install them in ``/usr/bin``.
+TOOLKIT_PROGRAMS = ("nvidia-ctk", "nvidia-cdi-hook", "nvidia-container-runtime", "nvidia-container-runtime.cdi",
+                    "nvidia-container-runtime.legacy", "nvidia-container-runtime-hook")
+#: Seconds to wait for the supervisor's answer to a request.
+REQUEST_TIMEOUT_S = 60.0
 #: The daemons this process started, by pid: kept so that a running one is never garbage-collected (which
 #: warns) and so that stopping one reaps it.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
@@ -68,19 +98,22 @@ class Node:
     bin_dir: Path
     pids: dict[str, int] = field(default_factory=dict)
     removing: bool = False
+    machine: str | None = None
 
     @classmethod
-    def new(cls, cluster_dir: Path, name: str, bin_dir: Path) -> Node:
+    def new(cls, cluster_dir: Path, name: str, bin_dir: Path, *, machine: str | None = None) -> Node:
         """A node not yet added, with the lowest index no node in ``cluster_dir`` has."""
         if not name or len(name) > 40 or not all(c.isalnum() or c == "-" for c in name) or not name[0].isalnum():
             raise NodeError(f"node name {name!r}: letters, digits and '-' (at most 40), starting alphanumeric")
+        if machine is not None and machine not in MACHINES:
+            raise NodeError(f"--machine {machine!r}: one of {', '.join(MACHINES)}")
         if (cluster_dir / "nodes" / name).exists():
             raise NodeError(f"node {name} exists in {cluster_dir} (remove it first)")
         taken = {n.index for n in cls.all(cluster_dir)}
         index = next((i for i in range(1, MAX_INDEX + 1) if i not in taken), None)
         if index is None:
             raise NodeError(f"{MAX_INDEX} nodes already")
-        return cls(cluster_dir=cluster_dir, name=name, index=index, bin_dir=bin_dir)
+        return cls(cluster_dir=cluster_dir, name=name, index=index, bin_dir=bin_dir, machine=machine)
 
     @classmethod
     def all(cls, cluster_dir: Path) -> list[Node]:
@@ -96,7 +129,8 @@ class Node:
         """The node :meth:`add` left in ``cluster_dir`` (raises if there is none)."""
         state = json.loads((cluster_dir / "nodes" / name / "state.json").read_text())
         return cls(cluster_dir=cluster_dir, name=name, index=int(state["index"]), bin_dir=Path(state["bin_dir"]),
-                   pids={k: int(v) for k, v in state["pids"].items()}, removing=bool(state.get("removing")))
+                   pids={k: int(v) for k, v in state["pids"].items()}, removing=bool(state.get("removing")),
+                   machine=state.get("machine"))
 
     # --- names and paths ------------------------------------------------------------------
 
@@ -136,14 +170,17 @@ class Node:
     def add(self, *, ca_cert: Path, ca_key: Path, images: Sequence[Path], timeout: float = 60.0) -> Node:
         """Credentials, files, namespaces, cgroups; then containerd, the images, the kubelet."""
         d = self.directory
-        for sub in ("ns", "root/etc", "work/etc", "root/var/lib", "root/var/log", "root/run", "pki", "logs"):
+        for sub in ("ns", "root/etc", "work/etc", "root/usr/bin", "work/usr", "root/dev", "work/dev", "root/var/lib",
+                    "root/var/log", "root/run", "pki", "logs", "control"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         self._save_state()  # claims the index; remove() can undo a half-done add from here on
         self._credentials(ca_cert, ca_key)
-        self._write_files(ca_cert)  # before the overlay exists (see the module docstring)
+        self._write_files(ca_cert)  # before the overlays exist (see the module docstring)
+        if self.machine is not None:
+            self._gpu_host(self.machine)
         self._namespaces()
         self._cgroups()
-        self.start("containerd")
+        self._start_supervisor()
         deadline = time.monotonic() + timeout
         while not self.containerd_socket.is_socket():
             if time.monotonic() > deadline:
@@ -186,20 +223,61 @@ class Node:
                                  "--hostname-override", self.name, "--node-ip", self.ip, "--v=2"])
         raise ValueError(component)
 
-    def start(self, component: str) -> None:
-        log = (self.directory / "logs" / f"{component}.log").open("ab")
-        proc = subprocess.Popen(self.command(component), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    def _start_supervisor(self) -> None:
+        """The node's service manager (:mod:`localcluster.supervisor`), which starts containerd at once."""
+        log = (self.directory / "logs" / "supervisor.log").open("ab")
+        proc = subprocess.Popen([sys.executable, "-m", "localcluster.supervisor", str(self.directory),
+                                 "--start", "containerd"], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=Path(__file__).resolve().parent.parent)
         log.close()
         _CHILDREN[proc.pid] = proc
-        self.pids[component] = proc.pid
+        self.pids["supervisor"] = proc.pid
         self._save_state()
 
-    def stop(self, component: str, *, grace_s: float = GRACE_S) -> None:
-        """SIGTERM, SIGKILL after ``grace_s``; returns once the process is gone (a kubelet started again
-        before the old one let go of :10250 exits with "address already in use")."""
-        _terminate(self.pids.pop(component, None), grace_s)
-        self._save_state()
+    def request(self, action: str, unit: str, *, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, str]:
+        """What the node's ``systemctl ACTION UNIT`` does: a request to its supervisor; (exit code, message)."""
+        control = self.directory / "control"
+        rid = f"h{os.getpid()}-{time.monotonic_ns()}"
+        (control / f"{rid}.tmp").write_text(f"{action} {unit}\n")
+        (control / f"{rid}.tmp").rename(control / f"{rid}.req")
+        done = control / f"{rid}.done"
+        deadline = time.monotonic() + timeout
+        while not done.exists():
+            if time.monotonic() > deadline:
+                raise NodeError(f"the supervisor of {self.name} did not answer {action} {unit} in {timeout:.0f} s; "
+                                f"see {self.directory / 'logs' / 'supervisor.log'}")
+            time.sleep(0.05)
+        rc, _, message = done.read_text().partition("\n")
+        done.unlink()
+        return int(rc), message.strip()
+
+    def unit_pid(self, unit: str) -> int | None:
+        """The running pid of ``unit`` as the supervisor last recorded it."""
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            pid = json.loads((self.directory / "supervisor.json").read_text())[unit]["pid"]
+            return int(pid) if pid else None
+        return None
+
+    def start(self, component: str) -> None:
+        self._expect(self.request("start", component), "start", component)
+
+    def stop(self, component: str) -> None:
+        """The unit stopped (SIGTERM, SIGKILL after the supervisor's grace) and not restarted until asked; returns
+        once its process is gone (a kubelet started again before the old one let go of :10250 exits with
+        "address already in use")."""
+        self._expect(self.request("stop", component), "stop", component)
+
+    def restart(self, component: str) -> None:
+        self._expect(self.request("restart", component), "restart", component)
+
+    def kill(self, component: str) -> None:
+        """SIGKILL, as a crash: the supervisor starts it again (``Restart=always``)."""
+        self._expect(self.request("kill", component), "kill", component)
+
+    def _expect(self, answer: tuple[int, str], action: str, unit: str) -> None:
+        if answer[0] != 0:
+            raise NodeError(f"{action} {unit} on {self.name}: {answer[1]}")
 
     def remove(self) -> None:
         """Everything of the node, in the order that leaves nothing: the kubelet (so nothing recreates pods),
@@ -212,13 +290,23 @@ class Node:
         self.removing = True
         self._save_state()
         self._notify_proxy()  # closes its listener in the netns (which would keep the namespace alive)
-        self.stop("kubelet")
+        supervisor = self.pids.get("supervisor")
+        if alive(supervisor):
+            with contextlib.suppress(NodeError):
+                self.stop("kubelet")
+        else:
+            stop_pid(self.unit_pid("kubelet"), GRACE_S)
         if self.containerd_socket.is_socket():
             crictl = [str(self.bin_dir / "crictl"), "--runtime-endpoint", f"unix://{self.containerd_socket}"]
             pods = subprocess.run([*crictl, "pods", "-q"], capture_output=True, text=True, check=False).stdout.split()
             if pods:
                 subprocess.run([*crictl, "stopp", *pods], capture_output=True, check=False)
                 subprocess.run([*crictl, "rmp", "-f", *pods], capture_output=True, check=False)
+        supervisor_proc = _CHILDREN.pop(supervisor or 0, None)
+        if supervisor_proc is not None:  # stops containerd, then exits
+            stop_child(supervisor_proc, GRACE_S * 3)
+        else:
+            stop_pid(supervisor, GRACE_S * 3)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pid in self._processes():
                 with contextlib.suppress(ProcessLookupError):
@@ -348,6 +436,26 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "evictionHard": {"memory.available": "1%", "nodefs.available": "1%", "imagefs.available": "1%"},
             "podCIDR": self.pod_cidr, "registerNode": True}, indent=1))
 
+    def _gpu_host(self, machine: str) -> None:
+        """The machine's driver and the toolkit in the node's ``/usr`` (written before the overlay exists)."""
+        mock, version = MACHINES[machine]
+        library = self.bin_dir / "mocknvml-node" / mock / "libnvidia-ml.so.1"
+        if not library.is_file():
+            raise NodeError(f"{library} missing: make tools builds the node's NVML (tools/mocknvml)")
+        staging = self.directory / "driver"
+        repo = Path(__file__).resolve().parent.parent
+        smi = (f'#!/bin/sh\nPYTHONPATH="{repo}" exec "{sys.executable}" -m node_agent.nvml.sim.smi '
+               f'--driver-root / "$@"\n')  # NVIDIA's nvidia-smi needs the kernel module; this reads NVML
+        install_driver(staging, version, nvml_library=library.resolve(), nvidia_smi=smi)
+        usr = self.directory / "root" / "usr"
+        shutil.copytree(staging / "usr", usr, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(staging / "lib", usr / "lib", symlinks=True, dirs_exist_ok=True)  # /lib is usr/lib
+        shutil.rmtree(staging)
+        for program in TOOLKIT_PROGRAMS:
+            source = self.bin_dir / "container-toolkit" / program
+            if source.exists():
+                shutil.copy(source.resolve(), usr / "bin" / program)
+
     def _namespaces(self) -> None:
         """Persistent net, mount and UTS namespaces on files under ``ns/`` (which must sit on a private
         mount), with the node's mounts, address, route and Service DNAT made once inside."""
@@ -360,9 +468,29 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         for kind in ("net", "mnt", "uts"):
             self.ns(kind).touch()
         d, api = self.directory, f"{self.ip}:{NODE_API_PORT}"
+        systemctl = d / "root" / "usr" / "bin" / "systemctl"
+        systemctl.write_text(SYSTEMCTL.replace("@CONTROL@", str(d / "control")))
+        systemctl.chmod(0o755)
+        gpus = []
+        if self.machine is not None:
+            gpus = [f"mknod -m 666 /dev/nvidia{i} c {NVIDIA_MAJOR} {i}" for i in range(GPUS_PER_MACHINE)]
+            gpus += [f"mknod -m 666 /dev/nvidiactl c {NVIDIA_MAJOR} 255",
+                     f"mknod -m 666 /dev/nvidia-modeset c {NVIDIA_MAJOR} 254",
+                     f"mknod -m 666 /dev/nvidia-uvm c {UVM_MAJOR} 0",
+                     f"mknod -m 666 /dev/nvidia-uvm-tools c {UVM_MAJOR} 1",
+                     "ldconfig"]  # the driver's libraries in the node's /etc/ld.so.cache
         script = "\n".join([
             "set -e", f"hostname {self.name}",
             f"mount -t overlay overlay -o lowerdir=/etc,upperdir={d}/root/etc,workdir={d}/work/etc /etc",
+            f"mount -t overlay overlay -o lowerdir=/usr,upperdir={d}/root/usr,workdir={d}/work/usr /usr",
+            f"mount -t overlay overlay -o lowerdir=/dev,upperdir={d}/root/dev,workdir={d}/work/dev /dev",
+            # The overlay hides the host's submounts: the node gets its own (mqueue where the host has one).
+            "mkdir -p /dev/pts /dev/shm",
+            "mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts /dev/pts",
+            "ln -sf pts/ptmx /dev/ptmx",
+            "mount -t tmpfs -o mode=1777,size=64m shm /dev/shm",
+            "if [ -d /dev/mqueue ]; then mount -t mqueue mqueue /dev/mqueue; fi",
+            *gpus,
             f"mount --bind {d}/root/var/lib /var/lib", f"mount --bind {d}/root/var/log /var/log",
             f"mount --bind {d}/root/run /run",
             "ip link set lo up", f"ip addr add {self.ip}/32 dev lo",
@@ -386,6 +514,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def _save_state(self) -> None:
         state = {"name": self.name, "index": self.index, "ip": self.ip, "pod_cidr": self.pod_cidr,
+                 "machine": self.machine,
                  "bin_dir": str(self.bin_dir), "pids": self.pids, "cgroup_root": self.cgroup_root,
                  "removing": self.removing}
         (self.directory / "state.json").write_text(json.dumps(state, indent=2))
@@ -412,33 +541,6 @@ def _v1_hierarchies() -> list[Path]:
     return sorted(p for p in CGROUP_V1.iterdir() if p.is_dir() and p.name != "unified")
 
 
-def _terminate(pid: int | None, grace_s: float) -> None:
-    if not pid:
-        return
-    child = _CHILDREN.pop(pid, None)
-    if child is not None:
-        child.terminate()
-        try:
-            child.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
 def wait_ready(kube: Kube, name: str, *, timeout: float = 120.0) -> float:
     """Until the Node ``name`` reports Ready; answers the seconds waited."""
     t0 = time.monotonic()
@@ -456,12 +558,12 @@ def wait_ready(kube: Kube, name: str, *, timeout: float = 120.0) -> float:
 
 
 def add_node(cluster_dir: Path, name: str, bin_dir: Path, kube: Kube, *, images: Sequence[Path] = (),
-             timeout: float = 120.0) -> Node:
+             machine: str | None = None, timeout: float = 120.0) -> Node:
     """A node joined to the control plane in ``cluster_dir``, the pause image and ``images`` imported, Ready.
     A failed add is undone (:meth:`Node.remove`) before the error propagates."""
     pause = cluster_dir / "images" / "pause.tar"
     pause_archive(pause)
-    node = Node.new(cluster_dir, name, bin_dir)
+    node = Node.new(cluster_dir, name, bin_dir, machine=machine)
     try:
         node.add(ca_cert=cluster_dir / "pki" / "ca.crt", ca_key=cluster_dir / "pki" / "ca.key",
                  images=[pause, *images], timeout=timeout)

@@ -11,6 +11,12 @@ Decisions:
 - Versions are published as semver (``550.67`` becomes ``550.67.0``, ``580.95.05`` becomes ``580.95.5``),
   because a ``version`` attribute must be semver 2.0.0.
 - Unhealthy devices are withdrawn by default, or kept and tainted when the cluster has DRADeviceTaints.
+- Every device with ``memory`` capacity (whole GPUs, MIG devices) also carries ``memory`` as an int
+  attribute in MiB (:func:`memory_attribute`), which NVIDIA's driver does not publish (it has memory only as
+  capacity): claims that select ``device.attributes['gpu.nvidia.com'].memory >= 16000``, as guides write
+  them, then allocate, beside the capacity form ``device.capacity[...].memory.compareTo(quantity('16Gi'))``.
+  VFIO devices get none: their capacity is ``addressableMemory`` (NVIDIA's name), and the attribute
+  exists exactly where the ``memory`` capacity does, so the two never disagree.
 """
 
 from __future__ import annotations
@@ -230,6 +236,16 @@ def mig_device_name(parent_minor: int, profile: str, profile_id: int, placement_
     return f"gpu-{parent_minor}-mig-{slug}-{profile_id}-{placement_start}"
 
 
+#: The attribute that repeats the ``memory`` capacity in MiB (an int), for attribute selectors.
+MEMORY_ATTRIBUTE = "memory"
+
+
+def memory_attribute(memory_bytes: int) -> Attribute:
+    """``memory`` in MiB, rounded down (a selector's ``>=`` never promises more than the device has): the
+    unit NVML, ``nvidia-smi`` and the ``nvidia.com/gpu.memory`` label use."""
+    return Attribute("int", memory_bytes // 2**20)
+
+
 def _common(inv: Inventory, *, product: str, brand: str, arch: str, cc: tuple[int, int],
             pci: str, pcie_root: str | None) -> dict[str, Attribute]:
     root = {f"{STANDARD_DOMAIN}/pcieRoot": Attribute("string", pcie_root)} if pcie_root else {}
@@ -266,6 +282,7 @@ def allocatable_devices(inv: Inventory, driver: str = "gpu.nvidia.com",
         if not healthy and health is HealthAction.WITHDRAW:
             continue
         attrs = {"type": Attribute("string", DeviceKind.GPU.value), "uuid": Attribute("string", g.uuid),
+                 MEMORY_ATTRIBUTE: memory_attribute(g.memory_bytes),
                  **_common(inv, product=g.product_name, brand=g.brand, arch=g.architecture, cc=g.compute_capability,
                             pci=g.pci_bus_id, pcie_root=g.pcie_root)}
         out.append(Allocatable(
@@ -283,6 +300,7 @@ def allocatable_devices(inv: Inventory, driver: str = "gpu.nvidia.com",
             continue
         attrs = {"type": Attribute("string", DeviceKind.MIG.value), "uuid": Attribute("string", m.uuid),
                  "parentUUID": Attribute("string", m.parent_uuid), "profile": Attribute("string", m.profile),
+                 MEMORY_ATTRIBUTE: memory_attribute(m.memory_bytes),
                  **_common(inv, product=parent.product_name, brand=parent.brand, arch=parent.architecture,
                            cc=parent.compute_capability, pci=parent.pci_bus_id, pcie_root=parent.pcie_root)}
         capacity = {"multiprocessors": m.multiprocessors, "copyEngines": m.copy_engines, "decoders": m.decoders,

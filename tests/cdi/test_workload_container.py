@@ -86,7 +86,10 @@ def _workload(tmp: Path, runtime: Runtime, hook: Path) -> dict[str, Any]:
     assert names and all(n.startswith("k8s.device-plugin.nvidia.com/gpu=") for n in names), output
     rootfs = minimal_rootfs(tmp / "rootfs", {"/usr/bin/gpu-probe": _probe(tmp)})
     bundle = tmp / "bundle"
-    config_json = runtime.bundle(bundle, rootfs, ["/usr/bin/gpu-probe"], ["MOCK_NVML_MACHINE=dgxa100"])
+    # NVML in the container sees only the GPUs whose device node the runtime created (the mock's device
+    # directory: tools/mocknvml/visibility.go), as a workload's nvidia-smi shows exactly its allocation.
+    config_json = runtime.bundle(bundle, rootfs, ["/usr/bin/gpu-probe"],
+                                 ["MOCK_NVML_MACHINE=dgxa100", "MOCK_NVML_DEV_ROOT=/dev"])
     spec_dir = host / "var/run/cdi"
     oci = runtime.inject(config_json, [spec_dir], names)
     done = runtime.run(bundle)
@@ -100,7 +103,7 @@ def test_a_cuda_container_from_the_cdi_spec_with_the_toolkit_hook(tmp_path: Path
     runtime = Runtime.pinned(tmp_path / "runc-state")
     result = _workload(tmp_path, runtime, runtime.hook)
     assert result["libcuda"] and result["libnvidia_ml"], result
-    assert (result["nvml_init"], result["device_count_rc"], result["device_count"]) == (0, 0, 8), result
+    assert (result["nvml_init"], result["device_count_rc"], result["device_count"]) == (0, 0, 1), result
     assert result["dev_nvidia0"] and result["dev_nvidiactl"] and result["nvidia_smi"], result
     # The hooks ran: ldconfig listed the mounted libraries and create-symlinks made the dev link.
     assert result["ld_cache_libcuda"] and result["libcuda_dev_link"], result
@@ -112,7 +115,7 @@ def test_without_the_hook_the_libraries_resolve_by_their_soname_mounts(tmp_path:
     runtime = Runtime.pinned(tmp_path / "runc-state")
     result = _workload(tmp_path, runtime, tmp_path / "no-toolkit/nvidia-cdi-hook")
     assert result["libcuda"] and result["libnvidia_ml"] and result["nvml_init"] == 0, result
-    assert result["device_count"] == 8 and result["libcuda_dev_link"], result
+    assert result["device_count"] == 1 and result["libcuda_dev_link"], result
     assert not result["ld_cache_libcuda"], result  # the documented cost: no linker cache entry
     assert "hooks" not in result["oci"], result["oci"].get("hooks")
 

@@ -6,6 +6,8 @@ Started from the pinned binaries (``make tools``); ``make test`` and CI set
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,8 @@ from localcluster import ControlPlane, Kube
 from localcluster.dryrun import install_crds
 from tests.cluster import stack as stack_helpers
 from tests.cluster.pulumi_project import KINDS, prepare_cluster
-from tests.tools import required_bin
+from tests.cluster.realnode import NODE_TOOLS
+from tests.tools import missing, required_bin
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,3 +67,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         yield cp
     finally:
         cp.stop(remove=False)
+
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of the module's own for real nodes (``localcluster.node``): the session's holds the
+    dev stack, whose DaemonSets would schedule onto a real node. Needs root (network/mount/UTS namespaces,
+    mounts, cgroups) and gcc (the pause image is compiled here)."""
+    if os.geteuid() != 0:
+        pytest.skip("a real node needs root (network/mount/UTS namespaces, mounts, cgroups)")
+    bin_dir = required_bin(*NODE_TOOLS)
+    if shutil.which("gcc") is None:
+        missing("gcc is needed to build the pause image")
+    cp = ControlPlane(directory=tmp_path_factory.mktemp("real-node"), bin_dir=bin_dir,
+                      components=("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"))
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop(remove=False)  # removes any node a failed test left
+

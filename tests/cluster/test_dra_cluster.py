@@ -76,6 +76,11 @@ H200, H100 = "dra-hgx-h200", "dra-dgx-h100"
 MACHINES = {H200: "hgx-h200", H100: "dgx-h100"}
 MODELS = {H200: catalogue.H200_141GB, H100: catalogue.H100_80GB}
 PRODUCTS = {H200: "NVIDIA H200", H100: "NVIDIA H100 80GB HBM3"}
+#: A node with one 16 GB T4 (15360 MiB, under the 16000 MiB the article's claim asks for), started only by
+#: :func:`test_the_articles_memory_attribute_claim_allocates_only_where_memory_suffices`.
+T4 = "dra-t4"
+#: Every node a plugin of this module may run for, with its simulated machine.
+PLUGIN_MACHINES = {**MACHINES, T4: "t4x1"}
 GPUS = 8
 
 
@@ -140,19 +145,19 @@ def _start_plugin(kube: Kube, stack: AppliedStack, node: str, work: Path, *, roo
     if root is None:
         # Unix socket paths are limited to 107 bytes: the host root must be short, so not under tmp_path.
         root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-        _fake_host(root, MACHINES[node], vfio=node == H200)
+        _fake_host(root, PLUGIN_MACHINES[node], vfio=node == H200)
     args, env = _daemonset_command(stack, node)
     args = metrics.with_port(args, metrics.free_port())  # each plugin pod has 9402 to itself; here they share
     log = work / f"{node}.log"
     # The DaemonSet mounts the host's directories at their own paths; here they live under --host-root.
     # --kubeconfig stands for the pod's mounted ServiceAccount token (the same token, bound to the pod).
-    cmd = agent_command("--host-root", str(root), "--nvml", f"simulated:{MACHINES[node]}",
+    cmd = agent_command("--host-root", str(root), "--nvml", f"simulated:{PLUGIN_MACHINES[node]}",
                         "--kubeconfig", str(agent.kubeconfig), *args)
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONPATH": str(REPO), **env})
     kubelet = DraKubelet(root)
-    return Plugin(node, MACHINES[node], root, agent, proc, log, kubelet)
+    return Plugin(node, PLUGIN_MACHINES[node], root, agent, proc, log, kubelet)
 
 
 def _stop(plugin: Plugin) -> None:
@@ -258,7 +263,7 @@ def test_plugin_publishes_its_gpus_with_nvidia_attributes(kube: Kube, plugins: d
     """The real server accepts each plugin's pool, written with its own pod's token (so through the
     stack's admission policy): driver ``gpu.nvidia.com``, pool and nodeName = its node, NVIDIA's
     attribute names and types (strings, semver versions, and for VFIO an int and a bool) and ``memory``
-    capacity, as the server stores them."""
+    capacity, as the server stores them, plus our ``memory`` int attribute (MiB) beside the capacity."""
     for node, plugin in plugins.items():
         slices = _published(kube, node, OFFERED[node])
         node_uid = kube.get("v1", "Node", node)["metadata"]["uid"]
@@ -280,6 +285,7 @@ def test_plugin_publishes_its_gpus_with_nvidia_attributes(kube: Kube, plugins: d
             assert set(attrs["driverVersion"]) == {"version"} and set(attrs["cudaDriverVersion"]) == {"version"}
             assert attrs["resource.kubernetes.io/pciBusID"]["string"].startswith("0000:")
             assert quantity_value(devices[name]["capacity"]["memory"]["value"]) == model.memory_mib * 2**20
+            assert attrs["memory"] == {"int": model.memory_mib}  # ours: the capacity again, in MiB
         if node == H200:  # the passthrough GPU, with the int and bool attributes only VFIO devices carry
             vfio = devices["gpu-vfio-0"]
             assert vfio["attributes"] == {
@@ -367,6 +373,7 @@ def test_inventory_changes_republish_the_pool(kube: Kube, plugins: dict[str, Plu
         profile = MODELS[H100].mig.profile(attrs["profile"]["string"])  # type: ignore[union-attr]
         assert profile is not None
         assert quantity_value(capacity["memory"]["value"]) == profile.memory_mib * 2**20
+        assert attrs["memory"] == {"int": profile.memory_mib}
         assert int(capacity["multiprocessors"]["value"]) == profile.multiprocessors
         assert sum(k.startswith("memorySlice") for k in capacity) == profile.memory_slices
     _assert_generation_holds(kube, H100, _generation(slices))
@@ -499,12 +506,12 @@ IMPOSSIBLE: dict[str, tuple[str, str | None, int]] = {
 }
 
 
-def _pin_to_our_nodes(pod: dict[str, Any]) -> dict[str, Any]:
+def _pin_to_our_nodes(pod: dict[str, Any], nodes: tuple[str, ...] = tuple(MACHINES)) -> dict[str, Any]:
     """The one change to NVIDIA's demo pods: a required node affinity for this module's nodes. The
     control plane is shared by the whole cluster suite, and other modules' kwok Nodes must get none of
     these pods (only our plugins publish slices, but other modules may add some). Demo tolerations of
     ``nvidia.com/gpu`` already match the stack's GPU taint, and the DeviceClass names are the stack's."""
-    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(MACHINES)}]}
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(nodes)}]}
     pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [term]}}}
     return pod
@@ -520,13 +527,13 @@ def _claim(name: str, device_class: str, selector: str | None, count: int) -> di
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
 
 
-def _claim_pod(name: str) -> dict[str, Any]:
+def _claim_pod(name: str, nodes: tuple[str, ...] = tuple(MACHINES)) -> dict[str, Any]:
     return _pin_to_our_nodes({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": OURS},
         "spec": {"containers": [{"name": "ctr", "image": "ubuntu:22.04", "command": ["sleep", "infinity"],
                                  "resources": {"claims": [{"name": "gpu"}]}}],
                  "resourceClaims": [{"name": "gpu", "resourceClaimName": name}], "tolerations": TOLERATE_GPU},
-    })
+    }, nodes)
 
 
 def _create_all(kube: Kube, objects: list[dict[str, Any]]) -> None:
@@ -686,6 +693,77 @@ def _unschedulable(kube: Kube, namespace: str, name: str) -> str | None:
     if cond and cond["status"] == "False" and cond.get("reason") == "Unschedulable":
         return str(cond.get("message", ""))
     return None
+
+
+#: The seed article's selector: a GPU with at least 16000 MiB, by attribute. NVIDIA's driver publishes memory
+#: only as capacity, so there it selects nothing; ours publishes ``memory`` (MiB) as an attribute too.
+ARTICLE_SELECTOR = "device.attributes['gpu.nvidia.com'].memory >= 16000"
+
+
+def _article_claim(name: str, allocation_mode: str = "ExactCount") -> dict[str, Any]:
+    """The article's claim (one ``gpu.nvidia.com`` device by ``ARTICLE_SELECTOR``) with its allocation mode
+    spelt ``ExactCount``, the API's name: the article's ``Count`` the server refuses."""
+    claim = _claim(name, "gpu.nvidia.com", ARTICLE_SELECTOR, 1)
+    claim["spec"]["devices"]["requests"][0]["exactly"] |= {"allocationMode": allocation_mode, "count": 1}
+    return claim
+
+
+def test_the_articles_memory_attribute_claim_allocates_only_where_memory_suffices(
+        kube: Kube, dev_stack: AppliedStack, plugins: dict[str, Plugin], workloads: Workloads,
+        tmp_path: Path) -> None:
+    """The seed article's claim, ``device.attributes['gpu.nvidia.com'].memory >= 16000``, against our
+    plugins' slices and the real kube-scheduler: with a node of 80 GB H100s and a node of one 16 GB T4
+    (15360 MiB) both allowed, it is allocated an H100; held to the T4 node it stays Pending with the
+    DynamicResources plugin's reason, while a claim without the selector gets that T4 (so only the memory
+    attribute kept it off). The article's ``allocationMode: Count`` is refused by the server."""
+    refused = _refused(lambda: kube.create(_article_claim("article-count", "Count"), dry_run=True))
+    assert refused.status == 422 and "allocationMode" in refused.message and "ExactCount" in refused.message, \
+        refused.message
+    template = dev_stack.object("NodeGroup", NODE_GROUP)["spec"]["nodeTemplate"]
+    create_kwok_node(kube, T4, {"node.deckhouse.io/group": NODE_GROUP, **template.get("labels", {}), SETUP: ""},
+                     template.get("taints", []))
+    both, t4_only = (H100, T4), (T4,)
+    pods = {"article-16000mib": both, "article-16000mib-t4": t4_only, "any-gpu-t4": t4_only}
+    plugin: Plugin | None = None
+    try:
+        plugin = _start_plugin(kube, dev_stack, T4, tmp_path)
+        plugin.kubelet.register(timeout=60)
+        [t4] = _devices(_published(kube, T4, {"gpu-0"})).values()
+        assert t4["attributes"]["memory"] == {"int": catalogue.T4.memory_mib} and catalogue.T4.memory_mib < 16000
+        claims = {name: _article_claim(name) for name in pods if name.startswith("article-")}
+        claims["any-gpu-t4"] = _claim("any-gpu-t4", "gpu.nvidia.com", None, 1)
+        for name, nodes in pods.items():
+            kube.create(claims[name])
+            kube.create(_claim_pod(name, nodes))
+
+        pod = _scheduled(kube, OURS, "article-16000mib")
+        claim = _pod_claims(kube, pod)["gpu"]
+        assert pod["spec"]["nodeName"] == H100, pod["spec"]["nodeName"]
+        _assert_allocated_from_our_slices(kube, pod, claim)
+        device = _devices(_slices(kube, H100))[_results(claim)[0]["device"]]
+        assert device["attributes"]["type"] == {"string": "gpu"}
+        assert device["attributes"]["memory"] == {"int": catalogue.H100_80GB.memory_mib}
+        assert quantity_value(device["capacity"]["memory"]["value"]) == catalogue.H100_80GB.memory_mib * 2**20
+
+        # The T4 alone: the selector keeps its slice out, and nothing else does.
+        anyone = _scheduled(kube, OURS, "any-gpu-t4")
+        assert anyone["spec"]["nodeName"] == T4
+        assert [r["device"] for r in _results(_pod_claims(kube, anyone)["gpu"])] == ["gpu-0"]
+        message = wait_for(functools.partial(_unschedulable, kube, OURS, "article-16000mib-t4"), timeout=30,
+                           interval=0.2, what="the scheduler's refusal of the article's claim on the T4 node")
+        assert re.search(r"0/\d+ nodes are available: .*\b1 cannot allocate all claims", message), message
+        assert not kube.get(RESOURCE, "ResourceClaim", "article-16000mib-t4", OURS).get("status", {}).get("allocation")
+    finally:
+        for name in pods:
+            kube.delete("v1", "Pod", name, OURS)
+            kube.delete(RESOURCE, "ResourceClaim", name, OURS)
+        if plugin is not None:
+            _stop(plugin)
+        # What the kubelet of a node whose plugin is gone does (kwok does not): wipe its slices; the Node
+        # goes too, so no later test (the uninstall one counts the driver's slices) meets either.
+        for s in _slices(kube, T4):
+            kube.delete(RESOURCE, "ResourceSlice", s["metadata"]["name"])
+        kube.delete("v1", "Node", T4)
 
 
 def test_claim_quota_counts_devices_of_the_stacks_classes(kube: Kube, dev_stack: AppliedStack) -> None:

@@ -4,7 +4,6 @@ the command, a working cluster-admin kubeconfig, and a clean stop."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from localcluster import ControlPlane, Kube
+from localcluster.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,14 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "localcluster", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=180, check=False)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_up_status_down(control_plane: ControlPlane, tmp_path: Path) -> None:
@@ -41,7 +33,7 @@ def test_up_status_down(control_plane: ControlPlane, tmp_path: Path) -> None:
         # netproxy: the path between the host and real nodes (localcluster.node), always beside the API server.
         assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
                              "netproxy"}
-        assert all(_alive(pid) for pid in pids.values()), "the processes outlive `up`"
+        assert all(alive(pid) for pid in pids.values()), "the processes outlive `up`"
         kube = Kube.from_kubeconfig(state / "kubeconfig")
         assert kube.can_i("*", "*"), "the kubeconfig is cluster-admin"
         assert kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", "nodegroups.deckhouse.io")
@@ -55,7 +47,7 @@ def test_up_status_down(control_plane: ControlPlane, tmp_path: Path) -> None:
         down = _cli("down", "--dir", str(state))
     assert down.returncode == 0, down.stderr
     assert not state.exists()
-    assert not any(_alive(pid) for pid in pids.values())
+    assert not any(alive(pid) for pid in pids.values())
     assert _cli("status", "--dir", str(state)).returncode == 1
 
 

@@ -8,11 +8,8 @@ Needs root (namespaces, mounts, cgroups) and gcc (the pause image is compiled he
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,40 +18,13 @@ import pytest
 from localcluster import ControlPlane, Kube
 from localcluster.images import rootfs_archive
 from localcluster.node import CGROUP_V1, Node, add_node, remove_node
-from tests.tools import missing, required_bin
+from tests.cluster.realnode import kubectl
 
 pytestmark = pytest.mark.cluster
 
 NODE = "rn1"
 #: A sleep no other process on the machine runs, to find the workload's process (or its absence).
 SLEEP = "31337"
-NODE_TOOLS = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "crictl", "runc", "kubectl", "cni")
-
-
-@pytest.fixture(scope="module")
-def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A control plane of the module's own: the session's holds the dev stack, whose DaemonSets would
-    schedule onto a real node."""
-    if os.geteuid() != 0:
-        pytest.skip("a real node needs root (network/mount/UTS namespaces, mounts, cgroups)")
-    bin_dir = required_bin(*NODE_TOOLS)
-    if shutil.which("gcc") is None:
-        missing("gcc is needed to build the pause image")
-    cp = ControlPlane(directory=tmp_path_factory.mktemp("real-node"), bin_dir=bin_dir,
-                      components=("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"))
-    cp.start()
-    try:
-        yield cp
-    finally:
-        cp.stop(remove=False)  # removes any node a failed test left
-
-
-def _kubectl(cp: ControlPlane, *args: str) -> str:
-    assert cp.bin_dir is not None
-    done = subprocess.run([str(cp.bin_dir / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-    return done.stdout
 
 
 def _wait_running(kube: Kube, name: str, timeout: float = 90.0) -> dict[str, Any]:
@@ -118,10 +88,10 @@ def test_real_node_runs_a_pod_and_leaves_nothing(real_cluster: ControlPlane) -> 
 
     # logs and exec: API server -> egress selector -> netproxy -> the kubelet inside the node's netns.
     deadline = time.monotonic() + 30
-    while "hello from tiny" not in (logs := _kubectl(cp, "logs", "tiny")) and time.monotonic() < deadline:
+    while "hello from tiny" not in (logs := kubectl(cp, "logs", "tiny")) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert "hello from tiny" in logs
-    out = _kubectl(cp, "exec", "tiny", "--", "sh", "-c", "echo exec-ok; cat /proc/1/cmdline")
+    out = kubectl(cp, "exec", "tiny", "--", "sh", "-c", "echo exec-ok; cat /proc/1/cmdline")
     assert out.startswith("exec-ok\n") and f"sleep\0{SLEEP}" in out, out
 
     # The workload runs under the node's own cgroup tree (kubepods below /nvgpu-NAME).
@@ -148,3 +118,65 @@ def _processes_under(cgroup_root: str) -> list[str]:
             except OSError:
                 continue
     return found
+
+
+def _in_node(node: Node, script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(node.nsenter(["sh", "-c", script]), capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def _wait(predicate: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def test_gpu_node_has_its_devices_a_systemctl_and_a_supervisor(real_cluster: ControlPlane) -> None:
+    """A GPU node's driver and device nodes exist only in its own view; its ``systemctl`` restarts containerd
+    through the supervisor while a pod keeps running; a killed kubelet comes back (``Restart=always``)."""
+    cp = real_cluster
+    kube = cp.admin()
+    assert cp.bin_dir is not None
+    tiny = cp.directory / "images" / "tiny.tar"
+    rootfs_archive(tiny, "localhost/nvidia-gpu-test/tiny:1", ["sh", "cat", "sleep"])
+    node = add_node(cp.directory, "gpu1", cp.bin_dir, kube, images=[tiny], machine="dgx-h100")
+    try:
+        view = _in_node(node, "ls /dev | grep ^nvidia; stat -c '%F %t %T' /dev/nvidia3 /dev/nvidiactl; "
+                              "ldconfig -p | grep -c 'libnvidia-ml.so.1 '; "
+                              "ls /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15 /usr/bin/nvidia-ctk")
+        assert view.returncode == 0, view.stderr
+        lines = view.stdout.splitlines()
+        assert {f"nvidia{i}" for i in range(8)} | {"nvidiactl", "nvidia-uvm"} <= set(lines), lines
+        assert "character special file c3 3" in lines and "character special file c3 ff" in lines, lines
+        assert not list(Path("/dev").glob("nvidia*")), "the host's /dev must stay untouched"
+        # NVML through the node's driver: the machine's eight GPUs, each visible through its device node.
+        smi = _in_node(node, "nvidia-smi -L")
+        assert smi.returncode == 0 and smi.stdout.count("NVIDIA H100") == 8, smi.stdout + smi.stderr
+
+        refs = node.import_image(tiny)
+        kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "keeps", "namespace": "default"},
+                     "spec": {"nodeSelector": {"kubernetes.io/hostname": "gpu1"}, "terminationGracePeriodSeconds": 1,
+                              "containers": [{"name": "main", "image": refs[0], "imagePullPolicy": "Never",
+                                              "command": ["sleep", SLEEP]}]}})
+        _wait_running(kube, "keeps")
+        before = node.unit_pid("containerd")
+        restart = _in_node(node, "systemctl restart containerd && systemctl is-active containerd")
+        assert restart.returncode == 0 and restart.stdout.strip() == "", restart.stdout + restart.stderr
+        after = node.unit_pid("containerd")
+        assert before and after and before != after
+        assert any(f"sleep {SLEEP}" in line for line in _processes_under(node.cgroup_root)), "pod died with containerd"
+        bad = _in_node(node, "systemctl daemon-reload")
+        assert bad.returncode == 1 and "'daemon-reload' is not supported" in bad.stderr, bad.stderr
+
+        kubelet = node.unit_pid("kubelet")
+        node.kill("kubelet")
+        _wait(lambda: node.unit_pid("kubelet") not in (None, kubelet), "the kubelet not restarted")
+        # The new kubelet answers "pod does not exist" until it has synced its pods again.
+        _wait(lambda: kubectl(cp, "exec", "keeps", "--", "cat", "/proc/1/cmdline", check=False).startswith("sleep"),
+              "exec after the kubelet's restart")
+    finally:
+        kube.delete("v1", "Pod", "keeps", "default", gracePeriodSeconds="0")
+        assert remove_node(cp.directory, "gpu1", kube)
+    assert _leftovers(node.directory, node.cgroup_root) == []

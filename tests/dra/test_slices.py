@@ -10,11 +10,13 @@ from dataclasses import replace
 import pytest
 
 from node_agent.dra.devices import (
+    Attribute,
     DeviceKind,
     GpuInfo,
     HealthAction,
     Inventory,
     allocatable_devices,
+    memory_attribute,
     mig_device_name,
     semver,
 )
@@ -30,6 +32,7 @@ def test_full_gpu_attributes_match_nvidia_driver() -> None:
     assert api["attributes"] == {
         "type": {"string": "gpu"},
         "uuid": {"string": dev.uuid},
+        "memory": {"int": 81559},  # ours, not NVIDIA's: the capacity in MiB, for attribute selectors
         "productName": {"string": "NVIDIA H100 80GB HBM3"},
         "brand": {"string": "Nvidia"},
         "architecture": {"string": "Hopper"},
@@ -53,6 +56,7 @@ def test_mig_devices_replace_their_parent_and_carry_profile_and_slices() -> None
     assert mig.attributes["parentUUID"].value == devices[0].uuid.replace("a000", "a001")
     assert {k for k in mig.capacity if k.startswith("memorySlice")} == {f"memorySlice{i}" for i in range(4)}
     assert mig.capacity["memory"] == 40448 * 2**20
+    assert mig.attributes["memory"].to_api() == {"int": 40448}
     assert mig_device_name(0, "1g.10gb+me", 20, 3) == "gpu-0-mig-1g10gb-me-20-3"
 
 
@@ -63,6 +67,25 @@ def test_vfio_device_attributes() -> None:
     assert vfio.attributes["numa"].to_api() == {"int": 0}
     assert vfio.attributes["deviceID"].value == "0x2330"
     assert "addressableMemory" in vfio.capacity
+    assert "memory" not in vfio.attributes  # only where the ``memory`` capacity is
+
+
+def test_memory_attribute_is_the_memory_capacity_in_whole_mib() -> None:
+    """Every device with ``memory`` capacity (and only those) carries ``memory`` as an int attribute in MiB,
+    rounded down, so ``device.attributes['gpu.nvidia.com'].memory >= 16000`` selects by it."""
+    devices = allocatable_devices(machine(gpus=2, mig_on=(1,), vfio=1))
+    assert {d.kind for d in devices} == {DeviceKind.GPU, DeviceKind.MIG, DeviceKind.VFIO}
+    for d in devices:
+        assert ("memory" in d.attributes) == ("memory" in d.capacity), d.name
+        if "memory" in d.capacity:
+            attr = d.attributes["memory"]
+            assert attr.type == "int" and type(attr.value) is int, d.name
+            assert attr.value == d.capacity["memory"] // 2**20, d.name
+    odd = GpuInfo(index=0, minor=0, uuid="GPU-x", product_name="T", brand="Nvidia", architecture="turing",
+                  compute_capability=(7, 5), memory_bytes=15360 * 2**20 + 2**20 - 1, pci_bus_id="0000:01:00.0")
+    [d] = allocatable_devices(Inventory("550.54.15", "12.4", gpus=(odd,)))
+    assert d.to_api()["attributes"]["memory"] == {"int": 15360}  # type: ignore[index]
+    assert memory_attribute(16000 * 2**20) == Attribute("int", 16000)
 
 
 @pytest.mark.parametrize(("raw", "want"), [("550.54.15", "550.54.15"), ("550.67", "550.67.0"),

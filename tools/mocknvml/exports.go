@@ -119,22 +119,24 @@ func nvmlSystemGetCudaDriverVersion_v2(cudaDriverVersion *C.int) C.nvmlReturn_t 
 //export nvmlDeviceGetCount_v2
 func nvmlDeviceGetCount_v2(deviceCount *C.uint) C.nvmlReturn_t {
 	return C.nvmlReturn_t(call(func() nvml.Return {
-		n, ret := srv.DeviceGetCount()
-		if ret != nvml.SUCCESS {
+		if _, ret := srv.DeviceGetCount(); ret != nvml.SUCCESS {
 			return ret
 		}
-		return put(deviceCount, C.uint(n))
+		return put(deviceCount, C.uint(len(visibleDevices())))
 	}))
 }
 
 //export nvmlDeviceGetHandleByIndex_v2
 func nvmlDeviceGetHandleByIndex_v2(index C.uint, device *unsafe.Pointer) C.nvmlReturn_t {
 	return C.nvmlReturn_t(call(func() nvml.Return {
-		d, ret := srv.DeviceGetHandleByIndex(int(index))
-		if ret != nvml.SUCCESS {
+		if _, ret := srv.DeviceGetCount(); ret != nvml.SUCCESS {
 			return ret
 		}
-		return putHandle(device, d)
+		visible := visibleDevices()
+		if int(index) >= len(visible) {
+			return nvml.ERROR_INVALID_ARGUMENT // nvml.h: index >= the accessible devices
+		}
+		return putHandle(device, visible[index])
 	}))
 }
 
@@ -147,6 +149,9 @@ func nvmlDeviceGetHandleByUUID(uuid *C.char, device *unsafe.Pointer) C.nvmlRetur
 		d, ret := srv.DeviceGetHandleByUUID(C.GoString(uuid))
 		if ret != nvml.SUCCESS {
 			return ret
+		}
+		if !isVisible(d) {
+			return nvml.ERROR_NOT_FOUND
 		}
 		return putHandle(device, d)
 	}))
@@ -168,7 +173,7 @@ func nvmlDeviceGetHandleByPciBusId_v2(pciBusID *C.char, device *unsafe.Pointer) 
 		}
 		for _, d := range srv.Devices {
 			if dev, isDev := d.(*server.Device); isDev {
-				if have, ok := parseBusID(dev.PciBusID); ok && have == want {
+				if have, ok := parseBusID(dev.PciBusID); ok && have == want && isVisible(d) {
 					return putHandle(device, d)
 				}
 			}
@@ -227,6 +232,13 @@ func nvmlDeviceGetIndex(device unsafe.Pointer, index *C.uint) C.nvmlReturn_t {
 		i, ret := d.GetIndex()
 		if ret != nvml.SUCCESS {
 			return ret
+		}
+		if _, whole := d.(*server.Device); whole {
+			v, ok := visibleIndex(d)
+			if !ok {
+				return nvml.ERROR_INVALID_ARGUMENT
+			}
+			i = v
 		}
 		return put(index, C.uint(i))
 	})

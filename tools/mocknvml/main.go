@@ -12,7 +12,8 @@
 //
 // Rules the bridge keeps:
 //   - The machine is chosen when the library loads, by MOCK_NVML_MACHINE (dgxa100 by default,
-//     dgxh100, dgxh200, dgxb200). The mock's state (MIG mode, instances) lives as long as the
+//     dgxh100, dgxh200, dgxb200; a node's copy links its machine in: visibility.go). With a device
+//     directory (visibility.go), a process sees only the GPUs whose device node it has, as on a node. The mock's state (MIG mode, instances) lives as long as the
 //     process, like a GPU's across nvmlShutdown/nvmlInit, or, with MOCK_NVML_STATE=<file>, as long
 //     as the file (state.go), so a layout one program makes is the next one's. GPU UUIDs are derived
 //     from the machine and index (the mock's own are random), so every process sees the same GPUs.
@@ -96,10 +97,7 @@ var (
 )
 
 func init() {
-	machine = os.Getenv("MOCK_NVML_MACHINE")
-	if machine == "" {
-		machine = "dgxa100"
-	}
+	machine = machineName() // MOCK_NVML_MACHINE, else the machine linked in (visibility.go)
 	build, ok := machines[machine]
 	if !ok {
 		known := make([]string, 0, len(machines))

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -174,5 +175,40 @@ func TestStateRoundTrip(t *testing.T) {
 	machine, srv = "dgxh100", machines["dgxh100"]()
 	if err := loadState(); err == nil || !strings.Contains(err.Error(), `machine "dgxa100"`) {
 		t.Errorf("a dgxa100 state loaded on dgxh100: %v", err)
+	}
+}
+
+// TestDeviceNodeVisibility: with a device directory, only the GPUs whose nvidia<minor> node is a
+// character device there are listed, numbered in the machine's order (visibility.go).
+func TestDeviceNodeVisibility(t *testing.T) {
+	dir := t.TempDir()
+	for _, minor := range []int{3, 5} {
+		// Numbers of /dev/null: any character device will do; a regular file must not count.
+		if err := syscall.Mknod(filepath.Join(dir, fmt.Sprintf("nvidia%d", minor)), syscall.S_IFCHR|0o666, 1<<8|3); err != nil {
+			t.Skipf("mknod: %v (needs root)", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "nvidia6"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOCK_NVML_DEV_ROOT", dir)
+	saved := srv
+	defer func() { srv = saved }()
+	srv = machines["dgxh100"]()
+	visible := visibleDevices()
+	if len(visible) != 2 {
+		t.Fatalf("%d visible GPUs, want 2 (minors 3 and 5)", len(visible))
+	}
+	for want, d := range visible {
+		if i, ok := visibleIndex(d); !ok || i != want {
+			t.Errorf("GPU %d: visible index %d, %v", want, i, ok)
+		}
+	}
+	if minor := visible[1].(*server.Device).Minor; minor != 5 {
+		t.Errorf("second visible GPU has minor %d, want 5", minor)
+	}
+	t.Setenv("MOCK_NVML_DEV_ROOT", "")
+	if n := len(visibleDevices()); n != 8 {
+		t.Errorf("without a device directory %d GPUs are visible, want 8", n)
 	}
 }
