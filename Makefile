@@ -31,8 +31,15 @@ tools:
 	@bash tools/build.sh
 
 ## A local control plane in the background (out/cluster/kubeconfig is cluster-admin); cluster-down stops it.
+## NODES="gpu1:dgx-h100 worker1" adds real nodes (root): containerd and the kubelet in namespaces of their
+## own, NAME:MACHINE a GPU node with that machine's simulated driver (python -m localcluster node --help).
+NODES ?=
 cluster-up: venv tools
 	$(PY) -m localcluster up
+	@for n in $(NODES); do \
+	  case "$$n" in *:*) $(PY) -m localcluster node add "$${n%%:*}" --machine "$${n#*:}" ;; \
+	                 *) $(PY) -m localcluster node add "$$n" ;; esac || exit 1; \
+	done
 
 cluster-down: venv
 	$(PY) -m localcluster down

@@ -69,6 +69,7 @@ BLOCKS: dict[str, Run] = {
             "stacks go to its fresh HOME instead of the machine's ~/.pulumi"),
     "provider-offline": Run(),
     "cluster-up": Run(),
+    "real-node": Run(),
     "policies-offline": Run(),
 }
 
