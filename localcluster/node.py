@@ -60,14 +60,30 @@ MAX_INDEX = 250
 CGROUP_V1 = Path("/sys/fs/cgroup")
 #: Seconds a daemon gets between SIGTERM and SIGKILL.
 GRACE_S = 5.0
-#: ``--machine`` names -> tools/mocknvml's machines (go-nvml's mock servers) and their driver version.
-MACHINES: dict[str, tuple[str, str]] = {
-    "dgx-a100": ("dgxa100", "550.54.15"), "dgx-h100": ("dgxh100", "550.54.15"),
-    "dgx-h200": ("dgxh200", "550.54.15"), "dgx-b200": ("dgxb200", "560.28.03"),
+@dataclass(frozen=True)
+class Machine:
+    """A ``--machine``: go-nvml's mock server (``tools/mocknvml``) and what its GPUs are (go-nvml
+    ``pkg/nvml/mock/gpus/*.go``; eight per machine, bus IDs ``0000:<index>:00.0`` and minors by index as
+    ``mock/server/shared.go`` gives them), for the kernel's side of the node: sysfs and ``/proc/driver``."""
+
+    mock: str
+    driver_version: str
+    product: str
+    pci_device_id: int
+    dmi_product: str  #: the board's DMI product name (GPU feature discovery's ``nvidia.com/gpu.machine``)
+
+
+MACHINES: dict[str, Machine] = {
+    "dgx-a100": Machine("dgxa100", "550.54.15", "Mock NVIDIA A100-SXM4-40GB", 0x20B0, "DGXA100 920-23687-2530-000"),
+    "dgx-h100": Machine("dgxh100", "550.54.15", "NVIDIA H100 80GB HBM3", 0x2330, "DGXH100"),
+    "dgx-h200": Machine("dgxh200", "550.54.15", "NVIDIA H200 141GB HBM3e", 0x2333, "DGXH200"),
+    "dgx-b200": Machine("dgxb200", "560.28.03", "NVIDIA B200 180GB HBM3e", 0x2B00, "DGXB200"),
 }
+#: The driver's kernel modules as a node has them loaded (``/sys/module/<name>``).
+DRIVER_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 #: The driver's device numbers: ``nvidia<minor>`` and ``nvidiactl`` have the fixed major 195 (NVIDIA's
 #: ``nvidia-modprobe`` and ``/proc/devices``); ``nvidia-uvm`` takes a dynamic major, any free one.
-NVIDIA_MAJOR, UVM_MAJOR, GPUS_PER_MACHINE = 195, 510, 8
+NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR, GPUS_PER_MACHINE = 195, 510, 509, 8
 #: The NVIDIA Container Toolkit's programs, as its packages install them in ``/usr/bin``.
 TOOLKIT_PROGRAMS = ("nvidia-ctk", "nvidia-cdi-hook", "nvidia-container-runtime", "nvidia-container-runtime.cdi",
                     "nvidia-container-runtime.legacy", "nvidia-container-runtime-hook")
@@ -154,23 +170,33 @@ class Node:
         return f"nvgpu-{self.name}-{cluster}"
 
     @property
+    def runc(self) -> Path:
+        """The runc containerd runs: the tools' own, or on a GPU node :mod:`localcluster.kernelview` over it."""
+        return self.directory / "bin" / "runc" if self.machine is not None else self.bin_dir / "runc"
+
+    @property
     def containerd_socket(self) -> Path:
         return self.directory / "root" / "run" / "containerd" / "containerd.sock"
 
     def ns(self, kind: str) -> Path:
         return self.directory / "ns" / kind
 
-    def nsenter(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` inside the node (nsenter and env exec, so the child's pid is the program's)."""
+    def nsenter(self, argv: Sequence[str], *, path_first: Path | None = None) -> list[str]:
+        """``argv`` inside the node (nsenter and env exec, so the child's pid is the program's); ``path_first``:
+        a directory ahead of the tools on ``PATH`` (a GPU node's ``runc``, :mod:`localcluster.kernelview`)."""
+        path = f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        if path_first is not None:
+            path = f"{path_first}:{path}"
         return ["nsenter", f"--net={self.ns('net')}", f"--mount={self.ns('mnt')}", f"--uts={self.ns('uts')}",
-                "--", "env", f"PATH={self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", *argv]
+                "--", "env", f"PATH={path}", *argv]
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def add(self, *, ca_cert: Path, ca_key: Path, images: Sequence[Path], timeout: float = 60.0) -> Node:
         """Credentials, files, namespaces, cgroups; then containerd, the images, the kubelet."""
         d = self.directory
-        for sub in ("ns", "root/etc", "work/etc", "root/usr/bin", "work/usr", "root/dev", "work/dev", "root/var/lib",
+        for sub in ("ns", "root/etc", "work/etc", "root/usr/bin", "work/usr", "root/dev", "work/dev",
+                    "work/sys-devices", "work/sys-bus-pci-devices", "work/sys-module", "work/sys-class", "root/var/lib",
                     "root/var/log", "root/run", "pki", "logs", "control"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         self._save_state()  # claims the index; remove() can undo a half-done add from here on
@@ -216,7 +242,7 @@ class Node:
 
     def command(self, component: str) -> list[str]:
         if component == "containerd":
-            return self.nsenter([str(self.bin_dir / "containerd")])
+            return self.nsenter([str(self.bin_dir / "containerd")], path_first=self.directory / "bin")
         if component == "kubelet":
             return self.nsenter([str(self.bin_dir / "kubelet"), "--config", str(self.directory / "kubelet.yaml"),
                                  "--kubeconfig", str(self.directory / "kubelet.kubeconfig"),
@@ -406,7 +432,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = "{b / 'runc'}"
+        BinaryName = "{self.runc}"
         SystemdCgroup = false
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["{b / 'cni'}"]
@@ -438,7 +464,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def _gpu_host(self, machine: str) -> None:
         """The machine's driver and the toolkit in the node's ``/usr`` (written before the overlay exists)."""
-        mock, version = MACHINES[machine]
+        mock, version = MACHINES[machine].mock, MACHINES[machine].driver_version
         library = self.bin_dir / "mocknvml-node" / mock / "libnvidia-ml.so.1"
         if not library.is_file():
             raise NodeError(f"{library} missing: make tools builds the node's NVML (tools/mocknvml)")
@@ -455,6 +481,62 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             source = self.bin_dir / "container-toolkit" / program
             if source.exists():
                 shutil.copy(source.resolve(), usr / "bin" / program)
+        self._kernel_driver(MACHINES[machine])
+        wrapper = self.directory / "bin" / "runc"
+        wrapper.parent.mkdir(exist_ok=True)
+        program = Path(__file__).with_name("kernelview.py").read_text()
+        wrapper.write_text(program.replace('RUNC = "@RUNC@"', f'RUNC = "{(self.bin_dir / "runc").resolve()}"'))
+        wrapper.chmod(0o755)
+
+    def _kernel_driver(self, machine: Machine) -> None:
+        """What the loaded kernel driver shows, for the node's view only: the GPUs' PCI functions in sysfs
+        (under ``/sys/devices/pci0000:00``, linked from ``/sys/bus/pci/devices``, bound to ``nvidia``), the
+        modules in ``/sys/module`` (``initstate`` live; this kernel has no loadable modules, hence no
+        ``/proc/modules``: the agent reads ``/sys/module`` then), ``/proc/driver/nvidia`` (version, one
+        ``information`` per GPU) and ``/proc/devices`` with the driver's majors. Overlays on sysfs and
+        binds over procfs entries, mounted by :meth:`_namespaces`; the host's own entries are untouched.
+        The GPUs' bus IDs are the mock's, which in this VM are also some virtio functions' addresses: the
+        node sees GPUs there (its sysfs overlay shadows those functions' ``vendor``/``device``/``class``)."""
+        k = self.directory / "kernel"
+        for i in range(GPUS_PER_MACHINE):
+            addr = f"0000:{i:02x}:00.0"
+            fn = k / "sys-devices" / "pci0000:00" / addr
+            fn.mkdir(parents=True, exist_ok=True)
+            for name, text in (("vendor", "0x10de"), ("device", f"0x{machine.pci_device_id:04x}"),
+                               ("class", "0x030200"), ("numa_node", str(i // 4)), ("driver_override", "(null)")):
+                (fn / name).write_text(text + "\n")
+            for name, target in (("driver", "../../../bus/pci/drivers/nvidia"),
+                                 ("iommu_group", f"../../../kernel/iommu_groups/{10 + i}")):
+                with contextlib.suppress(FileExistsError):
+                    (fn / name).symlink_to(target)
+            (k / "sys-bus-pci-devices").mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                (k / "sys-bus-pci-devices" / addr).symlink_to(f"../../../devices/pci0000:00/{addr}")
+            info = k / "proc-driver" / "nvidia" / "gpus" / addr / "information"
+            info.parent.mkdir(parents=True, exist_ok=True)
+            info.write_text(f"Model: \t\t {machine.product}\nIRQ:   \t\t {100 + i}\n"
+                            f"GPU UUID: \t {mock_gpu_uuid(machine.mock, i)}\nBus Type: \t PCIe\n"
+                            f"Bus Location: \t {addr}\nDevice Minor: \t {i}\nGPU Excluded:\t No\n")
+        dmi = k / "sys-devices" / "virtual" / "dmi" / "id"
+        dmi.mkdir(parents=True, exist_ok=True)
+        (dmi / "product_name").write_text(machine.dmi_product + "\n")
+        (k / "sys-class").mkdir(exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            (k / "sys-class" / "dmi").mkdir()
+            (k / "sys-class" / "dmi" / "id").symlink_to("../../devices/virtual/dmi/id")
+        (k / "proc-driver" / "nvidia" / "version").write_text(
+            f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {machine.driver_version}  Release Build  "
+            f"(localcluster)\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+        for module in DRIVER_MODULES:
+            (k / "sys-module" / module).mkdir(parents=True, exist_ok=True)
+            (k / "sys-module" / module / "initstate").write_text("live\n")
+        # /proc/devices as fs/proc/devices.c writes it; the GPU major is "nvidia" from driver 550.40 on.
+        host_text = Path("/proc/devices").read_text()
+        chars, _, blocks = host_text.partition("\nBlock devices:")
+        entries = [line for line in chars.splitlines()[1:] if line.strip()]
+        entries += [f"{NVIDIA_MAJOR:3d} nvidia", f"{UVM_MAJOR:3d} nvidia-uvm", f"{CAPS_MAJOR:3d} nvidia-caps"]
+        entries.sort(key=lambda line: int(line.split()[0]))
+        (k / "proc-devices").write_text("Character devices:\n" + "\n".join(entries) + "\n\nBlock devices:" + blocks)
 
     def _namespaces(self) -> None:
         """Persistent net, mount and UTS namespaces on files under ``ns/`` (which must sit on a private
@@ -473,7 +555,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         systemctl.chmod(0o755)
         gpus = []
         if self.machine is not None:
-            gpus = [f"mknod -m 666 /dev/nvidia{i} c {NVIDIA_MAJOR} {i}" for i in range(GPUS_PER_MACHINE)]
+            k = d / "kernel"
+            gpus += [
+                f"mount -t overlay overlay -o lowerdir=/sys/devices,upperdir={k}/sys-devices,"
+                f"workdir={d}/work/sys-devices /sys/devices",
+                f"mount -t overlay overlay -o lowerdir=/sys/bus/pci/devices,upperdir={k}/sys-bus-pci-devices,"
+                f"workdir={d}/work/sys-bus-pci-devices /sys/bus/pci/devices",
+                f"mount -t overlay overlay -o lowerdir=/sys/module,upperdir={k}/sys-module,"
+                f"workdir={d}/work/sys-module /sys/module",
+                f"mount -t overlay overlay -o lowerdir=/sys/class,upperdir={k}/sys-class,"
+                f"workdir={d}/work/sys-class /sys/class",
+                f"mount --bind {k}/proc-driver /proc/driver",
+                f"mount --bind {k}/proc-devices /proc/devices",
+            ]
+            gpus += [f"mknod -m 666 /dev/nvidia{i} c {NVIDIA_MAJOR} {i}" for i in range(GPUS_PER_MACHINE)]
             gpus += [f"mknod -m 666 /dev/nvidiactl c {NVIDIA_MAJOR} 255",
                      f"mknod -m 666 /dev/nvidia-modeset c {NVIDIA_MAJOR} 254",
                      f"mknod -m 666 /dev/nvidia-uvm c {UVM_MAJOR} 0",
@@ -518,6 +613,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                  "bin_dir": str(self.bin_dir), "pids": self.pids, "cgroup_root": self.cgroup_root,
                  "removing": self.removing}
         (self.directory / "state.json").write_text(json.dumps(state, indent=2))
+
+
+def mock_gpu_uuid(mock: str, index: int) -> str:
+    """The UUID ``tools/mocknvml`` gives GPU ``index`` of ``mock`` (its ``stableUUID``: SHA-1 of the machine
+    and index, shaped as a version-5 UUID), which the driver's ``/proc`` names too."""
+    b = bytearray(hashlib.sha1(f"mocknvml/{mock}/gpu/{index}".encode()).digest())
+    b[6] = (b[6] & 0x0F) | 0x50
+    b[8] = (b[8] & 0x3F) | 0x80
+    h = b.hex()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
 def _oci_names(archive: Path) -> list[tuple[str, str]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from node_agent.host.root import HostError, HostRoot
-from nvgpu.nodescripts.facts import DRIVER_VERSION_FILE, NVIDIA_GPUS_PROC_DIR, PROC_MODULES
+from nvgpu.nodescripts.facts import DRIVER_VERSION_FILE, NVIDIA_GPUS_PROC_DIR, PROC_MODULES, SYS_MODULE_DIR
 
 # The caps nodes' minors: a fact of node setup (gpu-devices.sh reads it too), re-exported for the host layer.
 from nvgpu.nodescripts.facts import MIG_MINORS_PATH as MIG_MINORS_PATH  # noqa: PLC0414
@@ -42,6 +42,17 @@ def read_driver_version(host: HostRoot) -> str:
 
 
 def loaded_modules(host: HostRoot) -> frozenset[str]:
+    """The loaded kernel modules: ``/proc/modules``; on a kernel built without loadable-module support
+    (``CONFIG_MODULES=n``: there is no ``/proc/modules`` at all, as on some VM kernels) the modules
+    ``/sys/module`` lists as live (``initstate``, what kmod's ``modprobe`` reads). An unreadable
+    ``/proc/modules`` is an error, not an empty list."""
+    if not host.exists(PROC_MODULES):
+        live = []
+        for name in host.listdir(SYS_MODULE_DIR):
+            state = host.read_text_or_none(f"{SYS_MODULE_DIR}/{name}/initstate")
+            if state is not None and state.strip() == "live":
+                live.append(name)
+        return frozenset(live)
     text = host.read_text(PROC_MODULES)
     return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from node_agent.nvml import EventKind, NvmlError, NvmlSession
+from node_agent.nvml import EventKind, NvmlError, NvmlNotSupported, NvmlSession
 from node_agent.nvml.xid import is_application_xid
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,12 @@ class XidRecorder:
         while not self._stop.is_set():
             try:
                 self._watch()
+            except NvmlNotSupported as e:
+                # A driver without event sets does not grow them: record nothing and say so once, as the
+                # device plugin and the DRA plugin serve with health checks off (NVIDIA's plugin: "continuing
+                # with health checks disabled"), instead of a warning every RETRY_S for the agent's life.
+                log.warning("event=xid-watch-unsupported reason=%s detail=XIDs are not recorded on this node", e)
+                return
             except NvmlError as e:
                 log.warning("event=xid-watch-failed error=%s retry_s=%s", e, RETRY_S)
                 self._stop.wait(RETRY_S)

@@ -19,6 +19,9 @@ CHECK_VERDICT_FILE = f"{STATE_DIR}/check.verdict"
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 NVIDIA_GPUS_PROC_DIR = "/proc/driver/nvidia/gpus"
 PROC_MODULES = "/proc/modules"
+#: The kernel's record of each module (``<name>/initstate`` is ``live`` once loaded): what is loaded on a
+#: kernel without loadable-module support, which has no ``/proc/modules``.
+SYS_MODULE_DIR = "/sys/module"
 OS_RELEASE_FILES = ("/etc/os-release", "/usr/lib/os-release")  #: os-release(5): the first that exists
 KERNEL_RELEASE_FILE = "/proc/sys/kernel/osrelease"  #: what `uname -r` prints
 #: A driver installed on the host itself (not by a driver container, which keeps its files under

@@ -95,6 +95,7 @@ def _common(root_prefix: str) -> dict[str, str]:
         "MODEL_PCI_CASES": _model_pci_cases(),
         "DRIVER_FILE": facts.DRIVER_VERSION_FILE,
         "PROC_MODULES": facts.PROC_MODULES,
+        "SYS_MODULE_DIR": facts.SYS_MODULE_DIR,
         "OS_RELEASE_FILES": " ".join(facts.OS_RELEASE_FILES),
         "KERNEL_RELEASE_FILE": facts.KERNEL_RELEASE_FILE,
         "OS_ID_LABEL": labels.OS_RELEASE_ID,

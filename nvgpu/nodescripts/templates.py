@@ -82,6 +82,17 @@ has_nvidia_gpu() {
   return 1
 }
 
+# live_modules: "NAME " per module /sys/module lists as live (its initstate), the /proc/modules line's start,
+# for a kernel without loadable-module support, which has no /proc/modules.
+live_modules() {
+  local state
+  for state in "${ROOT}@@SYS_MODULE_DIR@@"/*/initstate; do
+    [[ -r "$state" && "$(<"$state")" == live ]] || continue
+    state="${state%/initstate}"
+    echo "${state##*/} "
+  done
+}
+
 """
 
 CONTAINERD_VERSION = r"""# containerd_version: config schema version (2 = containerd 1.x, 3 = 2.x); 0 without a config.
@@ -310,7 +321,11 @@ if [[ -n "$driver" && -n "$EXPECT_MODULES" ]]; then
 fi
 
 modules_file="${ROOT}@@PROC_MODULES@@"
-if ! modules="$(cat "$modules_file" 2>/dev/null)"; then
+if [[ ! -e "$modules_file" ]]; then
+  # A kernel without loadable-module support has no /proc/modules: /sys/module says what is live.
+  modules="$(live_modules)"
+fi
+if [[ -e "$modules_file" ]] && ! modules="$(cat "$modules_file" 2>/dev/null)"; then
   fail proc-unreadable "cannot read ${modules_file#"$ROOT"}"
 else
   for module in @@REQUIRED_MODULES@@; do
@@ -724,7 +739,11 @@ if command -v flock >/dev/null 2>&1; then
 fi
 
 # nvidia-uvm, when nvidia is loaded and it is not (a node without the driver is left to the check).
-modules="$(cat "${ROOT}@@PROC_MODULES@@" 2>/dev/null || true)"
+if [[ -e "${ROOT}@@PROC_MODULES@@" ]]; then
+  modules="$(cat "${ROOT}@@PROC_MODULES@@" 2>/dev/null || true)"
+else
+  modules="$(live_modules)"  # a kernel without loadable-module support (no /proc/modules)
+fi
 if grep -q '^nvidia ' <<<"$modules" && ! grep -q '^@@UVM_KMOD@@ ' <<<"$modules"; then
   if ! command -v modprobe >/dev/null 2>&1; then
     fail_devices "cannot load @@UVM_MODULE@@: modprobe not found"

@@ -1,6 +1,7 @@
 /* What a CUDA workload needs from the driver, checked from inside the container: libcuda and NVML
  * resolve by soname, NVML initialises and counts the GPUs, and the device nodes and nvidia-smi are there.
- * Prints one JSON object. */
+ * Prints one JSON object; "gpus" lists the GPUs NVML shows the container (UUID and minor, what
+ * `nvidia-smi -L` names), which on a node are exactly the ones whose device node it was given. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,18 +23,32 @@ int main(void) {
     void *ml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     int init = -1, count_rc = -1;
     unsigned count = 0;
+    static char gpus[4096] = "";
+    size_t used = 0;
     if (ml) {
         int (*nvml_init)(void) = (int (*)(void))dlsym(ml, "nvmlInit_v2");
         int (*nvml_count)(unsigned *) = (int (*)(unsigned *))dlsym(ml, "nvmlDeviceGetCount_v2");
+        int (*by_index)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(ml, "nvmlDeviceGetHandleByIndex_v2");
+        int (*get_uuid)(void *, char *, unsigned) = (int (*)(void *, char *, unsigned))dlsym(ml, "nvmlDeviceGetUUID");
+        int (*get_minor)(void *, unsigned *) = (int (*)(void *, unsigned *))dlsym(ml, "nvmlDeviceGetMinorNumber");
         if (nvml_init) init = nvml_init();
         if (nvml_count) count_rc = nvml_count(&count);
+        for (unsigned i = 0; init == 0 && count_rc == 0 && by_index && get_uuid && get_minor && i < count; i++) {
+            void *dev = NULL;
+            char uuid[96] = "";
+            unsigned minor = 0;
+            if (by_index(i, &dev) != 0 || get_uuid(dev, uuid, sizeof uuid) != 0 || get_minor(dev, &minor) != 0) continue;
+            used += (size_t)snprintf(gpus + used, sizeof gpus - used, "%s{\"uuid\": \"%s\", \"minor\": %u}",
+                                     used ? ", " : "", uuid, minor);
+            if (used >= sizeof gpus) break;
+        }
     }
     printf("{\"libcuda\": %s, \"libnvidia_ml\": %s, \"nvml_init\": %d, \"device_count_rc\": %d, \"device_count\": %u, "
            "\"dev_nvidia0\": %s, \"dev_nvidiactl\": %s, \"nvidia_smi\": %s, \"ld_cache_libcuda\": %s, "
-           "\"libcuda_dev_link\": %s}\n",
+           "\"libcuda_dev_link\": %s, \"gpus\": [%s]}\n",
            cuda ? "true" : "false", ml ? "true" : "false", init, count_rc, count,
            access("/dev/nvidia0", F_OK) == 0 ? "true" : "false", access("/dev/nvidiactl", F_OK) == 0 ? "true" : "false",
            access("/usr/bin/nvidia-smi", X_OK) == 0 ? "true" : "false", in_ld_cache("libcuda.so.1") ? "true" : "false",
-           access("/usr/lib/x86_64-linux-gnu/libcuda.so", F_OK) == 0 ? "true" : "false");
+           access("/usr/lib/x86_64-linux-gnu/libcuda.so", F_OK) == 0 ? "true" : "false", gpus);
     return cuda && ml && init == 0 ? 0 : 1;
 }

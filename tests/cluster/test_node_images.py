@@ -39,7 +39,7 @@ LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 #: What the probe prints where no driver is mounted: nothing loads, NVML never initialises.
 NO_DRIVER = {"libcuda": False, "libnvidia_ml": False, "nvml_init": -1, "device_count_rc": -1, "device_count": 0,
              "dev_nvidia0": False, "dev_nvidiactl": False, "nvidia_smi": False, "ld_cache_libcuda": False,
-             "libcuda_dev_link": False}
+             "libcuda_dev_link": False, "gpus": []}
 
 
 def _run_pod(kube: Kube, name: str, image: str, command: list[str] | None = None) -> None:

@@ -79,7 +79,19 @@ def _fabric_query_fails(root: Path) -> FakeHost:
     return host
 
 
+def _no_proc_modules(machine: str, **options: Any) -> Scenario:
+    """A kernel built without loadable-module support (``CONFIG_MODULES=n``, as this project's CI VM): no
+    ``/proc/modules`` at all; ``/sys/module/<name>/initstate`` says what is live."""
+    def build(root: Path) -> FakeHost:
+        host = build_fake_host(root, machine, **options)
+        host.path("/proc/modules").unlink()
+        return host
+    return build
+
+
 SCENARIOS: dict[str, Scenario] = {
+    "no-proc-modules": _no_proc_modules("dgx-h100", containerd=2),
+    "no-proc-modules-uvm-not-live": _no_proc_modules("l4x2", modules=("nvidia", "nvidia_modeset")),
     "fabric-not-started": _fabric("dgx-h100", "not-started"),
     "fabric-in-progress": _fabric("hgx-h200", "in-progress"),
     "fabric-failed": _fabric("dgx-h100", "completed", 10),  # NVML_ERROR_TIMEOUT
@@ -401,3 +413,15 @@ def test_an_edited_dropin_is_put_back_alike_and_teardown_keeps_the_operators_own
     assert code == 0
     assert not agent.path(dropin).exists() and agent.path(f"{facts.STATE_DIR}/edited{dropin}").exists()
     assert agent.path(theirs).read_bytes() == operators
+
+
+@pytest.mark.parametrize(("scenario", "missing"), [("no-proc-modules", False), ("no-proc-modules-uvm-not-live", True)])
+def test_without_proc_modules_sys_module_says_what_is_loaded(scenario: str, missing: bool, tmp_path: Path,
+                                                             run_script: RunScript,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    host = SCENARIOS[scenario](tmp_path)
+    script = summary(run_script(host, "gpu-check.sh", NVIDIA_GPU_CHECK_PHASE="host").stdout, "nvidia-gpu-check")
+    _, doc = _agent_json(host, capsys, "check", "--phase", "host")
+    for reasons in (script["reasons"].split(","), doc["reasons"]):
+        assert ("module-missing" in reasons) is missing, (script, doc)
+        assert "proc-unreadable" not in reasons, (script, doc)

@@ -5,9 +5,13 @@ set -euo pipefail
 out="$1"
 # NVIDIA's go-nvml mock machines behind NVML's C ABI (tools/mocknvml: k8s-test-infra's mock
 # library is refused by the module proxy): a cgo shared library nvidia-ml-py loads like the
-# driver's. go-nvml's generated cgo code uses APIs nvml.h marks deprecated: silence those.
+# driver's. go-nvml's generated cgo code uses APIs nvml.h marks deprecated: silence those. The
+# driver's library carries the soname libnvidia-ml.so.1, and so does this one: a CDI spec mounts the
+# versioned file only, and the container's ldconfig (the toolkit's update-ldcache hook) makes the
+# soname link from it, as it does for the driver's own.
 CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" \
-  go build -trimpath -buildmode=c-shared -ldflags "-s -w" -o "$out/libnvidia-ml.so.1" .
+  go build -trimpath -buildmode=c-shared -ldflags "-s -w -extldflags=-Wl,-soname,libnvidia-ml.so.1" \
+  -o "$out/libnvidia-ml.so.1" .
 rm -f "$out/libnvidia-ml.so.h"  # the cgo header go build writes beside the library
 ln -sf libnvidia-ml.so.1 "$out/libnvidia-ml.so"
 # A simulated node's driver (localcluster node add --machine): one library per machine with the machine
@@ -17,7 +21,7 @@ for m in dgxa100 dgxh100 dgxh200 dgxb200; do
   mkdir -p "$out/mocknvml-node/$m"
   CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" \
     go build -trimpath -buildmode=c-shared \
-    -ldflags "-s -w -X main.linkedMachine=$m -X main.linkedDevRoot=/dev" \
+    -ldflags "-s -w -X main.linkedMachine=$m -X main.linkedDevRoot=/dev -extldflags=-Wl,-soname,libnvidia-ml.so.1" \
     -o "$out/mocknvml-node/$m/libnvidia-ml.so.1" .
   rm -f "$out/mocknvml-node/$m/libnvidia-ml.so.h"
 done

@@ -479,8 +479,8 @@ def lay_out(
                 for node in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
                     _write(root, f"/dev/{node}", "")
             proc_modules += [f"{m} 1234567 0 - Live 0x0000000000000000" for m in modules]
-            for m in modules:
-                (root / f"sys/module/{m}").mkdir(parents=True, exist_ok=True)
+            for m in modules:  # a loaded module's own record (kmod's modprobe reads its initstate)
+                _write(root, f"/sys/module/{m}/initstate", "live\n")
             _write(root, "/proc/devices", proc_devices_text(version, uvm="nvidia_uvm" in modules))
             if not (root / "proc/driver/nvidia-caps/mig-minors").exists():
                 _write(root, "/proc/driver/nvidia-caps/mig-minors", mig_minors_text(range(spec.gpu_count)), 0o444)

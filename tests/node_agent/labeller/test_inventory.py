@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import pytest
 
 from node_agent.labeller import inventory
 from node_agent.labeller.labels import InventoryContext
-from node_agent.nvml import NvmlBackend, open_nvml
+from node_agent.nvml import NvmlBackend, NvmlNotSupported, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.types import DriverInfo, Inventory, LostGpu
 from node_agent.nvml.xidwatch import XidRecorder, XidSeen
@@ -311,3 +312,34 @@ def test_a_mig_gpu_nvml_will_not_describe_keeps_its_object_with_the_reason(
         validator.validate({"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "x"},
                             "spec": {"node": "n", "index": 0}, "status": s})
     assert "unreadable" in SCHEMA["properties"]["status"]["properties"]
+
+
+class _NoEventSets:
+    """A session on a driver without event sets: every ``watch_events`` is NOT_SUPPORTED (NVML code 3)."""
+
+    calls = 0
+
+    def __enter__(self) -> _NoEventSets:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def watch_events(self, *args: object, **kwargs: object) -> None:
+        type(self).calls += 1
+        raise NvmlNotSupported("nvmlEventSetCreate: Not Supported (NVML error 3)", 3)
+
+
+def test_a_driver_without_event_sets_is_said_once_not_retried(caplog: pytest.LogCaptureFixture) -> None:
+    """NVIDIA's mock (and some drivers) answer NOT_SUPPORTED for event sets: the recorder says so once and
+    ends, where it used to warn every few seconds for the agent's life."""
+    recorder = XidRecorder(lambda: cast(Any, _NoEventSets()), lambda: None)
+    with caplog.at_level(logging.WARNING, logger="node_agent.nvml.xidwatch"):
+        recorder.start()
+        recorder._thread.join(timeout=5)
+    assert not recorder._thread.is_alive()
+    assert _NoEventSets.calls == 1
+    assert [r.getMessage() for r in caplog.records if "xid-watch" in r.getMessage()] == [
+        "event=xid-watch-unsupported reason=nvmlEventSetCreate: Not Supported (NVML error 3) "
+        "detail=XIDs are not recorded on this node"]
+    assert recorder.seen() == {}

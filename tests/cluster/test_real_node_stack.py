@@ -1,0 +1,250 @@
+"""The stack for real on a real GPU node (issue 35): ``pulumi up`` of a ``nodeSetup: daemonset`` stack (the real
+CLI and provider) onto the local control plane with one node running the real kubelet, containerd and runc
+(``localcluster.node``, ``--machine dgx-h100``: NVIDIA's go-nvml model of the machine as the driver's NVML),
+the agent image built as an air-gapped site builds it and referenced by digest, and no stand-in anywhere:
+
+1. the setup pod configures the node's containerd through ``runtime apply`` and the node's ``systemctl``
+   (containerd restarts and runs with the ``nvidia`` runtime and CDI: ``crictl info``), checks the node and
+   opens the gate, and the other DaemonSets' pods start on it;
+2. the device plugin registers with the kubelet, which then offers the machine's eight GPUs;
+3. the labeller labels the Node from what NVML and sysfs show its container, as GPU feature discovery would;
+4. a workload asking for ``nvidia.com/gpu: 2`` (with and without ``runtimeClassName: nvidia``) runs through the
+   NVIDIA runtime, and its probe (``tests/cdi/gpu_probe.c``: libcuda and NVML by soname, the GPUs NVML shows,
+   what ``nvidia-smi -L`` lists) sees exactly the two GPUs the kubelet allocated to it, read back from the
+   kubelet's own checkpoint; ``kubectl exec`` runs the probe again in the running pod.
+
+The time from ``pulumi up`` to the first GPU pod Running is printed (``-s``). Needs root, buildah, debootstrap,
+gcc and the Python package index the image build installs from (as ``tests/image``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from localcluster import ControlPlane, Kube
+from localcluster.images import agent_archive, probe_archive
+from localcluster.node import Node, add_node, remove_node
+from tests.cluster.pulumi_project import Project, make_project
+from tests.cluster.realnode import kubectl
+from tests.tools import missing
+
+pytestmark = [pytest.mark.cluster, pytest.mark.image, pytest.mark.timeout(1800)]
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = "gpu1"
+NS = "nvidia-gpu"
+POOL = "example.com/gpu-pool"
+GATE = "node.deckhouse.io/gpu-setup-complete"
+#: Where a Debian host keeps the local CAs its pip trusts (the image build's CA_DIR).
+LOCAL_CAS = Path("/usr/local/share/ca-certificates")
+
+
+def _config(agent_digest: str) -> dict[str, Any]:
+    """A plain cluster's stack (prod-like): node setup by DaemonSet, one H100 group picked by a label."""
+    return {"config": {
+        "nvidia-gpu:cluster": {
+            "kubernetesVersion": "1.34", "namespace": NS, "allocationMode": "devicePlugin",
+            "nodeSetup": "daemonset",
+            "agentImage": {"repository": "localhost/nvidia-gpu-agent", "digest": agent_digest, "pullPolicy": "Never"},
+            "monitoring": {"enabled": False}, "kubeContext": "prod"},
+        "nvidia-gpu:nodeGroups": [
+            {"name": "h100", "nodeSelector": {"matchLabels": {POOL: "h100"}},
+             "gpu": {"model": "H100-80GB", "driverVersion": "550.54.15", "sharing": "Exclusive"}}]}}
+
+
+@dataclass
+class Deployed:
+    cp: ControlPlane
+    kube: Kube
+    node: Node
+    project: Project
+    probe_ref: str
+    up_started: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _wait(predicate: Any, what: str, timeout: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def _pods(kube: Kube) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in kube.list("v1", "Pod", NS)}
+
+
+def _running(pod: dict[str, Any]) -> bool:
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    return pod.get("status", {}).get("phase") == "Running" and bool(statuses) and all(s["ready"] for s in statuses)
+
+
+@pytest.fixture(scope="module")
+def deployed(real_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    for tool in ("cc", "buildah", "debootstrap", "ldconfig"):
+        if shutil.which(tool) is None:
+            missing(f"{tool} is needed to build the node's images: apt-get install buildah debootstrap gcc")
+    cp = real_cluster
+    assert cp.bin_dir is not None
+    kube = cp.admin()
+    work = tmp_path_factory.mktemp("real-node-stack")
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    ca_dir = LOCAL_CAS if any(LOCAL_CAS.glob("*.crt")) else None
+    agent_digest = agent_archive(work / "agent.tar", "localhost/nvidia-gpu-agent:node-test",
+                                 buildah_root=work / "buildah", ca_dir=ca_dir)
+    probe_digest = probe_archive(work / "probe.tar", "localhost/nvidia-gpu-test/gpu-probe:1",
+                                 REPO / "tests" / "cdi" / "gpu_probe.c")
+    timings["images"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    node = add_node(cp.directory, NODE, cp.bin_dir, kube, images=[work / "agent.tar", work / "probe.tar"],
+                    machine="dgx-h100")
+    timings["node Ready"] = time.monotonic() - t0
+    project: Project | None = None
+    try:
+        kube.patch("v1", "Node", NODE, {"metadata": {"labels": {POOL: "h100"}}})
+        project = make_project(cp, work, stack="prod")
+        project.config_file().write_text(yaml.safe_dump(_config(agent_digest), sort_keys=False))
+        project.pulumi("stack", "init", "prod")
+        up_started = time.monotonic()
+        project.pulumi("up", "--yes", "--skip-preview", timeout=900)
+        timings["pulumi up"] = time.monotonic() - up_started
+        yield Deployed(cp, kube, node, project, f"localhost/nvidia-gpu-test/gpu-probe@{probe_digest}", up_started,
+                       timings)
+    finally:
+        print("\nreal node stack timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+        if project is not None:
+            project.pulumi("destroy", "--yes", "--skip-preview", timeout=900, check=False)
+        remove_node(cp.directory, NODE, kube)
+
+
+def _crictl_info(node: Node) -> dict[str, Any]:
+    done = subprocess.run([str(node.bin_dir / "crictl"), "--runtime-endpoint", f"unix://{node.containerd_socket}",
+                           "info"], capture_output=True, text=True, timeout=60, check=True)
+    info: dict[str, Any] = json.loads(done.stdout)
+    return info
+
+
+def test_setup_configures_the_nodes_containerd_and_opens_the_gate(deployed: Deployed) -> None:
+    d = deployed
+    pods = _wait(lambda: (p := _pods(d.kube)) and all(
+        _running(p[n]) for n in p if not n.startswith("eviction-guard")) and len(p) >= 4 and p, "agent pods Running")
+    on_node = sorted(n.rsplit("-", 1)[0] for n, p in pods.items() if p["spec"].get("nodeName") == NODE)
+    assert {"gpu-setup-h100", "device-plugin-h100", "gpu-labeller-h100"} <= set(on_node), on_node
+    # runtime apply restarted containerd through the node's systemctl (the supervisor's second start) ...
+    starts = json.loads((d.node.directory / "supervisor.json").read_text())["containerd"]["starts"]
+    assert starts >= 2, starts
+    # ... and the running containerd loaded the drop-in: the nvidia runtime, default, and CDI.
+    config = _crictl_info(d.node)["config"]
+    runtimes = config["containerd"]["runtimes"]
+    assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime", runtimes
+    assert config["containerd"]["defaultRuntimeName"] == "nvidia"
+    assert config["enableCDI"] is True
+    labels = d.kube.get("v1", "Node", NODE)["metadata"]["labels"]
+    assert labels[GATE] == "" and labels["gpu.nvidia-gpu.io/check"] == "ok", labels
+    setup_log = kubectl(d.cp, "-n", NS, "logs", "ds/gpu-setup-h100", "--all-containers")
+    assert "ok   check: 8 GPU(s), driver 550.54.15" in setup_log, setup_log
+
+
+def test_the_device_plugin_registers_with_the_real_kubelet(deployed: Deployed) -> None:
+    d = deployed
+    allocatable = _wait(lambda: d.kube.get("v1", "Node", NODE)["status"]["allocatable"].get("nvidia.com/gpu"),
+                        "nvidia.com/gpu allocatable")
+    assert allocatable == "8"
+    described = kubectl(d.cp, "describe", "node", NODE)
+    assert "nvidia.com/gpu:" in described
+
+
+def test_the_labels_match_the_machine(deployed: Deployed) -> None:
+    d = deployed
+    labels = _wait(lambda: (n := d.kube.get("v1", "Node", NODE)["metadata"]["labels"]).get("nvidia.com/gpu.count")
+                   and n, "the labeller's GPU labels", timeout=180)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels["nvidia.com/gpu.count"] == "8"
+    assert labels["nvidia.com/gpu.machine"] == "DGXH100"
+    assert labels["nvidia.com/cuda.driver-version.full"] == "550.54.15"
+    assert labels["gpu.nvidia-gpu.io/node-group"] == "h100"
+    taints = d.kube.get("v1", "Node", NODE)["spec"].get("taints") or []
+    assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in taints
+
+
+def _allocated(node: Node, pod_uid: str) -> set[str]:
+    """The device IDs the kubelet allocated to the pod, from its own checkpoint."""
+    path = node.directory / "root/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    entries = json.loads(path.read_text())["Data"]["PodDeviceEntries"]
+    return {d for e in entries if e["PodUID"] == pod_uid and e["ResourceName"] == "nvidia.com/gpu"
+            for ids in e["DeviceIDs"].values() for d in ids}
+
+
+def _probe_pod(name: str, image: str, runtime_class: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        "containers": [{"name": "probe", "image": image, "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "gpu-probe && exec sleep 3600"],
+                        "resources": {"limits": {"nvidia.com/gpu": 2}}}]}
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+
+@pytest.mark.parametrize("runtime_class", [None, "nvidia"])
+def test_a_workload_sees_exactly_its_two_gpus(deployed: Deployed, runtime_class: str | None) -> None:
+    d = deployed
+    name = f"probe-{runtime_class or 'default'}"
+    d.kube.create(_probe_pod(name, d.probe_ref, runtime_class))
+    try:
+        pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running" and p,
+                    f"pod {name} Running")
+        d.timings.setdefault("pulumi up -> first GPU pod Running", time.monotonic() - d.up_started)
+        allocated = _allocated(d.node, pod["metadata"]["uid"])
+        assert len(allocated) == 2, allocated
+        logs = _wait(lambda: kubectl(d.cp, "logs", name, check=False).strip(), "the probe's output")
+        seen = json.loads(logs.splitlines()[0])
+        assert seen["libcuda"] and seen["libnvidia_ml"] and seen["nvml_init"] == 0, seen
+        assert seen["ld_cache_libcuda"] and seen["dev_nvidiactl"], seen
+        assert seen["device_count"] == 2, seen
+        assert {g["uuid"] for g in seen["gpus"]} == allocated, (seen, allocated)
+        # The seed article's check: exec in the running pod lists exactly the allocated GPUs.
+        again = json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))
+        assert {g["uuid"] for g in again["gpus"]} == allocated
+        # The allocation's answer came from our plugin (the volume-mounts device list) through the real
+        # kubelet: the checkpoint keeps the AllocateResponse it got.
+        checkpoint = json.loads((d.node.directory / "root/var/lib/kubelet/device-plugins/"
+                                 "kubelet_internal_checkpoint").read_text())
+        answer = next(base64.b64decode(e["AllocResp"]) for e in checkpoint["Data"]["PodDeviceEntries"]
+                      if e["PodUID"] == pod["metadata"]["uid"])
+        assert all(f"/var/run/nvidia-container-devices/{uuid}".encode() in answer for uuid in allocated)
+    finally:
+        d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
+        _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+
+
+def test_destroy_gives_the_node_back(deployed: Deployed) -> None:
+    """Last: ``pulumi destroy`` runs the setup pod's teardown on the node, which takes the drop-in and its
+    ``imports`` entry out and restarts containerd again, and the Node keeps none of the stack's labels."""
+    d = deployed
+    before = json.loads((d.node.directory / "supervisor.json").read_text())["containerd"]["starts"]
+    d.project.pulumi("destroy", "--yes", "--skip-preview", timeout=900)
+    config = _crictl_info(d.node)["config"]
+    assert "nvidia" not in config["containerd"]["runtimes"], config["containerd"]["runtimes"]
+    assert config["containerd"]["defaultRuntimeName"] == "runc"
+    assert json.loads((d.node.directory / "supervisor.json").read_text())["containerd"]["starts"] > before
+    labels = d.kube.get("v1", "Node", NODE)["metadata"]["labels"]
+    assert GATE not in labels and "nvidia.com/gpu.product" not in labels, labels
+    assert d.kube.get_or_none("v1", "Namespace", NS) is None
