@@ -3,6 +3,8 @@ CLI and provider) onto the local control plane with one node running the real ku
 (``localcluster.node``, ``--machine dgx-h100``: NVIDIA's go-nvml model of the machine as the driver's NVML),
 the agent image built as an air-gapped site builds it and referenced by digest, and no stand-in anywhere:
 
+Two nodes, one per node group: ``gpu1`` (the device plugin) and ``gpu2`` (DRA).
+
 1. the setup pod configures the node's containerd through ``runtime apply`` and the node's ``systemctl``
    (containerd restarts and runs with the ``nvidia`` runtime and CDI: ``crictl info``), checks the node and
    opens the gate, and the other DaemonSets' pods start on it;
@@ -11,7 +13,12 @@ the agent image built as an air-gapped site builds it and referenced by digest, 
 4. a workload asking for ``nvidia.com/gpu: 2`` (with and without ``runtimeClassName: nvidia``) runs through the
    NVIDIA runtime, and its probe (``tests/cdi/gpu_probe.c``: libcuda and NVML by soname, the GPUs NVML shows,
    what ``nvidia-smi -L`` lists) sees exactly the two GPUs the kubelet allocated to it, read back from the
-   kubelet's own checkpoint; ``kubectl exec`` runs the probe again in the running pod.
+   kubelet's own checkpoint; ``kubectl exec`` runs the probe again in the running pod;
+5. DRA, the seed article's steps with ``kubectl``: the ResourceSlice and DeviceClass are there, the article's
+   claim (selecting ``memory >= 16000`` MiB, with ``ExactCount``) is allocated by the real scheduler, the real
+   kubelet's DRA manager has our plugin prepare it, containerd applies the claim's CDI spec, and the probe
+   sees exactly the claimed GPU; deleting the pod and claim unprepares it (the spec file goes);
+6. ``pulumi destroy`` gives both nodes back.
 
 The time from ``pulumi up`` to the first GPU pod Running is printed (``-s``). Needs root, buildah, debootstrap,
 gcc and the Python package index the image build installs from (as ``tests/image``).
@@ -43,6 +50,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.image, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu1"
+DRA_NODE = "gpu2"
 NS = "nvidia-gpu"
 POOL = "example.com/gpu-pool"
 GATE = "node.deckhouse.io/gpu-setup-complete"
@@ -51,15 +59,19 @@ LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 
 
 def _config(agent_digest: str) -> dict[str, Any]:
-    """A plain cluster's stack (prod-like): node setup by DaemonSet, one H100 group picked by a label."""
+    """A plain cluster's stack (prod-like): node setup by DaemonSet, two H100 groups picked by a label, one
+    served by the device plugin and one by DRA."""
     return {"config": {
         "nvidia-gpu:cluster": {
             "kubernetesVersion": "1.34", "namespace": NS, "allocationMode": "devicePlugin",
             "nodeSetup": "daemonset",
             "agentImage": {"repository": "localhost/nvidia-gpu-agent", "digest": agent_digest, "pullPolicy": "Never"},
-            "monitoring": {"enabled": False}, "kubeContext": "prod"},
+            "monitoring": {"enabled": False}, "kubeContext": "prod",
+            "dra": {"driverName": "gpu.nvidia.com"}},
         "nvidia-gpu:nodeGroups": [
             {"name": "h100", "nodeSelector": {"matchLabels": {POOL: "h100"}},
+             "gpu": {"model": "H100-80GB", "driverVersion": "550.54.15", "sharing": "Exclusive"}},
+            {"name": "h100-dra", "allocationMode": "dra", "nodeSelector": {"matchLabels": {POOL: "dra"}},
              "gpu": {"model": "H100-80GB", "driverVersion": "550.54.15", "sharing": "Exclusive"}}]}}
 
 
@@ -68,6 +80,7 @@ class Deployed:
     cp: ControlPlane
     kube: Kube
     node: Node
+    dra_node: Node
     project: Project
     probe_ref: str
     up_started: float
@@ -112,25 +125,28 @@ def deployed(real_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactor
                                  REPO / "tests" / "cdi" / "gpu_probe.c")
     timings["images"] = time.monotonic() - t0
     t0 = time.monotonic()
-    node = add_node(cp.directory, NODE, cp.bin_dir, kube, images=[work / "agent.tar", work / "probe.tar"],
-                    machine="dgx-h100")
+    images = [work / "agent.tar", work / "probe.tar"]
+    node = add_node(cp.directory, NODE, cp.bin_dir, kube, images=images, machine="dgx-h100")
     timings["node Ready"] = time.monotonic() - t0
     project: Project | None = None
     try:
+        dra_node = add_node(cp.directory, DRA_NODE, cp.bin_dir, kube, images=images, machine="dgx-h100")
         kube.patch("v1", "Node", NODE, {"metadata": {"labels": {POOL: "h100"}}})
+        kube.patch("v1", "Node", DRA_NODE, {"metadata": {"labels": {POOL: "dra"}}})
         project = make_project(cp, work, stack="prod")
         project.config_file().write_text(yaml.safe_dump(_config(agent_digest), sort_keys=False))
         project.pulumi("stack", "init", "prod")
         up_started = time.monotonic()
         project.pulumi("up", "--yes", "--skip-preview", timeout=900)
         timings["pulumi up"] = time.monotonic() - up_started
-        yield Deployed(cp, kube, node, project, f"localhost/nvidia-gpu-test/gpu-probe@{probe_digest}", up_started,
-                       timings)
+        yield Deployed(cp, kube, node, dra_node, project, f"localhost/nvidia-gpu-test/gpu-probe@{probe_digest}",
+                       up_started, timings)
     finally:
         print("\nreal node stack timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
         if project is not None:
             project.pulumi("destroy", "--yes", "--skip-preview", timeout=900, check=False)
         remove_node(cp.directory, NODE, kube)
+        remove_node(cp.directory, DRA_NODE, kube)
 
 
 def _crictl_info(node: Node) -> dict[str, Any]:
@@ -143,9 +159,11 @@ def _crictl_info(node: Node) -> dict[str, Any]:
 def test_setup_configures_the_nodes_containerd_and_opens_the_gate(deployed: Deployed) -> None:
     d = deployed
     pods = _wait(lambda: (p := _pods(d.kube)) and all(
-        _running(p[n]) for n in p if not n.startswith("eviction-guard")) and len(p) >= 4 and p, "agent pods Running")
+        _running(p[n]) for n in p if not n.startswith("eviction-guard")) and len(p) >= 7 and p, "agent pods Running")
     on_node = sorted(n.rsplit("-", 1)[0] for n, p in pods.items() if p["spec"].get("nodeName") == NODE)
     assert {"gpu-setup-h100", "device-plugin-h100", "gpu-labeller-h100"} <= set(on_node), on_node
+    on_dra = sorted(n.rsplit("-", 1)[0] for n, p in pods.items() if p["spec"].get("nodeName") == DRA_NODE)
+    assert {"gpu-setup-h100-dra", "dra-kubelet-plugin-h100-dra", "gpu-labeller-h100-dra"} <= set(on_dra), on_dra
     # runtime apply restarted containerd through the node's systemctl (the supervisor's second start) ...
     starts = json.loads((d.node.directory / "supervisor.json").read_text())["containerd"]["starts"]
     assert starts >= 2, starts
@@ -235,16 +253,96 @@ def test_a_workload_sees_exactly_its_two_gpus(deployed: Deployed, runtime_class:
         _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
 
 
+ARTICLE_CLAIM = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: gpu-16g
+  namespace: default
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        allocationMode: ExactCount
+        count: 1
+        selectors:
+        - cel:
+            expression: "device.attributes['gpu.nvidia.com'].memory >= 16000"
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: dra-probe
+  namespace: default
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  tolerations:
+  - key: nvidia.com/gpu
+    operator: Exists
+  resourceClaims:
+  - name: gpu
+    resourceClaimName: gpu-16g
+  containers:
+  - name: probe
+    image: PROBE
+    imagePullPolicy: Never
+    command: ["sh", "-c", "gpu-probe && exec sleep 3600"]
+    resources:
+      claims:
+      - name: gpu
+"""
+
+
+def test_dra_the_seed_articles_steps_with_kubectl(deployed: Deployed, tmp_path: Path) -> None:
+    d = deployed
+    slices = _wait(lambda: "gpu.nvidia.com" in (out := kubectl(d.cp, "get", "resourceslices")) and out,
+                   "our ResourceSlice")
+    assert DRA_NODE in slices, slices
+    assert "gpu.nvidia.com" in kubectl(d.cp, "describe", "deviceclass", "gpu.nvidia.com")
+    manifest = tmp_path / "claim.yaml"
+    manifest.write_text(ARTICLE_CLAIM.replace("PROBE", d.probe_ref))
+    kubectl(d.cp, "apply", "-f", str(manifest))
+    try:
+        _wait(lambda: d.kube.get("v1", "Pod", "dra-probe", "default")["status"].get("phase") == "Running",
+              "the claim's pod Running")
+        claim = d.kube.get("resource.k8s.io/v1", "ResourceClaim", "gpu-16g", "default")
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"]) == ("gpu.nvidia.com", DRA_NODE), result
+        device = next(dev for s in d.kube.list("resource.k8s.io/v1", "ResourceSlice")
+                      if s["spec"]["pool"]["name"] == DRA_NODE for dev in s["spec"]["devices"]
+                      if dev["name"] == result["device"])
+        assert device["attributes"]["memory"]["int"] >= 16000
+        uuid = device["attributes"]["uuid"]["string"]
+        seen = json.loads(_wait(lambda: kubectl(d.cp, "logs", "dra-probe", check=False).strip(),
+                                "the probe's output").splitlines()[0])
+        assert seen["device_count"] == 1 and [g["uuid"] for g in seen["gpus"]] == [uuid], (seen, uuid)
+        assert [g["uuid"] for g in json.loads(kubectl(d.cp, "exec", "dra-probe", "--", "gpu-probe"))["gpus"]] == [uuid]
+        described = kubectl(d.cp, "describe", "resourceclaim", "gpu-16g")
+        assert "dra-probe" in described and result["device"] in described, described
+        specs = list((d.dra_node.directory / "root/run/cdi").glob("*claim*"))
+        assert len(specs) == 1 and claim["metadata"]["uid"] in specs[0].name, specs
+    finally:
+        kubectl(d.cp, "delete", "-f", str(manifest), "--wait=true", "--timeout=60s", check=False)
+    # Unprepared: the claim's CDI spec is gone from the node.
+    _wait(lambda: not list((d.dra_node.directory / "root/run/cdi").glob("*claim*")), "the claim's CDI spec removed",
+          timeout=60)
+
+
 def test_destroy_gives_the_node_back(deployed: Deployed) -> None:
     """Last: ``pulumi destroy`` runs the setup pod's teardown on the node, which takes the drop-in and its
     ``imports`` entry out and restarts containerd again, and the Node keeps none of the stack's labels."""
     d = deployed
     before = json.loads((d.node.directory / "supervisor.json").read_text())["containerd"]["starts"]
     d.project.pulumi("destroy", "--yes", "--skip-preview", timeout=900)
-    config = _crictl_info(d.node)["config"]
-    assert "nvidia" not in config["containerd"]["runtimes"], config["containerd"]["runtimes"]
-    assert config["containerd"]["defaultRuntimeName"] == "runc"
+    for node in (d.node, d.dra_node):
+        config = _crictl_info(node)["config"]
+        assert "nvidia" not in config["containerd"]["runtimes"], config["containerd"]["runtimes"]
+        assert config["containerd"]["defaultRuntimeName"] == "runc"
+        labels = d.kube.get("v1", "Node", node.name)["metadata"]["labels"]
+        assert GATE not in labels and "nvidia.com/gpu.product" not in labels, labels
     assert json.loads((d.node.directory / "supervisor.json").read_text())["containerd"]["starts"] > before
-    labels = d.kube.get("v1", "Node", NODE)["metadata"]["labels"]
-    assert GATE not in labels and "nvidia.com/gpu.product" not in labels, labels
     assert d.kube.get_or_none("v1", "Namespace", NS) is None
+
