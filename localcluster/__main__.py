@@ -80,7 +80,7 @@ def node_main(argv: list[str]) -> int:
         print(f"node {args.name} failed: {e}", file=sys.stderr)
         return 1
     print(f"node {node.name} Ready: IP {node.ip}, pods {node.pod_cidr}; state and logs in {node.directory}")
-    print(f"containerd: {node.bin_dir / 'ctr'} --address {node.containerd_socket} -n k8s.io images ls")
+    print(f"containerd (inside the node): {' '.join(node.ctr())} images ls")
     return 0
 
 

@@ -16,6 +16,7 @@ serving certificates. :meth:`ControlPlane.stop` removes the nodes first.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -23,6 +24,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,8 @@ SERVICE_CIDR = "10.96.0.0/16"
 #: Processes beside the components: the proxy between the host and the real nodes (started before the API
 #: server, whose egress selector needs it, and stopped last).
 NETPROXY = "netproxy"
+#: The longest path a unix socket address holds (``sun_path``: 108 bytes with the terminating NUL).
+UNIX_PATH_MAX = 107
 
 
 class ToolsMissing(RuntimeError):
@@ -120,7 +124,14 @@ class ControlPlane:
 
     @property
     def egress_socket(self) -> Path:
-        return self.directory / "egress.sock"
+        """The proxy's socket for the API server's egress: in the state directory when its path fits a unix
+        socket address (107 bytes), else in the temporary directory under a name derived from the state
+        directory's (a checkout in a deep directory, a test's temporary one)."""
+        path = self.directory.resolve() / "egress.sock"
+        if len(str(path).encode()) <= UNIX_PATH_MAX:
+            return path
+        key = hashlib.sha256(str(self.directory.resolve()).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"localcluster-{key}.sock"
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -347,6 +358,7 @@ class ControlPlane:
         for name in (*reversed(COMPONENTS), NETPROXY):
             if name in self._procs or name in self.pids:
                 self.stop_component(name)
+        self.egress_socket.unlink(missing_ok=True)
         if remove:
             shutil.rmtree(self.directory, ignore_errors=True)
 

@@ -178,6 +178,17 @@ class Node:
     def containerd_socket(self) -> Path:
         return self.directory / "root" / "run" / "containerd" / "containerd.sock"
 
+    def ctr(self) -> list[str]:
+        """``ctr`` on the node's containerd (namespace ``k8s.io``), run inside the node: the socket's path
+        from here (``containerd_socket``) can pass the 107 bytes a unix socket address holds."""
+        return self.nsenter([str(self.bin_dir / "ctr"), "--address", "/run/containerd/containerd.sock",
+                             "-n", "k8s.io"])
+
+    def crictl(self) -> list[str]:
+        """``crictl`` on the node's containerd, run inside the node (see :meth:`ctr`)."""
+        return self.nsenter([str(self.bin_dir / "crictl"), "--runtime-endpoint",
+                             "unix:///run/containerd/containerd.sock"])
+
     def ns(self, kind: str) -> Path:
         return self.directory / "ns" / kind
 
@@ -230,9 +241,13 @@ class Node:
         OCI archive names is also tagged ``REPO@DIGEST``: the CRI reports a repo digest (and so resolves a
         pod's by-digest reference) only for such a name, which a pull makes and an import does not.
         Answers those by-digest references."""
-        ctr = [str(self.bin_dir / "ctr"), "--address", str(self.containerd_socket.resolve()), "-n", "k8s.io"]
-        _run([*ctr, "images", "import", "--local", str(archive.resolve())],
-             f"importing {archive.name} into {self.name}")
+        ctr = self.ctr()
+        with archive.open("rb") as tar:  # on stdin: the node's /var/lib, /run ... are not this machine's
+            done = subprocess.run([*ctr, "images", "import", "--local", "-"], stdin=tar, capture_output=True,
+                                  text=True, check=False)
+        if done.returncode != 0:
+            raise NodeError(f"importing {archive.name} into {self.name}: ctr images import failed: "
+                            f"{done.stderr.strip()}")
         refs = []
         for name, digest in _oci_names(archive):
             repo = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
@@ -323,7 +338,7 @@ class Node:
         else:
             stop_pid(self.unit_pid("kubelet"), GRACE_S)
         if self.containerd_socket.is_socket():
-            crictl = [str(self.bin_dir / "crictl"), "--runtime-endpoint", f"unix://{self.containerd_socket}"]
+            crictl = self.crictl()
             pods = subprocess.run([*crictl, "pods", "-q"], capture_output=True, text=True, check=False).stdout.split()
             if pods:
                 subprocess.run([*crictl, "stopp", *pods], capture_output=True, check=False)

@@ -151,8 +151,7 @@ def deployed(real_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactor
 
 
 def _crictl_info(node: Node) -> dict[str, Any]:
-    done = subprocess.run([str(node.bin_dir / "crictl"), "--runtime-endpoint", f"unix://{node.containerd_socket}",
-                           "info"], capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run([*node.crictl(), "info"], capture_output=True, text=True, timeout=60, check=True)
     info: dict[str, Any] = json.loads(done.stdout)
     return info
 
