@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localcluster import ControlPlane, Kube, tools_bin  # noqa: E402
-from localcluster.images import agent_archive, probe_archive  # noqa: E402
+from localcluster.images import agent_archive, local_ca_dir, probe_archive  # noqa: E402
 from localcluster.node import CGROUP_V1, Node, add_node  # noqa: E402
 from tests.cluster.pulumi_project import make_project  # noqa: E402
 
@@ -100,7 +100,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-real-node-") as tmp:
         work = Path(tmp)
         t = time.perf_counter()
-        digest = agent_archive(work / "agent.tar", "localhost/nvidia-gpu-agent:bench", buildah_root=work / "buildah")
+        digest = agent_archive(work / "agent.tar", "localhost/nvidia-gpu-agent:bench", buildah_root=work / "buildah",
+                               ca_dir=local_ca_dir())
         probe = probe_archive(work / "probe.tar", "localhost/nvidia-gpu-test/gpu-probe:1",
                               REPO / "tests" / "cdi" / "gpu_probe.c")
         print(f"images built and exported: {time.perf_counter() - t:.1f} s")

@@ -245,6 +245,16 @@ def _buildah(buildah_root: Path, *args: str, env: Mapping[str, str] | None = Non
                           check=False)
 
 
+#: Where a Debian host keeps the local CAs its pip trusts (a proxy's, a private index's).
+LOCAL_CAS = Path("/usr/local/share/ca-certificates")
+
+
+def local_ca_dir() -> Path | None:
+    """This machine's local CAs for the image build's package index (``build.sh``'s ``CA_DIR``), if it has any:
+    a site behind a TLS-intercepting proxy or with a private index needs them in the build too."""
+    return LOCAL_CAS if any(LOCAL_CAS.glob("*.crt")) else None
+
+
 def build_agent_image(tag: str, *, buildah_root: Path, ca_dir: Path | None = None, timeout: float = 1800.0) -> None:
     """``node_agent/image/build.sh TAG`` into buildah's vfs storage under ``buildah_root`` (kept between calls,
     it keeps the imported base; the debootstrap base itself is cached by the script). ``ca_dir``: extra CA

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from localcluster import ControlPlane, Kube
-from localcluster.images import build_agent_image, buildah_archive, probe_archive
+from localcluster.images import build_agent_image, buildah_archive, local_ca_dir, probe_archive
 from localcluster.node import Node, add_node, remove_node
 from tests.cluster.realnode import kubectl
 from tests.tools import missing
@@ -34,8 +34,6 @@ REPO = Path(__file__).resolve().parents[2]
 NODE = "img1"
 AGENT = "localhost/nvidia-gpu-agent:node-test"
 PROBE = "localhost/nvidia-gpu-test/gpu-probe:1"
-#: Where a Debian host keeps the local CAs its pip trusts (a proxy's, a private index's): the build's CA_DIR.
-LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 #: What the probe prints where no driver is mounted: nothing loads, NVML never initialises.
 NO_DRIVER = {"libcuda": False, "libnvidia_ml": False, "nvml_init": -1, "device_count_rc": -1, "device_count": 0,
              "dev_nvidia0": False, "dev_nvidiactl": False, "nvidia_smi": False, "ld_cache_libcuda": False,
@@ -81,7 +79,7 @@ def test_agent_and_probe_images_run_on_a_real_node(real_cluster: ControlPlane, t
     buildah_root = tmp_path / "buildah"  # a new storage: the cold build (the debootstrap base stays cached)
     try:
         t0 = time.monotonic()
-        build_agent_image(AGENT, buildah_root=buildah_root, ca_dir=LOCAL_CAS if list(LOCAL_CAS.glob("*.crt")) else None)
+        build_agent_image(AGENT, buildah_root=buildah_root, ca_dir=local_ca_dir())
         t1 = time.monotonic()
         agent_digest = buildah_archive(AGENT, images / "agent.tar", buildah_root=buildah_root)
         t2 = time.monotonic()

@@ -41,7 +41,7 @@ import pytest
 import yaml
 
 from localcluster import ControlPlane, Kube
-from localcluster.images import agent_archive, probe_archive
+from localcluster.images import agent_archive, local_ca_dir, probe_archive
 from localcluster.node import Node, add_node, remove_node
 from tests.cluster.pulumi_project import Project, make_project
 from tests.cluster.realnode import kubectl
@@ -55,8 +55,6 @@ DRA_NODE = "gpu2"
 NS = "nvidia-gpu"
 POOL = "example.com/gpu-pool"
 GATE = "node.deckhouse.io/gpu-setup-complete"
-#: Where a Debian host keeps the local CAs its pip trusts (the image build's CA_DIR).
-LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 
 
 def _config(agent_digest: str) -> dict[str, Any]:
@@ -119,9 +117,8 @@ def deployed(real_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     work = tmp_path_factory.mktemp("real-node-stack")
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    ca_dir = LOCAL_CAS if any(LOCAL_CAS.glob("*.crt")) else None
     agent_digest = agent_archive(work / "agent.tar", "localhost/nvidia-gpu-agent:node-test",
-                                 buildah_root=work / "buildah", ca_dir=ca_dir)
+                                 buildah_root=work / "buildah", ca_dir=local_ca_dir())
     probe_digest = probe_archive(work / "probe.tar", "localhost/nvidia-gpu-test/gpu-probe:1",
                                  REPO / "tests" / "cdi" / "gpu_probe.c")
     timings["images"] = time.monotonic() - t0
