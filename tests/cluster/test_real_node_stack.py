@@ -353,8 +353,12 @@ def test_dra_the_seed_articles_steps_with_kubectl(deployed: Deployed, tmp_path: 
 def _gpu_pod_running(d: Deployed, name: str) -> tuple[dict[str, Any], set[str]]:
     """A long-running probe pod with two GPUs on the device-plugin node, and the GPUs its probe sees."""
     d.kube.create(_probe_pod(name, d.probe_ref, None))
-    pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running" and p,
-                f"pod {name} Running")
+    try:
+        pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running"
+                    and p, f"pod {name} Running")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {d.kube.get('v1', 'Pod', name, 'default')['status']}\n"
+                             f"{kubectl(d.cp, 'describe', 'pod', name, check=False)[-3000:]}") from e
     seen = {g["uuid"] for g in json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))["gpus"]}
     assert seen == _allocated(d.node, pod["metadata"]["uid"]) and len(seen) == 2, seen
     return pod, seen
@@ -416,6 +420,58 @@ def test_a_deleted_device_plugin_pod_comes_back_and_registers(deployed: Deployed
     _gpu_pod_running(d, "after-delete")  # allocated by the new plugin
     d.kube.delete("v1", "Pod", "after-delete", "default", gracePeriodSeconds="0")
     _wait(lambda: d.kube.get_or_none("v1", "Pod", "after-delete", "default") is None, "pod gone", timeout=60)
+
+
+#: What each strategy puts in the kubelet's checkpoint of the plugin's AllocateResponse.
+STRATEGY_MARKS = {"cdi-cri": b"k8s.device-plugin.nvidia.com/gpu=", "cdi-annotations": b"cdi.k8s.io/",
+                  "envvar": b"NVIDIA_VISIBLE_DEVICES"}
+
+
+def _allocation_answer(d: Deployed, pod_uid: str) -> bytes:
+    checkpoint = json.loads((d.node.directory / "root/var/lib/kubelet/device-plugins/"
+                             "kubelet_internal_checkpoint").read_text())
+    return b"".join(base64.b64decode(e["AllocResp"]) for e in checkpoint["Data"]["PodDeviceEntries"]
+                    if e["PodUID"] == pod_uid)
+
+
+@pytest.mark.parametrize("strategy", ["cdi-cri", "cdi-annotations", "envvar"])
+def test_each_device_list_strategy_as_a_day_two_change(deployed: Deployed, strategy: str) -> None:
+    """The group's ``deviceListStrategy`` changed by ``pulumi up`` (volume-mounts before): the plugin answers the
+    new way and the workload still sees exactly its two GPUs. ``envvar`` also needs the node's toolkit to honour
+    the variable for unprivileged pods, which node setup writes: as the README says, existing nodes change when
+    their ``gpu-setup`` pod runs again (its DaemonSet is ``OnDelete``), so the operator deletes it."""
+    d = deployed
+    config = yaml.safe_load(d.project.config_file().read_text())
+    config["config"]["nvidia-gpu:nodeGroups"][0]["gpu"]["deviceListStrategy"] = strategy
+    d.project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
+    d.project.pulumi("up", "--yes", "--skip-preview", timeout=900)
+    if strategy == "envvar":
+        (setup,) = [n for n, p in _pods(d.kube).items()
+                    if n.startswith("gpu-setup-h100-") and not n.startswith("gpu-setup-h100-dra")]
+        plugins = {n for n in _pods(d.kube) if n.startswith("device-plugin-h100-")}
+        d.kube.delete("v1", "Pod", setup, NS)  # teardown closes the gate: the plugin goes, then comes back
+        _wait(lambda: any(n.startswith("device-plugin-h100-") and n not in plugins and _running(p)
+                          for n, p in _pods(d.kube).items()), "a new device plugin Running", timeout=240)
+    name = f"strategy-{strategy}"
+    deadline = time.monotonic() + 180
+    while True:
+        # A pod admitted while the plugin re-registers (it restarts its servers for a new config, and comes back
+        # after node setup ran again) fails with UnexpectedAdmissionError, as on any node: create another.
+        d.kube.create(_probe_pod(name, d.probe_ref, None))
+        pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase")
+                    in ("Running", "Failed") and p, f"pod {name} admitted")
+        answer = _allocation_answer(d, pod["metadata"]["uid"])
+        allocated = _allocated(d.node, pod["metadata"]["uid"])
+        seen = set()
+        if pod["status"]["phase"] == "Running":
+            seen = {g["uuid"] for g in json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))["gpus"]}
+        d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
+        _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+        if pod["status"]["phase"] == "Running" and STRATEGY_MARKS[strategy] in answer:
+            break
+        assert time.monotonic() < deadline, f"no allocation the new way: {pod['status']} {answer!r}"
+        time.sleep(2)
+    assert seen == allocated and len(seen) == 2, (seen, allocated)
 
 
 def test_destroy_gives_the_node_back(deployed: Deployed) -> None:
