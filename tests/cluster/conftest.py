@@ -76,7 +76,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPl
     dev stack, whose DaemonSets would schedule onto a real node. Needs root (network/mount/UTS namespaces,
     mounts, cgroups) and gcc (the pause image is compiled here)."""
     if os.geteuid() != 0:
-        pytest.skip("a real node needs root (network/mount/UTS namespaces, mounts, cgroups)")
+        missing("a real node needs root (network/mount/UTS namespaces, mounts, cgroups)")
     bin_dir = required_bin(*NODE_TOOLS)
     if shutil.which("gcc") is None:
         missing("gcc is needed to build the pause image")

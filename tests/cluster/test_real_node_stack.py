@@ -313,18 +313,27 @@ spec:
 """
 
 
+def _apply_article_claim(d: Deployed, tmp_path: Path) -> Path:
+    """The article's claim and its pod, applied with ``kubectl apply -f``; answers the manifest's path."""
+    manifest = tmp_path / "claim.yaml"
+    manifest.write_text(ARTICLE_CLAIM.replace("PROBE", d.probe_ref))
+    kubectl(d.cp, "apply", "-f", str(manifest))
+    return manifest
+
+
+def _wait_claim_pod_running(d: Deployed) -> None:
+    _wait(lambda: d.kube.get("v1", "Pod", "dra-probe", "default")["status"].get("phase") == "Running",
+          "the claim's pod Running")
+
 def test_dra_the_seed_articles_steps_with_kubectl(deployed: Deployed, tmp_path: Path) -> None:
     d = deployed
     slices = _wait(lambda: "gpu.nvidia.com" in (out := kubectl(d.cp, "get", "resourceslices")) and out,
                    "our ResourceSlice")
     assert DRA_NODE in slices, slices
     assert "gpu.nvidia.com" in kubectl(d.cp, "describe", "deviceclass", "gpu.nvidia.com")
-    manifest = tmp_path / "claim.yaml"
-    manifest.write_text(ARTICLE_CLAIM.replace("PROBE", d.probe_ref))
-    kubectl(d.cp, "apply", "-f", str(manifest))
+    manifest = _apply_article_claim(d, tmp_path)
     try:
-        _wait(lambda: d.kube.get("v1", "Pod", "dra-probe", "default")["status"].get("phase") == "Running",
-              "the claim's pod Running")
+        _wait_claim_pod_running(d)
         claim = d.kube.get("resource.k8s.io/v1", "ResourceClaim", "gpu-16g", "default")
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert (result["driver"], result["pool"]) == ("gpu.nvidia.com", DRA_NODE), result
@@ -370,12 +379,9 @@ def _registered_again(d: Deployed, what: str) -> None:
 
 
 def _dra_claim_runs(d: Deployed, tmp_path: Path) -> None:
-    manifest = tmp_path / "claim.yaml"
-    manifest.write_text(ARTICLE_CLAIM.replace("PROBE", d.probe_ref))
-    kubectl(d.cp, "apply", "-f", str(manifest))
+    manifest = _apply_article_claim(d, tmp_path)
     try:
-        _wait(lambda: d.kube.get("v1", "Pod", "dra-probe", "default")["status"].get("phase") == "Running",
-              "a DRA claim's pod Running")
+        _wait_claim_pod_running(d)
         assert json.loads(kubectl(d.cp, "exec", "dra-probe", "--", "gpu-probe"))["device_count"] == 1
     finally:
         kubectl(d.cp, "delete", "-f", str(manifest), "--wait=true", "--timeout=60s", check=False)
