@@ -1,5 +1,5 @@
 """``python -m localcluster up|down|status``: the loopback control plane behind ``make cluster-up``;
-``python -m localcluster node add|remove|list [NAME]``: real nodes joined to it (root only).
+``python -m localcluster node add|remove|reboot|list [NAME]``: real nodes joined to it (root only).
 
 ``up`` starts etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok in the
 background (they outlive this command), installs the CRDs a Deckhouse cluster has (Deckhouse's
@@ -11,7 +11,8 @@ is; ``down`` removes the real nodes, stops them and removes the state directory.
 their own (a GPU node with ``--machine``), with
 state under ``DIR/nodes/NAME/`` (:mod:`localcluster.node`), imports the pause image (built here) and each
 OCI/Docker ``ARCHIVE`` into its containerd, and waits for the Node to be Ready; ``node remove NAME`` leaves
-nothing of it behind (processes, mounts, cgroups, files) and deletes the Node object.
+nothing of it behind (processes, mounts, cgroups, files) and deletes the Node object; ``node reboot NAME`` does
+to it what a reboot does (:meth:`localcluster.node.Node.reboot`) and waits for it to be Ready again.
 Exit status: 0 ok, 1 failure (the component's log tail is printed), 2 usage.
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from localcluster.controlplane import REPO, ControlPlane, ToolsMissing
 from localcluster.dryrun import install_crds, server_version
 from localcluster.images import ImageError
-from localcluster.node import MACHINES, Node, NodeError, add_node, remove_node
+from localcluster.node import MACHINES, Node, NodeError, add_node, remove_node, wait_ready
 
 DEFAULT_DIR = REPO / "out" / "cluster"
 #: The CRDs the offline preview validates against (nvidia_gpu/preview/crds, with their SOURCES.md).
@@ -34,7 +35,7 @@ PLATFORM_CRDS = sorted((REPO / "nvidia_gpu" / "preview" / "crds").glob("*.yaml")
 
 def node_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcluster node", description="real nodes (root only)")
-    parser.add_argument("action", choices=("add", "remove", "list"))
+    parser.add_argument("action", choices=("add", "remove", "reboot", "list"))
     parser.add_argument("name", nargs="?")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default: {DEFAULT_DIR})")
     parser.add_argument("--image", type=Path, action="append", default=[],
@@ -62,6 +63,15 @@ def node_main(argv: list[str]) -> int:
             print(f"no node {args.name} in {directory}")
             return 1
         print(f"node {args.name} removed")
+        return 0
+    if args.action == "reboot":
+        try:
+            boot_id = Node.attach(directory, args.name).reboot()
+            waited = wait_ready(cp.admin(), args.name, timeout=args.timeout, boot_id=boot_id)
+        except (OSError, ValueError, NodeError, TimeoutError) as e:
+            print(f"node {args.name} reboot failed: {e}", file=sys.stderr)
+            return 1
+        print(f"node {args.name} rebooted, Ready again after {waited:.1f} s")
         return 0
     if not cp.alive():
         print(f"control plane in {directory} is not running (run `make cluster-down` then `make cluster-up`)",

@@ -238,6 +238,10 @@ class ControlPlane:
                    "--endpoint-reconciler-type", "none",
                    "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false",
                    "--egress-selector-config-file", str(d / "egress.yaml"),
+                   # No kube-proxy anywhere, so no ClusterIP answers: a webhook or aggregated API behind a
+                   # Service is dialled at one of its endpoints (a pod IP, which the netproxy routes into the
+                   # pod's node), as on clusters whose control plane cannot reach Service IPs.
+                   "--enable-aggregator-routing=true",
                    "--kubelet-client-certificate", str(d / "pki" / "apiserver-kubelet-client.crt"),
                    "--kubelet-client-key", str(d / "pki" / "apiserver-kubelet-client.key"),
                    "--kubelet-certificate-authority", str(pki.ca_cert),

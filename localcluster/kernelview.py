@@ -8,7 +8,10 @@ mount namespace, as overlays on this machine's sysfs (:mod:`localcluster.node`),
 container a fresh sysfs mount, which is this machine's. So the node's runc is this program: for ``create`` and
 ``run`` it adds read-only binds of the node's ``/sys/devices``, ``/sys/bus/pci/devices``, ``/sys/module`` and
 ``/sys/class`` (its DMI board name) over the container's fresh ``/sys`` (right after the sysfs mount in the
-bundle's ``config.json``), then
+bundle's ``config.json``), read-only where that ``/sys`` is (every container but a privileged one, whose sysfs
+containerd mounts writable: the MIG manager writes the node's MIG state there,
+``localcluster.node.MIG_STATE_PATH``); and the node's driver entries in procfs (:data:`PROC_VIEW`, through a
+hook: see :data:`PROC_HOOK`) over its fresh ``/proc``, read-only; then
 executes the real runc with the same arguments. Nothing else in the spec changes, and a container that asks
 for no ``/sys`` gets none. The NVIDIA runtime finds it as ``runc`` on containerd's ``PATH``, so its containers
 get the same.
@@ -24,6 +27,18 @@ import sys
 RUNC = "@RUNC@"
 #: The node's sysfs entries that are not this machine's (its GPU functions, their links, the driver's modules).
 KERNEL_VIEW = ("/sys/devices", "/sys/bus/pci/devices", "/sys/module", "/sys/class")
+#: The driver's procfs entries: ``/proc/driver`` (``nvidia/``, and ``nvidia-caps/mig-minors``, where a MIG device
+#: plugin finds its capabilities' minors) and ``/proc/devices`` (the driver's majors).
+PROC_VIEW = ("/proc/driver", "/proc/devices")
+#: runc refuses a spec mount over ``/proc`` whose source is not procfs ("check proc-safety"), and the node's
+#: entries are binds of files: a ``createContainer`` hook, which runc runs in the container's mount namespace
+#: after its mounts and before ``pivot_root``, binds them read-only over the container's fresh procfs instead.
+PROC_HOOK = """set -e
+for p in {paths}; do
+  mount --bind "$p" "{root}$p"
+  mount -o remount,bind,ro "{root}$p"
+done
+"""
 
 
 def _bundle(args: list[str]) -> str:
@@ -43,9 +58,15 @@ def add_kernel_view(config_path: str) -> None:
     at = next((i for i, m in enumerate(mounts) if m.get("destination") == "/sys"), None)
     if at is None or any(m.get("destination") in KERNEL_VIEW for m in mounts):
         return
+    mode = "ro" if "ro" in (mounts[at].get("options") or []) else "rw"
     binds = [{"destination": path, "type": "bind", "source": path,
-              "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]} for path in KERNEL_VIEW]
+              "options": ["rbind", mode, "nosuid", "nodev", "noexec"]} for path in KERNEL_VIEW]
     spec["mounts"] = mounts[:at + 1] + binds + mounts[at + 1:]
+    if any(m.get("destination") == "/proc" and m.get("type") == "proc" for m in mounts):
+        root = os.path.join(os.path.dirname(config_path), spec.get("root", {}).get("path", "rootfs"))
+        hooks = spec.setdefault("hooks", {}).setdefault("createContainer", [])
+        hooks.append({"path": "/bin/sh", "args": ["sh", "-c", PROC_HOOK.format(paths=" ".join(PROC_VIEW),
+                                                                                  root=os.path.abspath(root))]})
     tmp = config_path + ".kernelview"
     with open(tmp, "w") as f:
         json.dump(spec, f)

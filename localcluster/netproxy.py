@@ -1,9 +1,12 @@
 """The only paths between the host's loopback, where the control plane listens, and the real nodes' network
 namespaces: no interface, route or address is ever added to the host's own namespace (DRAFT, issue 35).
 
-- kube-apiserver -> kubelet (logs, exec, port-forward): the API server's egress selector sends "cluster"
-  traffic through an HTTP CONNECT proxy on a unix socket (this process). A CONNECT to a node's name or IP
-  is dialled from inside that node's netns; anything else (a webhook on 127.0.0.1) from the host's.
+- kube-apiserver -> kubelet (logs, exec, port-forward) and -> pods (a webhook or aggregated API behind a
+  Service, which the API server resolves to an endpoint: ``--enable-aggregator-routing``): the API server's egress
+  selector sends "cluster" traffic through an HTTP CONNECT proxy on a unix socket (this process). A CONNECT to
+  a node's name or IP, or to an IP in a node's pod range, is dialled from inside that node's netns; one to a
+  loopback address (a webhook a test serves on 127.0.0.1) from the host's; anything else is refused (502):
+  nothing the cluster dials may leave this machine.
 - node -> kube-apiserver: in each node's netns a listener on ``0.0.0.0:6443`` (the kubelet's kubeconfig
   names ``https://127.0.0.1:6443``; pods reach it through the node's DNAT of ``10.96.0.1:443``), forwarded
   to the API server on the host.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import ipaddress
 import json
 import os
 import signal
@@ -48,6 +52,7 @@ class NodeRoute:
     name: str
     ip: str
     netns: str
+    pod_cidr: str = ""
 
 
 def _setns(fd: int) -> None:
@@ -118,12 +123,15 @@ def _connect(conn: socket.socket, nodes: Nodes) -> None:
         return
     host, port = parts[1].rsplit(":", 1)
     host = host.strip("[]")
-    # The API server names a node by its Hostname address first (--kubelet-preferred-address-types).
-    route = nodes.routes.get(host)
+    route, target = nodes.route(host)
+    if route is None and not _is_loopback(host):
+        conn.sendall(f"HTTP/1.1 502 Bad Gateway\r\n\r\n{host} is no node, pod or loopback address".encode())
+        conn.close()
+        return
     try:
         upstream = socket_in(route.netns if route else None)
         upstream.settimeout(10)
-        upstream.connect((route.ip if route else host, int(port)))
+        upstream.connect((target, int(port)))
         upstream.settimeout(None)
     except OSError as e:
         conn.sendall(f"HTTP/1.1 502 Bad Gateway\r\n\r\n{e}".encode())
@@ -133,6 +141,12 @@ def _connect(conn: socket.socket, nodes: Nodes) -> None:
     if rest:
         upstream.sendall(rest)
     _pipe(conn, upstream)
+
+
+def _is_loopback(host: str) -> bool:
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return host == "localhost"
 
 
 def serve_egress(uds: str, nodes: Nodes) -> None:
@@ -203,7 +217,8 @@ class Nodes:
             except (OSError, ValueError):
                 continue
             name = str(state["name"])
-            seen[name] = (NodeRoute(name, str(state["ip"]), str(netns)), f"{st.st_dev}:{st.st_ino}")
+            seen[name] = (NodeRoute(name, str(state["ip"]), str(netns), str(state.get("pod_cidr", ""))),
+                          f"{st.st_dev}:{st.st_ino}")
         for name, (key, server) in list(self._listeners.items()):
             if name not in seen or seen[name][1] != key:
                 with contextlib.suppress(OSError):
@@ -224,6 +239,20 @@ class Nodes:
         for route, _ in seen.values():
             routes[route.name] = routes[route.ip] = route
         self.routes = routes
+
+    def route(self, host: str) -> tuple[NodeRoute | None, str]:
+        """The node whose netns ``host`` is dialled from and the address to dial: a node by name (the API
+        server names a node by its Hostname address first, ``--kubelet-preferred-address-types``) or IP, or the
+        node whose pod range holds ``host``; (None, host) for anything else."""
+        routes = self.routes
+        if host in routes:
+            return routes[host], routes[host].ip
+        with contextlib.suppress(ValueError):
+            address = ipaddress.ip_address(host)
+            for route in set(routes.values()):
+                if route.pod_cidr and address in ipaddress.ip_network(route.pod_cidr):
+                    return route, host
+        return None, host
 
     def run(self) -> None:
         while True:

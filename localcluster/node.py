@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ from localcluster.netproxy import NODE_API_PORT
 from localcluster.processes import alive, stop_child, stop_pid
 from localcluster.supervisor import SYSTEMCTL
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 SERVICE_IP = "10.96.0.1"
 SERVICE_RANGE = "10.96.0.0/16"
 #: Node indexes: the node IP is 10.200.0.INDEX, its pod range 10.244.INDEX.0/24.
@@ -79,6 +81,13 @@ MACHINES: dict[str, Machine] = {
     "dgx-h200": Machine("dgxh200", "550.54.15", "NVIDIA H200 141GB HBM3e", 0x2333, "DGXH200"),
     "dgx-b200": Machine("dgxb200", "560.28.03", "NVIDIA B200 180GB HBM3e", 0x2B00, "DGXB200"),
 }
+#: Where a GPU node's MIG state lives (``tools/mocknvml/state.go``, linked into the node's NVML by
+#: ``tools/mocknvml/build.sh``): the node's sysfs view, which :mod:`localcluster.kernelview` shows every container
+#: (read-only unless the container's ``/sys`` is writable, a privileged one's), as the GPUs' state is the same for
+#: every process on a real node.
+MIG_STATE_PATH = "/sys/devices/virtual/nvidia-mock/mig-state.json"
+#: GPU-instance and compute-instance slots the driver reserves ``nvidia-caps`` minors for, per GPU.
+MIG_GI_SLOTS, MIG_CI_SLOTS = 15, 8
 #: The driver's kernel modules as a node has them loaded (``/sys/module/<name>``).
 DRIVER_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 #: The driver's device numbers: ``nvidia<minor>`` and ``nvidiactl`` have the fixed major 195 (NVIDIA's
@@ -175,6 +184,22 @@ class Node:
         return self.directory / "bin" / "runc" if self.machine is not None else self.bin_dir / "runc"
 
     @property
+    def boot_id_file(self) -> Path:
+        """The node's ``/proc/sys/kernel/random/boot_id`` (a bind in its view; :meth:`reboot` writes a new one)."""
+        return self.directory / "boot_id"
+
+    @property
+    def mig_state_file(self) -> Path:
+        """A GPU node's MIG state (:data:`MIG_STATE_PATH`) as stored on this machine (read it, never write it:
+        the node's view is an overlay on it)."""
+        return self.directory / "kernel" / "sys-devices" / MIG_STATE_PATH.removeprefix("/sys/devices/")
+
+    @property
+    def mig_minors_file(self) -> Path:
+        """A GPU node's ``/proc/driver/nvidia-caps/mig-minors`` as stored on this machine."""
+        return self.directory / "kernel" / "proc-driver" / "nvidia-caps" / "mig-minors"
+
+    @property
     def containerd_socket(self) -> Path:
         return self.directory / "root" / "run" / "containerd" / "containerd.sock"
 
@@ -213,6 +238,7 @@ class Node:
         self._save_state()  # claims the index; remove() can undo a half-done add from here on
         self._credentials(ca_cert, ca_key)
         self._write_files(ca_cert)  # before the overlays exist (see the module docstring)
+        self.boot_id_file.write_text(f"{uuid.uuid4()}\n")
         if self.machine is not None:
             self._gpu_host(self.machine)
         self._namespaces()
@@ -319,6 +345,55 @@ class Node:
     def _expect(self, answer: tuple[int, str], action: str, unit: str) -> None:
         if answer[0] != 0:
             raise NodeError(f"{action} {unit} on {self.name}: {answer[1]}")
+
+    def reboot(self, *, timeout: float = 60.0) -> str:
+        """What a reboot does to the node's software and GPUs, the disk kept (``/var/lib``, ``/etc``):
+
+        - the kubelet and containerd stop and every process of the node's pods dies (SIGKILL: no pod is told);
+        - every mount the runtime and the kubelet made in the node's view goes (pods' rootfs, volumes, network
+          namespaces), and ``/run``, a tmpfs on a real node, is empty: no CDI spec, socket or state survives there;
+        - ``/dev`` has none of the driver's nodes: the kernel module makes none, and nothing made them yet
+          (``nvidia-modprobe``, ``nvidia-ctk system create-device-nodes`` or node setup will);
+        - the GPUs keep their MIG mode but lose their GPU and compute instances ("MIG devices are not persistent
+          across system reboots", NVIDIA's MIG user guide, "Getting Started with MIG");
+        - a new boot ID;
+
+        then containerd and the kubelet start again, as their units would at boot. Answers the new boot ID (the
+        Node reports it once the new kubelet posted its status: :func:`wait_ready`'s ``boot_id``)."""
+        for unit in ("kubelet", "containerd"):
+            self.stop(unit)
+        for pid in self._processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while self._processes():
+            if time.monotonic() > deadline:
+                raise NodeError(f"processes of {self.name} outlived SIGKILL: {sorted(self._processes())}")
+            time.sleep(0.1)
+        # Deepest first; lazily, as a shutdown does. /run itself (the node's bind) stays.
+        script = r"""set -e
+awk '{print $5}' /proc/self/mountinfo | grep -E '^(/run/|/var/lib/kubelet/|/var/lib/containerd/)' | sort -r |
+  while read -r m; do umount -l "$m"; done
+find /run -mindepth 1 -maxdepth 1 -exec rm -rf {} +
+rm -rf /dev/nvidia* /dev/nvidia-caps
+"""
+        _run(self.nsenter(["sh", "-c", script]), f"rebooting {self.name}")
+        if self.machine is not None and self.mig_state_file.exists():
+            state = json.loads(self.mig_state_file.read_text())
+            for gpu in state["gpus"]:
+                gpu["gpuInstances"], gpu["nextGpuInstanceId"] = [], 0
+            # Through the node's view (an overlay on the file): write beside it and rename, as the library does.
+            done = subprocess.run(self.nsenter(["sh", "-c", f'cat > "{MIG_STATE_PATH}.boot" && '
+                                                            f'mv "{MIG_STATE_PATH}.boot" "{MIG_STATE_PATH}"']),
+                                  input=json.dumps(state, indent=2), capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise NodeError(f"rebooting {self.name}: the GPUs' MIG state: {done.stderr.strip()}")
+        boot_id = str(uuid.uuid4())
+        with self.boot_id_file.open("r+") as f:  # in place: the node's bind holds this inode
+            f.write(f"{boot_id}\n")
+        for unit in ("containerd", "kubelet"):
+            self.start(unit)
+        return boot_id
 
     def remove(self) -> None:
         """Everything of the node, in the order that leaves nothing: the kubelet (so nothing recreates pods),
@@ -532,6 +607,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             info.write_text(f"Model: \t\t {machine.product}\nIRQ:   \t\t {100 + i}\n"
                             f"GPU UUID: \t {mock_gpu_uuid(machine.mock, i)}\nBus Type: \t PCIe\n"
                             f"Bus Location: \t {addr}\nDevice Minor: \t {i}\nGPU Excluded:\t No\n")
+        self.mig_state_file.parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{self.mig_state_file}.lock").touch(0o644)  # a read-only view cannot create it; flock needs it
+        self.mig_minors_file.parent.mkdir(parents=True, exist_ok=True)
+        self.mig_minors_file.write_text(_mig_minors(range(GPUS_PER_MACHINE)))
         dmi = k / "sys-devices" / "virtual" / "dmi" / "id"
         dmi.mkdir(parents=True, exist_ok=True)
         (dmi / "product_name").write_text(machine.dmi_product + "\n")
@@ -601,6 +680,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "mount -t tmpfs -o mode=1777,size=64m shm /dev/shm",
             "if [ -d /dev/mqueue ]; then mount -t mqueue mqueue /dev/mqueue; fi",
             *gpus,
+            # The node's own boot ID, which a reboot changes (the kubelet reports it; agents key journals on it).
+            f"mount --bind {self.boot_id_file} {BOOT_ID}",
             f"mount --bind {d}/root/var/lib /var/lib", f"mount --bind {d}/root/var/log /var/log",
             f"mount --bind {d}/root/run /run",
             "ip link set lo up", f"ip addr add {self.ip}/32 dev lo",
@@ -633,11 +714,33 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 def mock_gpu_uuid(mock: str, index: int) -> str:
     """The UUID ``tools/mocknvml`` gives GPU ``index`` of ``mock`` (its ``stableUUID``: SHA-1 of the machine
     and index, shaped as a version-5 UUID), which the driver's ``/proc`` names too."""
-    b = bytearray(hashlib.sha1(f"mocknvml/{mock}/gpu/{index}".encode()).digest())
+    return _stable_uuid("GPU", f"mocknvml/{mock}/gpu/{index}")
+
+
+def mock_mig_uuid(mock: str, index: int, gpu_instance: int, compute_instance: int) -> str:
+    """The UUID ``tools/mocknvml`` gives the MIG device of a compute instance (``migdevice.go``)."""
+    return _stable_uuid("MIG", f"mocknvml/{mock}/gpu/{index}/gi/{gpu_instance}/ci/{compute_instance}")
+
+
+def _stable_uuid(prefix: str, name: str) -> str:
+    b = bytearray(hashlib.sha1(name.encode()).digest())
     b[6] = (b[6] & 0x0F) | 0x50
     b[8] = (b[8] & 0x3F) | 0x80
     h = b.hex()
-    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+    return f"{prefix}-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _mig_minors(gpu_minors: range) -> str:
+    """``/proc/driver/nvidia-caps/mig-minors`` as the driver writes it at load, whatever the GPUs' MIG mode:
+    ``config 1``, ``monitor 2``, then one minor per GPU-instance slot and per compute-instance slot in it, GPU by
+    GPU (the MIG user guide's "/dev based nvidia-capabilities"; nvidia-container-toolkit ``internal/nvcaps``)."""
+    lines, n = ["config 1", "monitor 2"], 3
+    for minor in gpu_minors:
+        for gi in range(MIG_GI_SLOTS):
+            lines.append(f"gpu{minor}/gi{gi}/access {n}")
+            lines += [f"gpu{minor}/gi{gi}/ci{ci}/access {n + 1 + ci}" for ci in range(MIG_CI_SLOTS)]
+            n += 1 + MIG_CI_SLOTS
+    return "\n".join(lines) + "\n"
 
 
 def _oci_names(archive: Path) -> list[tuple[str, str]]:
@@ -661,8 +764,9 @@ def _v1_hierarchies() -> list[Path]:
     return sorted(p for p in CGROUP_V1.iterdir() if p.is_dir() and p.name != "unified")
 
 
-def wait_ready(kube: Kube, name: str, *, timeout: float = 120.0) -> float:
-    """Until the Node ``name`` reports Ready; answers the seconds waited."""
+def wait_ready(kube: Kube, name: str, *, timeout: float = 120.0, boot_id: str | None = None) -> float:
+    """Until the Node ``name`` reports Ready (and, with ``boot_id``, that boot: the status of the kubelet before
+    a reboot can still say Ready); answers the seconds waited."""
     t0 = time.monotonic()
     last = "not registered"
     while time.monotonic() - t0 < timeout:
@@ -670,7 +774,8 @@ def wait_ready(kube: Kube, name: str, *, timeout: float = 120.0) -> float:
         if node is not None:
             conditions = {c["type"]: c for c in node.get("status", {}).get("conditions", [])}
             ready = conditions.get("Ready", {})
-            if ready.get("status") == "True":
+            booted = boot_id is None or node.get("status", {}).get("nodeInfo", {}).get("bootID") == boot_id
+            if ready.get("status") == "True" and booted:
                 return time.monotonic() - t0
             last = f"Ready={ready.get('status')} ({ready.get('message', '')})"
         time.sleep(0.5)

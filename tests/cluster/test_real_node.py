@@ -9,6 +9,7 @@ Needs root (namespaces, mounts, cgroups) and gcc (the pause image is compiled he
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,21 @@ def test_gpu_node_has_its_devices_a_systemctl_and_a_supervisor(real_cluster: Con
         # The new kubelet answers "pod does not exist" until it has synced its pods again.
         _wait(lambda: kubectl(cp, "exec", "keeps", "--", "cat", "/proc/1/cmdline", check=False).startswith("sleep"),
               "exec after the kubelet's restart")
+
+        # A reboot, by the CLI: a new boot ID on the Node, the pod's container started again in a new sandbox,
+        # none of the driver's device nodes (nothing made them since), and no mount of the old sandboxes left.
+        old_boot = kube.get("v1", "Node", "gpu1")["status"]["nodeInfo"]["bootID"]
+        reboot = subprocess.run([sys.executable, "-m", "localcluster", "node", "reboot", "gpu1", "--dir",
+                                 str(cp.directory)], capture_output=True, text=True, timeout=300, check=False)
+        assert reboot.returncode == 0, reboot.stdout + reboot.stderr
+        assert kube.get("v1", "Node", "gpu1")["status"]["nodeInfo"]["bootID"] not in ("", old_boot)
+        assert node.boot_id_file.read_text().strip() == kube.get("v1", "Node", "gpu1")["status"]["nodeInfo"]["bootID"]
+        _wait(lambda: kube.get("v1", "Pod", "keeps", "default")["status"].get("containerStatuses", [{}])[0]
+              .get("restartCount", 0) >= 1 and _wait_running(kube, "keeps"), "the pod's container started again",
+              timeout=180)
+        view = _in_node(node, "ls /dev | grep ^nvidia; ls /run/netns | wc -l")
+        assert not [line for line in view.stdout.splitlines() if line.startswith("nvidia")], view.stdout
+        assert view.stdout.split()[-1] == "1", view.stdout  # the new sandbox's network namespace alone
     finally:
         kube.delete("v1", "Pod", "keeps", "default", gracePeriodSeconds="0")
         assert remove_node(cp.directory, "gpu1", kube)

@@ -3,7 +3,8 @@ CLI and provider) onto the local control plane with one node running the real ku
 (``localcluster.node``, ``--machine dgx-h100``: NVIDIA's go-nvml model of the machine as the driver's NVML),
 the agent image built as an air-gapped site builds it and referenced by digest, and no stand-in anywhere:
 
-Two nodes, one per node group: ``gpu1`` (the device plugin) and ``gpu2`` (DRA).
+Three GPU nodes, one per node group: ``gpu1`` (the device plugin), ``gpu2`` (DRA) and ``gpu3`` (MIG, cut by the
+MIG manager's pod), and ``cpu1``, a node without GPUs where the cluster's own pods run (the eviction guard).
 
 1. the setup pod configures the node's containerd through ``runtime apply`` and the node's ``systemctl``
    (containerd restarts and runs with the ``nvidia`` runtime and CDI: ``crictl info``), checks the node and
@@ -19,7 +20,11 @@ Two nodes, one per node group: ``gpu1`` (the device plugin) and ``gpu2`` (DRA).
    kubelet's DRA manager has our plugin prepare it, containerd applies the claim's CDI spec, and the probe
    sees exactly the claimed GPU; deleting the pod and claim unprepares it (the spec file goes);
    the exporter on each node attributes the workload's GPUs to its pod through the kubelet's PodResources API;
-6. ``pulumi destroy`` gives both nodes back.
+6. MIG: the MIG manager's pod applies the group's layout (``all-1g.10gb``) through the node's NVML, the device
+   plugin offers the MIG devices, a workload gets exactly one (its GPU and its two capability nodes), the
+   agents that hold CAP_SYS_ADMIN for the monitor capability cannot change MIG with it, and a day-two layout
+   change drains a running workload through the Eviction API (a PodDisruptionBudget holds it until removed);
+7. ``pulumi destroy`` gives the nodes back.
 
 The time from ``pulumi up`` to the first GPU pod Running is printed (``-s``). Needs root, buildah, debootstrap,
 gcc and the Python package index the image build installs from (as ``tests/image``).
@@ -42,7 +47,7 @@ import yaml
 
 from localcluster import ControlPlane, Kube
 from localcluster.images import agent_archive, local_ca_dir, probe_archive
-from localcluster.node import Node, add_node, remove_node
+from localcluster.node import Node, add_node, mock_gpu_uuid, mock_mig_uuid, remove_node, wait_ready
 from tests.cluster.pulumi_project import Project, make_project
 from tests.cluster.realnode import kubectl
 from tests.tools import missing
@@ -52,6 +57,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.image, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu1"
 DRA_NODE = "gpu2"
+MIG_NODE = "gpu3"
+CPU_NODE = "cpu1"
+MOCK = "dgxh100"  #: the machine's go-nvml model (``localcluster.node.MACHINES["dgx-h100"]``)
 NS = "nvidia-gpu"
 POOL = "example.com/gpu-pool"
 GATE = "node.deckhouse.io/gpu-setup-complete"
@@ -71,7 +79,10 @@ def _config(agent_digest: str) -> dict[str, Any]:
             {"name": "h100", "nodeSelector": {"matchLabels": {POOL: "h100"}},
              "gpu": {"model": "H100-80GB", "driverVersion": "550.54.15", "sharing": "Exclusive"}},
             {"name": "h100-dra", "allocationMode": "dra", "nodeSelector": {"matchLabels": {POOL: "dra"}},
-             "gpu": {"model": "H100-80GB", "driverVersion": "550.54.15", "sharing": "Exclusive"}}]}}
+             "gpu": {"model": "H100-80GB", "driverVersion": "550.54.15", "sharing": "Exclusive"}},
+            {"name": "h100-mig", "nodeSelector": {"matchLabels": {POOL: "mig"}},
+             "gpu": {"model": "H100-80GB", "driverVersion": "550.54.15", "sharing": "MIG",
+                     "mig": {"partedConfig": "all-1g.10gb", "strategy": "mixed"}}}]}}
 
 
 @dataclass
@@ -80,6 +91,7 @@ class Deployed:
     kube: Kube
     node: Node
     dra_node: Node
+    mig_node: Node
     project: Project
     probe_ref: str
     up_started: float
@@ -99,6 +111,13 @@ def _wait(predicate: Any, what: str, timeout: float = 120.0) -> Any:
 
 def _pods(kube: Kube) -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in kube.list("v1", "Pod", NS)}
+
+
+def _on(kube: Kube, component: str, node: str) -> dict[str, dict[str, Any]]:
+    """The stack's pods of ``component`` (``device-plugin``, ``gpu-setup``...) on ``node``, by name."""
+    return {n: p for n, p in _pods(kube).items()
+            if p["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+            and p["spec"].get("nodeName") == node}
 
 
 def _running(pod: dict[str, Any]) -> bool:
@@ -129,22 +148,24 @@ def deployed(real_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     project: Project | None = None
     try:
         dra_node = add_node(cp.directory, DRA_NODE, cp.bin_dir, kube, images=images, machine="dgx-h100")
-        kube.patch("v1", "Node", NODE, {"metadata": {"labels": {POOL: "h100"}}})
-        kube.patch("v1", "Node", DRA_NODE, {"metadata": {"labels": {POOL: "dra"}}})
+        mig_node = add_node(cp.directory, MIG_NODE, cp.bin_dir, kube, images=images, machine="dgx-h100")
+        add_node(cp.directory, CPU_NODE, cp.bin_dir, kube, images=[work / "agent.tar"])
+        for name, pool in ((NODE, "h100"), (DRA_NODE, "dra"), (MIG_NODE, "mig")):
+            kube.patch("v1", "Node", name, {"metadata": {"labels": {POOL: pool}}})
         project = make_project(cp, work, stack="prod")
         project.config_file().write_text(yaml.safe_dump(_config(agent_digest), sort_keys=False))
         project.pulumi("stack", "init", "prod")
         up_started = time.monotonic()
         project.pulumi("up", "--yes", "--skip-preview", timeout=900)
         timings["pulumi up"] = time.monotonic() - up_started
-        yield Deployed(cp, kube, node, dra_node, project, f"localhost/nvidia-gpu-test/gpu-probe@{probe_digest}",
-                       up_started, timings)
+        yield Deployed(cp, kube, node, dra_node, mig_node, project,
+                       f"localhost/nvidia-gpu-test/gpu-probe@{probe_digest}", up_started, timings)
     finally:
         print("\nreal node stack timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
         if project is not None:
             project.pulumi("destroy", "--yes", "--skip-preview", timeout=900, check=False)
-        remove_node(cp.directory, NODE, kube)
-        remove_node(cp.directory, DRA_NODE, kube)
+        for name in (NODE, DRA_NODE, MIG_NODE, CPU_NODE):
+            remove_node(cp.directory, name, kube)
 
 
 def _crictl_info(node: Node) -> dict[str, Any]:
@@ -155,8 +176,8 @@ def _crictl_info(node: Node) -> dict[str, Any]:
 
 def test_setup_configures_the_nodes_containerd_and_opens_the_gate(deployed: Deployed) -> None:
     d = deployed
-    pods = _wait(lambda: (p := _pods(d.kube)) and all(
-        _running(p[n]) for n in p if not n.startswith("eviction-guard")) and len(p) >= 7 and p, "agent pods Running")
+    pods = _wait(lambda: (p := _pods(d.kube)) and all(_running(p[n]) for n in p) and len(p) >= 12 and p,
+                 "agent pods Running", timeout=240)
     on_node = sorted(n.rsplit("-", 1)[0] for n, p in pods.items() if p["spec"].get("nodeName") == NODE)
     assert {"gpu-setup-h100", "device-plugin-h100", "gpu-labeller-h100"} <= set(on_node), on_node
     on_dra = sorted(n.rsplit("-", 1)[0] for n, p in pods.items() if p["spec"].get("nodeName") == DRA_NODE)
@@ -219,7 +240,7 @@ def _holders(d: Deployed, node: str) -> dict[str, str]:
 def _allocated(node: Node, pod_uid: str) -> set[str]:
     """The device IDs the kubelet allocated to the pod, from its own checkpoint."""
     path = node.directory / "root/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-    entries = json.loads(path.read_text())["Data"]["PodDeviceEntries"]
+    entries = json.loads(path.read_text())["Data"]["PodDeviceEntries"] or []
     return {d for e in entries if e["PodUID"] == pod_uid and e["ResourceName"] == "nvidia.com/gpu"
             for ids in e["DeviceIDs"].values() for d in ids}
 
@@ -369,7 +390,8 @@ def _gpu_pod_running(d: Deployed, name: str) -> tuple[dict[str, Any], set[str]]:
         raise AssertionError(f"{e}: {d.kube.get('v1', 'Pod', name, 'default')['status']}\n"
                              f"{kubectl(d.cp, 'describe', 'pod', name, check=False)[-3000:]}") from e
     seen = {g["uuid"] for g in json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))["gpus"]}
-    assert seen == _allocated(d.node, pod["metadata"]["uid"]) and len(seen) == 2, seen
+    allocated = _wait(lambda: _allocated(d.node, pod["metadata"]["uid"]), f"{name} in the kubelet's checkpoint")
+    assert seen == allocated and len(seen) == 2, (seen, allocated)
     return pod, seen
 
 
@@ -418,10 +440,10 @@ def test_a_restart_keeps_running_pods_and_their_gpus(deployed: Deployed, unit: s
 
 def test_a_deleted_device_plugin_pod_comes_back_and_registers(deployed: Deployed) -> None:
     d = deployed
-    (old,) = [p for p in _pods(d.kube) if p.startswith("device-plugin-h100-")]
+    (old,) = _on(d.kube, "device-plugin", NODE)
     d.kube.delete("v1", "Pod", old, NS)
-    _wait(lambda: (new := [n for n, p in _pods(d.kube).items() if n.startswith("device-plugin-h100-")
-                           and n != old and _running(p)]) and new, "a new device plugin pod Running")
+    _wait(lambda: [n for n, p in _on(d.kube, "device-plugin", NODE).items() if n != old and _running(p)],
+          "a new device plugin pod Running")
     _registered_again(d, "the new device plugin registered")
     _gpu_pod_running(d, "after-delete")  # allocated by the new plugin
     d.kube.delete("v1", "Pod", "after-delete", "default", gracePeriodSeconds="0")
@@ -452,12 +474,11 @@ def test_each_device_list_strategy_as_a_day_two_change(deployed: Deployed, strat
     d.project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
     d.project.pulumi("up", "--yes", "--skip-preview", timeout=900)
     if strategy == "envvar":
-        (setup,) = [n for n, p in _pods(d.kube).items()
-                    if n.startswith("gpu-setup-h100-") and not n.startswith("gpu-setup-h100-dra")]
-        plugins = {n for n in _pods(d.kube) if n.startswith("device-plugin-h100-")}
+        (setup,) = _on(d.kube, "gpu-setup", NODE)
+        plugins = set(_on(d.kube, "device-plugin", NODE))
         d.kube.delete("v1", "Pod", setup, NS)  # teardown closes the gate: the plugin goes, then comes back
-        _wait(lambda: any(n.startswith("device-plugin-h100-") and n not in plugins and _running(p)
-                          for n, p in _pods(d.kube).items()), "a new device plugin Running", timeout=240)
+        _wait(lambda: any(n not in plugins and _running(p) for n, p in _on(d.kube, "device-plugin", NODE).items()),
+              "a new device plugin Running", timeout=240)
     name = f"strategy-{strategy}"
     deadline = time.monotonic() + 180
     while True:
@@ -478,6 +499,270 @@ def test_each_device_list_strategy_as_a_day_two_change(deployed: Deployed, strat
         assert time.monotonic() < deadline, f"no allocation the new way: {pod['status']} {answer!r}"
         time.sleep(2)
     assert seen == allocated and len(seen) == 2, (seen, allocated)
+
+
+MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
+#: What the seven-way layout offers: seven 1g.10gb devices on each of the eight GPUs.
+MIG_DEVICES = 56
+
+
+def _mig_settled(d: Deployed, config: str) -> dict[str, Any]:
+    """The MIG node once the manager applied ``config`` (the state label ``success``, the node schedulable)."""
+    def settled() -> dict[str, Any] | None:
+        node = d.kube.get("v1", "Node", MIG_NODE)
+        labels = node["metadata"]["labels"]
+        ok = (labels.get("nvidia.com/mig.config") == config and labels.get("nvidia.com/mig.config.state") == "success"
+              and not node["spec"].get("unschedulable"))
+        return node if ok else None
+    node: dict[str, Any] = _wait(settled, f"MIG config {config} applied", timeout=300)
+    return node
+
+
+def _mig_pod(name: str, image: str, resource: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    pod = _probe_pod(name, image, None)
+    pod["metadata"]["labels"] = labels or {}
+    container = pod["spec"]["containers"][0]
+    container["resources"] = {"limits": {resource: 1}}
+    return pod
+
+
+def _mig_device_of(d: Deployed, uuid: str) -> tuple[int, int, int]:
+    """(GPU index, GPU instance, compute instance) of the MIG device ``uuid``, from the node's MIG state."""
+    state = json.loads(d.mig_node.mig_state_file.read_text())
+    for gpu in state["gpus"]:
+        for gi in gpu["gpuInstances"]:
+            for ci in gi["computeInstances"]:
+                if mock_mig_uuid(MOCK, gpu["index"], gi["id"], ci["id"]) == uuid:
+                    return gpu["index"], gi["id"], ci["id"]
+    raise AssertionError(f"{uuid} is no MIG device of {MIG_NODE}: {state}")
+
+
+def test_the_mig_manager_applies_the_layout_through_its_pod(deployed: Deployed) -> None:
+    """The group's ``all-1g.10gb``: the MIG manager's pod set MIG mode and made seven instances on each GPU
+    through the node's NVML (the machine's state, which every container on the node shares), recorded it on the
+    Node, and the device plugin offers the MIG devices to the kubelet."""
+    d = deployed
+    _mig_settled(d, "all-1g.10gb")
+    _wait(lambda: d.kube.get("v1", "Node", MIG_NODE)["status"]["allocatable"].get(MIG_RESOURCE) == str(MIG_DEVICES),
+          f"{MIG_DEVICES} {MIG_RESOURCE} allocatable", timeout=180)
+    assert f"{MIG_RESOURCE}:" in kubectl(d.cp, "describe", "node", MIG_NODE)
+    state = json.loads(d.mig_node.mig_state_file.read_text())
+    assert [g["migMode"] for g in state["gpus"]] == [1] * 8, state
+    assert {len(g["gpuInstances"]) for g in state["gpus"]} == {7}, state
+    events = d.kube.list("v1", "Event", "default")
+    assert any(e["reason"] == "MigReconfigured" and e["involvedObject"]["name"] == MIG_NODE
+               and "all-1g.10gb" in e["message"] for e in events), [e["message"] for e in events]
+
+
+def test_a_mig_workload_gets_exactly_its_mig_device(deployed: Deployed) -> None:
+    """A pod asking for one ``mig-1g.10gb`` gets the MIG device the kubelet's checkpoint records: its GPU, and of
+    the MIG capability nodes exactly the two of that GPU and compute instance (``mig-minors``)."""
+    d = deployed
+    _mig_settled(d, "all-1g.10gb")
+    name = "mig-probe"
+    d.kube.create(_mig_pod(name, d.probe_ref, MIG_RESOURCE))
+    try:
+        pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running" and p,
+                    f"pod {name} Running")
+        checkpoint = json.loads((d.mig_node.directory / "root/var/lib/kubelet/device-plugins/"
+                                 "kubelet_internal_checkpoint").read_text())
+        (uuid,) = [i for e in checkpoint["Data"]["PodDeviceEntries"] if e["PodUID"] == pod["metadata"]["uid"]
+                   and e["ResourceName"] == MIG_RESOURCE for ids in e["DeviceIDs"].values() for i in ids]
+        gpu, gi, ci = _mig_device_of(d, uuid)
+        seen = json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))
+        assert [g["uuid"] for g in seen["gpus"]] == [mock_gpu_uuid(MOCK, gpu)], (seen, uuid)
+        minors = dict(line.rsplit(" ", 1) for line in d.mig_node.mig_minors_file.read_text().splitlines())
+        want = {f"nvidia-cap{minors[key]}" for key in (f"gpu{gpu}/gi{gi}/access", f"gpu{gpu}/gi{gi}/ci{ci}/access")}
+        assert set(kubectl(d.cp, "exec", name, "--", "ls", "/dev/nvidia-caps").split()) == want
+    finally:
+        d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
+        _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+
+
+SET_MIG_MODE = """
+import json, sys, pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+codes = []
+for change in (lambda: pynvml.nvmlDeviceSetMigMode(h, 0),
+               lambda: pynvml.nvmlGpuInstanceDestroy(pynvml.nvmlDeviceGetGpuInstanceById(h, int(sys.argv[1])))):
+    try:
+        change()
+        codes.append(0)
+    except pynvml.NVMLError as e:
+        codes.append(e.value)
+print(json.dumps(codes))
+"""
+
+
+@pytest.mark.parametrize("agent", ["device-plugin", "gpu-labeller", "gpu-exporter"])
+def test_an_agent_cannot_change_mig_with_its_own_capabilities(deployed: Deployed, agent: str) -> None:
+    """The device plugin, labeller and exporter hold CAP_SYS_ADMIN (the toolkit gives the MIG monitor capability
+    only with it), which on a host would be every NVIDIA capability; in their containers the mig-config
+    capability's node is absent, so NVML refuses a MIG mode change and destroying an instance
+    (NVML_ERROR_NO_PERMISSION), and the node's MIG state is untouched."""
+    d = deployed
+    _mig_settled(d, "all-1g.10gb")
+    before = d.mig_node.mig_state_file.read_text()
+    gpu_instance = json.loads(before)["gpus"][0]["gpuInstances"][0]["id"]
+    pods = _wait(lambda: [n for n, p in _on(d.kube, agent, MIG_NODE).items() if _running(p)],
+                 f"the {agent} pod on {MIG_NODE} Running", timeout=120)
+    pod = pods[0]
+    codes = json.loads(kubectl(d.cp, "-n", NS, "exec", pod, "--", "python", "-c", SET_MIG_MODE, str(gpu_instance)))
+    assert codes == [4, 4], codes  # NVML_ERROR_NO_PERMISSION, twice
+    assert d.mig_node.mig_state_file.read_text() == before
+
+
+def test_a_mig_change_drains_the_running_workload_through_eviction(deployed: Deployed) -> None:
+    """A day-two ``pulumi up`` to ``all-2g.20gb`` with a MIG workload running: the manager cordons the node and
+    evicts the workload through the Eviction API (the eviction guard's webhook, on the CPU node, admits it), so a
+    PodDisruptionBudget holds the change until it goes; then the new layout is applied and offered."""
+    d = deployed
+    _mig_settled(d, "all-1g.10gb")
+    name, selector = "mig-drained", {"app": "mig-drained"}
+    d.kube.create({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                   "metadata": {"name": name, "namespace": "default"},
+                   "spec": {"minAvailable": 1, "selector": {"matchLabels": selector}}})
+    d.kube.create(_mig_pod(name, d.probe_ref, MIG_RESOURCE, selector))
+    try:
+        pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running" and p,
+                    f"pod {name} Running")
+        config = yaml.safe_load(d.project.config_file().read_text())
+        config["config"]["nvidia-gpu:nodeGroups"][2]["gpu"]["mig"]["partedConfig"] = "all-2g.20gb"
+        d.project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
+        d.project.pulumi("up", "--yes", "--skip-preview", timeout=900)
+        _wait(lambda: d.kube.get("v1", "Node", MIG_NODE)["spec"].get("unschedulable"), "the node cordoned",
+              timeout=120)
+        time.sleep(10)  # the manager retries the eviction; the budget keeps refusing it
+        held = d.kube.get("v1", "Pod", name, "default")
+        assert held["metadata"]["uid"] == pod["metadata"]["uid"] and "deletionTimestamp" not in held["metadata"]
+        labels = d.kube.get("v1", "Node", MIG_NODE)["metadata"]["labels"]
+        assert labels["nvidia.com/mig.config.state"] == "pending", labels
+        d.kube.delete("policy/v1", "PodDisruptionBudget", name, "default")
+        _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, "the workload evicted", timeout=120)
+        node = _mig_settled(d, "all-2g.20gb")
+        allocatable = _wait(lambda: (a := d.kube.get("v1", "Node", MIG_NODE)["status"]["allocatable"])
+                            .get("nvidia.com/mig-2g.20gb") == "24" and a, "24 mig-2g.20gb allocatable", timeout=180)
+        assert allocatable.get(MIG_RESOURCE, "0") == "0", allocatable
+        assert not node["spec"].get("unschedulable")
+        state = json.loads(d.mig_node.mig_state_file.read_text())
+        assert {len(g["gpuInstances"]) for g in state["gpus"]} == {3}, state
+    finally:
+        for kind, api in (("Pod", "v1"), ("PodDisruptionBudget", "policy/v1")):
+            if d.kube.get_or_none(api, kind, name, "default") is not None:
+                d.kube.delete(api, kind, name, "default")
+
+
+def _checkpointed(node: Node) -> dict[str, set[str]]:
+    """Pod UID -> the GPU devices the kubelet's checkpoint records for it."""
+    path = node.directory / "root/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    out: dict[str, set[str]] = {}
+    for e in json.loads(path.read_text())["Data"]["PodDeviceEntries"] or []:
+        if e["ResourceName"] == "nvidia.com/gpu":
+            out.setdefault(e["PodUID"], set()).update(i for ids in e["DeviceIDs"].values() for i in ids)
+    return out
+
+
+def _mig_offered(d: Deployed) -> dict[str, str]:
+    """The MIG devices the MIG node offers, by resource (those with a count)."""
+    allocatable = d.kube.get("v1", "Node", MIG_NODE)["status"]["allocatable"]
+    return {k: v for k, v in allocatable.items() if k.startswith("nvidia.com/mig-") and v != "0"}
+
+
+def _mig_layout(d: Deployed) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Each GPU's MIG mode and its GPU instances' (profile, placement) from the MIG node's state."""
+    state = json.loads(d.mig_node.mig_state_file.read_text())
+    return [(g["migMode"], sorted((gi["profileId"], gi["placementStart"]) for gi in g["gpuInstances"]))
+            for g in state["gpus"]]
+
+
+def _all_gpus_free(d: Deployed) -> None:
+    """A pod asking for all eight GPUs runs and sees them: no deleted pod still holds one (the kubelet drops a
+    gone pod's devices from its checkpoint at the next allocation, not at the deletion)."""
+    name = "all-eight"
+    pod = _probe_pod(name, d.probe_ref, None)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 8}}
+    d.kube.create(pod)
+    try:
+        _wait(lambda: d.kube.get("v1", "Pod", name, "default")["status"].get("phase") == "Running",
+              f"pod {name} Running", timeout=120)
+        seen = json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))
+        assert seen["device_count"] == 8, seen
+    finally:
+        d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
+        _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+
+
+def test_a_kubelet_killed_mid_allocation_recovers(deployed: Deployed) -> None:
+    """SIGKILL to the kubelet as soon as a GPU pod is bound (admission and the plugin's Allocate in flight): the
+    node's service manager starts it again (``Restart=always``), the plugin registers again, and the pod either
+    runs with two GPUs or, admitted while the plugin was not yet back, fails with UnexpectedAdmissionError (as on
+    any node) and its replacement runs. No GPU is ever given to two pods, and once they are deleted all eight
+    GPUs go to one pod."""
+    d = deployed
+    _, neighbour = _gpu_pod_running(d, "alloc-neighbour")
+    name = "killed-mid-allocation"
+    try:
+        for attempt in range(3):
+            d.kube.create(_probe_pod(name, d.probe_ref, None))
+            _wait(lambda: d.kube.get("v1", "Pod", name, "default")["spec"].get("nodeName"), "the pod bound",
+                  timeout=30)
+            if attempt == 0:
+                d.node.kill("kubelet")
+            pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase")
+                        in ("Running", "Failed") and p, f"pod {name} admitted", timeout=180)
+            if pod["status"]["phase"] == "Running":
+                break
+            assert pod["status"].get("reason") == "UnexpectedAdmissionError", pod["status"]
+            d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
+            _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+        assert pod["status"]["phase"] == "Running", pod["status"]
+        seen = {g["uuid"] for g in json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))["gpus"]}
+        assert seen == _allocated(d.node, pod["metadata"]["uid"]) and len(seen) == 2, seen
+        assert not seen & neighbour, (seen, neighbour)
+        held = _checkpointed(d.node)
+        assert sum(len(v) for v in held.values()) == len(set().union(*held.values())), held  # none twice
+    finally:
+        for pod_name in (name, "alloc-neighbour"):
+            d.kube.delete("v1", "Pod", pod_name, "default", gracePeriodSeconds="0")
+        _wait(lambda: not any(d.kube.get_or_none("v1", "Pod", n, "default") for n in (name, "alloc-neighbour")),
+              "the test's pods gone", timeout=60)
+    _all_gpus_free(d)
+
+
+def test_a_reboot_brings_the_nodes_back_with_their_gpus(deployed: Deployed, tmp_path: Path) -> None:
+    """All three GPU nodes rebooted (``Node.reboot``: every process killed, ``/run`` emptied, no driver device
+    node in ``/dev``, the GPUs' MIG instances gone, a new boot ID) with a GPU pod and a DRA claim's pod running:
+    each node comes back Ready on its new boot, node setup makes the device nodes again and the plugins offer
+    the same GPUs, the MIG manager makes the lost instances again, the pods that ran end Failed (never
+    restarted), deleting them and the claim leaves no CDI spec or checkpoint entry behind, and new pods get
+    GPUs."""
+    d = deployed
+    _mig_settled(d, d.kube.get("v1", "Node", MIG_NODE)["metadata"]["labels"]["nvidia.com/mig.config"])
+    _, before = _gpu_pod_running(d, "before-reboot")
+    manifest = _apply_article_claim(d, tmp_path)
+    _wait_claim_pod_running(d)
+    layout = _mig_layout(d)
+    offered = _mig_offered(d)
+    boots = {node.name: node.reboot() for node in (d.node, d.dra_node, d.mig_node)}
+    for name, boot in boots.items():
+        wait_ready(d.kube, name, timeout=180, boot_id=boot)
+    _registered_again(d, "the device plugin registered after the reboot")
+    for pod_name in ("before-reboot", "dra-probe"):
+        _wait(lambda n=pod_name: d.kube.get("v1", "Pod", n, "default")["status"].get("phase") == "Failed",
+              f"{pod_name} Failed after the reboot", timeout=180)
+    d.kube.delete("v1", "Pod", "before-reboot", "default", gracePeriodSeconds="0")
+    kubectl(d.cp, "delete", "-f", str(manifest), "--wait=true", "--timeout=60s")
+    _wait(lambda: not list((d.dra_node.directory / "root/run/cdi").glob("*claim*")), "no claim spec on the DRA node",
+          timeout=60)
+    _all_gpus_free(d)
+    # MIG: the same layout again, made by the manager on the new boot.
+    _wait(lambda: _mig_layout(d) == layout and _mig_offered(d) == offered, "the MIG layout made and offered again",
+          timeout=300)
+    _, after = _gpu_pod_running(d, "after-reboot")
+    assert len(after) == 2 and after <= {mock_gpu_uuid(MOCK, i) for i in range(8)}, (before, after)
+    d.kube.delete("v1", "Pod", "after-reboot", "default", gracePeriodSeconds="0")
+    _dra_claim_runs(d, tmp_path)
 
 
 def test_destroy_gives_the_node_back(deployed: Deployed) -> None:

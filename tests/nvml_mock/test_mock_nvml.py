@@ -591,3 +591,68 @@ def test_diagnose_on_nvidias_mock_has_the_shape_it_has_on_the_simulator(tmp_path
     symbols = real["driver"]["exportedSymbols"]
     assert isinstance(symbols, list) and "nvmlInit_v2" in symbols and "nvmlDeviceGetCount_v2" in symbols
     assert real["driver"]["library"].endswith(LIBRARY)
+
+
+_MIG_CHANGE = """
+import json, sys
+import pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+out = {}
+def code(fn, *args):
+    try:
+        fn(*args)
+        return 0
+    except pynvml.NVMLError as e:
+        return e.value
+out["set_mig_mode"] = code(pynvml.nvmlDeviceSetMigMode, h, 1)
+out["create_gpu_instance"] = code(pynvml.nvmlDeviceCreateGpuInstance, h, 0)
+out["mig_mode"] = pynvml.nvmlDeviceGetMigMode(h)[0]
+print(json.dumps(out))
+"""
+
+
+#: Who tries (``test_mig_changes_need_the_config_capability``): CAP_SYS_ADMIN or not, the mig-config capability's
+#: device node in its device directory or not, and what NVML answers (0, or 4: NVML_ERROR_NO_PERMISSION) to a
+#: MIG mode change and a GPU instance, and the MIG mode after.
+MIG_CALLERS = {
+    # the MIG manager: privileged, every node of the node's /dev
+    "sys-admin-with-the-node": (True, True, {"set_mig_mode": 0, "create_gpu_instance": 0, "mig_mode": 1}),
+    # our labeller, exporter and device plugin: CAP_SYS_ADMIN for the monitor capability, no config node
+    "sys-admin-without-the-node": (True, False, {"set_mig_mode": 4, "create_gpu_instance": 4, "mig_mode": 0}),
+    # a workload
+    "neither": (False, False, {"set_mig_mode": 4, "create_gpu_instance": 4, "mig_mode": 0}),
+    # a process given the capability's node but not CAP_SYS_ADMIN: instances, never the mode
+    "the-node-without-sys-admin": (False, True, {"set_mig_mode": 4, "create_gpu_instance": 0, "mig_mode": 1}),
+}
+
+
+@pytest.mark.parametrize("caller", list(MIG_CALLERS))
+def test_mig_changes_need_the_config_capability(mock_bin: Path, tmp_path: Path, caller: str) -> None:
+    """As on a real node (the MIG user guide's "Device Nodes and Capabilities", ``tools/mocknvml/permission.go``):
+    instances are made only by a process that can open the mig-config capability's device node, and MIG mode is
+    changed only by one that also has CAP_SYS_ADMIN; CAP_SYS_ADMIN without the node (what the agents that read
+    MIG devices hold) changes nothing. Nothing is half-changed: after a refusal the state file keeps MIG off."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.fail("needs root and setpriv (util-linux): make test runs as root")
+    sys_admin, config_node, want = MIG_CALLERS[caller]
+    state = tmp_path / "mig-state.json"
+    enabled = not sys_admin and config_node  # the mode is not this caller's to change: start with MIG on
+    state.write_text(json.dumps({"version": 1, "machine": "dgxh100", "gpus": [
+        {"index": 0, "migMode": int(enabled), "nextGpuInstanceId": 0, "gpuInstances": []}]}))
+    dev = tmp_path / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True)
+    os.mknod(dev / "nvidia0", 0o666 | 0o020000, os.makedev(1, 7))  # any character device counts as the GPU's
+    if config_node:
+        os.mknod(dev / "nvidia-caps" / "nvidia-cap1", 0o444 | 0o020000, os.makedev(1, 7))
+    env = mock_env(mock_bin, "dgxh100", MOCK_NVML_STATE=str(state), MOCK_NVML_DEV_ROOT=str(dev))
+    argv = [sys.executable, "-c", _MIG_CHANGE]
+    if not sys_admin:  # root without CAP_SYS_ADMIN: dropped from the bounding set, so from what exec gives
+        argv = ["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin", *argv]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == want, done.stdout
+    if want["mig_mode"] == 0:
+        assert json.loads(state.read_text())["gpus"][0]["migMode"] == 0

@@ -14,14 +14,17 @@ CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" \
   -o "$out/libnvidia-ml.so.1" .
 rm -f "$out/libnvidia-ml.so.h"  # the cgo header go build writes beside the library
 ln -sf libnvidia-ml.so.1 "$out/libnvidia-ml.so"
-# A simulated node's driver (localcluster node add --machine): one library per machine with the machine
-# and the device directory linked in (visibility.go), since a workload container gets the driver's files
-# from its CDI spec and never this project's environment. Only the link differs: seconds each.
+# A simulated node's driver (localcluster node add --machine): one library per machine with the machine,
+# the device directory (visibility.go) and the node's MIG state file (state.go: the state of the node's
+# GPUs, in the node's sysfs view, which every container on the node shares) linked in, since a workload
+# container gets the driver's files from its CDI spec and never this project's environment. Only the
+# link differs: seconds each.
+NODE_STATE=/sys/devices/virtual/nvidia-mock/mig-state.json  # localcluster.node.MIG_STATE_PATH
 for m in dgxa100 dgxh100 dgxh200 dgxb200; do
   mkdir -p "$out/mocknvml-node/$m"
   CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" \
     go build -trimpath -buildmode=c-shared \
-    -ldflags "-s -w -X main.linkedMachine=$m -X main.linkedDevRoot=/dev -extldflags=-Wl,-soname,libnvidia-ml.so.1" \
+    -ldflags "-s -w -X main.linkedMachine=$m -X main.linkedDevRoot=/dev -X main.linkedStatePath=$NODE_STATE -extldflags=-Wl,-soname,libnvidia-ml.so.1" \
     -o "$out/mocknvml-node/$m/libnvidia-ml.so.1" .
   rm -f "$out/mocknvml-node/$m/libnvidia-ml.so.h"
 done

@@ -146,6 +146,9 @@ func nvmlDeviceGetHandleByUUID(uuid *C.char, device *unsafe.Pointer) C.nvmlRetur
 		if uuid == nil {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
+		if id := C.GoString(uuid); strings.HasPrefix(id, "MIG-") {
+			return putMigHandleByUUID(id, device)
+		}
 		d, ret := srv.DeviceGetHandleByUUID(C.GoString(uuid))
 		if ret != nvml.SUCCESS {
 			return ret
@@ -359,6 +362,9 @@ func nvmlDeviceSetMigMode(device unsafe.Pointer, mode C.uint, activationStatus *
 		if activationStatus == nil {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
+		if ret := mayChangeMigMode(); ret != nvml.SUCCESS {
+			return ret
+		}
 		status, ret := d.SetMigMode(int(mode))
 		if ret = changed(ret); ret != nvml.SUCCESS {
 			return ret
@@ -413,6 +419,9 @@ func nvmlDeviceGetGpuInstancePossiblePlacements_v2(device unsafe.Pointer, profil
 //export nvmlDeviceCreateGpuInstance
 func nvmlDeviceCreateGpuInstance(device unsafe.Pointer, profileID C.uint, gpuInstance *unsafe.Pointer) C.nvmlReturn_t {
 	return withDevice(device, func(d nvml.Device) nvml.Return {
+		if ret := mayChangeInstances(); ret != nvml.SUCCESS {
+			return ret
+		}
 		p, ret := giProfileByID(d, profileID)
 		if ret != nvml.SUCCESS {
 			return ret
@@ -435,6 +444,9 @@ func nvmlDeviceCreateGpuInstanceWithPlacement(device unsafe.Pointer, profileID C
 	return withDevice(device, func(d nvml.Device) nvml.Return {
 		if placement == nil {
 			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		if ret := mayChangeInstances(); ret != nvml.SUCCESS {
+			return ret
 		}
 		p, ret := giProfileByID(d, profileID)
 		if ret != nvml.SUCCESS {
@@ -493,6 +505,9 @@ func nvmlGpuInstanceGetInfo(gpuInstance unsafe.Pointer, info unsafe.Pointer) C.n
 //export nvmlGpuInstanceDestroy
 func nvmlGpuInstanceDestroy(gpuInstance unsafe.Pointer) C.nvmlReturn_t {
 	return withGpuInstance(gpuInstance, func(gi nvml.GpuInstance) nvml.Return {
+		if ret := mayChangeInstances(); ret != nvml.SUCCESS {
+			return ret
+		}
 		ret := changed(gi.Destroy())
 		if ret == nvml.SUCCESS {
 			forget(gi)
@@ -519,6 +534,9 @@ func nvmlGpuInstanceGetComputeInstanceProfileInfo(gpuInstance unsafe.Pointer, pr
 func nvmlGpuInstanceCreateComputeInstance(gpuInstance unsafe.Pointer, profileID C.uint,
 	computeInstance *unsafe.Pointer) C.nvmlReturn_t {
 	return withGpuInstance(gpuInstance, func(gi nvml.GpuInstance) nvml.Return {
+		if ret := mayChangeInstances(); ret != nvml.SUCCESS {
+			return ret
+		}
 		p, ret := ciProfileByID(gi, profileID)
 		if ret != nvml.SUCCESS {
 			return ret
@@ -576,6 +594,9 @@ func nvmlComputeInstanceGetInfo_v2(computeInstance unsafe.Pointer, info unsafe.P
 //export nvmlComputeInstanceDestroy
 func nvmlComputeInstanceDestroy(computeInstance unsafe.Pointer) C.nvmlReturn_t {
 	return withComputeInstance(computeInstance, func(ci nvml.ComputeInstance) nvml.Return {
+		if ret := mayChangeInstances(); ret != nvml.SUCCESS {
+			return ret
+		}
 		ret := changed(ci.Destroy())
 		if ret == nvml.SUCCESS {
 			if c, ok := ci.(*server.ComputeInstance); ok {
@@ -632,12 +653,16 @@ func nvmlDeviceGetNvLinkRemoteDeviceType(device unsafe.Pointer, link C.uint, dev
 
 //export nvmlDeviceGetComputeRunningProcesses_v3
 func nvmlDeviceGetComputeRunningProcesses_v3(device unsafe.Pointer, infoCount *C.uint, infos unsafe.Pointer) C.nvmlReturn_t {
-	return unsupported(device)
+	return withDevice(device, func(d nvml.Device) nvml.Return {
+		return runningProcesses(deviceHolders(d), (*uint32)(unsafe.Pointer(infoCount)), infos)
+	})
 }
 
 //export nvmlDeviceGetGraphicsRunningProcesses_v3
 func nvmlDeviceGetGraphicsRunningProcesses_v3(device unsafe.Pointer, infoCount *C.uint, infos unsafe.Pointer) C.nvmlReturn_t {
-	return unsupported(device)
+	return withDevice(device, func(nvml.Device) nvml.Return {
+		return runningProcesses(nil, (*uint32)(unsafe.Pointer(infoCount)), infos) // no display: no graphics contexts
+	})
 }
 
 //export nvmlDeviceGetSupportedEventTypes

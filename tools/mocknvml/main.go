@@ -65,18 +65,16 @@ var machines = map[string]func() *server.Server{
 // implementation (a nil ...Func, which would panic): the bridge answers NVML_ERROR_NOT_SUPPORTED.
 // Keys are the C symbol names, values the mock method that is missing (checked by main_test.go).
 var notModeled = map[string]string{
-	"nvmlDeviceGetNumaNodeId":                            "Device.GetNumaNodeId",
-	"nvmlDeviceGetTopologyCommonAncestor":                "Device.GetTopologyCommonAncestor",
-	"nvmlDeviceGetNvLinkState":                           "Device.GetNvLinkState",
-	"nvmlDeviceGetNvLinkRemotePciInfo_v2":                "Device.GetNvLinkRemotePciInfo",
-	"nvmlDeviceGetNvLinkRemoteDeviceType":                "Device.GetNvLinkRemoteDeviceType",
-	"nvmlDeviceGetComputeRunningProcesses_v3":            "Device.GetComputeRunningProcesses",
-	"nvmlDeviceGetGraphicsRunningProcesses_v3":           "Device.GetGraphicsRunningProcesses",
-	"nvmlDeviceGetSupportedEventTypes":                   "Device.GetSupportedEventTypes",
-	"nvmlDeviceRegisterEvents":                           "Device.RegisterEvents",
-	"nvmlEventSetCreate":                                 "Server.EventSetCreate",
-	"nvmlEventSetWait_v2":                                "EventSet.Wait",
-	"nvmlEventSetFree":                                   "EventSet.Free",
+	"nvmlDeviceGetNumaNodeId":             "Device.GetNumaNodeId",
+	"nvmlDeviceGetTopologyCommonAncestor": "Device.GetTopologyCommonAncestor",
+	"nvmlDeviceGetNvLinkState":            "Device.GetNvLinkState",
+	"nvmlDeviceGetNvLinkRemotePciInfo_v2": "Device.GetNvLinkRemotePciInfo",
+	"nvmlDeviceGetNvLinkRemoteDeviceType": "Device.GetNvLinkRemoteDeviceType",
+	"nvmlDeviceGetSupportedEventTypes":    "Device.GetSupportedEventTypes",
+	"nvmlDeviceRegisterEvents":            "Device.RegisterEvents",
+	"nvmlEventSetCreate":                  "Server.EventSetCreate",
+	"nvmlEventSetWait_v2":                 "EventSet.Wait",
+	"nvmlEventSetFree":                    "EventSet.Free",
 }
 
 // The versioned "V" profile calls (nvmlDeviceGetGpuInstanceProfileInfoV,

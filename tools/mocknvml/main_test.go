@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
@@ -210,5 +211,88 @@ func TestDeviceNodeVisibility(t *testing.T) {
 	t.Setenv("MOCK_NVML_DEV_ROOT", "")
 	if n := len(visibleDevices()); n != 8 {
 		t.Errorf("without a device directory %d GPUs are visible, want 8", n)
+	}
+}
+
+// TestProcessesHoldTheDeviceNode: a process with a descriptor on a GPU's device node is a compute
+// process on that GPU, and on no other (processes.go). /dev/full's numbers stand in for nvidia3's
+// (a node nothing else here holds open).
+func TestProcessesHoldTheDeviceNode(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mknod(filepath.Join(dir, "nvidia3"), syscall.S_IFCHR|0o666, 1<<8|7); err != nil {
+		t.Skipf("mknod: %v (needs root)", err)
+	}
+	t.Setenv("MOCK_NVML_DEV_ROOT", dir)
+	saved := srv
+	defer func() { srv = saved }()
+	srv = machines["dgxh100"]()
+	gpu3, gpu4 := srv.Devices[3], srv.Devices[4]
+	if pids := deviceHolders(gpu3); containsPid(pids, os.Getpid()) {
+		t.Fatalf("this test holds GPU 3 before opening its node: %v", pids)
+	}
+	f, err := os.Open("/dev/full")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if pids := deviceHolders(gpu3); !containsPid(pids, os.Getpid()) {
+		t.Errorf("GPU 3 holders %v lack this process (%d)", pids, os.Getpid())
+	}
+	if pids := deviceHolders(gpu4); len(pids) != 0 {
+		t.Errorf("GPU 4 has no device node, yet holders %v", pids)
+	}
+	var count uint32
+	if ret := runningProcesses([]uint32{7, 9}, &count, nil); ret != nvml.ERROR_INSUFFICIENT_SIZE || count != 2 {
+		t.Errorf("size query: %v, count %d; want INSUFFICIENT_SIZE, 2", ret, count)
+	}
+	infos := make([]processInfo, 2)
+	if ret := runningProcesses([]uint32{7, 9}, &count, unsafe.Pointer(&infos[0])); ret != nvml.SUCCESS ||
+		infos[1].Pid != 9 || infos[1].GpuInstanceID != noInstance {
+		t.Errorf("fill: %v %+v", ret, infos)
+	}
+}
+
+func containsPid(pids []uint32, pid int) bool {
+	for _, p := range pids {
+		if int(p) == pid {
+			return true
+		}
+	}
+	return false
+}
+
+// TestMigHandleByUUID: a MIG device's UUID finds that MIG device's handle, as nvmlDeviceGetHandleByUUID
+// does for "the target GPU or MIG instance"; an unknown MIG UUID is NOT_FOUND.
+func TestMigHandleByUUID(t *testing.T) {
+	saved := srv
+	defer func() { srv = saved }()
+	t.Setenv("MOCK_NVML_DEV_ROOT", "")
+	srv = machines["dgxh100"]()
+	d := srv.Devices[1].(*server.Device)
+	d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	p := d.Config.MIGProfiles.GpuInstanceProfiles[nvml.GPU_INSTANCE_PROFILE_1_SLICE]
+	gi, ret := d.CreateGpuInstanceWithPlacement(&p, &nvml.GpuInstancePlacement{Start: 2, Size: 1})
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	cp, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if _, ret := gi.CreateComputeInstance(&cp); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	devices := migDevicesOf(d)
+	if len(devices) != 1 {
+		t.Fatalf("%d MIG devices, want 1", len(devices))
+	}
+	want := devices[0]
+	uuid, _ := want.GetUUID()
+	var h unsafe.Pointer
+	if ret := putMigHandleByUUID(uuid, &h); ret != nvml.SUCCESS || objects[uintptr(h)] != want {
+		t.Errorf("%s: %v, handle for %v", uuid, ret, objects[uintptr(h)])
+	}
+	if i, ret := want.GetIndex(); ret != nvml.SUCCESS || i != 0 {
+		t.Errorf("MIG device index %d, %v; want 0 (the GPU's first MIG device)", i, ret)
+	}
+	if ret := putMigHandleByUUID("MIG-00000000-0000-0000-0000-000000000000", &h); ret != nvml.ERROR_NOT_FOUND {
+		t.Errorf("unknown MIG UUID: %v, want NOT_FOUND", ret)
 	}
 }

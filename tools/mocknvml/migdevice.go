@@ -58,6 +58,17 @@ func migDeviceFor(parent *server.Device, gi *server.GpuInstance, ci *server.Comp
 	m.GetUUIDFunc = func() (string, nvml.Return) { return uuid, nvml.SUCCESS }
 	m.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return true, nvml.SUCCESS }
 	m.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) { return parent, nvml.SUCCESS }
+	// A MIG handle's index is its place among the parent's MIG devices (nvmlDeviceGetMigDeviceHandleByIndex's
+	// order), which NVIDIA's container toolkit names CDI devices by ("<gpu index>:<MIG index>",
+	// pkg/nvcdi/mig-device-nvml.go), as nvidia-smi -L numbers "MIG ... Device <n>".
+	m.GetIndexFunc = func() (int, nvml.Return) {
+		for i, other := range migDevicesOf(parent) {
+			if other == m {
+				return i, nvml.SUCCESS
+			}
+		}
+		return 0, nvml.ERROR_INVALID_ARGUMENT // its compute instance is gone
+	}
 	m.GetGpuInstanceIdFunc = func() (int, nvml.Return) { return int(gi.Info.Id), nvml.SUCCESS }
 	m.GetComputeInstanceIdFunc = func() (int, nvml.Return) { return int(ci.Info.Id), nvml.SUCCESS }
 	m.GetCudaComputeCapabilityFunc = parent.GetCudaComputeCapability
@@ -125,6 +136,25 @@ func migDevicesOf(dev *server.Device) []*migDevice {
 		}
 	}
 	return out
+}
+
+// putMigHandleByUUID answers nvmlDeviceGetHandleByUUID for a MIG UUID: nvml.h's "UUID of the target GPU
+// or MIG instance" resolves to the MIG device handle, which NVIDIA's container toolkit relies on (its CDI
+// generation looks up every MIG device of NVIDIA_VISIBLE_DEVICES=all by UUID). Only MIG devices of GPUs
+// this process sees; NOT_FOUND for any other.
+func putMigHandleByUUID(uuid string, out *unsafe.Pointer) nvml.Return {
+	for _, d := range visibleDevices() {
+		dev, ok := d.(*server.Device)
+		if !ok {
+			continue
+		}
+		for _, m := range migDevicesOf(dev) {
+			if id, _ := m.GetUUID(); id == uuid {
+				return putHandle(out, m)
+			}
+		}
+	}
+	return nvml.ERROR_NOT_FOUND
 }
 
 // maxMigDevices is the most MIG devices the GPU can hold: the largest instanceCount of its profiles.

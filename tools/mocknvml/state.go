@@ -18,6 +18,12 @@ package main
 // than silently starting from a clean machine. Processes take turns (an exclusive flock around each
 // read-modify-write), but one that holds NVML open does not see another's later change until it
 // initialises again: programs compared here run one after the other.
+//
+// A simulated node's library has the path linked in (-X main.linkedStatePath, build.sh): the state of
+// the node's GPUs, which every process and container on the node shares as it shares the GPUs. Where
+// that file sits read-only (an unprivileged container's view of the node, localcluster/kernelview.py)
+// the state is still read (the lock taken on a read-only descriptor); a change there has already been
+// refused (permission.go).
 
 import (
 	"encoding/json"
@@ -62,14 +68,26 @@ type ciState struct {
 	Size      uint32 `json:"placementSize"`
 }
 
-// statePath is MOCK_NVML_STATE ("" when MIG state lives only as long as the process).
-func statePath() string { return os.Getenv("MOCK_NVML_STATE") }
+// linkedStatePath is a simulated node's state file (see the file comment).
+var linkedStatePath = ""
 
-// withStateLock runs fn holding an exclusive flock on <state>.lock.
+// statePath is MOCK_NVML_STATE, else the path linked in ("" when MIG state lives only as long as the
+// process).
+func statePath() string {
+	if p, ok := os.LookupEnv("MOCK_NVML_STATE"); ok {
+		return p
+	}
+	return linkedStatePath
+}
+
+// withStateLock runs fn holding an exclusive flock on <state>.lock (flock needs no write access: a
+// reader whose view is read-only opens the lock file read-only).
 func withStateLock(path string, fn func() error) error {
 	lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return err
+		if lock, err = os.Open(path + ".lock"); err != nil {
+			return err
+		}
 	}
 	defer lock.Close()
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
@@ -162,6 +180,9 @@ func loadState() error {
 	path := statePath()
 	if path == "" {
 		return nil
+	}
+	if _, err := os.Stat(path); os.IsNotExist(err) {
+		return nil // nobody changed the machine yet (and a read-only view may have no lock file either)
 	}
 	return withStateLock(path, func() error {
 		raw, err := os.ReadFile(path)

@@ -1,0 +1,91 @@
+package main
+
+// Who may change MIG: the caller needs the mig-config capability, as on a real node.
+//
+// NVIDIA's MIG user guide ("Device Nodes and Capabilities"): "the mig-config capability allows one to
+// create and destroy MIG instances on any MIG-capable GPU ... Without this capability, all attempts to
+// create or destroy a MIG instance will fail", and "if you are the root-user (or any user with
+// CAP_SYS_ADMIN privileges) ... you implicitly have access to all nvidia-capabilities". The capability
+// is the device node /dev/nvidia-caps/nvidia-cap1 ("config 1" in /proc/driver/nvidia-caps/mig-minors),
+// which the container toolkit gives a container only with NVIDIA_MIG_CONFIG_DEVICES and CAP_SYS_ADMIN
+// (nvidia-container-toolkit TestMigCapsValidate: "errors when requested in a non-privileged container").
+// Enabling or disabling MIG mode is root's alone (nvidia-smi -mig: "requires root"). NVML answers
+// NVML_ERROR_NO_PERMISSION ("user doesn't have permission to perform this operation", nvml.h, for
+// nvmlDeviceSetMigMode, nvmlDeviceCreateGpuInstance* and the destroy calls).
+//
+// In a container the capability is the device node, and nothing else: the device cgroup admits only the
+// nodes the runtime gave it, so CAP_SYS_ADMIN alone (which our agents hold for the monitor capability)
+// opens nothing the container lacks. So, where the library has a device directory (visibility.go: a
+// simulated node's driver, linked for /dev), creating and destroying instances needs read access to
+// <dir>/nvidia-caps/nvidia-cap1 as a character device, and changing MIG mode needs that and
+// CAP_SYS_ADMIN in the effective set (/proc/self/status CapEff). Without a device directory (a test
+// process on this machine, which has no /dev/nvidia*) CAP_SYS_ADMIN stands for the capability, as it
+// does for root on a node's host. Everything else gets NO_PERMISSION before the mock changes anything.
+// Reading MIG state needs no capability here (the monitor capability is not modelled).
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+const (
+	capSysAdmin = 21 // linux/capability.h
+	// configCapMinor is the mig-config capability's minor in /proc/driver/nvidia-caps/mig-minors.
+	configCapMinor = 1
+)
+
+// effectiveCaps is the process's effective capability set (0 when it cannot be read).
+func effectiveCaps() uint64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(s.Text(), "CapEff:"); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(rest), 16, 64)
+			if err != nil {
+				return 0
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+// hasConfigCapability: the process may open the mig-config capability's device node.
+func hasConfigCapability() bool {
+	root := devRoot()
+	if root == "" {
+		return false
+	}
+	path := fmt.Sprintf("%s/nvidia-caps/nvidia-cap%d", root, configCapMinor)
+	info, err := os.Stat(path)
+	if err != nil || info.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	return syscall.Access(path, 4 /* R_OK */) == nil
+}
+
+// mayChangeMigMode answers NO_PERMISSION unless the caller may enable or disable MIG mode.
+func mayChangeMigMode() nvml.Return {
+	if effectiveCaps()&(1<<capSysAdmin) == 0 {
+		return nvml.ERROR_NO_PERMISSION
+	}
+	return mayChangeInstances()
+}
+
+// mayChangeInstances answers NO_PERMISSION unless the caller may create or destroy MIG instances.
+func mayChangeInstances() nvml.Return {
+	if devRoot() == "" && effectiveCaps()&(1<<capSysAdmin) != 0 || hasConfigCapability() {
+		return nvml.SUCCESS
+	}
+	return nvml.ERROR_NO_PERMISSION
+}
