@@ -35,7 +35,7 @@ DEFAULT_REPOSITORY = "nvcr.io/nvidia/k8s"
 DEFAULT_IMAGE = "container-toolkit"
 #: The release whose installer the stack's flags and paths are written against (tools/container-toolkit
 #: builds the same release's installer for the tests).
-DEFAULT_TAG = "v1.19.1"
+DEFAULT_TAG = "v1.20.2"
 #: The image's entrypoint.
 INSTALLER = "/work/nvidia-ctk-installer"
 #: The installer's pid file (it holds a lock on it while it runs; its directory is created on the host).

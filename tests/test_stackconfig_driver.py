@@ -151,7 +151,7 @@ def test_the_toolkit_container_installs_where_it_is_told_and_only_on_the_daemons
     values["nodeGroups"][0]["toolkit"] = {"source": "container", "image": {"digest": "sha256:" + "a" * 64}}
     cfg = load_stack_config(values)
     t = cfg.node_groups[0].toolkit
-    assert t.image.ref == f"nvcr.io/nvidia/k8s/container-toolkit:v1.19.1@sha256:{'a' * 64}"
+    assert t.image.ref == f"nvcr.io/nvidia/k8s/container-toolkit:v1.20.2@sha256:{'a' * 64}"
     assert toolkit.runtime_binary(t.install_dir) == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
     assert cfg.cluster.cdi_hook_for(cfg.node_groups[0]) == "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
     cases = [

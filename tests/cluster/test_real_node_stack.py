@@ -630,6 +630,7 @@ def test_a_mig_change_drains_the_running_workload_through_eviction(deployed: Dep
         config = yaml.safe_load(d.project.config_file().read_text())
         config["config"]["nvidia-gpu:nodeGroups"][2]["gpu"]["mig"]["partedConfig"] = "all-2g.20gb"
         d.project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
+        t0 = time.monotonic()
         d.project.pulumi("up", "--yes", "--skip-preview", timeout=900)
         _wait(lambda: d.kube.get("v1", "Node", MIG_NODE)["spec"].get("unschedulable"), "the node cordoned",
               timeout=120)
@@ -643,6 +644,7 @@ def test_a_mig_change_drains_the_running_workload_through_eviction(deployed: Dep
         node = _mig_settled(d, "all-2g.20gb")
         allocatable = _wait(lambda: (a := d.kube.get("v1", "Node", MIG_NODE)["status"]["allocatable"])
                             .get("nvidia.com/mig-2g.20gb") == "24" and a, "24 mig-2g.20gb allocatable", timeout=180)
+        d.timings["MIG change (10 s held by the budget) -> new layout offered"] = time.monotonic() - t0
         assert allocatable.get(MIG_RESOURCE, "0") == "0", allocatable
         assert not node["spec"].get("unschedulable")
         state = json.loads(d.mig_node.mig_state_file.read_text())
@@ -744,10 +746,13 @@ def test_a_reboot_brings_the_nodes_back_with_their_gpus(deployed: Deployed, tmp_
     _wait_claim_pod_running(d)
     layout = _mig_layout(d)
     offered = _mig_offered(d)
+    t0 = time.monotonic()
     boots = {node.name: node.reboot() for node in (d.node, d.dra_node, d.mig_node)}
     for name, boot in boots.items():
         wait_ready(d.kube, name, timeout=180, boot_id=boot)
+    d.timings["reboot -> 3 nodes Ready"] = time.monotonic() - t0
     _registered_again(d, "the device plugin registered after the reboot")
+    d.timings["reboot -> 8 GPUs offered"] = time.monotonic() - t0
     for pod_name in ("before-reboot", "dra-probe"):
         _wait(lambda n=pod_name: d.kube.get("v1", "Pod", n, "default")["status"].get("phase") == "Failed",
               f"{pod_name} Failed after the reboot", timeout=180)
@@ -759,6 +764,7 @@ def test_a_reboot_brings_the_nodes_back_with_their_gpus(deployed: Deployed, tmp_
     # MIG: the same layout again, made by the manager on the new boot.
     _wait(lambda: _mig_layout(d) == layout and _mig_offered(d) == offered, "the MIG layout made and offered again",
           timeout=300)
+    d.timings["reboot -> MIG layout offered again"] = time.monotonic() - t0
     _, after = _gpu_pod_running(d, "after-reboot")
     assert len(after) == 2 and after <= {mock_gpu_uuid(MOCK, i) for i in range(8)}, (before, after)
     d.kube.delete("v1", "Pod", "after-reboot", "default", gracePeriodSeconds="0")

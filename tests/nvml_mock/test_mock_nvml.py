@@ -593,20 +593,24 @@ def test_diagnose_on_nvidias_mock_has_the_shape_it_has_on_the_simulator(tmp_path
     assert real["driver"]["library"].endswith(LIBRARY)
 
 
-_MIG_CHANGE = """
-import json, sys
+#: What the MIG permission tests run in a subprocess first: NVML initialised, and ``code`` answering a call's
+#: NVML return code (0 for success).
+_NVML_CODES = """
+import json
 import pynvml
 pynvml.nvmlInit()
-h = pynvml.nvmlDeviceGetHandleByIndex(0)
-out = {}
 def code(fn, *args):
     try:
         fn(*args)
         return 0
     except pynvml.NVMLError as e:
         return e.value
-out["set_mig_mode"] = code(pynvml.nvmlDeviceSetMigMode, h, 1)
-out["create_gpu_instance"] = code(pynvml.nvmlDeviceCreateGpuInstance, h, 0)
+"""
+
+_MIG_CHANGE = _NVML_CODES + """
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+out = {"set_mig_mode": code(pynvml.nvmlDeviceSetMigMode, h, 1),
+       "create_gpu_instance": code(pynvml.nvmlDeviceCreateGpuInstance, h, 0)}
 out["mig_mode"] = pynvml.nvmlDeviceGetMigMode(h)[0]
 print(json.dumps(out))
 """
@@ -656,3 +660,37 @@ def test_mig_changes_need_the_config_capability(mock_bin: Path, tmp_path: Path, 
     assert json.loads(done.stdout) == want, done.stdout
     if want["mig_mode"] == 0:
         assert json.loads(state.read_text())["gpus"][0]["migMode"] == 0
+
+
+_MIG_READ = _NVML_CODES + """
+mig, whole = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlDeviceGetHandleByIndex(1)
+print(json.dumps({"mig_memory": code(pynvml.nvmlDeviceGetMemoryInfo, mig),
+                  "mig_gpu_instance": code(pynvml.nvmlDeviceGetGpuInstanceById, mig, 0),
+                  "whole_memory": code(pynvml.nvmlDeviceGetMemoryInfo, whole)}))
+"""
+
+
+@pytest.mark.parametrize("monitor", [False, True])
+def test_mig_reads_need_the_monitor_capability(mock_bin: Path, tmp_path: Path, monitor: bool) -> None:
+    """On a GPU in MIG mode the parent's memory information and its GPU instances are the monitor capability's
+    (``/dev/nvidia-caps/nvidia-cap2``): without it NVML answers NO_PERMISSION, as NVIDIA's device plugin and GFD
+    report on nodes that do not give it to them (``tools/mocknvml/permission.go``); a GPU outside MIG mode
+    answers anyone. CAP_SYS_ADMIN alone does not stand in for the node where the library has a device
+    directory (a container's view)."""
+    state = tmp_path / "mig-state.json"
+    state.write_text(json.dumps({"version": 1, "machine": "dgxh100", "gpus": [
+        {"index": 0, "migMode": 1, "nextGpuInstanceId": 1, "gpuInstances": [
+            {"id": 0, "profileId": 0, "placementStart": 0, "placementSize": 1, "nextComputeInstanceId": 0,
+             "computeInstances": []}]}]}))
+    dev = tmp_path / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True)
+    for minor in (0, 1):
+        os.mknod(dev / f"nvidia{minor}", 0o666 | 0o020000, os.makedev(1, 7))
+    if monitor:
+        os.mknod(dev / "nvidia-caps" / "nvidia-cap2", 0o444 | 0o020000, os.makedev(1, 7))
+    env = mock_env(mock_bin, "dgxh100", MOCK_NVML_STATE=str(state), MOCK_NVML_DEV_ROOT=str(dev))
+    done = subprocess.run([sys.executable, "-c", _MIG_READ], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    refused = 0 if monitor else 4  # NVML_ERROR_NO_PERMISSION
+    assert json.loads(done.stdout) == {"mig_memory": refused, "mig_gpu_instance": refused, "whole_memory": 0}

@@ -320,6 +320,9 @@ func nvmlDeviceGetCudaComputeCapability(device unsafe.Pointer, major, minor *C.i
 //export nvmlDeviceGetMemoryInfo
 func nvmlDeviceGetMemoryInfo(device unsafe.Pointer, memory unsafe.Pointer) C.nvmlReturn_t {
 	return withDevice(device, func(d nvml.Device) nvml.Return {
+		if ret := mayReadMig(d); ret != nvml.SUCCESS {
+			return ret
+		}
 		m, ret := d.GetMemoryInfo()
 		if ret != nvml.SUCCESS {
 			return ret
@@ -470,6 +473,9 @@ func nvmlDeviceGetGpuInstances(device unsafe.Pointer, profileID C.uint, gpuInsta
 	return withDevice(device, func(d nvml.Device) nvml.Return {
 		p, ret := giProfileByID(d, profileID)
 		if ret != nvml.SUCCESS {
+			return ret
+		}
+		if ret := mayReadMig(d); ret != nvml.SUCCESS {
 			return ret
 		}
 		found, ret := d.GetGpuInstances(&p)

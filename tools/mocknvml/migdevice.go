@@ -256,6 +256,9 @@ func nvmlDeviceGetGpuInstanceById(device unsafe.Pointer, id C.uint, gpuInstance 
 		if !migEnabled(dev) {
 			return nvml.ERROR_NOT_SUPPORTED
 		}
+		if ret := mayReadMig(dev); ret != nvml.SUCCESS {
+			return ret
+		}
 		dev.RLock()
 		defer dev.RUnlock()
 		for gi := range dev.GpuInstances {

@@ -21,7 +21,13 @@ package main
 // CAP_SYS_ADMIN in the effective set (/proc/self/status CapEff). Without a device directory (a test
 // process on this machine, which has no /dev/nvidia*) CAP_SYS_ADMIN stands for the capability, as it
 // does for root on a node's host. Everything else gets NO_PERMISSION before the mock changes anything.
-// Reading MIG state needs no capability here (the monitor capability is not modelled).
+//
+// Reading a MIG GPU needs the mig-monitor capability (/dev/nvidia-caps/nvidia-cap2, "monitor 2"), or the
+// config one: without it the driver answers NO_PERMISSION to the parent GPU's memory information and to
+// the GPU-instance lookups on a GPU in MIG mode ("error getting parent memory info: Insufficient
+// Permissions", NVIDIA/k8s-device-plugin#1683 and #399; NVIDIA/gpu-feature-discovery#6: "Without this,
+// the container does not have privileges to read the state"). Queries on a MIG device's own handle and
+// on GPUs outside MIG mode need no capability.
 
 import (
 	"bufio"
@@ -32,12 +38,14 @@ import (
 	"syscall"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
 const (
 	capSysAdmin = 21 // linux/capability.h
-	// configCapMinor is the mig-config capability's minor in /proc/driver/nvidia-caps/mig-minors.
-	configCapMinor = 1
+	// configCapMinor and monitorCapMinor are the capabilities' minors in /proc/driver/nvidia-caps/mig-minors.
+	configCapMinor  = 1
+	monitorCapMinor = 2
 )
 
 // effectiveCaps is the process's effective capability set (0 when it cannot be read).
@@ -61,12 +69,15 @@ func effectiveCaps() uint64 {
 }
 
 // hasConfigCapability: the process may open the mig-config capability's device node.
-func hasConfigCapability() bool {
+func hasConfigCapability() bool { return hasCapability(configCapMinor) }
+
+// hasCapability: the process may open the device node of the capability with this minor.
+func hasCapability(minor int) bool {
 	root := devRoot()
 	if root == "" {
 		return false
 	}
-	path := fmt.Sprintf("%s/nvidia-caps/nvidia-cap%d", root, configCapMinor)
+	path := fmt.Sprintf("%s/nvidia-caps/nvidia-cap%d", root, minor)
 	info, err := os.Stat(path)
 	if err != nil || info.Mode()&os.ModeCharDevice == 0 {
 		return false
@@ -85,6 +96,20 @@ func mayChangeMigMode() nvml.Return {
 // mayChangeInstances answers NO_PERMISSION unless the caller may create or destroy MIG instances.
 func mayChangeInstances() nvml.Return {
 	if devRoot() == "" && effectiveCaps()&(1<<capSysAdmin) != 0 || hasConfigCapability() {
+		return nvml.SUCCESS
+	}
+	return nvml.ERROR_NO_PERMISSION
+}
+
+// mayReadMig answers NO_PERMISSION for a GPU in MIG mode unless the caller holds the monitor (or config)
+// capability; SUCCESS for a GPU outside MIG mode.
+func mayReadMig(d nvml.Device) nvml.Return {
+	dev, ok := d.(*server.Device)
+	if !ok || !migEnabled(dev) {
+		return nvml.SUCCESS
+	}
+	if devRoot() == "" && effectiveCaps()&(1<<capSysAdmin) != 0 || hasCapability(monitorCapMinor) ||
+		hasCapability(configCapMinor) {
 		return nvml.SUCCESS
 	}
 	return nvml.ERROR_NO_PERMISSION

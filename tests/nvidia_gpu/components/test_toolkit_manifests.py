@@ -29,7 +29,7 @@ def test_the_toolkit_daemonset_installs_on_the_groups_nodes_before_setup() -> No
     ds = toolkit.toolkit_daemonset("gpu", ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN)
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["image"] == "nvcr.io/nvidia/k8s/container-toolkit:v1.19.1"
+    assert c["image"] == "nvcr.io/nvidia/k8s/container-toolkit:v1.20.2"
     assert c["command"] == ["/work/nvidia-ctk-installer"]
     assert "--toolkit-install-dir=/opt/nvidia" in c["args"] and "--no-runtime-config" in c["args"]
     assert "--driver-root=/run/nvidia/driver" in c["args"]  # the driver container's root
