@@ -68,14 +68,16 @@ func effectiveCaps() uint64 {
 	return 0
 }
 
-// hasConfigCapability: the process may open the mig-config capability's device node.
-func hasConfigCapability() bool { return hasCapability(configCapMinor) }
+// sysAdmin: CAP_SYS_ADMIN is in the process's effective set.
+func sysAdmin() bool { return effectiveCaps()&(1<<capSysAdmin) != 0 }
 
-// hasCapability: the process may open the device node of the capability with this minor.
-func hasCapability(minor int) bool {
+// holds: the process holds the capability with this minor: it may read the capability's device node in
+// the device directory, or, without a device directory (this machine's own processes), it has
+// CAP_SYS_ADMIN, which stands for every capability there.
+func holds(minor int) bool {
 	root := devRoot()
 	if root == "" {
-		return false
+		return sysAdmin()
 	}
 	path := fmt.Sprintf("%s/nvidia-caps/nvidia-cap%d", root, minor)
 	info, err := os.Stat(path)
@@ -85,32 +87,25 @@ func hasCapability(minor int) bool {
 	return syscall.Access(path, 4 /* R_OK */) == nil
 }
 
-// mayChangeMigMode answers NO_PERMISSION unless the caller may enable or disable MIG mode.
-func mayChangeMigMode() nvml.Return {
-	if effectiveCaps()&(1<<capSysAdmin) == 0 {
-		return nvml.ERROR_NO_PERMISSION
-	}
-	return mayChangeInstances()
-}
-
-// mayChangeInstances answers NO_PERMISSION unless the caller may create or destroy MIG instances.
-func mayChangeInstances() nvml.Return {
-	if devRoot() == "" && effectiveCaps()&(1<<capSysAdmin) != 0 || hasConfigCapability() {
+// answer is SUCCESS when allowed, NO_PERMISSION otherwise.
+func answer(allowed bool) nvml.Return {
+	if allowed {
 		return nvml.SUCCESS
 	}
 	return nvml.ERROR_NO_PERMISSION
 }
 
-// mayReadMig answers NO_PERMISSION for a GPU in MIG mode unless the caller holds the monitor (or config)
-// capability; SUCCESS for a GPU outside MIG mode.
+// mayChangeMigMode: enabling or disabling MIG mode needs CAP_SYS_ADMIN and the config capability.
+func mayChangeMigMode() nvml.Return { return answer(sysAdmin() && holds(configCapMinor)) }
+
+// mayChangeInstances: creating or destroying MIG instances needs the config capability.
+func mayChangeInstances() nvml.Return { return answer(holds(configCapMinor)) }
+
+// mayReadMig: a GPU in MIG mode is read with the monitor (or config) capability; any other GPU by anyone.
 func mayReadMig(d nvml.Device) nvml.Return {
 	dev, ok := d.(*server.Device)
 	if !ok || !migEnabled(dev) {
 		return nvml.SUCCESS
 	}
-	if devRoot() == "" && effectiveCaps()&(1<<capSysAdmin) != 0 || hasCapability(monitorCapMinor) ||
-		hasCapability(configCapMinor) {
-		return nvml.SUCCESS
-	}
-	return nvml.ERROR_NO_PERMISSION
+	return answer(holds(monitorCapMinor) || holds(configCapMinor))
 }
