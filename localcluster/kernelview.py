@@ -27,9 +27,10 @@ import sys
 RUNC = "@RUNC@"
 #: The node's sysfs entries that are not this machine's (its GPU functions, their links, the driver's modules).
 KERNEL_VIEW = ("/sys/devices", "/sys/bus/pci/devices", "/sys/module", "/sys/class")
-#: The driver's procfs entries: ``/proc/driver`` (``nvidia/``, and ``nvidia-caps/mig-minors``, where a MIG device
-#: plugin finds its capabilities' minors) and ``/proc/devices`` (the driver's majors).
-PROC_VIEW = ("/proc/driver", "/proc/devices")
+#: The node's procfs entries: the driver's ``/proc/driver`` (``nvidia/``, and ``nvidia-caps/mig-minors``, where a
+#: MIG device plugin finds its capabilities' minors) and ``/proc/devices`` (its majors), and the node's boot ID
+#: (a reboot changes it; agents and the node's NVML key state on it).
+PROC_VIEW = ("/proc/driver", "/proc/devices", "/proc/sys/kernel/random/boot_id")
 #: runc refuses a spec mount over ``/proc`` whose source is not procfs ("check proc-safety"), and the node's
 #: entries are binds of files: a ``createContainer`` hook, which runc runs in the container's mount namespace
 #: after its mounts and before ``pivot_root``, binds them read-only over the container's fresh procfs instead.

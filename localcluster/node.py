@@ -354,9 +354,8 @@ class Node:
           namespaces), and ``/run``, a tmpfs on a real node, is empty: no CDI spec, socket or state survives there;
         - ``/dev`` has none of the driver's nodes: the kernel module makes none, and nothing made them yet
           (``nvidia-modprobe``, ``nvidia-ctk system create-device-nodes`` or node setup will);
-        - the GPUs keep their MIG mode but lose their GPU and compute instances ("MIG devices are not persistent
-          across system reboots", NVIDIA's MIG user guide, "Getting Started with MIG");
-        - a new boot ID;
+        - a new boot ID, on which the GPUs come back with their MIG mode but without their GPU and compute
+          instances (the node's NVML compares the boot its MIG state was written on: ``tools/mocknvml/state.go``);
 
         then containerd and the kubelet start again, as their units would at boot. Answers the new boot ID (the
         Node reports it once the new kubelet posted its status: :func:`wait_ready`'s ``boot_id``)."""
@@ -378,16 +377,6 @@ find /run -mindepth 1 -maxdepth 1 -exec rm -rf {} +
 rm -rf /dev/nvidia* /dev/nvidia-caps
 """
         _run(self.nsenter(["sh", "-c", script]), f"rebooting {self.name}")
-        if self.machine is not None and self.mig_state_file.exists():
-            state = json.loads(self.mig_state_file.read_text())
-            for gpu in state["gpus"]:
-                gpu["gpuInstances"], gpu["nextGpuInstanceId"] = [], 0
-            # Through the node's view (an overlay on the file): write beside it and rename, as the library does.
-            done = subprocess.run(self.nsenter(["sh", "-c", f'cat > "{MIG_STATE_PATH}.boot" && '
-                                                            f'mv "{MIG_STATE_PATH}.boot" "{MIG_STATE_PATH}"']),
-                                  input=json.dumps(state, indent=2), capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise NodeError(f"rebooting {self.name}: the GPUs' MIG state: {done.stderr.strip()}")
         boot_id = str(uuid.uuid4())
         with self.boot_id_file.open("r+") as f:  # in place: the node's bind holds this inode
             f.write(f"{boot_id}\n")

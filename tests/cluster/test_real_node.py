@@ -189,6 +189,8 @@ def test_gpu_node_has_its_devices_a_systemctl_and_a_supervisor(real_cluster: Con
         _wait(lambda: kube.get("v1", "Pod", "keeps", "default")["status"].get("containerStatuses", [{}])[0]
               .get("restartCount", 0) >= 1 and _wait_running(kube, "keeps"), "the pod's container started again",
               timeout=180)
+        seen = kubectl(cp, "exec", "keeps", "--", "cat", "/proc/sys/kernel/random/boot_id").strip()
+        assert seen == node.boot_id_file.read_text().strip(), "a container sees the node's boot ID"
         view = _in_node(node, "ls /dev | grep ^nvidia; ls /run/netns | wc -l")
         assert not [line for line in view.stdout.splitlines() if line.startswith("nvidia")], view.stdout
         assert view.stdout.split()[-1] == "1", view.stdout  # the new sandbox's network namespace alone

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -294,5 +295,51 @@ func TestMigHandleByUUID(t *testing.T) {
 	}
 	if ret := putMigHandleByUUID("MIG-00000000-0000-0000-0000-000000000000", &h); ret != nvml.ERROR_NOT_FOUND {
 		t.Errorf("unknown MIG UUID: %v, want NOT_FOUND", ret)
+	}
+}
+
+// TestStateAfterReboot: a state written on another boot comes back as the GPUs do after a reboot, MIG
+// mode kept and every instance gone; the same boot's state comes back whole.
+func TestStateAfterReboot(t *testing.T) {
+	if bootID() == "" {
+		t.Skip("no boot ID on this machine")
+	}
+	path := filepath.Join(t.TempDir(), "state.json")
+	t.Setenv("MOCK_NVML_STATE", path)
+	machine, srv = "dgxh100", machines["dgxh100"]()
+	d := srv.Devices[0].(*server.Device)
+	d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	p := d.Config.MIGProfiles.GpuInstanceProfiles[nvml.GPU_INSTANCE_PROFILE_1_SLICE]
+	if _, ret := d.CreateGpuInstanceWithPlacement(&p, &nvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if err := saveState(); err != nil {
+		t.Fatal(err)
+	}
+	for _, boot := range []string{"", "an-earlier-boot"} {
+		if boot != "" {
+			raw, _ := os.ReadFile(path)
+			var st stateFile
+			if err := json.Unmarshal(raw, &st); err != nil {
+				t.Fatal(err)
+			}
+			st.BootID = boot
+			raw, _ = json.Marshal(st)
+			if err := os.WriteFile(path, raw, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		srv = machines["dgxh100"]()
+		if err := loadState(); err != nil {
+			t.Fatal(err)
+		}
+		got := srv.Devices[0].(*server.Device)
+		want := 1
+		if boot != "" {
+			want = 0
+		}
+		if got.MigMode != nvml.DEVICE_MIG_ENABLE || len(got.GpuInstances) != want {
+			t.Errorf("boot %q: MIG mode %d, %d instances; want mode on, %d", boot, got.MigMode, len(got.GpuInstances), want)
+		}
 	}
 }

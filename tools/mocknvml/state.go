@@ -31,6 +31,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -42,6 +43,7 @@ const stateVersion = 1
 type stateFile struct {
 	Version int        `json:"version"`
 	Machine string     `json:"machine"`
+	BootID  string     `json:"bootId,omitempty"` // the boot that wrote it ("" in files written by hand)
 	GPUs    []gpuState `json:"gpus"`
 }
 
@@ -99,7 +101,7 @@ func withStateLock(path string, fn func() error) error {
 
 // snapshot is the machine's MIG state as recorded in the file (instances sorted by ID).
 func snapshot() stateFile {
-	out := stateFile{Version: stateVersion, Machine: machine}
+	out := stateFile{Version: stateVersion, Machine: machine, BootID: bootID()}
 	for _, d := range srv.Devices {
 		dev, ok := d.(*server.Device)
 		if !ok {
@@ -125,6 +127,28 @@ func snapshot() stateFile {
 		out.GPUs = append(out.GPUs, g)
 	}
 	return out
+}
+
+// bootPath is the kernel's boot ID: a simulated node binds its own there, for the node and its containers.
+const bootPath = "/proc/sys/kernel/random/boot_id"
+
+// bootID is this boot's ID ("" when it cannot be read).
+func bootID() string {
+	raw, err := os.ReadFile(bootPath)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(raw))
+}
+
+// afterReboot is a state written on an earlier boot, as the GPUs come back from a reboot: MIG mode is kept
+// (it is the GPU's setting, "persistent across reboots"), GPU and compute instances are gone ("MIG devices
+// are not persistent across system reboots": NVIDIA's MIG user guide, "Getting Started with MIG").
+func afterReboot(st stateFile) stateFile {
+	for i := range st.GPUs {
+		st.GPUs[i].GpuInstances, st.GPUs[i].NextGIID = []giState{}, 0
+	}
+	return st
 }
 
 // restore replaces the mock's MIG state with the file's. Handles to the instances it replaces are
@@ -195,6 +219,9 @@ func loadState() error {
 		var st stateFile
 		if err := json.Unmarshal(raw, &st); err != nil {
 			return fmt.Errorf("%s: %w", path, err)
+		}
+		if st.BootID != "" && st.BootID != bootID() {
+			st = afterReboot(st)
 		}
 		if err := restore(st); err != nil {
 			return fmt.Errorf("%s: %w", path, err)
