@@ -237,12 +237,30 @@ def _holders(d: Deployed, node: str) -> dict[str, str]:
     return out
 
 
-def _allocated(node: Node, pod_uid: str) -> set[str]:
-    """The device IDs the kubelet allocated to the pod, from its own checkpoint."""
+def _checkpoint_entries(node: Node) -> list[dict[str, Any]]:
+    """The kubelet's device-manager checkpoint: one entry per pod, container and resource."""
     path = node.directory / "root/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-    entries = json.loads(path.read_text())["Data"]["PodDeviceEntries"] or []
-    return {d for e in entries if e["PodUID"] == pod_uid and e["ResourceName"] == "nvidia.com/gpu"
-            for ids in e["DeviceIDs"].values() for d in ids}
+    entries: list[dict[str, Any]] = json.loads(path.read_text())["Data"]["PodDeviceEntries"] or []
+    return entries
+
+
+def _checkpointed(node: Node, resource: str = "nvidia.com/gpu") -> dict[str, set[str]]:
+    """Pod UID -> the devices of ``resource`` the kubelet's checkpoint records for it."""
+    out: dict[str, set[str]] = {}
+    for e in _checkpoint_entries(node):
+        if e["ResourceName"] == resource:
+            out.setdefault(e["PodUID"], set()).update(i for ids in e["DeviceIDs"].values() for i in ids)
+    return out
+
+
+def _allocated(node: Node, pod_uid: str, resource: str = "nvidia.com/gpu") -> set[str]:
+    """The devices the kubelet allocated to the pod, from its own checkpoint."""
+    return _checkpointed(node, resource).get(pod_uid, set())
+
+
+def _allocation_answer(node: Node, pod_uid: str) -> bytes:
+    """The plugins' AllocateResponses for the pod, as the kubelet's checkpoint keeps them."""
+    return b"".join(base64.b64decode(e["AllocResp"]) for e in _checkpoint_entries(node) if e["PodUID"] == pod_uid)
 
 
 def _probe_pod(name: str, image: str, runtime_class: str | None) -> dict[str, Any]:
@@ -266,7 +284,8 @@ def test_a_workload_sees_exactly_its_two_gpus(deployed: Deployed, runtime_class:
         pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running" and p,
                     f"pod {name} Running")
         d.timings.setdefault("pulumi up -> first GPU pod Running", time.monotonic() - d.up_started)
-        allocated = _allocated(d.node, pod["metadata"]["uid"])
+        # The checkpoint can trail the pod's Running by a moment: wait for the pod's entry.
+        allocated = _wait(lambda: _allocated(d.node, pod["metadata"]["uid"]), f"{name} in the kubelet's checkpoint")
         assert len(allocated) == 2, allocated
         logs = _wait(lambda: kubectl(d.cp, "logs", name, check=False).strip(), "the probe's output")
         seen = json.loads(logs.splitlines()[0])
@@ -281,10 +300,7 @@ def test_a_workload_sees_exactly_its_two_gpus(deployed: Deployed, runtime_class:
         assert {u for u, pod_name in holders.items() if pod_name == name} == allocated, holders
         # The allocation's answer came from our plugin (the volume-mounts device list) through the real
         # kubelet: the checkpoint keeps the AllocateResponse it got.
-        checkpoint = json.loads((d.node.directory / "root/var/lib/kubelet/device-plugins/"
-                                 "kubelet_internal_checkpoint").read_text())
-        answer = next(base64.b64decode(e["AllocResp"]) for e in checkpoint["Data"]["PodDeviceEntries"]
-                      if e["PodUID"] == pod["metadata"]["uid"])
+        answer = _allocation_answer(d.node, pod["metadata"]["uid"])
         assert all(f"/var/run/nvidia-container-devices/{uuid}".encode() in answer for uuid in allocated)
     finally:
         d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
@@ -455,13 +471,6 @@ STRATEGY_MARKS = {"cdi-cri": b"k8s.device-plugin.nvidia.com/gpu=", "cdi-annotati
                   "envvar": b"NVIDIA_VISIBLE_DEVICES"}
 
 
-def _allocation_answer(d: Deployed, pod_uid: str) -> bytes:
-    checkpoint = json.loads((d.node.directory / "root/var/lib/kubelet/device-plugins/"
-                             "kubelet_internal_checkpoint").read_text())
-    return b"".join(base64.b64decode(e["AllocResp"]) for e in checkpoint["Data"]["PodDeviceEntries"]
-                    if e["PodUID"] == pod_uid)
-
-
 @pytest.mark.parametrize("strategy", ["cdi-cri", "cdi-annotations", "envvar"])
 def test_each_device_list_strategy_as_a_day_two_change(deployed: Deployed, strategy: str) -> None:
     """The group's ``deviceListStrategy`` changed by ``pulumi up`` (volume-mounts before): the plugin answers the
@@ -487,7 +496,7 @@ def test_each_device_list_strategy_as_a_day_two_change(deployed: Deployed, strat
         d.kube.create(_probe_pod(name, d.probe_ref, None))
         pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase")
                     in ("Running", "Failed") and p, f"pod {name} admitted")
-        answer = _allocation_answer(d, pod["metadata"]["uid"])
+        answer = _allocation_answer(d.node, pod["metadata"]["uid"])
         allocated = _allocated(d.node, pod["metadata"]["uid"])
         seen = set()
         if pod["status"]["phase"] == "Running":
@@ -564,10 +573,8 @@ def test_a_mig_workload_gets_exactly_its_mig_device(deployed: Deployed) -> None:
     try:
         pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running" and p,
                     f"pod {name} Running")
-        checkpoint = json.loads((d.mig_node.directory / "root/var/lib/kubelet/device-plugins/"
-                                 "kubelet_internal_checkpoint").read_text())
-        (uuid,) = [i for e in checkpoint["Data"]["PodDeviceEntries"] if e["PodUID"] == pod["metadata"]["uid"]
-                   and e["ResourceName"] == MIG_RESOURCE for ids in e["DeviceIDs"].values() for i in ids]
+        (uuid,) = _wait(lambda: _allocated(d.mig_node, pod["metadata"]["uid"], MIG_RESOURCE),
+                        f"{name} in the kubelet's checkpoint")
         gpu, gi, ci = _mig_device_of(d, uuid)
         seen = json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))
         assert [g["uuid"] for g in seen["gpus"]] == [mock_gpu_uuid(MOCK, gpu)], (seen, uuid)
@@ -653,16 +660,6 @@ def test_a_mig_change_drains_the_running_workload_through_eviction(deployed: Dep
         for kind, api in (("Pod", "v1"), ("PodDisruptionBudget", "policy/v1")):
             if d.kube.get_or_none(api, kind, name, "default") is not None:
                 d.kube.delete(api, kind, name, "default")
-
-
-def _checkpointed(node: Node) -> dict[str, set[str]]:
-    """Pod UID -> the GPU devices the kubelet's checkpoint records for it."""
-    path = node.directory / "root/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-    out: dict[str, set[str]] = {}
-    for e in json.loads(path.read_text())["Data"]["PodDeviceEntries"] or []:
-        if e["ResourceName"] == "nvidia.com/gpu":
-            out.setdefault(e["PodUID"], set()).update(i for ids in e["DeviceIDs"].values() for i in ids)
-    return out
 
 
 def _mig_offered(d: Deployed) -> dict[str, str]:
