@@ -1240,6 +1240,15 @@ class StackConfig(_Model):
                     "'container' needs cluster.nodeSetup 'daemonset': on Deckhouse, bashible configures the "
                     "runtime when the node joins, before any pod could install the toolkit; bake the toolkit "
                     "into the node image (source preinstalled)")))
+            tag = g.toolkit.image.tag
+            toolkit_release = toolkitspec.release(tag) if g.toolkit.container else None
+            if g.gpu.sharing is Sharing.MIG and toolkit_release and toolkit_release < toolkitspec.MIG_MONITOR_SINCE:
+                since = "v" + ".".join(map(str, toolkitspec.MIG_MONITOR_SINCE))
+                problems.append((("nodeGroups", i, "toolkit", "image", "tag"), (
+                    f"{tag!r} is older than {since}: on MIG GPUs the toolkit would not give the device plugin, "
+                    "labeller and exporter the MIG monitor capability (/dev/nvidia-caps/nvidia-cap2; "
+                    "NVIDIA/nvidia-container-toolkit#1740), and NVML refuses them the GPUs; use "
+                    f"{since} or later (the default is {toolkitspec.DEFAULT_TAG})")))
             if self.cluster.node_setup is NodeSetupBackend.DECKHOUSE and g.node_group is None:
                 problems.append((("nodeGroups", i, "nodeGroup"), "required with cluster.nodeSetup 'deckhouse', which "
                                                                  "configures Deckhouse NodeGroups (nodeSelector is for "

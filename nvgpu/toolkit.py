@@ -18,6 +18,7 @@ The layout (``toolkit/``, the binaries' names, the config's path) is the install
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 
@@ -36,6 +37,21 @@ DEFAULT_IMAGE = "container-toolkit"
 #: The release whose installer the stack's flags and paths are written against (tools/container-toolkit
 #: builds the same release's installer for the tests).
 DEFAULT_TAG = "v1.20.2"
+#: The first release whose ``jit-cdi`` mode (the default) gives a container asking for the MIG monitor capability
+#: (``NVIDIA_MIG_MONITOR_DEVICES=all`` with CAP_SYS_ADMIN) ``/dev/nvidia-caps/nvidia-cap2``: 1.18 and 1.19 give
+#: it every MIG instance's nodes but not that one (NVIDIA/nvidia-container-toolkit#1740, fixed in 1.20.1 as
+#: "MIG Management Devices"), so on a MIG GPU NVML refuses our device plugin, labeller and exporter.
+MIG_MONITOR_SINCE = (1, 20, 1)
+_RELEASE = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+].*)?")
+
+
+def release(tag: str) -> tuple[int, int, int] | None:
+    """The release an image tag names (``v1.20.2``, ``1.17.8-ubi8``), or None for a tag that names none
+    (``latest``, a build's own name): such a tag cannot be judged by its name."""
+    m = _RELEASE.fullmatch(tag)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
 #: The image's entrypoint.
 INSTALLER = "/work/nvidia-ctk-installer"
 #: The installer's pid file (it holds a lock on it while it runs; its directory is created on the host).

@@ -172,3 +172,26 @@ def test_the_toolkit_container_installs_where_it_is_told_and_only_on_the_daemons
     with pytest.raises(StackConfigError) as caught:
         load_stack_config(deckhouse)
     assert any("nodeGroups[0].toolkit.source" in p and "nodeSetup 'daemonset'" in p for p in caught.value.problems)
+
+
+@pytest.mark.parametrize(("tag", "refused"), [("v1.19.1", True), ("v1.17.8-ubi8", True), ("1.20.0", True),
+                                              ("v1.20.1", False), ("v1.20.2", False), ("v2.0.0", False),
+                                              ("latest", False)])
+def test_a_mig_group_refuses_a_toolkit_container_that_withholds_the_monitor_capability(tag: str,
+                                                                                       refused: bool) -> None:
+    """Toolkits before 1.20.1 in their default jit-cdi mode do not give the device plugin, labeller and exporter
+    the MIG monitor capability (NVIDIA/nvidia-container-toolkit#1740), so on MIG GPUs NVML refuses them; a tag
+    that names no release (``latest``) cannot be judged and is left to the image's pin."""
+    values = copy.deepcopy(BASE)
+    group = values["nodeGroups"][0]
+    group["toolkit"] = {"source": "container", "image": {"tag": tag}}
+    group["gpu"].update({"sharing": "MIG", "mig": {"partedConfig": "all-1g.10gb"}})
+    if not refused:
+        assert load_stack_config(values).node_groups[0].toolkit.image.tag == tag
+        return
+    with pytest.raises(StackConfigError) as caught:
+        load_stack_config(values)
+    [problem] = caught.value.problems
+    assert "nodeGroups[0].toolkit.image.tag" in problem and repr(tag) in problem and "v1.20.1" in problem, problem
+    group["gpu"] = {"model": "H100-80GB"}  # not a MIG group: the old release serves whole GPUs
+    assert load_stack_config(values).node_groups[0].toolkit.image.tag == tag
