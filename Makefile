@@ -26,8 +26,8 @@ proto: venv
 ## The pinned real components (kube-apiserver, scheduler, controller-manager, etcd, kwok; a real node's kubelet,
 ## containerd, runc, CNI plugins and crictl; the rest listed in the README) from their Go
 ## modules, built into a cache outside the clone ($$XDG_CACHE_HOME/nvidia-gpu/tools); the last line printed
-## is the binary directory. Cold: about 8 minutes on 2 cores; warm: a second.
-tools:
+## is the binary directory. Cold: about 30 minutes on 2 cores; warm: a second. `make deps` first (runc needs libseccomp).
+tools: deps
 	@bash tools/build.sh
 
 ## A local control plane in the background (out/cluster/kubeconfig is cluster-admin); cluster-down stops it.

@@ -1,7 +1,8 @@
 /* What a CUDA workload needs from the driver, checked from inside the container: libcuda and NVML
  * resolve by soname, NVML initialises and counts the GPUs, and the device nodes and nvidia-smi are there.
  * Prints one JSON object; "gpus" lists the GPUs NVML shows the container (UUID and minor, what
- * `nvidia-smi -L` names), which on a node are exactly the ones whose device node it was given. */
+ * `nvidia-smi -L` names), which on a node are exactly the ones whose device node it was given, each with
+ * the MIG devices NVML lists under it ("mig": their UUIDs, as `nvidia-smi -L` lists "MIG ... Device <n>"). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -23,7 +24,7 @@ int main(void) {
     void *ml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     int init = -1, count_rc = -1;
     unsigned count = 0;
-    static char gpus[4096] = "";
+    static char gpus[16384] = "";
     size_t used = 0;
     if (ml) {
         int (*nvml_init)(void) = (int (*)(void))dlsym(ml, "nvmlInit_v2");
@@ -31,6 +32,9 @@ int main(void) {
         int (*by_index)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(ml, "nvmlDeviceGetHandleByIndex_v2");
         int (*get_uuid)(void *, char *, unsigned) = (int (*)(void *, char *, unsigned))dlsym(ml, "nvmlDeviceGetUUID");
         int (*get_minor)(void *, unsigned *) = (int (*)(void *, unsigned *))dlsym(ml, "nvmlDeviceGetMinorNumber");
+        int (*max_mig)(void *, unsigned *) = (int (*)(void *, unsigned *))dlsym(ml, "nvmlDeviceGetMaxMigDeviceCount");
+        int (*mig_by_index)(void *, unsigned, void **) =
+            (int (*)(void *, unsigned, void **))dlsym(ml, "nvmlDeviceGetMigDeviceHandleByIndex");
         if (nvml_init) init = nvml_init();
         if (nvml_count) count_rc = nvml_count(&count);
         for (unsigned i = 0; init == 0 && count_rc == 0 && by_index && get_uuid && get_minor && i < count; i++) {
@@ -38,8 +42,17 @@ int main(void) {
             char uuid[96] = "";
             unsigned minor = 0;
             if (by_index(i, &dev) != 0 || get_uuid(dev, uuid, sizeof uuid) != 0 || get_minor(dev, &minor) != 0) continue;
-            used += (size_t)snprintf(gpus + used, sizeof gpus - used, "%s{\"uuid\": \"%s\", \"minor\": %u}",
+            used += (size_t)snprintf(gpus + used, sizeof gpus - used, "%s{\"uuid\": \"%s\", \"minor\": %u, \"mig\": [",
                                      used ? ", " : "", uuid, minor);
+            unsigned max = 0, listed = 0;
+            /* Every index up to the GPU's maximum: NVML answers NOT_FOUND where it lists no MIG device. */
+            for (unsigned m = 0; max_mig && mig_by_index && max_mig(dev, &max) == 0 && m < max && used < sizeof gpus; m++) {
+                void *mig = NULL;
+                char mig_uuid[96] = "";
+                if (mig_by_index(dev, m, &mig) != 0 || get_uuid(mig, mig_uuid, sizeof mig_uuid) != 0) continue;
+                used += (size_t)snprintf(gpus + used, sizeof gpus - used, "%s\"%s\"", listed++ ? ", " : "", mig_uuid);
+            }
+            if (used < sizeof gpus) used += (size_t)snprintf(gpus + used, sizeof gpus - used, "]}");
             if (used >= sizeof gpus) break;
         }
     }

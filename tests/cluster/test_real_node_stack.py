@@ -18,13 +18,17 @@ MIG manager's pod), and ``cpu1``, a node without GPUs where the cluster's own po
 5. DRA, the seed article's steps with ``kubectl``: the ResourceSlice and DeviceClass are there, the article's
    claim (selecting ``memory >= 16000`` MiB, with ``ExactCount``) is allocated by the real scheduler, the real
    kubelet's DRA manager has our plugin prepare it, containerd applies the claim's CDI spec, and the probe
-   sees exactly the claimed GPU; deleting the pod and claim unprepares it (the spec file goes);
+   sees exactly the claimed GPU; deleting the pod and claim unprepares it (the spec file goes); NVIDIA's
+   quickstart demos run too (a claim per pod from a template, one claim shared by two pods), each probe seeing
+   exactly its claim's GPU;
    the exporter on each node attributes the workload's GPUs to its pod through the kubelet's PodResources API;
 6. MIG: the MIG manager's pod applies the group's layout (``all-1g.10gb``) through the node's NVML, the device
    plugin offers the MIG devices, a workload gets exactly one (its GPU and its two capability nodes), the
    agents that hold CAP_SYS_ADMIN for the monitor capability cannot change MIG with it, and a day-two layout
    change drains a running workload through the Eviction API (a PodDisruptionBudget holds it until removed);
-7. ``pulumi destroy`` gives the nodes back.
+7. faults: kubelet and containerd restarts, a deleted agent pod, an API-server restart under the agents' pods
+   (none restarts, the DRA pool is not rewritten), the kubelet SIGKILLed at admission, a reboot of the GPU nodes;
+8. ``pulumi destroy`` gives the nodes back.
 
 The time from ``pulumi up`` to the first GPU pod Running is printed (``-s``). Needs root, buildah, debootstrap,
 gcc and the Python package index the image build installs from (as ``tests/image``).
@@ -32,10 +36,7 @@ gcc and the Python package index the image build installs from (as ``tests/image
 
 from __future__ import annotations
 
-import base64
 import json
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,11 +47,21 @@ import pytest
 import yaml
 
 from localcluster import ControlPlane, Kube
-from localcluster.images import agent_archive, local_ca_dir, probe_archive
 from localcluster.node import Node, add_node, mock_gpu_uuid, mock_mig_uuid, remove_node, wait_ready
-from tests.cluster.pulumi_project import Project, make_project
-from tests.cluster.realnode import kubectl
-from tests.tools import missing
+from tests.cluster.pulumi_project import Project
+from tests.cluster.realnode import (
+    allocated_devices,
+    allocation_answer,
+    build_images,
+    checkpointed,
+    crictl_info,
+    kubectl,
+    pod_ready,
+    probe_pod,
+    running_pod,
+    stack_up,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.image, pytest.mark.timeout(1800)]
 
@@ -98,17 +109,6 @@ class Deployed:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def _wait(predicate: Any, what: str, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} after {timeout:.0f} s")
-        time.sleep(0.5)
-
-
 def _pods(kube: Kube) -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in kube.list("v1", "Pod", NS)}
 
@@ -120,46 +120,31 @@ def _on(kube: Kube, component: str, node: str) -> dict[str, dict[str, Any]]:
             and p["spec"].get("nodeName") == node}
 
 
-def _running(pod: dict[str, Any]) -> bool:
-    statuses = pod.get("status", {}).get("containerStatuses") or []
-    return pod.get("status", {}).get("phase") == "Running" and bool(statuses) and all(s["ready"] for s in statuses)
-
-
 @pytest.fixture(scope="module")
 def deployed(real_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    for tool in ("cc", "buildah", "debootstrap", "ldconfig"):
-        if shutil.which(tool) is None:
-            missing(f"{tool} is needed to build the node's images: apt-get install buildah debootstrap gcc")
     cp = real_cluster
     assert cp.bin_dir is not None
     kube = cp.admin()
     work = tmp_path_factory.mktemp("real-node-stack")
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    agent_digest = agent_archive(work / "agent.tar", "localhost/nvidia-gpu-agent:node-test",
-                                 buildah_root=work / "buildah", ca_dir=local_ca_dir())
-    probe_digest = probe_archive(work / "probe.tar", "localhost/nvidia-gpu-test/gpu-probe:1",
-                                 REPO / "tests" / "cdi" / "gpu_probe.c")
+    images = build_images(work)
     timings["images"] = time.monotonic() - t0
     t0 = time.monotonic()
-    images = [work / "agent.tar", work / "probe.tar"]
-    node = add_node(cp.directory, NODE, cp.bin_dir, kube, images=images, machine="dgx-h100")
+    node = add_node(cp.directory, NODE, cp.bin_dir, kube, images=images.archives, machine="dgx-h100")
     timings["node Ready"] = time.monotonic() - t0
     project: Project | None = None
     try:
-        dra_node = add_node(cp.directory, DRA_NODE, cp.bin_dir, kube, images=images, machine="dgx-h100")
-        mig_node = add_node(cp.directory, MIG_NODE, cp.bin_dir, kube, images=images, machine="dgx-h100")
-        add_node(cp.directory, CPU_NODE, cp.bin_dir, kube, images=[work / "agent.tar"])
+        dra_node = add_node(cp.directory, DRA_NODE, cp.bin_dir, kube, images=images.archives, machine="dgx-h100")
+        mig_node = add_node(cp.directory, MIG_NODE, cp.bin_dir, kube, images=images.archives, machine="dgx-h100")
+        add_node(cp.directory, CPU_NODE, cp.bin_dir, kube, images=images.archives[:1])
         for name, pool in ((NODE, "h100"), (DRA_NODE, "dra"), (MIG_NODE, "mig")):
             kube.patch("v1", "Node", name, {"metadata": {"labels": {POOL: pool}}})
-        project = make_project(cp, work, stack="prod")
-        project.config_file().write_text(yaml.safe_dump(_config(agent_digest), sort_keys=False))
-        project.pulumi("stack", "init", "prod")
         up_started = time.monotonic()
-        project.pulumi("up", "--yes", "--skip-preview", timeout=900)
+        project = stack_up(cp, work, "prod", _config(images.agent_digest))
         timings["pulumi up"] = time.monotonic() - up_started
         yield Deployed(cp, kube, node, dra_node, mig_node, project,
-                       f"localhost/nvidia-gpu-test/gpu-probe@{probe_digest}", up_started, timings)
+                       images.probe_ref, up_started, timings)
     finally:
         print("\nreal node stack timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
         if project is not None:
@@ -168,16 +153,10 @@ def deployed(real_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactor
             remove_node(cp.directory, name, kube)
 
 
-def _crictl_info(node: Node) -> dict[str, Any]:
-    done = subprocess.run([*node.crictl(), "info"], capture_output=True, text=True, timeout=60, check=True)
-    info: dict[str, Any] = json.loads(done.stdout)
-    return info
-
-
 def test_setup_configures_the_nodes_containerd_and_opens_the_gate(deployed: Deployed) -> None:
     d = deployed
-    pods = _wait(lambda: (p := _pods(d.kube)) and all(_running(p[n]) for n in p) and len(p) >= 12 and p,
-                 "agent pods Running", timeout=240)
+    pods = wait_until(lambda: (p := _pods(d.kube)) and all(pod_ready(p[n]) for n in p) and len(p) >= 12 and p,
+                      "agent pods Running", timeout=240)
     on_node = sorted(n.rsplit("-", 1)[0] for n, p in pods.items() if p["spec"].get("nodeName") == NODE)
     assert {"gpu-setup-h100", "device-plugin-h100", "gpu-labeller-h100"} <= set(on_node), on_node
     on_dra = sorted(n.rsplit("-", 1)[0] for n, p in pods.items() if p["spec"].get("nodeName") == DRA_NODE)
@@ -186,7 +165,7 @@ def test_setup_configures_the_nodes_containerd_and_opens_the_gate(deployed: Depl
     starts = json.loads((d.node.directory / "supervisor.json").read_text())["containerd"]["starts"]
     assert starts >= 2, starts
     # ... and the running containerd loaded the drop-in: the nvidia runtime, default, and CDI.
-    config = _crictl_info(d.node)["config"]
+    config = crictl_info(d.node)["config"]
     runtimes = config["containerd"]["runtimes"]
     assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime", runtimes
     assert config["containerd"]["defaultRuntimeName"] == "nvidia"
@@ -201,8 +180,8 @@ def test_setup_configures_the_nodes_containerd_and_opens_the_gate(deployed: Depl
 
 def test_the_device_plugin_registers_with_the_real_kubelet(deployed: Deployed) -> None:
     d = deployed
-    allocatable = _wait(lambda: d.kube.get("v1", "Node", NODE)["status"]["allocatable"].get("nvidia.com/gpu"),
-                        "nvidia.com/gpu allocatable")
+    allocatable = wait_until(lambda: d.kube.get("v1", "Node", NODE)["status"]["allocatable"].get("nvidia.com/gpu"),
+                             "nvidia.com/gpu allocatable")
     assert allocatable == "8"
     described = kubectl(d.cp, "describe", "node", NODE)
     assert "nvidia.com/gpu:" in described
@@ -210,8 +189,8 @@ def test_the_device_plugin_registers_with_the_real_kubelet(deployed: Deployed) -
 
 def test_the_labels_match_the_machine(deployed: Deployed) -> None:
     d = deployed
-    labels = _wait(lambda: (n := d.kube.get("v1", "Node", NODE)["metadata"]["labels"]).get("nvidia.com/gpu.count")
-                   and n, "the labeller's GPU labels", timeout=180)
+    labels = wait_until(lambda: (n := d.kube.get("v1", "Node", NODE)["metadata"]["labels"]).get("nvidia.com/gpu.count")
+                        and n, "the labeller's GPU labels", timeout=180)
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert labels["nvidia.com/gpu.count"] == "8"
     assert labels["nvidia.com/gpu.machine"] == "DGXH100"
@@ -237,57 +216,19 @@ def _holders(d: Deployed, node: str) -> dict[str, str]:
     return out
 
 
-def _checkpoint_entries(node: Node) -> list[dict[str, Any]]:
-    """The kubelet's device-manager checkpoint: one entry per pod, container and resource."""
-    path = node.directory / "root/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-    entries: list[dict[str, Any]] = json.loads(path.read_text())["Data"]["PodDeviceEntries"] or []
-    return entries
-
-
-def _checkpointed(node: Node, resource: str = "nvidia.com/gpu") -> dict[str, set[str]]:
-    """Pod UID -> the devices of ``resource`` the kubelet's checkpoint records for it."""
-    out: dict[str, set[str]] = {}
-    for e in _checkpoint_entries(node):
-        if e["ResourceName"] == resource:
-            out.setdefault(e["PodUID"], set()).update(i for ids in e["DeviceIDs"].values() for i in ids)
-    return out
-
-
-def _allocated(node: Node, pod_uid: str, resource: str = "nvidia.com/gpu") -> set[str]:
-    """The devices the kubelet allocated to the pod, from its own checkpoint."""
-    return _checkpointed(node, resource).get(pod_uid, set())
-
-
-def _allocation_answer(node: Node, pod_uid: str) -> bytes:
-    """The plugins' AllocateResponses for the pod, as the kubelet's checkpoint keeps them."""
-    return b"".join(base64.b64decode(e["AllocResp"]) for e in _checkpoint_entries(node) if e["PodUID"] == pod_uid)
-
-
-def _probe_pod(name: str, image: str, runtime_class: str | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-        "containers": [{"name": "probe", "image": image, "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", "gpu-probe && exec sleep 3600"],
-                        "resources": {"limits": {"nvidia.com/gpu": 2}}}]}
-    if runtime_class:
-        spec["runtimeClassName"] = runtime_class
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec}
-
-
 @pytest.mark.parametrize("runtime_class", [None, "nvidia"])
 def test_a_workload_sees_exactly_its_two_gpus(deployed: Deployed, runtime_class: str | None) -> None:
     d = deployed
     name = f"probe-{runtime_class or 'default'}"
-    d.kube.create(_probe_pod(name, d.probe_ref, runtime_class))
+    d.kube.create(probe_pod(name, d.probe_ref, runtime_class))
     try:
-        pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running" and p,
-                    f"pod {name} Running")
+        pod = running_pod(d.kube, name)
         d.timings.setdefault("pulumi up -> first GPU pod Running", time.monotonic() - d.up_started)
         # The checkpoint can trail the pod's Running by a moment: wait for the pod's entry.
-        allocated = _wait(lambda: _allocated(d.node, pod["metadata"]["uid"]), f"{name} in the kubelet's checkpoint")
+        allocated = wait_until(lambda: allocated_devices(d.node, pod["metadata"]["uid"]),
+                               f"{name} in the kubelet's checkpoint")
         assert len(allocated) == 2, allocated
-        logs = _wait(lambda: kubectl(d.cp, "logs", name, check=False).strip(), "the probe's output")
+        logs = wait_until(lambda: kubectl(d.cp, "logs", name, check=False).strip(), "the probe's output")
         seen = json.loads(logs.splitlines()[0])
         assert seen["libcuda"] and seen["libnvidia_ml"] and seen["nvml_init"] == 0, seen
         assert seen["ld_cache_libcuda"] and seen["dev_nvidiactl"], seen
@@ -296,15 +237,15 @@ def test_a_workload_sees_exactly_its_two_gpus(deployed: Deployed, runtime_class:
         # The seed article's check: exec in the running pod lists exactly the allocated GPUs.
         again = json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))
         assert {g["uuid"] for g in again["gpus"]} == allocated
-        holders = _wait(lambda: (h := _holders(d, NODE)) and allocated <= set(h) and h, "the exporter's holders")
+        holders = wait_until(lambda: (h := _holders(d, NODE)) and allocated <= set(h) and h, "the exporter's holders")
         assert {u for u, pod_name in holders.items() if pod_name == name} == allocated, holders
         # The allocation's answer came from our plugin (the volume-mounts device list) through the real
         # kubelet: the checkpoint keeps the AllocateResponse it got.
-        answer = _allocation_answer(d.node, pod["metadata"]["uid"])
+        answer = allocation_answer(d.node, pod["metadata"]["uid"])
         assert all(f"/var/run/nvidia-container-devices/{uuid}".encode() in answer for uuid in allocated)
     finally:
         d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
-        _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+        wait_until(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
 
 
 ARTICLE_CLAIM = """\
@@ -359,13 +300,13 @@ def _apply_article_claim(d: Deployed, tmp_path: Path) -> Path:
 
 
 def _wait_claim_pod_running(d: Deployed) -> None:
-    _wait(lambda: d.kube.get("v1", "Pod", "dra-probe", "default")["status"].get("phase") == "Running",
-          "the claim's pod Running")
+    wait_until(lambda: d.kube.get("v1", "Pod", "dra-probe", "default")["status"].get("phase") == "Running",
+               "the claim's pod Running")
 
 def test_dra_the_seed_articles_steps_with_kubectl(deployed: Deployed, tmp_path: Path) -> None:
     d = deployed
-    slices = _wait(lambda: "gpu.nvidia.com" in (out := kubectl(d.cp, "get", "resourceslices")) and out,
-                   "our ResourceSlice")
+    slices = wait_until(lambda: "gpu.nvidia.com" in (out := kubectl(d.cp, "get", "resourceslices")) and out,
+                        "our ResourceSlice")
     assert DRA_NODE in slices, slices
     assert "gpu.nvidia.com" in kubectl(d.cp, "describe", "deviceclass", "gpu.nvidia.com")
     manifest = _apply_article_claim(d, tmp_path)
@@ -379,11 +320,12 @@ def test_dra_the_seed_articles_steps_with_kubectl(deployed: Deployed, tmp_path: 
                       if dev["name"] == result["device"])
         assert device["attributes"]["memory"]["int"] >= 16000
         uuid = device["attributes"]["uuid"]["string"]
-        seen = json.loads(_wait(lambda: kubectl(d.cp, "logs", "dra-probe", check=False).strip(),
-                                "the probe's output").splitlines()[0])
+        seen = json.loads(wait_until(lambda: kubectl(d.cp, "logs", "dra-probe", check=False).strip(),
+                                     "the probe's output").splitlines()[0])
         assert seen["device_count"] == 1 and [g["uuid"] for g in seen["gpus"]] == [uuid], (seen, uuid)
         assert [g["uuid"] for g in json.loads(kubectl(d.cp, "exec", "dra-probe", "--", "gpu-probe"))["gpus"]] == [uuid]
-        holders = _wait(lambda: (h := _holders(d, DRA_NODE)) and uuid in h and h, "the DRA node exporter's holders")
+        holders = wait_until(lambda: (h := _holders(d, DRA_NODE)) and uuid in h and h,
+                             "the DRA node exporter's holders")
         assert {u for u, pod_name in holders.items() if pod_name == "dra-probe"} == {uuid}, holders
         described = kubectl(d.cp, "describe", "resourceclaim", "gpu-16g")
         assert "dra-probe" in described and result["device"] in described, described
@@ -392,28 +334,108 @@ def test_dra_the_seed_articles_steps_with_kubectl(deployed: Deployed, tmp_path: 
     finally:
         kubectl(d.cp, "delete", "-f", str(manifest), "--wait=true", "--timeout=60s", check=False)
     # Unprepared: the claim's CDI spec is gone from the node.
-    _wait(lambda: not list((d.dra_node.directory / "root/run/cdi").glob("*claim*")), "the claim's CDI spec removed",
-          timeout=60)
+    wait_until(lambda: not list((d.dra_node.directory / "root/run/cdi").glob("*claim*")),
+               "the claim's CDI spec removed",
+               timeout=60)
+
+
+#: NVIDIA's DRA quickstart manifests (``tests/dra/data``, copied unchanged) run on the DRA node as published but
+#: for the image: theirs is ``ubuntu:22.04`` running ``nvidia-smi -L``, which the node cannot pull (no registry)
+#: and whose ``nvidia-smi`` (NVIDIA's closed binary) no mock driver carries; the probe lists what it would.
+DEMO_DATA = REPO / "tests" / "dra" / "data"
+DEMOS = {"gpu-test1": "nvidia-dra-demo-gpu-test1-claimtemplate.yaml",
+         "gpu-test3": "nvidia-dra-demo-gpu-test3-shared-claim.yaml"}
+
+
+def _demo_manifest(d: Deployed, demo: str, tmp_path: Path) -> Path:
+    """NVIDIA's demo ``demo`` with each container's image and ``nvidia-smi -L`` replaced by the probe."""
+    objects = [o for o in yaml.safe_load_all((DEMO_DATA / DEMOS[demo]).read_text()) if o]
+    for obj in objects:
+        if obj["kind"] != "Pod":
+            continue
+        for container in obj["spec"]["containers"]:
+            assert container["image"] == "ubuntu:22.04" and container["args"][0].startswith("nvidia-smi -L;"), container
+            container.update(image=d.probe_ref, imagePullPolicy="Never", command=["sh", "-c"],
+                             args=[container["args"][0].replace("nvidia-smi -L;", "gpu-probe;", 1)])
+    manifest = tmp_path / DEMOS[demo]
+    manifest.write_text(yaml.safe_dump_all(objects, sort_keys=False))
+    return manifest
+
+
+def _claimed_uuid(d: Deployed, namespace: str, pod: str) -> tuple[str, str]:
+    """The one device the pod's claim was allocated (claim UID, GPU UUID from our slice)."""
+    status = d.kube.get("v1", "Pod", pod, namespace)
+    ref = status["spec"]["resourceClaims"][0]
+    name = ref.get("resourceClaimName") or next(
+        s["resourceClaimName"] for s in status["status"]["resourceClaimStatuses"] if s["name"] == ref["name"])
+    claim = d.kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == ("gpu.nvidia.com", DRA_NODE), result
+    device = next(dev for s in d.kube.list("resource.k8s.io/v1", "ResourceSlice")
+                  if s["spec"]["pool"]["name"] == DRA_NODE for dev in s["spec"]["devices"]
+                  if dev["name"] == result["device"])
+    return claim["metadata"]["uid"], device["attributes"]["uuid"]["string"]
+
+
+def _probe_saw(d: Deployed, namespace: str, pod: str) -> list[str]:
+    logs = wait_until(lambda: kubectl(d.cp, "-n", namespace, "logs", pod, check=False).strip(),
+                      f"{namespace}/{pod}'s probe")
+    return [g["uuid"] for g in json.loads(logs.splitlines()[0])["gpus"]]
+
+
+def test_nvidias_dra_demos_run_and_see_their_claims(deployed: Deployed, tmp_path: Path) -> None:
+    """NVIDIA's quickstart demos on the real DRA node, as the real scheduler and kubelet run them (this was the
+    kubelet stand-in's job in ``test_dra_cluster.py``): ``gpu-test1``'s template gives each of its two pods a
+    claim of its own and each probe sees exactly its own GPU, two distinct ones; ``gpu-test3``'s one shared
+    claim is prepared once and both pods see the same GPU. Deleting the demos unprepares every claim."""
+    d = deployed
+    manifests = [_demo_manifest(d, demo, tmp_path) for demo in DEMOS]
+    try:
+        for manifest in manifests:
+            kubectl(d.cp, "apply", "-f", str(manifest))
+        for ns in DEMOS:
+            for pod in ("pod1", "pod2"):
+                wait_until(lambda ns=ns, pod=pod: d.kube.get("v1", "Pod", pod, ns)["status"].get("phase") == "Running",
+                           f"{ns}/{pod} Running")
+        own = {pod: _claimed_uuid(d, "gpu-test1", pod) for pod in ("pod1", "pod2")}
+        assert own["pod1"][0] != own["pod2"][0] and own["pod1"][1] != own["pod2"][1], own
+        for pod, (_, uuid) in own.items():
+            assert _probe_saw(d, "gpu-test1", pod) == [uuid], (pod, uuid)
+        shared = {pod: _claimed_uuid(d, "gpu-test3", pod) for pod in ("pod1", "pod2")}
+        assert shared["pod1"] == shared["pod2"], shared
+        for pod in ("pod1", "pod2"):
+            assert _probe_saw(d, "gpu-test3", pod) == [shared["pod1"][1]], pod
+        # One CDI spec per claim on the node: two from the template, one for the shared claim.
+        specs = {p.name for p in (d.dra_node.directory / "root/run/cdi").glob("*claim*")}
+        claims = {own["pod1"][0], own["pod2"][0], shared["pod1"][0]}
+        assert len(specs) == 3 and all(any(uid in s for s in specs) for uid in claims), (specs, claims)
+    finally:
+        for manifest in manifests:
+            kubectl(d.cp, "delete", "-f", str(manifest), "--wait=true", "--timeout=90s", check=False)
+    wait_until(lambda: not list((d.dra_node.directory / "root/run/cdi").glob("*claim*")),
+               "the demos' CDI specs removed",
+               timeout=60)
 
 
 def _gpu_pod_running(d: Deployed, name: str) -> tuple[dict[str, Any], set[str]]:
     """A long-running probe pod with two GPUs on the device-plugin node, and the GPUs its probe sees."""
-    d.kube.create(_probe_pod(name, d.probe_ref, None))
+    d.kube.create(probe_pod(name, d.probe_ref, None))
     try:
-        pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running"
-                    and p, f"pod {name} Running")
+        pod = wait_until(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running"
+                         and p, f"pod {name} Running")
     except AssertionError as e:
         raise AssertionError(f"{e}: {d.kube.get('v1', 'Pod', name, 'default')['status']}\n"
                              f"{kubectl(d.cp, 'describe', 'pod', name, check=False)[-3000:]}") from e
     seen = {g["uuid"] for g in json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))["gpus"]}
-    allocated = _wait(lambda: _allocated(d.node, pod["metadata"]["uid"]), f"{name} in the kubelet's checkpoint")
+    allocated = wait_until(lambda: allocated_devices(d.node, pod["metadata"]["uid"]),
+                           f"{name} in the kubelet's checkpoint")
     assert seen == allocated and len(seen) == 2, (seen, allocated)
     return pod, seen
 
 
 def _registered_again(d: Deployed, what: str) -> None:
     """The kubelet offers the eight GPUs again (a restarted kubelet offers none until the plugin registers)."""
-    _wait(lambda: d.kube.get("v1", "Node", NODE)["status"]["allocatable"].get("nvidia.com/gpu") == "8", what)
+    wait_until(lambda: d.kube.get("v1", "Node", NODE)["status"]["allocatable"].get("nvidia.com/gpu") == "8", what)
 
 
 def _dra_claim_runs(d: Deployed, tmp_path: Path) -> None:
@@ -440,7 +462,8 @@ def test_a_restart_keeps_running_pods_and_their_gpus(deployed: Deployed, unit: s
         after = d.kube.get("v1", "Pod", name, "default")
         assert after["metadata"]["uid"] == pod["metadata"]["uid"]
         assert after["status"]["containerStatuses"][0]["restartCount"] == 0
-        again = _wait(lambda: kubectl(d.cp, "exec", name, "--", "gpu-probe", check=False), "exec after the restart")
+        again = wait_until(lambda: kubectl(d.cp, "exec", name, "--", "gpu-probe", check=False),
+                           "exec after the restart")
         assert {g["uuid"] for g in json.loads(again)["gpus"]} == seen
         # New allocations go through the plugins registered with the new kubelet: two GPUs other than the
         # running pod's, and a DRA claim.
@@ -450,20 +473,20 @@ def test_a_restart_keeps_running_pods_and_their_gpus(deployed: Deployed, unit: s
     finally:
         for pod_name in (name, f"new-{unit}"):
             d.kube.delete("v1", "Pod", pod_name, "default", gracePeriodSeconds="0")
-        _wait(lambda: not any(d.kube.get_or_none("v1", "Pod", n, "default") for n in (name, f"new-{unit}")),
-              "the test's pods gone", timeout=60)
+        wait_until(lambda: not any(d.kube.get_or_none("v1", "Pod", n, "default") for n in (name, f"new-{unit}")),
+                   "the test's pods gone", timeout=60)
 
 
 def test_a_deleted_device_plugin_pod_comes_back_and_registers(deployed: Deployed) -> None:
     d = deployed
     (old,) = _on(d.kube, "device-plugin", NODE)
     d.kube.delete("v1", "Pod", old, NS)
-    _wait(lambda: [n for n, p in _on(d.kube, "device-plugin", NODE).items() if n != old and _running(p)],
-          "a new device plugin pod Running")
+    wait_until(lambda: [n for n, p in _on(d.kube, "device-plugin", NODE).items() if n != old and pod_ready(p)],
+               "a new device plugin pod Running")
     _registered_again(d, "the new device plugin registered")
     _gpu_pod_running(d, "after-delete")  # allocated by the new plugin
     d.kube.delete("v1", "Pod", "after-delete", "default", gracePeriodSeconds="0")
-    _wait(lambda: d.kube.get_or_none("v1", "Pod", "after-delete", "default") is None, "pod gone", timeout=60)
+    wait_until(lambda: d.kube.get_or_none("v1", "Pod", "after-delete", "default") is None, "pod gone", timeout=60)
 
 
 #: What each strategy puts in the kubelet's checkpoint of the plugin's AllocateResponse.
@@ -486,23 +509,24 @@ def test_each_device_list_strategy_as_a_day_two_change(deployed: Deployed, strat
         (setup,) = _on(d.kube, "gpu-setup", NODE)
         plugins = set(_on(d.kube, "device-plugin", NODE))
         d.kube.delete("v1", "Pod", setup, NS)  # teardown closes the gate: the plugin goes, then comes back
-        _wait(lambda: any(n not in plugins and _running(p) for n, p in _on(d.kube, "device-plugin", NODE).items()),
-              "a new device plugin Running", timeout=240)
+        wait_until(lambda: any(n not in plugins and pod_ready(p) for n, p in _on(d.kube, "device-plugin",
+                   NODE).items()),
+                   "a new device plugin Running", timeout=240)
     name = f"strategy-{strategy}"
     deadline = time.monotonic() + 180
     while True:
         # A pod admitted while the plugin re-registers (it restarts its servers for a new config, and comes back
         # after node setup ran again) fails with UnexpectedAdmissionError, as on any node: create another.
-        d.kube.create(_probe_pod(name, d.probe_ref, None))
-        pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase")
-                    in ("Running", "Failed") and p, f"pod {name} admitted")
-        answer = _allocation_answer(d.node, pod["metadata"]["uid"])
-        allocated = _allocated(d.node, pod["metadata"]["uid"])
+        d.kube.create(probe_pod(name, d.probe_ref, None))
+        pod = wait_until(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase")
+                         in ("Running", "Failed") and p, f"pod {name} admitted")
+        answer = allocation_answer(d.node, pod["metadata"]["uid"])
+        allocated = allocated_devices(d.node, pod["metadata"]["uid"])
         seen = set()
         if pod["status"]["phase"] == "Running":
             seen = {g["uuid"] for g in json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))["gpus"]}
         d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
-        _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+        wait_until(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
         if pod["status"]["phase"] == "Running" and STRATEGY_MARKS[strategy] in answer:
             break
         assert time.monotonic() < deadline, f"no allocation the new way: {pod['status']} {answer!r}"
@@ -523,12 +547,12 @@ def _mig_settled(d: Deployed, config: str) -> dict[str, Any]:
         ok = (labels.get("nvidia.com/mig.config") == config and labels.get("nvidia.com/mig.config.state") == "success"
               and not node["spec"].get("unschedulable"))
         return node if ok else None
-    node: dict[str, Any] = _wait(settled, f"MIG config {config} applied", timeout=300)
+    node: dict[str, Any] = wait_until(settled, f"MIG config {config} applied", timeout=300)
     return node
 
 
 def _mig_pod(name: str, image: str, resource: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    pod = _probe_pod(name, image, None)
+    pod = probe_pod(name, image, None)
     pod["metadata"]["labels"] = labels or {}
     container = pod["spec"]["containers"][0]
     container["resources"] = {"limits": {resource: 1}}
@@ -552,8 +576,9 @@ def test_the_mig_manager_applies_the_layout_through_its_pod(deployed: Deployed) 
     Node, and the device plugin offers the MIG devices to the kubelet."""
     d = deployed
     _mig_settled(d, "all-1g.10gb")
-    _wait(lambda: d.kube.get("v1", "Node", MIG_NODE)["status"]["allocatable"].get(MIG_RESOURCE) == str(MIG_DEVICES),
-          f"{MIG_DEVICES} {MIG_RESOURCE} allocatable", timeout=180)
+    wait_until(lambda: d.kube.get("v1", "Node",
+               MIG_NODE)["status"]["allocatable"].get(MIG_RESOURCE) == str(MIG_DEVICES),
+               f"{MIG_DEVICES} {MIG_RESOURCE} allocatable", timeout=180)
     assert f"{MIG_RESOURCE}:" in kubectl(d.cp, "describe", "node", MIG_NODE)
     state = json.loads(d.mig_node.mig_state_file.read_text())
     assert [g["migMode"] for g in state["gpus"]] == [1] * 8, state
@@ -565,25 +590,26 @@ def test_the_mig_manager_applies_the_layout_through_its_pod(deployed: Deployed) 
 
 def test_a_mig_workload_gets_exactly_its_mig_device(deployed: Deployed) -> None:
     """A pod asking for one ``mig-1g.10gb`` gets the MIG device the kubelet's checkpoint records: its GPU, and of
-    the MIG capability nodes exactly the two of that GPU and compute instance (``mig-minors``)."""
+    the MIG capability nodes exactly the two of that GPU and compute instance (``mig-minors``); so NVML lists it
+    that GPU with that one MIG device under it, as ``nvidia-smi -L`` in such a pod shows, not the GPU's six
+    others."""
     d = deployed
     _mig_settled(d, "all-1g.10gb")
     name = "mig-probe"
     d.kube.create(_mig_pod(name, d.probe_ref, MIG_RESOURCE))
     try:
-        pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running" and p,
-                    f"pod {name} Running")
-        (uuid,) = _wait(lambda: _allocated(d.mig_node, pod["metadata"]["uid"], MIG_RESOURCE),
-                        f"{name} in the kubelet's checkpoint")
+        pod = running_pod(d.kube, name)
+        (uuid,) = wait_until(lambda: allocated_devices(d.mig_node, pod["metadata"]["uid"], MIG_RESOURCE),
+                             f"{name} in the kubelet's checkpoint")
         gpu, gi, ci = _mig_device_of(d, uuid)
         seen = json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))
-        assert [g["uuid"] for g in seen["gpus"]] == [mock_gpu_uuid(MOCK, gpu)], (seen, uuid)
+        assert [(g["uuid"], g["mig"]) for g in seen["gpus"]] == [(mock_gpu_uuid(MOCK, gpu), [uuid])], (seen, uuid)
         minors = dict(line.rsplit(" ", 1) for line in d.mig_node.mig_minors_file.read_text().splitlines())
         want = {f"nvidia-cap{minors[key]}" for key in (f"gpu{gpu}/gi{gi}/access", f"gpu{gpu}/gi{gi}/ci{ci}/access")}
         assert set(kubectl(d.cp, "exec", name, "--", "ls", "/dev/nvidia-caps").split()) == want
     finally:
         d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
-        _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+        wait_until(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
 
 
 SET_MIG_MODE = """
@@ -612,8 +638,8 @@ def test_an_agent_cannot_change_mig_with_its_own_capabilities(deployed: Deployed
     _mig_settled(d, "all-1g.10gb")
     before = d.mig_node.mig_state_file.read_text()
     gpu_instance = json.loads(before)["gpus"][0]["gpuInstances"][0]["id"]
-    pods = _wait(lambda: [n for n, p in _on(d.kube, agent, MIG_NODE).items() if _running(p)],
-                 f"the {agent} pod on {MIG_NODE} Running", timeout=120)
+    pods = wait_until(lambda: [n for n, p in _on(d.kube, agent, MIG_NODE).items() if pod_ready(p)],
+                      f"the {agent} pod on {MIG_NODE} Running", timeout=120)
     pod = pods[0]
     codes = json.loads(kubectl(d.cp, "-n", NS, "exec", pod, "--", "python", "-c", SET_MIG_MODE, str(gpu_instance)))
     assert codes == [4, 4], codes  # NVML_ERROR_NO_PERMISSION, twice
@@ -632,25 +658,26 @@ def test_a_mig_change_drains_the_running_workload_through_eviction(deployed: Dep
                    "spec": {"minAvailable": 1, "selector": {"matchLabels": selector}}})
     d.kube.create(_mig_pod(name, d.probe_ref, MIG_RESOURCE, selector))
     try:
-        pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running" and p,
-                    f"pod {name} Running")
+        pod = running_pod(d.kube, name)
         config = yaml.safe_load(d.project.config_file().read_text())
         config["config"]["nvidia-gpu:nodeGroups"][2]["gpu"]["mig"]["partedConfig"] = "all-2g.20gb"
         d.project.config_file().write_text(yaml.safe_dump(config, sort_keys=False))
         t0 = time.monotonic()
         d.project.pulumi("up", "--yes", "--skip-preview", timeout=900)
-        _wait(lambda: d.kube.get("v1", "Node", MIG_NODE)["spec"].get("unschedulable"), "the node cordoned",
-              timeout=120)
+        wait_until(lambda: d.kube.get("v1", "Node", MIG_NODE)["spec"].get("unschedulable"), "the node cordoned",
+                   timeout=120)
         time.sleep(10)  # the manager retries the eviction; the budget keeps refusing it
         held = d.kube.get("v1", "Pod", name, "default")
         assert held["metadata"]["uid"] == pod["metadata"]["uid"] and "deletionTimestamp" not in held["metadata"]
         labels = d.kube.get("v1", "Node", MIG_NODE)["metadata"]["labels"]
         assert labels["nvidia.com/mig.config.state"] == "pending", labels
         d.kube.delete("policy/v1", "PodDisruptionBudget", name, "default")
-        _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, "the workload evicted", timeout=120)
+        wait_until(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, "the workload evicted",
+                   timeout=120)
         node = _mig_settled(d, "all-2g.20gb")
-        allocatable = _wait(lambda: (a := d.kube.get("v1", "Node", MIG_NODE)["status"]["allocatable"])
-                            .get("nvidia.com/mig-2g.20gb") == "24" and a, "24 mig-2g.20gb allocatable", timeout=180)
+        allocatable = wait_until(lambda: (a := d.kube.get("v1", "Node", MIG_NODE)["status"]["allocatable"])
+                                 .get("nvidia.com/mig-2g.20gb") == "24" and a, "24 mig-2g.20gb allocatable",
+                                      timeout=180)
         d.timings["MIG change (10 s held by the budget) -> new layout offered"] = time.monotonic() - t0
         assert allocatable.get(MIG_RESOURCE, "0") == "0", allocatable
         assert not node["spec"].get("unschedulable")
@@ -679,17 +706,65 @@ def _all_gpus_free(d: Deployed) -> None:
     """A pod asking for all eight GPUs runs and sees them: no deleted pod still holds one (the kubelet drops a
     gone pod's devices from its checkpoint at the next allocation, not at the deletion)."""
     name = "all-eight"
-    pod = _probe_pod(name, d.probe_ref, None)
+    pod = probe_pod(name, d.probe_ref, None)
     pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 8}}
     d.kube.create(pod)
     try:
-        _wait(lambda: d.kube.get("v1", "Pod", name, "default")["status"].get("phase") == "Running",
-              f"pod {name} Running", timeout=120)
+        wait_until(lambda: d.kube.get("v1", "Pod", name, "default")["status"].get("phase") == "Running",
+                   f"pod {name} Running", timeout=120)
         seen = json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))
         assert seen["device_count"] == 8, seen
     finally:
         d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
-        _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+        wait_until(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+
+
+def _slice_generation(d: Deployed) -> tuple[int, set[str]]:
+    """The DRA node's pool: its generation and its devices."""
+    slices = [s for s in d.kube.list("resource.k8s.io/v1", "ResourceSlice") if s["spec"]["pool"]["name"] == DRA_NODE]
+    assert slices, "the DRA node's slices"
+    return (max(s["spec"]["pool"]["generation"] for s in slices),
+            {dev["name"] for s in slices for dev in s["spec"]["devices"]})
+
+
+def _agent_restarts(d: Deployed) -> dict[str, int]:
+    """Every stack pod's container restarts, by pod name (a pod replaced shows as another name)."""
+    return {n: sum(s["restartCount"] for s in p["status"].get("containerStatuses") or [])
+            for n, p in _pods(d.kube).items()}
+
+
+def test_the_agents_ride_out_an_api_server_restart(deployed: Deployed, tmp_path: Path) -> None:
+    """The API server stopped and started again (2 s down; the controller manager and scheduler restarted
+    after it, as a control-plane node's kubelet would) under the agents' pods on real nodes (this was
+    ``test_restart.py``'s DRA plugin on the kubelet stand-in): no agent container restarts or is replaced, the
+    DRA pool is not written again (same generation, same devices), a running GPU pod keeps its GPUs, and new
+    GPU pods and a DRA claim are served by the same agents afterwards."""
+    d = deployed
+    wait_until(lambda: all(pod_ready(p) for p in _pods(d.kube).values() if p["status"].get("phase") != "Succeeded"),
+               "every stack pod Running and ready")
+    restarts = _agent_restarts(d)
+    generation = _slice_generation(d)
+    pod, seen = _gpu_pod_running(d, "through-api-restart")
+    try:
+        down = d.cp.restart_apiserver(down_s=2)
+        d.timings["API server down"] = down
+        for node in (NODE, DRA_NODE, MIG_NODE):
+            wait_ready(d.kube, node, timeout=120)
+        again = wait_until(lambda: kubectl(d.cp, "exec", "through-api-restart", "--", "gpu-probe", check=False),
+                           "exec after the API server restart")
+        assert {g["uuid"] for g in json.loads(again)["gpus"]} == seen
+        _, fresh = _gpu_pod_running(d, "after-api-restart")
+        assert not fresh & seen, (fresh, seen)
+        _dra_claim_runs(d, tmp_path)
+        assert _slice_generation(d) == generation, "the DRA pool was written again after the restart"
+        assert _agent_restarts(d) == restarts, "an agent's container restarted or its pod was replaced"
+        assert d.kube.get("v1", "Pod", "through-api-restart", "default")["metadata"]["uid"] == pod["metadata"]["uid"]
+    finally:
+        for pod_name in ("through-api-restart", "after-api-restart"):
+            d.kube.delete("v1", "Pod", pod_name, "default", gracePeriodSeconds="0")
+        wait_until(lambda: not any(d.kube.get_or_none("v1", "Pod", n, "default")
+                              for n in ("through-api-restart", "after-api-restart")),
+              "the test's pods gone", timeout=60)
 
 
 def test_a_kubelet_killed_mid_allocation_recovers(deployed: Deployed) -> None:
@@ -703,29 +778,29 @@ def test_a_kubelet_killed_mid_allocation_recovers(deployed: Deployed) -> None:
     name = "killed-mid-allocation"
     try:
         for attempt in range(3):
-            d.kube.create(_probe_pod(name, d.probe_ref, None))
-            _wait(lambda: d.kube.get("v1", "Pod", name, "default")["spec"].get("nodeName"), "the pod bound",
-                  timeout=30)
+            d.kube.create(probe_pod(name, d.probe_ref, None))
+            wait_until(lambda: d.kube.get("v1", "Pod", name, "default")["spec"].get("nodeName"), "the pod bound",
+                       timeout=30)
             if attempt == 0:
                 d.node.kill("kubelet")
-            pod = _wait(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase")
-                        in ("Running", "Failed") and p, f"pod {name} admitted", timeout=180)
+            pod = wait_until(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase")
+                             in ("Running", "Failed") and p, f"pod {name} admitted", timeout=180)
             if pod["status"]["phase"] == "Running":
                 break
             assert pod["status"].get("reason") == "UnexpectedAdmissionError", pod["status"]
             d.kube.delete("v1", "Pod", name, "default", gracePeriodSeconds="0")
-            _wait(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
+            wait_until(lambda: d.kube.get_or_none("v1", "Pod", name, "default") is None, f"pod {name} gone", timeout=60)
         assert pod["status"]["phase"] == "Running", pod["status"]
         seen = {g["uuid"] for g in json.loads(kubectl(d.cp, "exec", name, "--", "gpu-probe"))["gpus"]}
-        assert seen == _allocated(d.node, pod["metadata"]["uid"]) and len(seen) == 2, seen
+        assert seen == allocated_devices(d.node, pod["metadata"]["uid"]) and len(seen) == 2, seen
         assert not seen & neighbour, (seen, neighbour)
-        held = _checkpointed(d.node)
+        held = checkpointed(d.node)
         assert sum(len(v) for v in held.values()) == len(set().union(*held.values())), held  # none twice
     finally:
         for pod_name in (name, "alloc-neighbour"):
             d.kube.delete("v1", "Pod", pod_name, "default", gracePeriodSeconds="0")
-        _wait(lambda: not any(d.kube.get_or_none("v1", "Pod", n, "default") for n in (name, "alloc-neighbour")),
-              "the test's pods gone", timeout=60)
+        wait_until(lambda: not any(d.kube.get_or_none("v1", "Pod", n, "default") for n in (name, "alloc-neighbour")),
+                   "the test's pods gone", timeout=60)
     _all_gpus_free(d)
 
 
@@ -751,16 +826,17 @@ def test_a_reboot_brings_the_nodes_back_with_their_gpus(deployed: Deployed, tmp_
     _registered_again(d, "the device plugin registered after the reboot")
     d.timings["reboot -> 8 GPUs offered"] = time.monotonic() - t0
     for pod_name in ("before-reboot", "dra-probe"):
-        _wait(lambda n=pod_name: d.kube.get("v1", "Pod", n, "default")["status"].get("phase") == "Failed",
-              f"{pod_name} Failed after the reboot", timeout=180)
+        wait_until(lambda n=pod_name: d.kube.get("v1", "Pod", n, "default")["status"].get("phase") == "Failed",
+                   f"{pod_name} Failed after the reboot", timeout=180)
     d.kube.delete("v1", "Pod", "before-reboot", "default", gracePeriodSeconds="0")
     kubectl(d.cp, "delete", "-f", str(manifest), "--wait=true", "--timeout=60s")
-    _wait(lambda: not list((d.dra_node.directory / "root/run/cdi").glob("*claim*")), "no claim spec on the DRA node",
-          timeout=60)
+    wait_until(lambda: not list((d.dra_node.directory / "root/run/cdi").glob("*claim*")),
+               "no claim spec on the DRA node",
+               timeout=60)
     _all_gpus_free(d)
     # MIG: the same layout again, made by the manager on the new boot.
-    _wait(lambda: _mig_layout(d) == layout and _mig_offered(d) == offered, "the MIG layout made and offered again",
-          timeout=300)
+    wait_until(lambda: _mig_layout(d) == layout and _mig_offered(d) == offered, "the MIG layout made and offered again",
+               timeout=300)
     d.timings["reboot -> MIG layout offered again"] = time.monotonic() - t0
     _, after = _gpu_pod_running(d, "after-reboot")
     assert len(after) == 2 and after <= {mock_gpu_uuid(MOCK, i) for i in range(8)}, (before, after)
@@ -775,7 +851,7 @@ def test_destroy_gives_the_node_back(deployed: Deployed) -> None:
     before = json.loads((d.node.directory / "supervisor.json").read_text())["containerd"]["starts"]
     d.project.pulumi("destroy", "--yes", "--skip-preview", timeout=900)
     for node in (d.node, d.dra_node):
-        config = _crictl_info(node)["config"]
+        config = crictl_info(node)["config"]
         assert "nvidia" not in config["containerd"]["runtimes"], config["containerd"]["runtimes"]
         assert config["containerd"]["defaultRuntimeName"] == "runc"
         labels = d.kube.get("v1", "Node", node.name)["metadata"]["labels"]

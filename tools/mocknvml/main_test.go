@@ -343,3 +343,78 @@ func TestStateAfterReboot(t *testing.T) {
 		}
 	}
 }
+
+// TestMigDevicesListedByTheirCapabilities: with a device directory, a process lists the MIG devices whose
+// GPU-instance and compute-instance access nodes it may read (numbered from 0 among them, found by UUID),
+// and every one with the monitor capability; without one, every MIG device (permission.go).
+func TestMigDevicesListedByTheirCapabilities(t *testing.T) {
+	saved, savedMinors := srv, migMinorsFile
+	defer func() { srv, migMinorsFile = saved, savedMinors }()
+	srv = machines["dgxh100"]()
+	d := srv.Devices[1].(*server.Device)
+	d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	p := d.Config.MIGProfiles.GpuInstanceProfiles[nvml.GPU_INSTANCE_PROFILE_1_SLICE]
+	for start := uint32(0); start < 2; start++ {
+		gi, ret := d.CreateGpuInstanceWithPlacement(&p, &nvml.GpuInstancePlacement{Start: start, Size: 1})
+		if ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+		cp, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if _, ret := gi.CreateComputeInstance(&cp); ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+	}
+	t.Setenv("MOCK_NVML_DEV_ROOT", "")
+	all := migDevicesOf(d)
+	if len(all) != 2 || len(listedMigDevicesOf(d)) != 2 {
+		t.Fatalf("without a device directory: %d MIG devices, %d listed; want 2 and 2", len(all), len(listedMigDevicesOf(d)))
+	}
+	mine, other := all[1], all[0]
+	dir := t.TempDir()
+	mknod := func(name string) {
+		// /dev/null's numbers: any character device will do.
+		if err := syscall.Mknod(filepath.Join(dir, name), syscall.S_IFCHR|0o400, 1<<8|3); err != nil {
+			t.Skipf("mknod: %v (needs root)", err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "nvidia-caps"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mknod(fmt.Sprintf("nvidia%d", d.Minor))
+	minors := fmt.Sprintf("config 1\nmonitor 2\ngpu%d/gi%d/access 30\ngpu%d/gi%d/ci%d/access 31\n"+
+		"gpu%d/gi%d/access 40\ngpu%d/gi%d/ci%d/access 41\n",
+		d.Minor, mine.gi.Info.Id, d.Minor, mine.gi.Info.Id, mine.ci.Info.Id,
+		d.Minor, other.gi.Info.Id, d.Minor, other.gi.Info.Id, other.ci.Info.Id)
+	migMinorsFile = filepath.Join(dir, "mig-minors")
+	if err := os.WriteFile(migMinorsFile, []byte(minors), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOCK_NVML_DEV_ROOT", dir)
+	if n := len(listedMigDevicesOf(d)); n != 0 {
+		t.Errorf("the parent's node alone lists %d MIG devices, want 0", n)
+	}
+	mknod("nvidia-caps/nvidia-cap30") // the GPU instance's access without the compute instance's: not enough
+	if n := len(listedMigDevicesOf(d)); n != 0 {
+		t.Errorf("a GPU instance's access alone lists %d MIG devices, want 0", n)
+	}
+	mknod("nvidia-caps/nvidia-cap31")
+	if listed := listedMigDevicesOf(d); len(listed) != 1 || listed[0] != mine {
+		t.Fatalf("listed %v, want the one MIG device whose capabilities the process holds", listed)
+	}
+	if i, ret := mine.GetIndex(); ret != nvml.SUCCESS || i != 0 {
+		t.Errorf("its index %d, %v; want 0 (the first the process lists)", i, ret)
+	}
+	var h unsafe.Pointer
+	uuid, _ := mine.GetUUID()
+	if ret := putMigHandleByUUID(uuid, &h); ret != nvml.SUCCESS || objects[uintptr(h)] != mine {
+		t.Errorf("its UUID: %v", ret)
+	}
+	otherUUID, _ := other.GetUUID()
+	if ret := putMigHandleByUUID(otherUUID, &h); ret != nvml.ERROR_NOT_FOUND {
+		t.Errorf("another MIG device's UUID: %v, want NOT_FOUND", ret)
+	}
+	mknod("nvidia-caps/nvidia-cap2") // the monitor capability shows every MIG device
+	if n := len(listedMigDevicesOf(d)); n != 2 {
+		t.Errorf("with the monitor capability %d MIG devices listed, want 2", n)
+	}
+}

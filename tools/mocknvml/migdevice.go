@@ -58,11 +58,11 @@ func migDeviceFor(parent *server.Device, gi *server.GpuInstance, ci *server.Comp
 	m.GetUUIDFunc = func() (string, nvml.Return) { return uuid, nvml.SUCCESS }
 	m.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return true, nvml.SUCCESS }
 	m.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) { return parent, nvml.SUCCESS }
-	// A MIG handle's index is its place among the parent's MIG devices (nvmlDeviceGetMigDeviceHandleByIndex's
-	// order), which NVIDIA's container toolkit names CDI devices by ("<gpu index>:<MIG index>",
-	// pkg/nvcdi/mig-device-nvml.go), as nvidia-smi -L numbers "MIG ... Device <n>".
+	// A MIG handle's index is its place among the parent's MIG devices the process lists
+	// (nvmlDeviceGetMigDeviceHandleByIndex's order), which NVIDIA's container toolkit names CDI devices by
+	// ("<gpu index>:<MIG index>", pkg/nvcdi/mig-device-nvml.go), as nvidia-smi -L numbers "MIG ... Device <n>".
 	m.GetIndexFunc = func() (int, nvml.Return) {
-		for i, other := range migDevicesOf(parent) {
+		for i, other := range listedMigDevicesOf(parent) {
 			if other == m {
 				return i, nvml.SUCCESS
 			}
@@ -138,17 +138,29 @@ func migDevicesOf(dev *server.Device) []*migDevice {
 	return out
 }
 
+// listedMigDevicesOf are the GPU's MIG devices this process may use (permission.go), in NVML's order: what
+// it lists by index and finds by UUID.
+func listedMigDevicesOf(dev *server.Device) []*migDevice {
+	var out []*migDevice
+	for _, m := range migDevicesOf(dev) {
+		if mayUseMigDevice(m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // putMigHandleByUUID answers nvmlDeviceGetHandleByUUID for a MIG UUID: nvml.h's "UUID of the target GPU
 // or MIG instance" resolves to the MIG device handle, which NVIDIA's container toolkit relies on (its CDI
 // generation looks up every MIG device of NVIDIA_VISIBLE_DEVICES=all by UUID). Only MIG devices of GPUs
-// this process sees; NOT_FOUND for any other.
+// this process sees and may use; NOT_FOUND for any other.
 func putMigHandleByUUID(uuid string, out *unsafe.Pointer) nvml.Return {
 	for _, d := range visibleDevices() {
 		dev, ok := d.(*server.Device)
 		if !ok {
 			continue
 		}
-		for _, m := range migDevicesOf(dev) {
+		for _, m := range listedMigDevicesOf(dev) {
 			if id, _ := m.GetUUID(); id == uuid {
 				return putHandle(out, m)
 			}
@@ -190,7 +202,7 @@ func nvmlDeviceGetMigDeviceHandleByIndex(device unsafe.Pointer, index C.uint, mi
 		if uint32(index) >= maxMigDevices(dev) {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
-		all := migDevicesOf(dev)
+		all := listedMigDevicesOf(dev)
 		if int(index) >= len(all) {
 			return nvml.ERROR_NOT_FOUND
 		}

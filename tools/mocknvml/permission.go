@@ -28,6 +28,16 @@ package main
 // Permissions", NVIDIA/k8s-device-plugin#1683 and #399; NVIDIA/gpu-feature-discovery#6: "Without this,
 // the container does not have privileges to read the state"). Queries on a MIG device's own handle and
 // on GPUs outside MIG mode need no capability.
+//
+// Which MIG devices a process lists: those it may use. A MIG device is its GPU instance and compute
+// instance, each with an access capability (/proc/driver/nvidia-caps/mig-minors: "gpu<minor>/gi<id>/access"
+// and "gpu<minor>/gi<id>/ci<id>/access"; the MIG user guide's "/dev based nvidia-capabilities", which
+// control "access mechanisms of MIG devices through cgroups"). The container toolkit gives a container
+// allocated a MIG device the parent's node and exactly those two capability nodes (nvidia-container-toolkit
+// internal/nvcaps NewGPUInstanceCap and NewComputeInstanceCap), and nvidia-smi -L in such a container
+// lists that MIG device alone, numbered 0 (the GPU Operator's MIG guide). So, with a device directory, a
+// MIG device is listed (by index, and by UUID) only while the process may read both nodes, or holds the
+// monitor or config capability, which show all MIG state (the device plugin, GFD, the MIG manager).
 
 import (
 	"bufio"
@@ -35,6 +45,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -108,4 +119,48 @@ func mayReadMig(d nvml.Device) nvml.Return {
 		return nvml.SUCCESS
 	}
 	return answer(holds(monitorCapMinor) || holds(configCapMinor))
+}
+
+// migMinorsFile is the driver's table of MIG capability minors; a GPU node's containers see the node's
+// (localcluster binds /proc/driver into them, as the kernel's procfs shows it on a real node).
+var migMinorsFile = "/proc/driver/nvidia-caps/mig-minors"
+
+var minorsCache struct {
+	sync.Mutex
+	path   string
+	minors map[string]int
+}
+
+// migMinors is the table of migMinorsFile ("<capability> <minor>" per line), read once per file; empty
+// when the file cannot be read (no MIG capability is then held through it).
+func migMinors() map[string]int {
+	minorsCache.Lock()
+	defer minorsCache.Unlock()
+	if minorsCache.minors != nil && minorsCache.path == migMinorsFile {
+		return minorsCache.minors
+	}
+	out := map[string]int{}
+	if data, err := os.ReadFile(migMinorsFile); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			name, minor, ok := strings.Cut(strings.TrimSpace(line), " ")
+			if n, err := strconv.Atoi(minor); ok && err == nil {
+				out[name] = n
+			}
+		}
+	}
+	minorsCache.path, minorsCache.minors = migMinorsFile, out
+	return out
+}
+
+// mayUseMigDevice: the process may use (and so lists) this MIG device: every process without a device
+// directory, one holding the monitor or config capability, or one that may read the access nodes of the
+// device's GPU instance and compute instance.
+func mayUseMigDevice(m *migDevice) bool {
+	if devRoot() == "" || holds(monitorCapMinor) || holds(configCapMinor) {
+		return true
+	}
+	minors := migMinors()
+	gi, giOK := minors[fmt.Sprintf("gpu%d/gi%d/access", m.parent.Minor, m.gi.Info.Id)]
+	ci, ciOK := minors[fmt.Sprintf("gpu%d/gi%d/ci%d/access", m.parent.Minor, m.gi.Info.Id, m.ci.Info.Id)]
+	return giOK && ciOK && holds(gi) && holds(ci)
 }

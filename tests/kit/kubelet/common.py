@@ -21,7 +21,6 @@ import grpc
 DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
 PLUGINS_DIR = "/var/lib/kubelet/plugins"
 PLUGINS_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-KUBELET_DIRS = (PLUGINS_REGISTRY_DIR, PLUGINS_DIR, DEVICE_PLUGINS_DIR)
 #: The socket kubelet serves the device plugin ``Registration`` service on, in :data:`DEVICE_PLUGINS_DIR`.
 KUBELET_SOCKET = "kubelet.sock"
 
@@ -36,12 +35,6 @@ def short_root(prefix: str) -> Iterator[Path]:
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def make_kubelet_dirs(root: Path) -> None:
-    """kubelet's socket directories under a host root, as kubelet creates them when it starts on a node."""
-    for d in KUBELET_DIRS:
-        (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
 
 
 def dial(socket: Path) -> grpc.Channel:
