@@ -11,8 +11,8 @@ DeviceClasses); and the uninstall path (the marker ConfigMap's deletion) withdra
 Proof 4: NVIDIA's demo claims, and claims by memory capacity, product name, MIG profile and for the
 passthrough GPU, are allocated by the real kube-scheduler (DynamicResources plugin) to devices our
 slices offer, on the node the pod is bound to; impossible claims leave their pod Pending with the
-scheduler's reason. The kubelet stand-in then prepares the MIG and passthrough claims (which no real node
-offers yet; NVIDIA's demos and plain GPU claims run on the real kubelet in ``test_real_node_stack.py``), read
+scheduler's reason. The kubelet stand-in then prepares the passthrough claim (which no real node offers yet;
+NVIDIA's demos, plain GPU and MIG claims run on the real kubelet in ``test_real_node_stack.py``), read
 back from the API server, over the plugin's real gRPC socket: the CDI spec names exactly the allocated devices.
 
 The demo manifests (``tests/dra/data/nvidia-dra-demo-*.yaml``: NVIDIA's quickstart files copied
@@ -815,10 +815,10 @@ def _ref(claim: dict[str, Any]) -> tuple[str, str, str]:
     return meta["namespace"], meta["name"], meta["uid"]
 
 
-#: The claims the kubelet stand-in still prepares: a MIG device through DRA and a passthrough GPU, which no real
-#: node offers yet (``localcluster.node``'s DRA node is a whole-GPU DGX H100). NVIDIA's demos and plain GPU
-#: claims run on the real kubelet in ``test_real_node_stack.py``.
-STAND_IN_ONLY = {"mig-1g", "passthrough"}
+#: The claim the kubelet stand-in still prepares: a passthrough GPU, which no real node offers yet (its GPUs are
+#: bound to ``nvidia``, never to ``vfio-pci``). NVIDIA's demos, plain GPU claims and a MIG device's claim run on
+#: the real kubelet in ``test_real_node_stack.py``.
+STAND_IN_ONLY = {"passthrough"}
 
 
 def test_kubelet_prepare_writes_cdi_for_exactly_the_allocated_devices(kube: Kube, plugins: dict[str, Plugin],

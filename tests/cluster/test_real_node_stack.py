@@ -3,8 +3,9 @@ CLI and provider) onto the local control plane with one node running the real ku
 (``localcluster.node``, ``--machine dgx-h100``: NVIDIA's go-nvml model of the machine as the driver's NVML),
 the agent image built as an air-gapped site builds it and referenced by digest, and no stand-in anywhere:
 
-Three GPU nodes, one per node group: ``gpu1`` (the device plugin), ``gpu2`` (DRA) and ``gpu3`` (MIG, cut by the
-MIG manager's pod), and ``cpu1``, a node without GPUs where the cluster's own pods run (the eviction guard).
+Four GPU nodes, one per node group: ``gpu1`` (the device plugin), ``gpu2`` (DRA), ``gpu3`` (MIG, cut by the
+MIG manager's pod) and ``gpu4`` (DRA over MIG devices), and ``cpu1``, a node without GPUs where the cluster's own
+pods run (the eviction guard).
 
 1. the setup pod configures the node's containerd through ``runtime apply`` and the node's ``systemctl``
    (containerd restarts and runs with the ``nvidia`` runtime and CDI: ``crictl info``), checks the node and
@@ -22,6 +23,8 @@ MIG manager's pod), and ``cpu1``, a node without GPUs where the cluster's own po
    quickstart demos run too (a claim per pod from a template, one claim shared by two pods), each probe seeing
    exactly its claim's GPU;
    the exporter on each node attributes the workload's GPUs to its pod through the kubelet's PodResources API;
+   on ``gpu4``, cut into MIG devices by the MIG manager's pod, a ``mig.nvidia.com`` claim's probe lists exactly
+   its MIG device;
 6. MIG: the MIG manager's pod applies the group's layout (``all-1g.10gb``) through the node's NVML, the device
    plugin offers the MIG devices, a workload gets exactly one (its GPU and its two capability nodes), the
    agents that hold CAP_SYS_ADMIN for the monitor capability cannot change MIG with it, and a day-two layout
@@ -69,6 +72,7 @@ REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu1"
 DRA_NODE = "gpu2"
 MIG_NODE = "gpu3"
+DRA_MIG_NODE = "gpu4"
 CPU_NODE = "cpu1"
 MOCK = "dgxh100"  #: the machine's go-nvml model (``localcluster.node.MACHINES["dgx-h100"]``)
 NS = "nvidia-gpu"
@@ -93,7 +97,10 @@ def _config(agent_digest: str) -> dict[str, Any]:
              "gpu": {"model": "H100-80GB", "driverVersion": "550.54.15", "sharing": "Exclusive"}},
             {"name": "h100-mig", "nodeSelector": {"matchLabels": {POOL: "mig"}},
              "gpu": {"model": "H100-80GB", "driverVersion": "550.54.15", "sharing": "MIG",
-                     "mig": {"partedConfig": "all-1g.10gb", "strategy": "mixed"}}}]}}
+                     "mig": {"partedConfig": "all-1g.10gb", "strategy": "mixed"}}},
+            {"name": "h100-dra-mig", "allocationMode": "dra", "nodeSelector": {"matchLabels": {POOL: "dra-mig"}},
+             "gpu": {"model": "H100-80GB", "driverVersion": "550.54.15", "sharing": "MIG",
+                     "mig": {"partedConfig": "all-1g.10gb"}}}]}}
 
 
 @dataclass
@@ -103,6 +110,7 @@ class Deployed:
     node: Node
     dra_node: Node
     mig_node: Node
+    dra_mig_node: Node
     project: Project
     probe_ref: str
     up_started: float
@@ -137,19 +145,21 @@ def deployed(real_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     try:
         dra_node = add_node(cp.directory, DRA_NODE, cp.bin_dir, kube, images=images.archives, machine="dgx-h100")
         mig_node = add_node(cp.directory, MIG_NODE, cp.bin_dir, kube, images=images.archives, machine="dgx-h100")
+        dra_mig_node = add_node(cp.directory, DRA_MIG_NODE, cp.bin_dir, kube, images=images.archives,
+                                machine="dgx-h100")
         add_node(cp.directory, CPU_NODE, cp.bin_dir, kube, images=images.archives[:1])
-        for name, pool in ((NODE, "h100"), (DRA_NODE, "dra"), (MIG_NODE, "mig")):
+        for name, pool in ((NODE, "h100"), (DRA_NODE, "dra"), (MIG_NODE, "mig"), (DRA_MIG_NODE, "dra-mig")):
             kube.patch("v1", "Node", name, {"metadata": {"labels": {POOL: pool}}})
         up_started = time.monotonic()
         project = stack_up(cp, work, "prod", _config(images.agent_digest))
         timings["pulumi up"] = time.monotonic() - up_started
-        yield Deployed(cp, kube, node, dra_node, mig_node, project,
+        yield Deployed(cp, kube, node, dra_node, mig_node, dra_mig_node, project,
                        images.probe_ref, up_started, timings)
     finally:
         print("\nreal node stack timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
         if project is not None:
             project.pulumi("destroy", "--yes", "--skip-preview", timeout=900, check=False)
-        for name in (NODE, DRA_NODE, MIG_NODE, CPU_NODE):
+        for name in (NODE, DRA_NODE, MIG_NODE, DRA_MIG_NODE, CPU_NODE):
             remove_node(cp.directory, name, kube)
 
 
@@ -417,6 +427,61 @@ def test_nvidias_dra_demos_run_and_see_their_claims(deployed: Deployed, tmp_path
                timeout=60)
 
 
+MIG_SELECTOR = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+MIG_CLAIM = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "mig-1g", "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+                 "deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": MIG_SELECTOR}}]}}]}}}
+
+
+def _pool(d: Deployed, node: str) -> dict[str, dict[str, Any]]:
+    """The devices of the node's ResourceSlices, by name."""
+    return {dev["name"]: dev for s in d.kube.list("resource.k8s.io/v1", "ResourceSlice")
+            if s["spec"]["pool"]["name"] == node for dev in s["spec"]["devices"]}
+
+
+def test_dra_a_mig_claim_gets_exactly_its_mig_device(deployed: Deployed) -> None:
+    """A DRA group cut into MIG devices (this was the kubelet stand-in's in ``test_dra_cluster.py``): the MIG
+    manager's pod applies ``all-1g.10gb``, the DRA plugin offers the 56 MIG devices and no whole GPU, a claim for
+    a ``1g.10gb`` through ``mig.nvidia.com`` is allocated one, and the pod's probe lists that one MIG device under
+    its GPU: its CDI spec gives the container the GPU's node and the two capability nodes of its GPU and compute
+    instance (``mig-minors``), and nothing else of the GPU's."""
+    d = deployed
+    offered = wait_until(lambda: (p := _pool(d, DRA_MIG_NODE)) and len(p) == 56 and p, "56 MIG devices offered",
+                         timeout=300)
+    assert {dev["attributes"]["type"]["string"] for dev in offered.values()} == {"mig"}, offered
+    d.kube.create(MIG_CLAIM)
+    pod = probe_pod("dra-mig-probe", d.probe_ref, None)
+    container = pod["spec"]["containers"][0]
+    container["resources"] = {"claims": [{"name": "mig"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "mig", "resourceClaimName": "mig-1g"}]
+    d.kube.create(pod)
+    try:
+        running_pod(d.kube, "dra-mig-probe")
+        claim = d.kube.get("resource.k8s.io/v1", "ResourceClaim", "mig-1g", "default")
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"]) == ("gpu.nvidia.com", DRA_MIG_NODE), result
+        attributes = offered[result["device"]]["attributes"]
+        uuid, parent = attributes["uuid"]["string"], attributes["parentUUID"]["string"]
+        seen = json.loads(kubectl(d.cp, "exec", "dra-mig-probe", "--", "gpu-probe"))
+        assert [(g["uuid"], g["mig"]) for g in seen["gpus"]] == [(parent, [uuid])], (seen, uuid)
+        uid = claim["metadata"]["uid"]
+        spec = json.loads((d.dra_mig_node.directory / f"root/run/cdi/k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
+        nodes = [n["path"] for s in spec["devices"] for n in s["containerEdits"]["deviceNodes"]]
+        gpu, gi, ci = _mig_device_of(d, uuid, d.dra_mig_node)
+        assert mock_gpu_uuid(MOCK, gpu) == parent, (gpu, parent)
+        minors = dict(line.rsplit(" ", 1) for line in d.dra_mig_node.mig_minors_file.read_text().splitlines())
+        assert nodes == [f"/dev/nvidia{gpu}", f"/dev/nvidia-caps/nvidia-cap{minors[f'gpu{gpu}/gi{gi}/access']}",
+                         f"/dev/nvidia-caps/nvidia-cap{minors[f'gpu{gpu}/gi{gi}/ci{ci}/access']}"], nodes
+    finally:
+        d.kube.delete("v1", "Pod", "dra-mig-probe", "default", gracePeriodSeconds="0")
+        wait_until(lambda: d.kube.get_or_none("v1", "Pod", "dra-mig-probe", "default") is None, "the pod gone",
+                   timeout=60)
+        d.kube.delete("resource.k8s.io/v1", "ResourceClaim", "mig-1g", "default")
+    wait_until(lambda: not list((d.dra_mig_node.directory / "root/run/cdi").glob("*claim*")),
+               "the MIG claim's CDI spec removed", timeout=60)
+
+
 def _gpu_pod_running(d: Deployed, name: str) -> tuple[dict[str, Any], set[str]]:
     """A long-running probe pod with two GPUs on the device-plugin node, and the GPUs its probe sees."""
     d.kube.create(probe_pod(name, d.probe_ref, None))
@@ -559,15 +624,17 @@ def _mig_pod(name: str, image: str, resource: str, labels: dict[str, str] | None
     return pod
 
 
-def _mig_device_of(d: Deployed, uuid: str) -> tuple[int, int, int]:
-    """(GPU index, GPU instance, compute instance) of the MIG device ``uuid``, from the node's MIG state."""
-    state = json.loads(d.mig_node.mig_state_file.read_text())
+def _mig_device_of(d: Deployed, uuid: str, node: Node | None = None) -> tuple[int, int, int]:
+    """(GPU index, GPU instance, compute instance) of the MIG device ``uuid``, from the MIG state of ``node`` (the
+    MIG node unless said)."""
+    node = node or d.mig_node
+    state = json.loads(node.mig_state_file.read_text())
     for gpu in state["gpus"]:
         for gi in gpu["gpuInstances"]:
             for ci in gi["computeInstances"]:
                 if mock_mig_uuid(MOCK, gpu["index"], gi["id"], ci["id"]) == uuid:
                     return gpu["index"], gi["id"], ci["id"]
-    raise AssertionError(f"{uuid} is no MIG device of {MIG_NODE}: {state}")
+    raise AssertionError(f"{uuid} is no MIG device of {node.name}: {state}")
 
 
 def test_the_mig_manager_applies_the_layout_through_its_pod(deployed: Deployed) -> None:
@@ -805,8 +872,8 @@ def test_a_kubelet_killed_mid_allocation_recovers(deployed: Deployed) -> None:
 
 
 def test_a_reboot_brings_the_nodes_back_with_their_gpus(deployed: Deployed, tmp_path: Path) -> None:
-    """All three GPU nodes rebooted (``Node.reboot``: every process killed, ``/run`` emptied, no driver device
-    node in ``/dev``, the GPUs' MIG instances gone, a new boot ID) with a GPU pod and a DRA claim's pod running:
+    """Three GPU nodes rebooted, gpu1 to gpu3 (``Node.reboot``: every process killed, ``/run`` emptied, no driver
+    device node in ``/dev``, the GPUs' MIG instances gone, a new boot ID) with a GPU pod and a DRA claim's pod running:
     each node comes back Ready on its new boot, node setup makes the device nodes again and the plugins offer
     the same GPUs, the MIG manager makes the lost instances again, the pods that ran end Failed (never
     restarted), deleting them and the claim leaves no CDI spec or checkpoint entry behind, and new pods get
