@@ -100,6 +100,14 @@ def probe_pod(name: str, image: str, runtime_class: str | None) -> dict[str, Any
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec}
 
 
+
+def claim_probe_pod(name: str, image: str, claim: str) -> dict[str, Any]:
+    """The probe's pod with the ResourceClaim ``claim`` instead of device-plugin GPUs."""
+    pod = probe_pod(name, image, None)
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return pod
+
 @dataclass(frozen=True)
 class Images:
     """The images a real node's tests import (no registry): the agent's, referenced by digest as a stack does,

@@ -46,6 +46,7 @@ from tests.cluster.pulumi_project import Project
 from tests.cluster.realnode import (
     allocated_devices,
     build_images,
+    claim_probe_pod,
     crictl_info,
     kubectl,
     pod_ready,
@@ -251,12 +252,7 @@ def test_dra_prepares_a_claim_whose_cdi_spec_containerd_applies(deckhouse: Deckh
     d.kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                    "metadata": {"name": "dkp-gpu", "namespace": "default"},
                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}})
-    pod = probe_pod("dkp-claim", d.probe_ref, None)
-    container = pod["spec"]["containers"][0]
-    del container["resources"]["limits"]
-    container["resources"]["claims"] = [{"name": "gpu"}]
-    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "dkp-gpu"}]
-    d.kube.create(pod)
+    d.kube.create(claim_probe_pod("dkp-claim", d.probe_ref, "dkp-gpu"))
     try:
         running_pod(d.kube, "dkp-claim")
         claim = d.kube.get("resource.k8s.io/v1", "ResourceClaim", "dkp-gpu", "default")

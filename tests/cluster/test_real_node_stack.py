@@ -57,6 +57,7 @@ from tests.cluster.realnode import (
     allocation_answer,
     build_images,
     checkpointed,
+    claim_probe_pod,
     crictl_info,
     kubectl,
     pod_ready,
@@ -451,11 +452,7 @@ def test_dra_a_mig_claim_gets_exactly_its_mig_device(deployed: Deployed) -> None
                          timeout=300)
     assert {dev["attributes"]["type"]["string"] for dev in offered.values()} == {"mig"}, offered
     d.kube.create(MIG_CLAIM)
-    pod = probe_pod("dra-mig-probe", d.probe_ref, None)
-    container = pod["spec"]["containers"][0]
-    container["resources"] = {"claims": [{"name": "mig"}]}
-    pod["spec"]["resourceClaims"] = [{"name": "mig", "resourceClaimName": "mig-1g"}]
-    d.kube.create(pod)
+    d.kube.create(claim_probe_pod("dra-mig-probe", d.probe_ref, "mig-1g"))
     try:
         running_pod(d.kube, "dra-mig-probe")
         claim = d.kube.get("resource.k8s.io/v1", "ResourceClaim", "mig-1g", "default")
