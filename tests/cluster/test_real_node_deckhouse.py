@@ -42,6 +42,7 @@ import pytest
 from localcluster import ControlPlane, Kube
 from localcluster.dryrun import install_crds
 from localcluster.node import Node, add_node, remove_node
+from nvgpu import labels
 from tests.cluster.pulumi_project import Project
 from tests.cluster.realnode import (
     allocated_devices,
@@ -60,7 +61,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.image, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "nvidia-gpu"
-GATE = "node.deckhouse.io/gpu-setup-complete"
+GATE = labels.GPU_SETUP_COMPLETE
 NODE_GROUP_LABEL = "node.deckhouse.io/group"
 DRIVER = "gpu.nvidia.com"
 VERSION = "550.54.15"  #: the driver version go-nvml's DGX H100 reports

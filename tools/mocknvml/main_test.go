@@ -150,15 +150,7 @@ func TestStateRoundTrip(t *testing.T) {
 		t.Fatal(ret)
 	}
 	for _, start := range []uint32{0, 4} {
-		p := d.Config.MIGProfiles.GpuInstanceProfiles[nvml.GPU_INSTANCE_PROFILE_3_SLICE]
-		gi, ret := d.CreateGpuInstanceWithPlacement(&p, &nvml.GpuInstancePlacement{Start: start, Size: 4})
-		if ret != nvml.SUCCESS {
-			t.Fatal(ret)
-		}
-		cp, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-		if _, ret := gi.CreateComputeInstance(&cp); ret != nvml.SUCCESS {
-			t.Fatal(ret)
-		}
+		makeInstance(t, d, nvml.GPU_INSTANCE_PROFILE_3_SLICE, nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, start, 4)
 	}
 	if err := saveState(); err != nil {
 		t.Fatal(err)
@@ -271,15 +263,7 @@ func TestMigHandleByUUID(t *testing.T) {
 	srv = machines["dgxh100"]()
 	d := srv.Devices[1].(*server.Device)
 	d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
-	p := d.Config.MIGProfiles.GpuInstanceProfiles[nvml.GPU_INSTANCE_PROFILE_1_SLICE]
-	gi, ret := d.CreateGpuInstanceWithPlacement(&p, &nvml.GpuInstancePlacement{Start: 2, Size: 1})
-	if ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	cp, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-	if _, ret := gi.CreateComputeInstance(&cp); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
+	makeInstance(t, d, nvml.GPU_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2, 1)
 	devices := migDevicesOf(d)
 	if len(devices) != 1 {
 		t.Fatalf("%d MIG devices, want 1", len(devices))
@@ -353,16 +337,8 @@ func TestMigDevicesListedByTheirCapabilities(t *testing.T) {
 	srv = machines["dgxh100"]()
 	d := srv.Devices[1].(*server.Device)
 	d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
-	p := d.Config.MIGProfiles.GpuInstanceProfiles[nvml.GPU_INSTANCE_PROFILE_1_SLICE]
 	for start := uint32(0); start < 2; start++ {
-		gi, ret := d.CreateGpuInstanceWithPlacement(&p, &nvml.GpuInstancePlacement{Start: start, Size: 1})
-		if ret != nvml.SUCCESS {
-			t.Fatal(ret)
-		}
-		cp, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-		if _, ret := gi.CreateComputeInstance(&cp); ret != nvml.SUCCESS {
-			t.Fatal(ret)
-		}
+		makeInstance(t, d, nvml.GPU_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, start, 1)
 	}
 	t.Setenv("MOCK_NVML_DEV_ROOT", "")
 	all := migDevicesOf(d)
@@ -416,5 +392,20 @@ func TestMigDevicesListedByTheirCapabilities(t *testing.T) {
 	mknod("nvidia-caps/nvidia-cap2") // the monitor capability shows every MIG device
 	if n := len(listedMigDevicesOf(d)); n != 2 {
 		t.Errorf("with the monitor capability %d MIG devices listed, want 2", n)
+	}
+}
+
+// makeInstance creates a GPU instance of giProfile at start (size slices) on d, with one compute instance of
+// ciProfile filling it.
+func makeInstance(t *testing.T, d *server.Device, giProfile, ciProfile int, start, size uint32) {
+	t.Helper()
+	p := d.Config.MIGProfiles.GpuInstanceProfiles[giProfile]
+	gi, ret := d.CreateGpuInstanceWithPlacement(&p, &nvml.GpuInstancePlacement{Start: start, Size: size})
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	cp, _ := gi.GetComputeInstanceProfileInfo(ciProfile, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if _, ret := gi.CreateComputeInstance(&cp); ret != nvml.SUCCESS {
+		t.Fatal(ret)
 	}
 }
