@@ -60,6 +60,10 @@ from nvgpu.migparted import (
 from nvgpu.nodescripts import facts
 
 CONFIG_NAMESPACE = "nvidia-gpu"
+#: The environment variable naming a file that holds the stack config as ``PULUMI_CONFIG`` would (a JSON
+#: object of full keys to strings): how the offline preview hands a policy pack the config, since one
+#: environment string may not pass 128 KiB on Linux (about 800 node groups).
+CONFIG_FILE_ENV = "NVIDIA_GPU_STACK_CONFIG_FILE"
 #: kubernetes-validate ships schemas for these minors; DRA's resource.k8s.io/v1 needs 1.34.
 MIN_KUBERNETES_MINOR = 29
 MAX_KUBERNETES_MINOR = 37

@@ -196,6 +196,12 @@ except ImportError:  # pragma: no cover - PyYAML built without libyaml
     _Parser = None
 
 
+#: ``yaml.SafeLoader`` with libyaml's parser and emitter underneath when PyYAML has them: the same safe
+#: semantics, about ten times faster. For trusted text only (the vendored CRDs, ``Pulumi.yaml``): a user's
+#: config goes through :func:`load`, which adds the limits.
+SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 class YamlLoadError(ValueError):
     """Config text that cannot be read: not YAML, or past one of :func:`load`'s limits.
 

@@ -96,6 +96,10 @@ class Settings:
     #: opened across an API-server restart can stay silent (no event, no bookmark) until it times out,
     #: which at 60 s left a reconfiguration begun just after a restart waiting past a minute.
     idle_wait_s: float = 20.0
+    #: Watch timeout once an idle watch has run its course: the server's watches work, so the manager
+    #: resumes from the version the last one ended at, without reading the Node again. At rest it costs
+    #: one request per this many seconds (a read and a 20 s watch cost six a minute on every MIG node).
+    idle_resume_s: float = 300.0
     busy_wait_s: float = 5.0  #: re-check interval while waiting for approval, drain or clients
     max_steps: int = 64  #: actions per :meth:`MigManager.run_until_blocked`, a guard against loops
     #: Pod labels (``key``, ``value``) marking GPU agents (device plugin, feature discovery, DCGM) whose
@@ -382,14 +386,27 @@ class MigManager:
                 return
             rv = self._seen_rv
             self._node = None
-            wait = self.settings.idle_wait_s if action.act is Act.IDLE else self.settings.busy_wait_s
             if self.stop.is_set():
                 continue
             try:
-                self.node.wait_for_change(rv, wait)
+                if action.act is Act.IDLE:
+                    self._wait_idle(rv)
+                else:
+                    self.node.wait_for_change(rv, self.settings.busy_wait_s)
             except KubeError as e:
                 log.warning("event=watch-failed error=%s", e)
                 self.stop.wait(self.settings.busy_wait_s)
+
+    def _wait_idle(self, rv: str) -> None:
+        """Wait for the Node to change, resuming the watch from where the last one ended while nothing
+        did. The first watch after a read is short (``idle_wait_s``: it bounds the deafness of a watch
+        opened across an API-server restart); once one has run its course, ``idle_resume_s``."""
+        timeout = self.settings.idle_wait_s
+        while not self.stop.is_set():
+            latest = self.node.wait_for_change(rv, timeout)
+            if latest is None:
+                return
+            rv, timeout = latest, self.settings.idle_resume_s
 
     # --- actions ----------------------------------------------------------------------------------
 

@@ -117,8 +117,11 @@ class NodeApi(Protocol):
 
     def event(self, node: NodeView, reason: str, message: str, warning: bool) -> None: ...
 
-    def wait_for_change(self, resource_version: str, timeout_s: float) -> None:
-        """Block until the Node changes or ``timeout_s`` passes (a watch, or a sleep in fakes)."""
+    def wait_for_change(self, resource_version: str, timeout_s: float) -> str | None:
+        """Block until the Node changes or ``timeout_s`` passes (a watch, or a sleep in fakes).
+
+        Answers None when the Node changed (or may have: the caller reads it again), else the version
+        the wait ended at (bookmarks move it on), to resume from without reading the Node."""
         ...
 
     def cancel_waits(self) -> None:
@@ -211,26 +214,29 @@ class KubeNodeApi:
         events.post_node_event(self.kube, node.name, node.uid, component=COMPONENT, reason=reason, message=message,
                                warning=warning)
 
-    def wait_for_change(self, resource_version: str, timeout_s: float) -> None:
+    def wait_for_change(self, resource_version: str, timeout_s: float) -> str | None:
         if self._cancelled:
-            return
+            return None
+        latest = resource_version
         try:
             for kind, obj in watch_once(self.kube, nodes.NODES, resource_version=resource_version,
                                         query={"fieldSelector": f"metadata.name={self.node_name}"},
                                         timeout_s=timeout_s, read_slack_s=5.0, on_open=self._opened):
-                if kind == "BOOKMARK":
-                    continue
                 rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+                if kind == "BOOKMARK":
+                    latest = rv or latest
+                    continue
                 if not resource_version or rv != resource_version:
-                    return
+                    return None
         except Gone:  # resourceVersion too old: the caller re-reads anyway
-            return
+            return None
         except KubeError:
             if self._cancelled:  # the read broken off by cancel_waits: a stop, not a failure
-                return
+                return None
             raise
         finally:
             self._stream = None
+        return None if self._cancelled else latest
 
     def _opened(self, stream: Stream) -> None:
         self._stream = stream

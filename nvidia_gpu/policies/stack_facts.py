@@ -3,8 +3,12 @@
 Two sources, in this order:
 
 1. The stack's own config. ``pulumi preview --policy-pack`` starts the pack with the stack config in
-   ``PULUMI_CONFIG`` (JSON; structured values are JSON strings), the way it starts a language host;
-   the offline analyzer client does the same. It is read leniently here, by its camelCase keys
+   ``PULUMI_CONFIG`` (JSON; structured values are JSON strings), the way it starts a language host. The
+   offline analyzer client writes the same JSON object to a file and names it in
+   :data:`CONFIG_FILE_ENV` instead: one environment string may not exceed 128 KiB on Linux
+   (``MAX_ARG_STRLEN``), which a stack of about 800 node groups passes, and the Python policy SDK drops
+   the config that the protocol's ``ConfigureStack`` call carries. The file wins when both are set.
+   It is read leniently here, by its camelCase keys
    (:mod:`nvgpu.stackconfig` defines them): a policy must still report on a config the schema would
    reject, e.g. DRA on a cluster that is too old.
 2. Signals the components put on the emitted objects, so a pack run without the stack config (or
@@ -21,10 +25,11 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nvgpu import labels
-from nvgpu.stackconfig import CONFIG_NAMESPACE
+from nvgpu.stackconfig import CONFIG_FILE_ENV, CONFIG_NAMESPACE
 from nvidia_gpu.policies.manifests import annotations_of, as_list, as_map, as_str, kind_of, labels_of, name_of
 
 KUBERNETES_VERSION_KEY = labels.KUBERNETES_VERSION
@@ -58,10 +63,22 @@ def _decode(value: Any) -> Any:
     return value
 
 
+def _raw_config(env: Mapping[str, str]) -> str | None:
+    """The config's JSON text: the file :data:`CONFIG_FILE_ENV` names, else ``PULUMI_CONFIG``. An unreadable
+    file reads as no config (the signals on the objects still decide), as a malformed variable does."""
+    path = env.get(CONFIG_FILE_ENV)
+    if path:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+    return env.get("PULUMI_CONFIG")
+
+
 def config_values(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The ``nvidia-gpu:*`` values of ``PULUMI_CONFIG`` (keys without the namespace), JSON decoded."""
+    """The ``nvidia-gpu:*`` values of the stack config (keys without the namespace), JSON decoded."""
     env = os.environ if environ is None else environ
-    raw = env.get("PULUMI_CONFIG")
+    raw = _raw_config(env)
     if not raw:
         return {}
     try:

@@ -18,6 +18,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from nvgpu import yamltext
+
 CRD_DIR = Path(__file__).parent / "crds"
 
 _METADATA_SCHEMA: dict[str, Any] = {
@@ -83,7 +85,7 @@ def load_crds(directory: Path = CRD_DIR) -> dict[tuple[str, str], CrdVersion]:
     """``(apiVersion, kind) → CrdVersion`` for every served version of every CRD in ``directory``."""
     found: dict[tuple[str, str], CrdVersion] = {}
     for path in sorted(directory.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
+        for doc in yaml.load_all(path.read_text(), Loader=yamltext.SAFE_LOADER):
             if not isinstance(doc, dict) or doc.get("kind") != "CustomResourceDefinition":
                 continue
             spec = doc["spec"]

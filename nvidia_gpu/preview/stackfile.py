@@ -17,12 +17,10 @@ from nvgpu.stackconfig import CONFIG_NAMESPACE, StackConfigError, load_namespace
 from nvidia_gpu.preview.model import PreviewResult, Problem
 
 STEP = "config"
-#: libyaml's parser when PyYAML has it (same safe semantics, several times faster on large stacks).
-_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def project_name(project_dir: Path) -> str:
-    doc = yaml.load((project_dir / "Pulumi.yaml").read_text(), Loader=_LOADER)
+    doc = yaml.load((project_dir / "Pulumi.yaml").read_text(), Loader=yamltext.SAFE_LOADER)
     if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
         raise ValueError(f"{project_dir / 'Pulumi.yaml'}: no project 'name'")
     return str(doc["name"])

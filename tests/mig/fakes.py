@@ -196,9 +196,10 @@ class FakeNode:
         self.calls += 1
         self.events.append((reason, message, warning))
 
-    def wait_for_change(self, resource_version: str, timeout_s: float) -> None:
+    def wait_for_change(self, resource_version: str, timeout_s: float) -> str | None:
         for hook in self.on_wait:
             hook(self)  # type: ignore[operator]
+        return None
 
     def cancel_waits(self) -> None:
         self.waits_cancelled = True

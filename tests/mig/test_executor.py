@@ -449,3 +449,36 @@ def test_metrics_follow_the_journal_and_count_outcomes() -> None:
     rig.converge(rounds=60, manager=m)
     assert_returned_to_service(rig.node, "failed")
     assert sample("reconfigurations_total", outcome="failed") == 1
+
+
+def test_an_idle_manager_resumes_its_watch_without_reading_the_node() -> None:
+    """At rest the manager costs one watch request per ``idle_resume_s``: a watch that ends with the Node
+    unchanged is resumed from the version it ended at, with no read of the Node in between (a read and a
+    20 s watch cost six requests a minute on every MIG node); the first watch after a read stays short."""
+    rig = Rig(FakeBackend.of("A100-40GB", count=1))  # no MIG config asked for: nothing to do
+    m = rig.manager()
+    assert m.run_until_blocked().act.value == "idle"
+    waits: list[tuple[str, float]] = []
+    reads_at_wait: list[int] = []
+    reads = 0
+    node = rig.node
+    real_read = node.read_node
+
+    def read() -> NodeView:
+        nonlocal reads
+        reads += 1
+        return real_read()
+
+    def wait(resource_version: str, timeout_s: float) -> str | None:
+        waits.append((resource_version, timeout_s))
+        reads_at_wait.append(reads)
+        if len(waits) == 4:
+            m.stop.set()
+        return str(100 + len(waits))  # each watch ran its course; bookmarks moved the version on
+
+    node.read_node = read  # type: ignore[method-assign]
+    node.wait_for_change = wait  # type: ignore[method-assign]
+    m.run()
+    assert len(set(reads_at_wait)) == 1  # no read of the Node between the watches
+    assert [t for _, t in waits] == [m.settings.idle_wait_s] + [m.settings.idle_resume_s] * 3
+    assert [rv for rv, _ in waits][1:] == ["101", "102", "103"]

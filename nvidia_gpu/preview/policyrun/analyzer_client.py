@@ -34,6 +34,7 @@ from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 
 from nvgpu.protostruct import integral
+from nvgpu.stackconfig import CONFIG_FILE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -129,16 +130,25 @@ class StackContext:
     dry_run: bool = True
     organization: str = "organization"
 
-    def environment(self) -> dict[str, str]:
-        """``PULUMI_CONFIG`` is a JSON object of strings; structured values are JSON text, as the CLI sends."""
-        flat = {k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for k, v in self.config.items()}
+    def flat_config(self) -> dict[str, str]:
+        """The config as the CLI sends it: a JSON object of strings, structured values as JSON text."""
+        return {k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for k, v in self.config.items()}
+
+    def environment(self, config_file: Path | None = None) -> dict[str, str]:
+        """The CLI's variables. The config goes in ``PULUMI_CONFIG`` as the CLI sends it, or, with
+        ``config_file``, written to that file and named in ``CONFIG_FILE_ENV``: one environment string may
+        not pass 128 KiB on Linux, which a stack of about 800 node groups does."""
+        flat = self.flat_config()
         env = {
             "PULUMI_PROJECT": self.project,
             "PULUMI_STACK": self.stack,
             "PULUMI_DRY_RUN": "true" if self.dry_run else "false",
             "PULUMI_ORGANIZATION": self.organization,
         }
-        if flat:
+        if flat and config_file is not None:
+            config_file.write_text(json.dumps(flat, separators=(",", ":")), encoding="utf-8")
+            env[CONFIG_FILE_ENV] = str(config_file)
+        elif flat:
             env["PULUMI_CONFIG"] = json.dumps(flat, separators=(",", ":"))
         return env
 
@@ -250,6 +260,7 @@ class PackProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
         self._drain: threading.Thread | None = None
+        self._config_dir: tempfile.TemporaryDirectory[str] | None = None
         self._channel: grpc.Channel | None = None
         self._stub: analyzer_pb2_grpc.AnalyzerStub | None = None
         self.info: PackInfo | None = None
@@ -267,10 +278,12 @@ class PackProcess:
 
     def start(self) -> PackInfo:
         env = dict(os.environ)
-        for key in ("PULUMI_CONFIG", "PULUMI_PROJECT", "PULUMI_STACK", "PULUMI_DRY_RUN"):
+        for key in ("PULUMI_CONFIG", "PULUMI_PROJECT", "PULUMI_STACK", "PULUMI_DRY_RUN", CONFIG_FILE_ENV):
             env.pop(key, None)
         if self.stack is not None:
-            env.update(self.stack.environment())
+            # The config by file, never by environment (see StackContext.environment); gone in close().
+            self._config_dir = tempfile.TemporaryDirectory(prefix="nvidia-gpu-pack-config-")
+            env.update(self.stack.environment(Path(self._config_dir.name) / "config.json"))
         began = time.perf_counter()
         # Kept open for the pack's lifetime (closed in close()) so a failed start can quote it.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
@@ -368,9 +381,8 @@ class PackProcess:
         """Stack, project, organization and config, as the CLI sends them before any analysis."""
         if self.stack is None:
             return
-        env = self.stack.environment()
         config = struct_pb2.Struct()
-        config.update(json.loads(env.get("PULUMI_CONFIG", "{}")))
+        config.update(self.stack.flat_config())
         self.stub.ConfigureStack(
             analyzer_pb2.AnalyzerStackConfigureRequest(
                 stack=self.stack.stack, project=self.stack.project, organization=self.stack.organization,
@@ -478,3 +490,6 @@ class PackProcess:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
+        if self._config_dir is not None:
+            self._config_dir.cleanup()
+            self._config_dir = None

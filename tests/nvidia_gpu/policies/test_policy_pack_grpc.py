@@ -183,6 +183,26 @@ def test_a_pack_that_prints_a_lot_never_blocks(tmp_path: Path) -> None:
     assert messages == ["Prints a lot.\nseen r0", "Prints a lot.\nseen r1", "Prints a lot.\nseen r2"]
 
 
+def test_analyze_stack_sees_a_config_larger_than_one_environment_string() -> None:
+    """2,000 node groups: the config passes Linux's 128 KiB limit for one environment string, so the pack
+    gets it by file, and a problem in the last group is still found."""
+    groups = [{"name": f"g{i:04d}", "nodeGroup": f"gpu-{i:04d}", "gpu": {"model": "H100-80GB"}} for i in range(2000)]
+    groups[-1]["gpu"] = {"model": "H200-141GB", "driverVersion": "535.104.05"}
+    stack = StackContext("nvidia-gpu", "dev", {"nvidia-gpu:nodeGroups": groups})
+    assert len(stack.flat_config()["nvidia-gpu:nodeGroups"]) > 128 * 1024
+    with PackProcess(stack=stack) as pack:
+        diags = pack.analyze_stack([AnalyzerResource(DS_TYPE, EXPORTER_URN, "exporter", EXPORTER)])
+    assert [d.message.splitlines()[-1] for d in diags] == [
+        "nvidia-gpu:nodeGroups[g1999].gpu.driverVersion: driver 535.104.05 is below the H200-141GB minimum 550.54.14"]
+
+
+def test_stack_config_by_file_leaves_the_environment_small(tmp_path: Path) -> None:
+    stack = StackContext("nvidia-gpu", "dev", {"nvidia-gpu:flag": "x"})
+    env = stack.environment(tmp_path / "config.json")
+    assert "PULUMI_CONFIG" not in env
+    assert json.loads(Path(env["NVIDIA_GPU_STACK_CONFIG_FILE"]).read_text()) == {"nvidia-gpu:flag": "x"}
+
+
 def test_pack_manifest_is_required(tmp_path: Path) -> None:
     with pytest.raises(PackError, match="failed to load Pulumi policy project"):
         PackProcess(tmp_path)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pulumi.runtime.proto import analyzer_pb2
 
+from nvgpu.stackconfig import CONFIG_FILE_ENV
 from nvidia_gpu.policies.node_selection import NodeSelection, Requirement, label_selection, node_selection, overlap
 from nvidia_gpu.policies.stack_facts import config_values, parse_minor
 from nvidia_gpu.preview.policyrun.analyzer_client import Diagnostic, PackInfo, PolicyInfo, reconcile_config
@@ -95,3 +98,12 @@ def test_stack_config_values_from_the_cli_environment() -> None:
     assert config_values(env) == {"cluster": {"kubernetesVersion": "1.33"}, "flag": "x"}
     assert config_values({"PULUMI_CONFIG": "not json"}) == {}
     assert (parse_minor("v1.34.2"), parse_minor("1.30"), parse_minor("latest")) == (34, 30, None)
+
+
+def test_stack_config_values_from_the_offline_clients_file(tmp_path: Path) -> None:
+    """The file the offline client names wins over the variable; an unreadable one is no config."""
+    path = tmp_path / "config.json"
+    path.write_text('{"nvidia-gpu:flag": "from-file"}')
+    env = {CONFIG_FILE_ENV: str(path), "PULUMI_CONFIG": '{"nvidia-gpu:flag": "from-env"}'}
+    assert config_values(env) == {"flag": "from-file"}
+    assert config_values({CONFIG_FILE_ENV: str(tmp_path / "missing.json")}) == {}
