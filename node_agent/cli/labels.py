@@ -15,6 +15,7 @@ from node_agent.host import HostError
 from node_agent.labeller import labels
 from node_agent.labeller.labels import FEATURE_FILE, InventoryContext, LabelOptions, LabelRun, Owner
 from node_agent.labeller.nodeconfig import NodeConfigError, Requested
+from node_agent.labeller.nodepatch import NodeEnv
 from node_agent.nvml import NvmlError
 
 
@@ -72,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if args.daemonset is not None and not args.patch_node:
         raise UsageError("--daemonset needs --patch-node (it gates and withdraws the Node's labels)")
     ctx = AgentContext.from_args(args)
+    if args.loop and args.patch_node:
+        return _loop_watching_node(ctx, args, opts, want)
     source = labels.sharing_source(ctx, config_source(args), args.mig_strategy)
     if not args.loop:
         try:
@@ -87,10 +90,23 @@ def run(args: argparse.Namespace) -> int:
             return exitcodes.KUBE
         ctx.emit(result.to_dict(), _text(result))
         return exitcodes.OK
+    return _loop(ctx, ctx, args, opts, want, source=source)
+
+
+def _loop_watching_node(ctx: AgentContext, args: argparse.Namespace, opts: LabelOptions, want: Requested) -> int:
+    """The loop with its own Node watched: the config label, the Node's labels and the inventory's Node
+    fields come from the watch, so a run that changes nothing makes no request."""
+    with labels.watching_node(ctx, args.interval) as watched:
+        source = labels.sharing_source(watched, config_source(args), args.mig_strategy)
+        return _loop(ctx, watched, args, opts, want, source=source)
+
+
+def _loop(ctx: AgentContext, env: NodeEnv, args: argparse.Namespace, opts: LabelOptions, want: Requested, *,
+          source: labels.SharingSource | None = None) -> int:
     stop = threading.Event()
     previous = _on_signals(stop)
     try:
-        labels.label_loop(ctx, opts, want, source, stop, interval=args.interval, iterations=args.iterations)
+        labels.label_loop(env, opts, want, source, stop, interval=args.interval, iterations=args.iterations)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

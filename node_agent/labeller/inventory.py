@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,36 @@ class SyncResult:
     @property
     def changed(self) -> bool:
         return bool(self.created or self.updated or self.deleted)
+
+
+#: Seconds the labeller trusts its last list of the node's GPU objects while it writes none of them.
+RESYNC_S = 600.0
+
+
+@dataclass
+class Listing:
+    """The node's GPU objects as this labeller last listed them, so a run that finds nothing to change
+    costs no request: the objects are this labeller's alone (the node-confinement policy lets no other
+    agent write them), so the list is repeated only every ``resync_s`` (to see a hand edit or deletion)
+    and after this labeller wrote, to confirm what landed."""
+
+    resync_s: float = RESYNC_S
+    clock: Callable[[], float] = time.monotonic
+    objects: dict[int, dict[str, Any]] | None = None
+    listed_at: float = 0.0
+    lists: int = 0  #: lists made (tests, benchmarks)
+
+    def fresh(self) -> dict[int, dict[str, Any]] | None:
+        if self.objects is None or self.clock() - self.listed_at >= self.resync_s:
+            return None
+        return self.objects
+
+    def keep(self, objects: dict[int, dict[str, Any]]) -> None:
+        self.objects, self.listed_at = objects, self.clock()
+        self.lists += 1
+
+    def drop(self) -> None:
+        self.objects = None
 
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -227,11 +258,17 @@ def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
 def sync(kube: Kube, node: str, inv: Inventory, driver: DriverInfo | None, ctx: Context, *,
          node_uid: Callable[[], str], xids: Mapping[int, XidSeen] | None = None,
          now: Callable[[], datetime.datetime] = utcnow, node_driver: NodeDriver = NodeDriver(),
-         recoveries: Mapping[int, GpuRecovery] | None = None) -> SyncResult:
-    """Make this node's GPU objects match ``inv``: one list, then a write only where something changed."""
-    listed = kube.get(inventory.collection_path(), query={"labelSelector": f"{inventory.NODE_LABEL}={node}"},
-                      what=f"list GPUs of node {node}") or {}
-    current = {int(o["spec"]["index"]): o for o in listed.get("items") or [] if o.get("spec", {}).get("node") == node}
+         recoveries: Mapping[int, GpuRecovery] | None = None, listing: Listing | None = None) -> SyncResult:
+    """Make this node's GPU objects match ``inv``: one list (none while ``listing`` holds a fresh one), then
+    a write only where something changed."""
+    current = listing.fresh() if listing is not None else None
+    if current is None:
+        listed = kube.get(inventory.collection_path(), query={"labelSelector": f"{inventory.NODE_LABEL}={node}"},
+                          what=f"list GPUs of node {node}") or {}
+        current = {int(o["spec"]["index"]): o for o in listed.get("items") or []
+                   if o.get("spec", {}).get("node") == node}
+        if listing is not None:
+            listing.keep(current)
     at = now()
     want = desired(inv, driver, ctx, {i: o.get("status") or {} for i, o in current.items()}, xids=xids, now=at,
                    node=node_driver, recoveries=recoveries)
@@ -269,6 +306,8 @@ def sync(kube: Kube, node: str, inv: Inventory, driver: DriverInfo | None, ctx: 
             kube.request("DELETE", inventory.object_path(name), what=f"delete GPU {name}")
         deleted.append(name)
     result = SyncResult(tuple(created), tuple(updated), tuple(deleted))
+    if listing is not None and result.changed:
+        listing.drop()  # the next run lists what landed
     if result.changed:
         log.info("event=gpu-inventory node=%s created=%s updated=%s deleted=%s", node, ",".join(created) or "-",
                  ",".join(updated) or "-", ",".join(deleted) or "-")

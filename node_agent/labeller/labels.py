@@ -35,11 +35,13 @@ labels, the group's labels and taints it owns, the feature file. A restart for a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +51,7 @@ from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigSource
 from node_agent.host import HostError, HostRoot, VgpuDevice, VgpuScanError, nvidia_gpus, vgpu_devices
 from node_agent.labeller import gfd
 from node_agent.labeller.nodeconfig import NodePlan, Requested, plan
-from node_agent.labeller.nodepatch import NodeEnv
+from node_agent.labeller.nodepatch import NodeApi, NodeEnv
 from node_agent.nvml import FabricInfo, GpuInstanceProfile, GpuRecovery, Inventory, NvmlError, NvmlSession
 from node_agent.nvml.xidwatch import XidSeen
 from nvgpu import labels as label_names
@@ -257,8 +259,10 @@ def collect(ctx: NodeEnv, options: LabelOptions, source: SharingSource | None = 
 
 
 def label_once(ctx: NodeEnv, options: LabelOptions, want: Requested,
-               source: SharingSource | None = None, xids: Mapping[int, XidSeen] | None = None) -> LabelRun:
-    """One labelling run; ``xids``: the loop's recorder's last XID per GPU, for the inventory."""
+               source: SharingSource | None = None, xids: Mapping[int, XidSeen] | None = None, *,
+               listing: Any = None) -> LabelRun:
+    """One labelling run; ``xids``: the loop's recorder's last XID per GPU, for the inventory; ``listing``:
+    the loop's :class:`~node_agent.labeller.inventory.Listing` of the GPU objects."""
     failure: NvmlError | HostError | None = None
     try:
         labels, warnings = collect(ctx, options, source)
@@ -269,7 +273,7 @@ def label_once(ctx: NodeEnv, options: LabelOptions, want: Requested,
         labels, warnings, failure = {}, (), e
     changed = False
     if failure is None and options.write_file:
-        changed = ctx.host.write_atomic(options.output_file, gfd.feature_file(labels))
+        changed = write_feature_file(ctx.host, options.output_file, labels)
     changes: dict[str, str | None] = {}
     taints: tuple[dict[str, Any], ...] | None = None
     if options.patch_node:
@@ -279,11 +283,23 @@ def label_once(ctx: NodeEnv, options: LabelOptions, want: Requested,
         raise failure
     if options.inventory is not None:
         try:
-            sync_inventory(ctx, options, options.inventory, source, xids)
+            sync_inventory(ctx, options, options.inventory, source, xids, listing=listing)
         except (NvmlError, kube_error(True)) as e:  # the labels landed; the objects follow next run
             log.warning("event=gpu-inventory-failed error=%s", e)
             warnings = (*warnings, f"GPU inventory not updated: {e}")
     return LabelRun(labels, changed, changes, warnings, taints)
+
+
+def write_feature_file(host: HostRoot, path: str, labels: Mapping[str, str]) -> bool:
+    """Replace the NFD feature file when a label in it changed; a new timestamp alone leaves it (NFD
+    would otherwise rewrite the Node for it every interval). Answers whether the file was written."""
+    try:
+        text = host.read_text_or_none(path)
+    except HostError:
+        text = None
+    if text is not None and gfd.same_but_timestamp(gfd.parse_feature_file(text), labels):
+        return False
+    return host.write_atomic(path, gfd.feature_file(labels))
 
 
 def remove_inventory(ctx: NodeEnv, inv_ctx: InventoryContext) -> Any:
@@ -299,7 +315,8 @@ def remove_inventory(ctx: NodeEnv, inv_ctx: InventoryContext) -> Any:
 
 
 def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContext,
-                   source: SharingSource | None = None, xids: Mapping[int, XidSeen] | None = None) -> Any:
+                   source: SharingSource | None = None, xids: Mapping[int, XidSeen] | None = None, *,
+                   listing: Any = None) -> Any:
     """This node's GPU objects made to match the GPUs NVML lists (``node_agent.labeller.inventory``)."""
     from node_agent.labeller import inventory
     from node_agent.labeller.nodepatch import KubeNodeApi
@@ -323,10 +340,15 @@ def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContex
         upgrade_failure=(meta.get("annotations") or {}).get(label_names.DRIVER_UPGRADE_FAILURE),
         check_verdict=node_labels.get(label_names.NODE_CHECK),
         check_reasons=tuple(r for r in node_labels.get(label_names.NODE_CHECK_REASONS, "").split(".") if r))
-    return inventory.sync(api.kube, node, inv, driver,
-                          dataclasses.replace(inv_ctx, mig_strategy=sharing.mig_strategy, replicas=replicas),
-                          node_uid=lambda: str(meta["uid"]), xids=xids, node_driver=node_driver,
-                          recoveries=recoveries)
+    try:
+        return inventory.sync(api.kube, node, inv, driver,
+                              dataclasses.replace(inv_ctx, mig_strategy=sharing.mig_strategy, replicas=replicas),
+                              node_uid=lambda: str(meta["uid"]), xids=xids, node_driver=node_driver,
+                              recoveries=recoveries, listing=listing)
+    except Exception:
+        if listing is not None:  # a write may have landed: list again next run
+            listing.drop()
+        raise
 
 
 def _recoveries(nvml: NvmlSession, inv: Inventory) -> dict[int, GpuRecovery]:
@@ -416,6 +438,57 @@ def withdraw_if_retired(ctx: NodeEnv, owner: Owner, feature_file: str,
              len(changes))
 
 
+class WatchedNode:
+    """A :class:`~node_agent.labeller.nodepatch.NodeEnv` whose Node reads come from a watch of the own Node
+    (:class:`~node_agent.kube.ownnode.OwnNodeWatch`): the loop's labelling runs, the config label and the
+    inventory read the Node from memory, and a run that changes nothing makes no request."""
+
+    def __init__(self, ctx: NodeEnv, watch: Any) -> None:
+        self.ctx = ctx
+        self.watch = watch
+
+    @property
+    def host(self) -> HostRoot:
+        return self.ctx.host
+
+    @property
+    def node_name(self) -> str | None:
+        return self.ctx.node_name
+
+    def nvml(self) -> AbstractContextManager[NvmlSession]:
+        return self.ctx.nvml()
+
+    def require_node_name(self) -> str:
+        return self.ctx.require_node_name()
+
+    def node_api(self) -> NodeApi:
+        from node_agent.labeller.nodepatch import KubeNodeApi, WatchedNodeApi
+
+        api = self.ctx.node_api()
+        return WatchedNodeApi(api.kube, self.watch) if isinstance(api, KubeNodeApi) else api
+
+
+@contextlib.contextmanager
+def watching_node(ctx: NodeEnv, interval: float) -> Iterator[NodeEnv]:
+    """``ctx`` with its own Node watched for as long as the loop runs (a context without the API server
+    client, as in tests with a fake Node, is given back as it is). Where the watch is refused the Node is
+    read once per ``interval``, as before."""
+    from node_agent.kube.ownnode import OwnNodeWatch
+    from node_agent.kube.watch import WatchTiming
+    from node_agent.labeller.nodepatch import KubeNodeApi
+
+    api = ctx.node_api()
+    if not isinstance(api, KubeNodeApi):
+        yield ctx
+        return
+    watch = OwnNodeWatch(api.kube, ctx.require_node_name(), timing=WatchTiming(relist_interval_s=interval))
+    watch.start()
+    try:
+        yield WatchedNode(ctx, watch)
+    finally:
+        watch.stop()
+
+
 class _NoKube(Exception):
     """Stands in for KubeError when the Node is not patched (the kubernetes client stays unloaded)."""
 
@@ -443,16 +516,20 @@ def label_loop(ctx: NodeEnv, options: LabelOptions, want: Requested, source: Sha
     reported: tuple[str, ...] = ()
     xid_raised = threading.Event()
     recorder = None
+    listing = None
     if options.inventory is not None:
+        from node_agent.labeller.inventory import Listing
         from node_agent.nvml.xidwatch import XidRecorder
 
+        listing = Listing()
         recorder = XidRecorder(ctx.nvml, xid_raised.set)
         recorder.start()
     try:
         while not stop.is_set():
             xid_raised.clear()
             try:
-                result = label_once(ctx, options, want, source, recorder.seen() if recorder else None)
+                result = label_once(ctx, options, want, source, recorder.seen() if recorder else None,
+                                    listing=listing)
                 log.info("labelled labels=%d file_changed=%s node_changes=%d taints_changed=%s",
                          len(result.labels), result.file_changed, len(result.node_changes),
                          result.node_taints is not None)

@@ -21,7 +21,8 @@ from urllib.parse import quote
 
 from node_agent.host import HostRoot
 from node_agent.kube import nodes
-from node_agent.kube.errors import NotFound
+from node_agent.kube.errors import Conflict, NotFound
+from node_agent.kube.ownnode import OwnNodeWatch
 from node_agent.kube.transport import Kube
 from node_agent.labeller.nodeconfig import NodePlan, NodeSnapshot
 from node_agent.nvml import NvmlSession
@@ -106,6 +107,30 @@ class KubeNodeApi:
         except NotFound:
             return True
         return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+class WatchedNodeApi(KubeNodeApi):
+    """:class:`KubeNodeApi` reading its own Node from an :class:`~node_agent.kube.ownnode.OwnNodeWatch`:
+    a labeller that finds nothing to change makes no request at all. Its patches go to the API server
+    as before, and their answers update the copy; a 409 (the copy was stale) makes the next read a GET."""
+
+    def __init__(self, kube: Kube, watch: OwnNodeWatch) -> None:
+        super().__init__(kube)
+        self.watch = watch
+
+    def read_node(self, node: str) -> dict[str, Any]:
+        if node != self.watch.node_name:
+            return super().read_node(node)
+        return self.watch.current()
+
+    def patch_node(self, node: str, body: Mapping[str, Any], what: str = "patch") -> dict[str, Any]:
+        try:
+            obj = super().patch_node(node, body, what)
+        except Conflict:
+            self.watch.invalidate()
+            raise
+        self.watch.offer(obj)
+        return obj
 
 
 def snapshot(api: NodeApi, node: str) -> NodeSnapshot:

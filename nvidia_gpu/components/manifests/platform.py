@@ -53,8 +53,12 @@ class Rule:
 
 _READ_NODES = Rule(("",), ("nodes",), ("get", "list", "watch"))
 _PATCH_NODES = Rule(("",), ("nodes",), ("get", "list", "watch", "patch"))
-#: The labeller reads and merge-patches its own Node (labels, taints, its ownership annotations), nothing else.
-_PATCH_OWN_NODE = Rule(("",), ("nodes",), ("get", "patch"))
+#: The labeller reads, watches and merge-patches its own Node (labels, taints, its ownership annotations),
+#: nothing else. The watch (``fieldSelector=metadata.name=<node>``) is what lets a labeller at rest make no
+#: request: it reads the Node from memory every interval. RBAC cannot scope a watch to the caller's node,
+#: so the role can stream every Node's object, as the device plugin's and the MIG manager's can; it still
+#: cannot list them, and the node-confinement policy keeps its writes to its own Node.
+_PATCH_OWN_NODE = Rule(("",), ("nodes",), ("get", "watch", "patch"))
 #: ... and keeps its node's GPU inventory objects (the node-confinement policy keeps it to its own node's).
 _GPU_INVENTORY = Rule((inventory.GROUP,), (inventory.PLURAL,), ("get", "list", "create", "delete"))
 _GPU_INVENTORY_STATUS = Rule((inventory.GROUP,), (f"{inventory.PLURAL}/status",), ("patch",))

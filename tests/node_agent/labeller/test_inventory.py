@@ -169,7 +169,7 @@ def test_sync_creates_then_writes_only_changes_then_deletes(kube: FakeKube, dgx:
     times = iter(datetime.datetime(2026, 12, 3, 10, 0, i, tzinfo=datetime.UTC) for i in range(10))
 
     def sync(i: Inventory) -> inventory.SyncResult:
-        return inventory.sync(kube, "n", i, driver, CTX, node_uid=lambda: "uid-1", now=lambda: next(times))
+        return inventory.sync(kube, "n", i, driver, CTX, node_uid=lambda: "uid-1", now=lambda: next(times))  # type: ignore[arg-type]
 
     first = sync(inv)
     assert first.created == tuple(api.object_name("n", i) for i in range(8))
@@ -183,6 +183,33 @@ def test_sync_creates_then_writes_only_changes_then_deletes(kube: FakeKube, dgx:
     assert kube.objects["n-gpu0"]["status"]["health"]["since"] == "2026-12-03T10:00:00Z", "unchanged, kept"
     assert sync(Inventory(inv.gpus[:6])).deleted == ("n-gpu6", "n-gpu7")
     assert sorted(kube.objects) == [api.object_name("n", i) for i in range(6)]
+
+
+def test_a_kept_listing_spares_the_list_until_a_write_or_the_resync(
+        kube: FakeKube, dgx: tuple[Inventory, DriverInfo]) -> None:
+    """At rest the labeller lists its GPU objects once per resync, not once a run; a write is followed by
+    a list that confirms what landed."""
+    inv, driver = dgx
+    clock = [0.0]
+    listing = inventory.Listing(resync_s=600, clock=lambda: clock[0])
+    stamp = datetime.datetime(2026, 12, 3, 10, 0, 0, tzinfo=datetime.UTC)
+
+    def sync(i: Inventory) -> inventory.SyncResult:
+        return inventory.sync(kube, "n", i, driver, CTX, node_uid=lambda: "uid-1", now=lambda: stamp,  # type: ignore[arg-type]
+                              listing=listing)
+
+    assert sync(inv).created  # listed, then created: the listing is dropped
+    kube.calls.clear()
+    for _ in range(5):
+        clock[0] += 60
+        assert not sync(inv).changed
+    assert kube.calls == [("GET", api.collection_path())]  # the list after the writes, then nothing
+    clock[0] += 600
+    kube.calls.clear()
+    assert not sync(inv).changed and kube.calls == [("GET", api.collection_path())]  # the resync
+    lost = Inventory(inv.gpus[:7], (LostGpu(7, "GPU is lost"),))
+    kube.calls.clear()
+    assert sync(lost).updated == ("n-gpu7",) and [m for m, _ in kube.calls] == ["PATCH"]  # from the kept list
 
 
 def test_the_crd_is_cluster_scoped_with_a_status_subresource_and_kubectl_columns() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,6 +149,34 @@ def test_patch_node_sets_labels_and_removes_stale_owned_ones(tmp_path: Path, cli
     code, doc = cli(host.root, "simulated:l4x2", "labels", "--patch-node", "--no-timestamp", node="gpu-node-1",
                     kubeconfig=api_server.kubeconfig)
     assert doc["nodeChanges"] == {}
+
+
+def test_a_new_timestamp_alone_writes_neither_the_file_nor_the_node(
+        tmp_path: Path, cli: Cli, api_server: ApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timestamp says when the labels last changed: a run an hour later that finds nothing else
+    changed leaves the feature file and the Node alone (NVIDIA's GFD stamps every run, which made every
+    labeller write its Node once a minute); a real change carries the new stamp."""
+    host = build_fake_host(tmp_path, "l4x2")
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr("node_agent.labeller.labels.time.time", lambda: clock[0])
+
+    def run(model: str = "simulated:l4x2") -> dict[str, Any]:
+        code, doc = cli(host.root, model, "labels", "--patch-node", node="gpu-node-1",
+                        kubeconfig=api_server.kubeconfig)
+        assert code == 0 and isinstance(doc, dict), doc
+        return doc
+
+    first = run()
+    assert first["fileChanged"] and first["nodeChanges"]["nvidia.com/gfd.timestamp"] == "1700000000"
+    clock[0] += 3600
+    again = run()
+    assert (again["fileChanged"], again["nodeChanges"]) == (False, {})
+    assert api_server.labels("gpu-node-1")["nvidia.com/gfd.timestamp"] == "1700000000"
+    assert "nvidia.com/gfd.timestamp=1700000000" in host.path(FEATURES).read_text()
+    api_server.set_labels("gpu-node-1", {"nvidia.com/gpu.product": "hand-edited"})
+    healed = run()
+    assert healed["nodeChanges"] == {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gfd.timestamp": "1700003600"}
+    assert not healed["fileChanged"]
 
 
 def test_loop_mode_runs_the_requested_iterations(tmp_path: Path, cli: Cli) -> None:

@@ -74,7 +74,7 @@ def test_labeller_role_only_gets_and_patches_nodes_and_keeps_the_gpu_inventory(e
     resources = engine.run(lambda: _register(cfg))
     role = next(r for r in of_kind(resources, "ClusterRole") if r.inputs["metadata"]["name"].endswith("gpu-labeller"))
     assert role.inputs["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "patch"]},
         {"apiGroups": ["gpu.nvidia-gpu.io"], "resources": ["gpus"], "verbs": ["get", "list", "create", "delete"]},
         {"apiGroups": ["gpu.nvidia-gpu.io"], "resources": ["gpus/status"], "verbs": ["patch"]},
     ]
