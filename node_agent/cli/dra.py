@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="checkpoint and lock directory on the host")
     p.add_argument("--plugins-dir", default=PLUGINS_DIR, help="kubelet's plugin socket directory")
     p.add_argument("--registry-dir", default=REGISTRY_DIR, help="kubelet's plugin registration directory")
-    p.add_argument("--poll-interval", type=float, default=0.5, help="inventory poll interval, seconds")
+    p.add_argument("--poll-interval", type=float, default=DriverSettings.poll_interval,
+                   help="inventory poll interval, seconds (default %(default)s)")
     # CDI specs: the driver's files are found under --driver-root (as this process sees it) and named by
     # their host path under --nvidia-driver-root; the toolkit's hook program is used when it is seen.
     p.add_argument("--nvidia-driver-root", default=None, metavar="PATH",

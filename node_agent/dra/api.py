@@ -14,8 +14,10 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from node_agent.kube import events, nodes, resource_v1
-from node_agent.kube.errors import NotFound
+from node_agent.kube.errors import Gone, NotFound
 from node_agent.kube.transport import Kube
+from node_agent.kube.watch import resource_version as resource_version_of
+from node_agent.kube.watch import watch_once
 
 #: The Events' ``source.component``.
 COMPONENT = "nvidia-gpu-dra-driver"
@@ -43,6 +45,12 @@ class DraApi(Protocol):
     def patch_config_map(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
 
     def node_event(self, node: str, node_uid: str, *, reason: str, message: str, warning: bool) -> None: ...
+
+    def wait_config_map_change(self, namespace: str, name: str, resource_version: str,
+                               timeout_s: float) -> str | None:
+        """Block until the ConfigMap changes or ``timeout_s`` passes (a watch). Answers None when it changed
+        (or may have: read it again), else the version the wait ended at, to resume from."""
+        ...
 
 
 class KubeDraApi:
@@ -85,6 +93,23 @@ class KubeDraApi:
         """A Node Event, so ``kubectl describe node`` shows what the driver did."""
         events.post_node_event(self.kube, node, node_uid, component=COMPONENT, reason=reason, message=message,
                                warning=warning)
+
+
+    def wait_config_map_change(self, namespace: str, name: str, resource_version: str,
+                               timeout_s: float) -> str | None:
+        latest = resource_version
+        try:
+            for kind, obj in watch_once(self.kube, f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps",
+                                        resource_version=resource_version, timeout_s=timeout_s, read_slack_s=10.0,
+                                        query={"fieldSelector": f"metadata.name={name}"}):
+                rv = resource_version_of(obj)
+                if kind == "BOOKMARK":
+                    latest = rv or latest
+                elif not resource_version or rv != resource_version:
+                    return None
+        except Gone:
+            return None
+        return latest
 
 
 def _config_map(namespace: str, name: str) -> str:

@@ -8,7 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -24,6 +27,7 @@ from tests.dra.conftest import Env
 from tests.kit import metrics
 from tests.kit.dra_builders import DRIVER, NODE, claim, machine, populate_dev
 from tests.kit.kmock import FakeApiServer
+from tests.kit.kubelet.common import wait_until
 from tests.kit.kubelet.dra import DraKubelet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,6 +114,48 @@ def test_uninstall_grace_period_releases_despite_other_nodes_slices(env: Env) ->
     assert watcher.check() is MarkerState.UNINSTALLING  # other node's slice still there
     clock[0] += 61
     assert watcher.check() is MarkerState.RELEASED
+
+
+def test_the_uninstall_watcher_waits_on_a_watch_not_a_poll(env: Env) -> None:
+    """An armed marker is not read again until its watch reports a change: a watch that ends with the
+    marker unchanged is resumed from the version it ended at (polling every 5 s cost 12 requests a minute
+    on every DRA node); the deletion the watch reports withdraws the slices at once, with the poll slowed
+    to a minute. (kmock sends no events for ConfigMaps: the watch itself is scripted here and runs
+    against the real API server in the cluster tests.)"""
+    env.driver.start()
+    _marker(env.server)
+    api_ = kube_api(env)
+    core = client.CoreV1Api(env.server.api_client())
+    reads: list[str] = []
+    waits: list[tuple[str, float]] = []
+    real_get = api_.get_config_map
+
+    def get_config_map(namespace: str, name: str) -> dict[str, Any] | None:
+        reads.append(name)
+        return real_get(namespace, name)
+
+    def wait(namespace: str, name: str, resource_version: str, timeout_s: float) -> str | None:
+        waits.append((resource_version, timeout_s))
+        if len(waits) <= 3:
+            return f"v{len(waits)}"  # ran its course; bookmarks moved the version on
+        core.delete_namespaced_config_map(name, namespace)  # the finalizer holds it: marked for deletion
+        return None
+
+    api_.get_config_map = get_config_map  # type: ignore[method-assign]
+    api_.wait_config_map_change = wait  # type: ignore[method-assign]
+    watcher = UninstallWatcher(api_, driver=DRIVER, marker="nvidia-gpu/dra-uninstall-marker",
+                               withdraw=env.driver.withdraw)
+    stop = threading.Event()
+    loop = threading.Thread(target=watcher.run, args=(stop,), kwargs={"interval": 60}, daemon=True)
+    started = time.monotonic()
+    loop.start()
+    try:
+        wait_until(lambda: env.server.slices() == [], timeout=5, what="slices withdrawn")
+        assert time.monotonic() - started < 5
+        assert len(reads) == 2  # armed it, then read it once more when the watch said it changed
+        assert [rv for rv, _ in waits][1:] == ["v1", "v2", "v3"] and {t for _, t in waits} == {300.0}
+    finally:
+        stop.set()
 
 
 def kube_api(env: Env) -> KubeDraApi:

@@ -46,7 +46,7 @@ def test_rbac_is_exactly_what_the_plugin_calls() -> None:
     assert all("*" not in v for r in rules for v in (*r["verbs"], *r["resources"], *r["apiGroups"]))
     [marker] = dra.marker_role("ns")["rules"]
     assert marker == {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [dra.UNINSTALL_MARKER],
-                      "verbs": ["get", "patch"]}
+                      "verbs": ["get", "watch", "patch"]}
 
 
 def test_admission_policy_confines_the_plugin_to_its_node() -> None:

@@ -3,6 +3,7 @@ republishing after hardware changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import replace
@@ -161,6 +162,8 @@ def test_start_publishes_and_unchanged_inventory_publishes_nothing(env: Env) -> 
 
 
 def test_inventory_changes_republish_within_two_seconds(env: Env) -> None:
+    """Within one poll interval (0.5 s here; the DaemonSet's default is 5 s, see DriverSettings)."""
+    env.driver.settings = dataclasses.replace(env.driver.settings, poll_interval=0.5)
     env.driver.start()
     stop = threading.Event()
     loop = threading.Thread(target=env.driver.run_inventory_loop, args=(stop,), daemon=True)

@@ -25,7 +25,9 @@ from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.dra.sharing import NvidiaSmiSharing
 from node_agent.host import HostRoot
+from node_agent.kube import resource_v1
 from node_agent.kube.transport import Kube
+from node_agent.kube.watch import ListWatch, WatchTiming
 from node_agent.kubelet.dra.server import PLUGINS_DIR, REGISTRY_DIR, PluginServer
 from node_agent.nvml import NvmlBackend
 from node_agent.status.server import RegistryRenderer, StatusServer
@@ -70,6 +72,14 @@ def serve(settings: DriverSettings, *, host: HostRoot, nvml_backend: NvmlBackend
     server = PluginServer(driver, host, plugins_dir=endpoints.plugins_dir, registry_dir=endpoints.registry_dir)
     driver.metrics.watch_registration(lambda: server.registration.registered)
     loops = [threading.Thread(target=driver.run_inventory_loop, args=(stop,), name="dra-inventory", daemon=True)]
+    # Anyone's change to this pool's slices (the kubelet deletes them when it starts; an operator's edit)
+    # asks for a check against the API server at the next refresh; at rest the watch costs one request
+    # per its timeout, where re-listing every 30 s cost two a minute.
+    slices = ListWatch(Kube.connect(kubeconfig), resource_v1.SLICES,
+                       field_selector=f"spec.driver={settings.driver},spec.nodeName={settings.node}",
+                       on_list=lambda _items: driver.resync(), on_event=lambda _kind, _obj: driver.resync(),
+                       timing=WatchTiming(relist_interval_s=settings.resync_interval), name="dra-slice-watch",
+                       log_as="slice-watch")
     status = None
     if endpoints.metrics_port:
         # Bound before any socket is served, so a taken port that is required fails the start with
@@ -92,8 +102,10 @@ def serve(settings: DriverSettings, *, host: HostRoot, nvml_backend: NvmlBackend
         loops.append(threading.Thread(target=watcher.run, args=(stop,), name="dra-uninstall", daemon=True))
     for t in loops:
         t.start()
+    slices.start()
     log.info("event=dra-driver-running driver=%s node=%s", settings.driver, settings.node)
     stop.wait()
+    slices.stop()
     if status is not None:
         status.stop()
     server.stop()

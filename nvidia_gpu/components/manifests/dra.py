@@ -131,13 +131,14 @@ def cluster_role_binding(namespace: str) -> Manifest:
 
 
 def marker_role(namespace: str) -> Manifest:
-    """The plugin may only read and un-finalize the one uninstall marker in its own namespace."""
+    """The plugin may only read, watch and un-finalize the one uninstall marker in its own namespace (a
+    watch names it with ``fieldSelector=metadata.name=``, which is how RBAC's ``resourceNames`` admits one)."""
     return {
         "apiVersion": RBAC_API,
         "kind": "Role",
         "metadata": {"name": COMPONENT, "namespace": namespace, "labels": app_labels(COMPONENT, namespace)},
         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [UNINSTALL_MARKER],
-                   "verbs": ["get", "patch"]}],
+                   "verbs": ["get", "watch", "patch"]}],
     }
 
 
