@@ -92,8 +92,8 @@ class UninstallWatcher:
     def run(self, stop: threading.Event, interval: float = 5.0, watch_timeout: float = 300.0) -> None:
         """Check, then wait for the marker to change: a watch while it is armed or not there yet (at rest
         one request per ``watch_timeout``, resumed from where the last ended; polling it every 5 s cost 12
-        requests a minute on every DRA node), ``interval`` while uninstalling (the other nodes' slices are counted) or when
-        the watch fails."""
+        requests a minute on every DRA node), ``interval`` while uninstalling (the other nodes' slices
+        are counted) or when the watch fails."""
         while True:
             try:
                 state = self.check()
