@@ -18,7 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.kit.fakehost import build_fake_host
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as documented, without PYTHONPATH
+
+from tests.kit.fakehost import build_fake_host  # noqa: E402
 
 RUNS = 7
 TARGET_S = 1.0

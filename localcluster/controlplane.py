@@ -93,6 +93,8 @@ class ControlPlane:
     components: tuple[str, ...] = COMPONENTS
     bin_dir: Path | None = None
     feature_gates: str = ""
+    #: More flags for kube-apiserver (a benchmark's audit log).
+    apiserver_args: tuple[str, ...] = ()
     ports: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
@@ -248,7 +250,7 @@ class ControlPlane:
                    "--v=1"]
             if self.feature_gates:
                 cmd += ["--feature-gates", self.feature_gates]
-            return cmd
+            return [*cmd, *self.apiserver_args]
         if name == "kube-controller-manager":
             return [binary, "--kubeconfig", str(d / "kube-controller-manager.kubeconfig"),
                     "--leader-elect=false", "--use-service-account-credentials=true",

@@ -530,9 +530,9 @@ def label_loop(ctx: NodeEnv, options: LabelOptions, want: Requested, source: Sha
             try:
                 result = label_once(ctx, options, want, source, recorder.seen() if recorder else None,
                                     listing=listing)
-                log.info("labelled labels=%d file_changed=%s node_changes=%d taints_changed=%s",
+                log.info("labelled labels=%d file_changed=%s node_changes=%d taints_changed=%s changed=%s",
                          len(result.labels), result.file_changed, len(result.node_changes),
-                         result.node_taints is not None)
+                         result.node_taints is not None, ",".join(sorted(result.node_changes)) or "-")
                 if result.warnings != reported:  # once, not every interval
                     for w in result.warnings:
                         log.warning("labelling warning=%r", w)

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 PACK_DIR = Path(__file__).resolve().parents[3] / "policies"
 #: The CLI passes its own engine address; a Python pack never dials it, so any address will do offline.
 OFFLINE_ENGINE_ADDRESS = "127.0.0.1:0"
+#: Seconds ``AnalyzeStack``'s deadline grows per resource analyzed (five times the 2 ms a resource costs).
+STACK_SECONDS_PER_RESOURCE = 0.01
 #: The type of the stack's root resource, the parent of every top-level resource (and the first one the
 #: engine sends ``AnalyzeStack``).
 ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
@@ -437,15 +439,27 @@ class PackProcess:
                 for r in resources
             ]
         )
-        resp = self.stub.AnalyzeStack(req, timeout=self.call_timeout)
+        # One call over the whole stack: its deadline grows with the stack (2,000 node groups, some 20,000
+        # resources, passed a fixed minute).
+        resp = self.stub.AnalyzeStack(req, timeout=self.call_timeout + STACK_SECONDS_PER_RESOURCE * len(resources))
         return self._diagnostics(resp.diagnostics, {r.urn: r for r in resources})
 
     def analyze_all(self, resources: Sequence[AnalyzerResource]) -> list[Diagnostic]:
-        """What a preview does: ``Analyze`` for each resource, then ``AnalyzeStack`` once."""
+        """What a preview does: ``Analyze`` for each resource, then ``AnalyzeStack`` once. A call the pack
+        fails or does not answer in time is a :class:`PackError` naming it, not a gRPC traceback."""
         out: list[Diagnostic] = []
-        for r in resources:
-            out.extend(self.analyze(r))
-        out.extend(self.analyze_stack(resources))
+        current = "Analyze"
+        try:
+            for r in resources:
+                current = f"Analyze of {r.urn}"
+                out.extend(self.analyze(r))
+            current = f"AnalyzeStack of {len(resources)} resources"
+            out.extend(self.analyze_stack(resources))
+        except grpc.RpcError as e:
+            code = e.code().name if hasattr(e, "code") else "UNKNOWN"
+            details = e.details() if hasattr(e, "details") else str(e)
+            raise PackError(f"policy pack {self.pack_dir}: {current} failed: {code}: {details}\n"
+                            f"{self._stderr_text()}".rstrip()) from e
         return out
 
     def _diagnostics(
