@@ -727,11 +727,13 @@ def _replace_value(argv: list[str], flag: str, value: str) -> list[str]:
     return [value if i and argv[i - 1] == flag else a for i, a in enumerate(argv)]
 
 
-def our_containers(m: Machine, work: Path, kubecfg: Path) -> list[Container]:
+def our_containers(m: Machine, work: Path, kubecfg: Path, *, dra: bool = False) -> list[Container]:
     """The GPU-node containers of our DaemonSets (rendered by ``components/``), container paths mapped into the
     host tree: ``/host`` is the tree, ``/driver-root`` is ``/`` (the mock NVML is on the library path), the
-    ConfigMaps are files under ``work``; ``--kubeconfig`` replaces the pod's ServiceAccount."""
-    cfg, group = stack(MODELS[m.name])
+    ConfigMaps are files under ``work``; ``--kubeconfig`` replaces the pod's ServiceAccount. ``dra``: a DRA
+    group's node (setup, labeller, DRA plugin; the plugin's sockets are under the host tree, whose path must
+    then be short: a unix socket path has 107 bytes)."""
+    cfg, group = dra_stack(MODELS[m.name]) if dra else stack(MODELS[m.name])
     ctx = workloads.GroupContext(namespace=cfg.cluster.namespace, cluster=cfg.cluster, group=group)
     dp_config = work / "device-plugin-config"
     dp_config.mkdir()
@@ -746,6 +748,9 @@ def our_containers(m: Machine, work: Path, kubecfg: Path) -> list[Container]:
     daemonsets = [(workloads.setup_daemonset(ctx), False, ""), (workloads.labeller_daemonset(ctx), False, ""),
                   (workloads.device_plugin_daemonset(ctx), False, DEVICE_PLUGIN_MODE),
                   (mig_manifests.daemonset(cfg.cluster.namespace, cfg.cluster, [group]), True, "")]
+    if dra:
+        daemonsets = [*daemonsets[:2], (dra_manifests.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, group),
+                                        False, DRA_MODE)]
     out = []
     for ds, mig, mode in daemonsets:
         spec = ds["spec"]["template"]["spec"]
@@ -763,6 +768,9 @@ def our_containers(m: Machine, work: Path, kubecfg: Path) -> list[Container]:
                     agent += ["--socket-dir", str(kubelet_dir)]
                 if init and "setup" in agent:
                     agent.append("--no-restart")  # no containerd to restart in a host tree
+                if "dra-driver" in agent:  # kubelet's directories under the host tree, as on a node
+                    for d in ("var/lib/kubelet/plugins", "var/lib/kubelet/plugins_registry"):
+                        (m.root / d).mkdir(parents=True, exist_ok=True)
                 cmd = [*cmd[:3], *agent]
             out.append(Container(c["name"], tuple(cmd), init, kubelet_dir, mig, mode))
     return out
