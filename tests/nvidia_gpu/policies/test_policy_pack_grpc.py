@@ -203,6 +203,26 @@ def test_stack_config_by_file_leaves_the_environment_small(tmp_path: Path) -> No
     assert json.loads(Path(env["NVIDIA_GPU_STACK_CONFIG_FILE"]).read_text()) == {"nvidia-gpu:flag": "x"}
 
 
+_SLOW_PACK = """
+import time
+from pulumi_policy import PolicyPack, ResourceValidationPolicy
+
+def slow(args, report):
+    time.sleep(3)
+
+PolicyPack("slow", [ResourceValidationPolicy("slow", "Takes its time.", slow)])
+"""
+
+
+def test_a_pack_call_out_of_time_is_an_error_naming_it(tmp_path: Path) -> None:
+    """Not a gRPC traceback: the preview's policy step reports which call ran out of time."""
+    (tmp_path / "PulumiPolicy.yaml").write_text("runtime: python\nversion: 0.0.3\n")
+    (tmp_path / "__main__.py").write_text(_SLOW_PACK)
+    with PackProcess(tmp_path, call_timeout=0.5) as pack, pytest.raises(PackError) as err:
+        pack.analyze_all([AnalyzerResource("t:m:R", "urn:slow", "slow", {})])
+    assert "Analyze of urn:slow failed: DEADLINE_EXCEEDED" in str(err.value)
+
+
 def test_pack_manifest_is_required(tmp_path: Path) -> None:
     with pytest.raises(PackError, match="failed to load Pulumi policy project"):
         PackProcess(tmp_path)
