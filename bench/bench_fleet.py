@@ -28,11 +28,12 @@ import argparse
 import contextlib
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,9 @@ from bench.bench_vs_nvidia import (  # noqa: E402
     Container,
     Processes,
     _mig_settled,
+    cpu_s,
     our_containers,
+    real_pid,
     transient,
     wait_for,
 )
@@ -79,6 +82,7 @@ class Agent:
     account: str
     argv: tuple[str, ...]
     env: dict[str, str]
+    pids: list[int] = field(default_factory=list)  #: the process (behind unshare for NVIDIA's), once started
 
 
 def _account(container: Container, dra: bool) -> str:
@@ -176,7 +180,9 @@ def start_node(procs: Processes, cp: ControlPlane, admin: Kube, m: Machine, *, n
     agents.append(Agent(node, gfd_account, tuple(namespaced(m, gfd)),
                         {**env, "KUBECONFIG": str(identity(cp, admin, gfd_account, work.parent))}))
     for a in agents:
-        procs.start(f"{node}-{a.account}", a.argv, a.env)
+        proc = procs.start(f"{node}-{a.account}", a.argv, a.env)
+        # NVIDIA's runs behind unshare (its mount namespace): the process that exec'd into GFD is measured.
+        a.pids.append(real_pid(proc.pid, GFD) if a.account.startswith(GFD) else proc.pid)
     return agents
 
 
@@ -195,6 +201,17 @@ def count(audit: Path, since: datetime, until: datetime) -> Counter[tuple[str, s
             resource = str(ref.get("resource") or "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
             out[(user.removeprefix(prefix), str(event.get("verb")), resource)] += 1
     return out
+
+
+def report_cpu(agents: list[Agent], before: dict[int, float], window_s: float) -> None:
+    """Each agent's CPU while at rest, as a share of one core, averaged over the nodes of its kind."""
+    shares: dict[str, list[float]] = {}
+    for a in agents:
+        if a.pids:
+            shares.setdefault(a.account, []).append((cpu_s(a.pids[0]) - before[a.pids[0]]) / window_s * 100)
+    print(f"\nCPU at rest, % of one core (mean over nodes, {window_s:.0f} s)")
+    for account, values in sorted(shares.items()):
+        print(f"{account:<28}{statistics.fmean(values):>8.3f}")
 
 
 def report(counts: Counter[tuple[str, str, str]], nodes: dict[str, int], window_s: float) -> bool:
@@ -251,6 +268,7 @@ def main() -> int:
         admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nvidia-gpu"}})
         admin.create({"apiVersion": "v1", "kind": "ConfigMap",
                       "metadata": {"name": "dra-uninstall-marker", "namespace": "nvidia-gpu"}})
+        agents: list[Agent] = []
         names = [(f"gpu-node-{i}", False) for i in range(args.nodes)]
         names += [(f"dra-node-{i}", True) for i in range(args.dra_nodes)]
         for name, dra in names:
@@ -259,17 +277,19 @@ def main() -> int:
             # A DRA node's host tree holds the plugin's unix sockets: a short path (107 bytes at most).
             tree = Path(tempfile.mkdtemp(prefix="bf", dir="/tmp")) if dra else node_work / "machine"
             trees.append(tree)
-            start_node(procs, cp, admin, machine(args.machine, tree), node=name, work=node_work,
-                       dra=dra, log_level=args.agent_log_level)
+            agents += start_node(procs, cp, admin, machine(args.machine, tree), node=name, work=node_work,
+                                 dra=dra, log_level=args.agent_log_level)
             print(f"  {name}: agents started")
         settled = wait_for(lambda: all(
             GPU_PRODUCT_LABEL in (nl := node_labels(admin, n)) and (dra or _mig_settled(nl)) for n, dra in names),
             timeout=180)
         print(f"  settled: {settled}; resting {args.settle:.0f} s, then counting {args.window:.0f} s")
         time.sleep(args.settle)
+        before = {a.pids[0]: cpu_s(a.pids[0]) for a in agents if a.pids}
         since = datetime.now().astimezone()
         time.sleep(args.window)
         until = datetime.now().astimezone()
+        report_cpu(agents, before, (until - since).total_seconds())
         report(count(audit, since, until), {"device-plugin": args.nodes, "dra": args.dra_nodes},
                     (until - since).total_seconds())
     finally:
