@@ -585,6 +585,11 @@ def test_labeller_identity_reads_and_patches_its_own_node(kube: Kube, labeller: 
                         content_type=MERGE_PATCH, query={"dryRun": "All"})
     assert caught.value.status == 403 and "may not change node label(s) lab.example.com/probe" in caught.value.message
     assert me.kube.can_i("get", "nodes", name=labeller.node) and me.kube.can_i("patch", "nodes", name=labeller.node)
+    # It watches its own Node (so it reads it from memory at rest) but may not list Nodes.
+    assert me.kube.can_i("watch", "nodes") and not me.kube.can_i("list", "nodes")
+    watched = me.kube.request("GET", "/api/v1/nodes", query={
+        "watch": "true", "fieldSelector": f"metadata.name={labeller.node}", "timeoutSeconds": "1"})
+    assert labeller.node in str(watched)
     # The token is the pod's: bound to it and carrying its node, as the kubelet would mount it.
     review = me.kube.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
                              {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
