@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,66 @@ STEP = "server-dry-run"
 log = logging.getLogger(__name__)
 
 
+_HANDOFF = "server-dry-run"
+
+
+class StartingControlPlane:
+    """The throwaway control plane, started on a thread while the program registers and the schemas
+    validate (its start, about 5 s, used to come strictly after everything else). The dry-run step takes
+    it with :meth:`wait`; :meth:`close` stops it and removes its directory, whenever the pipeline ends."""
+
+    def __init__(self, bin_dir: Path) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="nvgpu-dryrun-")
+        self.cp = ControlPlane(directory=Path(self._tmp.name), components=("etcd", "kube-apiserver"), bin_dir=bin_dir)
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._start, name="dry-run-control-plane", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self.cp.start(timeout=90)
+        except BaseException as e:  # handed to wait(), on the step's thread
+            self._error = e
+
+    def wait(self) -> ControlPlane:
+        """The started control plane; raises what its start raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.cp
+
+    def close(self) -> None:
+        """Stop and remove it (once; later calls do nothing)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._thread.join()
+        self.cp.stop(remove=False)
+        self._tmp.cleanup()
+
+
+def start(result: PreviewResult) -> None:
+    """Right after the config: start the throwaway control plane the dry-run step will use, if it will."""
+    if result.server_mode == "off" or result.server_kubeconfig is not None:
+        return
+    try:
+        bin_dir = tools_bin()
+    except ToolsMissing:
+        return  # the step says why
+    result.handoff[_HANDOFF] = StartingControlPlane(bin_dir)
+
+
 def run(result: PreviewResult) -> None:
+    starting = result.handoff.pop(_HANDOFF, None)
+    try:
+        _run(result, starting if isinstance(starting, StartingControlPlane) else None)
+    finally:
+        if starting is not None:
+            starting.close()
+
+
+def _run(result: PreviewResult, starting: StartingControlPlane | None) -> None:
     if result.server_mode == "off" or not result.manifests:
         return
     items = [Item(m.filename, m.object, m.patch) for m in result.manifests]
@@ -45,26 +105,25 @@ def run(result: PreviewResult) -> None:
         for label, message in collisions(kube, items):
             result.problems.append(Problem(STEP, label, message))
         return
-    try:
-        bin_dir = tools_bin()
-    except ToolsMissing as e:
-        result.report_sections.append(f"Server dry-run: skipped, schema validation only ({e}).")
-        return
-    with tempfile.TemporaryDirectory(prefix="nvgpu-dryrun-") as tmp:
-        cp = ControlPlane(directory=Path(tmp), components=("etcd", "kube-apiserver"), bin_dir=bin_dir)
+    if starting is None:
         try:
-            cp.start(timeout=90)
-            kube = cp.admin()
-            groups = {m.api_version.split("/")[0] for m in result.manifests if "/" in m.api_version}
-            install_crds(kube, [p for p in sorted(crds.CRD_DIR.glob("*.yaml"))
-                                if p.name.split(".", 1)[1].removesuffix(".yaml") in groups])
-            report = dry_run(kube, items, ephemeral=True, placeholder=deckhouse_placeholder)
-        except (RuntimeError, TimeoutError, ApiError, OSError) as e:
-            result.problems.append(Problem(STEP, "local control plane", f"could not run the dry-run: {e}"))
+            starting = StartingControlPlane(tools_bin())
+        except ToolsMissing as e:
+            result.report_sections.append(f"Server dry-run: skipped, schema validation only ({e}).")
             return
-        finally:
-            cp.stop(remove=False)
-        _record(result, report, f"a throwaway control plane, up in {cp.startup_s:.1f} s")
+    try:
+        cp = starting.wait()
+        kube = cp.admin()
+        groups = {m.api_version.split("/")[0] for m in result.manifests if "/" in m.api_version}
+        install_crds(kube, [p for p in sorted(crds.CRD_DIR.glob("*.yaml"))
+                            if p.name.split(".", 1)[1].removesuffix(".yaml") in groups])
+        report = dry_run(kube, items, ephemeral=True, placeholder=deckhouse_placeholder)
+    except (RuntimeError, TimeoutError, ApiError, OSError) as e:
+        result.problems.append(Problem(STEP, "local control plane", f"could not run the dry-run: {e}"))
+        return
+    finally:
+        starting.close()
+    _record(result, report, f"a throwaway control plane, up in {cp.startup_s:.1f} s")
 
 
 #: Field managers of this project's objects: the provider's default (``pulumi-kubernetes-<random>``) and

@@ -12,6 +12,7 @@ Exit status: 0 clean or advisory only, 1 mandatory violations, 2 bad input or a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -58,9 +59,13 @@ def run_pack(
     policy_config: Mapping[str, Any] | None = None,
     pack_dir: Path = PACK_DIR,
     python: str | None = None,
+    *,
+    started: PackProcess | None = None,
 ) -> PolicyRun:
-    """Start the pack, configure it, analyze every resource and the stack, stop it."""
-    with PackProcess(pack_dir, stack, python=python) as pack:
+    """Start the pack (or take one ``started`` already, which the caller stops), configure it, analyze
+    every resource and the stack, stop it."""
+    with contextlib.ExitStack() as stop:
+        pack = started if started is not None else stop.enter_context(PackProcess(pack_dir, stack, python=python))
         assert pack.info is not None
         pack.configure(policy_config or {})
         began = time.perf_counter()

@@ -10,11 +10,14 @@ reported and do not fail the preview.
 
 from __future__ import annotations
 
+import threading
+
 from nvidia_gpu.preview.model import PreviewResult, Problem
 from nvidia_gpu.preview.policyrun.analyzer_client import (
     PACK_DIR,
     AnalyzerResource,
     PackError,
+    PackProcess,
     PolicyConfigError,
     StackContext,
 )
@@ -22,6 +25,47 @@ from nvidia_gpu.preview.policyrun.offline import PROJECT_CONFIG, load_policy_con
 from nvidia_gpu.preview.policyrun.report import format_policies, stack_resource_label, summary_line
 
 STEP = "policies"
+_HANDOFF = "policies"
+
+
+class StartingPack:
+    """The pack's process, started on a thread right after the config (its interpreter and imports, about
+    a second, used to block the policy step on its port); :meth:`wait` gives it to the step, :meth:`close`
+    stops it whenever the pipeline ends."""
+
+    def __init__(self, stack: StackContext) -> None:
+        self.pack = PackProcess(PACK_DIR, stack)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, name="policy-pack-start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self.pack.start()
+        except BaseException as e:  # handed to wait(), on the step's thread
+            self._error = e
+
+    def wait(self) -> PackProcess:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.pack
+
+    def close(self) -> None:
+        self._thread.join()
+        self.pack.close()
+
+
+def _stack(result: PreviewResult) -> StackContext:
+    return StackContext(result.project, result.stack, dict(result.engine_config))
+
+
+def start(result: PreviewResult) -> None:
+    """Right after the config: start the pack the policy step will use."""
+    try:
+        result.handoff[_HANDOFF] = StartingPack(_stack(result))
+    except (OSError, PackError):
+        return  # the step starts it again and reports why it cannot
 
 
 def run(result: PreviewResult) -> None:
@@ -29,12 +73,16 @@ def run(result: PreviewResult) -> None:
         AnalyzerResource(r.type_token, r.urn, r.name, r.inputs, r.parent_urn or "", r.dependencies)
         for r in result.resources
     ]
-    stack = StackContext(result.project, result.stack, dict(result.engine_config))
+    starting = result.handoff.pop(_HANDOFF, None)
     try:
-        policy_run = run_pack(resources, stack, load_policy_config(PROJECT_CONFIG))
+        started = starting.wait() if isinstance(starting, StartingPack) else None
+        policy_run = run_pack(resources, _stack(result), load_policy_config(PROJECT_CONFIG), started=started)
     except (OSError, ValueError, PackError, PolicyConfigError) as e:
         result.problems.append(Problem(STEP, str(PACK_DIR), str(e)))
         return
+    finally:
+        if starting is not None:
+            starting.close()
     section = format_policies(policy_run.info, policy_run.diagnostics, source=source_label(PACK_DIR),
                               project=result.project, stack=result.stack)
     result.report_sections.append(f"{section}\n{summary_line(policy_run.diagnostics)}")

@@ -10,7 +10,7 @@ import pytest
 
 from nvidia_gpu.preview import crds, render, stackfile, summary, validate
 from nvidia_gpu.preview.engine import normalise
-from nvidia_gpu.preview.model import PreviewResult, RecordedResource, RenderedManifest
+from nvidia_gpu.preview.model import PreviewResult, Problem, RecordedResource, RenderedManifest
 from nvidia_gpu.preview.pipeline import DEFAULT_STEPS, Step, new_result, run_steps
 from nvidia_gpu.preview.validate import BackgroundValidator, inline_refs, validate_manifest, validate_object
 
@@ -236,3 +236,23 @@ def test_a_second_run_in_one_process_gets_its_own_root_stack() -> None:
         parents[stack] = record.parent_urn
     assert parents == {stack: f"urn:pulumi:{stack}::nvidia-gpu::pulumi:pulumi:Stack::nvidia-gpu-{stack}"
                        for stack in ("first", "second")}
+
+
+def test_the_pack_starts_with_the_config_and_stops_whatever_happens_after(tmp_path: Path) -> None:
+    """The pack's process starts right after the config, on a thread, so its start overlaps the program's;
+    a run that stops before the policy step (here a step that fails) still stops it."""
+    from nvidia_gpu.preview.policyrun import preview_step
+
+    seen: list[preview_step.StartingPack] = []
+
+    def failing(result: PreviewResult) -> None:
+        starting = result.handoff["policies"]
+        assert isinstance(starting, preview_step.StartingPack)
+        seen.append(starting)
+        assert starting.wait().info is not None  # started meanwhile, and answering
+        result.problems.append(Problem("boom", "x", "a step failed"))
+
+    steps = [s for s in DEFAULT_STEPS if s.name in ("config", "policies-start")] + [Step("boom", failing)]
+    result = run_steps(new_result(ROOT, "dev", tmp_path), steps)
+    assert [p.step for p in result.problems] == ["boom"] and result.handoff == {}
+    assert seen[0].pack._proc is None  # stopped by the pipeline
