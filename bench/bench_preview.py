@@ -13,7 +13,9 @@ runs, interleaved and in alternating order, three things in this process:
   monitor, same collector settings) registers exactly as many resources as the preview recorded, each a
   plain ``pulumi.CustomResource`` with the inputs that resource was recorded with (components and the
   provider included, their type tokens swapped for a plain one), flat: no parents, providers,
-  dependencies or outputs. That is the SDK's registration cost for the same count and input sizes.
+  dependencies or outputs. That is the SDK's registration cost for the same count and input sizes, as the
+  preview runs the SDK (its collector settings, ``engine.program_gc``, included): not a bare SDK process,
+  which ``bench_engine.py`` and the CLI's own runs measure.
 * **shaped**: the same registrations with their recorded parents, provider and dependencies (the SDK's
   cost for a component tree of this shape), still without any of the program's own code.
 
