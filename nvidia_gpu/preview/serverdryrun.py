@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from localcluster import ControlPlane, Kube, ToolsMissing, tools_bin
 from localcluster.client import APPLY_FIELD_MANAGER, ApiError
 from localcluster.dryrun import FIELD_MANAGER, PRECONDITIONS_MANAGER, DryRunReport, Item, dry_run, install_crds
 from nvidia_gpu.preview import crds
+from nvidia_gpu.preview.background import BackgroundStart
 from nvidia_gpu.preview.model import PreviewResult, Problem
 
 STEP = "server-dry-run"
@@ -34,38 +34,17 @@ log = logging.getLogger(__name__)
 _HANDOFF = "server-dry-run"
 
 
-class StartingControlPlane:
+class StartingControlPlane(BackgroundStart[ControlPlane]):
     """The throwaway control plane, started on a thread while the program registers and the schemas
-    validate (its start, about 5 s, used to come strictly after everything else). The dry-run step takes
-    it with :meth:`wait`; :meth:`close` stops it and removes its directory, whenever the pipeline ends."""
+    validate (its start, about 5 s, used to come strictly after everything else); closing it stops it
+    and removes its directory."""
 
     def __init__(self, bin_dir: Path) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="nvgpu-dryrun-")
         self.cp = ControlPlane(directory=Path(self._tmp.name), components=("etcd", "kube-apiserver"), bin_dir=bin_dir)
-        self._error: BaseException | None = None
-        self._closed = False
-        self._thread = threading.Thread(target=self._start, name="dry-run-control-plane", daemon=True)
-        self._thread.start()
+        super().__init__("dry-run-control-plane", lambda: self.cp.start(timeout=90), self._stop)
 
-    def _start(self) -> None:
-        try:
-            self.cp.start(timeout=90)
-        except BaseException as e:  # handed to wait(), on the step's thread
-            self._error = e
-
-    def wait(self) -> ControlPlane:
-        """The started control plane; raises what its start raised."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self.cp
-
-    def close(self) -> None:
-        """Stop and remove it (once; later calls do nothing)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._thread.join()
+    def _stop(self) -> None:
         self.cp.stop(remove=False)
         self._tmp.cleanup()
 

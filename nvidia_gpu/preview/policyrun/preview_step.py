@@ -10,8 +10,7 @@ reported and do not fail the preview.
 
 from __future__ import annotations
 
-import threading
-
+from nvidia_gpu.preview.background import BackgroundStart
 from nvidia_gpu.preview.model import PreviewResult, Problem
 from nvidia_gpu.preview.policyrun.analyzer_client import (
     PACK_DIR,
@@ -28,32 +27,17 @@ STEP = "policies"
 _HANDOFF = "policies"
 
 
-class StartingPack:
+class StartingPack(BackgroundStart[PackProcess]):
     """The pack's process, started on a thread right after the config (its interpreter and imports, about
-    a second, used to block the policy step on its port); :meth:`wait` gives it to the step, :meth:`close`
-    stops it whenever the pipeline ends."""
+    a second, used to block the policy step on its port); closing it stops the process."""
 
     def __init__(self, stack: StackContext) -> None:
         self.pack = PackProcess(PACK_DIR, stack)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._start, name="policy-pack-start", daemon=True)
-        self._thread.start()
+        super().__init__("policy-pack-start", self._start, self.pack.close)
 
-    def _start(self) -> None:
-        try:
-            self.pack.start()
-        except BaseException as e:  # handed to wait(), on the step's thread
-            self._error = e
-
-    def wait(self) -> PackProcess:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+    def _start(self) -> PackProcess:
+        self.pack.start()
         return self.pack
-
-    def close(self) -> None:
-        self._thread.join()
-        self.pack.close()
 
 
 def _stack(result: PreviewResult) -> StackContext:
