@@ -30,7 +30,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--drain", choices=[m.value for m in DrainMode], default=DrainMode.CORDON.value,
                    help="cordon and evict, or the same within the Deckhouse NodeGroup's disruption settings "
                         "(default: %(default)s)")
-    p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS", help="seconds between rounds")
+    p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS",
+                   help="seconds between rounds while a rollout runs (default: %(default)s)")
+    p.add_argument("--resync", type=float, default=600.0, metavar="SECONDS",
+                   help="while every node is at rest, rounds come when the driver DaemonSets, their pods or a "
+                        "node's upgrade state change, and at least this often (default: %(default)s)")
     p.add_argument("--once", action="store_true",
                    help="decide one round, print each node's next step and exit; changes nothing")
     p.set_defaults(run=run)
@@ -40,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
     ctx = AgentContext.from_args(args)
     if not args.namespace:
         raise UsageError("--namespace (or $POD_NAMESPACE) is required: the driver DaemonSets are there")
-    if args.interval <= 0:
-        raise UsageError(f"--interval {args.interval}: must be a positive number of seconds")
+    for flag, value in (("--interval", args.interval), ("--resync", args.resync)):
+        if not value > 0:
+            raise UsageError(f"{flag} {value}: must be a positive number of seconds")
     controller = UpgradeController(Kube.connect(ctx.kubeconfig), args.namespace, drain_mode=DrainMode(args.drain),
                                    dry_run=args.once)
     try:
@@ -55,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        controller.run(stop, args.interval)
+        controller.run(stop, args.interval, args.resync)
     except KubeError as e:
         ctx.fail(e)
         return exitcodes.KUBE

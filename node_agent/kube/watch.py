@@ -83,7 +83,8 @@ def resource_version(obj: Mapping[str, Any]) -> str:
 
 
 class ListWatch:
-    """List ``path`` (with ``field_selector``), then watch it, on a thread, until :meth:`stop`.
+    """List ``path`` (with ``field_selector`` and ``label_selector``), then watch it, on a thread, until
+    :meth:`stop`.
 
     ``on_list`` gets each list's items (a fresh start: anything not listed is gone); ``on_event`` each
     ``ADDED``/``MODIFIED``/``DELETED`` change. Both run on the watch thread. ``lists``, ``watches`` and
@@ -92,12 +93,13 @@ class ListWatch:
 
     def __init__(self, kube: Kube, path: str, *, on_list: Callable[[list[dict[str, Any]]], None],
                  on_event: Callable[[str, dict[str, Any]], None], field_selector: str = "",
-                 timing: WatchTiming | None = None, name: str = "list-watch", log_as: str = "watch") -> None:
+                 label_selector: str = "", timing: WatchTiming | None = None, name: str = "list-watch",
+                 log_as: str = "watch") -> None:
         self.kube = kube
         self.path = path
         self.on_list = on_list
         self.on_event = on_event
-        self.query = {"fieldSelector": field_selector} if field_selector else {}
+        self.query = {k: v for k, v in (("fieldSelector", field_selector), ("labelSelector", label_selector)) if v}
         self.timing = timing or WatchTiming()
         self.name = name
         self.log_as = log_as  #: the logs' event prefix: ``<log_as>-failed``, ``-expired``, ``-refused``, ``-retry``

@@ -11,8 +11,9 @@ namespace and eviction churn of a rollout stays out of the session's cluster the
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -320,6 +321,57 @@ def test_a_version_change_walks_each_node_through_the_upgrade_one_at_a_time(kube
     assert [n for n, o in nodes.items() if o["spec"].get("unschedulable")] == [UPGRADE_NODES[-1]]
     assert not any(t["key"] == UPGRADE_TAINT_KEY for o in nodes.values() for t in o["spec"].get("taints") or [])
     wait_for(lambda: len(_agent_pods(kube)) == 3, timeout=60, what="the GPU agents back on every node")
+
+
+@pytest.mark.timeout(300)
+def test_at_rest_the_controller_waits_on_its_watches_and_a_version_change_wakes_it(
+        kube: Kube, upgrade_cluster: Path) -> None:
+    """The controller's loop with its own token: the stack's RBAC lets it watch the driver DaemonSets, their
+    pods and the nodes (a refused watch would fall back to a list every few seconds). Settled, it sends
+    nothing for as long as nothing changes, though its interval is 0.2 s; a version change starts the
+    rollout within seconds, without a timer."""
+    from node_agent.driverupgrade.controller import UpgradeController, Watcher
+    from node_agent.kube.transport import Kube as AgentKube
+    from node_agent.kube.watch import ListWatch
+
+    class Kept(UpgradeController):
+        kept: list[Watcher] = []
+
+        def watches(self, wake: Callable[[], None]) -> list[Watcher]:
+            self.kept = super().watches(wake)
+            return self.kept
+
+    agent_kube = AgentKube.connect(upgrade_cluster)
+    controller, stop = Kept(agent_kube, UPGRADE_NS), threading.Event()
+    loop = threading.Thread(target=controller.run, args=(stop,), kwargs={"interval_s": 0.2, "resync_s": 3600},
+                            daemon=True)
+    loop.start()
+    try:
+        def watching() -> bool:
+            kept = [w for w in controller.kept if isinstance(w, ListWatch)]
+            return len(kept) == 3 and all(w.watches >= 1 for w in kept)
+
+        wait_for(watching, timeout=30, what="the controller's three watches open")
+        seen = [-1]
+
+        def quiet() -> bool:  # the watches' first lists wake it once more: a second round at start
+            was, seen[0] = seen[0], agent_kube.calls
+            return was == seen[0]
+
+        wait_for(quiet, timeout=30, interval=1.0, what="the controller settled")
+        quiet_from = agent_kube.calls
+        time.sleep(2)  # ten intervals
+        assert agent_kube.calls == quiet_from, "settled: no round, no list, no re-watch"
+        assert not any(isinstance(w, ListWatch) and w.poll_only for w in controller.kept), "a watch was refused"
+        cluster_cfg, group = _upgrade_group("550.127.05")
+        for ds in driver.driver_daemonsets(UPGRADE_NS, cluster_cfg, group):
+            kube.apply(ds)
+        wait_for(lambda: "upgrade-required" in _states(kube).values(), timeout=15,
+                 what="the version change woke the controller")
+    finally:
+        stop.set()
+        loop.join(15)
+    assert not loop.is_alive(), "stopped, with its watches shut"
 
 
 @pytest.mark.timeout(300)

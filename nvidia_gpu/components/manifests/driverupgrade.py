@@ -39,8 +39,8 @@ def rbac(namespace: str, *, deckhouse: bool = False) -> tuple[Manifest, ...]:
           "metadata": {"name": COMPONENT, "namespace": namespace, "labels": meta}}
     cluster_role = {"apiVersion": RBAC_API, "kind": "ClusterRole", "metadata": {"name": name, "labels": meta},
                     "rules": [
-                        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
-                        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+                        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+                        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
                         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
                         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
                         *([{"apiGroups": ["deckhouse.io"], "resources": ["nodegroups"], "verbs": ["get"]}]
@@ -51,7 +51,7 @@ def rbac(namespace: str, *, deckhouse: bool = False) -> tuple[Manifest, ...]:
                        "subjects": [{"kind": "ServiceAccount", "name": COMPONENT, "namespace": namespace}]}
     role = {"apiVersion": RBAC_API, "kind": "Role",
             "metadata": {"name": COMPONENT, "namespace": namespace, "labels": meta},
-            "rules": [{"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list"]},
+            "rules": [{"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
                       {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}]}
     binding = {"apiVersion": RBAC_API, "kind": "RoleBinding",
                "metadata": {"name": COMPONENT, "namespace": namespace, "labels": meta},

@@ -21,7 +21,8 @@ the agent's transport), an unchanged one stays whose it was.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -482,3 +483,90 @@ def test_once_decides_on_the_trusted_state_and_changes_nothing() -> None:
     done = controller(api, clocks, dry_run=True).run_round()
     assert len(api.patches) == before and api.state("n-c") == UpgradeState.FAILED.value
     assert done.steps["n-a"].state is UpgradeState.DRAIN, "the forged failure does not hold the rollout"
+
+
+# --- (C) at rest, the loop waits on its watches ------------------------------------------------------------
+
+
+def test_a_round_is_settled_only_when_every_node_is_at_rest_and_nothing_was_done() -> None:
+    api, clocks = world(), Clocks()
+    c = controller(api, clocks)
+    assert not c.run_round().settled, "outdated drivers: the rollout starts"
+    run_to_done(api, clocks, c)
+    assert c.run_round().settled, "every node upgrade-done and current"
+    # A node that failed waits for a person (who removes its label): nothing is due until then.
+    api.write(NODES[0], FIELD_MANAGER, label={STATE_LABEL: UpgradeState.FAILED.value})
+    assert c.run_round().settled
+    # A forged mid-upgrade state is put back: that round acted.
+    api.write(NODES[1], KUBECTL, label={STATE_LABEL: UpgradeState.DRAIN.value})
+    assert not c.run_round().settled
+    assert c.run_round().settled
+
+
+@dataclass
+class FakeWatch:
+    """Stands for one of the controller's watches: the test pokes ``wake`` as an event would."""
+
+    wake: Any
+    started: bool = False
+    stopped: bool = False
+
+    def start(self) -> None:
+        self.started = True
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.stopped = True
+
+
+class Watched(UpgradeController):
+    """The controller with its watches replaced by :class:`FakeWatch` and its rounds counted."""
+
+    def __init__(self, api: FakeApi, clocks: Clocks) -> None:
+        super().__init__(api, NS, clock=clocks.wall, monotonic=clocks.monotonic,  # type: ignore[arg-type]
+                         boot_id=lambda: "boot-1")
+        self.fakes: list[FakeWatch] = []
+        self.done = threading.Semaphore(0)
+        self.count = 0
+
+    def watches(self, wake: Callable[[], None]) -> list[ctl.Watcher]:
+        self.fakes = [FakeWatch(wake) for _ in range(3)]
+        return list(self.fakes)
+
+    def run_round(self) -> ctl.Round:
+        out = super().run_round()
+        self.count += 1
+        self.done.release()
+        return out
+
+
+def test_at_rest_the_next_round_waits_for_a_change_not_the_interval() -> None:
+    api, clocks = world(), Clocks()
+    run_to_done(api, clocks, controller(api, clocks))
+    c, stop = Watched(api, clocks), threading.Event()
+    loop = threading.Thread(target=c.run, args=(stop,), kwargs={"interval_s": 0.001, "resync_s": 3600})
+    loop.start()
+    try:
+        assert c.done.acquire(timeout=10)
+        assert all(w.started for w in c.fakes)
+        # Settled: with a 1 ms interval a timer would have run hundreds of rounds by the time this is false.
+        assert not c.done.acquire(timeout=0.3) and c.count == 1
+        c.fakes[1].wake()  # a driver pod changed
+        assert c.done.acquire(timeout=10) and c.count == 2
+    finally:
+        stop.set()
+        loop.join(10)
+    assert not loop.is_alive() and all(w.stopped for w in c.fakes)
+
+
+def test_while_a_rollout_runs_the_rounds_come_every_interval() -> None:
+    api, clocks = world(), Clocks()
+    c, stop = Watched(api, clocks), threading.Event()
+    loop = threading.Thread(target=c.run, args=(stop,), kwargs={"interval_s": 0.001, "resync_s": 3600})
+    loop.start()
+    try:
+        for _ in range(5):  # outdated drivers: no change needed to come round again
+            assert c.done.acquire(timeout=10)
+    finally:
+        stop.set()
+        loop.join(10)
+    assert not loop.is_alive()
