@@ -607,7 +607,7 @@ def _dra_cycle(plugin: Any, claim: tuple[str, str, str], side: str) -> tuple[flo
     return prepared, unprepared
 
 
-def compare_dra(m: Machine, work: Path) -> DraFigures:
+def compare_dra(m: Machine, work: Path, idle_s: float = SETTLE_S) -> DraFigures:
     """NVIDIA's gpu-kubelet-plugin and our dra-driver on ``m`` (a short root: unix socket paths), each for a kwok
     Node of one local API server, registered with a kubelet stand-in of its own (``tests.compare.dra``)."""
     bin_dir = required_bin("gpu-kubelet-plugin", "nvidia-cdi-hook", *DRA_COMPONENTS)
@@ -651,9 +651,9 @@ def compare_dra(m: Machine, work: Path) -> DraFigures:
             if not gpus:
                 raise RuntimeError("our DRA plugin published no GPU")
             cpu_before = {side: tree_memory(pid).cpu_s for side, pid in pids.items()}
-            time.sleep(SETTLE_S)
+            time.sleep(idle_s)
             idle = {side: tree_memory(pid) for side, pid in pids.items()}
-            idle_cpu = {side: (idle[side].cpu_s - cpu_before[side]) / SETTLE_S for side in pids}
+            idle_cpu = {side: (idle[side].cpu_s - cpu_before[side]) / idle_s for side in pids}
             # Claim i allocates the same physical GPU (by UUID) on both sides, the GPUs in turn; created up front.
             names = {side: [dra_cmp.device_by_uuid(published[side], u) for u in gpus] for side in plugins}
             for i in range(DRA_WARMUP + 2 * DRA_CYCLES):
@@ -794,6 +794,7 @@ class Footprint:
     rows: list[Row]
     left_out: list[str]
     nvml_kib: int
+    idle_s: float = SETTLE_S  #: the window the idle CPU was measured over
 
 
 def _node_labels(core: Any) -> dict[str, str]:
@@ -807,7 +808,7 @@ def _mig_settled(node_labels: dict[str, str]) -> bool:
     return labels.MIG_CONFIG not in node_labels or node_labels.get(labels.MIG_CONFIG_STATE) == "success"
 
 
-def footprint(procs: Processes, m: Machine, work: Path) -> Footprint:
+def footprint(procs: Processes, m: Machine, work: Path, idle_s: float = SETTLE_S) -> Footprint:
     env = m.env(NODE_NAME=NODE)
     left_out = [
         "NVIDIA: config-manager sidecars of the device plugin and GFD (they switch the sharing config by node "
@@ -890,20 +891,20 @@ def footprint(procs: Processes, m: Machine, work: Path) -> Footprint:
                     except RuntimeError as e:
                         row.note = str(e)
             cpu_before = {key: tree_memory(pid).cpu_s for key, pid in pids.items()}
-            time.sleep(SETTLE_S)
+            time.sleep(idle_s)
             for row, proc, _, log in running:
                 if proc.poll() is not None:
                     row.note = f"exited {proc.returncode} before sampling:\n{procs.log_tail(log)}"
                 elif id(row) in pids:
                     row.memory = tree_memory(pids[id(row)])
-                    row.idle_cpu = (row.memory.cpu_s - cpu_before[id(row)]) / SETTLE_S
+                    row.idle_cpu = (row.memory.cpu_s - cpu_before[id(row)]) / idle_s
             left_out += [f"not settled within {WAIT_S:.0f}s: {what} (sampled anyway)"
                          for what, ok in settled.items() if not ok]
         finally:  # before kmock goes: the agents' shutdown paths talk to it
             procs.stop_many([proc for _, proc, _, _ in running])
             for k in kubelets:
                 procs.stop_kubelet(k)
-    return Footprint(nvidia_rows + our_rows, left_out, nvml_cost_kib(m))
+    return Footprint(nvidia_rows + our_rows, left_out, nvml_cost_kib(m), idle_s)
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -1042,7 +1043,7 @@ def report_footprint(m: Machine, fp: Footprint) -> tuple[bool, list[str]]:
         name = (r.name + (" [MIG]" if r.mig else "") + {"": "", DEVICE_PLUGIN_MODE: " [DP]", DRA_MODE: " [DRA]"}[r.mode]
                 + ("" if r.in_totals else " [not in totals]"))
         print(f"{r.side:7}{name:58}{rss:>10}{hwm:>10}{cpu:>7}{idle:>10}" + (f"  {r.note}" if r.note else ""))
-    print(f"(CPU s: since start; idle CPU: over the {SETTLE_S:.0f} s before sampling; [MIG]: only on nodes carrying "
+    print(f"(CPU s: since start; idle CPU: over the {fp.idle_s:.0f} s before sampling; [MIG]: only on nodes carrying "
           "nvidia.com/mig.config; [DP] / [DRA]: only on device-plugin / DRA nodes, the [DRA] rows sampled in the DRA "
           "run above, on its API server, idle before the prepare load)")
     dra_ran = any(r.mode == DRA_MODE for r in fp.rows)
@@ -1097,6 +1098,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--machine", action="append", choices=sorted(MODELS),
                         help="mock machine (repeatable; default dgxh100)")
+    parser.add_argument("--idle-s", type=float, default=SETTLE_S, metavar="SECONDS",
+                        help="seconds at rest over which each process's idle CPU is measured (default: %(default)s; "
+                             "a CPU tick is 10 ms, so a minute resolves 0.02%% of a core)")
     args = parser.parse_args()
     names: list[str] = args.machine or ["dgxh100"]
     work = Path(tempfile.mkdtemp(prefix="bench-vs-nvidia-"))
@@ -1127,7 +1131,7 @@ def main() -> int:
             dra_root = Path(tempfile.mkdtemp(prefix="nvb-", dir="/tmp"))
             try:
                 dm = machine(name, dra_root)
-                dra_figures = compare_dra(dm, dra_root)
+                dra_figures = compare_dra(dm, dra_root, args.idle_s)
             except pytest.skip.Exception as e:
                 print(f"\n=== {name}: DRA kubelet plugins ===\nskipped: {e}")
                 dra_skipped.append(f"{name}: skipped ({e})")
@@ -1141,7 +1145,7 @@ def main() -> int:
                     print(f"(DRA machine and logs kept: {dra_root})")
                 else:
                     shutil.rmtree(dra_root, ignore_errors=True)
-            fp = footprint(procs, m, work / name)
+            fp = footprint(procs, m, work / name, args.idle_s)
             fp.rows = sorted(fp.rows + extra_rows, key=lambda r: r.side != NVIDIA)  # each side's DRA row last
             fp.left_out += extra_left_out
             fp_ok, fp_text = report_footprint(m, fp)

@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 #: XIDs NVIDIA's plugin never treats as device failures (they are caused by applications).
 DEFAULT_IGNORED_XIDS: frozenset[int] = APPLICATION_XIDS
 DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
-#: Longest single wait for an NVML event (bounds how long stopping the monitor takes).
-WAIT_SLICE_S = 0.1
+#: Longest single wait for an NVML event, which cannot be interrupted: it bounds how long a final stop
+#: waits for the monitor (a restart does not wait). At rest the monitor wakes once a slice, or at its
+#: re-check if sooner; NVIDIA's plugin waits 5 s at a time.
+WAIT_SLICE_S = 1.0
 ENABLE_ENV = "DP_ENABLE_HEALTHCHECKS"
 
 
@@ -284,14 +286,17 @@ class HealthMonitor:
             self._stop.wait(min(timeout_s, 1.0))
         if ev is not None:
             self.handle(ev)
+        if self._stop.is_set():
+            return
         if self._clock() >= self._next_recheck:
             self.recheck()
             self._next_recheck = self._clock() + self.policy.recheck_interval_s
 
     def _run(self) -> None:
-        # Short waits: an event still returns at once, and stop() never waits long for the thread.
+        # An event returns at once; a wait ends by the next re-check, and within a slice for stop().
         while not self._stop.is_set():
-            self.step(min(WAIT_SLICE_S, self.policy.recheck_interval_s))
+            due = max(0.0, self._next_recheck - self._clock())
+            self.step(min(WAIT_SLICE_S, self.policy.recheck_interval_s, due))
 
     def start(self) -> None:
         if not self.policy.checks_enabled:
@@ -300,8 +305,12 @@ class HealthMonitor:
         self._thread = threading.Thread(target=self._run, name="health-monitor", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """``wait``: until the thread has left its NVML wait (before NVML shuts down). A restart does not
+        wait: the thread ends after its current wait, and whatever it reads meanwhile lands on the board
+        the next monitor shares."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            if wait:
+                self._thread.join(timeout=WAIT_SLICE_S + 5)
             self._thread = None

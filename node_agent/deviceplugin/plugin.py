@@ -164,8 +164,9 @@ class NodePlugins:
     def start(self) -> None:
         self.monitor.start()
 
-    def stop(self) -> None:
-        self.monitor.stop()
+    def stop(self, wait: bool = True) -> None:
+        """``wait``: for the health monitor's thread (a final stop; see :meth:`HealthMonitor.stop`)."""
+        self.monitor.stop(wait)
         for p in self.plugins:
             p.stop()
 

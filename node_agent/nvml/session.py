@@ -943,6 +943,13 @@ class EventWatcher:
         # calls must not queue behind it.
         self._runner = CallRunner(timeout_s)
         self._session = session
+        #: Waits in progress, and whether :meth:`close` came meanwhile: the set is freed by whichever ends
+        #: last, never under a wait (``nvmlEventSetFree`` while another thread waits on the set is
+        #: undefined), and ``close`` never blocks for a wait's timeout.
+        self._state = threading.Lock()
+        self._waiting = 0
+        self._closed = False
+        self._freed = False
         self.failed: dict[int, str] = {}
         self._by_handle: dict[int, tuple[int, GpuUuid]] = {}
         wanted = 0
@@ -969,7 +976,12 @@ class EventWatcher:
         self._by_handle[_addr(h)] = (index, uuid)
 
     def wait(self, timeout_s: float) -> GpuEvent | None:
+        """The next event within ``timeout_s``, or None (also once closed)."""
         ms = max(0, int(timeout_s * 1000))
+        with self._state:
+            if self._closed:
+                return None
+            self._waiting += 1
         try:
             data = self._runner.call("nvmlEventSetWait", pynvml.nvmlEventSetWait, self._set, ms,
                                      timeout_s=timeout_s + 5.0)
@@ -977,6 +989,12 @@ class EventWatcher:
             if e.code == pynvml.NVML_ERROR_TIMEOUT:
                 return None
             raise
+        finally:
+            with self._state:
+                self._waiting -= 1
+                last = self._closed and not self._waiting
+            if last:
+                self._free()
         index, uuid = self._device_of(data.device)
         kind = next((k for k, bit in _EVENT_BITS.items() if int(data.eventType) & bit), EventKind.XID)
         gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
@@ -997,6 +1015,19 @@ class EventWatcher:
         return index, named
 
     def close(self) -> None:
+        """Free the set now, or, while a wait is in progress, as soon as it ends (without waiting for it:
+        a device plugin restarting for a kubelet restart must not sit out its health monitor's wait)."""
+        with self._state:
+            self._closed = True
+            if self._waiting:
+                return
+        self._free()
+
+    def _free(self) -> None:
+        with self._state:
+            if self._freed:
+                return
+            self._freed = True
         with contextlib.suppress(NvmlError):
             self._runner.call("nvmlEventSetFree", pynvml.nvmlEventSetFree, self._set)
         self._runner.close()

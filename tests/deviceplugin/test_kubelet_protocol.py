@@ -202,6 +202,24 @@ def test_kubelet_restart_mid_stream_reregisters_within_1s(run_plugin: Callable[.
     assert r.supervisor.state.restarts >= 1
 
 
+def test_at_rest_the_supervisor_sleeps_and_a_reload_wakes_it_at_once(run_plugin: Callable[..., Running],
+                                                                      host: FakeHost) -> None:
+    """Registered and at rest, the loop waits on the socket directory and its own requests in one wait
+    (it used to pass every 0.5 s, polling its queue between 0.1 s looks at inotify); a reload still
+    restarts the plugins at once."""
+    r = run_plugin(machine("a30x4", host), TIME_SLICING)
+    r.kubelet.wait_registered({"nvidia.com/gpu"})
+    wait_until(r.supervisor.ready, what="supervisor ready")
+    time.sleep(0.2)
+    beat = r.supervisor.state.last_beat
+    time.sleep(1.2)
+    assert r.supervisor.state.last_beat == beat, "the loop passed while nothing happened"
+    restarts = r.supervisor.state.restarts
+    t0 = time.monotonic()
+    r.supervisor.request_reload()
+    wait_until(lambda: r.supervisor.state.restarts > restarts, what="the reload's restart")
+    assert time.monotonic() - t0 < 1.0
+
 def test_kubelet_restart_keeping_plugin_sockets_reregisters(run_plugin: Callable[..., Running],
                                                             host: FakeHost) -> None:
     r = run_plugin(machine("a30x4", host), TIME_SLICING)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from pathlib import Path
 
@@ -312,6 +313,38 @@ def test_mig_xid_with_instance_ids_marks_one_mig_device(host: FakeHost) -> None:
     mon.handle(HealthEvent(HealthEventKind.WATCH_FAILED))
     assert len(board.unhealthy()) == 8 + 16
 
+
+def test_at_rest_the_monitor_waits_on_nvml_in_long_slices_and_a_restart_does_not_wait_for_it(
+        host: FakeHost) -> None:
+    """NVML's event wait is the monitor's sleep: one wait per :data:`WAIT_SLICE_S` (or to the next re-check),
+    not ten a second; a restart's stop returns while the wait runs, a final stop within the slice."""
+    from node_agent.deviceplugin.health import WAIT_SLICE_S
+
+    node = machine("l4x2", host)
+    waits: list[float] = []
+    waiting = threading.Event()
+    real = node.wait_event
+
+    def counted(timeout_s: float) -> HealthEvent | None:
+        waits.append(timeout_s)
+        waiting.set()
+        return real(timeout_s)
+
+    node.wait_event = counted  # type: ignore[method-assign]
+    mon = HealthMonitor(node, node.gpu_list, HealthBoard(), HealthPolicy(recheck_interval_s=60))
+    mon.start()
+    assert waiting.wait(5)
+    time.sleep(0.5)
+    assert len(waits) == 1 and waits[0] == WAIT_SLICE_S, waits
+    t0 = time.monotonic()
+    mon.stop(wait=False)
+    assert time.monotonic() - t0 < 0.1, "a restart waited for the NVML wait"
+    mon2 = HealthMonitor(node, node.gpu_list, HealthBoard(), HealthPolicy(recheck_interval_s=60))
+    mon2.start()
+    node.xid(0, 48)  # whichever monitor reads it, it is read at once
+    t0 = time.monotonic()
+    mon2.stop()
+    assert time.monotonic() - t0 <= WAIT_SLICE_S + 0.5
 
 def test_full_gpu_builder_is_plain() -> None:
     g = full_gpu(3, catalogue.T4)

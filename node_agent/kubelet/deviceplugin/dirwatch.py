@@ -92,8 +92,11 @@ class DirWatcher:
         self._snapshot = now
         return changed
 
-    def wait(self, timeout_s: float) -> set[str]:
-        """Names created, replaced or removed since the last call (empty on timeout)."""
+    def wait(self, timeout_s: float, wake_fd: int | None = None) -> set[str]:
+        """Names created, replaced or removed since the last call (empty on timeout). ``wake_fd`` readable
+        ends the wait early (empty unless a name changed too): the caller's own requests share the one
+        wait, so at rest it sleeps for all of ``timeout_s`` instead of polling its queue between slices."""
+        extra = [wake_fd] if wake_fd is not None else []
         if self._fd < 0 or self._wd < 0:
             # Polling (also while the directory is missing and the inotify watch is gone).
             if self._fd >= 0 and self.directory.is_dir():
@@ -104,11 +107,13 @@ class DirWatcher:
                 if changed:
                     return changed
                 step = min(POLL_INTERVAL_S, deadline)
-                select.select([], [], [], step)
+                woken, _, _ = select.select(extra, [], [], step)
+                if woken:
+                    break
                 deadline -= step
             return self._poll_changes()
-        ready, _, _ = select.select([self._fd], [], [], timeout_s)
-        if not ready:
+        ready, _, _ = select.select([self._fd, *extra], [], [], timeout_s)
+        if self._fd not in ready:
             return set()
         try:
             data = os.read(self._fd, 65536)

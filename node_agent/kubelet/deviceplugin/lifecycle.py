@@ -14,10 +14,13 @@ node advertising nothing until the next reload. Kubelet refusing a registration 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -40,6 +43,9 @@ REGISTER_TIMEOUT_S = 5.0
 MAX_RETRY_S = 30.0
 #: With failOnInitError off, a failed init is retried this often (NVIDIA's plugin waits 30 s too).
 INIT_RETRY_S = 30.0
+#: The loop's wait while registered: a kubelet restart (inotify on its socket), a reload and a stop end it at
+#: once, so this only paces the heartbeat the liveness check reads (``live``: 30 s).
+IDLE_WAIT_S = 10.0
 #: Unix sockets on this node: reconnect every 100-250 ms while waiting for ready. gRPC's default backoff
 #: (1 s, 1.6 s, 2.6 s, ...) held a registration for seconds after a restarting kubelet's new socket
 #: appeared, so a refusal (or success) arrived late on a busy node.
@@ -137,6 +143,12 @@ class SupervisorState:
     build_error: str = ""
 
 
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 class Supervisor:
     """Runs the plugins until stopped; see the module docstring for the restart rules."""
 
@@ -153,6 +165,11 @@ class Supervisor:
         self._init_retry_at = 0.0
         self._clock = clock
         self.events: queue.Queue[str] = queue.Queue()
+        # A request also writes a byte here, which ends the loop's one wait (with the socket directory's).
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
         self.state = SupervisorState()
         self.plugins: NodePlugins | None = None
         self.servers: list[ResourceServer] = []
@@ -163,10 +180,22 @@ class Supervisor:
     # -- requests from other threads (signal handlers, config watchers) --
     def request_reload(self, cause: str = "reload") -> None:
         self.events.put(cause)
+        self._wake()
 
     def request_stop(self) -> None:
         self._stop.set()
         self.events.put("stop")
+        self._wake()
+
+    def _wake(self) -> None:
+        """Ends the loop's wait (safe in a signal handler: one non-blocking write; a full pipe is awake)."""
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def _woken(self) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(self._wake_r, 4096):
+                pass
 
     def live(self, max_age_s: float = 30.0) -> bool:
         return self._clock() - self.state.last_beat <= max_age_s
@@ -224,12 +253,14 @@ class Supervisor:
         if pending:
             self._registered_with = inode
 
-    def _stop_all(self) -> None:
+    def _stop_all(self, final: bool = False) -> None:
+        """Stop the servers and plugins; only a ``final`` stop waits for the health monitor (a restart
+        re-registers within a second: NVIDIA's plugin does not wait for its health goroutine either)."""
         for s in self.servers:
             s.stop()
             self.metrics.registered.labels(resource=s.plugin.name).set(0)
         if self.plugins is not None:
-            self.plugins.stop()
+            self.plugins.stop(wait=final)
         self.servers, self.plugins = [], None
         self.state.started = False
         self.state.registered = False
@@ -266,7 +297,7 @@ class Supervisor:
                     with self._lock:
                         self._stop_all()
                     continue
-                cause = self._wait(watcher, 0.5 if self.state.registered else max(0.05, next_retry - self._clock()))
+                cause = self._wait(watcher, self._wait_s(next_retry))
                 if cause is None:
                     continue
                 if cause == "stop":
@@ -284,14 +315,22 @@ class Supervisor:
         except PermanentError as e:
             log.error("event=fatal error=%s", e)
             with self._lock:
-                self._stop_all()
+                self._stop_all(final=True)
             return 1
         finally:
             watcher.close()
         with self._lock:
-            self._stop_all()
+            self._stop_all(final=True)
         log.info("event=stopped")
         return 0
+
+    def _wait_s(self, next_retry: float) -> float:
+        """How long the loop may sleep: until the next registration or init retry, else :data:`IDLE_WAIT_S`."""
+        if not self.state.registered:
+            return max(0.05, next_retry - self._clock())
+        if self.state.build_error and self.plugins is None:
+            return max(0.05, min(IDLE_WAIT_S, self._init_retry_at - self._clock()))
+        return IDLE_WAIT_S
 
     def _wait(self, watcher: DirWatcher, timeout_s: float) -> str | None:
         """The next cause to act on: a queued request or a socket change (coalesced)."""
@@ -299,7 +338,8 @@ class Supervisor:
             return self._drain(self.events.get_nowait())
         except queue.Empty:
             pass
-        changed = watcher.wait(min(timeout_s, 0.1))
+        changed = watcher.wait(timeout_s, wake_fd=self._wake_r)
+        self._woken()
         if changed:
             own = {s.socket_path.name for s in self.servers}
             if changed & own and any(not s.socket_path.exists() for s in self.servers):
@@ -313,7 +353,7 @@ class Supervisor:
                 return self._drain("kubelet-socket")
             return None
         try:
-            return self._drain(self.events.get(timeout=max(0.0, timeout_s - 0.1)) if timeout_s > 0.1 else None)
+            return self._drain(self.events.get_nowait())
         except queue.Empty:
             return None
 

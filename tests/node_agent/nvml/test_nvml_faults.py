@@ -164,3 +164,39 @@ def test_corrupt_state_file_is_refused(tmp_path: Path) -> None:
     path.write_text('{"machine": "l4x2", "gpus": [{}, {}]}')
     with pytest.raises(SimStateError, match="not 'dgx-h100'"):
         SimulatedMachine("dgx-h100", path)
+
+
+def test_closing_a_watcher_mid_wait_returns_at_once_and_frees_the_set_after_the_wait(
+        h100: SimulatedMachine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device plugin restarting for a kubelet restart closes its event set while its health monitor waits
+    on it: the close must not sit out the wait, and the set must not be freed under it."""
+    real_wait, real_free = pynvml.nvmlEventSetWait, pynvml.nvmlEventSetFree
+    in_wait, freed_during_wait = threading.Event(), []
+
+    def wait(event_set: object, ms: int) -> object:
+        in_wait.set()
+        try:
+            return real_wait(event_set, ms)
+        finally:
+            in_wait.clear()
+
+    def free(event_set: object) -> None:
+        freed_during_wait.append(in_wait.is_set())
+        real_free(event_set)
+
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait", wait)
+    monkeypatch.setattr(pynvml, "nvmlEventSetFree", free)
+    with open_nvml(_backend(h100)) as nvml:
+        watcher = nvml.watch_events([0])
+        waiter = threading.Thread(target=watcher.wait, args=(1.0,))
+        waiter.start()
+        assert in_wait.wait(5)
+        t0 = time.monotonic()
+        watcher.close()
+        took = time.monotonic() - t0
+        assert took < 0.5 and freed_during_wait == [], "the close waited for the wait, or freed under it"
+        waiter.join(5)
+        assert freed_during_wait == [False], "freed once, after the wait"
+        assert watcher.wait(0.01) is None
+        watcher.close()
+    assert freed_during_wait == [False]
