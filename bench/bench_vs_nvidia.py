@@ -1008,7 +1008,7 @@ def report_dra(m: Machine, f: DraFigures) -> tuple[bool, str]:
         mem, idle = f.after_load[side], f.idle[side]
         print(f"{side + ' process after the load':44}peak RSS {mib(mem.hwm_kib)} MiB, RSS {mib(mem.rss_kib)} MiB, "
               f"CPU {mem.cpu_s:.2f} s ({f.load_cpu_s[side]:.2f} s during the load); idle before it: RSS "
-              f"{mib(idle.rss_kib)} MiB, CPU {f.idle_cpu[side] * 100:.1f}%")
+              f"{mib(idle.rss_kib)} MiB, CPU {f.idle_cpu[side] * 100:.2f}%")
     print(f"{'peak RSS ratio ours/NVIDIA':44}{ratio(f.after_load[OURS].hwm_kib, f.after_load[NVIDIA].hwm_kib)}")
     env = " ".join(f"{k}={v}" for k, v in f.plugin_env.items()) or "nothing"
     print(f"  (ours ran with what its DaemonSet sets: {env}; NVIDIA's with its chart's flags, tests/compare/dra.py)")
@@ -1035,7 +1035,7 @@ def report_footprint(m: Machine, fp: Footprint) -> tuple[bool, list[str]]:
         idle = "-"
         if r.memory is not None:
             rss, hwm, cpu = mib(r.memory.rss_kib), mib(r.memory.hwm_kib), f"{r.memory.cpu_s:.2f}"
-            idle = f"{r.idle_cpu * 100:.1f}%" if math.isfinite(r.idle_cpu) else "-"
+            idle = f"{r.idle_cpu * 100:.2f}%" if math.isfinite(r.idle_cpu) else "-"
         elif r.once is not None:
             rss, hwm, cpu = "-", mib(r.once.peak_kib), f"{r.once.cpu_s:.2f}"
         else:

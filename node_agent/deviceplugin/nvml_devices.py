@@ -111,11 +111,11 @@ class NvmlNodeDevices:
         if index is None:
             return False
         try:
-            g = self._session.gpu(index)
+            uuid = self._session.probe(index)
         except nvml.NvmlError as e:
             log.info("event=recheck-failed gpu=%s error=%s", gpu_uuid, e)
             return False
-        return str(g.uuid) == gpu_uuid
+        return str(uuid) == gpu_uuid
 
     def recovery(self, gpu_uuid: str) -> Recovery:
         index = self._index.get(gpu_uuid)

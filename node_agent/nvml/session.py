@@ -363,6 +363,16 @@ class NvmlSession:
         )
 
     @_per_gpu
+    def probe(self, index: int) -> GpuUuid:
+        """GPU ``index``'s UUID, read live together with its PCI info: NVML's reference lists
+        ``NVML_ERROR_GPU_IS_LOST`` for both when the GPU has fallen off the bus or is otherwise inaccessible.
+        A periodic re-check of a healthy GPU then costs two calls, not :meth:`gpu`'s full read (a dozen,
+        and many more for a MIG GPU's devices)."""
+        h = self._handle(index)
+        self._run(f"nvmlDeviceGetPciInfo({index})", pynvml.nvmlDeviceGetPciInfo, h)
+        return GpuUuid(str(self._run(f"nvmlDeviceGetUUID({index})", pynvml.nvmlDeviceGetUUID, h)))
+
+    @_per_gpu
     def _virtualization(self, index: int, h: Any) -> Virtualization | None:
         try:
             mode = int(self._run(f"nvmlDeviceGetVirtualizationMode({index})",

@@ -137,3 +137,21 @@ def test_event_for_no_known_gpu_rechecks_every_gpu(host: FakeHost) -> None:
     node.events.put(HealthEvent(HealthEventKind.XID, "", 95))  # the watcher could not name the device
     mon.step(0.1)
     assert board.unhealthy()[needs_reset] == "needs-reset"
+
+
+def test_a_recheck_probes_each_gpu_in_two_calls_and_still_finds_a_lost_one(
+        monitor: Callable[[str], tuple[SimulatedMachine, HealthMonitor, list[float]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The re-check runs every 5 s for as long as the plugin runs: each healthy GPU is probed by its UUID
+    and PCI info (NVML answers GPU_IS_LOST to both for a GPU off the bus), never re-read whole, which on a
+    MIG GPU is dozens of calls."""
+    sim, mon, _ = monitor("dgx-a100-40gb")
+
+    def whole_read(self: object, index: int) -> object:
+        raise AssertionError(f"a re-check read GPU {index} whole")
+
+    monkeypatch.setattr(nvml.NvmlSession, "gpu", whole_read)
+    assert mon.recheck() == [] and mon.board.unhealthy() == {}
+    sim.lose_gpu(3)
+    mon.recheck()
+    assert mon.board.unhealthy() == {sim.spec.gpu_uuid(3): "gpu-lost"}
