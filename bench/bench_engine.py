@@ -47,13 +47,17 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def probed(path: Path) -> tuple[float, float, float, int]:
-    """What the Python processes recorded in ``path`` cost, then empties it: the program's process (the one
-    that ran the language host's executor) as CPU and wall seconds, the others' CPU seconds, how many."""
+def probed(path: Path, program_dir: Path, show: bool) -> tuple[float, float, float, int]:
+    """What the Python processes recorded in ``path`` cost, then empties it: the program's process (the
+    language host's executor names the program's directory as its ``argv[0]``) as CPU and wall seconds, the
+    others' CPU seconds, how many. ``show`` prints each."""
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     path.unlink(missing_ok=True)
-    program = [r for r in records if any("language-python-exec" in str(a) for a in r["argv"])]
+    program = [r for r in records if r["argv"] and Path(str(r["argv"][0])) == program_dir]
     others = [r for r in records if r not in program]
+    for r in records if show else []:
+        what = "the program" if r in program else "python " + " ".join(str(a) for a in r["argv"])[:60]
+        print(f"    {what}: {r['cpu_s']:.2f} s CPU, {r['wall_s']:.2f} s wall, peak RSS {r['maxrss_kib'] >> 10} MiB")
     return (sum(r["cpu_s"] for r in program), sum(r["wall_s"] for r in program),
             sum(r["cpu_s"] for r in others), len(others))
 
@@ -84,7 +88,7 @@ def main() -> int:
                 figures["program"].append(result.timings_ms.get("program", 0.0) / 1000)
                 probe.unlink(missing_ok=True)
                 figures["engine preview"].append(timed(lambda: project.pulumi("preview")))
-                cpu, wall, others, _ = probed(probe)
+                cpu, wall, others, _ = probed(probe, project.directory, show=i == 0)
                 figures["program process wall"].append(wall)
                 figures["program process CPU"].append(cpu)
                 figures["other Python CPU"].append(others)
