@@ -66,6 +66,11 @@ class HealthPolicy:
     recovery_quiet_s: float = 60.0
     #: Seconds between re-checks of unhealthy devices.
     recheck_interval_s: float = 5.0
+    #: Seconds between reads of what NVML says a healthy GPU needs (its recovery action, row remapper,
+    #: retired pages). A GPU that an XID hit is read at every re-check; a need that arrives without an XID
+    #: (one NVIDIA's plugin never reads) is found within this time, at three NVML calls a GPU instead of
+    #: three every re-check.
+    recovery_read_interval_s: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], recovery_quiet_s: float = 60.0,
@@ -201,6 +206,7 @@ class HealthMonitor:
         self.policy = policy
         self._clock = clock
         self._next_recheck = clock() + policy.recheck_interval_s
+        self._next_recovery_read = clock()  # the first re-check reads every GPU's
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -211,9 +217,10 @@ class HealthMonitor:
         gpu = self._gpus.get(ev.gpu_uuid)
         if gpu is None:
             # Not one of ours by UUID (NVML could not name the event's device, or the GPU was re-enumerated):
-            # which GPU it hit is unknown, so every GPU is re-checked now rather than the event dropped.
+            # which GPU it hit is unknown, so every GPU is re-checked now, needs included, rather than the
+            # event dropped.
             log.warning("event=health-event-unmatched gpu=%r kind=%s xid=%d", ev.gpu_uuid, ev.kind.value, ev.xid)
-            self._next_recheck = self._clock()
+            self._next_recheck = self._next_recovery_read = self._clock()
             return []
         if ev.kind is HealthEventKind.XID and gpu.migs and ev.gi_id != WHOLE_GPU:
             return [m.uuid for m in gpu.migs
@@ -243,12 +250,17 @@ class HealthMonitor:
                 readings[gpu_uuid] = self._devices.recovery(gpu_uuid)
             return readings[gpu_uuid]
 
+        read_needs = now >= self._next_recovery_read
+        if read_needs:
+            self._next_recovery_read = now + self.policy.recovery_read_interval_s
         bad = self.board.unhealthy()
         for uuid, gpu in self._gpus.items():
             if uuid in bad:
                 continue
             if not self._devices.check(uuid):
                 self.board.mark([uuid], False, HealthEventKind.GPU_LOST.value)
+                continue
+            if not read_needs:
                 continue
             r = reading(uuid)
             if r.out_of_service and r.need:

@@ -155,3 +155,29 @@ def test_a_recheck_probes_each_gpu_in_two_calls_and_still_finds_a_lost_one(
     sim.lose_gpu(3)
     mon.recheck()
     assert mon.board.unhealthy() == {sim.spec.gpu_uuid(3): "gpu-lost"}
+
+
+def test_a_healthy_gpus_needs_are_read_once_a_minute_not_at_every_recheck(
+        monitor: Callable[[str], tuple[SimulatedMachine, HealthMonitor, list[float]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three NVML reads a GPU (recovery action, row remapper, retired pages) every 5 s were most of what the
+    plugin did at rest; a need that comes without an XID is found at the next read, within a minute."""
+    sim, mon, now = monitor("hgx-h200")
+    sim.set_driver_version("570.86.15")
+    reads: list[int] = []
+    real = nvml.NvmlSession.recovery
+
+    def counted(self: nvml.NvmlSession, index: int) -> object:
+        reads.append(index)
+        return real(self, index)
+
+    monkeypatch.setattr(nvml.NvmlSession, "recovery", counted)
+    mon.recheck()
+    assert sorted(reads) == list(range(8)), "the first re-check reads every GPU's needs"
+    sim.set_recovery_action(5, 2)  # NVML_GPU_RECOVERY_ACTION_NODE_REBOOT, no XID
+    now[0] += 5
+    mon.recheck()
+    assert len(reads) == 8 and mon.board.unhealthy() == {}
+    now[0] += mon.policy.recovery_read_interval_s
+    mon.recheck()
+    assert mon.board.unhealthy() == {sim.spec.gpu_uuid(5): "needs-reboot"}
