@@ -80,11 +80,13 @@ class ResourcePlugin:
         self.metrics.devices.labels(resource=self.name, health=HEALTHY).set(healthy)
         self.metrics.devices.labels(resource=self.name, health=UNHEALTHY).set(len(devices) - healthy)
 
-    def watch(self, active: threading.Event | None = None, poll_s: float = 1.0) -> Iterator[list[DeviceStatus]]:
+    def watch(self, active: threading.Event | None = None, poll_s: float = 60.0) -> Iterator[list[DeviceStatus]]:
         """ListAndWatch: the full list now, then again on every health change, until stopped.
 
         ``active`` is the caller's "stream still open" flag; like NVIDIA's plugin the stream ends
-        without sending an empty list.
+        without sending an empty list. A health change, the stream's end (its callback wakes the board)
+        and :meth:`stop` all wake the wait, so ``poll_s`` is only a safety net: at 1 s it was one of the
+        plugin's few wake-ups at rest, once a second per stream.
         """
         seen = self.board.version
         current = self.devices()
