@@ -311,6 +311,10 @@ class NvmlSession:
 
     @_per_gpu
     def gpu(self, index: int) -> Gpu:
+        """Everything the agents read of GPU ``index``, in one batch on the call runner."""
+        return self._runner.batch(f"read GPU {index}", lambda: self._read_gpu(index))
+
+    def _read_gpu(self, index: int) -> Gpu:
         h = self._handle(index)
         r = self._run
         pci = r(f"nvmlDeviceGetPciInfo({index})", pynvml.nvmlDeviceGetPciInfo, h)

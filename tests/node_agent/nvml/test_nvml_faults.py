@@ -200,3 +200,24 @@ def test_closing_a_watcher_mid_wait_returns_at_once_and_frees_the_set_after_the_
         assert watcher.wait(0.01) is None
         watcher.close()
     assert freed_during_wait == [False]
+
+
+def test_a_gpu_read_is_one_job_on_the_call_runner(h100: SimulatedMachine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's read (a dozen NVML calls, dozens with MIG devices) is one handoff to the runner's thread, not
+    one per call: the DRA plugin reads every GPU this way every few seconds. Its calls still run under the
+    runner's deadline, as one."""
+    from node_agent.nvml.calls import CallRunner
+
+    jobs: list[str] = []
+    real = CallRunner._bounded
+
+    def counted(self: CallRunner, what: str, fn: object, args: tuple[object, ...], budget: float) -> object:
+        jobs.append(what)
+        return real(self, what, fn, args, budget)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CallRunner, "_bounded", counted)
+    with open_nvml(_backend(h100)) as nvml:
+        nvml.gpu(0)
+        jobs.clear()
+        gpu = nvml.gpu(1)
+        assert jobs == ["read GPU 1"] and gpu.index == 1
