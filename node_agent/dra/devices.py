@@ -22,6 +22,7 @@ Decisions:
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -129,6 +130,11 @@ class InventorySource(Protocol):
     """Where inventories come from (the NVML adapter in production, builders in tests)."""
 
     def snapshot(self) -> Inventory: ...
+
+    def wait_change(self, timeout_s: float, stop: threading.Event) -> bool:
+        """Sleep up to ``timeout_s`` or until ``stop``; True when woken early by something the next snapshot
+        shows (NVML's XID events), so the inventory loop polls only for what has no event."""
+        ...
 
 
 AttrType = Literal["string", "int", "bool", "version"]

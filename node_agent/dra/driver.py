@@ -187,7 +187,11 @@ class DraDriver:
     def run_inventory_loop(self, stop: threading.Event) -> None:
         """The named background loop; a failure in one tick is logged and retried on the next."""
         last_resync = self._clock()
-        while not stop.wait(self.settings.poll_interval):
+        while True:
+            # Asleep on NVML's XID events: a critical XID is published at once, the rest every poll_interval.
+            self._source.wait_change(self.settings.poll_interval, stop)
+            if stop.is_set():
+                return
             if self._clock() - last_resync >= self.settings.resync_interval:
                 last_resync = self._clock()
                 self.resync()

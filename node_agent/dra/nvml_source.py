@@ -30,7 +30,7 @@ from node_agent.host.root import HostError, HostRoot
 from node_agent.nvml import NvmlError, NvmlNotSupported
 from node_agent.nvml.names import GO_NVLIB_BRANDS
 from node_agent.nvml.session import EventWatcher, NvmlBackend, NvmlSession, open_nvml
-from node_agent.nvml.types import EventKind, Gpu
+from node_agent.nvml.types import EventKind, Gpu, GpuEvent
 from node_agent.nvml.types import Inventory as NvmlInventory
 from node_agent.nvml.xid import is_application_xid
 from nvgpu import catalogue
@@ -38,6 +38,8 @@ from nvgpu import catalogue
 log = logging.getLogger(__name__)
 
 VFIO_DRIVER = "vfio-pci"
+#: Longest single NVML event wait of the inventory loop (it bounds how long a stop waits for the loop).
+WAIT_SLICE_S = 1.0
 
 #: go-nvlib's architecture names, which NVIDIA's DRA driver publishes (``device.attributes[...].architecture``).
 _ARCHITECTURES = {
@@ -78,7 +80,7 @@ class NvmlInventorySource:
         #: (withdrawn, or tainted ``gpu-lost``) instead of silently vanishing.
         self._last: dict[int, GpuInfo] = {}
         #: GPUs reported lost by the previous poll, and whether NVML was unavailable then: the inventory
-        #: is polled twice a second, so a lost GPU or a missing NVML is logged when it starts and when it
+        #: is polled every few seconds, so a lost GPU or a missing NVML is logged when it starts and when it
         #: ends, not on every poll for as long as it lasts.
         self._lost: set[int] = set()
         self._nvml_down = False
@@ -94,13 +96,44 @@ class NvmlInventorySource:
                 self._watcher = None
         return self._session
 
+    def _record(self, event: GpuEvent) -> bool:
+        """Keep a critical XID for the next snapshot; True if it was one."""
+        if event.kind is EventKind.XID and not is_application_xid(event.data) and event.gpu_index >= 0:
+            log.warning("event=gpu-xid index=%d xid=%d", event.gpu_index, event.data)
+            self._xids[event.gpu_index] = (event.data, self._clock())
+            return True
+        return False
+
+    def wait_change(self, timeout_s: float, stop: threading.Event) -> bool:
+        """NVML's XID event wait is the inventory loop's sleep, in slices of at most :data:`WAIT_SLICE_S` (an
+        NVML wait cannot be interrupted, so ``stop`` is seen within one): a critical XID wakes the loop at
+        once, and the GPU is withdrawn (or tainted) by the snapshot that follows instead of at the next poll.
+        Runs on the loop's thread, as :meth:`snapshot` does; :meth:`close` from another thread mid-wait frees
+        the event set when the wait ends (``EventWatcher.close``)."""
+        end = time.monotonic() + timeout_s
+        while not stop.is_set():
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return False
+            watcher = self._watcher
+            if watcher is None:  # before the first snapshot, NVML down, or no event sets on this driver
+                stop.wait(remaining)
+                return False
+            try:
+                event = watcher.wait(min(remaining, WAIT_SLICE_S))
+            except NvmlError as e:  # the next snapshot says what NVML thinks; do not spin meanwhile
+                log.debug("event=xid-wait-failed error=%s", e)
+                stop.wait(min(remaining, WAIT_SLICE_S))
+                continue
+            if event is not None and self._record(event):
+                return True
+        return False
+
     def _drain_xids(self) -> None:
         if self._watcher is None:
             return
         while (event := self._watcher.wait(0)) is not None:
-            if event.kind is EventKind.XID and not is_application_xid(event.data) and event.gpu_index >= 0:
-                log.warning("event=gpu-xid index=%d xid=%d", event.gpu_index, event.data)
-                self._xids[event.gpu_index] = (event.data, self._clock())
+            self._record(event)
         now = self._clock()
         for index, (_xid, when) in list(self._xids.items()):
             if now - when < self._xid_quiet:

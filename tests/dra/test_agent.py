@@ -275,3 +275,43 @@ def test_critical_xid_withdraws_a_gpu_until_it_stays_quiet_and_recovers(host_roo
         assert not [g for g in source.snapshot().gpus if g.unhealthy]
     finally:
         source.close()
+
+
+def test_a_critical_xid_wakes_the_inventory_loop_at_once(host_root: Path, tmp_path: Path,
+                                                          api_server: FakeApiServer) -> None:
+    """The loop sleeps on NVML's XID events: with a 30 s poll, a double-bit ECC error withdraws its GPU within
+    seconds (it used to wait for the next poll), an application XID wakes nothing, and a stop ends the
+    wait within its 1 s slice."""
+    from node_agent.dra.driver import DraDriver, DriverSettings
+    from tests.kit.dra_builders import RecordingSharing
+
+    backend = NvmlBackend.parse("simulated:dgx-h100", state_file=tmp_path / "sim.json")
+    source = NvmlInventorySource(backend, HostRoot(host_root))
+    machine = SimulatedMachine("dgx-h100", tmp_path / "sim.json")
+    stop = threading.Event()
+    try:
+        populate_dev(host_root, source.snapshot())
+        t0 = time.monotonic()
+        assert source.wait_change(0.3, stop) is False and time.monotonic() - t0 >= 0.25
+        driver = DraDriver(DriverSettings(driver=DRIVER, node=NODE, poll_interval=30.0),
+                           api=KubeDraApi(api_server.kube()), source=source, host=HostRoot(host_root),
+                           backend=RecordingSharing())
+        driver.start()
+        assert "gpu-5" in driver.devices()
+        loop = threading.Thread(target=driver.run_inventory_loop, args=(stop,), daemon=True)
+        loop.start()
+        machine.inject_xid(2, 13)  # an application error: the loop sleeps on
+        time.sleep(0.3)
+        assert "gpu-2" in driver.devices()
+        t0 = time.monotonic()
+        machine.inject_xid(5, 48)
+        wait_until(lambda: "gpu-5" not in driver.devices(), timeout=5, what="gpu-5 withdrawn")
+        assert time.monotonic() - t0 < 5
+        t0 = time.monotonic()
+        stop.set()
+        loop.join(5)
+        assert not loop.is_alive() and time.monotonic() - t0 < 2
+        driver.close()
+    finally:
+        stop.set()
+        source.close()

@@ -77,6 +77,10 @@ class FakeSource:
             self.calls += 1
             return self._inv
 
+    def wait_change(self, timeout_s: float, stop: threading.Event) -> bool:
+        stop.wait(timeout_s)
+        return False
+
     def set(self, inventory: Inventory) -> None:
         with self._lock:
             self._inv = inventory
