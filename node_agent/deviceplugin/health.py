@@ -30,17 +30,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from node_agent.deviceplugin.devices import WHOLE_GPU, Gpu, HealthEvent, HealthEventKind, NodeDevices, Recovery
-from node_agent.nvml.xid import APPLICATION_XIDS
+from node_agent.nvml.xid import APPLICATION_XIDS, EVENT_WAIT_SLICE_S
 
 log = logging.getLogger(__name__)
 
 #: XIDs NVIDIA's plugin never treats as device failures (they are caused by applications).
 DEFAULT_IGNORED_XIDS: frozenset[int] = APPLICATION_XIDS
 DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
-#: Longest single wait for an NVML event, which cannot be interrupted: it bounds how long a final stop
-#: waits for the monitor (a restart does not wait). At rest the monitor wakes once a slice, or at its
-#: re-check if sooner; NVIDIA's plugin waits 5 s at a time.
-WAIT_SLICE_S = 1.0
 ENABLE_ENV = "DP_ENABLE_HEALTHCHECKS"
 
 
@@ -305,10 +301,11 @@ class HealthMonitor:
             self._next_recheck = self._clock() + self.policy.recheck_interval_s
 
     def _run(self) -> None:
-        # An event returns at once; a wait ends by the next re-check, and within a slice for stop().
+        # An event returns at once; a wait ends by the next re-check, and within a slice for stop(): a final
+        # stop waits that long for the monitor, a restart does not wait.
         while not self._stop.is_set():
             due = max(0.0, self._next_recheck - self._clock())
-            self.step(min(WAIT_SLICE_S, self.policy.recheck_interval_s, due))
+            self.step(min(EVENT_WAIT_SLICE_S, self.policy.recheck_interval_s, due))
 
     def start(self) -> None:
         if not self.policy.checks_enabled:
@@ -324,5 +321,5 @@ class HealthMonitor:
         self._stop.set()
         if self._thread is not None:
             if wait:
-                self._thread.join(timeout=WAIT_SLICE_S + 5)
+                self._thread.join(timeout=EVENT_WAIT_SLICE_S + 5)
             self._thread = None

@@ -32,14 +32,12 @@ from node_agent.nvml.names import GO_NVLIB_BRANDS
 from node_agent.nvml.session import EventWatcher, NvmlBackend, NvmlSession, open_nvml
 from node_agent.nvml.types import EventKind, Gpu, GpuEvent
 from node_agent.nvml.types import Inventory as NvmlInventory
-from node_agent.nvml.xid import is_application_xid
+from node_agent.nvml.xid import EVENT_WAIT_SLICE_S, is_application_xid
 from nvgpu import catalogue
 
 log = logging.getLogger(__name__)
 
 VFIO_DRIVER = "vfio-pci"
-#: Longest single NVML event wait of the inventory loop (it bounds how long a stop waits for the loop).
-WAIT_SLICE_S = 1.0
 
 #: go-nvlib's architecture names, which NVIDIA's DRA driver publishes (``device.attributes[...].architecture``).
 _ARCHITECTURES = {
@@ -105,7 +103,7 @@ class NvmlInventorySource:
         return False
 
     def wait_change(self, timeout_s: float, stop: threading.Event) -> bool:
-        """NVML's XID event wait is the inventory loop's sleep, in slices of at most :data:`WAIT_SLICE_S` (an
+        """NVML's XID event wait is the inventory loop's sleep, in slices of at most ``EVENT_WAIT_SLICE_S`` (an
         NVML wait cannot be interrupted, so ``stop`` is seen within one): a critical XID wakes the loop at
         once, and the GPU is withdrawn (or tainted) by the snapshot that follows instead of at the next poll.
         Runs on the loop's thread, as :meth:`snapshot` does; :meth:`close` from another thread mid-wait frees
@@ -120,10 +118,10 @@ class NvmlInventorySource:
                 stop.wait(remaining)
                 return False
             try:
-                event = watcher.wait(min(remaining, WAIT_SLICE_S))
+                event = watcher.wait(min(remaining, EVENT_WAIT_SLICE_S))
             except NvmlError as e:  # the next snapshot says what NVML thinks; do not spin meanwhile
                 log.debug("event=xid-wait-failed error=%s", e)
-                stop.wait(min(remaining, WAIT_SLICE_S))
+                stop.wait(min(remaining, EVENT_WAIT_SLICE_S))
                 continue
             if event is not None and self._record(event):
                 return True

@@ -160,11 +160,12 @@ class CallRunner:
             return fn()
 
         def inline() -> T:
+            outer = getattr(_scope, "batch", None)
             _scope.batch = self
             try:
                 return fn()
             finally:
-                _scope.batch = None
+                _scope.batch = outer
 
         return self._bounded(what, inline, (), self.timeout_s)
 

@@ -996,19 +996,17 @@ class EventWatcher:
             if self._closed:
                 return None
             self._waiting += 1
+        data = None
         try:
             data = self._runner.call("nvmlEventSetWait", pynvml.nvmlEventSetWait, self._set, ms,
                                      timeout_s=timeout_s + 5.0)
         except NvmlTimeout as e:
-            if e.code == pynvml.NVML_ERROR_TIMEOUT:
-                return None
-            raise
+            if e.code != pynvml.NVML_ERROR_TIMEOUT:
+                raise
         finally:
-            with self._state:
-                self._waiting -= 1
-                last = self._closed and not self._waiting
-            if last:
-                self._free()
+            closed = self._leave()
+        if data is None or closed:  # an event that came as the watcher closed goes with its set
+            return None
         index, uuid = self._device_of(data.device)
         kind = next((k for k, bit in _EVENT_BITS.items() if int(data.eventType) & bit), EventKind.XID)
         gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
@@ -1027,6 +1025,15 @@ class EventWatcher:
             return self._by_handle.get(_addr(handle), (-1, GpuUuid("")))
         index = next((i for i, u in self._by_handle.values() if u == named), -1)
         return index, named
+
+    def _leave(self) -> bool:
+        """A wait ended: the last one out after :meth:`close` frees the set. Answers whether it is closed."""
+        with self._state:
+            self._waiting -= 1
+            closed, last = self._closed, self._closed and not self._waiting
+        if last:
+            self._free()
+        return closed
 
     def close(self) -> None:
         """Free the set now, or, while a wait is in progress, as soon as it ends (without waiting for it:

@@ -17,12 +17,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from node_agent.nvml import EventKind, NvmlError, NvmlNotSupported, NvmlSession
-from node_agent.nvml.xid import is_application_xid
+from node_agent.nvml.xid import EVENT_WAIT_SLICE_S, is_application_xid
 
 log = logging.getLogger(__name__)
 
-#: How long one wait for an event blocks (bounds how long stopping takes).
-WAIT_SLICE_S = 0.5
 #: After NVML failed (driver reloading, GPU lost at start), how long before the event set is made again.
 RETRY_S = 5.0
 #: A GPU that could not register (lost) is retried this often, so one that comes back is watched again.
@@ -107,7 +105,7 @@ class XidRecorder:
             self._watching.set()
             started = self._clock()
             while not self._stop.is_set():
-                event = watcher.wait(WAIT_SLICE_S)
+                event = watcher.wait(EVENT_WAIT_SLICE_S)
                 if event is not None and event.kind is EventKind.XID:
                     self._record(event.gpu_index, event.data, event.gi_id, event.ci_id)
                 elif watcher.failed and (self._clock() - started).total_seconds() >= REREGISTER_S:

@@ -316,9 +316,9 @@ def test_mig_xid_with_instance_ids_marks_one_mig_device(host: FakeHost) -> None:
 
 def test_at_rest_the_monitor_waits_on_nvml_in_long_slices_and_a_restart_does_not_wait_for_it(
         host: FakeHost) -> None:
-    """NVML's event wait is the monitor's sleep: one wait per :data:`WAIT_SLICE_S` (or to the next re-check),
+    """NVML's event wait is the monitor's sleep: one wait per ``EVENT_WAIT_SLICE_S`` (or to the next re-check),
     not ten a second; a restart's stop returns while the wait runs, a final stop within the slice."""
-    from node_agent.deviceplugin.health import WAIT_SLICE_S
+    from node_agent.nvml.xid import EVENT_WAIT_SLICE_S
 
     node = machine("l4x2", host)
     waits: list[float] = []
@@ -335,7 +335,7 @@ def test_at_rest_the_monitor_waits_on_nvml_in_long_slices_and_a_restart_does_not
     mon.start()
     assert waiting.wait(5)
     time.sleep(0.5)
-    assert len(waits) == 1 and waits[0] == WAIT_SLICE_S, waits
+    assert len(waits) == 1 and waits[0] == EVENT_WAIT_SLICE_S, waits
     t0 = time.monotonic()
     mon.stop(wait=False)
     assert time.monotonic() - t0 < 0.1, "a restart waited for the NVML wait"
@@ -344,7 +344,7 @@ def test_at_rest_the_monitor_waits_on_nvml_in_long_slices_and_a_restart_does_not
     node.xid(0, 48)  # whichever monitor reads it, it is read at once
     t0 = time.monotonic()
     mon2.stop()
-    assert time.monotonic() - t0 <= WAIT_SLICE_S + 0.5
+    assert time.monotonic() - t0 <= EVENT_WAIT_SLICE_S + 0.5
 
 def test_full_gpu_builder_is_plain() -> None:
     g = full_gpu(3, catalogue.T4)
