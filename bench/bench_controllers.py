@@ -26,14 +26,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,8 +39,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import audit  # noqa: E402
 from bench.bench_vs_nvidia import cpu_s  # noqa: E402
 from localcluster import ControlPlane, Kube  # noqa: E402
+from localcluster.controlplane import free_port  # noqa: E402
 from localcluster.objects import kwok_node, service_account_kube, wait_for, write_kubeconfig  # noqa: E402
 from node_agent.driverupgrade.controller import UpgradeController  # noqa: E402
 from node_agent.kube.transport import Kube as AgentKube  # noqa: E402
@@ -75,12 +75,6 @@ def stack() -> Any:
         "nodeGroups": [{"name": "bench", "nodeSelector": {"matchLabels": {"pool": "bench"}},
                         "gpu": {"model": "H100-80GB", "driver": {"source": "container", "version": "550.90.07",
                                                                  "osReleases": ["ubuntu22.04"]}}}]})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def install(admin: Kube) -> None:
@@ -150,21 +144,7 @@ class Baseline:
             self.stop.wait(BASELINE_INTERVAL_S)
 
 
-def count(audit: Path, since: datetime, until: datetime) -> Counter[tuple[str, str, str]]:
-    out: Counter[tuple[str, str, str]] = Counter()
-    prefix = f"system:serviceaccount:{NS}:"
-    for line in audit.read_text().splitlines():
-        with contextlib.suppress(ValueError, KeyError):
-            event = json.loads(line)
-            user = str(event["user"]["username"])
-            when = datetime.fromisoformat(str(event["requestReceivedTimestamp"]).replace("Z", "+00:00"))
-            if user.startswith(prefix) and since <= when < until:
-                ref = event.get("objectRef") or {}
-                out[(user.removeprefix(prefix), str(event["verb"]), str(ref.get("resource") or ""))] += 1
-    return out
-
-
-def measure(audit: Path, admin: Kube, procs: dict[str, int], baseline: Baseline, *, settle: float,
+def measure(audit_log: Path, admin: Kube, procs: dict[str, int], baseline: Baseline, *, settle: float,
             window: float) -> dict[str, Any]:
     time.sleep(settle)
     before = {a: cpu_s(pid) for a, pid in procs.items()}
@@ -174,7 +154,7 @@ def measure(audit: Path, admin: Kube, procs: dict[str, int], baseline: Baseline,
     until = datetime.now(UTC)
     cpu = {a: (cpu_s(pid) - before[a]) / window * 100 for a, pid in procs.items()}
     time.sleep(2)  # the audit backend's buffer
-    counts = count(audit, since, until)
+    counts = audit.count(audit_log, NS, since, until)
     listed = json.dumps(admin.request("GET", "/api/v1/nodes", query={"labelSelector": labels.NODE_GROUP}))
     return {"counts": counts, "cpu": cpu, "round_ms": statistics.median(baseline.times[rounds_from:]) * 1000,
             "node_list_kib": len(listed) / 1024, "window": window}
@@ -213,11 +193,8 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-ctl-") as tmp:
         work = Path(tmp)
-        policy, audit = work / "audit-policy.yaml", work / "audit.log"
-        policy.write_text(audit_policy())
-        cp = ControlPlane(work / "cp", apiserver_args=(
-            "--audit-policy-file", str(policy), "--audit-log-path", str(audit), "--audit-log-format", "json",
-            "--audit-log-maxsize", "0"))
+        args_audit, audit_log = audit.apiserver_args(audit_policy(), work)
+        cp = ControlPlane(work / "cp", apiserver_args=args_audit)
         cp.start()
         procs: list[subprocess.Popen[bytes]] = []
         baseline: Baseline | None = None
@@ -235,10 +212,10 @@ def main() -> int:
             pids = dict(zip(started, (p.pid for p in procs), strict=True))
             baseline = Baseline(AgentKube.connect(kubeconfig(admin, BASELINE, work)))
             baseline.thread.start()
-            phases = {args.small: measure(audit, admin, pids, baseline, settle=args.settle, window=args.window)}
+            phases = {args.small: measure(audit_log, admin, pids, baseline, settle=args.settle, window=args.window)}
             print(f"phase 2: {args.large} nodes", flush=True)
             grow(admin, args.large)
-            phases[args.large] = measure(audit, admin, pids, baseline, settle=args.settle, window=args.window)
+            phases[args.large] = measure(audit_log, admin, pids, baseline, settle=args.settle, window=args.window)
             if any(p.poll() is not None for p in procs):
                 print("a controller exited during the bench", file=sys.stderr)
                 return 1

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import statistics
 import sys
@@ -36,11 +35,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import audit  # noqa: E402
 from bench.bench_vs_nvidia import (  # noqa: E402
     MODELS,
     Container,
@@ -91,14 +90,10 @@ def _account(container: Container, dra: bool) -> str:
 
 
 def control_plane(work: Path) -> tuple[ControlPlane, Path]:
-    audit = work / "audit.log"
-    policy = work / "audit-policy.yaml"
-    policy.write_text(AUDIT_POLICY)
-    cp = ControlPlane(work / "cp", components=("etcd", "kube-apiserver"), apiserver_args=(
-        "--audit-policy-file", str(policy), "--audit-log-path", str(audit), "--audit-log-format", "json",
-        "--audit-log-maxsize", "0"))
+    args, log = audit.apiserver_args(AUDIT_POLICY, work)
+    cp = ControlPlane(work / "cp", components=("etcd", "kube-apiserver"), apiserver_args=args)
     cp.start()
-    return cp, audit
+    return cp, log
 
 
 def identity(cp: ControlPlane, admin: Kube, account: str, work: Path) -> Path:
@@ -186,23 +181,6 @@ def start_node(procs: Processes, cp: ControlPlane, admin: Kube, m: Machine, *, n
     return agents
 
 
-def count(audit: Path, since: datetime, until: datetime) -> Counter[tuple[str, str, str]]:
-    """``(account, verb, resource)`` -> requests received in ``[since, until)``, ours and GFD's only."""
-    out: Counter[tuple[str, str, str]] = Counter()
-    prefix = f"system:serviceaccount:{NAMESPACE}:"
-    for line in audit.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            event: dict[str, Any] = json.loads(line)
-            user = str((event.get("user") or {}).get("username") or "")
-            when = datetime.fromisoformat(str(event.get("requestReceivedTimestamp")).replace("Z", "+00:00"))
-            if not user.startswith(prefix) or not since <= when < until:
-                continue
-            ref = event.get("objectRef") or {}
-            resource = str(ref.get("resource") or "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-            out[(user.removeprefix(prefix), str(event.get("verb")), resource)] += 1
-    return out
-
-
 def report_cpu(agents: list[Agent], before: dict[int, float], window_s: float) -> None:
     """Each agent's CPU while at rest, as a share of one core, averaged over the nodes of its kind."""
     shares: dict[str, list[float]] = {}
@@ -258,7 +236,7 @@ def main() -> int:
     trees: list[Path] = []
     (work / "logs").mkdir()
     procs = Processes(work / "logs")
-    cp, audit = control_plane(work)
+    cp, audit_log = control_plane(work)
     try:
         admin = cp.admin()
         admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
@@ -290,7 +268,7 @@ def main() -> int:
         time.sleep(args.window)
         until = datetime.now().astimezone()
         report_cpu(agents, before, (until - since).total_seconds())
-        report(count(audit, since, until), {"device-plugin": args.nodes, "dra": args.dra_nodes},
+        report(audit.count(audit_log, NAMESPACE, since, until), {"device-plugin": args.nodes, "dra": args.dra_nodes},
                     (until - since).total_seconds())
     finally:
         procs.stop_all()
