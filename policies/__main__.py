@@ -2,8 +2,10 @@
 
 from pulumi_policy import PolicyPack
 
+from nvidia_gpu.policies import sdk
 from nvidia_gpu.policies.pack import DEFAULT_ENFORCEMENT, DESCRIPTION, PACK_NAME, POLICIES
 
+sdk.install()
 PolicyPack(
     name=PACK_NAME,
     policies=list(POLICIES),

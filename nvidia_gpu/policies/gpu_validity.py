@@ -48,7 +48,13 @@ from nvidia_gpu.policies.manifests import (
     pod_spec,
     workload_role,
 )
-from nvidia_gpu.policies.node_selection import NodeSelection, label_selection, node_selection, overlap
+from nvidia_gpu.policies.node_selection import (
+    NodeSelection,
+    candidate_pairs,
+    label_selection,
+    node_selection,
+    overlap,
+)
 
 GPU_MODEL_KEY = labels.GPU_MODEL
 DRIVER_VERSION_KEY = labels.DRIVER_VERSION
@@ -407,20 +413,15 @@ def overlapping_groups(resources: Sequence[Resource], values: Mapping[str, Any])
             distinct.setdefault(claim[1], claim)
         claims[name] = list(distinct.values())
     out = []
-    names = sorted(claims)
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            hit = next(
-                ((sa, sb) for sa in claims[a] for sb in claims[b] if overlap(sa[1], sb[1])),
-                None,
-            )
-            if hit is not None:
-                (wa, sel_a, _), (wb, sel_b, urn) = hit
-                out.append(Violation(
-                    f"node groups {a!r} and {b!r} can claim the same nodes: {wa} selects {sel_a.describe()}, "
-                    f"{wb} selects {sel_b.describe()}",
-                    urn,
-                ))
+    for a, b in candidate_pairs({name: [c[1] for c in group_claims] for name, group_claims in claims.items()}):
+        hit = next(((sa, sb) for sa in claims[a] for sb in claims[b] if overlap(sa[1], sb[1])), None)
+        if hit is not None:
+            (wa, sel_a, _), (wb, sel_b, urn) = hit
+            out.append(Violation(
+                f"node groups {a!r} and {b!r} can claim the same nodes: {wa} selects {sel_a.describe()}, "
+                f"{wb} selects {sel_b.describe()}",
+                urn,
+            ))
     return out
 
 

@@ -99,10 +99,14 @@ class _KeyDemand:
 
     def combine(self, other: _KeyDemand) -> _KeyDemand | None:
         """Both demands at once, or ``None`` when no label value satisfies them."""
-        allowed = self.allowed if other.allowed is None else (
-            other.allowed if self.allowed is None else self.allowed & other.allowed)
-        out = _KeyDemand(self.present or other.present, self.absent or other.absent, allowed,
-                         self.excluded | other.excluded)
+        allowed = (
+            self.allowed
+            if other.allowed is None
+            else (other.allowed if self.allowed is None else self.allowed & other.allowed)
+        )
+        out = _KeyDemand(
+            self.present or other.present, self.absent or other.absent, allowed, self.excluded | other.excluded
+        )
         if out.present and out.absent:
             return None
         if out.allowed is not None and not out.allowed - out.excluded:
@@ -150,3 +154,51 @@ def overlap(a: NodeSelection, b: NodeSelection) -> bool:
     a_terms = a.terms or ((),)
     b_terms = b.terms or ((),)
     return any(_compatible(ta, tb) for ta in a_terms for tb in b_terms)
+
+
+def pinned_values(selection: NodeSelection, key: str) -> frozenset[str] | None:
+    """Every value of ``key`` a node matching ``selection`` can carry, or ``None`` when any value can."""
+    values: set[str] = set()
+    for term in selection.terms or ((),):
+        demands = _canonical(term)
+        if demands is None:
+            continue  # a self-contradicting term matches no node
+        demand = demands.get(key)
+        if demand is None or demand.allowed is None:
+            return None
+        values |= demand.allowed - demand.excluded
+    return frozenset(values)
+
+
+def candidate_pairs(claims: Mapping[str, Iterable[NodeSelection]]) -> list[tuple[str, str]]:
+    """The pairs of names (sorted, each ``a < b``) whose selections :func:`overlap` must still compare.
+
+    Comparing every pair is quadratic: 2,000 node groups are two million pairs. Groups that pin one
+    label key (usually Deckhouse's node-group label) to disjoint values cannot overlap, whatever else
+    they demand, so only names sharing a pinned value, and names that do not pin the key, are paired.
+    """
+    names = sorted(claims)
+    selections = {n: list(claims[n]) for n in names}
+    counts: dict[str, int] = {}
+    for n in names:
+        keys = {r.key for s in selections[n] for t in s.terms for r in t if r.operator == "In"}
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+    pinned: dict[str, frozenset[str]] = {}
+    if counts:
+        key = max(sorted(counts), key=lambda k: counts[k])
+        for n in names:
+            per_claim = [pinned_values(s, key) for s in selections[n]]
+            if per_claim and all(v is not None for v in per_claim):
+                pinned[n] = frozenset().union(*(v for v in per_claim if v is not None))
+    by_value: dict[str, list[str]] = {}
+    for n, values in pinned.items():
+        for v in values:
+            by_value.setdefault(v, []).append(n)
+    free = [n for n in names if n not in pinned]
+    pairs: set[tuple[str, str]] = set()
+    for group in by_value.values():
+        pairs.update((a, b) for i, a in enumerate(group) for b in group[i + 1 :])
+    for a in free:
+        pairs.update((a, b) if a < b else (b, a) for b in names if b != a)
+    return sorted((a, b) if a < b else (b, a) for a, b in pairs)

@@ -5,10 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pulumi.runtime.proto import analyzer_pb2
 
 from nvgpu.stackconfig import CONFIG_FILE_ENV
-from nvidia_gpu.policies.node_selection import NodeSelection, Requirement, label_selection, node_selection, overlap
+from nvidia_gpu.policies.node_selection import (
+    NodeSelection,
+    Requirement,
+    candidate_pairs,
+    label_selection,
+    node_selection,
+    overlap,
+    pinned_values,
+)
 from nvidia_gpu.policies.stack_facts import config_values, parse_minor
 from nvidia_gpu.preview.policyrun.analyzer_client import Diagnostic, PackInfo, PolicyInfo, reconcile_config
 from nvidia_gpu.preview.policyrun.report import format_policies, summary_line
@@ -35,6 +45,50 @@ def _sel(*reqs: tuple[str, str, tuple[str, ...]]) -> NodeSelection:
 def test_overlap(a: NodeSelection, b: NodeSelection, expected: bool) -> None:
     assert overlap(a, b) is expected
     assert overlap(b, a) is expected
+
+
+_REQUIREMENTS = st.builds(
+    Requirement,
+    st.sampled_from(["pool", "zone", "gpu"]),
+    st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist"]),
+    st.frozensets(st.sampled_from(["a", "b", "c"]), max_size=2),
+)
+_TERMS = st.tuples(_REQUIREMENTS, _REQUIREMENTS).map(tuple)
+_SELECTIONS = st.builds(NodeSelection, st.lists(_TERMS, max_size=2).map(tuple))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from("abcdefgh"), st.lists(_SELECTIONS, min_size=1, max_size=2), max_size=8))
+def test_candidate_pairs_keep_every_overlapping_pair(claims: dict[str, list[NodeSelection]]) -> None:
+    """The index may only skip pairs that cannot overlap: every pair the brute force finds is a candidate."""
+    names = sorted(claims)
+    overlapping = {
+        (a, b) for i, a in enumerate(names) for b in names[i + 1 :]
+        if any(overlap(x, y) for x in claims[a] for y in claims[b])
+    }
+    candidates = candidate_pairs(claims)
+    assert overlapping <= set(candidates)
+    assert candidates == sorted(set(candidates)) and all(a < b for a, b in candidates)
+
+
+def test_candidate_pairs_of_groups_pinned_to_distinct_values_are_linear() -> None:
+    claims = {
+        f"g{i:04d}": [label_selection({"node.deckhouse.io/group": f"gpu-{i}", "gpu": "yes"})] for i in range(2000)
+    }
+    claims["shared"] = [label_selection({"node.deckhouse.io/group": "gpu-7"})]
+    claims["anywhere"] = [NodeSelection(())]
+    pairs = candidate_pairs(claims)
+    assert ("g0007", "shared") in pairs
+    assert sum(1 for p in pairs if "anywhere" in p) == 2001
+    assert len(pairs) == 2002
+
+
+def test_pinned_values_ignore_contradicting_terms_and_stop_at_unpinned_ones() -> None:
+    pool_a = (Requirement("pool", "In", frozenset({"a", "b"})), Requirement("pool", "NotIn", frozenset({"b"})))
+    never = (Requirement("pool", "Exists"), Requirement("pool", "DoesNotExist"))
+    assert pinned_values(NodeSelection((pool_a, never)), "pool") == frozenset({"a"})
+    assert pinned_values(NodeSelection((pool_a, (Requirement("zone", "In", frozenset({"z"})),))), "pool") is None
+    assert pinned_values(NodeSelection(()), "pool") is None
 
 
 def test_node_selection_ands_the_node_selector_into_every_affinity_term() -> None:
