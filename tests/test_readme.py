@@ -18,7 +18,7 @@ def test_every_shell_block_is_named_once_and_known_to_the_runner() -> None:
     unnamed = [b.line for b in shell if b.name is None]
     assert not unnamed, (f"README.md shell blocks at lines {unnamed} have no `<!-- readme-test: NAME -->` line before "
                          f"their fence: name them and say in tests/kit/readme.py how they run")
-    names = [b.name for b in shell]
+    names = [b.name for b in shell if b.name is not None]
     assert len(names) == len(set(names)), f"a block name is used twice: {names}"
     unknown = sorted(set(names) - set(readme.BLOCKS))
     assert not unknown, f"README blocks {unknown} are not in tests/kit/readme.BLOCKS"

@@ -119,9 +119,11 @@ def test_driver_containers_land_by_os_release_and_kernel_and_skip_preinstalled_h
             "drv-jammy": "nvcr.io/nvidia/driver:535-5.15.0-105-generic-ubuntu22.04",
             "drv-rhel": "nvcr.io/nvidia/driver:535-5.14.0-427.13.1.el9_4.x86_64-rhel9.4"}
         for ds in sets:
-            status = wait_for(lambda ds=ds: (s := kube.get("apps/v1", "DaemonSet", ds["metadata"]["name"], NS)
-                                             .get("status", {})) and s.get("observedGeneration") and s, timeout=30,
-                              what="the DaemonSet controller's status")
+            def observed(ds: dict[str, Any] = ds) -> Any:
+                status = kube.get("apps/v1", "DaemonSet", ds["metadata"]["name"], NS).get("status", {})
+                return status if status and status.get("observedGeneration") else None
+
+            status = wait_for(observed, timeout=30, what="the DaemonSet controller's status")
             image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
             assert status.get("desiredNumberScheduled", 0) == (1 if image in placed.values() else 0), image
     finally:

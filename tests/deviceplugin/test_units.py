@@ -21,6 +21,7 @@ from node_agent.deviceplugin.preferred import Request, best_set, greedy_preferen
 from node_agent.deviceplugin.resources import build_resources
 from node_agent.host.driverroot import DriverRoot
 from nvgpu import catalogue
+from nvgpu.devicelist import DeviceListStrategy
 from tests.cdi.schema import cdi_validator
 from tests.deviceplugin.builders import dgx_links, full_gpu, hybrid_cube_mesh, machine, mig_gpu
 from tests.deviceplugin.reference import exhaustive, nvidia_best_effort
@@ -50,7 +51,7 @@ def test_precedence_flags_over_env_over_file() -> None:
     env = {"MIG_STRATEGY": "mixed", "DEVICE_LIST_STRATEGY": "cdi-cri,envvar"}
     s = config.load(text, env)
     assert s.mig_strategy is config.MigStrategy.MIXED
-    assert s.device_list_strategy == (config.DeviceListStrategy.CDI_CRI, config.DeviceListStrategy.ENVVAR)
+    assert s.device_list_strategy == (DeviceListStrategy.CDI_CRI, DeviceListStrategy.ENVVAR)
     s = config.load(text, env, config.Overrides(mig_strategy=config.MigStrategy.NONE))
     assert s.mig_strategy is config.MigStrategy.NONE
     assert config.load("").nvidia_dev_root == "/" and config.load("flags: {nvidiaDriverRoot: /run/nvidia/driver}"
@@ -204,8 +205,8 @@ def test_cdi_spec_validates_against_the_schema(host: FakeHost, mig: bool, tmp_pa
     assert [h["args"][:3] for h in hooks] == [["nvidia-ctk", "hook", "create-symlinks"],
                                               ["nvidia-ctk", "hook", "update-ldcache"]]
     assert hooks[-1]["args"][-2:] == ["--folder", "/usr/lib64"]
-    mounted = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
-    assert set(driver.libraries) <= mounted and "/usr/lib64/libcuda.so.535.1" not in mounted
+    in_container = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
+    assert set(driver.libraries) <= in_container and "/usr/lib64/libcuda.so.535.1" not in in_container
     names = {d["name"] for d in spec["devices"]}
     assert {r.devices[0].uuid for r in resources} <= names and ("0:0" in names) is mig
     bad = dict(spec, devices=[{"name": "x"}])

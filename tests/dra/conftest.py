@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kmock
 import pytest
@@ -82,7 +82,8 @@ class Node:
         from kubernetes import client
 
         meta = body["metadata"]
-        client.ResourceV1Api(self.server.api_client()).create_namespaced_resource_claim(meta["namespace"], body)
+        claims = client.ResourceV1Api(self.server.api_client())
+        claims.create_namespaced_resource_claim(meta["namespace"], cast(Any, body))
         return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
 
 

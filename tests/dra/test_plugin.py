@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -27,7 +28,7 @@ def put_claim(env: Env, body: dict[str, object]) -> tuple[str, str, str]:
 
     meta = body["metadata"]
     assert isinstance(meta, dict)
-    client.ResourceV1Api(env.server.api_client()).create_namespaced_resource_claim(meta["namespace"], body)
+    client.ResourceV1Api(env.server.api_client()).create_namespaced_resource_claim(meta["namespace"], cast(Any, body))
     return meta["namespace"], meta["name"], meta["uid"]
 
 

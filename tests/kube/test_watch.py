@@ -38,11 +38,13 @@ class Script:
         h: Any = handler
         if seen.query.get("watch") != "true":
             rv = self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
-            return h.answer(200, {"metadata": {"resourceVersion": rv}, "items": [pod("p", rv)]})
+            h.answer(200, {"metadata": {"resourceVersion": rv}, "items": [pod("p", rv)]})
+            return
         step = self.watches.pop(0) if self.watches else "hold"
         if isinstance(step, int):
-            return h.answer(step, {"kind": "Status", "code": step, "message": f"status {step}"})
-        return h.stream([] if step == "hold" else step, hold=self.release if step == "hold" else None)
+            h.answer(step, {"kind": "Status", "code": step, "message": f"status {step}"})
+            return
+        h.stream([] if step == "hold" else step, hold=self.release if step == "hold" else None)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from nvidia_gpu import package
 
 CLUSTER = {"kubernetesVersion": "1.34", "nodeSetup": "daemonset",
            "agentImage": {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "0.1.0"}}
-L4 = {"name": "l4", "nodeSelector": {"matchLabels": {"pool": "l4"}},
+L4: dict[str, Any] = {"name": "l4", "nodeSelector": {"matchLabels": {"pool": "l4"}},
       "gpu": {"model": "L4", "sharing": "TimeSlicing", "timeSlicing": {"partitionCount": 4.0}}}
 
 

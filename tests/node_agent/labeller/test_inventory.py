@@ -64,7 +64,7 @@ def test_a_gpu_object_says_what_nvml_says_and_fits_the_crd(dgx: tuple[Inventory,
     assert status["pciBusID"] == inv.gpus[0].sysfs_bus_id and status["computeCapability"] == "9.0"
     assert status["mig"] == {"mode": "Disabled"} and status["health"] == {"state": "Healthy"}
     assert status["driverVersion"] == driver.driver_version
-    obj = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "n-gpu0"},
+    obj: dict[str, Any] = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "n-gpu0"},
            "spec": {"node": "n", "index": 0}, "status": {**status, "health": {"state": "Healthy",
                                                                               "since": "2026-12-03T10:00:00Z"}}}
     _validator().validate(obj)

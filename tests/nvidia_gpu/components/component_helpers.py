@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -99,4 +99,4 @@ def agent_container(ds: dict[str, Any]) -> dict[str, Any]:
     from nvidia_gpu.components.manifests.workloads import AGENT
 
     (container,) = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["command"] == AGENT]
-    return container
+    return cast(dict[str, Any], container)

@@ -119,8 +119,9 @@ def test_a_compiled_driver_has_one_daemonset_per_os_and_the_policy_pack_allows_i
     # The pack as the README runs it (policies/config.json) and with its own defaults: privileged, host paths
     # and the host's PID namespace are allowed to the driver container's role, pinned by tag.
     shipped = json.loads((Path(__file__).resolve().parents[3] / "policies" / "config.json").read_text())
+    configs: tuple[dict[str, Any], ...] = (shipped["host-access-allow-listed"], {})
     for ds in sets:
-        for config in (shipped["host-access-allow-listed"], {}):
+        for config in configs:
             assert check("host-access-allow-listed", DS_TYPE, ds, config) == []
         assert check("pinned-images", DS_TYPE, ds) == []
         other = {**ds, "metadata": {**ds["metadata"], "labels": {**ds["metadata"]["labels"],

@@ -61,7 +61,8 @@ def test_the_policy_pack_allows_the_toolkit_container_and_no_other_role_its_acce
     ctx = _ctx()
     ds = toolkit.toolkit_daemonset("gpu", ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN)
     shipped = json.loads((REPO / "policies" / "config.json").read_text())
-    for config in (shipped["host-access-allow-listed"], {}):
+    configs: tuple[dict[str, Any], ...] = (shipped["host-access-allow-listed"], {})
+    for config in configs:
         assert check("host-access-allow-listed", DS_TYPE, ds, config) == []
     assert check("pinned-images", DS_TYPE, ds) == []
     other = {**ds, "metadata": {**ds["metadata"], "labels": {**ds["metadata"]["labels"],

@@ -28,14 +28,16 @@ def _manifest(obj: dict[str, Any], patch: bool = False) -> RenderedManifest:
     return RenderedManifest(1, "x.yaml", obj, _resource(obj, token), patch=patch)
 
 
-CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}, "data": {"a": "b"}}
-NGC = {
+CONFIG_MAP: dict[str, Any] = {
+    "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}, "data": {"a": "b"},
+}
+NGC: dict[str, Any] = {
     "apiVersion": "deckhouse.io/v1alpha1",
     "kind": "NodeGroupConfiguration",
     "metadata": {"name": "gpu-check.sh"},
     "spec": {"weight": 30, "nodeGroups": ["gpu"], "bundles": ["*"], "content": "echo\n"},
 }
-NODE_GROUP_PATCH = {
+NODE_GROUP_PATCH: dict[str, Any] = {
     "apiVersion": "deckhouse.io/v1",
     "kind": "NodeGroup",
     "metadata": {"name": "gpu", "annotations": {"pulumi.com/patchForce": "true"}},
