@@ -136,6 +136,8 @@ class GroupPlan:
     node_setup_expectation: driverspec.DriverExpectation
     #: Where NVIDIA's toolkit container installs the toolkit (``toolkit.installDir``).
     toolkit_install_dir: str
+    #: The PriorityClass of the group's agent pods (``cluster.priorityClassName``).
+    priority_class_name: str
 
     @classmethod
     def of(cls, cluster: Cluster, group: NodeGroup, mode: AllocationMode | None = None) -> GroupPlan:
@@ -152,4 +154,5 @@ class GroupPlan:
             passthrough=mode is AllocationMode.DRA and group.passthrough,
             node_setup_expectation=group.gpu.node_setup_expectation,
             toolkit_install_dir=group.toolkit.install_dir,
+            priority_class_name=cluster.priority_class_name,
         )
