@@ -96,7 +96,8 @@ _STACK = """config:
       nodeGroup: gpu-b200
       gpu:
         model: B200-180GB
-        driverVersion: "570.86.15"
+        driver:
+          version: "570.86.15"
         sharing: MIG
         mig:
           partedConfig: custom

@@ -232,7 +232,7 @@ def test_the_declared_driver_reaches_both_node_setup_backends() -> None:
     """A group's gpu.driver (version, kernelModules) is what setup's check and the monitor compare with on the
     daemonset backend (parsed by the agent's own parser) and what gpu-check.sh compares with on Deckhouse."""
     from nvgpu.driver import KernelModules
-    from nvgpu.stackconfig import AllocationMode, load_stack_config
+    from nvgpu.stackconfig import AllocationMode, GroupPlan, load_stack_config
     from nvidia_gpu.components.node_group import node_scripts
 
     values = {"cluster": {"kubernetesVersion": "1.34", "nodeSetup": "daemonset",
@@ -246,7 +246,7 @@ def test_the_declared_driver_reaches_both_node_setup_backends() -> None:
         args = _parse(container["args"])
         assert (args.expect_driver.text, args.expect_kernel_modules) == ("550", "open"), container["name"]
     deckhouse = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DECKHOUSE})
-    (check,) = [s for s in node_scripts(deckhouse, cfg.node_groups[0], AllocationMode.DEVICE_PLUGIN)
+    (check,) = [s for s in node_scripts(GroupPlan.of(deckhouse, cfg.node_groups[0], AllocationMode.DEVICE_PLUGIN))
                 if s.name == "gpu-check.sh"]
     assert 'EXPECT_DRIVER="${NVIDIA_GPU_EXPECT_DRIVER-550}"' in check.content
     assert f'EXPECT_MODULES="${{NVIDIA_GPU_EXPECT_MODULES-{KernelModules.OPEN.value}}}"' in check.content
@@ -255,7 +255,7 @@ def test_the_declared_driver_reaches_both_node_setup_backends() -> None:
 def test_a_driver_containers_root_is_the_toolkits_on_both_backends() -> None:
     """Pulumi.drivers.yaml: setup tells the agent's runtime step, and gpu-check.sh's sibling gpu-runtime.sh
     on Deckhouse, to point the host toolkit's nvidia-container-cli at /run/nvidia/driver."""
-    from nvgpu.stackconfig import AllocationMode
+    from nvgpu.stackconfig import AllocationMode, GroupPlan
     from nvidia_gpu.components.node_group import node_scripts
 
     cfg = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.drivers.yaml"))
@@ -265,7 +265,8 @@ def test_a_driver_containers_root_is_the_toolkits_on_both_backends() -> None:
     assert args.toolkit_driver_root == "/run/nvidia/driver"
     deckhouse = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DECKHOUSE})
     group = group.model_copy(update={"node_group": "gpu-h100", "node_selector": None})
-    (runtime,) = [s for s in node_scripts(deckhouse, group, AllocationMode.DEVICE_PLUGIN) if s.name == "gpu-runtime.sh"]
+    plan = GroupPlan.of(deckhouse, group, AllocationMode.DEVICE_PLUGIN)
+    (runtime,) = [s for s in node_scripts(plan) if s.name == "gpu-runtime.sh"]
     assert 'TOOLKIT_ROOT="${NVIDIA_GPU_TOOLKIT_ROOT-/run/nvidia/driver}"' in runtime.content
     dev = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.dev.yaml"))
     ds = workloads.setup_daemonset(GroupContext(dev.cluster.namespace, dev.cluster.model_copy(

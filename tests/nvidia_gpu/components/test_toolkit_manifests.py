@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nvgpu.stackconfig import AllocationMode, load_stack_config
+from nvgpu.stackconfig import AllocationMode, GroupPlan, load_stack_config
 from nvidia_gpu.components.manifests import toolkit, workloads
 from nvidia_gpu.components.manifests.workloads import GroupContext
 
@@ -26,7 +26,7 @@ def _ctx(driver: dict[str, Any] | None = None) -> GroupContext:
 
 def test_the_toolkit_daemonset_installs_on_the_groups_nodes_before_setup() -> None:
     ctx = _ctx({"source": "container", "version": "550.90.07", "osReleases": ["ubuntu22.04"]})
-    ds = toolkit.toolkit_daemonset("gpu", ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN)
+    ds = toolkit.toolkit_daemonset("gpu", ctx.group, GroupPlan.of(ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN))
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["image"] == "nvcr.io/nvidia/k8s/container-toolkit:v1.20.2"
@@ -59,7 +59,7 @@ def test_the_policy_pack_allows_the_toolkit_container_and_no_other_role_its_acce
     from tests.nvidia_gpu.policies.policy_fixtures import DS_TYPE, check
 
     ctx = _ctx()
-    ds = toolkit.toolkit_daemonset("gpu", ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN)
+    ds = toolkit.toolkit_daemonset("gpu", ctx.group, GroupPlan.of(ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN))
     shipped = json.loads((REPO / "policies" / "config.json").read_text())
     configs: tuple[dict[str, Any], ...] = (shipped["host-access-allow-listed"], {})
     for config in configs:
