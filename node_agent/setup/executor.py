@@ -1,5 +1,5 @@
 """The agent's interpreter of node-setup plans (``nvgpu.nodescripts.plan``): apply one, see where it stands,
-roll it back.
+roll it back; and the node check's requirements (:func:`check_findings`).
 
 Why: a step declared as a plan is applied here for the DaemonSet backend and rendered as bash for Deckhouse
 (``nvgpu.nodescripts.bashplan``) from the same declaration, so the two backends cannot drift. This module only
@@ -13,14 +13,26 @@ journal, removes our managed files (also those a script wrote, without a journal
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs
+from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, gpu_minors, loaded_modules
 from node_agent.host.root import CommandTimeout
 from node_agent.setup.journal import Journal
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER
-from nvgpu.nodescripts.plan import StepPlan, former_not_ours, not_ours, setting_absent
+from nvgpu.nodescripts.facts import Reason
+from nvgpu.nodescripts.plan import (
+    Check,
+    GpuNodesExist,
+    ModuleLoaded,
+    NodeExists,
+    ProgramInstalled,
+    StepPlan,
+    former_not_ours,
+    not_ours,
+    setting_absent,
+)
 
 
 @dataclass
@@ -33,6 +45,35 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     #: What is still missing after apply (the modules' and the requirements' problems): empty = ready.
     problems: list[str] = field(default_factory=list)
+
+
+def check_findings(host: HostRoot, checks: Iterable[Check], *, toolkit_dir: str | None = None
+                   ) -> list[tuple[Reason, str]]:
+    """The check's requirements ``checks`` that the host does not meet, as (reason, message), in order.
+    ``toolkit_dir``: where a toolkit container installed the toolkit, if the node group has one."""
+    checks = tuple(checks)
+    out: list[tuple[Reason, str]] = []
+    modules: frozenset[str] | None = None
+    if any(isinstance(c, ModuleLoaded) for c in checks):
+        try:
+            modules = loaded_modules(host)
+        except HostError as e:
+            out.append((Reason.PROC_UNREADABLE, str(e)))
+    for c in checks:
+        if isinstance(c, ModuleLoaded):
+            if modules is not None and c.name not in modules:
+                out.append((c.reason, c.message))
+        elif isinstance(c, NodeExists):
+            if not host.exists(c.path):
+                out.append((c.reason, c.message))
+        elif isinstance(c, GpuNodesExist):
+            out += [(c.reason, c.message(str(minor))) for minor in sorted(gpu_minors(host).values())
+                    if not host.exists(f"/dev/nvidia{minor}")]
+        elif isinstance(c, ProgramInstalled):
+            candidates = c.candidates(toolkit_dir)
+            if not any(host.is_executable(p) for p in candidates):
+                out.append((c.reason, c.message(", ".join(candidates))))
+    return out
 
 
 def _ours(text: str) -> bool:

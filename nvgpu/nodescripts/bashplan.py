@@ -7,6 +7,9 @@ bash, one block per item of the plan, in the executor's order; it uses what the 
 (``$ROOT``, ``write_file``, the ``bb-log-*`` functions) and, for a plan with files, a function the caller names
 (``refuse``) that is called with the message when a managed file's path holds someone else's file, before
 anything is changed. Modules and requirements leave their problems in the array ``plan_problems``.
+
+The node check's requirements (``plan.HOST_CHECKS``, ``plan.RUNTIME_CHECKS``) render with :func:`render_checks`
+as calls of the check's ``fail REASON MESSAGE``, the agent's findings (``executor.check_findings``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,19 @@ import shlex
 
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER
-from nvgpu.nodescripts.plan import StepPlan, former_not_ours, former_removed, not_ours, setting_absent
+from nvgpu.nodescripts.facts import Reason
+from nvgpu.nodescripts.plan import (
+    Check,
+    GpuNodesExist,
+    ModuleLoaded,
+    NodeExists,
+    ProgramInstalled,
+    StepPlan,
+    former_not_ours,
+    former_removed,
+    not_ours,
+    setting_absent,
+)
 
 _EOF = "NVIDIA_GPU_PLAN_EOF"
 
@@ -29,6 +44,61 @@ def _is_ours(path: str, *, negate: bool = False) -> str:
     executor's ``startswith`` tests it."""
     local = f'"${{ROOT}}"{_q(path)}'
     return f'[[ "$(head -c {len(HEADER.encode())} {local})" {"!=" if negate else "=="} {_q(HEADER)} ]]'
+
+
+def _with_var(message: str, var: str) -> str:
+    """``message`` (made with :data:`_SLOT` where a value goes) as a bash word with ``var`` expanded there."""
+    return f'"{var}"'.join(_q(part) if part else "" for part in message.split(_SLOT))
+
+
+_SLOT = "\x00"
+
+
+def render_checks(checks: tuple[Check, ...], *, toolkit_dir_var: str = "NVIDIA_GPU_TOOLKIT_DIR") -> str:
+    """The bash checking ``checks``, calling the script's ``fail REASON MESSAGE`` for each one not met.
+    ``toolkit_dir_var``: the environment variable naming a toolkit container's install, if any."""
+    out = ["# Rendered from nvgpu.nodescripts.plan; the agent checks the same (node_agent.setup.executor)."]
+    if any(isinstance(c, ModuleLoaded) for c in checks):
+        # live_modules: what /sys/module says is live, on a kernel without /proc/modules (HAS_GPU defines it).
+        modules_file = f'"${{ROOT}}"{_q(facts.PROC_MODULES)}'
+        out += ["plan_modules_read=true",
+                f"if [[ ! -e {modules_file} ]]; then",
+                '  modules="$(live_modules)"',
+                f'elif ! modules="$(cat {modules_file} 2>/dev/null)"; then',
+                f"  fail {Reason.PROC_UNREADABLE.value} {_q(f'cannot read {facts.PROC_MODULES}')}",
+                "  plan_modules_read=false",
+                "fi"]
+    for c in checks:
+        if isinstance(c, ModuleLoaded):
+            out += [f'if [[ "$plan_modules_read" == true ]] && ! grep -q {_q(f"^{c.name} ")} <<<"$modules"; then',
+                    f"  fail {c.reason.value} {_q(c.message)}",
+                    "fi"]
+        elif isinstance(c, NodeExists):
+            out += [f'if [[ ! -e "${{ROOT}}"{_q(c.path)} ]]; then',
+                    f"  fail {c.reason.value} {_q(c.message)}",
+                    "fi"]
+        elif isinstance(c, GpuNodesExist):
+            out += [f'for info in "${{ROOT}}"{_q(facts.NVIDIA_GPUS_PROC_DIR)}/*/information; do',
+                    '  [[ -f "$info" ]] || continue',
+                    r"""  minor="$(sed -nE 's/^Device Minor:[[:space:]]*([0-9]+).*/\1/p' "$info")" """.rstrip(),
+                    '  if [[ -n "$minor" && ! -e "${ROOT}/dev/nvidia${minor}" ]]; then',
+                    f"    fail {c.reason.value} {_with_var(c.message(_SLOT), '${minor}')}",
+                    "  fi",
+                    "done"]
+        elif isinstance(c, ProgramInstalled):
+            out += [f"programs=({' '.join(_q(p) for p in c.programs)})",
+                    f'if [[ -n "${{{toolkit_dir_var}:-}}" ]]; then',
+                    f'  programs+=("${{{toolkit_dir_var}%/}}/"{_q(c.in_toolkit_dir)})',
+                    "fi",
+                    "found=false",
+                    'for p in "${programs[@]}"; do',
+                    '  [[ -f "${ROOT}${p}" && -x "${ROOT}${p}" ]] && found=true',
+                    "done",
+                    'if [[ "$found" != true ]]; then',
+                    r"""  list="$(printf '%s, ' "${programs[@]}")" """.rstrip(),
+                    f"  fail {c.reason.value} {_with_var(c.message(_SLOT), '${list%, }')}",
+                    "fi"]
+    return "\n".join(out) + "\n"
 
 
 def render_plan(plan: StepPlan, *, refuse: str = "") -> str:

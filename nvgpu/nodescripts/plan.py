@@ -10,7 +10,9 @@ runs, and a change to the plan reaches both. What a plan may hold is only what t
 * :class:`FormerFile`: a name such a file had before (migrated away when it is ours);
 * :class:`KernelSetting`: a sysctl set live, its value before our first change kept for rollback;
 * :class:`KernelModule`: a module that must be loaded (``modprobe`` when it is not);
-* :class:`NonEmptyDir`: a requirement on the host (a directory with entries), with the problem it reports.
+* :class:`NonEmptyDir`: a requirement on the host (a directory with entries), with the problem it reports;
+* the node check's requirements, each with its :class:`~nvgpu.nodescripts.facts.Reason` and message
+  (:data:`Check`): :class:`ModuleLoaded`, :class:`NodeExists`, :class:`GpuNodesExist`, :class:`ProgramInstalled`.
 
 The messages both interpreters print are here too (:func:`not_ours` ...), so they are worded alike.
 See ``docs/node-setup.md`` for which steps are plans and which are still written per backend.
@@ -18,10 +20,13 @@ See ``docs/node-setup.md`` for which steps are plans and which are still written
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from nvgpu import toolkit
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import sysctl_dropin
+from nvgpu.nodescripts.facts import Reason
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,71 @@ class StepPlan:
             raise ValueError(f"step {self.name}: kernel settings need a previous_file for rollback")
 
 
+@dataclass(frozen=True)
+class ModuleLoaded:
+    """A check: the kernel module ``name`` is loaded (``/proc/modules``; on a kernel without loadable-module
+    support, which has none, ``/sys/module/<name>/initstate`` is ``live``). An unreadable ``/proc/modules`` is
+    ``proc-unreadable``, once for all the modules."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9_]+", self.name):
+            raise ValueError(f"{self.name!r}: a module as /proc/modules names it")
+
+    reason = Reason.MODULE_MISSING
+
+    @property
+    def message(self) -> str:
+        return f"kernel module {self.name} is not loaded"
+
+
+@dataclass(frozen=True)
+class NodeExists:
+    """A check: the device node ``path`` exists."""
+
+    path: str
+    reason = Reason.DEVICE_NODE_MISSING
+
+    @property
+    def message(self) -> str:
+        return f"{self.path} is missing"
+
+
+@dataclass(frozen=True)
+class GpuNodesExist:
+    """A check: ``/dev/nvidia<minor>`` exists for every GPU the driver lists (its ``Device Minor`` in
+    ``/proc/driver/nvidia/gpus/<bus>/information``)."""
+
+    reason = Reason.DEVICE_NODE_MISSING
+
+    @staticmethod
+    def message(minor: str) -> str:
+        return f"/dev/nvidia{minor} is missing"
+
+
+@dataclass(frozen=True)
+class ProgramInstalled:
+    """A check: one of ``programs`` is an executable file, or ``in_toolkit_dir`` under the toolkit directory a
+    toolkit container installed (when the step is given one)."""
+
+    programs: tuple[str, ...]
+    in_toolkit_dir: str
+    reason = Reason.TOOLKIT_MISSING
+
+    def candidates(self, toolkit_dir: str | None) -> tuple[str, ...]:
+        return (*self.programs, f"{toolkit_dir.rstrip('/')}/{self.in_toolkit_dir}") if toolkit_dir else self.programs
+
+    @staticmethod
+    def message(candidates: str) -> str:
+        """``candidates``: the programs looked for, ``, ``-joined."""
+        return (f"the NVIDIA Container Toolkit is not installed: none of {candidates} is there (install it on the "
+                "node, or set the group's toolkit.source: container)")
+
+
+Check = ModuleLoaded | NodeExists | GpuNodesExist | ProgramInstalled
+
+
 def not_ours(path: str) -> str:
     """A managed file's path holds a file that is not ours: the step is refused."""
     return f"{path} exists and was not written by nvidia-gpu; not overwriting it"
@@ -139,3 +209,12 @@ VFIO = StepPlan(
     modules=tuple(KernelModule(m) for m in facts.VFIO_MODULES),
     requirements=(NonEmptyDir(facts.IOMMU_GROUPS_DIR, "iommu-off"),),
 )
+
+#: What the node check requires of the host before it asks NVML: the driver's modules and device nodes
+#: (the agent's ``node_agent.setup.check``, Deckhouse's ``gpu-check.sh``).
+HOST_CHECKS: tuple[Check, ...] = (*(ModuleLoaded(m) for m in facts.REQUIRED_MODULES), NodeExists(facts.NVIDIACTL),
+                                  GpuNodesExist())
+#: What the check requires in phase ``all``, beside a ready runtime: a program of the toolkit's GPU containers are
+#: started with (the node's own, or a toolkit container's).
+RUNTIME_CHECKS: tuple[Check, ...] = (
+    ProgramInstalled((facts.NVIDIA_CONTAINER_RUNTIME, facts.CDI_HOOK_PATH), toolkit.RUNTIME_WRAPPER),)

@@ -320,32 +320,7 @@ if [[ -n "$driver" && -n "$EXPECT_MODULES" ]]; then
   fi
 fi
 
-modules_file="${ROOT}@@PROC_MODULES@@"
-if [[ ! -e "$modules_file" ]]; then
-  # A kernel without loadable-module support has no /proc/modules: /sys/module says what is live.
-  modules="$(live_modules)"
-fi
-if [[ -e "$modules_file" ]] && ! modules="$(cat "$modules_file" 2>/dev/null)"; then
-  fail proc-unreadable "cannot read ${modules_file#"$ROOT"}"
-else
-  for module in @@REQUIRED_MODULES@@; do
-    if ! grep -q "^${module} " <<<"$modules"; then
-      fail module-missing "kernel module ${module} is not loaded"
-    fi
-  done
-fi
-
-if [[ ! -e "${ROOT}@@NVIDIACTL@@" ]]; then
-  fail device-node-missing "@@NVIDIACTL@@ is missing"
-fi
-for info in "${ROOT}@@GPUS_PROC_DIR@@"/*/information; do
-  [[ -f "$info" ]] || continue
-  minor="$(sed -nE 's/^Device Minor:[[:space:]]*([0-9]+).*/\1/p' "$info")"
-  if [[ -n "$minor" && ! -e "${ROOT}/dev/nvidia${minor}" ]]; then
-    fail device-node-missing "/dev/nvidia${minor} is missing"
-  fi
-done
-
+@@HOST_CHECKS@@
 if ! command -v @@SMI@@ >/dev/null 2>&1; then
   fail nvml-failed "@@SMI@@ not found"
 elif ! smi_out="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ \
@@ -436,20 +411,7 @@ fi
 if [[ "$PHASE" == all ]]; then
   # One of the toolkit's programs GPU containers are started with: under /usr/bin, or where a toolkit
   # container installed it (NVIDIA_GPU_TOOLKIT_DIR).
-  programs=('@@NCR@@' '@@CDI_HOOK_PATH@@')
-  if [[ -n "${NVIDIA_GPU_TOOLKIT_DIR:-}" ]]; then
-    programs+=("${NVIDIA_GPU_TOOLKIT_DIR%/}/@@TOOLKIT_RUNTIME_WRAPPER@@")
-  fi
-  found=false
-  for p in "${programs[@]}"; do
-    [[ -f "${ROOT}${p}" && -x "${ROOT}${p}" ]] && found=true
-  done
-  if [[ "$found" != true ]]; then
-    list="$(printf '%s, ' "${programs[@]}")"
-    fail toolkit-missing "the NVIDIA Container Toolkit is not installed: none of ${list%, } is there (install \
-it on the node, or set the group's toolkit.source: container)"
-  fi
-fi
+@@RUNTIME_CHECKS@@fi
 
 if [[ ${#reasons[@]} -gt 0 ]]; then
   finish unusable

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from node_agent.host import HostRoot, NotOurs
 from node_agent.setup import executor
 from nvgpu.nodescripts import facts, plan, templates
-from nvgpu.nodescripts.bashplan import render_plan
+from nvgpu.nodescripts.bashplan import render_checks, render_plan
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.plan import FormerFile, KernelModule, KernelSetting, ManagedFile, NonEmptyDir, StepPlan
 from tests.kit.fakehost import FakeHost, build_fake_host
@@ -63,7 +64,7 @@ def _state(host: FakeHost, p: StepPlan) -> tuple[object, ...]:
             read(p.previous_file) if p.previous_file else None, host.log("modprobe"))
 
 
-def _hosts(tmp_path: Path, **options: object) -> tuple[FakeHost, FakeHost]:
+def _hosts(tmp_path: Path, **options: Any) -> tuple[FakeHost, FakeHost]:
     return (build_fake_host(tmp_path / "bash", "a30x4", modules=("nvidia", "nvidia_uvm"), **options),
             build_fake_host(tmp_path / "agent", "a30x4", modules=("nvidia", "nvidia_uvm"), **options))
 
@@ -72,7 +73,7 @@ def _hosts(tmp_path: Path, **options: object) -> tuple[FakeHost, FakeHost]:
 @pytest.mark.parametrize("odd", [False, True], ids=["good-host", "iommu-off-vfio-pci-unloadable"])
 def test_the_interpreters_leave_the_same_host(name: str, odd: bool, tmp_path: Path) -> None:
     p = PLANS[name]
-    options = {"iommu": False, "unloadable_modules": ("vfio_pci",)} if odd else {}
+    options: dict[str, Any] = {"iommu": False, "unloadable_modules": ("vfio_pci",)} if odd else {}
     by_bash, by_agent = _hosts(tmp_path, **options)
     for host in (by_bash, by_agent):  # a former file of ours, to migrate
         for former in p.former_files:
@@ -128,3 +129,42 @@ def test_the_agent_rolls_back_what_the_script_applied(name: str, tmp_path: Path)
     assert _state(by_bash, p)[:3] != before[:3]
     executor.rollback_plan(HostRoot(by_bash.root), p)
     assert _state(by_bash, p)[:3] == before[:3]
+
+
+def _checks_script(checks: tuple[plan.Check, ...]) -> str:
+    from nvgpu.nodescripts.render import _common, _fill
+
+    return "\n".join([
+        "#!/usr/bin/env bash", "set -Eeuo pipefail", 'ROOT="${NVIDIA_GPU_ROOT%/}"',
+        _fill(templates.HAS_GPU, _common("")),  # live_modules, which the module checks use
+        'fail() { printf "%s|%s\\n" "$1" "$2"; }',
+        render_checks(checks),
+    ])
+
+
+_CHECK_HOSTS: dict[str, dict[str, Any]] = {
+    "good": {},
+    "modules-missing": {"modules": ("nvidia_modeset",)},
+    "device-nodes-missing": {"device_nodes": False},
+    "fresh-boot": {"fresh_boot": True},
+    "no-toolkit": {"nvidia_container_runtime": False},
+}
+
+
+@pytest.mark.parametrize("toolkit_dir", [None, "/usr/local/nvidia/toolkit/"], ids=["own-toolkit", "toolkit-dir"])
+@pytest.mark.parametrize("case", [*sorted(_CHECK_HOSTS), "no-proc-modules"])
+def test_the_check_requirements_are_found_alike(case: str, toolkit_dir: str | None, tmp_path: Path) -> None:
+    """``plan.HOST_CHECKS`` and ``plan.RUNTIME_CHECKS``: the same findings, worded alike, in the same order."""
+    host = build_fake_host(tmp_path / "host", "l4x2", **_CHECK_HOSTS.get(case, {}))
+    if case == "no-proc-modules":
+        host.path("/proc/modules").unlink()
+    checks = (*plan.HOST_CHECKS, *plan.RUNTIME_CHECKS)
+    script = tmp_path / "checks.sh"
+    script.write_text(_checks_script(checks))
+    env = host.env(**({"NVIDIA_GPU_TOOLKIT_DIR": toolkit_dir} if toolkit_dir else {}))
+    ran = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert ran.returncode == 0, ran.stderr
+    by_bash = [tuple(line.split("|", 1)) for line in ran.stdout.splitlines()]
+    by_agent = [(r.value, m) for r, m in executor.check_findings(HostRoot(host.root), checks, toolkit_dir=toolkit_dir)]
+    assert by_bash == by_agent
+    assert bool(by_agent) is (case not in {"good", "no-proc-modules"}), by_agent
