@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nodescript_helpers import RunScript, summary
 
 from node_agent.cli import main
 from node_agent.nvml.sim.state import FabricStateName
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import FakeHost, build_fake_host
+from tests.nodescripts.nodescript_helpers import RunScript, summary
 
 Scenario = Callable[[Path], FakeHost]
 
@@ -216,7 +216,8 @@ def test_the_declared_driver_is_verified_alike(case: tuple[str, str, bool, bool]
     """The group's driver (gpu.driver.version, kernelModules) against the loaded one (a DGX H100 on 550.90.07,
     open modules unless ``proprietary``): gpu-check.sh and the agent's check find the same mismatch."""
     expect_driver, expect_modules, proprietary, mismatch = case
-    host = build_fake_host(tmp_path, "dgx-h100", **({"driver_text": _PROPRIETARY} if proprietary else {}))
+    options: dict[str, Any] = {"driver_text": _PROPRIETARY} if proprietary else {}
+    host = build_fake_host(tmp_path, "dgx-h100", **options)
     env = {"NVIDIA_GPU_CHECK_PHASE": "host", "NVIDIA_GPU_EXPECT_DRIVER": expect_driver,
            "NVIDIA_GPU_EXPECT_MODULES": expect_modules}
     script = summary(run_script(host, "gpu-check.sh", **env).stdout, "nvidia-gpu-check")
