@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from node_agent.labeller import inventory
-from node_agent.labeller.labels import InventoryContext
+from node_agent.labeller.inventory import InventoryContext
 from node_agent.nvml import NvmlBackend, NvmlNotSupported, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.types import DriverInfo, Inventory, LostGpu
