@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from node_agent.deviceplugin import config
-from node_agent.deviceplugin.allocate import CDI_KIND
+from node_agent.deviceplugin.cdi import CDI_KIND
 from node_agent.deviceplugin.health import HealthPolicy
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins
