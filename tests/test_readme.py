@@ -6,6 +6,7 @@ name, named twice, or given a name the runner does not know, and when a runner's
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,5 @@ def test_every_skipped_line_is_in_its_block(name: str) -> None:
 
 def test_the_offline_provider_install_names_the_pinned_provider() -> None:
     """The README's offline install of the Kubernetes provider names the version the package declares."""
-    from importlib.metadata import version
-
     (block,) = [b for b in readme.shell_blocks() if b.name == "provider-offline"]
     assert f"plugin install resource kubernetes {version('pulumi-kubernetes')} --file" in block.text

@@ -21,9 +21,12 @@ import yaml
 
 from localcluster import ControlPlane, Kube
 from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
+from node_agent.driverupgrade.controller import UpgradeController
+from node_agent.driverupgrade.machine import IN_FLIGHT, UpgradeState
 from node_agent.kube.pods import ready as pod_ready
+from node_agent.kube.transport import Kube as AgentKube
 from nvgpu import labels
-from nvidia_gpu.components.manifests import driver
+from nvidia_gpu.components.manifests import driver, driverupgrade
 from tests.cluster.pulumi_project import KINDS, Project, assert_same_objects, make_project, settled, snapshot
 
 STACK = "drivers"
@@ -62,11 +65,6 @@ def _images(pods: dict[str, dict[str, Any]]) -> dict[str, str]:
 def test_the_drivers_stack_applies_rolls_a_version_change_and_destroys(cluster: ControlPlane,
                                                                        tmp_path_factory: pytest.TempPathFactory
                                                                        ) -> None:
-    from node_agent.driverupgrade.controller import UpgradeController
-    from node_agent.driverupgrade.machine import IN_FLIGHT, UpgradeState
-    from node_agent.kube.transport import Kube as AgentKube
-    from nvidia_gpu.components.manifests import driverupgrade
-
     kube = cluster.admin()
     work = tmp_path_factory.mktemp("engine-drivers")
     project: Project = make_project(cluster, work, STACK)

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import kmock
 import pytest
+from kubernetes import client
 
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.claims import ClaimRef
@@ -79,8 +80,6 @@ class Node:
     uuids: list[str]
 
     def put(self, body: dict[str, Any]) -> ClaimRef:
-        from kubernetes import client
-
         meta = body["metadata"]
         claims = client.ResourceV1Api(self.server.api_client())
         claims.create_namespaced_resource_claim(meta["namespace"], cast(Any, body))

@@ -19,13 +19,14 @@ from kubernetes import client
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.cleanup import FINALIZER, MarkerState, UninstallWatcher
 from node_agent.dra.devices import HealthAction, allocatable_devices
+from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.nvml.session import NvmlBackend, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
 from tests.dra.conftest import Env
 from tests.kit import metrics
-from tests.kit.dra_builders import DRIVER, NODE, claim, machine, populate_dev
+from tests.kit.dra_builders import DRIVER, NODE, RecordingSharing, claim, machine, populate_dev
 from tests.kit.kmock import FakeApiServer
 from tests.kit.kubelet.common import wait_until
 from tests.kit.kubelet.dra import DraKubelet
@@ -283,9 +284,6 @@ def test_a_critical_xid_wakes_the_inventory_loop_at_once(host_root: Path, tmp_pa
     """The loop sleeps on NVML's XID events: with a 30 s poll, a double-bit ECC error withdraws its GPU within
     seconds (it used to wait for the next poll), an application XID wakes nothing, and a stop ends the
     wait within its 1 s slice."""
-    from node_agent.dra.driver import DraDriver, DriverSettings
-    from tests.kit.dra_builders import RecordingSharing
-
     backend = NvmlBackend.parse("simulated:dgx-h100", state_file=tmp_path / "sim.json")
     source = NvmlInventorySource(backend, HostRoot(host_root))
     machine = SimulatedMachine("dgx-h100", tmp_path / "sim.json")

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pulumi.provider.experimental.analyzer import Analyzer
 
+import nvidia_gpu
 from nvidia_gpu import package
 
 CLUSTER = {"kubernetesVersion": "1.34", "nodeSetup": "daemonset",
@@ -72,8 +73,6 @@ def test_driver_upgrade_without_a_container_driver_is_refused_naming_the_groups(
 
 
 def test_the_library_exports_every_component_of_the_package() -> None:
-    import nvidia_gpu
-
     for component in package.COMPONENTS:
         assert component.__name__ in nvidia_gpu.__all__
         assert issubclass(component, getattr(nvidia_gpu, component.__name__))

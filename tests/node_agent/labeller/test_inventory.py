@@ -17,10 +17,14 @@ from typing import Any, cast
 import jsonschema
 import pytest
 
+from node_agent.dra.devices import allocatable_devices
+from node_agent.dra.nvml_source import NvmlInventorySource
+from node_agent.host import HostRoot
 from node_agent.labeller import inventory
-from node_agent.labeller.labels import InventoryContext
+from node_agent.labeller.inventory import InventoryContext
 from node_agent.nvml import NvmlBackend, NvmlNotSupported, open_nvml
 from node_agent.nvml.sim import SimulatedMachine
+from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
 from node_agent.nvml.types import DriverInfo, Inventory, LostGpu
 from node_agent.nvml.xidwatch import XidRecorder, XidSeen
 from nvgpu import inventory as api
@@ -92,9 +96,6 @@ def test_mig_instances_and_their_resources(tmp_path: Path) -> None:
     assert inventory.exposed_as(gpu, single) == [{"name": "nvidia.com/gpu", "count": 2}]
     dra = dataclasses.replace(CTX, sharing="MIG", allocation_mode="dra")
     # The DRA plugin's own device names for these instances, under its driver.
-    from node_agent.dra.devices import allocatable_devices
-    from node_agent.dra.nvml_source import NvmlInventorySource
-    from node_agent.host import HostRoot
 
     root = tmp_path / "host"
     source = NvmlInventorySource(NvmlBackend("simulated", "dgx-h100", sim_state_file(root, "dgx-h100")),
@@ -315,8 +316,6 @@ def test_a_mig_gpu_nvml_will_not_describe_keeps_its_object_with_the_reason(
     """Read without the MIG monitor capability, a GPU in MIG mode answers NO_PERMISSION for its memory and
     MIG devices (NVIDIA/k8s-device-plugin#1683). Its object stays (not deleted, not "lost"), healthy, with
     ``unreadable`` saying what is missing and why, and it fits the CRD."""
-    from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
-
     monkeypatch.delenv(MIG_MONITOR_ENV, raising=False)
     root = build_fake_host(tmp_path / "host", "dgx-h100").root
     backend = NvmlBackend("simulated", "dgx-h100", sim_state_file(root, "dgx-h100"))

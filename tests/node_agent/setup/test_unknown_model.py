@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from node_agent.labeller import inventory
-from node_agent.labeller.labels import InventoryContext
+from node_agent.labeller.inventory import InventoryContext
 from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.sim.machines import get_machine
 from nvgpu import catalogue

@@ -11,6 +11,7 @@ from typing import Any
 from nvgpu.stackconfig import AllocationMode, GroupPlan, load_stack_config
 from nvidia_gpu.components.manifests import toolkit, workloads
 from nvidia_gpu.components.manifests.workloads import GroupContext
+from tests.nvidia_gpu.policies.policy_fixtures import DS_TYPE, check
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -56,8 +57,6 @@ def test_node_setup_and_the_device_plugin_use_the_installed_toolkit() -> None:
 
 
 def test_the_policy_pack_allows_the_toolkit_container_and_no_other_role_its_access() -> None:
-    from tests.nvidia_gpu.policies.policy_fixtures import DS_TYPE, check
-
     ctx = _ctx()
     ds = toolkit.toolkit_daemonset("gpu", ctx.group, GroupPlan.of(ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN))
     shipped = json.loads((REPO / "policies" / "config.json").read_text())

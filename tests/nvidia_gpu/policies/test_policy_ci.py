@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 import yaml
+from _pytest.mark.expression import Expression
 
 from nvgpu.version import VERSION
 from nvidia_gpu.policies.pack import PACK_NAME, POLICIES
@@ -138,10 +140,6 @@ def _marked(markers: tuple[str, ...]) -> Callable[..., bool]:
 
 def test_the_tiers_split_make_test_without_gap_or_overlap() -> None:
     """Every combination of the tier markers runs in exactly one tier, so the tiers together are make test."""
-    from itertools import combinations
-
-    from _pytest.mark.expression import Expression
-
     exprs = {tier: Expression.compile(e) for tier, e in _tier_expressions().items()}
     markers = ("cluster", "compare", "image", "slow")
     for n in range(len(markers) + 1):

@@ -6,12 +6,14 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 
 from nvidia_gpu.preview import crds, render, stackfile, summary, validate
-from nvidia_gpu.preview.engine import normalise
+from nvidia_gpu.preview.engine import install_mocks, normalise, run_in_engine
 from nvidia_gpu.preview.model import PreviewResult, Problem, RecordedResource, RenderedManifest
 from nvidia_gpu.preview.pipeline import DEFAULT_STEPS, Step, new_result, run_steps
+from nvidia_gpu.preview.policyrun import preview_step
 from nvidia_gpu.preview.validate import BackgroundValidator, inline_refs, validate_manifest, validate_object
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -226,10 +228,6 @@ def test_summary_counts_per_kind_and_per_node_group(tmp_path: Path) -> None:
 def test_a_second_run_in_one_process_gets_its_own_root_stack() -> None:
     """The SDK keeps the first ``set_mocks``' root stack resource; a later run for another stack must not
     parent its components under the earlier stack's URN (CI's full suite ran a ``test`` stack first)."""
-    import pulumi
-
-    from nvidia_gpu.preview.engine import install_mocks, run_in_engine
-
     parents = {}
     for stack in ("first", "second"):
         monitor = install_mocks("nvidia-gpu", stack)
@@ -243,8 +241,6 @@ def test_a_second_run_in_one_process_gets_its_own_root_stack() -> None:
 def test_the_pack_starts_with_the_config_and_stops_whatever_happens_after(tmp_path: Path) -> None:
     """The pack's process starts right after the config, on a thread, so its start overlaps the program's;
     a run that stops before the policy step (here a step that fails) still stops it."""
-    from nvidia_gpu.preview.policyrun import preview_step
-
     seen: list[preview_step.StartingPack] = []
 
     def failing(result: PreviewResult) -> None:
