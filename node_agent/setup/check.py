@@ -25,6 +25,7 @@ from typing import Any, Literal
 from node_agent.host import DriverVersionError, HostError, HostRoot, nvidia_gpus, read_driver_version
 from node_agent.nvml import FabricState, NvmlError, NvmlSession
 from node_agent.setup import executor
+from node_agent.setup.runtime import runtime_status
 from nvgpu import catalogue
 from nvgpu.driver import NO_EXPECTATION, DriverExpectation
 from nvgpu.nodescripts import facts, plan
@@ -188,8 +189,6 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
     runtime: str | None = None
     runtime_name: str | None = None
     if phase == "all":
-        from node_agent.setup.runtime import runtime_status
-
         status = runtime_status(host)
         runtime, runtime_name = status.detail, status.runtime
         if not status.ready:

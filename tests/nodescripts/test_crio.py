@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from node_agent.cli import main
+from nvgpu.nodescripts import render_node_scripts
 from nvgpu.nodescripts.content import render_crio_dropin
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import FakeHost
@@ -89,8 +90,6 @@ def test_setup_stops_at_the_runtime_in_both_paths(scenario: str, tmp_path: Path,
 
 
 def test_crio_dropin_templates_match_the_python_rendering() -> None:
-    from nvgpu.nodescripts import render_node_scripts
-
     runtime = next(s for s in render_node_scripts() if s.name == "gpu-runtime.sh").content
     assert render_crio_dropin("${conmon}") in runtime and render_crio_dropin(None) in runtime
     for s in render_node_scripts():

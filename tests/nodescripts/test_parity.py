@@ -12,6 +12,8 @@ injected into the simulated machine (lost GPU, init failure, old driver, odd mod
 
 from __future__ import annotations
 
+import json
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,10 @@ from typing import Any
 import pytest
 
 from node_agent.cli import main
-from node_agent.nvml.sim.state import FabricStateName
+from node_agent.host import HostRoot, osinfo
+from node_agent.nvml.sim.state import FabricStateName, SimProcess
+from nvgpu import labels
+from nvgpu.nodescripts import facts, render_node_scripts
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.nodescripts.nodescript_helpers import RunScript, summary
@@ -57,8 +62,6 @@ def _nvml_broken(root: Path) -> FakeHost:
 
 
 def _in_use(root: Path) -> FakeHost:
-    from node_agent.nvml.sim.state import SimProcess
-
     host = build_fake_host(root, "a30x4")
     assert host.machine is not None
     host.machine.set_processes(2, [SimProcess(pid=4242, used_mib=512)])
@@ -141,8 +144,6 @@ def _agent(host: FakeHost, *args: str) -> int:
 
 
 def _agent_json(host: FakeHost, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
-    import json
-
     capsys.readouterr()
     code = _agent(host, *args)
     return code, json.loads(capsys.readouterr().out)
@@ -167,8 +168,6 @@ def test_check_verdicts_agree(scenario: str, tmp_path: Path, run_script: RunScri
                                       "crio-without-conmon", "fresh-boot", "fresh-boot-uvm-unloadable"])
 def test_setup_writes_identical_files(scenario: str, tmp_path: Path, run_script: RunScript,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from nvgpu.nodescripts import render_node_scripts
-
     by_script = SCENARIOS[scenario](tmp_path / "script")
     by_agent = SCENARIOS[scenario](tmp_path / "agent")
     for script in render_node_scripts():  # every step, in the weight order bashible runs them
@@ -265,8 +264,6 @@ def test_the_os_labels_are_published_alike(case: tuple[tuple[str, str], str, boo
                                            run_script: RunScript) -> None:
     """gpu-check.sh labels the node with the OS, the kernel and a host driver as the agent's setup does
     (node_agent.host.osinfo), before any verdict: a node waiting for its driver container gets them too."""
-    from node_agent.host import HostRoot, osinfo
-    from nvgpu import labels
 
     os_release, kernel, has_driver = case
     host = build_fake_host(tmp_path, "dgx-h100", os_release=os_release, kernel=kernel, nvidia_smi=has_driver,
@@ -292,10 +289,6 @@ def test_a_driver_containers_root_reaches_the_toolkit_alike(toolkit: str, tmp_pa
     nvidia-container-cli's root there, byte for byte alike, in the toolkit's own config (NVIDIA's default
     with its table and a commented root; one with a root of its own, which is disabled; one without the
     table; none at all); the result is TOML with that root, and teardown gives the file back unchanged."""
-    import tomllib
-
-    from nvgpu.nodescripts import facts
-
     hosts = [build_fake_host(tmp_path / side, "dgx-h100", containerd=2) for side in ("script", "agent")]
     for host in hosts:
         target = host.path(facts.TOOLKIT_CONFIG)
@@ -327,7 +320,6 @@ def test_the_check_labels_are_written_alike(case: str, tmp_path: Path, run_scrip
                                             capsys: pytest.CaptureFixture[str]) -> None:
     """The node's check labels (the verdict, the reasons .-joined) that gpu-check.sh writes with kubectl are
     the ones the agent's setup and monitor write (nvgpu.labels.check_labels); none on a node without a GPU."""
-    from nvgpu import labels
 
     host = SCENARIOS[case](tmp_path)
     run_script(host, "gpu-check.sh", NVIDIA_GPU_CHECK_PHASE="host")
@@ -352,7 +344,6 @@ def test_an_edited_dropin_is_put_back_alike_and_teardown_keeps_the_operators_own
     """On Deckhouse, someone edits our drop-in and adds one of their own beside it: gpu-runtime.sh and the agent's
     ``runtime apply`` put ours back byte for byte alike (the agent naming the key it puts back), and the
     agent's teardown then removes ours, keeps the edited copy aside and leaves the operator's drop-in."""
-    from nvgpu.nodescripts import facts
 
     hosts = [SCENARIOS[scenario](tmp_path / side) for side in ("script", "agent")]
     script, agent = hosts

@@ -20,6 +20,7 @@ from nvgpu.nodescripts import facts, plan, templates
 from nvgpu.nodescripts.bashplan import render_checks, render_plan
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.plan import FormerFile, KernelModule, KernelSetting, ManagedFile, NonEmptyDir, StepPlan
+from nvgpu.nodescripts.render import _common, _fill
 from tests.kit.fakehost import FakeHost, build_fake_host
 
 #: Every kind of item: two files, a former name, a setting the kernel has and one it lacks, a loadable and an
@@ -132,8 +133,6 @@ def test_the_agent_rolls_back_what_the_script_applied(name: str, tmp_path: Path)
 
 
 def _checks_script(checks: tuple[plan.Check, ...]) -> str:
-    from nvgpu.nodescripts.render import _common, _fill
-
     return "\n".join([
         "#!/usr/bin/env bash", "set -Eeuo pipefail", 'ROOT="${NVIDIA_GPU_ROOT%/}"',
         _fill(templates.HAS_GPU, _common("")),  # live_modules, which the module checks use
