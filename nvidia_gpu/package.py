@@ -2,9 +2,9 @@
 
 ``provider/PulumiPlugin.yaml`` makes this repository a source-based component package
 (``pulumi package add <repository>/provider``); the engine runs ``provider/__main__.py``, which calls
-:func:`serve`. Pulumi's component provider host (``pulumi.provider.experimental``) serves the classes
-below and infers the package's schema from their annotations: each ``...Inputs`` TypedDict is a
-component's input properties (camelCased), the class annotations its outputs.
+:func:`serve`. Pulumi's component provider host (reached through :mod:`nvidia_gpu.sdk.componenthost`)
+serves the classes below and infers the package's schema from their annotations: each ``...Inputs``
+TypedDict is a component's input properties (camelCased), the class annotations its outputs.
 
 Each class *is* the Python component of the same name (same ``nvidia-gpu:index:<Name>`` token, same
 children and names), taking its settings the way a stack config spells them, so there is one schema
@@ -34,6 +34,7 @@ from nvgpu.stackconfig import AllocationMode, NodeGroup, StackConfig, StackConfi
 from nvgpu.version import VERSION
 from nvidia_gpu.components import dra_stack, driver_upgrade, mig_profile, monitoring, node_group, platform
 from nvidia_gpu.components.manifests import driverupgrade as driverupgrade_manifests
+from nvidia_gpu.sdk import componenthost
 
 #: The package name: the first part of every type token.
 PACKAGE = "nvidia-gpu"
@@ -239,12 +240,12 @@ COMPONENTS: list[type[pulumi.ComponentResource]] = [GpuPlatform, GpuNodeGroup, M
 def schema() -> str:
     """The package's schema as the engine receives it (``pulumi package get-schema``), without an engine: what
     a release publishes (``tools/release.py``), for ``pulumi package gen-sdk`` in languages the user picks."""
-    from pulumi.provider.experimental.component import ComponentProvider
+    return componenthost.schema(COMPONENTS, PACKAGE, VERSION)
 
-    text: str | None = ComponentProvider(COMPONENTS, PACKAGE, None, VERSION).schema
-    if text is None:  # the host always infers one; a None would be an SDK change to see at once
-        raise RuntimeError("the component provider host inferred no schema")
-    return text
+
+def _input_problems(error: Exception) -> list[tuple[str, str]] | None:
+    """A component's :class:`InputsError` as input-property problems; any other exception stays unexpected."""
+    return error.problems if isinstance(error, InputsError) else None
 
 
 def serve() -> None:
@@ -256,22 +257,7 @@ def serve() -> None:
     """
     import sys
 
-    from pulumi.errors import InputPropertiesError
-    from pulumi.provider import main
-    from pulumi.provider.experimental.component import ComponentProvider
-    from pulumi.provider.server import ComponentInitError
-
-    class Provider(ComponentProvider):  # type: ignore[misc]  # the SDK's classes are untyped
-        def construct(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return super().construct(*args, **kwargs)
-            except ComponentInitError as e:
-                if isinstance(e.inner, InputsError):
-                    raise InputPropertiesError(str(e.inner), [
-                        {"property_path": path, "reason": reason} for path, reason in e.inner.problems]) from None
-                raise
-
     # As component_provider_host does: the engine passes the plugin's directory, then its own address.
     # The schema's version is the release's (nvgpu.version), not the installed distribution's metadata: an
     # editable install keeps the version it was installed with.
-    main(Provider(COMPONENTS, PACKAGE, None, VERSION), sys.argv[1:])
+    componenthost.serve(COMPONENTS, PACKAGE, VERSION, sys.argv[1:], _input_problems)
