@@ -37,15 +37,10 @@ def schema(components: Components, package: str, version: str) -> str:
     return text
 
 
-def serve(components: Components, package: str, version: str, args: Sequence[str],
-          input_problems: ErrorTranslation) -> None:
-    """Serve ``components`` to the engine as package ``package`` at ``version``; returns when the engine is done.
-
-    ``args`` are the plugin's command-line arguments (the engine passes the plugin's directory, then its
-    own address), as ``component_provider_host`` takes them. A constructor's exception for which
-    ``input_problems`` names problems reaches the engine as an ``InputPropertiesError`` with that message.
-    """
-    from pulumi.provider import main
+def host(components: Components, package: str, version: str, input_problems: ErrorTranslation) -> Any:
+    """The provider :func:`serve` serves: the SDK's component provider host for ``components`` (package
+    ``package`` at ``version``), except that a constructor's exception for which ``input_problems`` names
+    problems reaches the engine as an ``InputPropertiesError`` with that message, not as an unexpected one."""
     from pulumi.provider.experimental.component import ComponentProvider
     from pulumi.provider.server import ComponentInitError
 
@@ -60,4 +55,14 @@ def serve(components: Components, package: str, version: str, args: Sequence[str
                         {"property_path": path, "reason": reason} for path, reason in problems]) from None
                 raise
 
-    main(Provider(list(components), package, None, version), list(args))
+    return Provider(list(components), package, None, version)
+
+
+def serve(components: Components, package: str, version: str, args: Sequence[str],
+          input_problems: ErrorTranslation) -> None:
+    """Serve :func:`host`'s provider to the engine; returns when the engine is done. ``args`` are the plugin's
+    command-line arguments (the engine passes the plugin's directory, then its own address), as
+    ``component_provider_host`` takes them."""
+    from pulumi.provider import main
+
+    main(host(components, package, version, input_problems), list(args))
