@@ -71,6 +71,8 @@ class EchoMonitor(sdk_mocks.MockMonitor):  # type: ignore[misc]
     """
 
     def __init__(self) -> None:
+        # Name-mangled, so a subclass's own ``_lock`` (the preview's record has one) never replaces this one:
+        # on_register runs under it, and a non-reentrant lock taken twice hangs the program.
         self.__echo = _EchoMocks()
         super().__init__(self.__echo)
         self.__lock = threading.Lock()
