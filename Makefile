@@ -72,7 +72,7 @@ cluster-test: venv tools
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy nvgpu node_agent nvidia_gpu localcluster
+	$(VENV)/bin/mypy nvgpu node_agent nvidia_gpu localcluster nvml_sim
 	$(VENV)/bin/lint-imports
 
 policy-test: venv

@@ -21,7 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as documented, without PYTHONPATH
 
+from nvml_sim import provider  # noqa: E402
 from tests.kit.fakehost import build_fake_host  # noqa: E402
+
+provider.register()  # in-process simulated:<machine> sessions, as node_agent.cli registers it
 
 RUNS = 7
 TARGET_S = 1.0

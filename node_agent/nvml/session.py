@@ -25,6 +25,7 @@ from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar
 
 import pynvml
 
+from node_agent.nvml import simulator
 from node_agent.nvml.calls import CallRunner, on_gpus
 from node_agent.nvml.errors import (
     DeviceLost,
@@ -113,16 +114,17 @@ class NvmlBackend:
     @classmethod
     def parse(cls, text: str, state_file: Path | None = None, driver_root: Path | None = None) -> NvmlBackend:
         """``real`` or ``simulated:<machine>``; raises ValueError naming the allowed values."""
-        from node_agent.nvml.sim.machines import MACHINE_NAMES
-
         if text == "real":
             return cls("real", driver_root=driver_root)
         kind, _, machine = text.partition(":")
-        if kind == "simulated" and machine in MACHINE_NAMES:
+        sim = simulator.registered()
+        if kind == "simulated" and sim is None:
+            raise ValueError(f"--nvml {text!r}: {simulator.MISSING}")
+        names = sim.machine_names if sim is not None else ()
+        if kind == "simulated" and machine in names:
             return cls("simulated", machine, state_file, driver_root)
-        raise ValueError(
-            f"--nvml {text!r}: expected 'real' or 'simulated:<machine>' with machine one of {', '.join(MACHINE_NAMES)}"
-        )
+        raise ValueError(f"--nvml {text!r}: expected 'real' or 'simulated:<machine>'"
+                         + (f" with machine one of {', '.join(names)}" if names else ""))
 
     def __str__(self) -> str:
         return "real" if self.kind == "real" else f"simulated:{self.machine}"
@@ -1070,12 +1072,12 @@ def open_nvml(backend: NvmlBackend | str = "real", *, timeout_s: float | None = 
     """
     if isinstance(backend, str):
         backend = NvmlBackend.parse(backend)
-    lib = None
+    installed: object = None
+    sim = None
     if backend.kind == "simulated":
-        from node_agent.nvml import sim
-
         assert backend.machine is not None
-        lib = sim.install(sim.SimStore(backend.machine, backend.state_file))
+        sim = simulator.get()
+        installed = sim.install(backend.machine, backend.state_file)
     else:
         # Before nvmlInit: the library comes from the driver root, never the process's library path.
         load_nvml(backend.driver_root)
@@ -1096,7 +1098,5 @@ def open_nvml(backend: NvmlBackend | str = "real", *, timeout_s: float | None = 
                 runner.call("nvmlShutdown", pynvml.nvmlShutdown)
     finally:
         runner.close()
-        if lib is not None:
-            from node_agent.nvml import sim
-
-            sim.uninstall(lib)
+        if sim is not None:
+            sim.uninstall(installed)

@@ -67,7 +67,7 @@ def test_sighup_reloads_and_sigterm_removes_sockets(tmp_path: Path, sock_dir: Pa
 @pytest.mark.slow
 @pytest.mark.parametrize("fail", [True, False])
 def test_nvml_init_failure_and_fail_on_init_error(tmp_path: Path, sock_dir: Path, fail: bool) -> None:
-    from node_agent.nvml.sim import SimulatedMachine
+    from nvml_sim import SimulatedMachine
 
     host = build_fake_host(tmp_path / "host", "t4x1")
     SimulatedMachine("t4x1", sim_state_file(host.root, "t4x1")).fail_init()

@@ -2,7 +2,7 @@
 on the same fake hosts, and write byte-identical files.
 
 How the scripts see GPUs without a GPU: each fake root carries an ``nvidia-smi`` that runs
-``node_agent.nvml.sim.smi`` over the same simulated state file the agent's NVML reads, so a fault
+``nvml_sim.smi`` over the same simulated state file the agent's NVML reads, so a fault
 injected into the simulated machine (lost GPU, init failure, old driver, odd model) reaches both.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from nodescript_helpers import RunScript, summary
 
 from node_agent.cli import main
-from node_agent.nvml.sim.state import FabricStateName
+from nvml_sim.state import FabricStateName
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import FakeHost, build_fake_host
 
@@ -53,7 +53,7 @@ def _nvml_broken(root: Path) -> FakeHost:
 
 
 def _in_use(root: Path) -> FakeHost:
-    from node_agent.nvml.sim.state import SimProcess
+    from nvml_sim.state import SimProcess
 
     host = build_fake_host(root, "a30x4")
     assert host.machine is not None

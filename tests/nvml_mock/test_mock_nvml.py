@@ -342,8 +342,8 @@ def _expected(p: Pair, field: str, mock_value: Any, sim_value: Any) -> bool:
 def test_library_exports_what_the_agent_calls(mock_bin: Path) -> None:
     """The library loads under dlopen(RTLD_NOW) and exports every NVML symbol the simulator offers
     nvidia-ml-py, except those deliberately left out (the mock models no such call)."""
-    from node_agent.nvml.sim.lib import FakeNvmlLibrary
-    from node_agent.nvml.sim.state import SimStore
+    from nvml_sim.lib import FakeNvmlLibrary
+    from nvml_sim.state import SimStore
 
     names = sorted(FakeNvmlLibrary(SimStore("dgx-h100"))._table)
     code = ("import ctypes, json, sys; lib = ctypes.CDLL(sys.argv[1]); "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.nvml.sim.state import SimProcess
+from nvml_sim.state import SimProcess
 from tests.kit.fakehost import build_fake_host
 from tests.node_agent.agent_testkit import Cli
 

@@ -22,11 +22,11 @@ from node_agent.exporter.holders import holders
 from node_agent.exporter.service import MetricsService
 from node_agent.kubelet.podresources.client import PodResourcesClient
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.xidwatch import XidRecorder
 from nvgpu import dcgmcounters
 from nvgpu.migparted import build_config
 from nvgpu.stackconfig import NodeGroup
+from nvml_sim import SimulatedMachine
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.kubelet.common import short_root
 from tests.kit.kubelet.podresources import Container, Pod, pod_resources
@@ -452,7 +452,7 @@ def test_mig_gpus_without_the_monitor_capability_keep_their_series_and_say_what_
     """GPUs 2 and 5 in MIG mode, read by an exporter without the MIG monitor capability: NVML refuses their
     memory and MIG devices (NO_PERMISSION, NVIDIA/k8s-device-plugin#1683). They stay served (8 GPUs, none
     lost) and ``nvidia_gpu_exporter_unreadable`` names what is missing; with the capability nothing is."""
-    from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
+    from nvml_sim.lib import MIG_MONITOR_ENV
 
     monkeypatch.delenv(MIG_MONITOR_ENV, raising=False)
     with open_nvml(dgx.backend) as nvml:

@@ -20,12 +20,12 @@ import pytest
 from node_agent.labeller import inventory
 from node_agent.labeller.labels import InventoryContext
 from node_agent.nvml import NvmlBackend, NvmlNotSupported, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.types import DriverInfo, Inventory, LostGpu
 from node_agent.nvml.xidwatch import XidRecorder, XidSeen
 from nvgpu import inventory as api
 from nvgpu.migparted import build_config
 from nvidia_gpu.components.manifests.inventory import PRINTER_COLUMNS, SCHEMA, crd
+from nvml_sim import SimulatedMachine
 from tests.kit.fakehost import build_fake_host, sim_state_file
 
 REPO = Path(__file__).resolve().parents[3]
@@ -315,7 +315,7 @@ def test_a_mig_gpu_nvml_will_not_describe_keeps_its_object_with_the_reason(
     """Read without the MIG monitor capability, a GPU in MIG mode answers NO_PERMISSION for its memory and
     MIG devices (NVIDIA/k8s-device-plugin#1683). Its object stays (not deleted, not "lost"), healthy, with
     ``unreadable`` saying what is missing and why, and it fits the CRD."""
-    from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
+    from nvml_sim.lib import MIG_MONITOR_ENV
 
     monkeypatch.delenv(MIG_MONITOR_ENV, raising=False)
     root = build_fake_host(tmp_path / "host", "dgx-h100").root

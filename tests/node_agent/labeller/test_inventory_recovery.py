@@ -18,10 +18,10 @@ from node_agent.labeller import inventory
 from node_agent.labeller.labels import InventoryContext, LabelOptions, sync_inventory
 from node_agent.labeller.nodepatch import KubeNodeApi
 from node_agent.nvml import NvmlBackend, RecoveryNeed, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.xidwatch import XidSeen
 from nvgpu import inventory as api
 from nvidia_gpu.components.manifests.inventory import SCHEMA
+from nvml_sim import SimulatedMachine
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.node_agent.labeller.test_inventory import FakeKube
 

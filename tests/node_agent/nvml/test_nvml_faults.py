@@ -19,8 +19,8 @@ from node_agent.nvml import (
     NvmlUnavailable,
     open_nvml,
 )
-from node_agent.nvml.sim import SimulatedMachine, install, uninstall
-from node_agent.nvml.sim.state import SimProcess, SimStateError
+from nvml_sim import SimulatedMachine, install, uninstall
+from nvml_sim.state import SimProcess, SimStateError
 
 
 def _backend(machine: SimulatedMachine) -> NvmlBackend:

@@ -137,10 +137,10 @@ def test_the_driver_pods_check_is_ready_only_with_the_declared_driver(tmp_path: 
     """The ``driver-check`` container of a driver pod, its command as the stack renders it (paths mapped onto a
     simulated DGX H100): not Ready while the old driver is loaded, Ready once the declared one is, which is
     what the upgrade's validation waits for."""
-    from node_agent.nvml.sim.host import driver_version_text
     from nvgpu.stackconfig import load_stack_config
     from nvidia_gpu.components.manifests import driver
     from nvidia_gpu.components.manifests.workloads import CONTAINER_DRIVER_ROOT, HOST_ROOT
+    from nvml_sim.host import driver_version_text
 
     cfg = load_stack_config({"cluster": {"kubernetesVersion": "1.34", "agentImage": {
         "repository": "registry.example.com/agent", "tag": "1.0.0"}}, "nodeGroups": [

@@ -26,9 +26,9 @@ from typing import Literal
 
 import node_agent
 from node_agent.host.pci import normalize_address
-from node_agent.nvml.sim import DEFAULT_STATE_DIR, SimulatedMachine, get_machine
 from nvgpu import hostpaths
 from nvgpu.nodescripts import facts
+from nvml_sim import DEFAULT_STATE_DIR, SimulatedMachine, get_machine
 
 #: The file that says a tree is a simulated host, and of which machine.
 MARKER = f"{hostpaths.AGENT_RUN_DIR}/simulated-host.json"
@@ -191,7 +191,7 @@ def modprobe_stand_in(root: Path, kernel: str, unloadable: Iterable[str] = ()) -
     nothing, the way a driver installed without ``nvidia-uvm`` or built for another kernel fails on a node."""
     logs = root / "var/log"
     missing = " ".join(sorted({m.replace("_", "-") for m in unloadable}))
-    return ("#!/bin/sh\n# simulated modprobe (node_agent.nvml.sim.host.modprobe_stand_in)\n"
+    return ("#!/bin/sh\n# simulated modprobe (nvml_sim.host.modprobe_stand_in)\n"
             'for arg in "$@"; do\n  case "$arg" in -*) continue ;; esac\n'
             '  for gone in ' + (missing or '""') + '; do\n'
             '    if [ "$(echo "$arg" | tr _ -)" = "$gone" ]; then\n'
@@ -214,7 +214,7 @@ def modprobe_stand_in(root: Path, kernel: str, unloadable: Iterable[str] = ()) -
 #: mknod(2) fails, so the node is a regular file holding ``c <major>:<minor>`` with the mode; an existing path
 #: fails as mknod(2) does (EEXIST).
 MKNOD_STAND_IN = """#!/bin/sh
-# simulated mknod (node_agent.nvml.sim.host.MKNOD_STAND_IN): mknod -m MODE PATH c MAJOR MINOR
+# simulated mknod (nvml_sim.host.MKNOD_STAND_IN): mknod -m MODE PATH c MAJOR MINOR
 if [ "$#" -ne 6 ] || [ "$1" != -m ] || [ "$4" != c ]; then
   echo "mknod: the simulated host's mknod takes only -m MODE PATH c MAJOR MINOR, not: $*" >&2
   exit 2
@@ -491,11 +491,11 @@ def lay_out(
             repo = Path(node_agent.__file__).resolve().parent.parent  # the agent's own import root
             _write(root, "/usr/bin/nvidia-smi",
                    f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
-                   f'-m node_agent.nvml.sim.smi --machine {spec.name} --state "{state}" "$@"\n', 0o755)
-            # The driver's MPS control program over the same machine (node_agent.nvml.sim.mpsctl).
+                   f'-m nvml_sim.smi --machine {spec.name} --state "{state}" "$@"\n', 0o755)
+            # The driver's MPS control program over the same machine (nvml_sim.mpsctl).
             _write(root, "/usr/bin/nvidia-cuda-mps-control",
                    f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
-                   f'-m node_agent.nvml.sim.mpsctl --machine {spec.name} --state "{state}" "$@"\n', 0o755)
+                   f'-m nvml_sim.mpsctl --machine {spec.name} --state "{state}" "$@"\n', 0o755)
     _write(root, "/proc/modules", "\n".join(proc_modules) + "\n")
     _write(root, "/proc/sys/net/core/bpf_jit_harden", bpf_jit_harden + "\n")
 
@@ -519,11 +519,11 @@ def lay_out(
     for tool in RECORDING_TOOLS:
         _write(root, f"/usr/bin/{tool}", f'#!/bin/sh\necho "$*" >>"{logs}/simulated-{tool}.log"\n', 0o755)
     if machine is not None and nvidia_smi:
-        # systemctl also starts and stops the host's GPU clients of the machine (node_agent.nvml.sim.systemctl).
+        # systemctl also starts and stops the host's GPU clients of the machine (nvml_sim.systemctl).
         repo = Path(node_agent.__file__).resolve().parent.parent
         _write(root, "/usr/bin/systemctl",
                f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
-               f'-m node_agent.nvml.sim.systemctl --machine {machine} --state "{sim_state_file(root, machine)}" '
+               f'-m nvml_sim.systemctl --machine {machine} --state "{sim_state_file(root, machine)}" '
                f'--log "{logs}/simulated-systemctl.log" -- "$@"\n', 0o755)
     _write(root, "/usr/sbin/modprobe", modprobe_stand_in(root, kernel, unloadable_modules), 0o755)
     _write(root, "/usr/bin/mknod", MKNOD_STAND_IN, 0o755)
