@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 import node_agent
+import nvml_sim
 from node_agent.host.pci import normalize_address
 from nvgpu import hostpaths
 from nvgpu.nodescripts import facts
@@ -225,6 +226,13 @@ if [ -e "$3" ] || [ -L "$3" ]; then
 fi
 printf 'c %s:%s\\n' "$5" "$6" >"$3" && chmod "$2" "$3"
 """
+
+
+def _import_path() -> str:
+    """The stand-in tools' ``PYTHONPATH``: this package's import root and the agent's (one directory in the
+    repository; two where the simulator is installed apart from the agent)."""
+    roots = (Path(nvml_sim.__file__).resolve().parent.parent, Path(node_agent.__file__).resolve().parent.parent)
+    return ":".join(dict.fromkeys(str(r) for r in roots))
 
 
 def sim_state_file(root: Path, machine: str) -> Path:
@@ -488,13 +496,13 @@ def lay_out(
             sim.fail_init("driver-not-loaded")
         if nvidia_smi:
             state = sim_state_file(root, spec.name)
-            repo = Path(node_agent.__file__).resolve().parent.parent  # the agent's own import root
+            pythonpath = _import_path()
             _write(root, "/usr/bin/nvidia-smi",
-                   f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+                   f'#!/bin/sh\nPYTHONPATH="{pythonpath}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
                    f'-m nvml_sim.smi --machine {spec.name} --state "{state}" "$@"\n', 0o755)
             # The driver's MPS control program over the same machine (nvml_sim.mpsctl).
             _write(root, "/usr/bin/nvidia-cuda-mps-control",
-                   f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+                   f'#!/bin/sh\nPYTHONPATH="{pythonpath}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
                    f'-m nvml_sim.mpsctl --machine {spec.name} --state "{state}" "$@"\n', 0o755)
     _write(root, "/proc/modules", "\n".join(proc_modules) + "\n")
     _write(root, "/proc/sys/net/core/bpf_jit_harden", bpf_jit_harden + "\n")
@@ -520,9 +528,9 @@ def lay_out(
         _write(root, f"/usr/bin/{tool}", f'#!/bin/sh\necho "$*" >>"{logs}/simulated-{tool}.log"\n', 0o755)
     if machine is not None and nvidia_smi:
         # systemctl also starts and stops the host's GPU clients of the machine (nvml_sim.systemctl).
-        repo = Path(node_agent.__file__).resolve().parent.parent
+        pythonpath = _import_path()
         _write(root, "/usr/bin/systemctl",
-               f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+               f'#!/bin/sh\nPYTHONPATH="{pythonpath}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
                f'-m nvml_sim.systemctl --machine {machine} --state "{sim_state_file(root, machine)}" '
                f'--log "{logs}/simulated-systemctl.log" -- "$@"\n', 0o755)
     _write(root, "/usr/sbin/modprobe", modprobe_stand_in(root, kernel, unloadable_modules), 0o755)
