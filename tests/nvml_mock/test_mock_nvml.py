@@ -99,8 +99,10 @@ _NVML_BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
 def probe_main() -> None:
     """``python -c '...; probe_main()' ROOT NVML WHAT``: print one probe's JSON result."""
     from node_agent.nvml import NvmlBackend
+    from nvml_sim import provider
     from tests.kit.fakehost import sim_state_file
 
+    provider.register()  # a process of its own: the simulated side's machines, as the CLI registers them
     root, spec, what = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     machine = spec.partition(":")[2]
     # The same state file the CLI uses under a host root, so probes and commands see one machine.
