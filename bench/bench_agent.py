@@ -21,8 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as documented, without PYTHONPATH
 
+from node_agent.nvml import NvmlBackend, open_nvml  # noqa: E402
 from nvml_sim import provider  # noqa: E402
-from tests.kit.fakehost import build_fake_host  # noqa: E402
+from tests.kit.fakehost import FakeHost, build_fake_host  # noqa: E402
 
 provider.register()  # in-process simulated:<machine> sessions, as node_agent.cli registers it
 
@@ -90,9 +91,6 @@ def main() -> int:
 
 
 def _mig_half(host: object) -> None:
-    from node_agent.nvml import NvmlBackend, open_nvml
-    from tests.kit.fakehost import FakeHost
-
     assert isinstance(host, FakeHost) and host.machine is not None
     with open_nvml(NvmlBackend("simulated", "dgx-h100", host.machine.store.path)) as nvml:
         for i in range(4):

@@ -31,7 +31,7 @@ from localcluster.dryrun import install_crds  # noqa: E402
 from localcluster.objects import kwok_node  # noqa: E402
 from node_agent.kube.transport import Kube as AgentKube  # noqa: E402
 from node_agent.labeller import inventory  # noqa: E402
-from node_agent.labeller.labels import InventoryContext  # noqa: E402
+from node_agent.labeller.inventory import InventoryContext  # noqa: E402
 from node_agent.nvml import NvmlBackend, open_nvml  # noqa: E402
 from nvgpu import inventory as api  # noqa: E402
 from nvgpu.migparted import build_config  # noqa: E402

@@ -253,7 +253,7 @@ def report(samples: list[Samples], empty: list[float], first: tuple[float, float
 
 
 def profile(groups: int) -> None:
-    from pyinstrument import Profiler
+    from pyinstrument import Profiler  # noqa: PLC0415 - the profiler: only with --profile, a dev-only install
 
     with tempfile.TemporaryDirectory(dir=ROOT / "out", prefix="bench-") as tmp_name:
         tmp = Path(tmp_name)

@@ -70,6 +70,8 @@ import pytest  # noqa: E402  (tests.tools.required_bin skips through pytest when
 from kubernetes import client  # noqa: E402
 
 from localcluster import ControlPlane  # noqa: E402
+from node_agent import nvml  # noqa: E402
+from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices  # noqa: E402
 from node_agent.kubelet.deviceplugin.api import pb  # noqa: E402
 from nvgpu import labels  # noqa: E402
 from nvgpu.stackconfig import NodeGroup, StackConfig, load_stack_config  # noqa: E402
@@ -377,9 +379,6 @@ class Topology:
 
 def links_main() -> int:
     """``--links``: run with the mock's environment; prints our view of the machine's GPU links as JSON."""
-    from node_agent import nvml
-    from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
-
     with nvml.open_nvml("real") as session:
         node = NvmlNodeDevices(session)
         gpus = node.gpus()

@@ -76,7 +76,7 @@ class Kube:
     def from_kubeconfig(cls, path: str | Path, context: str | None = None) -> Kube:
         """A context of any kubeconfig (token, client certificate or exec plugin), read by the official
         client's loader so users' own kubeconfigs work as ``kubectl`` reads them."""
-        from kubernetes import client, config
+        from kubernetes import client, config  # noqa: PLC0415 - the whole official client, on this path only
 
         cfg = client.Configuration()
         loader: Any = config

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from localcluster.client import ApiError, Kube
+from localcluster.node import Node
 from localcluster.pki import Pki, client_pair, make_pki
 from localcluster.processes import alive, stop_child, stop_pid
 
@@ -357,8 +358,6 @@ class ControlPlane:
         """Remove every real node (a node without its control plane is of no use, and its mounts, cgroups and
         processes must not outlive the cluster), stop every component (reverse order) and the proxy;
         ``remove`` deletes the state directory."""
-        from localcluster.node import Node  # node imports netproxy only; keep this module light
-
         for node in Node.all(self.directory):
             node.remove()
         for name in (*reversed(COMPONENTS), NETPROXY):

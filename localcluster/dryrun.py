@@ -15,6 +15,7 @@ objects in a namespace the stack has yet to create are only checked once it exis
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,8 +101,6 @@ def wait_crds_served(kube: Kube, names: Sequence[str], timeout: float = 60.0) ->
     """Wait until each CRD is Established and its objects can be listed: right after Established the API
     server still answers 429 ("storage is (re)initializing") for a while, which a client must not take
     for a refusal."""
-    import time
-
     deadline = time.monotonic() + timeout
     for name in names:
         while True:

@@ -52,7 +52,32 @@ from localcluster.driverinstall import install_driver
 from localcluster.images import PAUSE_IMAGE, pause_archive
 from localcluster.netproxy import NODE_API_PORT
 from localcluster.processes import alive, stop_child, stop_pid
-from localcluster.supervisor import SYSTEMCTL
+
+#: The node's ``systemctl``, the client of its supervisor (:mod:`localcluster.supervisor`, which imports this
+#: module); ``@CONTROL@`` is the control directory.
+SYSTEMCTL = r"""#!/bin/sh
+# systemctl of a localcluster node (localcluster/supervisor.py): the node has no systemd; its supervisor
+# manages containerd and the kubelet. Requests are files in the node's control directory.
+control=@CONTROL@
+action="${1:-}"; unit="${2:-}"
+unit="${unit%.service}"
+case "$action" in start|stop|restart|kill|is-active) ;; *)
+  echo "systemctl (localcluster node): '$action' is not supported: start|stop|restart|kill|is-active UNIT" >&2
+  exit 1;;
+esac
+id="$$-$(date +%s%N)"
+printf '%s %s\n' "$action" "$unit" > "$control/$id.tmp" && mv "$control/$id.tmp" "$control/$id.req"
+i=0
+while [ ! -f "$control/$id.done" ]; do
+  i=$((i + 1))
+  if [ "$i" -gt 1200 ]; then echo "systemctl: the node's supervisor did not answer in 120 s" >&2; exit 1; fi
+  sleep 0.1
+done
+rc="$(head -n 1 "$control/$id.done")"
+tail -n +2 "$control/$id.done" >&2
+rm -f "$control/$id.done"
+exit "$rc"
+"""
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 SERVICE_IP = "10.96.0.1"

@@ -8,10 +8,10 @@ One supervisor per node (``python -m localcluster.supervisor NODE_DIR``, started
 whichever exits unasked after :data:`RESTART_S`, and serves requests.
 
 Requests are files, so that the node's ``systemctl`` (a ``/bin/sh`` script in the node's ``/usr/bin``,
-:data:`SYSTEMCTL`) needs nothing but ``sh`` wherever it runs, a setup container's ``chroot`` included: it
-writes ``<NODE_DIR>/control/ID.req`` holding ``ACTION UNIT`` and waits for ``ID.done`` holding the exit code
-and a message. Actions: ``start``, ``stop``, ``restart``, ``kill`` (SIGKILL, then the usual restart: a crash),
-``is-active``. Units: ``containerd``, ``kubelet``.
+:data:`localcluster.node.SYSTEMCTL`) needs nothing but ``sh`` wherever it runs, a setup container's
+``chroot`` included: it writes ``<NODE_DIR>/control/ID.req`` holding ``ACTION UNIT`` and waits for ``ID.done``
+holding the exit code and a message. Actions: ``start``, ``stop``, ``restart``, ``kill`` (SIGKILL, then the
+usual restart: a crash), ``is-active``. Units: ``containerd``, ``kubelet``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from localcluster.node import Node
 from localcluster.processes import stop_child
 
 UNITS = ("containerd", "kubelet")
@@ -38,31 +39,6 @@ RESTART_S = 1.0
 #: Seconds a unit gets between SIGTERM and SIGKILL when stopped.
 STOP_GRACE_S = 10.0
 POLL_S = 0.1
-
-#: The node's ``systemctl``; ``@CONTROL@`` is the control directory.
-SYSTEMCTL = r"""#!/bin/sh
-# systemctl of a localcluster node (localcluster/supervisor.py): the node has no systemd; its supervisor
-# manages containerd and the kubelet. Requests are files in the node's control directory.
-control=@CONTROL@
-action="${1:-}"; unit="${2:-}"
-unit="${unit%.service}"
-case "$action" in start|stop|restart|kill|is-active) ;; *)
-  echo "systemctl (localcluster node): '$action' is not supported: start|stop|restart|kill|is-active UNIT" >&2
-  exit 1;;
-esac
-id="$$-$(date +%s%N)"
-printf '%s %s\n' "$action" "$unit" > "$control/$id.tmp" && mv "$control/$id.tmp" "$control/$id.req"
-i=0
-while [ ! -f "$control/$id.done" ]; do
-  i=$((i + 1))
-  if [ "$i" -gt 1200 ]; then echo "systemctl: the node's supervisor did not answer in 120 s" >&2; exit 1; fi
-  sleep 0.1
-done
-rc="$(head -n 1 "$control/$id.done")"
-tail -n +2 "$control/$id.done" >&2
-rm -f "$control/$id.done"
-exit "$rc"
-"""
 
 
 @dataclass
@@ -190,8 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("node_dir", type=Path)
     parser.add_argument("--start", action="append", default=[], choices=UNITS, help="units to start at once")
     args = parser.parse_args(argv)
-    from localcluster.node import Node
-
     node_dir: Path = args.node_dir.resolve()
     node = Node.attach(node_dir.parent.parent, node_dir.name)
     Supervisor(node_dir).run({name: node.command(name) for name in UNITS}, list(args.start))

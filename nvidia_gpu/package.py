@@ -24,9 +24,14 @@ settings give them (:meth:`PlatformRefs.deployed`).
 # run time and needs them as types, not strings.
 
 import dataclasses
+import sys
 from typing import Any, NotRequired, TypedDict
 
 import pulumi
+from pulumi.errors import InputPropertiesError
+from pulumi.provider import main as provider_main
+from pulumi.provider.experimental.component import ComponentProvider
+from pulumi.provider.server import ComponentInitError
 
 from nvgpu.driver import DriverSource
 from nvgpu.protostruct import integral
@@ -239,8 +244,6 @@ COMPONENTS: list[type[pulumi.ComponentResource]] = [GpuPlatform, GpuNodeGroup, M
 def schema() -> str:
     """The package's schema as the engine receives it (``pulumi package get-schema``), without an engine: what
     a release publishes (``tools/release.py``), for ``pulumi package gen-sdk`` in languages the user picks."""
-    from pulumi.provider.experimental.component import ComponentProvider
-
     text: str | None = ComponentProvider(COMPONENTS, PACKAGE, None, VERSION).schema
     if text is None:  # the host always infers one; a None would be an SDK change to see at once
         raise RuntimeError("the component provider host inferred no schema")
@@ -254,12 +257,6 @@ def serve() -> None:
     engine as input-property errors (the host would report any exception from a constructor as an
     unexpected one, with its traceback).
     """
-    import sys
-
-    from pulumi.errors import InputPropertiesError
-    from pulumi.provider import main
-    from pulumi.provider.experimental.component import ComponentProvider
-    from pulumi.provider.server import ComponentInitError
 
     class Provider(ComponentProvider):  # type: ignore[misc]  # the SDK's classes are untyped
         def construct(self, *args: Any, **kwargs: Any) -> Any:
@@ -274,4 +271,4 @@ def serve() -> None:
     # As component_provider_host does: the engine passes the plugin's directory, then its own address.
     # The schema's version is the release's (nvgpu.version), not the installed distribution's metadata: an
     # editable install keeps the version it was installed with.
-    main(Provider(COMPONENTS, PACKAGE, None, VERSION), sys.argv[1:])
+    provider_main(Provider(COMPONENTS, PACKAGE, None, VERSION), sys.argv[1:])

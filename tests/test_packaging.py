@@ -6,6 +6,9 @@ import re
 import tomllib
 from pathlib import Path
 
+import nvidia_gpu
+from nvidia_gpu.components import node_group, platform, program
+
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
@@ -60,9 +63,6 @@ def test_license_is_an_spdx_string() -> None:
 
 
 def test_the_top_level_exports_the_public_components() -> None:
-    import nvidia_gpu
-    from nvidia_gpu.components import node_group, platform, program
-
     assert nvidia_gpu.GpuPlatform is platform.GpuPlatform and nvidia_gpu.GpuNodeGroupArgs is node_group.GpuNodeGroupArgs
     assert nvidia_gpu.build_stack is program.build_stack
     for name in nvidia_gpu.__all__:

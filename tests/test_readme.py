@@ -6,6 +6,7 @@ name, named twice, or given a name the runner does not know, and when a runner's
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ def test_every_shell_block_is_named_once_and_known_to_the_runner() -> None:
     unnamed = [b.line for b in shell if b.name is None]
     assert not unnamed, (f"README.md shell blocks at lines {unnamed} have no `<!-- readme-test: NAME -->` line before "
                          f"their fence: name them and say in tests/kit/readme.py how they run")
-    names = [b.name for b in shell]
+    names = [b.name for b in shell if b.name is not None]
     assert len(names) == len(set(names)), f"a block name is used twice: {names}"
     unknown = sorted(set(names) - set(readme.BLOCKS))
     assert not unknown, f"README blocks {unknown} are not in tests/kit/readme.BLOCKS"
@@ -56,7 +57,5 @@ def test_every_skipped_line_is_in_its_block(name: str) -> None:
 
 def test_the_offline_provider_install_names_the_pinned_provider() -> None:
     """The README's offline install of the Kubernetes provider names the version the package declares."""
-    from importlib.metadata import version
-
     (block,) = [b for b in readme.shell_blocks() if b.name == "provider-offline"]
     assert f"plugin install resource kubernetes {version('pulumi-kubernetes')} --file" in block.text

@@ -24,6 +24,7 @@ import yaml
 
 from nvgpu.stackconfig import AgentImage, load_stack_file
 from nvgpu.version import VERSION
+from nvidia_gpu.package import schema
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "release.py"
@@ -77,7 +78,6 @@ def test_one_version_for_the_library_the_agent_the_package_and_the_pack() -> Non
     agent = subprocess.run([sys.executable, "-m", "node_agent", "--version"], cwd=REPO, capture_output=True,
                            text=True, timeout=60, check=False)
     assert agent.returncode == 0 and agent.stdout == f"nvidia-gpu node agent {VERSION}\n", agent.stderr
-    from nvidia_gpu.package import schema
 
     assert json.loads(schema())["version"] == VERSION
     for stack in sorted(REPO.glob("Pulumi.*.yaml")):

@@ -5,11 +5,13 @@ outside the ``nvidia-gpu:`` namespace, an image written as one reference, two gr
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
 from nvgpu.stackconfig import StackConfigError, load_namespaced_config, load_stack_config, load_stack_text
+from nvidia_gpu.components.program import decode_config_value
 
 CLUSTER: dict[str, Any] = {
     "kubernetesVersion": "1.34",
@@ -135,9 +137,5 @@ def test_our_key_in_another_namespace_is_named(key: str) -> None:
 
 def test_the_engines_encoded_values_are_decoded() -> None:
     """The engine hands structured values as JSON text; ``decode`` undoes that before validation."""
-    import json
-
-    from nvidia_gpu.components.program import decode_config_value
-
     config = {"nvidia-gpu:cluster": json.dumps(CLUSTER), "nvidia-gpu:nodeGroups": json.dumps([GROUP])}
     assert load_namespaced_config(config, decode_config_value).node_groups[0].name == "l4"

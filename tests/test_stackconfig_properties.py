@@ -48,7 +48,7 @@ GROUPS: list[dict[str, Any]] = [
                         "upgrade": {"maxUnavailable": 1}}},
      "toolkit": {"source": "container", "installDir": "/usr/local/nvidia"}},
     {"name": "vms", "nodeSelector": {"matchLabels": {"pool": "vms"}}, "allocationMode": "dra", "passthrough": True,
-     "gpu": {"model": "H100-80GB", "driverVersion": "550.90.07"}},
+     "gpu": {"model": "H100-80GB", "driver": {"version": "550.90.07"}}},
 ]
 VALUES: dict[str, Any] = {"cluster": CLUSTER, "nodeGroups": GROUPS}
 STACK_FILE: dict[str, Any] = {"config": {"nvidia-gpu:cluster": CLUSTER, "nvidia-gpu:nodeGroups": GROUPS,

@@ -18,6 +18,7 @@ from nvgpu.stackconfig import AllocationMode, StackConfigError, load_stack_confi
 from nvidia_gpu.components.manifests.mig import may_use_mig, mig_config
 from nvidia_gpu.policies import gpu_validity
 from nvidia_gpu.policies.manifests import Kind
+from nvidia_gpu.preview.pipeline import DEFAULT_STEPS, new_result, run_steps
 from tests.nvidia_gpu.policies.policy_fixtures import config_map, mig_doc, mig_entry
 from tests.test_stackconfig import VALID
 
@@ -96,7 +97,8 @@ _STACK = """config:
       nodeGroup: gpu-b200
       gpu:
         model: B200-180GB
-        driverVersion: "570.86.15"
+        driver:
+          version: "570.86.15"
         sharing: MIG
         mig:
           partedConfig: custom
@@ -113,7 +115,6 @@ _STACK = """config:
 @pytest.mark.slow
 def test_the_whole_preview_passes_a_group_of_an_unlisted_model(tmp_path: Path) -> None:
     """The program, the manifests' schemas and the real policy pack: nothing refuses the B200 group."""
-    from nvidia_gpu.preview.pipeline import DEFAULT_STEPS, new_result, run_steps
 
     for name in ("Pulumi.yaml", "__main__.py"):
         (tmp_path / name).write_text((ROOT / name).read_text())

@@ -13,15 +13,12 @@ import uuid as uuidlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from node_agent.deviceplugin.cdi import CDI_IMEX_KIND, CDI_KIND
 from node_agent.deviceplugin.config import DeviceIdStrategy, Settings, SharingStrategy
 from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles, device_node_present
 from node_agent.deviceplugin.resources import PluginDevice, Resource, imex_channel_path
 from nvgpu.devicelist import VOLUME_MOUNT_ROOT, DeviceListStrategy
 
-CDI_VENDOR = "k8s.device-plugin.nvidia.com"
-CDI_CLASS = "gpu"
-CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
-CDI_IMEX_KIND = f"{CDI_VENDOR}/imex-channel"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 MPS_CONTAINER_ROOT = "/mps"
 

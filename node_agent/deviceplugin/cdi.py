@@ -20,12 +20,16 @@ import yaml
 
 from node_agent.cdi.driveredits import host_path as _host
 from node_agent.cdi.spec import ContainerEdits, DeviceNode
-from node_agent.deviceplugin.allocate import CDI_CLASS, CDI_IMEX_KIND, CDI_KIND, CDI_VENDOR
 from node_agent.deviceplugin.config import Settings
 from node_agent.deviceplugin.devices import CONTROL_DEVICES, HostFiles, device_node_present
 from node_agent.deviceplugin.resources import PluginDevice, Resource, imex_channel_path
 from nvgpu.nodescripts import facts
 
+#: The fully qualified names Allocate answers with (``KIND=DEVICE``) are this file's devices.
+CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+CDI_CLASS = "gpu"
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+CDI_IMEX_KIND = f"{CDI_VENDOR}/imex-channel"
 CDI_VERSION = "0.5.0"
 CDI_SPEC_DIR = facts.CDI_DYNAMIC_DIR
 SPEC_FILE = f"{CDI_SPEC_DIR}/{CDI_VENDOR}-{CDI_CLASS}.yaml"

@@ -75,7 +75,7 @@ def in_cluster(service_account: Path = SERVICE_ACCOUNT, environ: Mapping[str, st
 
 def from_kubeconfig(path: Path) -> Any:
     """The current context of the kubeconfig at ``path``."""
-    import yaml  # only with a kubeconfig: the in-pod path never loads it
+    import yaml  # noqa: PLC0415 - only with a kubeconfig: the in-pod path never loads it
 
     try:
         doc = yaml.safe_load(path.read_text())
@@ -164,7 +164,7 @@ def _official_kubeconfig(path: Path) -> Any:
     in a pod the agent uses its ServiceAccount, and an exec plugin's binary (aws, gcloud, kubelogin) is
     not in the image either. There this path says so instead of failing with an import error."""
     try:
-        from kubernetes import config  # the whole client: only on this path
+        from kubernetes import config  # noqa: PLC0415 - the whole client, on this path only (not in the image)
     except ImportError as e:
         raise NoCredentials(f"kubeconfig {path}: its user needs an exec plugin or auth provider, which needs the "
                             f"full kubernetes client; this installation has only its transport ({e}). Use a "

@@ -89,12 +89,18 @@ class ListWatch:
     ``on_list`` gets each list's items (a fresh start: anything not listed is gone); ``on_event`` each
     ``ADDED``/``MODIFIED``/``DELETED`` change. Both run on the watch thread. ``lists``, ``watches`` and
     ``events`` count for tests and logs; ``poll_only`` is set while the watch is refused.
+
+    ``pause`` is every wait of the loop (backoff, the re-list interval while refused): it gets the stop event
+    and the seconds, and returns early when the event is set. ``clock`` and ``draw`` (a number in [0, 1) for
+    the jitter) are the loop's time and randomness. Tests pass their own, so a backoff schedule is read off
+    the waits asked for instead of slept through.
     """
 
     def __init__(self, kube: Kube, path: str, *, on_list: Callable[[list[dict[str, Any]]], None],
                  on_event: Callable[[str, dict[str, Any]], None], field_selector: str = "",
                  label_selector: str = "", timing: WatchTiming | None = None, name: str = "list-watch",
-                 log_as: str = "watch") -> None:
+                 log_as: str = "watch", pause: Callable[[threading.Event, float], object] | None = None,
+                 clock: Callable[[], float] = time.monotonic, draw: Callable[[], float] = random.random) -> None:
         self.kube = kube
         self.path = path
         self.on_list = on_list
@@ -108,6 +114,9 @@ class ListWatch:
         self.events = 0
         self.poll_only = False
         self._stop = threading.Event()
+        self._pause = pause or threading.Event.wait
+        self._clock = clock
+        self._draw = draw
         self._stream: Stream | None = None
         self._thread: threading.Thread | None = None
 
@@ -170,10 +179,10 @@ class ListWatch:
                 if rv is None:
                     rv = self.list()
                 if self.poll_only:
-                    now = time.monotonic()
+                    now = self._clock()
                     if now < retry_at:
                         rv = None
-                        self._stop.wait(min(t.relist_interval_s, retry_at - now))
+                        self._pause(self._stop, min(t.relist_interval_s, retry_at - now))
                         continue
                     log.info("event=%s-retry path=%s", self.log_as, self.path)
                     self.poll_only = False
@@ -190,7 +199,7 @@ class ListWatch:
                             "watch_retry_in_s=%.1f", self.log_as, self.path, e.status, t.relist_interval_s,
                             watch_retry)
                 self.poll_only = True
-                retry_at = time.monotonic() + watch_retry
+                retry_at = self._clock() + watch_retry
                 watch_retry = min(watch_retry * 2, t.backoff_max_s)
             except KubeError as e:  # unreachable, timeouts, resets, 5xx, bad JSON
                 if self._stop.is_set():
@@ -203,8 +212,8 @@ class ListWatch:
                 self._stream = None
 
     def _back_off(self, error: KubeError, backoff: float) -> float:
-        wait = backoff * (1 - self.timing.jitter * random.random())
+        wait = backoff * (1 - self.timing.jitter * self._draw())
         log.warning("event=%s-failed path=%s error=%s action=relist retry_in_s=%.2f", self.log_as, self.path, error,
                     wait)
-        self._stop.wait(wait)
+        self._pause(self._stop, wait)
         return min(backoff * 2, self.timing.backoff_max_s)

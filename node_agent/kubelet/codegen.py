@@ -46,7 +46,7 @@ def generate(stem: str, directory: Path) -> None:
     """Run protoc for one ``.proto`` file of a sub-package ``directory`` such as ``kubelet/dra``
     (atomically replaces the three outputs)."""
     try:
-        from grpc_tools import protoc
+        from grpc_tools import protoc  # noqa: PLC0415 - a development tool, optional (not in the image)
     except ImportError as e:
         raise CodegenError(
             f"stubs for {stem}.proto are missing or stale and grpcio-tools is not installed; "

@@ -35,7 +35,6 @@ from typing import Any
 from node_agent.dra.devices import mig_device_name
 from node_agent.kube.errors import NotFound
 from node_agent.kube.transport import Kube
-from node_agent.labeller.labels import InventoryContext as Context
 from node_agent.nvml.types import DriverInfo, Gpu, GpuRecovery, Inventory
 from node_agent.nvml.xidwatch import XidSeen, utcnow
 from nvgpu import catalogue, inventory
@@ -43,6 +42,20 @@ from nvgpu import catalogue, inventory
 log = logging.getLogger(__name__)
 
 JSON_MERGE = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class InventoryContext:
+    """What the GPU objects say beyond NVML (the group's sharing and allocation mode; the MIG strategy and
+    replicas are filled in from the device plugin's config on each run)."""
+
+    sharing: str
+    allocation_mode: str = "devicePlugin"
+    dra_driver: str = "gpu.nvidia.com"
+    mig_strategy: str = "none"
+    replicas: int = 1
+    #: Seconds a GPU stays Unhealthy after a critical XID (the device plugin's recovery quiet period).
+    xid_quiet_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -160,7 +173,7 @@ def gpu_health(xid: XidSeen | None, now: datetime.datetime, quiet_s: float,
     return health
 
 
-def exposed_as(gpu: Gpu, ctx: Context) -> list[dict[str, Any]]:
+def exposed_as(gpu: Gpu, ctx: InventoryContext) -> list[dict[str, Any]]:
     """What a workload asks for to get (a share of) ``gpu``: the device plugin's resources, or DRA devices."""
     counts: dict[str, int] = {}
     if gpu.mig_enabled:
@@ -179,7 +192,7 @@ def exposed_as(gpu: Gpu, ctx: Context) -> list[dict[str, Any]]:
     return [{"name": n, "count": c} for n, c in sorted(counts.items())]
 
 
-def gpu_status(gpu: Gpu, driver: DriverInfo | None, ctx: Context, node: NodeDriver = NodeDriver()
+def gpu_status(gpu: Gpu, driver: DriverInfo | None, ctx: InventoryContext, node: NodeDriver = NodeDriver()
                ) -> dict[str, Any]:
     model = catalogue.identify_model(gpu.pci_device_id, gpu.name)
     mig: dict[str, Any] = {"mode": "Unsupported"}
@@ -207,7 +220,7 @@ def gpu_status(gpu: Gpu, driver: DriverInfo | None, ctx: Context, node: NodeDriv
     return status
 
 
-def desired(inv: Inventory, driver: DriverInfo | None, ctx: Context, existing: Mapping[int, Mapping[str, Any]],
+def desired(inv: Inventory, driver: DriverInfo | None, ctx: InventoryContext, existing: Mapping[int, Mapping[str, Any]],
             *, xids: Mapping[int, XidSeen] | None = None, now: datetime.datetime | None = None,
             node: NodeDriver = NodeDriver(), recoveries: Mapping[int, GpuRecovery] | None = None
             ) -> dict[int, dict[str, Any]]:
@@ -255,7 +268,7 @@ def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
     return {**status, "health": health}
 
 
-def sync(kube: Kube, node: str, inv: Inventory, driver: DriverInfo | None, ctx: Context, *,
+def sync(kube: Kube, node: str, inv: Inventory, driver: DriverInfo | None, ctx: InventoryContext, *,
          node_uid: Callable[[], str], xids: Mapping[int, XidSeen] | None = None,
          now: Callable[[], datetime.datetime] = utcnow, node_driver: NodeDriver = NodeDriver(),
          recoveries: Mapping[int, GpuRecovery] | None = None, listing: Listing | None = None) -> SyncResult:

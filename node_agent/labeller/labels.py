@@ -49,12 +49,20 @@ from node_agent.deviceplugin import config
 from node_agent.deviceplugin.named import NamedConfigError
 from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigSource
 from node_agent.host import HostError, HostRoot, VgpuDevice, VgpuScanError, nvidia_gpus, vgpu_devices
-from node_agent.labeller import gfd
+from node_agent.kube import KubeError
+from node_agent.kube.errors import Conflict
+from node_agent.kube.ownnode import OwnNodeWatch
+from node_agent.kube.watch import WatchTiming
+from node_agent.labeller import gfd, inventory
+from node_agent.labeller.inventory import InventoryContext as InventoryContext  # noqa: PLC0414 - node_agent.cli.labels' import
+from node_agent.labeller.inventory import Listing
 from node_agent.labeller.nodeconfig import NodePlan, Requested, plan
-from node_agent.labeller.nodepatch import NodeApi, NodeEnv
+from node_agent.labeller.nodepatch import KubeNodeApi, NodeApi, NodeEnv, WatchedNodeApi, apply_plan, snapshot
 from node_agent.nvml import FabricInfo, GpuInstanceProfile, GpuRecovery, Inventory, NvmlError, NvmlSession
-from node_agent.nvml.xidwatch import XidSeen
+from node_agent.nvml.xidwatch import XidRecorder, XidSeen
 from nvgpu import labels as label_names
+from nvgpu.driver import loaded_modules
+from nvgpu.nodescripts import facts
 
 log = logging.getLogger(__name__)
 FEATURE_FILE = f"{label_names.NFD_FEATURES_DIR}/gfd"
@@ -77,21 +85,6 @@ class Owner:
         if not slash or not namespace or not name or "/" in name:
             raise ValueError(f"expected NAMESPACE/NAME, got {text!r}")
         return cls(namespace, name)
-
-
-@dataclass(frozen=True)
-class InventoryContext:
-    """What the GPU objects say beyond NVML (the group's sharing and allocation mode; the MIG strategy and
-    replicas are filled in from the device plugin's config on each run). Mirrors
-    ``node_agent.labeller.inventory.Context``, which is imported only when the inventory is kept."""
-
-    sharing: str
-    allocation_mode: str = "devicePlugin"
-    dra_driver: str = "gpu.nvidia.com"
-    mig_strategy: str = "none"
-    replicas: int = 1
-    #: Seconds a GPU stays Unhealthy after a critical XID (the device plugin's recovery quiet period).
-    xid_quiet_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -143,8 +136,6 @@ class NodeConfigLabel:
     def label(self) -> str | None:
         """The label now. A fresh client per read, as :func:`patch_node` has: a kept-alive connection to an
         API server that hangs would wait out the whole read timeout instead of failing at connect."""
-        from node_agent.kube import KubeError
-
         try:
             return self.ctx.node_api().labels(self.ctx.require_node_name()).get(self.key)
         except KubeError as e:  # the selector keeps the last label it read
@@ -245,22 +236,22 @@ def collect(ctx: NodeEnv, options: LabelOptions, source: SharingSource | None = 
     if not on_bus:
         return gfd.compute_labels([], None, {}, settings), tuple(warnings)
     with ctx.nvml() as nvml:
-        inventory = nvml.inventory()
+        inv = nvml.inventory()
         driver = nvml.driver()
         profiles: dict[int, tuple[GpuInstanceProfile, ...]] = {
-            g.index: nvml.gpu_instance_profiles(g.index) for g in inventory.gpus if g.mig_enabled}
-        fabric: dict[int, FabricInfo | None] = {g.index: nvml.fabric_info(g.index) for g in inventory.gpus}
+            g.index: nvml.gpu_instance_profiles(g.index) for g in inv.gpus if g.mig_enabled}
+        fabric: dict[int, FabricInfo | None] = {g.index: nvml.fabric_info(g.index) for g in inv.gpus}
     clique, disagreement = gfd.fabric_clique(fabric)
-    warnings += [f"GPU {lost.index} left out: {lost.reason}" for lost in inventory.lost]
-    warnings += [f"GPU {g.index} labelled without its {what}" for g in inventory.gpus for what in g.unreadable]
+    warnings += [f"GPU {lost.index} left out: {lost.reason}" for lost in inv.lost]
+    warnings += [f"GPU {g.index} labelled without its {what}" for g in inv.gpus for what in g.unreadable]
     warnings += [disagreement] if disagreement else []
     settings = dataclasses.replace(settings, clique=clique)
-    return gfd.compute_labels(inventory.gpus, driver, profiles, settings), tuple(warnings)
+    return gfd.compute_labels(inv.gpus, driver, profiles, settings), tuple(warnings)
 
 
 def label_once(ctx: NodeEnv, options: LabelOptions, want: Requested,
                source: SharingSource | None = None, xids: Mapping[int, XidSeen] | None = None, *,
-               listing: Any = None) -> LabelRun:
+               listing: Listing | None = None) -> LabelRun:
     """One labelling run; ``xids``: the loop's recorder's last XID per GPU, for the inventory; ``listing``:
     the loop's :class:`~node_agent.labeller.inventory.Listing` of the GPU objects."""
     failure: NvmlError | HostError | None = None
@@ -302,12 +293,8 @@ def write_feature_file(host: HostRoot, path: str, labels: Mapping[str, str]) -> 
     return host.write_atomic(path, gfd.feature_file(labels))
 
 
-def remove_inventory(ctx: NodeEnv, inv_ctx: InventoryContext) -> Any:
+def remove_inventory(ctx: NodeEnv, inv_ctx: InventoryContext) -> inventory.SyncResult:
     """Delete this node's GPU objects (a sync against no GPUs)."""
-    from node_agent.labeller import inventory
-    from node_agent.labeller.nodepatch import KubeNodeApi
-    from node_agent.nvml.types import Inventory
-
     api = ctx.node_api()
     if not isinstance(api, KubeNodeApi):
         raise TypeError("the GPU inventory needs the API server client")
@@ -316,11 +303,8 @@ def remove_inventory(ctx: NodeEnv, inv_ctx: InventoryContext) -> Any:
 
 def sync_inventory(ctx: NodeEnv, options: LabelOptions, inv_ctx: InventoryContext,
                    source: SharingSource | None = None, xids: Mapping[int, XidSeen] | None = None, *,
-                   listing: Any = None) -> Any:
+                   listing: Listing | None = None) -> inventory.SyncResult:
     """This node's GPU objects made to match the GPUs NVML lists (``node_agent.labeller.inventory``)."""
-    from node_agent.labeller import inventory
-    from node_agent.labeller.nodepatch import KubeNodeApi
-
     api = ctx.node_api()
     if not isinstance(api, KubeNodeApi):
         raise TypeError("the GPU inventory needs the API server client")
@@ -365,9 +349,6 @@ def _recoveries(nvml: NvmlSession, inv: Inventory) -> dict[int, GpuRecovery]:
 
 def _kernel_modules(host: HostRoot) -> str | None:
     """``open`` or ``proprietary``, as ``/proc/driver/nvidia/version`` says; None when it is unreadable."""
-    from nvgpu.driver import loaded_modules
-    from nvgpu.nodescripts import facts
-
     try:
         text = host.read_text_or_none(facts.DRIVER_VERSION_FILE)
     except HostError:
@@ -383,9 +364,6 @@ def patch_node(ctx: NodeEnv, want: Requested, gpu_labels: dict[str, str] | None,
     new taint list and, when ``gated``, always). ``gated``: write nothing unless the Node carries
     ``gpu-setup-complete``.
     """
-    from node_agent.kube.errors import Conflict
-    from node_agent.labeller.nodepatch import apply_plan, snapshot
-
     node = ctx.require_node_name()
     api = ctx.node_api()
     for attempt in range(1, CONFLICT_ATTEMPTS + 1):
@@ -423,8 +401,6 @@ def withdraw_if_retired(ctx: NodeEnv, owner: Owner, feature_file: str,
     """On the way out (SIGTERM): withdraw the labels when ``owner`` is gone or being deleted, else leave them.
     With ``inventory``, the node's GPU objects go too: a node group removed from the stack leaves no GPUs
     listed for nodes nobody keeps them current on (the stack's destroy removes the kind, and them, anyway)."""
-    from node_agent.kube import KubeError
-
     try:
         if not ctx.node_api().daemonset_retired(owner.namespace, owner.name):
             return
@@ -443,7 +419,7 @@ class WatchedNode:
     (:class:`~node_agent.kube.ownnode.OwnNodeWatch`): the loop's labelling runs, the config label and the
     inventory read the Node from memory, and a run that changes nothing makes no request."""
 
-    def __init__(self, ctx: NodeEnv, watch: Any) -> None:
+    def __init__(self, ctx: NodeEnv, watch: OwnNodeWatch) -> None:
         self.ctx = ctx
         self.watch = watch
 
@@ -462,8 +438,6 @@ class WatchedNode:
         return self.ctx.require_node_name()
 
     def node_api(self) -> NodeApi:
-        from node_agent.labeller.nodepatch import KubeNodeApi, WatchedNodeApi
-
         api = self.ctx.node_api()
         return WatchedNodeApi(api.kube, self.watch) if isinstance(api, KubeNodeApi) else api
 
@@ -473,10 +447,6 @@ def watching_node(ctx: NodeEnv, interval: float) -> Iterator[NodeEnv]:
     """``ctx`` with its own Node watched for as long as the loop runs (a context without the API server
     client, as in tests with a fake Node, is given back as it is). Where the watch is refused the Node is
     read once per ``interval``, as before."""
-    from node_agent.kube.ownnode import OwnNodeWatch
-    from node_agent.kube.watch import WatchTiming
-    from node_agent.labeller.nodepatch import KubeNodeApi
-
     api = ctx.node_api()
     if not isinstance(api, KubeNodeApi):
         yield ctx
@@ -490,16 +460,12 @@ def watching_node(ctx: NodeEnv, interval: float) -> Iterator[NodeEnv]:
 
 
 class _NoKube(Exception):
-    """Stands in for KubeError when the Node is not patched (the kubernetes client stays unloaded)."""
+    """Stands in for KubeError when the Node is not patched (a run that makes no API request catches none)."""
 
 
 def kube_error(patch_node: bool) -> type[Exception]:
-    """The Kubernetes error a run can raise: ``KubeError``, imported only when the Node is patched."""
-    if not patch_node:
-        return _NoKube
-    from node_agent.kube import KubeError
-
-    return KubeError
+    """The Kubernetes error a run can raise: ``KubeError`` when the Node is patched."""
+    return KubeError if patch_node else _NoKube
 
 
 def label_loop(ctx: NodeEnv, options: LabelOptions, want: Requested, source: SharingSource | None,
@@ -518,9 +484,6 @@ def label_loop(ctx: NodeEnv, options: LabelOptions, want: Requested, source: Sha
     recorder = None
     listing = None
     if options.inventory is not None:
-        from node_agent.labeller.inventory import Listing
-        from node_agent.nvml.xidwatch import XidRecorder
-
         listing = Listing()
         recorder = XidRecorder(ctx.nvml, xid_raised.set)
         recorder.start()

@@ -10,7 +10,9 @@ failure: the global driver minimum applies to it); every NVSwitch GPU's
 Fabric Manager registration has completed (``fabric-not-ready`` otherwise); and (phase ``all``)
 the container runtime is ready: containerd has the nvidia runtime or CDI, CRI-O has the nvidia runtime
 (``runtimeName`` says which was found).
-Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts.Reason``.
+Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts.Reason``. The host's
+requirements (modules, device nodes, the toolkit's programs) are declared once in ``nvgpu.nodescripts.plan``
+(``HOST_CHECKS``, ``RUNTIME_CHECKS``), checked here by ``node_agent.setup.executor`` and rendered into the script.
 """
 
 from __future__ import annotations
@@ -20,20 +22,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from node_agent.host import (
-    DriverVersionError,
-    HostError,
-    HostRoot,
-    gpu_minors,
-    loaded_modules,
-    nvidia_gpus,
-    read_driver_version,
-)
+from node_agent.host import DriverVersionError, HostError, HostRoot, nvidia_gpus, read_driver_version
 from node_agent.nvml import FabricState, NvmlError, NvmlSession
+from node_agent.setup import executor
+from node_agent.setup.runtime import runtime_status
 from nvgpu import catalogue
-from nvgpu import toolkit as toolkitspec
 from nvgpu.driver import NO_EXPECTATION, DriverExpectation
-from nvgpu.nodescripts import facts
+from nvgpu.nodescripts import facts, plan
 from nvgpu.nodescripts.facts import Reason, Verdict
 
 Phase = Literal["host", "all"]
@@ -101,13 +96,6 @@ class _Run:
         self.findings.append(Finding(reason, message))
 
 
-def toolkit_programs(toolkit_dir: str | None = None) -> tuple[str, ...]:
-    """The toolkit programs of which one must be installed (phase ``all``): the runtime's and the CDI hook
-    under ``/usr/bin``, or the runtime a toolkit container installed in ``toolkit_dir``."""
-    own = (facts.NVIDIA_CONTAINER_RUNTIME, facts.CDI_HOOK_PATH)
-    return (*own, toolkitspec.installed_runtime(toolkit_dir)) if toolkit_dir else own
-
-
 def _check_fabric(r: _Run, index: int, name: str, nvml: NvmlSession) -> None:
     """An NVSwitch GPU (HGX/DGX H100, H200 and newer) runs no CUDA program, each failing with error 802
     (cudaErrorSystemNotReady), until Fabric Manager has registered it with the NVLink fabric.
@@ -154,20 +142,8 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
         for message in expect.mismatches(driver, first):
             r.fail(Reason.DRIVER_MISMATCH, message)
 
-    try:
-        modules = loaded_modules(host)
-    except HostError as e:
-        r.fail(Reason.PROC_UNREADABLE, str(e))
-    else:
-        for m in facts.REQUIRED_MODULES:
-            if m not in modules:
-                r.fail(Reason.MODULE_MISSING, f"kernel module {m} is not loaded")
-
-    if not host.exists(facts.NVIDIACTL):
-        r.fail(Reason.DEVICE_NODE_MISSING, f"{facts.NVIDIACTL} is missing")
-    for minor in sorted(gpu_minors(host).values()):
-        if not host.exists(f"/dev/nvidia{minor}"):
-            r.fail(Reason.DEVICE_NODE_MISSING, f"/dev/nvidia{minor} is missing")
+    for reason, message in executor.check_findings(host, plan.HOST_CHECKS):
+        r.fail(reason, message)
 
     gpus: list[GpuSummary] = []
     required: str | None = None
@@ -213,17 +189,12 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
     runtime: str | None = None
     runtime_name: str | None = None
     if phase == "all":
-        from node_agent.setup.runtime import runtime_status
-
         status = runtime_status(host)
         runtime, runtime_name = status.detail, status.runtime
         if not status.ready:
             r.fail(Reason.RUNTIME_NOT_READY, status.detail)
-        programs = toolkit_programs(toolkit_dir)
-        if not any(host.is_executable(p) for p in programs):
-            r.fail(Reason.TOOLKIT_MISSING, f"the NVIDIA Container Toolkit is not installed: none of "
-                   f"{', '.join(programs)} is there (install it on the node, or set the group's toolkit.source: "
-                   "container)")
+        for reason, message in executor.check_findings(host, plan.RUNTIME_CHECKS, toolkit_dir=toolkit_dir):
+            r.fail(reason, message)
 
     verdict = Verdict.UNUSABLE if r.findings else Verdict.OK
     return CheckReport(verdict, tuple(r.findings), driver, required, tuple(gpus), runtime, runtime_name,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node_agent.host import HostError, HostRoot, Refused, nvidia_gpus, osinfo
+from node_agent.kube import KubeError
 from node_agent.labeller.labels import withdraw as withdraw_labels
 from node_agent.labeller.nodepatch import NodeEnv
 from node_agent.setup import devnodes
@@ -186,8 +187,6 @@ def teardown(ctx: NodeEnv, *, restart: bool, patch_node: bool, toolkit_dir: str 
     if result.failure is not None:
         return result
     if patch_node:
-        from node_agent.kube import KubeError
-
         try:
             withdrawn = withdraw_labels(ctx)
         except (KubeError, HostError) as e:
@@ -221,7 +220,6 @@ def _patch(ctx: NodeEnv, result: FlowResult, wanted: dict[str, str | None], patc
     the value setup gave them (another owner's value stays)."""
     if not patch_node:
         return
-    from node_agent.kube import KubeError
 
     try:
         node = ctx.require_node_name()

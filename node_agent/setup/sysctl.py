@@ -1,5 +1,6 @@
 """``sysctl apply|rollback``: ``net.core.bpf_jit_harden=1`` through our own ``/etc/sysctl.d`` drop-in,
-applied live. The Python twin of the sysctl half of ``gpu-sysctl.sh``.
+applied live: the step's plan (``nvgpu.nodescripts.plan.SYSCTL``) applied by the agent's executor
+(``node_agent.setup.executor``); ``gpu-sysctl.sh`` runs the same plan rendered as bash.
 
 The live value before our first apply is kept in ``/var/lib/nvidia-gpu-agent/sysctl.previous``
 (``name=value`` lines, the same file the script writes), and the drop-in is journaled, so rollback
@@ -24,12 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from node_agent.host import HostRoot, NotOurs, nvidia_gpus
-from node_agent.setup.journal import Journal
-from nvgpu.nodescripts import facts
-from nvgpu.nodescripts.content import HEADER, sysctl_dropin
+from node_agent.host import HostRoot, nvidia_gpus
+from node_agent.setup.executor import apply_plan, rollback_plan
+from nvgpu.nodescripts import facts, plan
 
-PREVIOUS_FILE = f"{facts.STATE_DIR}/sysctl.previous"
+PREVIOUS_FILE = facts.SYSCTL_PREVIOUS
 #: Our drop-in: the same name as the Deckhouse ``gpu-sysctl.sh`` writes (one source, ``facts``).
 DROPIN = facts.SYSCTL_DROPIN
 #: Names the drop-in had before; apply migrates them (removes ours, journaled).
@@ -47,86 +47,15 @@ class SysctlResult:
         return {"skipped": self.skipped, "changedFiles": self.changed_files, "live": self.live, "notes": self.notes}
 
 
-def _previous(host: HostRoot) -> dict[str, str]:
-    text = host.read_text_or_none(PREVIOUS_FILE) or ""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition("=")
-        if sep and name not in out:
-            out[name.strip()] = value.strip()
-    return out
-
-
 def apply_sysctl(host: HostRoot) -> SysctlResult:
     if not nvidia_gpus(host):
         return SysctlResult(skipped="no-gpu")
     with host.lock("sysctl"):
-        return _apply_sysctl(host)
-
-
-def _apply_sysctl(host: HostRoot) -> SysctlResult:
-    result = SysctlResult()
-    existing = host.read_text_or_none(DROPIN)
-    if existing is not None and not existing.startswith(HEADER):
-        raise NotOurs(f"{DROPIN} exists and was not written by nvidia-gpu; not overwriting it", DROPIN)
-    current: dict[str, str] = {}
-    for name in facts.SYSCTLS:
-        path = facts.sysctl_proc_path(name)
-        text = host.read_text_or_none(path)
-        if text is None:
-            result.notes.append(f"{name} does not exist on this kernel")
-        else:
-            current[name] = text.strip()
-    content = sysctl_dropin()
-    journal = Journal(host, "sysctl")
-    if existing != content:
-        journal.record(DROPIN)
-        host.write_atomic(DROPIN, content)
-        result.changed_files.append(DROPIN)
-    for former in FORMER_DROPINS:
-        text = host.read_text_or_none(former)
-        if text is None:
-            continue
-        if not text.startswith(HEADER):
-            result.notes.append(f"{former} was not written by nvidia-gpu; left alone")
-            continue
-        journal.record(former)  # the new drop-in is in place first: no window without the setting
-        if host.remove(former):
-            result.changed_files.append(former)
-    previous = _previous(host)
-    missing = {n: v for n, v in current.items() if n not in previous}
-    if missing:
-        text = host.read_text_or_none(PREVIOUS_FILE) or ""
-        host.write_atomic(PREVIOUS_FILE, text + "".join(f"{n}={v}\n" for n, v in missing.items()))
-    for name, value in current.items():
-        want = facts.SYSCTLS[name]
-        if value != want:
-            host.write_kernel(facts.sysctl_proc_path(name), want + "\n")
-            result.live[name] = want
-    return result
+        done = apply_plan(host, plan.SYSCTL)
+    return SysctlResult(changed_files=done.changed_files, live=done.live, notes=done.notes)
 
 
 def rollback_sysctl(host: HostRoot) -> SysctlResult:
     with host.lock("sysctl"):
-        return _rollback_sysctl(host)
-
-
-def _rollback_sysctl(host: HostRoot) -> SysctlResult:
-    result = SysctlResult()
-    result.changed_files = Journal(host, "sysctl").restore()
-    # Ours without a journal entry (journal lost): remove it too. Former names are left to the
-    # journal, which restores them when apply migrated them away.
-    text = host.read_text_or_none(DROPIN)
-    if text is not None and text.startswith(HEADER) and host.remove(DROPIN):
-        result.changed_files.append(DROPIN)
-    for name, value in _previous(host).items():
-        path = facts.sysctl_proc_path(name)
-        live = host.read_text_or_none(path)
-        if live is None:
-            result.notes.append(f"{name} does not exist on this kernel; previous value {value} not restored")
-            continue
-        if live.strip() != value:
-            host.write_kernel(path, value + "\n")
-            result.live[name] = value
-    host.remove(PREVIOUS_FILE)
-    return result
+        done = rollback_plan(host, plan.SYSCTL)
+    return SysctlResult(changed_files=done.changed_files, live=done.live, notes=done.notes)

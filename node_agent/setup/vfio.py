@@ -34,15 +34,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from node_agent.host import CommandNotFound, HostError, HostRoot, PciDevice, gpu_minors, nvidia_gpus, read_device
+from node_agent.host import HostError, HostRoot, PciDevice, gpu_minors, nvidia_gpus, read_device
 from node_agent.host import Refused as HostRefused
-from node_agent.host.root import CommandTimeout
 from node_agent.nvml import NvmlError, NvmlNotSupported, NvmlSession, normalize_bus_id
-from nvgpu.nodescripts import facts
+from node_agent.setup import executor
+from nvgpu.nodescripts import facts, plan
 
 log = logging.getLogger(__name__)
 
-MODPROBE_TIMEOUT_S = 30
+MODPROBE_TIMEOUT_S = facts.MODPROBE_TIMEOUT_S
 NVIDIA_DRIVER = "nvidia"
 #: How long ``bind`` waits for a GPU's holders to let go, and how often it looks (NVIDIA's
 #: ``gpuFreeCheckTimeout`` and ``gpuFreeCheckInterval``).
@@ -80,22 +80,19 @@ class VfioStatus:
 
 
 def vfio_status(host: HostRoot) -> VfioStatus:
-    modules = {m: host.is_dir(f"/sys/module/{m}") for m in facts.VFIO_MODULES}
-    iommu = bool(host.listdir(facts.IOMMU_GROUPS_DIR))
-    problems = [f"module-missing:{m}" for m, ok in modules.items() if not ok]
-    if not iommu:
-        problems.append("iommu-off")
-    return VfioStatus(modules, iommu, tuple(nvidia_gpus(host)), tuple(problems))
+    """Where the VFIO step's plan (``nvgpu.nodescripts.plan.VFIO``: modules, IOMMU) stands; nothing is changed."""
+    return _status(host, executor.problems(host, plan.VFIO))
+
+
+def _status(host: HostRoot, problems: list[str]) -> VfioStatus:
+    iommu = all(r.problem not in problems for r in plan.VFIO.requirements)
+    return VfioStatus(executor.modules_loaded(host, plan.VFIO), iommu, tuple(nvidia_gpus(host)), tuple(problems))
 
 
 def prepare(host: HostRoot) -> VfioStatus:
-    for module, loaded in vfio_status(host).modules.items():
-        if not loaded:
-            try:
-                host.run(["modprobe", module], timeout_s=MODPROBE_TIMEOUT_S)
-            except (CommandNotFound, CommandTimeout) as e:
-                raise HostError(f"cannot load {module}: {e}") from e
-    return vfio_status(host)
+    """Apply the VFIO step's plan (load the missing modules) with the agent's executor; ``gpu-vfio.sh`` runs the
+    same plan rendered as bash."""
+    return _status(host, executor.apply_plan(host, plan.VFIO).problems)
 
 
 def device_holders(host: HostRoot, target: str) -> dict[int, str]:

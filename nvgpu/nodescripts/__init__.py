@@ -32,6 +32,10 @@ API (for the components)::
   is kept in the agent state dir for rollback), then sets ``node.deckhouse.io/gpu-setup-complete``
   when the check said ok and the runtime is ready, and removes it otherwise.
 
+Steps declared once as plans (``plan``: the sysctl and VFIO steps, the check's host requirements) are rendered
+into these scripts by ``bashplan`` and applied by the agent's ``node_agent.setup.executor``; the rest is written
+per backend from shared ``facts`` and ``content`` (docs/node-setup.md).
+
 ``root_prefix`` (default ``""``) is the default of ``$NVIDIA_GPU_ROOT``, which prefixes every host
 path; ``check_phase="all"`` makes the check also require a ready runtime. Commands come from PATH.
 """

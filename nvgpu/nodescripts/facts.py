@@ -123,6 +123,8 @@ CONMON_PATHS = ("/usr/libexec/crio/conmon", "/usr/local/libexec/crio/conmon", "/
 SYSCTL_DROPIN = "/etc/sysctl.d/99-zz-nvidia-gpu.conf"
 #: Former names of the sysctl drop-in: removed when they carry our header (migration).
 SYSCTL_FORMER_DROPINS = ("/etc/sysctl.d/99-nvidia-gpu.conf",)
+#: The live sysctl values from before our first change (``name=value`` lines), which rollback puts back.
+SYSCTL_PREVIOUS = f"{STATE_DIR}/sysctl.previous"
 #: The NVIDIA container toolkit needs bpf_jit_harden below 2 (nvidia-container-toolkit#117).
 SYSCTLS = {"net.core.bpf_jit_harden": "1"}
 

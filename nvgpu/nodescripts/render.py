@@ -7,9 +7,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Literal
 
-from nvgpu import catalogue, labels, toolkit
+from nvgpu import catalogue, labels
 from nvgpu.driver import NO_EXPECTATION, VIRTUALIZATION_MODES, DriverExpectation, KernelModules
-from nvgpu.nodescripts import facts, templates
+from nvgpu.nodescripts import facts, plan, templates
+from nvgpu.nodescripts.bashplan import render_checks, render_plan
 from nvgpu.nodescripts.content import (
     HEADER,
     TOOLKIT_CLI_TABLE_ERE,
@@ -18,7 +19,6 @@ from nvgpu.nodescripts.content import (
     TOOLKIT_TABLE_ERE,
     render_crio_dropin,
     render_dropin,
-    sysctl_dropin,
     toolkit_block,
 )
 
@@ -82,8 +82,6 @@ def _common(root_prefix: str) -> dict[str, str]:
         "CRI3_RE": re.escape(facts.CRI_PLUGIN[3]),
         "RUNTIME": facts.NVIDIA_RUNTIME_NAME,
         "NCR": facts.NVIDIA_CONTAINER_RUNTIME,
-        "CDI_HOOK_PATH": facts.CDI_HOOK_PATH,
-        "TOOLKIT_RUNTIME_WRAPPER": toolkit.RUNTIME_WRAPPER,
         "CHECK_LABEL": labels.NODE_CHECK,
         "CHECK_REASONS_LABEL": labels.NODE_CHECK_REASONS,
         "SETUP_LABEL": labels.GPU_SETUP_COMPLETE,
@@ -104,10 +102,6 @@ def _common(root_prefix: str) -> dict[str, str]:
         "HOST_DRIVER_MARKERS": " ".join(facts.HOST_DRIVER_MARKERS),
         "DEPLOY_DRIVER_LABEL": labels.GPU_DEPLOY_DRIVER,
         "DRIVER_PREINSTALLED": labels.DRIVER_PREINSTALLED,
-        "REQUIRED_MODULES": " ".join(facts.REQUIRED_MODULES),
-        "VFIO_MODULES": " ".join(facts.VFIO_MODULES),
-        "IOMMU_DIR": facts.IOMMU_GROUPS_DIR,
-        "NVIDIACTL": facts.NVIDIACTL,
         "GPUS_PROC_DIR": facts.NVIDIA_GPUS_PROC_DIR,
         "SMI": facts.NVIDIA_SMI,
         "SMI_TIMEOUT": str(facts.NVIDIA_SMI_TIMEOUT_S),
@@ -126,10 +120,6 @@ def _common(root_prefix: str) -> dict[str, str]:
         "CONMON_PATHS": " ".join(facts.CONMON_PATHS),
         "CRIO_DROPIN_MONITOR": render_crio_dropin("${conmon}"),
         "CRIO_DROPIN_PLAIN": render_crio_dropin(None),
-        "SYSCTL_DROPIN": facts.SYSCTL_DROPIN,
-        "SYSCTL_FORMER_DROPINS": " ".join(facts.SYSCTL_FORMER_DROPINS),
-        "SYSCTL_CONTENT": sysctl_dropin(),
-        "SYSCTL_APPLY": "\n".join(f"apply_live {n} {v}" for n, v in facts.SYSCTLS.items()),
         "TOOLKIT_CONFIG": facts.TOOLKIT_CONFIG,
         "TOOLKIT_BEGIN": facts.TOOLKIT_BLOCK_BEGIN,
         "TOOLKIT_END": facts.TOOLKIT_BLOCK_END,
@@ -138,6 +128,10 @@ def _common(root_prefix: str) -> dict[str, str]:
         "TOOLKIT_KEY_ERE": TOOLKIT_KEY_ERE,
         "TOOLKIT_CLI_TABLE_ERE": TOOLKIT_CLI_TABLE_ERE,
         "TOOLKIT_ROOT_ERE": TOOLKIT_ROOT_ERE,
+        "SYSCTL_PLAN": render_plan(plan.SYSCTL, refuse="plan_refuse"),
+        "VFIO_PLAN": render_plan(plan.VFIO),
+        "HOST_CHECKS": render_checks(plan.HOST_CHECKS),
+        "RUNTIME_CHECKS": render_checks(plan.RUNTIME_CHECKS),
         "PROC_DEVICES": facts.PROC_DEVICES,
         "MIG_MINORS": facts.MIG_MINORS_PATH,
         "CAPS_DEV_DIR": facts.CAPS_DEV_DIR,

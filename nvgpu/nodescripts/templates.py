@@ -320,32 +320,7 @@ if [[ -n "$driver" && -n "$EXPECT_MODULES" ]]; then
   fi
 fi
 
-modules_file="${ROOT}@@PROC_MODULES@@"
-if [[ ! -e "$modules_file" ]]; then
-  # A kernel without loadable-module support has no /proc/modules: /sys/module says what is live.
-  modules="$(live_modules)"
-fi
-if [[ -e "$modules_file" ]] && ! modules="$(cat "$modules_file" 2>/dev/null)"; then
-  fail proc-unreadable "cannot read ${modules_file#"$ROOT"}"
-else
-  for module in @@REQUIRED_MODULES@@; do
-    if ! grep -q "^${module} " <<<"$modules"; then
-      fail module-missing "kernel module ${module} is not loaded"
-    fi
-  done
-fi
-
-if [[ ! -e "${ROOT}@@NVIDIACTL@@" ]]; then
-  fail device-node-missing "@@NVIDIACTL@@ is missing"
-fi
-for info in "${ROOT}@@GPUS_PROC_DIR@@"/*/information; do
-  [[ -f "$info" ]] || continue
-  minor="$(sed -nE 's/^Device Minor:[[:space:]]*([0-9]+).*/\1/p' "$info")"
-  if [[ -n "$minor" && ! -e "${ROOT}/dev/nvidia${minor}" ]]; then
-    fail device-node-missing "/dev/nvidia${minor} is missing"
-  fi
-done
-
+@@HOST_CHECKS@@
 if ! command -v @@SMI@@ >/dev/null 2>&1; then
   fail nvml-failed "@@SMI@@ not found"
 elif ! smi_out="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ \
@@ -436,20 +411,7 @@ fi
 if [[ "$PHASE" == all ]]; then
   # One of the toolkit's programs GPU containers are started with: under /usr/bin, or where a toolkit
   # container installed it (NVIDIA_GPU_TOOLKIT_DIR).
-  programs=('@@NCR@@' '@@CDI_HOOK_PATH@@')
-  if [[ -n "${NVIDIA_GPU_TOOLKIT_DIR:-}" ]]; then
-    programs+=("${NVIDIA_GPU_TOOLKIT_DIR%/}/@@TOOLKIT_RUNTIME_WRAPPER@@")
-  fi
-  found=false
-  for p in "${programs[@]}"; do
-    [[ -f "${ROOT}${p}" && -x "${ROOT}${p}" ]] && found=true
-  done
-  if [[ "$found" != true ]]; then
-    list="$(printf '%s, ' "${programs[@]}")"
-    fail toolkit-missing "the NVIDIA Container Toolkit is not installed: none of ${list%, } is there (install \
-it on the node, or set the group's toolkit.source: container)"
-  fi
-fi
+@@RUNTIME_CHECKS@@fi
 
 if [[ ${#reasons[@]} -gt 0 ]]; then
   finish unusable
@@ -619,41 +581,14 @@ if [[ "$verdict" == unusable ]]; then
   exit 0
 fi
 
-result="$(write_file "${ROOT}@@SYSCTL_DROPIN@@" <<'EOF'
-@@SYSCTL_CONTENT@@EOF
-)"
-bb-log-info "nvidia-gpu sysctl: @@SYSCTL_DROPIN@@ ${result}"
-former_dropins=(@@SYSCTL_FORMER_DROPINS@@)
-for former in "${former_dropins[@]}"; do
-  if [[ ! -f "${ROOT}${former}" ]]; then
-    continue
-  elif [[ "$(head -n1 "${ROOT}${former}")" == "@@HEADER@@" ]]; then
-    rm -f "${ROOT}${former}"
-    bb-log-info "nvidia-gpu sysctl: ${former} (former name) removed"
-  else
-    bb-log-warning "nvidia-gpu sysctl: ${former} was not written by nvidia-gpu; left alone"
-  fi
-done
-
-mkdir -p "$STATE_DIR"
-previous="${STATE_DIR}/sysctl.previous"
-apply_live() {
-  local name="$1" want="$2" path current
-  path="${ROOT}/proc/sys/${name//.//}"
-  if [[ ! -f "$path" ]]; then
-    bb-log-warning "nvidia-gpu sysctl: ${name} does not exist on this kernel"
-    return 0
-  fi
-  current="$(<"$path")"
-  if ! grep -q "^${name}=" "$previous" 2>/dev/null; then
-    echo "${name}=${current}" >>"$previous"
-  fi
-  if [[ "$current" != "$want" ]]; then
-    echo "$want" >"$path"
-  fi
+# plan_refuse MESSAGE: a file of the plan's is someone else's; nothing was changed, the gate stays closed.
+plan_refuse() {
+  node_label "@@SETUP_LABEL@@" -
+  bb-log-error "nvidia-gpu sysctl: $1"
+  echo "nvidia-gpu-setup complete=false verdict=${verdict:-none}"
+  exit 1
 }
-@@SYSCTL_APPLY@@
-
+@@SYSCTL_PLAN@@
 if [[ "$verdict" == ok ]] && runtime_ready; then
   node_label "@@SETUP_LABEL@@" ""
   echo "nvidia-gpu-setup complete=true"
@@ -670,25 +605,13 @@ if ! has_nvidia_gpu; then
   exit 0
 fi
 
-problems=()
-for module in @@VFIO_MODULES@@; do
-  if [[ ! -d "${ROOT}/sys/module/${module}" ]]; then
-    if ! modprobe "$module" >/dev/null 2>&1 || [[ ! -d "${ROOT}/sys/module/${module}" ]]; then
-      problems+=("module-missing:${module}")
-    fi
-  fi
-done
-groups=("${ROOT}@@IOMMU_DIR@@"/*)
-if [[ ! -e "${groups[0]}" ]]; then
-  problems+=("iommu-off")
-fi
-
-if [[ ${#problems[@]} -eq 0 ]]; then
+@@VFIO_PLAN@@
+if [[ ${#plan_problems[@]} -eq 0 ]]; then
   node_label "@@VFIO_LABEL@@" "true"
   echo "nvidia-gpu-vfio ready=true problems="
 else
   node_label "@@VFIO_LABEL@@" -
-  csv="$(printf '%s\n' "${problems[@]}" | paste -sd, -)"
+  csv="$(printf '%s\n' "${plan_problems[@]}" | paste -sd, -)"
   bb-log-error "nvidia-gpu vfio: not ready: ${csv}"
   echo "nvidia-gpu-vfio ready=false problems=${csv}"
 fi

@@ -21,6 +21,7 @@ from nvgpu.labels import GPU_TAINT_KEY
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import NodeScript, render_node_scripts
 from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup, NodeSetupBackend, Sharing
+from nvgpu.stackconfig.resolved import GroupPlan
 from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import deckhouse, dra, driver, toolkit, workloads
 from nvidia_gpu.components.manifests.platform import AgentRole
@@ -33,18 +34,17 @@ from nvidia_gpu.components.sharing_policy import SharingPolicy, SharingPolicyArg
 TYPE = "nvidia-gpu:index:GpuNodeGroup"
 
 
-def node_scripts(cluster: Cluster, group: NodeGroup, mode: AllocationMode) -> tuple[NodeScript, ...]:
+def node_scripts(plan: GroupPlan) -> tuple[NodeScript, ...]:
     """The bashible steps for a group on the deckhouse backend (none elsewhere: the setup DaemonSet runs).
 
     DRA groups that allow passthrough also get ``gpu-iommu.sh`` (IOMMU kernel parameters) and
     ``gpu-vfio.sh`` (VFIO modules and the IOMMU check).
     """
-    if cluster.node_setup is not NodeSetupBackend.DECKHOUSE:
+    if plan.node_setup is not NodeSetupBackend.DECKHOUSE:
         return ()
-    passthrough = mode is AllocationMode.DRA and group.passthrough
-    scripts = render_node_scripts(vfio=passthrough, accept_envvar=group.toolkit_accepts_envvar(mode),
-                                  expect=group.gpu.node_setup_expectation, driver_root=cluster.driver_root_for(group))
-    return (*scripts, dra.iommu_script()) if passthrough else tuple(scripts)
+    scripts = render_node_scripts(vfio=plan.passthrough, accept_envvar=plan.accept_envvar,
+                                  expect=plan.node_setup_expectation, driver_root=plan.driver_root)
+    return (*scripts, dra.iommu_script()) if plan.passthrough else tuple(scripts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +68,8 @@ class GpuNodeGroupArgs:
     settings: Cluster = field(init=False, repr=False)
     node_group: NodeGroup = field(init=False, repr=False)
     mode: AllocationMode = field(init=False, repr=False)
+    #: What the stack decided for the group in ``mode`` (:class:`~nvgpu.stackconfig.resolved.GroupPlan`).
+    plan: GroupPlan = field(init=False, repr=False)
     scripts: tuple[NodeScript, ...] = field(init=False, repr=False)
     labels: pulumi.Input[dict[str, str]] = field(init=False, repr=False)
 
@@ -94,10 +96,11 @@ class GpuNodeGroupArgs:
         mode = self.allocation_mode or group.allocation_mode or settings.allocation_mode
         labels = refs.extra_labels if self.extra_labels is None else inputs.labels(
             "GpuNodeGroupArgs.extra_labels", self.extra_labels)
+        plan = GroupPlan.of(settings, group, mode)
         for name, value in (("refs", refs), ("settings", settings), ("node_group", group), ("mode", mode),
-                            ("labels", labels)):
+                            ("plan", plan), ("labels", labels)):
             object.__setattr__(self, name, value)
-        scripts = node_scripts(settings, group, mode) if self.node_scripts is None else tuple(self.node_scripts)
+        scripts = node_scripts(plan) if self.node_scripts is None else tuple(self.node_scripts)
         object.__setattr__(self, "scripts", scripts)
 
 
@@ -180,8 +183,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         # NVIDIA's toolkit container, where the group's nodes have no toolkit of their own (manifests.toolkit).
         self.toolkit: pulumi.CustomResource | None = None
         if group.toolkit.container:
-            self.toolkit = register(f"{name}-toolkit", toolkit.toolkit_daemonset(refs.namespace, cluster, group,
-                                                                                  args.mode),
+            self.toolkit = register(f"{name}-toolkit", toolkit.toolkit_daemonset(refs.namespace, group, args.plan),
                                     pulumi.ResourceOptions(parent=self, depends_on=refs.needs_namespace()))
 
         self.sharing: SharingPolicy | None = None

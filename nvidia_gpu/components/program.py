@@ -24,6 +24,7 @@ from nvgpu.stackconfig import (
     StackConfig,
     namespace_values,
 )
+from nvgpu.stackconfig.resolved import GroupPlan
 from nvidia_gpu.components.dra_stack import DraStack, DraStackArgs
 from nvidia_gpu.components.driver_upgrade import DriverUpgrade, DriverUpgradeArgs
 from nvidia_gpu.components.manifests import previewaccess
@@ -63,7 +64,7 @@ def runtime_config_values(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def node_scripts(config: StackConfig, group: NodeGroup) -> tuple[NodeScript, ...]:
     """The bashible steps for ``group`` (see :func:`nvidia_gpu.components.node_group.node_scripts`)."""
-    return group_node_scripts(config.cluster, group, config.allocation_mode(group))
+    return group_node_scripts(GroupPlan.of(config.cluster, group))
 
 
 def build_stack(config: StackConfig) -> Stack:

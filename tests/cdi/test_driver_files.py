@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,6 @@ def test_discovery_takes_this_drivers_libraries_with_their_sonames(tmp_path: Pat
 
 def test_a_library_directory_known_only_to_the_roots_ld_cache(tmp_path: Path) -> None:
     """A driver container's libraries in a directory of its own, found through its ld.so.cache."""
-    import subprocess
-
     root = tmp_path / "root"
     lib = root / "opt/nvidia/lib"
     for base, name in (("libnvidia-ml.so", "libnvidia-ml.so.1"), ("libcuda.so", "libcuda.so.1")):

@@ -20,6 +20,12 @@ from typing import Any
 
 import pytest
 
+from node_agent.cdi.driveredits import DriverEditsSource
+from node_agent.dra import cdi
+from node_agent.dra.devices import allocatable_devices
+from node_agent.host import HostRoot
+from node_agent.host.driverroot import DriverRoot
+from tests.kit.dra_builders import DRIVER, machine
 from tests.kit.driverinstall import install_driver
 from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
 from tests.oci import Runtime, minimal_rootfs
@@ -122,13 +128,6 @@ def test_without_the_hook_the_libraries_resolve_by_their_soname_mounts(tmp_path:
 
 def test_dra_claim_specs_load_in_the_cdi_library(tmp_path: Path) -> None:
     """The DRA plugin's per-claim spec, with the driver edits, as the runtime's CDI cache loads it."""
-    from node_agent.cdi.driveredits import DriverEditsSource
-    from node_agent.dra import cdi
-    from node_agent.dra.devices import allocatable_devices
-    from node_agent.host import HostRoot
-    from node_agent.host.driverroot import DriverRoot
-    from tests.kit.dra_builders import DRIVER, machine
-
     runtime = Runtime.pinned(tmp_path / "runc-state")
     driver = install_driver(tmp_path / "driver", VERSION)
     edits = DriverEditsSource(DriverRoot(driver.root), "/run/nvidia/driver", str(runtime.hook),

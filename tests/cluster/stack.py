@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -18,8 +19,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 @cache
 def rendered(stack: str) -> PreviewResult:
-    import tempfile
-
     out = Path(tempfile.mkdtemp(prefix=f"nvgpu-{stack}-"))
     result = run_preview(REPO, stack, out)
     assert result.manifests, f"stack {stack} rendered nothing: {[str(p) for p in result.problems]}"

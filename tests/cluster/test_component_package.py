@@ -35,7 +35,7 @@ CLUSTER = {
     "agentImage": {"repository": "registry.example.com/platform/nvidia-gpu-agent", "tag": "0.1.0"},
     "runtimeClass": {"create": False},
 }
-GROUP = {
+GROUP: dict[str, Any] = {
     "name": "l4-shared",
     "nodeSelector": {"matchLabels": {POOL: "yaml"}},
     "gpu": {"model": "L4", "sharing": "TimeSlicing", "timeSlicing": {"partitionCount": 4}},

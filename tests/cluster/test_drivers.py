@@ -22,11 +22,17 @@ import pytest
 from localcluster import ControlPlane, Kube
 from localcluster.client import ApiError
 from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
+from node_agent.driverupgrade.controller import UpgradeController, Watcher
+from node_agent.driverupgrade.machine import IN_FLIGHT, DrainMode, UpgradeState
+from node_agent.driverupgrade.nodestate import FIELD_MANAGER, field_owners
+from node_agent.kube import nodes as agent_nodes
 from node_agent.kube.pods import ready as pod_ready
+from node_agent.kube.transport import Kube as AgentKube
+from node_agent.kube.watch import ListWatch
 from nvgpu import labels
 from nvgpu.driver import UPGRADE_TAINT_KEY
 from nvgpu.stackconfig import load_stack_config
-from nvidia_gpu.components.manifests import driver
+from nvidia_gpu.components.manifests import driver, driverupgrade
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +125,11 @@ def test_driver_containers_land_by_os_release_and_kernel_and_skip_preinstalled_h
             "drv-jammy": "nvcr.io/nvidia/driver:535-5.15.0-105-generic-ubuntu22.04",
             "drv-rhel": "nvcr.io/nvidia/driver:535-5.14.0-427.13.1.el9_4.x86_64-rhel9.4"}
         for ds in sets:
-            status = wait_for(lambda ds=ds: (s := kube.get("apps/v1", "DaemonSet", ds["metadata"]["name"], NS)
-                                             .get("status", {})) and s.get("observedGeneration") and s, timeout=30,
-                              what="the DaemonSet controller's status")
+            def observed(ds: dict[str, Any] = ds) -> Any:
+                status = kube.get("apps/v1", "DaemonSet", ds["metadata"]["name"], NS).get("status", {})
+                return status if status and status.get("observedGeneration") else None
+
+            status = wait_for(observed, timeout=30, what="the DaemonSet controller's status")
             image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
             assert status.get("desiredNumberScheduled", 0) == (1 if image in placed.values() else 0), image
     finally:
@@ -197,8 +205,6 @@ def upgrade_cluster(kube: Kube, tmp_path: Path) -> Iterator[Path]:
     550.90.07 running on each, a GPU agent DaemonSet, a GPU pod and an ordinary pod per node (a
     ReplicaSet's, as a drain moves), and the controller's identity (its ServiceAccount and RBAC as the
     stack renders them for Deckhouse, which adds reading NodeGroups): the kubeconfig of its token."""
-    from nvidia_gpu.components.manifests import driverupgrade
-
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": UPGRADE_NS}})
     try:
         for name in UPGRADE_NODES:
@@ -249,10 +255,6 @@ def _states(kube: Kube) -> dict[str, str | None]:
 @pytest.mark.timeout(300)
 def test_a_version_change_walks_each_node_through_the_upgrade_one_at_a_time(kube: Kube, upgrade_cluster: Path
                                                                              ) -> None:
-    from node_agent.driverupgrade.controller import UpgradeController
-    from node_agent.driverupgrade.machine import IN_FLIGHT, UpgradeState
-    from node_agent.kube.transport import Kube as AgentKube
-
     old = {n: p["metadata"]["name"] for n, p in _driver_pods(kube).items()}
     old_work = set(_work_pods(kube))
     # An operator cordoned the last node before the upgrade: it stays cordoned after.
@@ -330,10 +332,6 @@ def test_at_rest_the_controller_waits_on_its_watches_and_a_version_change_wakes_
     pods and the nodes (a refused watch would fall back to a list every few seconds). Settled, it sends
     nothing for as long as nothing changes, though its interval is 0.2 s; a version change starts the
     rollout within seconds, without a timer."""
-    from node_agent.driverupgrade.controller import UpgradeController, Watcher
-    from node_agent.kube.transport import Kube as AgentKube
-    from node_agent.kube.watch import ListWatch
-
     class Kept(UpgradeController):
         kept: list[Watcher] = []
 
@@ -378,9 +376,6 @@ def test_at_rest_the_controller_waits_on_its_watches_and_a_version_change_wakes_
 def test_a_node_that_cannot_be_drained_fails_and_stops_the_rollout(kube: Kube, upgrade_cluster: Path) -> None:
     """A PodDisruptionBudget keeps the first node's GPU pod: its drain times out, the node is marked
     upgrade-failed with an Event, and no other node leaves service."""
-    from node_agent.driverupgrade.controller import UpgradeController
-    from node_agent.kube.transport import Kube as AgentKube
-
     kube.create({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                  "metadata": {"name": "keep-work", "namespace": UPGRADE_NS},
                  "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "work"}}}})
@@ -421,10 +416,6 @@ def test_on_deckhouse_the_nodegroups_disruption_settings_hold(kube: Kube, upgrad
     Manual`` a node asks (``update.node.deckhouse.io/disruption-required``, and an Event says how to
     approve), stays in service until a person approves it (``disruption-approved``), then walks on, one at a
     time; the annotations are gone once it is done."""
-    from node_agent.driverupgrade.controller import UpgradeController
-    from node_agent.driverupgrade.machine import DrainMode, UpgradeState
-    from node_agent.kube.transport import Kube as AgentKube
-
     now = time.gmtime()
     closed = f"{(now.tm_hour + 2) % 24:02d}:00"  # a one-hour window two hours from now: closed now
     kube.apply(_nodegroup({"approvalMode": "Automatic", "automatic": {
@@ -477,11 +468,6 @@ def test_a_forged_upgrade_state_neither_stops_the_rollout_nor_skips_a_node(
     ``uncordon-required``. The real API server's ``managedFields`` names them, not the controller: the
     controller acts on neither (the first would stop the rollout, the second give the node back with its
     old driver), writes its own state back, says so in an Event, and the rollout goes through every node."""
-    from node_agent.driverupgrade.controller import UpgradeController
-    from node_agent.driverupgrade.nodestate import FIELD_MANAGER, field_owners
-    from node_agent.kube import nodes as agent_nodes
-    from node_agent.kube.transport import Kube as AgentKube
-
     old = {n: p["metadata"]["name"] for n, p in _driver_pods(kube).items()}
     cluster_cfg, group = _upgrade_group("550.127.05")
     for ds in driver.driver_daemonsets(UPGRADE_NS, cluster_cfg, group):

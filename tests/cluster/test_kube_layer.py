@@ -84,8 +84,12 @@ def test_list_watch_delivers_changes_across_an_api_server_restart(agent: AgentKu
         with lock:
             values.append(nodes.label_of(obj, "watched"))
 
+    def record_all(items: list[dict[str, Any]]) -> None:
+        for item in items:
+            record(item)
+
     w = ListWatch(agent, nodes.NODES, field_selector=f"metadata.name={node}", timing=TIMING,
-                  on_list=lambda items: [record(i) for i in items], on_event=lambda kind, obj: record(obj))
+                  on_list=record_all, on_event=lambda kind, obj: record(obj))
     w.start()
     try:
         wait_for(lambda: w.watches >= 1, timeout=10, interval=0.05, what="the watch opened")

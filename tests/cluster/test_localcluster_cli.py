@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import ControlPlane, Kube
+from localcluster import ControlPlane, Kube, controlplane
 from localcluster.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,8 +55,6 @@ def test_a_port_taken_between_picking_and_binding_is_picked_again(control_plane:
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Two clones start control planes at once: a port one picked free may be bound by the other before its
     API server binds it. The start picks again instead of failing."""
-    from localcluster import controlplane
-
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()

@@ -21,9 +21,12 @@ import yaml
 
 from localcluster import ControlPlane, Kube
 from localcluster.objects import create_kwok_node, service_account_kube, wait_for, write_kubeconfig
+from node_agent.driverupgrade.controller import UpgradeController
+from node_agent.driverupgrade.machine import IN_FLIGHT, UpgradeState
 from node_agent.kube.pods import ready as pod_ready
+from node_agent.kube.transport import Kube as AgentKube
 from nvgpu import labels
-from nvidia_gpu.components.manifests import driver
+from nvidia_gpu.components.manifests import driver, driverupgrade
 from tests.cluster.pulumi_project import KINDS, Project, assert_same_objects, make_project, settled, snapshot
 
 STACK = "drivers"
@@ -43,6 +46,12 @@ def _gpu_node(kube: Kube, name: str, pool: str, **extra: str) -> None:
 
 
 
+def _ready_driver_pods(kube: Kube) -> dict[str, dict[str, Any]] | None:
+    """The driver pods by node once both H100 nodes have a ready one, else ``None`` (for ``wait_for``)."""
+    pods = _driver_pods(kube)
+    return pods if len(pods) == 2 and all(pod_ready(p) for p in pods.values()) else None
+
+
 def _driver_pods(kube: Kube) -> dict[str, dict[str, Any]]:
     return {p["spec"]["nodeName"]: p for p in kube.list("v1", "Pod", NS, labelSelector=driver.DRIVER_SELECTOR_LABEL)
             if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")}
@@ -56,11 +65,6 @@ def _images(pods: dict[str, dict[str, Any]]) -> dict[str, str]:
 def test_the_drivers_stack_applies_rolls_a_version_change_and_destroys(cluster: ControlPlane,
                                                                        tmp_path_factory: pytest.TempPathFactory
                                                                        ) -> None:
-    from node_agent.driverupgrade.controller import UpgradeController
-    from node_agent.driverupgrade.machine import IN_FLIGHT, UpgradeState
-    from node_agent.kube.transport import Kube as AgentKube
-    from nvidia_gpu.components.manifests import driverupgrade
-
     kube = cluster.admin()
     work = tmp_path_factory.mktemp("engine-drivers")
     project: Project = make_project(cluster, work, STACK)
@@ -74,8 +78,7 @@ def test_the_drivers_stack_applies_rolls_a_version_change_and_destroys(cluster: 
         project.pulumi("up", "--yes", "--skip-preview")
         # The precompiled group's DaemonSet for ubuntu 22.04 and its kernel runs on both H100 nodes, and no
         # driver container runs on the node with a driver of its own.
-        placed = wait_for(lambda: len(p := _driver_pods(kube)) == 2 and all(pod_ready(x) for x in p.values()) and p,
-                          timeout=120, what="the driver pods ready on the H100 nodes")
+        placed = wait_for(lambda: _ready_driver_pods(kube), timeout=120, what="the driver pods ready on the H100 nodes")
         assert _images(placed) == dict.fromkeys(H100, "nvcr.io/nvidia/driver:535-5.15.0-105-generic-ubuntu22.04")
         nvidia_drivers = kube.list("nvidia.com/v1alpha1", "NVIDIADriver")
         assert [(d["spec"]["version"], d["spec"]["kernelModuleType"]) for d in nvidia_drivers] == [
@@ -109,8 +112,7 @@ def test_the_drivers_stack_applies_rolls_a_version_change_and_destroys(cluster: 
             time.sleep(0.5)
         assert set(states.values()) == {UpgradeState.DONE.value}, states
         assert out_of_service == 1, "maxUnavailable 1: one node out of service at a time"
-        new = wait_for(lambda: len(p := _driver_pods(kube)) == 2 and all(pod_ready(x) for x in p.values()) and p,
-                       timeout=60, what="the new driver pods ready")
+        new = wait_for(lambda: _ready_driver_pods(kube), timeout=60, what="the new driver pods ready")
         assert _images(new) == dict.fromkeys(H100, "nvcr.io/nvidia/driver:550-5.15.0-105-generic-ubuntu22.04")
         assert not set(old.values()) & {p["metadata"]["name"] for p in new.values()}
         assert H200 not in new

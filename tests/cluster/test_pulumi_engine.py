@@ -27,6 +27,8 @@ from nvgpu.version import VERSION
 from nvidia_gpu.components.manifests.meta import group_object_name
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.manifests.workloads import AGENT, CONTAINER_DRIVER_ROOT, HOST_ROOT
+from nvidia_gpu.preview.pipeline import run_preview
+from nvidia_gpu.preview.policyrun.offline import resources_from_plan
 from tests.cluster.agents import (
     REPO,
     AgentIdentity,
@@ -75,8 +77,6 @@ def test_0_someone_elses_fixed_name_objects_are_reported_before_up(cluster: Cont
     """NVIDIA's DRA driver already installed its DeviceClass ``gpu.nvidia.com``: the provider would apply
     over it (server-side apply upserts) and ``destroy`` would delete it, so the preview against the cluster
     (``python -m nvidia_gpu.preview --server-dry-run KUBECONFIG``) reports it first."""
-    from nvidia_gpu.preview.pipeline import run_preview
-
     kube = cluster.admin()
     theirs = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
               "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}
@@ -173,9 +173,6 @@ def test_1c_the_offline_runner_sends_the_stack_policies_what_the_engine_sends(pr
     provider answers with the server's dry-run of each object (defaults, ``metadata.uid``,
     ``managedFields``), which the offline runner has no server to ask for; the stack policies must
     therefore never rely on a field being absent."""
-    from nvidia_gpu.preview.pipeline import run_preview
-    from nvidia_gpu.preview.policyrun.offline import resources_from_plan
-
     engine = {r["urn"]: r for r in _seen_by_analyze_stack(project)}
     assert run_preview(REPO, STACK, tmp_path).ok
     offline = {r.urn: r for r in resources_from_plan(json.loads((tmp_path / "plan.json").read_text()))}

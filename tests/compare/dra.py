@@ -258,7 +258,7 @@ def first_uuid(published: list[dict[str, Any]], kind: str) -> str:
                    if d.get("attributes", {}).get("type", {}).get("string") == kind)
     if not found:
         raise AssertionError(f"no {kind} device published")
-    return found[0]
+    return str(found[0])
 
 
 def differences(case: str, ours: Mapping[str, str], theirs: Mapping[str, str]) -> list[Difference]:

@@ -11,7 +11,16 @@ import queue
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from node_agent.deviceplugin.devices import Gpu, HealthEvent, HealthEventKind, Link, MigDevice, PcieLink, Recovery
+from node_agent.deviceplugin.devices import (
+    Gpu,
+    HealthEvent,
+    HealthEventKind,
+    Link,
+    MigDevice,
+    PcieLink,
+    Recovery,
+    sysfs_bus_id,
+)
 from nvgpu import catalogue
 from tests.kit.fakehost import FakeHost
 from tests.kit.gpus import gpu_uuid, machine_base, mig_profile, nvml_bus_id
@@ -100,8 +109,6 @@ def hybrid_cube_mesh() -> dict[tuple[int, int], Link]:
 
 
 def numa_files(host: FakeHost, gpus: Sequence[Gpu], per_node: int) -> None:
-    from node_agent.deviceplugin.devices import sysfs_bus_id
-
     for g in gpus:
         host.put(f"/sys/bus/pci/devices/{sysfs_bus_id(g.pci_bus_id)}/numa_node", f"{g.index // per_node}\n")
 

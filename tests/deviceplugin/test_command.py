@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from node_agent.cli import device_plugin as device_plugin_cli
+from nvml_sim import SimulatedMachine
 from tests.deviceplugin.plugin_process import TS, switching_plugin
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.kubelet.deviceplugin import DevicePluginKubelet
@@ -67,8 +68,6 @@ def test_sighup_reloads_and_sigterm_removes_sockets(tmp_path: Path, sock_dir: Pa
 @pytest.mark.slow
 @pytest.mark.parametrize("fail", [True, False])
 def test_nvml_init_failure_and_fail_on_init_error(tmp_path: Path, sock_dir: Path, fail: bool) -> None:
-    from nvml_sim import SimulatedMachine
-
     host = build_fake_host(tmp_path / "host", "t4x1")
     SimulatedMachine("t4x1", sim_state_file(host.root, "t4x1")).fail_init()
     proc, _ = _start(tmp_path, sock_dir, "--fail-on-init-error", str(fail).lower(), machine="t4x1")

@@ -10,6 +10,7 @@ import pytest
 from node_agent.cli import build_parser
 from node_agent.deviceplugin import config
 from nvgpu.stackconfig import load_stack_file
+from nvidia_gpu.components.manifests import workloads
 from nvidia_gpu.components.manifests.sharing import render_named_configs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,8 +31,6 @@ def test_rendered_named_configs_parse(stack: Path) -> None:
 
 
 def test_daemonset_arguments_are_accepted() -> None:
-    from nvidia_gpu.components.manifests import workloads
-
     args = ["device-plugin", "--config-dir", workloads.DEVICE_PLUGIN_CONFIG_DIR, "--config-label",
             "node.deckhouse.io/device-gpu.config", "--default-config", "Exclusive",
             "--metrics-port", str(workloads.DEVICE_PLUGIN_METRICS_PORT)]

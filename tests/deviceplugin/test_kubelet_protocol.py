@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 
 import grpc
 import pytest
 
 from node_agent.deviceplugin import config
-from node_agent.deviceplugin.allocate import CDI_KIND
+from node_agent.deviceplugin.cdi import CDI_KIND
 from node_agent.deviceplugin.health import HealthPolicy
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins
+from node_agent.kubelet.deviceplugin import lifecycle
+from node_agent.status.server import StatusServer
 from tests.deviceplugin.builders import machine
 from tests.deviceplugin.conftest import Running
 from tests.kit.fakehost import FakeHost
@@ -298,11 +302,6 @@ def test_fail_on_init_error(run_plugin: Callable[..., Running], host: FakeHost) 
 
 
 def test_status_endpoints(run_plugin: Callable[..., Running], host: FakeHost) -> None:
-    import urllib.error
-    import urllib.request
-
-    from node_agent.status.server import StatusServer
-
     r = run_plugin(machine("l4x2", host), kubelet=False)
     status = StatusServer(r.metrics, r.supervisor.live, r.supervisor.ready, "127.0.0.1", 0)
     status.start()
@@ -332,8 +331,6 @@ def test_status_endpoints(run_plugin: Callable[..., Running], host: FakeHost) ->
 
 def test_half_started_servers_are_cleaned_up_before_retry(run_plugin: Callable[..., Running], host: FakeHost,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from node_agent.kubelet.deviceplugin import lifecycle
-
     real_start = lifecycle.ResourceServer.start
     calls: list[str] = []
     servers: list[lifecycle.ResourceServer] = []

@@ -13,6 +13,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,12 +187,6 @@ def test_the_plugin_serves_only_a_daemon_with_its_own_settings(node: FakeHost, s
 
 def test_the_mps_daemon_command_serves_until_sigterm_then_restores(node: FakeHost, tmp_path: Path) -> None:
     """``python -m node_agent mps-daemon`` end to end: the pod's command line, then SIGTERM (pod deletion)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     assert node.machine is not None
     node.machine.set_compute_mode(3, PROHIBITED)
     state = sim_state_file(node.root, MACHINE)

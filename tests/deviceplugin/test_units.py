@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from node_agent.cdi.driveredits import DriverEditsSource
-from node_agent.deviceplugin import cdi, config
+from node_agent.deviceplugin import cdi, config, mps
 from node_agent.deviceplugin.allocate import AllocationError, Allocator
 from node_agent.deviceplugin.devices import DeviceError, HealthEvent, HealthEventKind
 from node_agent.deviceplugin.health import HealthBoard, HealthMonitor, HealthPolicy
@@ -20,7 +21,9 @@ from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigWatcher
 from node_agent.deviceplugin.preferred import Request, best_set, greedy_preference, set_score
 from node_agent.deviceplugin.resources import build_resources
 from node_agent.host.driverroot import DriverRoot
+from node_agent.nvml.xid import EVENT_WAIT_SLICE_S
 from nvgpu import catalogue
+from nvgpu.devicelist import DeviceListStrategy
 from tests.cdi.schema import cdi_validator
 from tests.deviceplugin.builders import dgx_links, full_gpu, hybrid_cube_mesh, machine, mig_gpu
 from tests.deviceplugin.reference import exhaustive, nvidia_best_effort
@@ -50,7 +53,7 @@ def test_precedence_flags_over_env_over_file() -> None:
     env = {"MIG_STRATEGY": "mixed", "DEVICE_LIST_STRATEGY": "cdi-cri,envvar"}
     s = config.load(text, env)
     assert s.mig_strategy is config.MigStrategy.MIXED
-    assert s.device_list_strategy == (config.DeviceListStrategy.CDI_CRI, config.DeviceListStrategy.ENVVAR)
+    assert s.device_list_strategy == (DeviceListStrategy.CDI_CRI, DeviceListStrategy.ENVVAR)
     s = config.load(text, env, config.Overrides(mig_strategy=config.MigStrategy.NONE))
     assert s.mig_strategy is config.MigStrategy.NONE
     assert config.load("").nvidia_dev_root == "/" and config.load("flags: {nvidiaDriverRoot: /run/nvidia/driver}"
@@ -204,8 +207,8 @@ def test_cdi_spec_validates_against_the_schema(host: FakeHost, mig: bool, tmp_pa
     assert [h["args"][:3] for h in hooks] == [["nvidia-ctk", "hook", "create-symlinks"],
                                               ["nvidia-ctk", "hook", "update-ldcache"]]
     assert hooks[-1]["args"][-2:] == ["--folder", "/usr/lib64"]
-    mounted = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
-    assert set(driver.libraries) <= mounted and "/usr/lib64/libcuda.so.535.1" not in mounted
+    in_container = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
+    assert set(driver.libraries) <= in_container and "/usr/lib64/libcuda.so.535.1" not in in_container
     names = {d["name"] for d in spec["devices"]}
     assert {r.devices[0].uuid for r in resources} <= names and ("0:0" in names) is mig
     bad = dict(spec, devices=[{"name": "x"}])
@@ -318,8 +321,6 @@ def test_at_rest_the_monitor_waits_on_nvml_in_long_slices_and_a_restart_does_not
         host: FakeHost) -> None:
     """NVML's event wait is the monitor's sleep: one wait per ``EVENT_WAIT_SLICE_S`` (or to the next re-check),
     not ten a second; a restart's stop returns while the wait runs, a final stop within the slice."""
-    from node_agent.nvml.xid import EVENT_WAIT_SLICE_S
-
     node = machine("l4x2", host)
     waits: list[float] = []
     waiting = threading.Event()
@@ -389,8 +390,6 @@ class _Modes:
 
 
 def test_mps_daemon_plan_start_adopt_and_stop(host: FakeHost) -> None:
-    from node_agent.deviceplugin import mps
-
     node = machine("a30x4", host)
     s = config.load(_shipped("nvidia-device-plugin-config-mps.yaml"))
     resources = build_resources(node.gpu_list, s, host)
@@ -448,8 +447,6 @@ def test_best_set_prunes_symmetric_topologies() -> None:
 
 
 def test_gpus_below_the_minimum_compute_capability_are_not_advertised(host: FakeHost) -> None:
-    from dataclasses import replace
-
     node = machine("l4x2", host)
     old = replace(node.gpu_list[1], compute_capability=(5, 2))
     (r,) = build_resources([node.gpu_list[0], old], config.load(""), host)

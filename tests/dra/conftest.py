@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kmock
 import pytest
+from kubernetes import client
 
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.claims import ClaimRef
@@ -80,10 +81,9 @@ class Node:
     uuids: list[str]
 
     def put(self, body: dict[str, Any]) -> ClaimRef:
-        from kubernetes import client
-
         meta = body["metadata"]
-        client.ResourceV1Api(self.server.api_client()).create_namespaced_resource_claim(meta["namespace"], body)
+        claims = client.ResourceV1Api(self.server.api_client())
+        claims.create_namespaced_resource_claim(meta["namespace"], cast(Any, body))
         return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
 
 

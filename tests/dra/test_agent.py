@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
@@ -19,13 +19,14 @@ from kubernetes import client
 from node_agent.dra.api import KubeDraApi
 from node_agent.dra.cleanup import FINALIZER, MarkerState, UninstallWatcher
 from node_agent.dra.devices import HealthAction, allocatable_devices
+from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.nvml.session import NvmlBackend, open_nvml
 from nvml_sim import SimulatedMachine
 from tests.dra.conftest import Env
 from tests.kit import metrics
-from tests.kit.dra_builders import DRIVER, NODE, claim, machine, populate_dev
+from tests.kit.dra_builders import DRIVER, NODE, RecordingSharing, claim, machine, populate_dev
 from tests.kit.kmock import FakeApiServer
 from tests.kit.kubelet.common import wait_until
 from tests.kit.kubelet.dra import DraKubelet
@@ -80,7 +81,7 @@ def test_mig_devices_and_lost_gpu_on_a_simulated_a100(host_root: Path, tmp_path:
 
 def _marker(server: FakeApiServer, **meta: object) -> None:
     core = client.CoreV1Api(server.api_client())
-    core.create_namespaced_config_map("nvidia-gpu", {"metadata": {"name": "dra-uninstall-marker", **meta}})
+    core.create_namespaced_config_map("nvidia-gpu", cast(Any, {"metadata": {"name": "dra-uninstall-marker", **meta}}))
 
 
 def test_uninstall_marker_withdraws_slices_then_releases(env: Env) -> None:
@@ -92,7 +93,8 @@ def test_uninstall_marker_withdraws_slices_then_releases(env: Env) -> None:
     _marker(env.server)
     assert watcher.check() is MarkerState.ARMED
     core = client.CoreV1Api(env.server.api_client())
-    assert core.read_namespaced_config_map("dra-uninstall-marker", "nvidia-gpu").metadata.finalizers == [FINALIZER]
+    marker = core.read_namespaced_config_map("dra-uninstall-marker", "nvidia-gpu").metadata
+    assert marker is not None and marker.finalizers == [FINALIZER]
     core.delete_namespaced_config_map("dra-uninstall-marker", "nvidia-gpu")  # finalizer holds it
     assert watcher.check() is MarkerState.RELEASED
     assert env.server.slices() == []
@@ -106,7 +108,7 @@ def test_uninstall_grace_period_releases_despite_other_nodes_slices(env: Env) ->
     other = dict(env.server.slices()[0])
     other["metadata"] = {"name": "other-node-slice"}
     other["spec"] = {**other["spec"], "nodeName": "other-node", "pool": {**other["spec"]["pool"], "name": "other"}}
-    client.ResourceV1Api(env.server.api_client()).create_resource_slice(other)
+    client.ResourceV1Api(env.server.api_client()).create_resource_slice(cast(Any, other))
     clock = [1_000_000_000.0]
     watcher = UninstallWatcher(kube_api(env), driver=DRIVER, marker="nvidia-gpu/dra-uninstall-marker",
                                withdraw=env.driver.withdraw, grace=60, wall_clock=lambda: clock[0])
@@ -187,7 +189,7 @@ def test_dra_driver_command_serves_until_sigterm(host_root: Path, api_server: Fa
         assert len(api_server.slices()[0]["spec"]["devices"]) == 8
         assert metrics.get(f"{status}/readyz") == (200, "ok\n")  # kubelet accepted the registration
         body = claim("cli", "uid-cli", [("gpu", "gpu-7")])
-        client.ResourceV1Api(api_server.api_client()).create_namespaced_resource_claim("team-a", body)
+        client.ResourceV1Api(api_server.api_client()).create_namespaced_resource_claim("team-a", cast(Any, body))
         resp = kubelet.prepare(DRIVER, [("team-a", "cli", "uid-cli")])
         assert resp.claims["uid-cli"].error == ""
         assert (host_root / "var/run/cdi/k8s.gpu.nvidia.com-claim_uid-cli.json").exists()
@@ -282,9 +284,6 @@ def test_a_critical_xid_wakes_the_inventory_loop_at_once(host_root: Path, tmp_pa
     """The loop sleeps on NVML's XID events: with a 30 s poll, a double-bit ECC error withdraws its GPU within
     seconds (it used to wait for the next poll), an application XID wakes nothing, and a stop ends the
     wait within its 1 s slice."""
-    from node_agent.dra.driver import DraDriver, DriverSettings
-    from tests.kit.dra_builders import RecordingSharing
-
     backend = NvmlBackend.parse("simulated:dgx-h100", state_file=tmp_path / "sim.json")
     source = NvmlInventorySource(backend, HostRoot(host_root))
     machine = SimulatedMachine("dgx-h100", tmp_path / "sim.json")

@@ -136,9 +136,10 @@ def test_rendered_objects_and_demo_claims_validate_strictly(version: str) -> Non
 
 
 def test_daemonset_backend_prepares_vfio_only_for_passthrough_groups(engine: Engine) -> None:  # noqa: F811
-    groups = [{"name": "vm", "nodeSelector": {"matchLabels": {"gpu": "vm"}}, "allocationMode": "dra",
-               "passthrough": True},
-              {"name": "ai", "nodeSelector": {"matchLabels": {"gpu": "ai"}}, "allocationMode": "dra"}]
+    groups: list[dict[str, Any]] = [
+        {"name": "vm", "nodeSelector": {"matchLabels": {"gpu": "vm"}}, "allocationMode": "dra", "passthrough": True},
+        {"name": "ai", "nodeSelector": {"matchLabels": {"gpu": "ai"}}, "allocationMode": "dra"},
+    ]
     cfg = stack_config(groups, node_setup="daemonset")
     resources = engine.run(lambda: build_stack(cfg))
     setup = {r.inputs["metadata"]["name"]: r.inputs["spec"]["template"]["spec"]["initContainers"][0]["args"]

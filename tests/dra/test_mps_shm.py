@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 from node_agent.dra import sharing
+from node_agent.dra.config import GpuSharing, Strategy
 from node_agent.kubelet.dra.server import PluginServer
 from nvgpu import hostpaths
 from nvidia_gpu.components.manifests import dra as dra_manifests
@@ -54,8 +55,6 @@ def test_an_mps_claim_gets_the_daemons_dev_shm(env: Env, plugin: tuple[PluginSer
 
 
 def test_time_slicing_claims_keep_their_own_dev_shm() -> None:
-    from node_agent.dra.config import GpuSharing, Strategy
-
     planned = sharing.plan("uid-ts", [], GpuSharing(strategy=Strategy.TIME_SLICING))
     assert planned.edits.mounts == ()
     assert hostpaths.DRA_MPS_SHM.startswith(hostpaths.DRA_MPS_ROOT + "/")

@@ -3,15 +3,19 @@ whose objects live in a fake API server; CDI specs and the checkpoint land in a 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
+from kubernetes import client
 
 from node_agent.dra import cdi
 from node_agent.dra.checkpoint import ClaimState
+from node_agent.dra.claims import ClaimRef
 from node_agent.dra.driver import DraDriver
 from node_agent.host import HostRoot
 from node_agent.kubelet.dra.server import PluginServer
@@ -23,11 +27,9 @@ MIG_1G = "gpu-1-mig-1g10gb-19-6"
 
 
 def put_claim(env: Env, body: dict[str, object]) -> tuple[str, str, str]:
-    from kubernetes import client
-
     meta = body["metadata"]
     assert isinstance(meta, dict)
-    client.ResourceV1Api(env.server.api_client()).create_namespaced_resource_claim(meta["namespace"], body)
+    client.ResourceV1Api(env.server.api_client()).create_namespaced_resource_claim(meta["namespace"], cast(Any, body))
     return meta["namespace"], meta["name"], meta["uid"]
 
 
@@ -187,7 +189,6 @@ def test_restart_between_prepare_and_unprepare(env: Env, plugin: tuple[PluginSer
     kubelet.close()
     server.stop(grace=0.1)
     # The claim is deleted while the plugin is down: unprepare must work from the checkpoint alone.
-    from kubernetes import client
 
     client.ResourceV1Api(env.server.api_client()).delete_namespaced_resource_claim("survivor", "team-a")
     restarted = env.new_driver()
@@ -212,7 +213,6 @@ def test_half_done_prepare_is_rolled_back(env: Env) -> None:
     ref = put_claim(env, claim("crash", "uid-crash", [("gpu", "gpu-0")], configs=[gpu_config(
         "FromClaim", [], {"strategy": "MPS"})]))
     env.sharing.fail_on = "start-mps"
-    from node_agent.dra.claims import ClaimRef
 
     out = env.driver.prepare([ClaimRef(*ref)])
     assert "start-mps failed" in out["uid-crash"].error
@@ -235,7 +235,6 @@ def test_half_done_prepare_is_rolled_back(env: Env) -> None:
 
 def test_reboot_discards_the_checkpoint(env: Env) -> None:
     env.driver.start()
-    from node_agent.dra.claims import ClaimRef
 
     ref = put_claim(env, claim("before-reboot", "uid-r", [("gpu", "gpu-0")]))
     assert env.driver.prepare([ClaimRef(*ref)])["uid-r"].error == ""
@@ -256,7 +255,6 @@ def test_reboot_discards_the_checkpoint(env: Env) -> None:
 
 def test_corrupted_checkpoint_is_reported_and_rebuilt(env: Env, caplog: pytest.LogCaptureFixture) -> None:
     env.driver.start()
-    from node_agent.dra.claims import ClaimRef
 
     ref = put_claim(env, claim("keep", "uid-k", [("gpu", "gpu-0")]))
     assert env.driver.prepare([ClaimRef(*ref)])["uid-k"].error == ""
@@ -290,8 +288,6 @@ def test_kubelet_deadline_is_respected(env: Env, plugin: tuple[PluginServer, Dra
     release = threading.Event()
 
     async def stall(request: object) -> dict[str, object]:
-        import asyncio
-
         while not release.is_set():
             await asyncio.sleep(0.01)
         return {}
@@ -348,8 +344,6 @@ def test_missing_device_nodes_refuse_instead_of_caching_an_incomplete_spec(
 
 def test_kubelet_restart_wiping_slices_gets_them_republished(env: Env, plugin: tuple[PluginServer, DraKubelet]
                                                              ) -> None:
-    from kubernetes import client
-
     stop = threading.Event()
     loop = threading.Thread(target=env.driver.run_inventory_loop, args=(stop,), daemon=True)
     env.driver.settings = type(env.driver.settings)(**{**env.driver.settings.__dict__, "poll_interval": 0.02})

@@ -17,7 +17,7 @@ import pytest
 from node_agent.dra import cdi
 from node_agent.dra.claims import ClaimRef
 from node_agent.dra.driver import DraDriver
-from node_agent.host import CommandResult, HostRoot
+from node_agent.host import CommandResult, HostRoot, atomic
 from node_agent.kubelet.dra.server import PluginServer
 from tests.dra.conftest import Env, Node
 from tests.dra.test_plugin import put_claim, spec_file
@@ -304,7 +304,6 @@ def test_undo_record_left_by_a_crash_before_the_journal_changed_nothing_and_goes
     intact journal does not hold, which start-up removes without touching the GPU."""
     env.driver.start()
     ref = ClaimRef(*put_claim(env, claim("c", "uid-c", [("gpu", "gpu-0")], configs=[gpu_config("FromClaim", [], MPS)])))
-    from node_agent.host import atomic
 
     real = atomic.write_atomic
 

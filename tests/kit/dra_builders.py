@@ -10,8 +10,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo
+from node_agent.dra.devices import GpuInfo, Inventory, MigInfo, VfioInfo, allocatable_devices
 from node_agent.dra.nvml_source import architecture_name
+from node_agent.dra.sharing import SharingError
 from nvgpu import catalogue
 from tests.kit.gpus import gpu_uuid, mig_profile, sysfs_address
 from tests.kit.migcaps import cap_device, minor_table
@@ -99,8 +100,6 @@ class RecordingSharing:
     fail_on: str = ""
 
     def _record(self, *call: Any) -> None:
-        from node_agent.dra.sharing import SharingError
-
         self.calls.append(call)
         if self.fail_on and call[0] == self.fail_on:
             raise SharingError(f"{call[0]} failed (injected)")
@@ -147,8 +146,6 @@ def gpu_config(source: str, requests: Sequence[str], sharing: dict[str, Any] | N
 
 def populate_dev(root: Path, inventory: Inventory, *, uvm: bool = True) -> None:
     """Create the device nodes (as plain files) the node's devices need under a fake host root."""
-    from node_agent.dra.devices import allocatable_devices
-
     nodes = ["/dev/nvidiactl", *(["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] if uvm else [])]
     nodes += [n for d in allocatable_devices(inventory) for n in d.device_nodes]
     nodes += [f"/dev/nvidia{g.minor}" for g in inventory.gpus]

@@ -56,7 +56,8 @@ class LoopbackApi:
                 if isinstance(self.connection, ssl.SSLSocket):
                     cert = self.connection.getpeercert()
                     if cert:
-                        subject = dict(x[0] for x in cert["subject"]).get("commonName", "")
+                        names = dict(rdn[0] for rdn in cert["subject"] if isinstance(rdn[0], tuple))
+                        subject = str(names.get("commonName", ""))
                 seen = Seen(self.command, url.path, dict(urllib.parse.parse_qsl(url.query)),
                             {k.lower(): v for k, v in self.headers.items()}, subject,
                             json.loads(raw) if raw else None)

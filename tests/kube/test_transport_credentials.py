@@ -7,7 +7,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -107,7 +107,7 @@ def test_calls_send_json_and_merge_patch_and_are_counted(api: LoopbackApi) -> No
 
 
 # -- credentials -------------------------------------------------------------------------------------------------
-def _kubeconfig(path: Path, cluster: dict[str, object], user: dict[str, object]) -> Path:
+def _kubeconfig(path: Path, cluster: Mapping[str, object], user: Mapping[str, object]) -> Path:
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
         "clusters": [{"name": "k", "cluster": cluster}], "users": [{"name": "u", "user": user}],

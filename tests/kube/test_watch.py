@@ -38,11 +38,13 @@ class Script:
         h: Any = handler
         if seen.query.get("watch") != "true":
             rv = self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
-            return h.answer(200, {"metadata": {"resourceVersion": rv}, "items": [pod("p", rv)]})
+            h.answer(200, {"metadata": {"resourceVersion": rv}, "items": [pod("p", rv)]})
+            return
         step = self.watches.pop(0) if self.watches else "hold"
         if isinstance(step, int):
-            return h.answer(step, {"kind": "Status", "code": step, "message": f"status {step}"})
-        return h.stream([] if step == "hold" else step, hold=self.release if step == "hold" else None)
+            h.answer(step, {"kind": "Status", "code": step, "message": f"status {step}"})
+            return
+        h.stream([] if step == "hold" else step, hold=self.release if step == "hold" else None)
 
 
 @pytest.fixture
@@ -87,19 +89,38 @@ def test_bookmarks_advance_the_version_and_410_lists_again(api: LoopbackApi) -> 
                and q["timeoutSeconds"] == "5" for q in watches)
 
 
+class Pauses:
+    """The loop's waits, recorded instead of slept through; from the ``limit``-th on it really waits (for the
+    stop), so a test reads a backoff schedule off ``asked`` without sleeping through it."""
+
+    def __init__(self, limit: int) -> None:
+        self.asked: list[float] = []
+        self.limit = limit
+        self.reached = threading.Event()
+
+    def __call__(self, stop: threading.Event, seconds: float) -> bool:
+        self.asked.append(seconds)
+        if len(self.asked) < self.limit:
+            return stop.is_set()
+        self.reached.set()
+        return stop.wait(seconds)
+
+
 def test_failures_back_off_doubling_capped_with_jitter(api: LoopbackApi) -> None:
     Script(api, lists=["1"], watches=[500] * 50)
+    pauses = Pauses(limit=6)
+    draws = iter([0.0, 0.5, 0.99, 0.0, 0.5, 0.0])
     w = ListWatch(Kube.for_url(api.url), PODS, timing=FAST, on_list=lambda items: None,
-                  on_event=lambda kind, obj: None)
+                  on_event=lambda kind, obj: None, pause=pauses, draw=lambda: next(draws))
     w.start()
     try:
-        time.sleep(1.5)
+        assert pauses.reached.wait(10), pauses.asked
     finally:
         w.stop()
-    lists = w.lists
-    # Waits drawn from [0.1, 0.2], then [0.2, 0.4] for ever: 1.5 s holds at most 1 + 1 + 1.3 / 0.2 lists,
-    # at least 1.5 / 0.4 (a busy loop would make hundreds).
-    assert 3 <= lists <= 9, lists
+    # 0.2 s doubling to the 0.4 s cap; each wait drawn from [(1 - 0.5) * wait, wait], never longer.
+    assert pauses.asked == pytest.approx([0.2, 0.3, 0.4 * (1 - 0.5 * 0.99), 0.4, 0.3, 0.4])
+    # Each failed watch relists before the next: one list per wait, no busy loop in between.
+    assert w.lists == 6 and w.watches == 6
     assert calls(api)[:2] == [("list", None), ("true", "1")]
 
 

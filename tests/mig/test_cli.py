@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -91,9 +92,15 @@ def test_apply_needing_a_reset_that_fails_exits_3_and_restores(tmp_path: Path, c
     assert all(not g.mig_current and not g.mig_pending for g in sim.state.gpus)
 
 
+def _core(url: str) -> Any:
+    """kmock's core API as a test drives it: plain dicts in and out (the generated client sends a dict body as
+    it is; its stubs name only the model classes), its answers read as the client's models."""
+    return client.CoreV1Api(api(url))
+
+
 def test_node_api_over_http() -> None:
     with kmock_server() as url:
-        core = client.CoreV1Api(api(url))
+        core = _core(url)
         core.create_node({"metadata": {"name": "n1", "labels": {"a": "b"}}})
         core.create_namespaced_pod("ml", {"metadata": {"name": "train", "namespace": "ml"}, "spec": {
             "nodeName": "n1", "containers": [{"name": "c", "image": "i", "resources": {
@@ -116,7 +123,7 @@ def test_node_api_over_http() -> None:
 
 def test_watch_returns_on_a_node_event() -> None:
     with kmock_server() as url:
-        client.CoreV1Api(api(url)).create_node({"metadata": {"name": "n1"}})
+        _core(url).create_node({"metadata": {"name": "n1"}})
         node = KubeNodeApi(kube(url), "n1")
         node.wait_for_change("", 5)  # the watch delivers the Node and returns (no sleep until the timeout)
         assert node.calls == 1
@@ -127,7 +134,7 @@ def test_cancel_ends_a_watch_at_once() -> None:
     with kmock_server() as url:
         # kmock ignores resourceVersion and replays the Node as ADDED: with its version unchanged the
         # watch sees nothing new and blocks, as on an idle real cluster.
-        client.CoreV1Api(api(url)).create_node({"metadata": {"name": "n1", "resourceVersion": "7"}})
+        _core(url).create_node({"metadata": {"name": "n1", "resourceVersion": "7"}})
         node = KubeNodeApi(kube(url), "n1")
         threading.Timer(0.5, node.cancel_waits).start()
         started = time.monotonic()
@@ -144,7 +151,7 @@ def test_idle_manager_exits_promptly_on_sigterm(tmp_path: Path, config_file: Pat
     It used to set the stop flag only, and the process sat out the rest of its 60 s watch.
     """
     with kmock_server() as url:
-        core = client.CoreV1Api(api(url))
+        core = _core(url)
         core.create_node({"metadata": {"name": "gpu-1", "resourceVersion": "1"}})  # no MIG config: idle
         core.create_namespaced_pod("web", {"metadata": {"name": "web", "namespace": "web"}, "spec": {
             "nodeName": "cpu-1", "containers": [{"name": "c", "image": "i"}]}})
@@ -186,7 +193,7 @@ def test_manager_once_against_the_fake_api_server(tmp_path: Path, config_file: P
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     state = tmp_path / "h100.json"
     with kmock_server() as url:
-        core = client.CoreV1Api(api(url))
+        core = _core(url)
         core.create_node({"metadata": {"name": "gpu-1", "labels": {
             labels.MIG_CONFIG: "all-1g.20gb", labels.DEVICE_GPU_CONFIG: "MIG", labels.MIG_CAPABLE: "true"}}})
         # kmock answers 404 for a resource it has never stored: give it one pod, on another node.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 from typing import NoReturn
 
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from node_agent.host import statefile
 from node_agent.host.atomic import content_checksum
+from node_agent.kube.errors import Unreachable
 from node_agent.mig.executor import DEPLOY_LABELS, RECONFIGURE_TAINT, STOP_MARKER, NotSettling
 from node_agent.mig.hardware import InstanceInfo
 from node_agent.mig.journal import JOURNAL_VERSION, Journal, Outcome, Phase
@@ -384,10 +386,6 @@ def test_stop_while_the_api_server_fails_exits_instead_of_spinning() -> None:
     """SIGTERM while every API call fails: with no GPU change in flight the manager exits at once (the
     journal resumes the work in the next pod); before, a set stop event made every error pause return
     at once and the loop spun at full CPU, logging a warning per turn, and never exited."""
-    import threading
-
-    from node_agent.kube.errors import Unreachable
-
     rig = Rig(FakeBackend.of("H100-80GB"))
     calls = 0
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from node_agent.cli import main
-from node_agent.mig.hostfiles import HostGpuClients
-from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
+from node_agent.host import HostRoot
+from node_agent.mig.hostfiles import HostCommandRunner, HostGpuClients
+from node_agent.mig.nvmlbackend import NvidiaSmiReset, NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, open_nvml
 from nvgpu import labels
 from nvgpu.migparted import build_config
@@ -105,8 +106,6 @@ def test_the_reset_is_refused_while_another_process_has_nvml_open(
 
 def test_the_manager_converges_an_a100_with_dcgm_running(tmp_path: Path) -> None:
     """The MIG manager's own loop, with the production host clients over the fake host's systemctl."""
-    from node_agent.host import HostRoot
-
     root, sim = _host(tmp_path, "dgx-a100-40gb")
     sim.set_host_service(DCGM, True)
     state = sim_state_file(root, "dgx-a100-40gb")
@@ -130,10 +129,6 @@ def test_sim_service_command_runs_a_host_client(tmp_path: Path, capsys: pytest.C
 def test_the_production_reset_runs_the_hosts_nvidia_smi(tmp_path: Path) -> None:
     """``nvidia-smi -r -i <bus>`` as a host command (the simulated host's own nvidia-smi, another process):
     it succeeds only because this process shut its NVML down and DCGM was stopped for it."""
-    from node_agent.host import HostRoot
-    from node_agent.mig.hostfiles import HostCommandRunner
-    from node_agent.mig.nvmlbackend import NvidiaSmiReset
-
     root, sim = _host(tmp_path, "dgx-a100-40gb")
     sim.set_host_service(DCGM, True)
     host = HostRoot(root, exec_mode="direct")

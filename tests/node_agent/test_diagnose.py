@@ -24,7 +24,8 @@ from kubernetes import client
 from node_agent.nvml import NvmlBackend, open_nvml
 from nvgpu import inventory
 from tests.kit.fakehost import build_fake_host, sim_state_file
-from tests.node_agent.agent_testkit import ApiServer, api
+from tests.kit.kmock import api
+from tests.node_agent.agent_testkit import ApiServer
 
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = {"format", "collectedAt", "node", "nvmlBackend", "driver", "gpus", "xids", "kernelModules", "deviceNodes",

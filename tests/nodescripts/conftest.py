@@ -6,10 +6,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nodescript_helpers import RunScript
 
 from nvgpu.nodescripts import render_node_scripts
 from tests.kit.fakehost import FakeHost
+from tests.nodescripts.nodescript_helpers import RunScript
 
 
 @pytest.fixture(scope="session")

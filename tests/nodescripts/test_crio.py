@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from nodescript_helpers import RunScript, summary
 
 from node_agent.cli import main
+from nvgpu.nodescripts import render_node_scripts
 from nvgpu.nodescripts.content import render_crio_dropin
 from tests.kit.fakecrio import build_crio_host
+from tests.kit.fakehost import FakeHost
+from tests.nodescripts.nodescript_helpers import RunScript, summary
 
 DROPIN = "/etc/crio/crio.conf.d/99-nvidia.conf"
 
@@ -68,8 +71,11 @@ def test_setup_stops_at_the_runtime_in_both_paths(scenario: str, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Setup fails at the runtime both ways and neither touches the runtime's config (the script's
     sysctl step still writes its drop-in before gating, so only the runtime dirs are compared)."""
-    build = {"crio-no-nvidia-runtime": lambda r: build_crio_host(r, nvidia_container_runtime=False),
-             "crio-and-containerd": lambda r: build_crio_host(r, containerd=True)}[scenario]
+    builds: dict[str, Callable[[Path], FakeHost]] = {
+        "crio-no-nvidia-runtime": lambda r: build_crio_host(r, nvidia_container_runtime=False),
+        "crio-and-containerd": lambda r: build_crio_host(r, containerd=True),
+    }
+    build = builds[scenario]
     by_script, by_agent = build(tmp_path / "script"), build(tmp_path / "agent")
     for name in ("gpu-check.sh", "gpu-runtime.sh"):
         run_script(by_script, name)
@@ -84,8 +90,6 @@ def test_setup_stops_at_the_runtime_in_both_paths(scenario: str, tmp_path: Path,
 
 
 def test_crio_dropin_templates_match_the_python_rendering() -> None:
-    from nvgpu.nodescripts import render_node_scripts
-
     runtime = next(s for s in render_node_scripts() if s.name == "gpu-runtime.sh").content
     assert render_crio_dropin("${conmon}") in runtime and render_crio_dropin(None) in runtime
     for s in render_node_scripts():

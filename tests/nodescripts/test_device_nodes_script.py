@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nodescript_helpers import RunScript, summary
 
 from node_agent.cli import main
 from node_agent.host import HostRoot
@@ -24,6 +23,7 @@ from node_agent.setup import devnodes
 from nvgpu.nodescripts import WEIGHTS, render_node_scripts
 from nvml_sim.host import CAPS_MAJOR, NVIDIA_MAJOR, UVM_MAJOR, device_node_stand_in
 from tests.kit.fakehost import FakeHost, build_fake_host
+from tests.nodescripts.nodescript_helpers import RunScript, summary
 
 JOURNAL = "/var/lib/nvidia-gpu-agent/rollback/devnodes/manifest.json"
 KMOD_FATAL = "modprobe: FATAL: Module nvidia-uvm not found in directory /lib/modules/5.15.0-105-generic"
@@ -42,7 +42,8 @@ def _bashible(host: FakeHost, run_script: RunScript) -> dict[str, str]:
         ran = run_script(host, script.name)
         assert ran.returncode == 0, (script.name, ran.stderr)
         out = ran.stdout
-    return summary(out, "nvidia-gpu-setup")
+    verdict: dict[str, str] = summary(out, "nvidia-gpu-setup")
+    return verdict
 
 
 def _dev(host: FakeHost) -> dict[str, tuple[str, int]]:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodescript_helpers import RunScript, summary
-
 from nvgpu.nodescripts.content import dropin_for, sysctl_dropin
 from nvgpu.nodescripts.facts import SYSCTL_DROPIN
 from tests.kit.fakehost import build_fake_host
+from tests.nodescripts.nodescript_helpers import RunScript, summary
 
 
 def test_no_gpu_is_silent_success(tmp_path: Path, run_script: RunScript) -> None:

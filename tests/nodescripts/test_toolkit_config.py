@@ -8,6 +8,7 @@ What NVIDIA's own hook makes of the result is ``tests/cdi/test_toolkit_device_se
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tomllib
 from pathlib import Path
@@ -75,8 +76,6 @@ def test_explicit_root_keys_are_disabled_and_come_back_on_rollback(tmp_path: Pat
 
 def test_envvar_choice_flips_only_the_toolkit_config_without_a_restart(tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    import json
-
     host = build_fake_host(tmp_path, "l4x2")
     assert _agent(host, "runtime", "apply") == 0
     assert host.log("systemctl") == ["restart containerd"]
@@ -100,8 +99,6 @@ def test_a_missing_config_is_created_and_removed_again(tmp_path: Path) -> None:
 
 def test_without_the_nvidia_runtime_the_toolkit_config_is_left_alone(tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    import json
-
     host = build_fake_host(tmp_path, "l4x2", nvidia_container_runtime=False)
     host.path(TOOLKIT).parent.mkdir(parents=True, exist_ok=True)
     host.path(TOOLKIT).write_text(ADMIN_CONFIG)
@@ -118,8 +115,6 @@ def test_without_the_nvidia_runtime_the_toolkit_config_is_left_alone(tmp_path: P
 ])
 def test_a_config_we_cannot_edit_safely_is_refused_before_anything_is_written(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, says: str) -> None:
-    import json
-
     host = build_fake_host(tmp_path, "l4x2")
     host.path(TOOLKIT).write_text(text)
     before = host.snapshot("/")

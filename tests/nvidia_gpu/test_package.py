@@ -7,11 +7,12 @@ from typing import Any
 import pytest
 from pulumi.provider.experimental.analyzer import Analyzer
 
+import nvidia_gpu
 from nvidia_gpu import package
 
 CLUSTER = {"kubernetesVersion": "1.34", "nodeSetup": "daemonset",
            "agentImage": {"repository": "registry.example.com/nvidia-gpu-agent", "tag": "0.1.0"}}
-L4 = {"name": "l4", "nodeSelector": {"matchLabels": {"pool": "l4"}},
+L4: dict[str, Any] = {"name": "l4", "nodeSelector": {"matchLabels": {"pool": "l4"}},
       "gpu": {"model": "L4", "sharing": "TimeSlicing", "timeSlicing": {"partitionCount": 4.0}}}
 
 
@@ -72,8 +73,6 @@ def test_driver_upgrade_without_a_container_driver_is_refused_naming_the_groups(
 
 
 def test_the_library_exports_every_component_of_the_package() -> None:
-    import nvidia_gpu
-
     for component in package.COMPONENTS:
         assert component.__name__ in nvidia_gpu.__all__
         assert issubclass(component, getattr(nvidia_gpu, component.__name__))

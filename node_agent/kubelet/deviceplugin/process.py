@@ -33,6 +33,7 @@ from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.host import HostRoot
 from node_agent.host.driverroot import DriverRoot
+from node_agent.kube.errors import KubeError
 from node_agent.kubelet.deviceplugin.api import DEVICE_PLUGIN_PATH
 from node_agent.kubelet.deviceplugin.lifecycle import Supervisor
 from node_agent.status.server import StatusServer
@@ -208,9 +209,11 @@ def serve(options: PluginOptions, env: Mapping[str, str], *, host: HostRoot, bac
     permanent failure. Raises ``config.ConfigError`` for an invalid config file or environment."""
     labels: NodeLabelWatch | None = None
     if options.source.config_dir is not None and node_name:
-        # Only now the Kubernetes layer: a plugin serving one fixed config never loads it.
-        from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
-        from node_agent.kube.errors import KubeError
+        # Only now the Kubernetes client: a plugin serving one fixed config never loads it.
+        from node_agent.deviceplugin.nodewatch import (  # noqa: PLC0415 - loads the Kubernetes client
+            NodeLabelWatch,
+            WatchTiming,
+        )
 
         try:
             labels = NodeLabelWatch(node_name, options.source.config_label, kubeconfig=kubeconfig,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from nvgpu import toolkit as toolkitspec
-from nvgpu.stackconfig import AllocationMode, Cluster, NodeGroup
+from nvgpu.stackconfig import GroupPlan, NodeGroup
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels, group_object_name
 from nvidia_gpu.components.manifests.scheduling import node_selector_terms, tolerations
@@ -37,30 +37,28 @@ def daemonset_name(group: NodeGroup) -> str:
     return group_object_name(COMPONENT, group.name)
 
 
-def installer_args(cluster: Cluster, group: NodeGroup, allocation_mode: AllocationMode) -> list[str]:
+def installer_args(plan: GroupPlan) -> list[str]:
     """The installer's flags: where it installs, and the toolkit config node setup would otherwise edit in."""
-    install_dir = group.toolkit.install_dir
-    envvar = group.toolkit_accepts_envvar(allocation_mode)
     return [
-        f"--toolkit-install-dir={install_dir}",
+        f"--toolkit-install-dir={plan.toolkit_install_dir}",
         "--no-runtime-config",
         f"--pid-file={toolkitspec.PID_FILE}",
-        f"--driver-root={cluster.driver_root_for(group)}",
+        f"--driver-root={plan.driver_root}",
         f"--driver-root-ctr-path={DRIVER_ROOT_IN_CONTAINER}",
-        f"--accept-nvidia-visible-devices-envvar-when-unprivileged={'true' if envvar else 'false'}",
+        f"--accept-nvidia-visible-devices-envvar-when-unprivileged={'true' if plan.accept_envvar else 'false'}",
         "--accept-nvidia-visible-devices-as-volume-mounts=true",
         "--cdi-enabled=false",
         "--create-device-nodes=none",
     ]
 
 
-def toolkit_daemonset(namespace: str, cluster: Cluster, group: NodeGroup, allocation_mode: AllocationMode
-                      ) -> Manifest:
+def toolkit_daemonset(namespace: str, group: NodeGroup, plan: GroupPlan) -> Manifest:
+    """The installer's DaemonSet for ``group`` (``plan``: what the stack decided for it)."""
     t = group.toolkit
     name = daemonset_name(group)
     pod_labels = {**app_labels(COMPONENT, group.name, node_group=group.name), "app.kubernetes.io/instance": name}
     install_dir = t.install_dir
-    driver_root = cluster.driver_root_for(group)
+    driver_root = plan.driver_root
     # The image is distroless with busybox's shell (NVIDIA's Dockerfile links /bin/sh to it).
     installed = {"exec": {"command": ["sh", "-c", f"test -x {toolkitspec.runtime_binary(install_dir)}"]}}
     container: dict[str, Any] = {
@@ -68,7 +66,7 @@ def toolkit_daemonset(namespace: str, cluster: Cluster, group: NodeGroup, alloca
         "image": t.image.ref,
         "imagePullPolicy": t.image.pull_policy,
         "command": [toolkitspec.INSTALLER],
-        "args": installer_args(cluster, group, allocation_mode),
+        "args": installer_args(plan),
         "resources": RESOURCES,
         # Writes the host's install directory and takes a lock under the host's /run/nvidia.
         "securityContext": {"privileged": True},
@@ -96,7 +94,7 @@ def toolkit_daemonset(namespace: str, cluster: Cluster, group: NodeGroup, alloca
                 "metadata": {"labels": pod_labels},
                 "spec": {
                     "automountServiceAccountToken": False,
-                    "priorityClassName": cluster.priority_class_name,
+                    "priorityClassName": plan.priority_class_name,
                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                         "nodeSelectorTerms": terms}}},
                     "tolerations": tolerations(group),

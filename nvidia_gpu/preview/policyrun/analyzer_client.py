@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import IO, Any
 
 import grpc
+import jsonschema
 import yaml
 from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
@@ -197,8 +198,6 @@ def reconcile_config(info: PackInfo, config: Mapping[str, Any]) -> dict[str, ana
     policy's JSON schema. Every policy gets an explicit level, because the Python servicer reads a
     missing one as ``advisory``.
     """
-    import jsonschema
-
     problems: list[str] = []
     all_level = config.get("all")
     if all_level is not None and all_level not in LEVELS:

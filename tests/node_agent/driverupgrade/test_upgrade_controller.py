@@ -139,8 +139,8 @@ class FakeApi:
             fields.setdefault(f"f:{section}", {})[f"f:{key}"] = {}
         managed = [{"manager": m, "operation": "Update", "apiVersion": "v1", "time": "2026-01-01T00:00:00Z",
                     "fieldsType": "FieldsV1", "fieldsV1": f} for m, f in sorted(by_manager.items())]
-        out = {**obj, "metadata": {**obj["metadata"], "managedFields": managed}}
-        return _copy(out)
+        out: dict[str, Any] = _copy({**obj, "metadata": {**obj["metadata"], "managedFields": managed}})
+        return out
 
     def patch_node(self, name: str, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
         obj = self.nodes[name]

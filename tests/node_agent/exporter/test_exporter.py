@@ -17,19 +17,26 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from node_agent.cli import build_parser
+from node_agent.cli.exporter import info_labels
+from node_agent.dra.devices import mig_device_name
 from node_agent.exporter import counters, fields
-from node_agent.exporter.holders import holders
+from node_agent.exporter.holders import ContainerDevices, holders
 from node_agent.exporter.service import MetricsService
 from node_agent.kubelet.podresources.client import PodResourcesClient
 from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.xidwatch import XidRecorder
 from nvgpu import dcgmcounters
 from nvgpu.migparted import build_config
-from nvgpu.stackconfig import NodeGroup
+from nvgpu.stackconfig import NodeGroup, load_stack_config
+from nvidia_gpu.components.manifests import dashboards, monitoring
+from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvml_sim import SimulatedMachine
+from nvml_sim.lib import MIG_MONITOR_ENV
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.kubelet.common import short_root
 from tests.kit.kubelet.podresources import Container, Pod, pod_resources
+from tests.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[3]
 #: NVIDIA's dashboard and default counters, as the stack ships them (nvgpu/data; the same bytes as
@@ -185,7 +192,6 @@ def test_pod_labels_for_mig_devices_and_dra_claims(dgx: Node, socket: Path, tmp_
     with open_nvml(dgx.backend) as nvml:
         gpus = nvml.inventory().gpus
     g0, g1 = gpus[0], gpus[1]
-    from node_agent.dra.devices import mig_device_name
 
     m1 = g1.mig_devices[1]
     pods = [Pod("mig-dp", "ml", [Container("c", devices={"nvidia.com/mig-3g.40gb": [str(g0.mig_devices[0].uuid)]})]),
@@ -205,8 +211,6 @@ def test_pod_labels_for_mig_devices_and_dra_claims(dgx: Node, socket: Path, tmp_
 
 
 def test_whole_gpu_dra_claims_map_to_their_gpu(dgx: Node) -> None:
-    from node_agent.exporter.holders import ContainerDevices
-
     with open_nvml(dgx.backend) as nvml:
         gpus = nvml.inventory().gpus
     found = holders([ContainerDevices("p", "ns", "c", (), (("gpu.nvidia.com", "node-a", "gpu-3"),))], gpus,
@@ -326,9 +330,6 @@ def _as_series(service: MetricsService, target: dict[str, str], minutes: int) ->
 def _monitor_target(node: str, group: NodeGroup, cluster: Any) -> dict[str, str]:
     """The labels Prometheus gives a scrape of the group's exporter pod on ``node`` under the stack's
     PodMonitor: its relabelings read the pod's node name and its node-group label."""
-    from nvidia_gpu.components.manifests import monitoring
-    from nvidia_gpu.components.manifests.workloads import GroupContext
-
     ds = monitoring.exporter_daemonset(GroupContext(namespace="nvidia-gpu", cluster=cluster, group=group))
     pod_labels = ds["spec"]["template"]["metadata"]["labels"]
     meta = {"__meta_kubernetes_pod_node_name": node}
@@ -343,11 +344,6 @@ def _monitor_target(node: str, group: NodeGroup, cluster: Any) -> dict[str, str]
 
 def _exporter_info(group: NodeGroup, cluster: Any) -> dict[str, str]:
     """The ``--info`` labels the group's rendered exporter command line passes (nvidia_gpu_node_info)."""
-    from node_agent.cli import build_parser
-    from node_agent.cli.exporter import info_labels
-    from nvidia_gpu.components.manifests import monitoring
-    from nvidia_gpu.components.manifests.workloads import GroupContext
-
     ds = monitoring.exporter_daemonset(GroupContext(namespace="nvidia-gpu", cluster=cluster, group=group))
     argv = ds["spec"]["template"]["spec"]["containers"][0]["args"]
     args = build_parser("exporter").parse_args(argv)
@@ -359,10 +355,6 @@ def test_the_dashboards_answer_over_a_live_scrape(dgx: Node, socket: Path, tmp_p
     evaluated by ``promtool test rules`` over a scrape of two simulated DGX H100s under the stack's
     PodMonitor: one with whole GPUs held by pods and an XID raised, one in all-1g.10gb MIG. Each query
     returns series, and the fleet panels give the numbers the two nodes imply."""
-    from nvgpu.stackconfig import load_stack_config
-    from nvidia_gpu.components.manifests import dashboards
-    from tests.tools import required_bin
-
     config = load_stack_config({
         "cluster": {"kubernetesVersion": "1.34", "monitoring": {"scrape": "podMonitor"},
                     "agentImage": {"repository": "registry.example.com/agent", "tag": "1.0.0"}},
@@ -372,7 +364,6 @@ def test_the_dashboards_answer_over_a_live_scrape(dgx: Node, socket: Path, tmp_p
              "gpu": {"model": "H100-80GB", "sharing": "MIG", "mig": {"partedConfig": "all-1g.10gb"}}},
         ]})
     whole, migs = config.node_groups
-    from nvidia_gpu.components.manifests import monitoring
 
     # The counters the stack's ConfigMap hands the exporters (NVIDIA's default plus the alerts' fields).
     deployed = counters.parse(monitoring.counters_text(config.cluster.monitoring), source="the counters ConfigMap")
@@ -452,8 +443,6 @@ def test_mig_gpus_without_the_monitor_capability_keep_their_series_and_say_what_
     """GPUs 2 and 5 in MIG mode, read by an exporter without the MIG monitor capability: NVML refuses their
     memory and MIG devices (NO_PERMISSION, NVIDIA/k8s-device-plugin#1683). They stay served (8 GPUs, none
     lost) and ``nvidia_gpu_exporter_unreadable`` names what is missing; with the capability nothing is."""
-    from nvml_sim.lib import MIG_MONITOR_ENV
-
     monkeypatch.delenv(MIG_MONITOR_ENV, raising=False)
     with open_nvml(dgx.backend) as nvml:
         for index in (2, 5):

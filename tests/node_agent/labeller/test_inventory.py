@@ -17,8 +17,11 @@ from typing import Any, cast
 import jsonschema
 import pytest
 
+from node_agent.dra.devices import allocatable_devices
+from node_agent.dra.nvml_source import NvmlInventorySource
+from node_agent.host import HostRoot
 from node_agent.labeller import inventory
-from node_agent.labeller.labels import InventoryContext
+from node_agent.labeller.inventory import InventoryContext
 from node_agent.nvml import NvmlBackend, NvmlNotSupported, open_nvml
 from node_agent.nvml.types import DriverInfo, Inventory, LostGpu
 from node_agent.nvml.xidwatch import XidRecorder, XidSeen
@@ -26,6 +29,7 @@ from nvgpu import inventory as api
 from nvgpu.migparted import build_config
 from nvidia_gpu.components.manifests.inventory import PRINTER_COLUMNS, SCHEMA, crd
 from nvml_sim import SimulatedMachine
+from nvml_sim.lib import MIG_MONITOR_ENV
 from tests.kit.fakehost import build_fake_host, sim_state_file
 
 REPO = Path(__file__).resolve().parents[3]
@@ -64,7 +68,7 @@ def test_a_gpu_object_says_what_nvml_says_and_fits_the_crd(dgx: tuple[Inventory,
     assert status["pciBusID"] == inv.gpus[0].sysfs_bus_id and status["computeCapability"] == "9.0"
     assert status["mig"] == {"mode": "Disabled"} and status["health"] == {"state": "Healthy"}
     assert status["driverVersion"] == driver.driver_version
-    obj = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "n-gpu0"},
+    obj: dict[str, Any] = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "n-gpu0"},
            "spec": {"node": "n", "index": 0}, "status": {**status, "health": {"state": "Healthy",
                                                                               "since": "2026-12-03T10:00:00Z"}}}
     _validator().validate(obj)
@@ -92,9 +96,6 @@ def test_mig_instances_and_their_resources(tmp_path: Path) -> None:
     assert inventory.exposed_as(gpu, single) == [{"name": "nvidia.com/gpu", "count": 2}]
     dra = dataclasses.replace(CTX, sharing="MIG", allocation_mode="dra")
     # The DRA plugin's own device names for these instances, under its driver.
-    from node_agent.dra.devices import allocatable_devices
-    from node_agent.dra.nvml_source import NvmlInventorySource
-    from node_agent.host import HostRoot
 
     root = tmp_path / "host"
     source = NvmlInventorySource(NvmlBackend("simulated", "dgx-h100", sim_state_file(root, "dgx-h100")),
@@ -315,8 +316,6 @@ def test_a_mig_gpu_nvml_will_not_describe_keeps_its_object_with_the_reason(
     """Read without the MIG monitor capability, a GPU in MIG mode answers NO_PERMISSION for its memory and
     MIG devices (NVIDIA/k8s-device-plugin#1683). Its object stays (not deleted, not "lost"), healthy, with
     ``unreadable`` saying what is missing and why, and it fits the CRD."""
-    from nvml_sim.lib import MIG_MONITOR_ENV
-
     monkeypatch.delenv(MIG_MONITOR_ENV, raising=False)
     root = build_fake_host(tmp_path / "host", "dgx-h100").root
     backend = NvmlBackend("simulated", "dgx-h100", sim_state_file(root, "dgx-h100"))

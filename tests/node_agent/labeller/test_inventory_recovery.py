@@ -15,7 +15,8 @@ import jsonschema
 import pytest
 
 from node_agent.labeller import inventory
-from node_agent.labeller.labels import InventoryContext, LabelOptions, sync_inventory
+from node_agent.labeller.inventory import InventoryContext
+from node_agent.labeller.labels import LabelOptions, sync_inventory
 from node_agent.labeller.nodepatch import KubeNodeApi
 from node_agent.nvml import NvmlBackend, RecoveryNeed, open_nvml
 from node_agent.nvml.xidwatch import XidSeen

@@ -9,6 +9,7 @@ import pytest
 
 from node_agent.labeller import gfd
 from node_agent.nvml import NvmlBackend, open_nvml
+from nvml_sim.lib import MIG_MONITOR_ENV
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.node_agent.agent_testkit import ApiServer, Cli
 
@@ -212,8 +213,6 @@ def test_mig_gpus_read_without_the_monitor_capability_stay_counted(tmp_path: Pat
     """On an HGX H200 with GPUs 2 and 5 in MIG mode, a labeller without the MIG monitor capability gets
     NO_PERMISSION for those GPUs' memory and MIG devices (NVIDIA/gpu-feature-discovery#6); they used to be
     dropped (``gpu.count`` 6). Now all 8 are counted and the run says what it could not read."""
-    from nvml_sim.lib import MIG_MONITOR_ENV
-
     monkeypatch.delenv(MIG_MONITOR_ENV, raising=False)
     host = build_fake_host(tmp_path, "hgx-h200")
     _mig_layout(host, range(2, 6, 3), [(9, None)])  # GPUs 2 and 5: one 3g.71gb each

@@ -218,8 +218,11 @@ def test_config_file_decides_the_sharing_labels(tmp_path: Path, cli: Cli) -> Non
     d = _configs(tmp_path, ts=TIME_SLICED, mps=TIME_SLICED.replace("timeSlicing", "mps"),
                  renamed=TIME_SLICED.replace("    resources:", "    renameByDefault: true\n    resources:"),
                  mixed="version: v1\nflags:\n  migStrategy: mixed\n")
-    run = lambda name, *extra: cli(host.root, "simulated:l4x2", "labels", "--no-timestamp",  # noqa: E731
-                                   "--config-file", str(d / name), *extra)[1]["labels"]
+    def run(name: str, *extra: str) -> dict[str, str]:
+        labels: dict[str, str] = cli(host.root, "simulated:l4x2", "labels", "--no-timestamp",
+                                     "--config-file", str(d / name), *extra)[1]["labels"]
+        return labels
+
     assert _sharing_labels(run("ts")) == ("NVIDIA-L4-SHARED", "4", "time-slicing", "false", "-")
     assert _sharing_labels(run("mps")) == ("NVIDIA-L4-SHARED", "4", "mps", "true", "-")
     # Advertised as nvidia.com/gpu.shared: NVIDIA's GFD leaves -SHARED off (the resource is "renamed").

@@ -217,8 +217,8 @@ class _ConflictOnce:
 def test_a_conflict_rereads_the_node_and_keeps_the_new_taint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     api = _ConflictOnce()
     monkeypatch.setattr(AgentContext, "node_api", lambda self: object())
-    monkeypatch.setattr(nodepatch, "snapshot", api.snapshot)
-    monkeypatch.setattr(nodepatch, "apply_plan", api.apply_plan)
+    monkeypatch.setattr(labels_cmd, "snapshot", api.snapshot)
+    monkeypatch.setattr(labels_cmd, "apply_plan", api.apply_plan)
     host = build_fake_host(tmp_path, None)
     ctx = AgentContext.from_args(_labels_args(host.root))
     changes, taints = labels_cmd.patch_node(ctx, Requested({}, (parse_taint(GPU_TAINT),)), None)

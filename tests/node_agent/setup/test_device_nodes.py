@@ -16,7 +16,8 @@ import yaml
 
 from node_agent.cli.context import AgentContext
 from node_agent.deviceplugin import cdi, config
-from node_agent.deviceplugin.allocate import CDI_KIND, Allocator
+from node_agent.deviceplugin.allocate import Allocator
+from node_agent.deviceplugin.cdi import CDI_KIND
 from node_agent.deviceplugin.health import HealthPolicy
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins

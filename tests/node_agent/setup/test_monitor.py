@@ -12,9 +12,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from node_agent.kube.errors import KubeError
 from node_agent.setup.check import CheckReport, Finding
 from node_agent.setup.monitor import CheckMonitor
+from nvgpu import labels
 from nvgpu.nodescripts.facts import Reason, Verdict
+from nvgpu.stackconfig import load_stack_config
+from nvidia_gpu.components.manifests import driver
+from nvidia_gpu.components.manifests.workloads import CONTAINER_DRIVER_ROOT, HOST_ROOT
+from nvml_sim.host import driver_version_text
 from tests.kit import metrics
 from tests.kit.fakehost import build_fake_host
 
@@ -111,8 +117,6 @@ def test_a_check_that_raises_keeps_the_last_verdict() -> None:
 def test_a_changed_verdict_is_written_on_the_node_once_and_a_refused_write_again() -> None:
     """With a publisher (node setup's pod), the node's check labels follow the verdict: written when the
     verdict or reasons change, not on every run; a write the API server refuses is tried after the next run."""
-    from node_agent.kube.errors import KubeError
-    from nvgpu import labels
 
     mismatch = CheckReport(Verdict.UNUSABLE, (Finding(Reason.DRIVER_MISMATCH, "driver 550.90.07 is loaded; the "
                                                       "node group declares 550.127.05"),))
@@ -137,10 +141,6 @@ def test_the_driver_pods_check_is_ready_only_with_the_declared_driver(tmp_path: 
     """The ``driver-check`` container of a driver pod, its command as the stack renders it (paths mapped onto a
     simulated DGX H100): not Ready while the old driver is loaded, Ready once the declared one is, which is
     what the upgrade's validation waits for."""
-    from nvgpu.stackconfig import load_stack_config
-    from nvidia_gpu.components.manifests import driver
-    from nvidia_gpu.components.manifests.workloads import CONTAINER_DRIVER_ROOT, HOST_ROOT
-    from nvml_sim.host import driver_version_text
 
     cfg = load_stack_config({"cluster": {"kubernetesVersion": "1.34", "agentImage": {
         "repository": "registry.example.com/agent", "tag": "1.0.0"}}, "nodeGroups": [

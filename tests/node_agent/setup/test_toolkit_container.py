@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from nvgpu import toolkit as toolkitspec
-from nvgpu.stackconfig import AllocationMode, load_stack_config
+from nvgpu.stackconfig import GroupPlan, NodeGroup, load_stack_config
 from nvidia_gpu.components.manifests import toolkit
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.tools import required_bin
@@ -51,13 +51,13 @@ def _artifacts(tmp: Path, programs: Path) -> Path:
     return root
 
 
-def _group(envvar: bool = False) -> tuple[object, object]:
+def _group(envvar: bool = False) -> tuple[NodeGroup, GroupPlan]:
     strategy = {"deviceListStrategy": "envvar"} if envvar else {}
     cfg = load_stack_config({"cluster": {"kubernetesVersion": "1.34", "agentImage": {
         "repository": "registry.example.com/agent", "tag": "1.0.0"}}, "nodeGroups": [
         {"name": "l4", "nodeSelector": {"matchLabels": {"pool": "l4"}}, "gpu": {"model": "L4", **strategy},
          "toolkit": {"source": "container"}}]})
-    return cfg.cluster, cfg.node_groups[0]
+    return cfg.node_groups[0], GroupPlan.of(cfg.cluster, cfg.node_groups[0])
 
 
 def _install(host: FakeHost, tmp: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -84,8 +84,8 @@ def _agent(host: FakeHost, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_node_setup_runs_the_toolkit_nvidias_installer_put_on_a_node_without_one(tmp_path: Path) -> None:
-    cluster, group = _group()
-    ds = toolkit.toolkit_daemonset("gpu", cluster, group, AllocationMode.DEVICE_PLUGIN)  # type: ignore[arg-type]
+    group, plan = _group()
+    ds = toolkit.toolkit_daemonset("gpu", group, plan)
     (container,) = ds["spec"]["template"]["spec"]["containers"]
     host = build_fake_host(tmp_path / "host", "l4x2", deckhouse=False, nvidia_container_runtime=False,
                            toolkit_config=False)
@@ -140,7 +140,7 @@ def test_teardown_leaves_a_directory_the_installer_did_not_write(tmp_path: Path)
 
 @pytest.mark.parametrize("envvar", [False, True], ids=["volume-mounts", "envvar-strategy"])
 def test_the_installer_is_told_what_the_group_allows_unprivileged_containers(envvar: bool) -> None:
-    cluster, group = _group(envvar)
-    args = toolkit.installer_args(cluster, group, AllocationMode.DEVICE_PLUGIN)  # type: ignore[arg-type]
+    _, plan = _group(envvar)
+    args = toolkit.installer_args(plan)
     assert f"--accept-nvidia-visible-devices-envvar-when-unprivileged={'true' if envvar else 'false'}" in args
     assert "--no-runtime-config" in args and "--cdi-enabled=false" in args

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from node_agent.labeller import inventory
-from node_agent.labeller.labels import InventoryContext
+from node_agent.labeller.inventory import InventoryContext
 from node_agent.nvml import NvmlBackend, open_nvml
 from nvgpu import catalogue
 from nvidia_gpu.components.manifests.inventory import SCHEMA

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from nvgpu.stackconfig import NodeGroup, StackConfig, load_stack_config
+from nvidia_gpu.components.manifests.workloads import AGENT
 from nvidia_gpu.preview.engine import RecordingMonitor, install_mocks, run_in_engine
 from nvidia_gpu.preview.model import RecordedResource
 
@@ -96,7 +97,5 @@ ROOT_STACKS = sorted(Path(__file__).resolve().parents[3].glob("Pulumi.*.yaml"))
 def agent_container(ds: dict[str, Any]) -> dict[str, Any]:
     """The one container of a DaemonSet that runs an agent command (node setup's monitor beside its teardown
     holder, which only sleeps; every other DaemonSet's only container)."""
-    from nvidia_gpu.components.manifests.workloads import AGENT
-
     (container,) = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["command"] == AGENT]
-    return container
+    return cast(dict[str, Any], container)

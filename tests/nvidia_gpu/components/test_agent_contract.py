@@ -16,16 +16,21 @@ import pytest
 import yaml
 
 from node_agent.cli import build_parser
+from node_agent.cli import mig as mig_cli
+from node_agent.cli import setup as setup_cli
 from node_agent.deviceplugin.allocate import Mount
 from node_agent.deviceplugin.config import Settings
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.kubelet.deviceplugin.process import DEFAULT_METRICS_PORT
+from node_agent.kubelet.dra import process as dra_process
 from node_agent.status.server import StatusServer
 from nvgpu import devicelist, labels
-from nvgpu.stackconfig import NodeSetupBackend, load_stack_file
-from nvidia_gpu.components.manifests import workloads
+from nvgpu.driver import KernelModules
+from nvgpu.stackconfig import AllocationMode, GroupPlan, NodeSetupBackend, load_stack_config, load_stack_file
+from nvidia_gpu.components.manifests import dra, driver, mig, monitoring, workloads
 from nvidia_gpu.components.manifests.sharing import render_named_configs
 from nvidia_gpu.components.manifests.workloads import GroupContext
+from nvidia_gpu.components.node_group import node_scripts
 from tests.nvidia_gpu.components.component_helpers import agent_container
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -183,11 +188,6 @@ def test_a_driver_container_root_reaches_the_mount_and_the_plugins_cdi_root() ->
 def test_every_agents_metrics_port_is_the_one_its_pod_names_and_its_monitor_scrapes() -> None:
     """DRA plugin, MIG manager and node setup's monitor: the port each agent serves by default, the port its
     rendered command line passes, the container port named ``metrics`` and the scrape target are one."""
-    from node_agent.cli import mig as mig_cli
-    from node_agent.cli import setup as setup_cli
-    from node_agent.kubelet.dra import process as dra_process
-    from nvidia_gpu.components.manifests import dra, mig, monitoring
-
     cfg = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.dev.yaml"))
     cluster = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET})
     dra_group = next(g for g in cfg.node_groups if cfg.allocation_mode(g).value == "dra")
@@ -210,8 +210,6 @@ def test_the_stack_decides_whether_a_taken_status_port_stops_an_agent(required: 
     """cluster.monitoring.requireStatusPort reaches every agent that serves a status port beside its job
     (device plugin, DRA plugin, MIG manager, node setup's monitor, the driver pod's check), parsed by the
     agent's own parser; the exporter always needs its port and takes no such flag."""
-    from nvidia_gpu.components.manifests import dra, driver, mig
-
     cfg = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.dev.yaml"))
     monitoring = cfg.cluster.monitoring.model_copy(update={"require_status_port": required})
     cluster = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET, "monitoring": monitoring})
@@ -231,10 +229,6 @@ def test_the_stack_decides_whether_a_taken_status_port_stops_an_agent(required: 
 def test_the_declared_driver_reaches_both_node_setup_backends() -> None:
     """A group's gpu.driver (version, kernelModules) is what setup's check and the monitor compare with on the
     daemonset backend (parsed by the agent's own parser) and what gpu-check.sh compares with on Deckhouse."""
-    from nvgpu.driver import KernelModules
-    from nvgpu.stackconfig import AllocationMode, load_stack_config
-    from nvidia_gpu.components.node_group import node_scripts
-
     values = {"cluster": {"kubernetesVersion": "1.34", "nodeSetup": "daemonset",
                           "agentImage": {"repository": "registry.example.com/agent", "tag": "1.0.0"}},
               "nodeGroups": [{"name": "h100", "nodeSelector": {"matchLabels": {"pool": "h100"}},
@@ -246,7 +240,7 @@ def test_the_declared_driver_reaches_both_node_setup_backends() -> None:
         args = _parse(container["args"])
         assert (args.expect_driver.text, args.expect_kernel_modules) == ("550", "open"), container["name"]
     deckhouse = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DECKHOUSE})
-    (check,) = [s for s in node_scripts(deckhouse, cfg.node_groups[0], AllocationMode.DEVICE_PLUGIN)
+    (check,) = [s for s in node_scripts(GroupPlan.of(deckhouse, cfg.node_groups[0], AllocationMode.DEVICE_PLUGIN))
                 if s.name == "gpu-check.sh"]
     assert 'EXPECT_DRIVER="${NVIDIA_GPU_EXPECT_DRIVER-550}"' in check.content
     assert f'EXPECT_MODULES="${{NVIDIA_GPU_EXPECT_MODULES-{KernelModules.OPEN.value}}}"' in check.content
@@ -255,9 +249,6 @@ def test_the_declared_driver_reaches_both_node_setup_backends() -> None:
 def test_a_driver_containers_root_is_the_toolkits_on_both_backends() -> None:
     """Pulumi.drivers.yaml: setup tells the agent's runtime step, and gpu-check.sh's sibling gpu-runtime.sh
     on Deckhouse, to point the host toolkit's nvidia-container-cli at /run/nvidia/driver."""
-    from nvgpu.stackconfig import AllocationMode
-    from nvidia_gpu.components.node_group import node_scripts
-
     cfg = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.drivers.yaml"))
     group = cfg.node_groups[0]
     ds = workloads.setup_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, group))
@@ -265,7 +256,8 @@ def test_a_driver_containers_root_is_the_toolkits_on_both_backends() -> None:
     assert args.toolkit_driver_root == "/run/nvidia/driver"
     deckhouse = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DECKHOUSE})
     group = group.model_copy(update={"node_group": "gpu-h100", "node_selector": None})
-    (runtime,) = [s for s in node_scripts(deckhouse, group, AllocationMode.DEVICE_PLUGIN) if s.name == "gpu-runtime.sh"]
+    plan = GroupPlan.of(deckhouse, group, AllocationMode.DEVICE_PLUGIN)
+    (runtime,) = [s for s in node_scripts(plan) if s.name == "gpu-runtime.sh"]
     assert 'TOOLKIT_ROOT="${NVIDIA_GPU_TOOLKIT_ROOT-/run/nvidia/driver}"' in runtime.content
     dev = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.dev.yaml"))
     ds = workloads.setup_daemonset(GroupContext(dev.cluster.namespace, dev.cluster.model_copy(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nvidia_gpu.components.manifests import workloads
+from nvidia_gpu.components.manifests import dra, workloads
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from tests.nvidia_gpu.components.component_helpers import group, stack_config
@@ -44,8 +44,6 @@ def test_every_device_plugin_keeps_the_agents_limit(sharing: str) -> None:
 
 def test_dra_plugin_limit_covers_the_mps_daemons_of_its_claims() -> None:
     """MPS claims start their control daemon in the DRA plugin's container, in any DRA group."""
-    from nvidia_gpu.components.manifests import dra
-
     cfg = stack_config([{"name": "d", "nodeGroup": "ng-d", "allocationMode": "dra"}])
     ds = dra.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
     (container,) = ds["spec"]["template"]["spec"]["containers"]

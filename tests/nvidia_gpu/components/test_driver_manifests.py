@@ -3,12 +3,16 @@ offline preview), carrying the group's driver, nodes, tolerations and upgrade po
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from nvgpu import labels
+from nvgpu.driver import DRIVER_SPEC_ANNOTATION, UPGRADE_POLICY_ANNOTATION, UPGRADE_TAINT_KEY, UpgradePolicy
 from nvgpu.stackconfig import load_stack_config
 from nvidia_gpu.components.manifests import driver
 from nvidia_gpu.preview import crds
+from tests.nvidia_gpu.policies.policy_fixtures import DS_TYPE, check
 
 CLUSTER = {"kubernetesVersion": "1.34", "driverRoot": "/run/nvidia/driver",
            "agentImage": {"repository": "registry.example.com/agent", "tag": "1.0.0"}}
@@ -60,8 +64,6 @@ DIGEST = "sha256:" + "ab" * 32
 
 
 def test_one_driver_daemonset_per_os_release_and_per_kernel_when_precompiled() -> None:
-    from nvgpu import labels
-
     spec = {"source": "container", "version": "535", "precompiled": True, "osReleases": ["ubuntu22.04", "rhel9.4"],
             "kernels": ["5.15.0-105-generic", "5.14.0-427.13.1.el9_4.x86_64"],
             "image": {"digests": {"535-5.15.0-105-generic-ubuntu22.04": DIGEST}}}
@@ -96,7 +98,6 @@ def test_one_driver_daemonset_per_os_release_and_per_kernel_when_precompiled() -
     annotations = rhel["metadata"]["annotations"]
     assert annotations["pulumi.com/skipAwait"] == "true"
     # The group's upgrade policy, for the upgrade controller.
-    from nvgpu.driver import UPGRADE_POLICY_ANNOTATION, UpgradePolicy
 
     assert UpgradePolicy.from_annotation(annotations[UPGRADE_POLICY_ANNOTATION]) == UpgradePolicy(
         max_unavailable=1, drain=True, drain_timeout_s=1800, validation_timeout_s=1800)
@@ -104,10 +105,6 @@ def test_one_driver_daemonset_per_os_release_and_per_kernel_when_precompiled() -
 
 
 def test_a_compiled_driver_has_one_daemonset_per_os_and_the_policy_pack_allows_it() -> None:
-    import json
-
-    from tests.nvidia_gpu.policies.policy_fixtures import DS_TYPE, check
-
     cluster, group = _group({"matchLabels": {"pool": "h100"}},
                             {"source": "container", "version": "550.90.07", "kernelModules": "open",
                              "osReleases": ["ubuntu22.04", "ubuntu24.04"]})
@@ -119,8 +116,9 @@ def test_a_compiled_driver_has_one_daemonset_per_os_and_the_policy_pack_allows_i
     # The pack as the README runs it (policies/config.json) and with its own defaults: privileged, host paths
     # and the host's PID namespace are allowed to the driver container's role, pinned by tag.
     shipped = json.loads((Path(__file__).resolve().parents[3] / "policies" / "config.json").read_text())
+    configs: tuple[dict[str, Any], ...] = (shipped["host-access-allow-listed"], {})
     for ds in sets:
-        for config in (shipped["host-access-allow-listed"], {}):
+        for config in configs:
             assert check("host-access-allow-listed", DS_TYPE, ds, config) == []
         assert check("pinned-images", DS_TYPE, ds) == []
         other = {**ds, "metadata": {**ds["metadata"], "labels": {**ds["metadata"]["labels"],
@@ -132,9 +130,6 @@ def test_only_a_change_of_the_driver_outdates_a_driver_pod() -> None:
     """The pod template's ``driver-spec`` hash, which the upgrade compares: a new release, image or module
     type changes it; a new agent image (the check's container) or another interval does not, so an agent
     release restarts no driver."""
-    from nvgpu.driver import DRIVER_SPEC_ANNOTATION, UPGRADE_TAINT_KEY
-    from nvgpu.stackconfig import load_stack_config
-
     def spec_hash(agent_tag: str = "1.0.0", **driver_spec: Any) -> str:
         cfg = load_stack_config({
             "cluster": {**CLUSTER, "agentImage": {"repository": "registry.example.com/agent", "tag": agent_tag}},

@@ -8,6 +8,8 @@ DaemonSet mounts must be the ones the agent's ``mps-daemon`` writes and the plug
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from nvidia_gpu.components.manifests import workloads
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from tests.nvidia_gpu.components.component_helpers import Engine, by_name, engine, group, of_kind, stack_config
 from tests.nvidia_gpu.components.test_component_engine import _group_component
+from tests.nvidia_gpu.policies.policy_fixtures import DS_TYPE, check
 
 __all__ = ["engine"]
 
@@ -89,11 +92,6 @@ def test_only_mps_groups_get_the_daemonset(engine: Engine, sharing: str, expecte
 def test_the_security_policies_allow_it_by_role_and_only_it() -> None:
     """``host-access-allow-listed`` lets the ``mps-control-daemon`` role be privileged with ``hostPID`` (the
     shipped ``policies/config.json`` too); the same pod under another role is refused."""
-    import json
-    from pathlib import Path
-
-    from tests.nvidia_gpu.policies.policy_fixtures import DS_TYPE, check
-
     ds = workloads.mps_control_daemon_daemonset(_ctx())
     shipped = json.loads((Path(__file__).resolve().parents[3] / "policies" / "config.json").read_text())
     assert check("host-access-allow-listed", DS_TYPE, ds) == []

@@ -12,6 +12,7 @@ import pytest
 from nvgpu.stackconfig import PreviewIdentity, StackConfigError, load_stack_config
 from nvidia_gpu.components.manifests import previewaccess
 from nvidia_gpu.components.manifests.previewaccess import Applied
+from nvidia_gpu.components.platform import GpuPlatformArgs
 
 CLUSTER: dict[str, Any] = {
     "kubernetesVersion": "1.34",
@@ -101,7 +102,5 @@ def test_the_identity_is_bound_only_after_the_policy_that_holds_it_to_dry_runs()
 
 def test_a_component_given_the_stack_setting_refuses_it() -> None:
     """Only ``build_stack`` sees every object the role must cover; a component would silently grant nothing."""
-    from nvidia_gpu.components.platform import GpuPlatformArgs
-
     with pytest.raises(ValueError, match=r"^GpuPlatformArgs.cluster.previewIdentity: a whole stack's setting"):
         GpuPlatformArgs(cluster={**CLUSTER, "previewIdentity": {"kind": "User", "name": "ci"}})

@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nvgpu.stackconfig import AllocationMode, load_stack_config
+from nvgpu.stackconfig import AllocationMode, GroupPlan, load_stack_config
 from nvidia_gpu.components.manifests import toolkit, workloads
 from nvidia_gpu.components.manifests.workloads import GroupContext
+from tests.nvidia_gpu.policies.policy_fixtures import DS_TYPE, check
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -26,7 +27,7 @@ def _ctx(driver: dict[str, Any] | None = None) -> GroupContext:
 
 def test_the_toolkit_daemonset_installs_on_the_groups_nodes_before_setup() -> None:
     ctx = _ctx({"source": "container", "version": "550.90.07", "osReleases": ["ubuntu22.04"]})
-    ds = toolkit.toolkit_daemonset("gpu", ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN)
+    ds = toolkit.toolkit_daemonset("gpu", ctx.group, GroupPlan.of(ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN))
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["image"] == "nvcr.io/nvidia/k8s/container-toolkit:v1.20.2"
@@ -56,12 +57,11 @@ def test_node_setup_and_the_device_plugin_use_the_installed_toolkit() -> None:
 
 
 def test_the_policy_pack_allows_the_toolkit_container_and_no_other_role_its_access() -> None:
-    from tests.nvidia_gpu.policies.policy_fixtures import DS_TYPE, check
-
     ctx = _ctx()
-    ds = toolkit.toolkit_daemonset("gpu", ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN)
+    ds = toolkit.toolkit_daemonset("gpu", ctx.group, GroupPlan.of(ctx.cluster, ctx.group, AllocationMode.DEVICE_PLUGIN))
     shipped = json.loads((REPO / "policies" / "config.json").read_text())
-    for config in (shipped["host-access-allow-listed"], {}):
+    configs: tuple[dict[str, Any], ...] = (shipped["host-access-allow-listed"], {})
+    for config in configs:
         assert check("host-access-allow-listed", DS_TYPE, ds, config) == []
     assert check("pinned-images", DS_TYPE, ds) == []
     other = {**ds, "metadata": {**ds["metadata"], "labels": {**ds["metadata"]["labels"],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,9 +38,6 @@ def test_type_token(api_version: str, kind: str, expected: str) -> None:
 
 
 def test_dev_stack_tokens_exist_in_provider(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     root = Path(__file__).resolve().parents[3]
     subprocess.run(
         [sys.executable, "-m", "nvidia_gpu.preview", "--no-server-dry-run", "--stack", "dev", "--out", str(tmp_path)],

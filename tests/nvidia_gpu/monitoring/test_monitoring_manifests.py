@@ -11,7 +11,7 @@ import pytest
 
 from nvgpu import dcgmcounters
 from nvgpu.stackconfig import AllocationMode, NodeSetupBackend, StackConfigError, load_stack_config
-from nvidia_gpu.components.manifests import dashboards, monitoring
+from nvidia_gpu.components.manifests import alerts, dashboards, monitoring
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvidia_gpu.preview import crds
 
@@ -60,7 +60,6 @@ def test_dcgm_mode_runs_nvidias_image_by_digest_with_sys_admin_only() -> None:
 @pytest.mark.parametrize("scrape", ["serviceMonitor", "podMonitor"])
 def test_monitors_and_rules_are_valid_prometheus_operator_objects(scrape: str) -> None:
     config = _config(scrape=scrape, labels={"release": "kube-prometheus-stack"})
-    from nvidia_gpu.components.manifests import alerts
 
     cluster = config.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET})
     dra_group = config.node_groups[0].model_copy(update={"name": "h100-dra", "allocation_mode": AllocationMode.DRA})

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 import yaml
+from _pytest.mark.expression import Expression
 
 from nvgpu.version import VERSION
 from nvidia_gpu.policies.pack import PACK_NAME, POLICIES
@@ -115,9 +118,48 @@ def test_the_backend_and_the_stack_names_are_configurable() -> None:
         assert checks, f"{name}: the kube context is not checked before Pulumi runs"
 
 
-def test_a_workflow_runs_make_test_with_the_history_and_the_tools() -> None:
-    job = _workflows()["test.yml"]["jobs"]["make-test"]
-    assert any("make test" in str(s.get("run")) for s in job["steps"])
-    checkout = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout@"))
-    assert checkout["with"]["fetch-depth"] == 0
-    assert any(str(s.get("uses", "")).startswith("actions/setup-go@") for s in job["steps"])
+_TIERS = ("unit", "cluster-test", "compare-test", "image-test")
+
+
+def _tier_expressions() -> dict[str, str]:
+    """Each tier's ``pytest -m`` expression, read from the Makefile's recipe (written ``-m "..."``)."""
+    text = (ROOT / "Makefile").read_text()
+    out = {}
+    for tier in _TIERS:
+        recipe = text.split(f"\n{tier}:", 1)[1].split("\n\n", 1)[0]
+        out[tier] = recipe.split('pytest -q -m "', 1)[1].split('"', 1)[0]
+    return out
+
+
+def _marked(markers: tuple[str, ...]) -> Callable[..., bool]:
+    def matcher(name: str, /, **kwargs: str | int | bool | None) -> bool:
+        return name in markers
+
+    return matcher
+
+
+def test_the_tiers_split_make_test_without_gap_or_overlap() -> None:
+    """Every combination of the tier markers runs in exactly one tier, so the tiers together are make test."""
+    exprs = {tier: Expression.compile(e) for tier, e in _tier_expressions().items()}
+    markers = ("cluster", "compare", "image", "slow")
+    for n in range(len(markers) + 1):
+        for marked in combinations(markers, n):
+            runs = [t for t, e in exprs.items() if e.evaluate(_marked(marked))]
+            assert len(runs) == 1, f"a test marked {marked or 'nothing'} runs in {runs or 'no tier'}"
+
+
+def test_the_workflow_runs_every_tier_as_a_job_the_fast_one_without_go() -> None:
+    jobs = _workflows()["test.yml"]["jobs"]
+
+    def runs(job: dict[str, Any]) -> str:
+        return " ".join(str(s.get("run", "")) for s in job["steps"])
+
+    def uses(job: dict[str, Any], action: str) -> list[dict[str, Any]]:
+        return [s for s in job["steps"] if str(s.get("uses", "")).startswith(action)]
+
+    assert "make check" in runs(jobs["check"]) and not uses(jobs["check"], "actions/setup-go@")
+    for job, target in (("cluster", "cluster-test"), ("compare", "compare-test"), ("image", "image-test")):
+        assert f"make deps {target}" in runs(jobs[job]), job
+        assert jobs[job]["needs"] == "check"
+        assert uses(jobs[job], "actions/checkout@")[0]["with"]["fetch-depth"] == 0
+        assert uses(jobs[job], "actions/setup-go@"), job

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+import yaml
+from pulumi_policy import EnforcementLevel
 
 from nvidia_gpu.policies.k8s_security import image_problem
 from tests.nvidia_gpu.policies.policy_fixtures import (
@@ -15,6 +17,7 @@ from tests.nvidia_gpu.policies.policy_fixtures import (
     container,
     daemonset,
     namespace,
+    policy,
 )
 
 BINDING_TYPE = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding"
@@ -211,8 +214,6 @@ def test_namespace_without_pod_security_labels() -> None:
 
 
 def _plugin_config(**plugin: object) -> dict[str, object]:
-    import yaml
-
     doc = {"version": "v1", "flags": {"migStrategy": "none", "plugin": {"deviceIDStrategy": "uuid", **plugin}}}
     return {"metadata": {"name": "device-plugin-config-h100"}, "data": {"Exclusive": yaml.safe_dump(doc)}}
 
@@ -247,8 +248,4 @@ def test_envvar_is_said_once_per_config_map() -> None:
 
 
 def test_envvar_policy_is_advisory() -> None:
-    from pulumi_policy import EnforcementLevel
-
-    from tests.nvidia_gpu.policies.policy_fixtures import policy
-
     assert policy("gpus-only-as-allocated").enforcement_level is EnforcementLevel.ADVISORY

@@ -11,6 +11,9 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from pulumi_policy import policy
+
+from nvidia_gpu.policies import sdk
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -80,8 +83,6 @@ print(json.dumps({"before": before, "after": after, "installed": sdk.installed()
 
 def test_the_adapter_is_pinned_to_the_installed_sdk() -> None:
     """A new ``pulumi-policy`` must be read again before the adapter may patch it."""
-    from nvidia_gpu.policies import sdk
-
     assert metadata.version("pulumi-policy") == sdk.SDK_VERSION
 
 
@@ -111,6 +112,4 @@ def test_each_resource_is_converted_once_per_request_and_policies_see_the_same()
 )
 def test_the_calls_the_adapter_memoises_are_the_ones_the_servicer_makes(method: str, call: str) -> None:
     """If the SDK stops calling these module-level names, the memo would silently do nothing."""
-    from pulumi_policy import policy
-
     assert call in inspect.getsource(getattr(policy._PolicyAnalyzerServicer, method))

@@ -11,7 +11,8 @@ import pytest
 
 from nvgpu.stackconfig import StackConfig, load_stack_config
 from nvidia_gpu.components.manifests.meta import app_labels
-from nvidia_gpu.preflight import migration
+from nvidia_gpu.components.manifests.previewaccess import PREFLIGHT_READS
+from nvidia_gpu.preflight import migration, stacks
 from nvidia_gpu.preflight.model import Conflict, Finding, Severity
 from tests.kit.fake_reader import FakeReader
 
@@ -348,9 +349,6 @@ def test_every_kind_the_preflight_reads_is_one_the_preview_identity_may_read() -
     """The preview identity's role grants reads of the stack's own kinds and of ``PREFLIGHT_READS``: every read
     the preflight makes (other stacks, then other installations) must be among them, or the preview identity's
     preview would skip the check."""
-    from nvidia_gpu.components.manifests.previewaccess import PREFLIGHT_READS
-    from nvidia_gpu.preflight import stacks
-
     class Probe(FakeReader):
         def conflicts(self, obj: dict[str, Any], field_manager: str) -> builtins.list[Conflict]:
             return []

@@ -13,7 +13,7 @@ import yaml
 
 from nvgpu.migparted import MigConfigSpec, MigPartedConfig, build_config, load_config_text
 from nvgpu.yamltext import single_quoted_text
-from nvidia_gpu.preview import engine, validate
+from nvidia_gpu.preview import crds, engine, validate
 from nvidia_gpu.preview.engine import program_gc, run_in_engine
 from nvidia_gpu.preview.pipeline import DEFAULT_STEPS, run_preview
 
@@ -125,13 +125,13 @@ def _mutated(obj: Any, path: tuple[Any, ...], value: Any) -> Any:
 
 def test_quick_check_agrees_with_jsonschema_on_the_stacks_manifests_and_their_mutations(tmp_path: Path) -> None:
     result = run_preview(ROOT, "dev", tmp_path, [s for s in DEFAULT_STEPS if s.name in ("config", "program", "render")])
-    by_kind = {}
+    by_kind: dict[tuple[str, bool], Any] = {}
     for m in result.manifests:
         by_kind.setdefault((m.kind, m.patch), m)
     checked = 0
     drafts: set[type[Any]] = set()
     for m in by_kind.values():
-        v = validate.crds.validator(m.api_version, m.kind, m.patch) or validate.builtin_validator(
+        v = crds.validator(m.api_version, m.kind, m.patch) or validate.builtin_validator(
             "1.34", m.api_version, m.kind)
         assert v is not None
         deferred = validate.DEFERRED.get(type(v))

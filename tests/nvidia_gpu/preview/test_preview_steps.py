@@ -6,12 +6,14 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 
 from nvidia_gpu.preview import crds, render, stackfile, summary, validate
-from nvidia_gpu.preview.engine import normalise
+from nvidia_gpu.preview.engine import install_mocks, normalise, run_in_engine
 from nvidia_gpu.preview.model import PreviewResult, Problem, RecordedResource, RenderedManifest
 from nvidia_gpu.preview.pipeline import DEFAULT_STEPS, Step, new_result, run_steps
+from nvidia_gpu.preview.policyrun import preview_step
 from nvidia_gpu.preview.validate import BackgroundValidator, inline_refs, validate_manifest, validate_object
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,14 +30,16 @@ def _manifest(obj: dict[str, Any], patch: bool = False) -> RenderedManifest:
     return RenderedManifest(1, "x.yaml", obj, _resource(obj, token), patch=patch)
 
 
-CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}, "data": {"a": "b"}}
-NGC = {
+CONFIG_MAP: dict[str, Any] = {
+    "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}, "data": {"a": "b"},
+}
+NGC: dict[str, Any] = {
     "apiVersion": "deckhouse.io/v1alpha1",
     "kind": "NodeGroupConfiguration",
     "metadata": {"name": "gpu-check.sh"},
     "spec": {"weight": 30, "nodeGroups": ["gpu"], "bundles": ["*"], "content": "echo\n"},
 }
-NODE_GROUP_PATCH = {
+NODE_GROUP_PATCH: dict[str, Any] = {
     "apiVersion": "deckhouse.io/v1",
     "kind": "NodeGroup",
     "metadata": {"name": "gpu", "annotations": {"pulumi.com/patchForce": "true"}},
@@ -224,10 +228,6 @@ def test_summary_counts_per_kind_and_per_node_group(tmp_path: Path) -> None:
 def test_a_second_run_in_one_process_gets_its_own_root_stack() -> None:
     """The SDK keeps the first ``set_mocks``' root stack resource; a later run for another stack must not
     parent its components under the earlier stack's URN (CI's full suite ran a ``test`` stack first)."""
-    import pulumi
-
-    from nvidia_gpu.preview.engine import install_mocks, run_in_engine
-
     parents = {}
     for stack in ("first", "second"):
         monitor = install_mocks("nvidia-gpu", stack)
@@ -241,8 +241,6 @@ def test_a_second_run_in_one_process_gets_its_own_root_stack() -> None:
 def test_the_pack_starts_with_the_config_and_stops_whatever_happens_after(tmp_path: Path) -> None:
     """The pack's process starts right after the config, on a thread, so its start overlaps the program's;
     a run that stops before the policy step (here a step that fails) still stops it."""
-    from nvidia_gpu.preview.policyrun import preview_step
-
     seen: list[preview_step.StartingPack] = []
 
     def failing(result: PreviewResult) -> None:
