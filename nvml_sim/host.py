@@ -19,6 +19,7 @@ that make bad nodes (no driver, old driver, missing modules, no IOMMU, container
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,6 +29,7 @@ import node_agent
 import nvml_sim
 from node_agent.host.pci import normalize_address
 from nvgpu import hostpaths
+from nvgpu.catalogue import parse_driver_version
 from nvgpu.nodescripts import facts
 from nvml_sim import DEFAULT_STATE_DIR, SimulatedMachine, get_machine
 
@@ -147,8 +149,6 @@ def proc_devices_text(driver_version: str, *, uvm: bool) -> str:
     writes it: ``Character devices:``, ``%3d %s`` lines by major, a blank line, ``Block devices:``. The GPU
     major is named ``nvidia`` from driver 550.40 on and ``nvidia-frontend`` before (nvidia-container-toolkit
     ``internal/info/proc/devices/devices.go``)."""
-    from nvgpu.catalogue import parse_driver_version
-
     gpu_name = "nvidia" if parse_driver_version(driver_version) >= parse_driver_version("550.40") else "nvidia-frontend"
     chars = [*_KERNEL_CHAR_DEVICES, (NVIDIA_MAJOR, gpu_name), (CAPS_MAJOR, "nvidia-caps")]
     if uvm:
@@ -342,8 +342,6 @@ def hold_device(root: Path, pid: int, host_path: str, *, comm: str = "cuda-app",
 
 def release_device(root: Path, pid: int) -> None:
     """Process ``pid`` exits: its ``/proc`` entry goes, and with it every file it held."""
-    import shutil
-
     shutil.rmtree(root / f"proc/{pid}", ignore_errors=True)
 
 
@@ -433,8 +431,6 @@ def lay_out(
     modules = ("nvidia",) if fresh_boot else tuple(modules)
     device_nodes = device_nodes and not fresh_boot
     if fresh_boot:  # a reboot of an existing layout: /dev is a new devtmpfs, /sys/module the kernel's own again
-        import shutil
-
         for dev_node in (root / "dev").glob("nvidia*"):
             if dev_node.is_dir() and not dev_node.is_symlink():
                 shutil.rmtree(dev_node)

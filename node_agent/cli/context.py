@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node_agent.host import HostRoot
+from node_agent.cli import exitcodes
+from node_agent.host import HostError, HostRoot, Refused
 from node_agent.host.driverroot import DriverRoot, current_driver_root, default_driver_root
 from node_agent.host.root import ExecMode
 from node_agent.nvml import NvmlBackend, NvmlSession, open_nvml, simulator
@@ -112,15 +113,12 @@ class AgentContext:
         return self.node_name
 
     def node_api(self) -> NodeApi:
-        from node_agent.labeller.nodepatch import KubeNodeApi
+        from node_agent.labeller.nodepatch import KubeNodeApi  # noqa: PLC0415 - the Kubernetes client, when used
 
         return KubeNodeApi.connect(self.kubeconfig)
 
     def fail(self, error: Exception, **extra: Any) -> int:
         """Report an error the way every command does and return its exit code."""
-        from node_agent.cli import exitcodes
-        from node_agent.host import HostError, Refused
-
         refused = isinstance(error, Refused)
         self.emit({"error": str(error), **({"refused": True} if refused else {}), **extra},
                   f"{'refused' if refused else 'error'}: {error}")

@@ -66,6 +66,7 @@ from node_agent.nvml.types import (
     TopologyLevel,
     Virtualization,
 )
+from nvgpu.catalogue import model_by_pci_device
 
 log = logging.getLogger(__name__)
 
@@ -327,8 +328,6 @@ class NvmlSession:
         except NvmlPermissionDenied as e:
             # A GPU in MIG mode read without the MIG monitor capability: keep the GPU (NVIDIA's tools drop
             # the whole node's GPUs, k8s-device-plugin#1683) with the catalogue's memory and the reason.
-            from nvgpu.catalogue import model_by_pci_device
-
             model = model_by_pci_device(int(pci.pciDeviceId) >> 16)
             memory_mib = model.memory_mib if model else 0
             unreadable.append(f"memory: {e}; {_NO_MIG_MONITOR}")
@@ -714,8 +713,6 @@ class NvmlSession:
         name = (raw.decode() if isinstance(raw, bytes) else str(raw)).removeprefix("MIG ")
         if name:
             return name
-        from nvgpu.catalogue import model_by_pci_device
-
         pci = self._run(f"nvmlDeviceGetPciInfo({index})", pynvml.nvmlDeviceGetPciInfo, self._handle(index))
         model = model_by_pci_device(int(pci.pciDeviceId) >> 16)
         profile = next((p for p in (model.mig.profiles if model and model.mig else ()) if p.gi_profile == enum),

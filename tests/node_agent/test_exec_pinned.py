@@ -17,6 +17,7 @@ from node_agent.cli.context import AgentContext
 from node_agent.host import CommandResult, HostError, HostRoot
 from node_agent.host.exec import HostExec
 from node_agent.mig import apply
+from node_agent.mig.hardware import GpuInfo, ResetUnavailable
 from node_agent.mig.hostfiles import HostCommandRunner, HostRebooter
 from node_agent.mig.journal import JournalError
 from node_agent.mig.nvmlbackend import NvidiaSmiReset, NvmlMigBackend
@@ -79,8 +80,6 @@ def test_mig_reset_names_exactly_the_pending_gpus(tmp_path: Path) -> None:
 
 
 def test_mig_reset_failure_is_reset_unavailable(tmp_path: Path) -> None:
-    from node_agent.mig.hardware import GpuInfo, ResetUnavailable
-
     rec = RecordingExec({"nvidia-smi": lambda c: CommandResult(c.argv, 255, "", "In use by another client")})
     gpu = GpuInfo(3, "GPU-3", "NVIDIA A100-SXM4-80GB", 0x20B2, "00000000:47:00.0", 0x147F10DE)
     with pytest.raises(ResetUnavailable, match="exited 255: In use by another client"):

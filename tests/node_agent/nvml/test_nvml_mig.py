@@ -18,6 +18,7 @@ from node_agent.nvml import (
 )
 from nvgpu.mig import all_profile_layout
 from nvml_sim import MACHINES, SimulatedMachine
+from nvml_sim.lib import FakeNvmlLibrary
 from nvml_sim.state import SimProcess
 
 MIG_MACHINES = [name for name, spec in MACHINES.items() if spec.model.mig is not None]
@@ -142,8 +143,6 @@ def test_state_file_is_shared_with_another_process(tmp_path: Path) -> None:
 
 
 def test_old_driver_without_the_v2_profile_call_gets_catalogue_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nvml_sim.lib import FakeNvmlLibrary
-
     original = FakeNvmlLibrary.__getattr__
 
     def without_v2(self: FakeNvmlLibrary, name: str) -> object:
