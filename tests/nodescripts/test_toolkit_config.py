@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from node_agent.cli import main
-from node_agent.nvml.sim.host import TOOLKIT_PACKAGE_CONFIG
 from nvgpu.nodescripts import facts, render_node_scripts
 from nvgpu.nodescripts.content import toolkit_config_edited, toolkit_config_restored
+from nvml_sim.host import TOOLKIT_PACKAGE_CONFIG
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import FakeHost, build_fake_host
 
