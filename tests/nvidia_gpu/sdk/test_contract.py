@@ -53,7 +53,8 @@ def test_the_adapter_is_pinned_to_the_installed_sdk(dist: str) -> None:
 
 
 def _project_modules() -> Iterator[Path]:
-    for path in sorted((ROOT / "nvidia_gpu").rglob("*.py")):
+    """The Pulumi side's modules, and the program and provider entry points the engine runs."""
+    for path in [ROOT / "__main__.py", ROOT / "provider" / "__main__.py", *sorted((ROOT / "nvidia_gpu").rglob("*.py"))]:
         if not any(path == a or a in path.parents for a in ADAPTERS):
             yield path
 
