@@ -127,7 +127,7 @@ def _tier_expressions() -> dict[str, str]:
     out = {}
     for tier in _TIERS:
         recipe = text.split(f"\n{tier}:", 1)[1].split("\n\n", 1)[0]
-        out[tier] = recipe.split('pytest -q -m "', 1)[1].split('"', 1)[0]
+        out[tier] = recipe.split("-m pytest", 1)[1].split(' -m "', 1)[1].split('"', 1)[0]
     return out
 
 
