@@ -1,5 +1,6 @@
 """The agent's interpreter of node-setup plans (``nvgpu.nodescripts.plan``): apply one, see where it stands,
-roll it back; and the node check's requirements (:func:`check_findings`).
+roll it back; the node check's requirements (:func:`check_findings`); a file chosen by host facts
+(:func:`choose`, :func:`read_ours`).
 
 Why: a step declared as a plan is applied here for the DaemonSet backend and rendered as bash for Deckhouse
 (``nvgpu.nodescripts.bashplan``) from the same declaration, so the two backends cannot drift. This module only
@@ -24,11 +25,13 @@ from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.facts import Reason
 from nvgpu.nodescripts.plan import (
     Check,
+    ChosenFile,
     GpuNodesExist,
     ModuleLoaded,
     NodeExists,
     ProgramInstalled,
     StepPlan,
+    fill,
     former_not_ours,
     not_ours,
     setting_absent,
@@ -45,6 +48,41 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     #: What is still missing after apply (the modules' and the requirements' problems): empty = ready.
     problems: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The case of a :class:`ChosenFile` the host's facts select, its slots filled: write ``content`` at
+    ``path`` (None: nothing written), log ``note``; or refuse with ``refuse``; or (``agent_layout``) the agent's
+    own layout."""
+
+    path: str
+    content: str | None
+    note: str
+    refuse: str
+    agent_layout: bool
+
+
+class PlanRefused(HostError):
+    """A plan's case refuses the step on this host (nothing changed)."""
+
+
+def choose(item: ChosenFile, detected: dict[str, str]) -> Chosen:
+    """The first case of ``item`` that ``detected`` (fact -> value; facts a case does not test may be left
+    out) matches; ``ValueError`` when none does."""
+    for case in item.cases:
+        if case.matches(detected):
+            return Chosen(case.path, None if case.content is None else fill(case.content, detected),
+                          fill(case.note, detected), fill(case.refuse, detected), case.agent_layout)
+    raise ValueError(f"no case for {detected}")
+
+
+def read_ours(host: HostRoot, path: str) -> str | None:
+    """The managed file at ``path`` (None: none); :class:`NotOurs` when someone else's file is there."""
+    text = host.read_text_or_none(path)
+    if text is not None and not _ours(text):
+        raise NotOurs(not_ours(path), path)
+    return text
 
 
 def check_findings(host: HostRoot, checks: Iterable[Check], *, toolkit_dir: str | None = None

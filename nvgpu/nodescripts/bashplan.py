@@ -8,6 +8,9 @@ bash, one block per item of the plan, in the executor's order; it uses what the 
 (``refuse``) that is called with the message when a managed file's path holds someone else's file, before
 anything is changed. Modules and requirements leave their problems in the array ``plan_problems``.
 
+A :class:`~nvgpu.nodescripts.plan.ChosenFile` renders with :func:`render_chosen` as an ``if``/``elif`` over the
+facts, which the script detects first into ``fact_<name>`` variables.
+
 The node check's requirements (``plan.HOST_CHECKS``, ``plan.RUNTIME_CHECKS``) render with :func:`render_checks`
 as calls of the check's ``fail REASON MESSAGE``, the agent's findings (``executor.check_findings``).
 """
@@ -20,7 +23,9 @@ from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.facts import Reason
 from nvgpu.nodescripts.plan import (
+    SLOT_RE,
     Check,
+    ChosenFile,
     GpuNodesExist,
     ModuleLoaded,
     NodeExists,
@@ -52,6 +57,43 @@ def _with_var(message: str, var: str) -> str:
 
 
 _SLOT = "\x00"
+
+
+def _slotted(text: str) -> str:
+    """``text`` as one bash word, its ``${fact}`` slots expanded from the ``fact_<name>`` variables."""
+    parts = SLOT_RE.split(text)  # literal, name, literal, name, ...
+    words = [f'"${{fact_{part}}}"' if i % 2 else _q(part) for i, part in enumerate(parts) if part or i % 2]
+    return "".join(words) or "''"
+
+
+def render_chosen(item: ChosenFile, *, refuse: str) -> str:
+    """The bash choosing and writing ``item``'s file from the ``fact_<name>`` variables, as the agent's
+    ``executor.choose`` does: ``refuse`` (the script's function, which logs its argument and exits) for a
+    refusing case and for a path holding someone else's file; otherwise ``plan_path`` is the host path and
+    ``plan_result`` is ``changed``, ``unchanged`` or ``skipped`` (nothing written)."""
+    out = [f"# Rendered from nvgpu.nodescripts.plan ({item.log}); the agent chooses the same "
+           "(node_agent.setup.executor.choose).",
+           'plan_path=""',
+           'plan_result=""']
+    for i, case in enumerate(item.cases):
+        cond = " && ".join(f'[[ "${{fact_{name}}}" == {_q(value)} ]]' for name, value in case.when) or "true"
+        out.append(f"{'elif' if i else 'if'} {cond}; then")
+        if case.refuse:
+            out.append(f"  {refuse} {_slotted(case.refuse)}")
+            continue
+        local = f'"${{ROOT}}"{_q(case.path)}'
+        out += [f"  plan_path={_q(case.path)}",
+                f"  if [[ -f {local} ]] && {_is_ours(case.path, negate=True)}; then",
+                f"    {refuse} {_q(not_ours(case.path))}",
+                "  fi"]
+        if case.note:
+            out.append(f"  bb-log-warning {_q(item.log + ': ')}{_slotted(case.note)}")
+        if case.content is None:
+            out.append("  plan_result=skipped")
+        else:
+            out.append(f"  plan_result=\"$(printf '%s' {_slotted(case.content)} | write_file {local})\"")
+    out.append("fi")
+    return "\n".join(out) + "\n"
 
 
 def render_checks(checks: tuple[Check, ...], *, toolkit_dir_var: str = "NVIDIA_GPU_TOOLKIT_DIR") -> str:

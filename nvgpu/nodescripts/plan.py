@@ -11,6 +11,9 @@ runs, and a change to the plan reaches both. What a plan may hold is only what t
 * :class:`KernelSetting`: a sysctl set live, its value before our first change kept for rollback;
 * :class:`KernelModule`: a module that must be loaded (``modprobe`` when it is not);
 * :class:`NonEmptyDir`: a requirement on the host (a directory with entries), with the problem it reports;
+* :class:`ChosenFile`: a managed file whose path and content are chosen by facts each backend detects on the
+  host (its :class:`Case` table: the first case the facts match writes its file, skips it with a note, or
+  refuses the step), content and messages filled from the facts' values (``${fact}`` slots);
 * the node check's requirements, each with its :class:`~nvgpu.nodescripts.facts.Reason` and message
   (:data:`Check`): :class:`ModuleLoaded`, :class:`NodeExists`, :class:`GpuNodesExist`, :class:`ProgramInstalled`.
 
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 from nvgpu import toolkit
 from nvgpu.nodescripts import facts
-from nvgpu.nodescripts.content import sysctl_dropin
+from nvgpu.nodescripts.content import render_crio_dropin, render_dropin, sysctl_dropin
 from nvgpu.nodescripts.facts import Reason
 
 
@@ -174,6 +177,68 @@ class ProgramInstalled:
 
 Check = ModuleLoaded | NodeExists | GpuNodesExist | ProgramInstalled
 
+#: A slot in a :class:`Case`'s content or message: ``${name}``, filled with the detected fact ``name``.
+SLOT_RE = re.compile(r"\$\{([a-z_]+)\}")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One arm of a :class:`ChosenFile`, taken when every ``(fact, value)`` of ``when`` holds (no ``when``:
+    always). Exactly one outcome:
+
+    * ``refuse``: the step is refused with this message before anything changes;
+    * ``path`` with ``content``: the managed file written there (refused, as a :class:`ManagedFile` is, when
+      the path holds someone else's file); ``note`` is logged beside it;
+    * ``path`` without ``content``: nothing written, ``note`` says why (the path is still checked to be ours);
+    * ``agent_layout``: the agent handles this case with a layout of its own whose content is derived from a
+      host file, not from facts; the scripts refuse it with ``refuse``.
+    """
+
+    when: tuple[tuple[str, str], ...] = ()
+    path: str = ""
+    content: str | None = None
+    note: str = ""
+    refuse: str = ""
+    agent_layout: bool = False
+
+    def __post_init__(self) -> None:
+        if bool(self.refuse) == bool(self.path):
+            raise ValueError(f"case {self.when}: either a path or a refusal")
+        if self.content is not None and not self.content.endswith("\n"):
+            raise ValueError(f"{self.path}: a managed file's content ends with a newline")
+
+    def matches(self, detected: dict[str, str]) -> bool:
+        return all(detected.get(name) == value for name, value in self.when)
+
+
+@dataclass(frozen=True)
+class ChosenFile:
+    """A managed file whose path and content depend on host facts. ``facts`` names what each backend detects
+    (its own way: the agent parses, a script greps), each a string; the :class:`Case` table, in order, is the
+    one place that says what follows from them. ``log`` prefixes the scripts' messages."""
+
+    facts: tuple[str, ...]
+    cases: tuple[Case, ...]
+    log: str
+
+    def __post_init__(self) -> None:
+        for case in self.cases:
+            used = {n for n, _ in case.when}
+            for text in (case.content or "", case.note, case.refuse):
+                used |= set(SLOT_RE.findall(text))
+            if not used <= set(self.facts):
+                raise ValueError(f"case {case.when}: undeclared facts {sorted(used - set(self.facts))}")
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every path a case may write: rollback removes those of ours."""
+        return tuple(sorted({c.path for c in self.cases if c.path}))
+
+
+def fill(text: str, detected: dict[str, str]) -> str:
+    """``text`` with its ``${fact}`` slots filled from ``detected``."""
+    return SLOT_RE.sub(lambda m: detected[m.group(1)], text)
+
 
 def not_ours(path: str) -> str:
     """A managed file's path holds a file that is not ours: the step is refused."""
@@ -218,3 +283,57 @@ HOST_CHECKS: tuple[Check, ...] = (*(ModuleLoaded(m) for m in facts.REQUIRED_MODU
 #: started with (the node's own, or a toolkit container's).
 RUNTIME_CHECKS: tuple[Check, ...] = (
     ProgramInstalled((facts.NVIDIA_CONTAINER_RUNTIME, facts.CDI_HOOK_PATH), toolkit.RUNTIME_WRAPPER),)
+
+_CRIO_LOOKED = ", ".join((facts.CRIO_CONFIG, facts.CRIO_DROPIN_DIR, *facts.CRIO_BINARIES, *facts.CRIO_SOCKETS))
+_NO_NVIDIA_RUNTIME = (("nvidia_runtime", "false"),)
+
+
+def _containerd_cases(version: int) -> tuple[Case, ...]:
+    """Deckhouse's layout for one containerd config version: our keys alone, in the directory bashible merges;
+    the nvidia runtime the default only where its binary is installed."""
+    on = (("runtime", "containerd"), ("containerd_version", str(version)), ("deckhouse", "true"))
+    path = f"{facts.DECKHOUSE_DROPIN_DIRS[version]}/{facts.RUNTIME_DROPIN_NAME}"
+    cri = facts.CRI_PLUGIN[version]
+    default = f'default_runtime_name = "{facts.NVIDIA_RUNTIME_NAME}"'
+    return (Case(when=(*on, *_NO_NVIDIA_RUNTIME), path=path,
+                 content=render_dropin(cri, "${systemd_cgroup}", "", "${binary}"),
+                 note="${binary} is missing; runc stays the default runtime"),
+            Case(when=on, path=path, content=render_dropin(cri, "${systemd_cgroup}", default, "${binary}")))
+
+
+#: The container runtime's drop-in (the agent's ``node_agent.setup.runtime``, Deckhouse's ``gpu-runtime.sh``):
+#: which runtime, which layout, which content, and when the step is refused. Detected by each backend:
+#: ``runtime`` (containerd, crio, both, none) and ``crio_markers`` (the CRI-O paths found, ``, ``-joined);
+#: ``containerd_version`` (config.toml's ``version``, 1 without one); ``deckhouse`` (bashible's
+#: ``deckhouse.toml`` is there); ``systemd_cgroup`` (runc's ``SystemdCgroup``); ``nvidia_runtime`` (``binary``,
+#: the nvidia runtime the drop-in names, is installed); ``conmon`` (CRI-O's conmon, empty when none is found).
+RUNTIME_DROPIN = ChosenFile(
+    facts=("runtime", "crio_markers", "containerd_version", "deckhouse", "systemd_cgroup", "nvidia_runtime",
+           "binary", "conmon"),
+    log="nvidia-gpu runtime",
+    cases=(
+        Case(when=(("runtime", "both"),),
+             refuse=f"both containerd ({facts.CONTAINERD_CONFIG}) and CRI-O (${{crio_markers}}) are on this host; "
+                    "not guessing which one kubelet uses: remove the unused one's config"),
+        Case(when=(("runtime", "none"),),
+             refuse=f"{facts.CONTAINERD_CONFIG} is missing and there is no CRI-O either (looked at {_CRIO_LOOKED}): "
+                    "is a container runtime installed?"),
+        # CRI-O does not start with a handler whose runtime_path is missing: nothing is written then.
+        Case(when=(("runtime", "crio"), *_NO_NVIDIA_RUNTIME), path=facts.CRIO_DROPIN,
+             note=f"${{binary}} is missing; {facts.CRIO_DROPIN} not written (CRI-O does not start with a runtime "
+                  "whose runtime_path is missing)"),
+        Case(when=(("runtime", "crio"), ("conmon", "")), path=facts.CRIO_DROPIN,
+             content=render_crio_dropin(None, "${binary}")),
+        Case(when=(("runtime", "crio"),), path=facts.CRIO_DROPIN, content=render_crio_dropin("${conmon}", "${binary}")),
+        *_containerd_cases(2),
+        *_containerd_cases(3),
+        # Outside Deckhouse the agent adds an imports entry to config.toml, and on containerd 1.x its drop-in
+        # carries a copy of config.toml's CRI section (an import replaces the whole section there).
+        *(Case(when=(("runtime", "containerd"), ("containerd_version", str(v))), agent_layout=True,
+               refuse=f"{facts.DECKHOUSE_CONTAINERD_BASE} is missing: containerd is not managed by Deckhouse here")
+          for v in facts.CRI_PLUGIN),
+        Case(when=(("runtime", "containerd"),),
+             refuse=f"{facts.CONTAINERD_CONFIG}: config version ${{containerd_version}} is not supported; expected 2 "
+                    "(containerd 1.x) or 3 (containerd 2.x)"),
+    ),
+)

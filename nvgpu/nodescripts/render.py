@@ -10,15 +10,12 @@ from typing import Literal
 from nvgpu import catalogue, labels
 from nvgpu.driver import NO_EXPECTATION, VIRTUALIZATION_MODES, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts, plan, templates
-from nvgpu.nodescripts.bashplan import render_checks, render_plan
+from nvgpu.nodescripts.bashplan import render_checks, render_chosen, render_plan
 from nvgpu.nodescripts.content import (
-    HEADER,
     TOOLKIT_CLI_TABLE_ERE,
     TOOLKIT_KEY_ERE,
     TOOLKIT_ROOT_ERE,
     TOOLKIT_TABLE_ERE,
-    render_crio_dropin,
-    render_dropin,
     toolkit_block,
 )
 
@@ -26,7 +23,6 @@ from nvgpu.nodescripts.content import (
 #: the drop-in must land before step 032 (configure containerd) merges conf.d into config.toml,
 #: and the final gate (gpu-sysctl.sh, which sets gpu-setup-complete) runs after it. gpu-devices.sh (nvidia-uvm
 #: and the /dev/nvidia* nodes) runs just before the check, as the agent's setup makes them before its check.
-_DEFAULT_RUNTIME_LINE = f'default_runtime_name = "{facts.NVIDIA_RUNTIME_NAME}"'
 WEIGHTS = {"gpu-devices.sh": 24, "gpu-check.sh": 25, "gpu-runtime.sh": 31, "gpu-vfio.sh": 35, "gpu-sysctl.sh": 40}
 
 
@@ -76,8 +72,6 @@ def _common(root_prefix: str) -> dict[str, str]:
         "CONTAINERD_CONFIG": facts.CONTAINERD_CONFIG,
         "CONF_D": facts.DECKHOUSE_DROPIN_DIRS[2],
         "CONF2_D": facts.DECKHOUSE_DROPIN_DIRS[3],
-        "CRI2": facts.CRI_PLUGIN[2],
-        "CRI3": facts.CRI_PLUGIN[3],
         "CRI2_RE": re.escape(facts.CRI_PLUGIN[2]),
         "CRI3_RE": re.escape(facts.CRI_PLUGIN[3]),
         "RUNTIME": facts.NVIDIA_RUNTIME_NAME,
@@ -107,19 +101,11 @@ def _common(root_prefix: str) -> dict[str, str]:
         "SMI_TIMEOUT": str(facts.NVIDIA_SMI_TIMEOUT_S),
         "SMI_KILL": str(facts.NVIDIA_SMI_KILL_AFTER_S),
         "DECKHOUSE_BASE": facts.DECKHOUSE_CONTAINERD_BASE,
-        "DROPIN_NAME": facts.RUNTIME_DROPIN_NAME,
-        "HEADER": HEADER,
-        "DROPIN_DEFAULT": render_dropin("${cri}", "${systemd}", _DEFAULT_RUNTIME_LINE),
-        "DROPIN_NO_DEFAULT": render_dropin("${cri}", "${systemd}", ""),
         "CRIO_CONFIG": facts.CRIO_CONFIG,
         "CRIO_DROPIN_DIR": facts.CRIO_DROPIN_DIR,
-        "CRIO_DROPIN": facts.CRIO_DROPIN,
         "CRIO_BINARIES": " ".join(facts.CRIO_BINARIES),
         "CRIO_SOCKETS": " ".join(facts.CRIO_SOCKETS),
-        "CRIO_LOOKED": ", ".join((facts.CRIO_CONFIG, facts.CRIO_DROPIN_DIR, *facts.CRIO_BINARIES, *facts.CRIO_SOCKETS)),
         "CONMON_PATHS": " ".join(facts.CONMON_PATHS),
-        "CRIO_DROPIN_MONITOR": render_crio_dropin("${conmon}"),
-        "CRIO_DROPIN_PLAIN": render_crio_dropin(None),
         "TOOLKIT_CONFIG": facts.TOOLKIT_CONFIG,
         "TOOLKIT_BEGIN": facts.TOOLKIT_BLOCK_BEGIN,
         "TOOLKIT_END": facts.TOOLKIT_BLOCK_END,
@@ -130,6 +116,7 @@ def _common(root_prefix: str) -> dict[str, str]:
         "TOOLKIT_ROOT_ERE": TOOLKIT_ROOT_ERE,
         "SYSCTL_PLAN": render_plan(plan.SYSCTL, refuse="plan_refuse"),
         "VFIO_PLAN": render_plan(plan.VFIO),
+        "RUNTIME_PLAN": render_chosen(plan.RUNTIME_DROPIN, refuse="runtime_refuse"),
         "HOST_CHECKS": render_checks(plan.HOST_CHECKS),
         "RUNTIME_CHECKS": render_checks(plan.RUNTIME_CHECKS),
         "PROC_DEVICES": facts.PROC_DEVICES,

@@ -465,105 +465,57 @@ if grep -qx 'verdict=unusable' "$VERDICT_FILE" 2>/dev/null; then
   exit 0
 fi
 
-kind="$(container_runtime)"
-case "$kind" in
-  both)
-    bb-log-error "nvidia-gpu runtime: both containerd (@@CONTAINERD_CONFIG@@) and CRI-O ($(crio_markers | paste -sd, - \
-      | sed 's/,/, /g')) are on this host; not guessing which one kubelet uses: remove the unused one's config"
-    exit 1
-    ;;
-  none)
-    bb-log-error "nvidia-gpu runtime: @@CONTAINERD_CONFIG@@ is missing and there is no CRI-O either \
-(looked at @@CRIO_LOOKED@@)"
-    exit 1
-    ;;
-esac
+# The facts plan.RUNTIME_DROPIN chooses from, detected here as the agent detects them (node_agent.setup.runtime).
+fact_runtime="$(container_runtime)"
+fact_crio_markers="$(crio_markers | paste -sd, - | sed 's/,/, /g')"
+fact_containerd_version="$(containerd_version)"
+fact_deckhouse=false
+if [[ -f "${ROOT}@@DECKHOUSE_BASE@@" ]]; then fact_deckhouse=true; fi
+fact_systemd_cgroup=false
+if grep -Eq '^[[:space:]]*SystemdCgroup[[:space:]]*=[[:space:]]*true' "${ROOT}@@CONTAINERD_CONFIG@@" 2>/dev/null; then
+  fact_systemd_cgroup=true
+fi
+fact_binary="@@NCR@@"
+fact_nvidia_runtime=false
+if [[ -x "${ROOT}${fact_binary}" ]]; then fact_nvidia_runtime=true; fi
+fact_conmon=""
+for p in @@CONMON_PATHS@@; do
+  if [[ -f "${ROOT}${p}" && -x "${ROOT}${p}" ]]; then
+    fact_conmon="$p"
+    break
+  fi
+done
 
-if [[ "$kind" == crio ]]; then
-  # CRI-O is not managed by bashible: the drop-in is written and crio restarted here. A restart,
-  # not a reload: SIGHUP re-reads only a few options, not the runtimes table or default_runtime.
-  target="${ROOT}@@CRIO_DROPIN@@"
-  if [[ -f "$target" ]] && [[ "$(head -n1 "$target")" != "@@HEADER@@" ]]; then
-    bb-log-error "nvidia-gpu runtime: @@CRIO_DROPIN@@ exists and is not ours; not overwriting it"
-    exit 1
-  fi
-  if [[ ! -x "${ROOT}@@NCR@@" ]]; then
-    bb-log-warning "nvidia-gpu runtime: @@NCR@@ is missing; @@CRIO_DROPIN@@ not written \
-(CRI-O does not start with a runtime whose runtime_path is missing)"
-    echo "nvidia-gpu-runtime runtime=crio dropin=@@CRIO_DROPIN@@ result=skipped"
-    exit 0
-  fi
-  conmon=""
-  for p in @@CONMON_PATHS@@; do
-    if [[ -f "${ROOT}${p}" && -x "${ROOT}${p}" ]]; then
-      conmon="$p"
-      break
-    fi
-  done
-  if [[ -n "$conmon" ]]; then
-    result="$(write_file "$target" <<EOF
-@@CRIO_DROPIN_MONITOR@@EOF
-)"
-  else
-    result="$(write_file "$target" <<EOF
-@@CRIO_DROPIN_PLAIN@@EOF
-)"
-  fi
+# runtime_refuse MESSAGE: the plan refuses this host (nothing was changed).
+runtime_refuse() {
+  bb-log-error "nvidia-gpu runtime: $1"
+  exit 1
+}
+@@RUNTIME_PLAN@@
+if [[ "$plan_result" == skipped ]]; then
+  echo "nvidia-gpu-runtime runtime=${fact_runtime} dropin=${plan_path} result=skipped"
+  exit 0
+fi
+if [[ "$fact_nvidia_runtime" == true ]]; then
   toolkit_config
-  if [[ "$result" == changed ]]; then
+fi
+if [[ "$fact_runtime" == crio ]]; then
+  # CRI-O is not managed by bashible: crio is restarted here. A restart, not a reload: SIGHUP re-reads only a
+  # few options, not the runtimes table or default_runtime.
+  if [[ "$plan_result" == changed ]]; then
     if ! command -v systemctl >/dev/null 2>&1; then
       bb-log-warning "nvidia-gpu runtime: systemctl not found: restart crio to apply the change"
     elif ! systemctl restart crio; then
       bb-log-warning "nvidia-gpu runtime: systemctl restart crio failed"
     fi
   fi
-  bb-log-info "nvidia-gpu runtime: @@CRIO_DROPIN@@ ${result}"
-  echo "nvidia-gpu-runtime runtime=crio dropin=@@CRIO_DROPIN@@ result=${result}"
+  bb-log-info "nvidia-gpu runtime: ${plan_path} ${plan_result}"
+  echo "nvidia-gpu-runtime runtime=crio dropin=${plan_path} result=${plan_result}"
   exit 0
 fi
-
-version="$(containerd_version)"
-case "$version" in
-  2) cri="@@CRI2@@" dir="${ROOT}@@CONF_D@@" ;;
-  3) cri="@@CRI3@@" dir="${ROOT}@@CONF2_D@@" ;;
-  0)
-    bb-log-error "nvidia-gpu runtime: @@CONTAINERD_CONFIG@@ is missing"
-    exit 1
-    ;;
-  *)
-    bb-log-error "nvidia-gpu runtime: unsupported containerd config version ${version} (expected 2 or 3)"
-    exit 1
-    ;;
-esac
-if [[ ! -f "${ROOT}@@DECKHOUSE_BASE@@" ]]; then
-  bb-log-error "nvidia-gpu runtime: @@DECKHOUSE_BASE@@ is missing: containerd is not managed by Deckhouse here"
-  exit 1
-fi
-
-target="${dir}/@@DROPIN_NAME@@"
-if [[ -f "$target" ]] && [[ "$(head -n1 "$target")" != "@@HEADER@@" ]]; then
-  bb-log-error "nvidia-gpu runtime: ${target#"$ROOT"} exists and is not ours; not overwriting it"
-  exit 1
-fi
-
-systemd=false
-if grep -Eq '^[[:space:]]*SystemdCgroup[[:space:]]*=[[:space:]]*true' "${ROOT}@@CONTAINERD_CONFIG@@"; then
-  systemd=true
-fi
-
-if [[ -x "${ROOT}@@NCR@@" ]]; then
-  result="$(write_file "$target" <<EOF
-@@DROPIN_DEFAULT@@EOF
-)"
-  toolkit_config
-else
-  bb-log-warning "nvidia-gpu runtime: @@NCR@@ is missing; runc stays the default runtime"
-  result="$(write_file "$target" <<EOF
-@@DROPIN_NO_DEFAULT@@EOF
-)"
-fi
-bb-log-info "nvidia-gpu runtime: ${target#"$ROOT"} ${result}"
-echo "nvidia-gpu-runtime runtime=containerd containerd=${version} dropin=${target#"$ROOT"} result=${result}"
+bb-log-info "nvidia-gpu runtime: ${plan_path} ${plan_result}"
+echo "nvidia-gpu-runtime runtime=containerd containerd=${fact_containerd_version} dropin=${plan_path} \
+result=${plan_result}"
 """
 
 SYSCTL = r"""

@@ -2,12 +2,14 @@
 (``node_agent.setup.executor``) and the bash rendering (``nvgpu.nodescripts.bashplan``) leave identical files,
 live settings and rollback state, load the same modules, find the same problems and refuse alike.
 
-Parity of the converted steps (sysctl, VFIO) holds by construction once the interpreters agree; so these tests
-run every kind of plan item, on the real step plans and on one plan that holds all of them.
+Parity of the converted steps (sysctl, VFIO, the runtime's drop-in) holds by construction once the interpreters
+agree; so these tests run every kind of plan item, on the real step plans and on one plan that holds all of them.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import pytest
 from node_agent.host import HostRoot, NotOurs
 from node_agent.setup import executor
 from nvgpu.nodescripts import facts, plan, templates
-from nvgpu.nodescripts.bashplan import render_checks, render_plan
+from nvgpu.nodescripts.bashplan import render_checks, render_chosen, render_plan
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.plan import FormerFile, KernelModule, KernelSetting, ManagedFile, NonEmptyDir, StepPlan
 from nvgpu.nodescripts.render import _common, _fill
@@ -167,3 +169,82 @@ def test_the_check_requirements_are_found_alike(case: str, toolkit_dir: str | No
     by_agent = [(r.value, m) for r, m in executor.check_findings(HostRoot(host.root), checks, toolkit_dir=toolkit_dir)]
     assert by_bash == by_agent
     assert bool(by_agent) is (case not in {"good", "no-proc-modules"}), by_agent
+
+
+def _runtime_facts(**over: str) -> dict[str, str]:
+    base = {"runtime": "containerd", "crio_markers": "", "containerd_version": "2", "deckhouse": "true",
+            "systemd_cgroup": "true", "nvidia_runtime": "true", "binary": facts.NVIDIA_CONTAINER_RUNTIME, "conmon": ""}
+    return {**base, **over}
+
+
+#: Every case of ``plan.RUNTIME_DROPIN``, and a toolkit container's binary in the slots.
+_RUNTIME_CASES = {
+    "both": _runtime_facts(runtime="both", crio_markers="/etc/crio/crio.conf, /usr/bin/crio"),
+    "none": _runtime_facts(runtime="none"),
+    "crio-no-nvidia-runtime": _runtime_facts(runtime="crio", nvidia_runtime="false"),
+    "crio-no-conmon": _runtime_facts(runtime="crio"),
+    "crio-conmon": _runtime_facts(runtime="crio", conmon="/usr/bin/conmon"),
+    "crio-toolkit-dir": _runtime_facts(runtime="crio", binary="/usr/local/nvidia/toolkit/nvidia-container-runtime"),
+    **{f"containerd{v}-systemd-{s}-nvidia-{n}": _runtime_facts(containerd_version=v, systemd_cgroup=s, nvidia_runtime=n)
+       for v in ("2", "3") for s in ("true", "false") for n in ("true", "false")},
+    "containerd-plain": _runtime_facts(deckhouse="false"),
+    "containerd-version-1": _runtime_facts(containerd_version="1"),
+}
+
+
+def _chosen_script(detected: dict[str, str]) -> str:
+    return "\n".join([
+        "#!/usr/bin/env bash", "set -Eeuo pipefail", 'ROOT="${NVIDIA_GPU_ROOT%/}"',
+        'bb-log-info() { echo "INFO: $*" >&2; }', 'bb-log-warning() { echo "WARNING: $*" >&2; }',
+        templates.WRITE_FILE, 'runtime_refuse() { echo "refused: $1"; exit 3; }',
+        *(f"fact_{name}={shlex.quote(value)}" for name, value in detected.items()),
+        render_chosen(plan.RUNTIME_DROPIN, refuse="runtime_refuse"),
+        'echo "path=${plan_path} result=${plan_result}"',
+    ])
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("foreign", [False, True], ids=["fresh", "foreign-file"])
+@pytest.mark.parametrize("case", sorted(_RUNTIME_CASES))
+def test_a_chosen_file_is_chosen_written_and_refused_alike(case: str, foreign: bool, tmp_path: Path) -> None:
+    """``plan.RUNTIME_DROPIN`` on the same facts: the script's case and the agent's ``choose`` write the same
+    file, log the same note, refuse with the same message (also for a path holding someone else's file)."""
+    detected = _RUNTIME_CASES[case]
+    by_bash, by_agent = tmp_path / "bash", tmp_path / "agent"
+    chosen = executor.choose(plan.RUNTIME_DROPIN, detected)
+    for root in (by_bash, by_agent):
+        root.mkdir()
+        if foreign and chosen.path:
+            (root / chosen.path.lstrip("/")).parent.mkdir(parents=True)
+            (root / chosen.path.lstrip("/")).write_text("# an operator's own\n")
+    script = tmp_path / "chosen.sh"
+    script.write_text(_chosen_script(detected))
+    ran = subprocess.run(["bash", str(script)], env={"NVIDIA_GPU_ROOT": str(by_bash), "PATH": os.environ["PATH"]},
+                         capture_output=True, text=True, timeout=60, check=False)
+    host = HostRoot(by_agent)
+    refusal = chosen.refuse
+    if not refusal:
+        try:
+            executor.read_ours(host, chosen.path)
+        except NotOurs as e:
+            refusal = str(e)
+    if refusal:
+        assert (ran.returncode, ran.stdout.strip()) == (3, f"refused: {refusal}")
+    else:
+        assert ran.returncode == 0, ran.stderr
+        if chosen.content is not None:
+            host.write_atomic(chosen.path, chosen.content)
+        result = "skipped" if chosen.content is None else "changed"
+        assert ran.stdout.splitlines()[-1] == f"path={chosen.path} result={result}"
+        assert (chosen.note in ran.stderr) if chosen.note else "WARNING" not in ran.stderr
+    assert _files(by_bash) == _files(by_agent)
+    assert bool(chosen.refuse) is (case in {"both", "none", "containerd-plain", "containerd-version-1"})
+    assert chosen.agent_layout is (case == "containerd-plain")
+
+
+def test_a_chosen_files_paths_are_what_rollback_removes() -> None:
+    assert plan.RUNTIME_DROPIN.paths == tuple(sorted({
+        *(f"{d}/{facts.RUNTIME_DROPIN_NAME}" for d in facts.DECKHOUSE_DROPIN_DIRS.values()), facts.CRIO_DROPIN}))
