@@ -1,6 +1,7 @@
 """The agent's interpreter of node-setup plans (``nvgpu.nodescripts.plan``): apply one, see where it stands,
 roll it back; the node check's requirements (:func:`check_findings`); a file chosen by host facts
-(:func:`choose`, :func:`read_ours`).
+(:func:`choose`, :func:`read_ours`); the edit of a file of someone else's (:func:`block_edited`,
+:func:`block_restored`).
 
 Why: a step declared as a plan is applied here for the DaemonSet backend and rendered as bash for Deckhouse
 (``nvgpu.nodescripts.bashplan``) from the same declaration, so the two backends cannot drift. This module only
@@ -14,6 +15,7 @@ journal, removes our managed files (also those a script wrote, without a journal
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -27,6 +29,7 @@ from nvgpu.nodescripts.plan import (
     Check,
     ChosenFile,
     GpuNodesExist,
+    MarkedBlock,
     ModuleLoaded,
     NodeExists,
     ProgramInstalled,
@@ -83,6 +86,59 @@ def read_ours(host: HostRoot, path: str) -> str | None:
     if text is not None and not _ours(text):
         raise NotOurs(not_ours(path), path)
     return text
+
+
+def _ere(pattern: str) -> re.Pattern[str]:
+    """A plan's POSIX ERE as Python reads it (awk's ``[[:space:]]`` is a blank here)."""
+    return re.compile(pattern.replace("[[:space:]]", r"[ \t]"))
+
+
+def _lines(text: str) -> list[str]:
+    """Lines as awk reads them: split on newline only, no empty last line for a final newline."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def block_restored(item: MarkedBlock, text: str) -> str:
+    """``text`` without our marked lines and with the lines we disabled enabled again: the file as it was."""
+    out: list[str] = []
+    inside = False
+    for line in _lines(text):
+        if line == item.begin:
+            inside = True
+        elif inside:
+            inside = line != item.end
+        else:
+            out.append(line.removeprefix(item.disabled_prefix))
+    return "".join(f"{line}\n" for line in out)
+
+
+def block_edited(item: MarkedBlock, text: str | None, detected: dict[str, str]) -> str:
+    """``text`` (None: no file) with ``item`` applied, from the file as it was (:func:`block_restored`), so
+    applying it again changes nothing; ``detected`` fills the table key's slot. The same edit as the awk
+    ``bashplan.render_block`` renders, byte for byte."""
+    key, table = _ere(item.root_keys_ere), _ere(item.table_ere)
+    tk = item.table_key
+    value = detected.get(tk.slot, "") if tk else ""
+    their_table, their_key = (_ere(tk.table_ere), _ere(tk.key_ere)) if tk else (None, None)
+    ours = [item.begin, fill(tk.line, detected), item.end] if tk and value else []
+    out = list(item.lines)
+    in_tables = in_table = seen = False
+    for line in _lines(block_restored(item, text or "")):
+        header = bool(table.match(line))
+        if header:
+            in_tables, in_table = True, bool(their_table and their_table.match(line))
+        disable = (not in_tables and key.match(line)) or (
+            ours and in_table and not header and their_key is not None and their_key.match(line))
+        out.append(item.disabled_prefix + line if disable else line)
+        if ours and header and in_table and not seen:
+            out += ours
+            seen = True
+    if tk and ours and not seen:
+        out += [ours[0], tk.header, *ours[1:]]
+    return "".join(f"{line}\n" for line in out)
 
 
 def check_findings(host: HostRoot, checks: Iterable[Check], *, toolkit_dir: str | None = None

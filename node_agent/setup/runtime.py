@@ -67,7 +67,7 @@ from typing import Any, Literal
 
 from node_agent.host import CommandNotFound, HostError, HostRoot, nvidia_gpus
 from node_agent.host.root import CommandTimeout
-from node_agent.setup.executor import Chosen, choose, read_ours
+from node_agent.setup.executor import Chosen, block_edited, block_restored, choose, read_ours
 from node_agent.setup.journal import AddedItem, Journal, Recorded
 from node_agent.setup.tomlwrite import dotted, dumps, flatten
 from nvgpu import toolkit as toolkitspec
@@ -75,8 +75,6 @@ from nvgpu.nodescripts import facts, plan
 from nvgpu.nodescripts.content import (
     HEADER,
     dropin_for,
-    toolkit_config_edited,
-    toolkit_config_restored,
 )
 
 RESTART_TIMEOUT_S = 120
@@ -500,8 +498,9 @@ def _toolkit_plan(host: HostRoot, accept_envvar: bool, driver_root: str = "/") -
     text = host.read_text_or_none(TOOLKIT_CONFIG)
     if not host.is_executable(facts.NVIDIA_CONTAINER_RUNTIME):
         return _ToolkitPlan(text, None, accept_envvar)
-    before = _toolkit_doc(toolkit_config_restored(text), "") if text is not None else {}
-    edited = toolkit_config_edited(text, accept_envvar, driver_root)
+    block = plan.toolkit_config(accept_envvar)
+    before = _toolkit_doc(block_restored(block, text), "") if text is not None else {}
+    edited = block_edited(block, text, {"driver_root": "" if driver_root == "/" else driver_root})
     after = _toolkit_doc(edited, " with our block added")
     ours = {facts.TOOLKIT_ENVVAR_KEY, facts.TOOLKIT_VOLUME_MOUNTS_KEY}
     if after.get("nvidia-container-cli", {}).get("root", "/") != driver_root and driver_root != "/":
@@ -532,7 +531,7 @@ def _rollback_toolkit(host: HostRoot, result: RuntimeResult) -> None:
     text = host.read_text_or_none(TOOLKIT_CONFIG)
     if text is None:
         return
-    restored = toolkit_config_restored(text)
+    restored = block_restored(plan.toolkit_config(False), text)  # the markers, whichever lines are between
     if restored == text:
         return
     if restored.strip():

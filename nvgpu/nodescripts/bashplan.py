@@ -11,6 +11,9 @@ anything is changed. Modules and requirements leave their problems in the array 
 A :class:`~nvgpu.nodescripts.plan.ChosenFile` renders with :func:`render_chosen` as an ``if``/``elif`` over the
 facts, which the script detects first into ``fact_<name>`` variables.
 
+A :class:`~nvgpu.nodescripts.plan.MarkedBlock` renders with :func:`render_block` as an awk edit piped into
+``write_file``, the executor's ``block_edited`` line for line.
+
 The node check's requirements (``plan.HOST_CHECKS``, ``plan.RUNTIME_CHECKS``) render with :func:`render_checks`
 as calls of the check's ``fail REASON MESSAGE``, the agent's findings (``executor.check_findings``).
 """
@@ -27,6 +30,7 @@ from nvgpu.nodescripts.plan import (
     Check,
     ChosenFile,
     GpuNodesExist,
+    MarkedBlock,
     ModuleLoaded,
     NodeExists,
     ProgramInstalled,
@@ -93,6 +97,59 @@ def render_chosen(item: ChosenFile, *, refuse: str) -> str:
         else:
             out.append(f"  plan_result=\"$(printf '%s' {_slotted(case.content)} | write_file {local})\"")
     out.append("fi")
+    return "\n".join(out) + "\n"
+
+
+def _awk_string(text: str, slot: str) -> str:
+    """``text`` as an awk expression: a string literal, its ``${slot}`` the awk variable ``value``."""
+    def lit(part: str) -> str:
+        return '"' + part.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    parts = text.split(f"${{{slot}}}")
+    return " value ".join(lit(p) for p in parts)
+
+
+def render_block(item: MarkedBlock) -> str:
+    """The bash applying ``item`` (its table key's slot from ``fact_<slot>``): ``plan_result`` is ``changed`` or
+    ``unchanged``. Meant for a function's body that declares ``plan_result`` local."""
+    target = f'"${{ROOT}}"{_q(item.path)}'
+    tk = item.table_key
+    if any("'" in x for x in (item.begin, item.end, item.disabled_prefix)):
+        raise ValueError(f"{item.path}: a marker with a quote")
+    awk = ["$0 == begin { inside = 1; next }",
+           "inside { if ($0 == end) inside = 0; next }",
+           "index($0, off) == 1 { $0 = substr($0, length(off) + 1) }",
+           "{ header = 0 }",
+           f"/{item.table_ere}/ {{ tables = 1; header = 1"
+           + (f"; intable = ($0 ~ /{tk.table_ere}/)" if tk else "") + " }",
+           f"!tables && /{item.root_keys_ere}/ {{ $0 = off $0 }}"]
+    value = ""
+    if tk:
+        line = _awk_string(tk.line, tk.slot)
+        value = f' -v value="${{fact_{tk.slot}}}"'
+        awk += [f'value != "" && intable && !header && /{tk.key_ere}/ {{ $0 = off $0 }}',
+                "{ print }",
+                f"value != \"\" && header && intable && !seen {{ print begin; print {line}; print end; seen = 1 }}",
+                f'END {{ if (value != "" && !seen) {{ print begin; print {_awk_string(tk.header, tk.slot)}; '
+                f"print {line}; print end }} }}"]
+    else:
+        awk.append("{ print }")
+    program = "\n".join(f"        {a}" for a in awk)
+    out = [f"# Rendered from nvgpu.nodescripts.plan ({item.path}); the agent makes the same edit "
+           "(node_agent.setup.executor.block_edited).",
+           'plan_result="$(',
+           "  {",
+           f"    printf '%s\\n' {' '.join(_q(line) for line in item.lines)}",
+           f"    if [[ -f {target} ]]; then",
+           f"      awk -v begin={_q(item.begin)} -v end={_q(item.end)} -v off={_q(item.disabled_prefix)}{value} '",
+           program,
+           f"      ' {target}"]
+    if tk:
+        out += [f'    elif [[ -n "${{fact_{tk.slot}}}" ]]; then',
+                f"      printf '%s\\n' {_q(item.begin)} {_q(tk.header)} "
+                f"{_slotted(tk.line)} {_q(item.end)}"]
+    out += ["    fi",
+            f"  }} | write_file {target}",
+            ')"']
     return "\n".join(out) + "\n"
 
 

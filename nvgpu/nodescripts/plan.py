@@ -14,6 +14,8 @@ runs, and a change to the plan reaches both. What a plan may hold is only what t
 * :class:`ChosenFile`: a managed file whose path and content are chosen by facts each backend detects on the
   host (its :class:`Case` table: the first case the facts match writes its file, skips it with a note, or
   refuses the step), content and messages filled from the facts' values (``${fact}`` slots);
+* :class:`MarkedBlock`: an edit of a file that is someone else's (a package's config): our lines between
+  markers, their conflicting lines disabled by a prefix, undone exactly (optionally a :class:`TableKey`);
 * the node check's requirements, each with its :class:`~nvgpu.nodescripts.facts.Reason` and message
   (:data:`Check`): :class:`ModuleLoaded`, :class:`NodeExists`, :class:`GpuNodesExist`, :class:`ProgramInstalled`.
 
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 from nvgpu import toolkit
 from nvgpu.nodescripts import facts
-from nvgpu.nodescripts.content import render_crio_dropin, render_dropin, sysctl_dropin
+from nvgpu.nodescripts.content import render_crio_dropin, render_dropin, sysctl_dropin, toolkit_block
 from nvgpu.nodescripts.facts import Reason
 
 
@@ -235,6 +237,56 @@ class ChosenFile:
         return tuple(sorted({c.path for c in self.cases if c.path}))
 
 
+@dataclass(frozen=True)
+class TableKey:
+    """A key of ours in a table of theirs (a table header matching ``table_ere``): ``line`` (its ``${slot}``
+    filled) set in our markers right after the first such header, the table's own lines matching ``key_ere``
+    disabled; where the file has no such table, ``header`` and ``line`` in our markers at the end. Set only when
+    the slot's value is not empty."""
+
+    table_ere: str
+    key_ere: str
+    header: str
+    line: str
+    slot: str
+
+    def __post_init__(self) -> None:
+        if SLOT_RE.findall(self.line) != [self.slot]:
+            raise ValueError(f"{self.line!r}: one ${{{self.slot}}} slot")
+
+
+@dataclass(frozen=True)
+class MarkedBlock:
+    """An edit of ``path``, a file someone else owns: ``lines`` (ours, the markers ``begin`` / ``end`` first and
+    last) on top; the root table's lines (those before the first header matching ``table_ere``) matching
+    ``root_keys_ere`` disabled by ``disabled_prefix`` (TOML refuses a key twice); ``table_key`` when given. Undone
+    exactly: our marked lines out, the prefix taken off. Applying it again to its result changes nothing. The
+    patterns are POSIX EREs as awk reads them (the agent reads ``[[:space:]]`` as ``[ \\t]``)."""
+
+    path: str
+    lines: tuple[str, ...]
+    disabled_prefix: str
+    root_keys_ere: str
+    table_ere: str
+    table_key: TableKey | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.lines) < 2:
+            raise ValueError(f"{self.path}: a block holds its begin and end markers")
+        patterns = [self.root_keys_ere, self.table_ere]
+        patterns += [self.table_key.table_ere, self.table_key.key_ere] if self.table_key else []
+        if any("/" in p for p in patterns):
+            raise ValueError(f"{self.path}: an ERE with '/' does not fit an awk /regex/")
+
+    @property
+    def begin(self) -> str:
+        return self.lines[0]
+
+    @property
+    def end(self) -> str:
+        return self.lines[-1]
+
+
 def fill(text: str, detected: dict[str, str]) -> str:
     """``text`` with its ``${fact}`` slots filled from ``detected``."""
     return SLOT_RE.sub(lambda m: detected[m.group(1)], text)
@@ -337,3 +389,21 @@ RUNTIME_DROPIN = ChosenFile(
                     "(containerd 1.x) or 3 (containerd 2.x)"),
     ),
 )
+
+
+def toolkit_config(accept_envvar: bool) -> MarkedBlock:
+    """The NVIDIA toolkit's config, edited in place (its package owns it): our keys on top (``accept_envvar``: the
+    node group chose the device plugin's ``envvar`` strategy), and nvidia-container-cli's ``root`` set to the
+    ``driver_root`` fact (a driver container's root; empty: the host's ``/``, left alone). The agent's
+    ``node_agent.setup.runtime`` and ``gpu-runtime.sh`` apply it; the agent's rollback undoes it."""
+    return MarkedBlock(
+        path=facts.TOOLKIT_CONFIG,
+        lines=tuple(toolkit_block(accept_envvar)),
+        disabled_prefix=facts.TOOLKIT_DISABLED_PREFIX,
+        # The keys are plain [a-z-] words, so they go in unescaped (awk warns about "\-").
+        root_keys_ere=f"^[[:space:]]*({facts.TOOLKIT_ENVVAR_KEY}|{facts.TOOLKIT_VOLUME_MOUNTS_KEY})[[:space:]]*=",
+        table_ere=r"^[[:space:]]*\[",
+        table_key=TableKey(table_ere=r"^[[:space:]]*\[nvidia-container-cli\][[:space:]]*$",
+                           key_ere=r"^[[:space:]]*root[[:space:]]*=", header="[nvidia-container-cli]",
+                           line='root = "${driver_root}"', slot="driver_root"),
+    )

@@ -10,14 +10,7 @@ from typing import Literal
 from nvgpu import catalogue, labels
 from nvgpu.driver import NO_EXPECTATION, VIRTUALIZATION_MODES, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts, plan, templates
-from nvgpu.nodescripts.bashplan import render_checks, render_chosen, render_plan
-from nvgpu.nodescripts.content import (
-    TOOLKIT_CLI_TABLE_ERE,
-    TOOLKIT_KEY_ERE,
-    TOOLKIT_ROOT_ERE,
-    TOOLKIT_TABLE_ERE,
-    toolkit_block,
-)
+from nvgpu.nodescripts.bashplan import render_block, render_checks, render_chosen, render_plan
 
 #: NodeGroupConfiguration weights. Bashible runs NGC scripts and its own steps in weight order:
 #: the drop-in must land before step 032 (configure containerd) merges conf.d into config.toml,
@@ -107,13 +100,6 @@ def _common(root_prefix: str) -> dict[str, str]:
         "CRIO_SOCKETS": " ".join(facts.CRIO_SOCKETS),
         "CONMON_PATHS": " ".join(facts.CONMON_PATHS),
         "TOOLKIT_CONFIG": facts.TOOLKIT_CONFIG,
-        "TOOLKIT_BEGIN": facts.TOOLKIT_BLOCK_BEGIN,
-        "TOOLKIT_END": facts.TOOLKIT_BLOCK_END,
-        "TOOLKIT_OFF": facts.TOOLKIT_DISABLED_PREFIX,
-        "TOOLKIT_TABLE_ERE": TOOLKIT_TABLE_ERE,
-        "TOOLKIT_KEY_ERE": TOOLKIT_KEY_ERE,
-        "TOOLKIT_CLI_TABLE_ERE": TOOLKIT_CLI_TABLE_ERE,
-        "TOOLKIT_ROOT_ERE": TOOLKIT_ROOT_ERE,
         "SYSCTL_PLAN": render_plan(plan.SYSCTL, refuse="plan_refuse"),
         "VFIO_PLAN": render_plan(plan.VFIO),
         "RUNTIME_PLAN": render_chosen(plan.RUNTIME_DROPIN, refuse="runtime_refuse"),
@@ -183,7 +169,7 @@ def render_node_scripts(
     values["VIRTUALIZATION_CASES"] = "\n".join(
         f"      {t.value}) allowed=({' '.join(shlex.quote(m) for m in modes)}) ;;"
         for t, modes in VIRTUALIZATION_MODES.items())
-    values["TOOLKIT_BLOCK"] = " ".join(shlex.quote(line) for line in toolkit_block(accept_envvar))
+    values["TOOLKIT_PLAN"] = render_block(plan.toolkit_config(accept_envvar))
     scripts = []
     for name, tmpl in body.items():
         vals = dict(values, NAME=name, PURPOSE=_PURPOSES[name])

@@ -419,38 +419,14 @@ fi
 finish ok
 """
 
-TOOLKIT = r"""# toolkit_config: our block on top of the NVIDIA toolkit's config, the root-table lines setting its keys
-# disabled (nvgpu.nodescripts.content.toolkit_config_edited does the same edit for the agent).
+TOOLKIT = r"""# toolkit_config: the NVIDIA toolkit's config edited as plan.toolkit_config says (our block on top, the
+# root-table lines setting its keys disabled); the agent makes the same edit (node_agent.setup.executor).
 # The driver root the toolkit's nvidia-container-cli must use: a driver container's, or empty for the host's /.
 TOOLKIT_ROOT="${NVIDIA_GPU_TOOLKIT_ROOT-@@TOOLKIT_ROOT@@}"
 toolkit_config() {
-  local target="${ROOT}@@TOOLKIT_CONFIG@@" result
-  result="$(
-    {
-      printf '%s\n' @@TOOLKIT_BLOCK@@
-      if [[ -f "$target" ]]; then
-        awk -v begin='@@TOOLKIT_BEGIN@@' -v end='@@TOOLKIT_END@@' -v off='@@TOOLKIT_OFF@@' -v root="$TOOLKIT_ROOT" '
-          $0 == begin { inside = 1; next }
-          inside { if ($0 == end) inside = 0; next }
-          index($0, off) == 1 { $0 = substr($0, length(off) + 1) }
-          { header = 0 }
-          /@@TOOLKIT_TABLE_ERE@@/ { tables = 1; header = 1; cli = ($0 ~ /@@TOOLKIT_CLI_TABLE_ERE@@/) }
-          !tables && /@@TOOLKIT_KEY_ERE@@/ { $0 = off $0 }
-          root != "" && cli && !header && /@@TOOLKIT_ROOT_ERE@@/ { $0 = off $0 }
-          { print }
-          root != "" && header && cli && !seen { print begin; print "root = \"" root "\""; print end; seen = 1 }
-          END {
-            if (root != "" && !seen) {
-              print begin; print "[nvidia-container-cli]"; print "root = \"" root "\""; print end
-            }
-          }
-        ' "$target"
-      elif [[ -n "$TOOLKIT_ROOT" ]]; then
-        printf '%s\n' '@@TOOLKIT_BEGIN@@' '[nvidia-container-cli]' "root = \"${TOOLKIT_ROOT}\"" '@@TOOLKIT_END@@'
-      fi
-    } | write_file "$target"
-  )"
-  bb-log-info "nvidia-gpu runtime: @@TOOLKIT_CONFIG@@ ${result}"
+  local fact_driver_root="$TOOLKIT_ROOT" plan_result
+@@TOOLKIT_PLAN@@
+  bb-log-info "nvidia-gpu runtime: @@TOOLKIT_CONFIG@@ ${plan_result}"
 }
 
 """

@@ -2,8 +2,9 @@
 (``node_agent.setup.executor``) and the bash rendering (``nvgpu.nodescripts.bashplan``) leave identical files,
 live settings and rollback state, load the same modules, find the same problems and refuse alike.
 
-Parity of the converted steps (sysctl, VFIO, the runtime's drop-in) holds by construction once the interpreters
-agree; so these tests run every kind of plan item, on the real step plans and on one plan that holds all of them.
+Parity of the converted steps (sysctl, VFIO, the runtime's drop-in, the toolkit config's block) holds by
+construction once the interpreters agree; so these tests run every kind of plan item, on the real step plans and
+on one plan that holds all of them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import pytest
 from node_agent.host import HostRoot, NotOurs
 from node_agent.setup import executor
 from nvgpu.nodescripts import facts, plan, templates
-from nvgpu.nodescripts.bashplan import render_checks, render_chosen, render_plan
+from nvgpu.nodescripts.bashplan import render_block, render_checks, render_chosen, render_plan
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.plan import FormerFile, KernelModule, KernelSetting, ManagedFile, NonEmptyDir, StepPlan
 from nvgpu.nodescripts.render import _common, _fill
@@ -248,3 +250,52 @@ def test_a_chosen_file_is_chosen_written_and_refused_alike(case: str, foreign: b
 def test_a_chosen_files_paths_are_what_rollback_removes() -> None:
     assert plan.RUNTIME_DROPIN.paths == tuple(sorted({
         *(f"{d}/{facts.RUNTIME_DROPIN_NAME}" for d in facts.DECKHOUSE_DROPIN_DIRS.values()), facts.CRIO_DROPIN}))
+
+
+#: Like the toolkit package's config (its root keys commented out, its tables).
+_PACKAGE = (f"#{facts.TOOLKIT_ENVVAR_KEY} = true\ndisable-require = false\n\n[nvidia-container-cli]\n"
+            '#root = "/run/nvidia/driver"\nload-kmods = true\n\n[nvidia-container-runtime]\nlog-level = "info"\n')
+#: Files the toolkit config edit meets: none, the package's, one with our keys set and a cli table with its own
+#: root, one edited before (our block and disabled lines already there), one with no final newline.
+_BLOCK_TEXTS: dict[str, str | None] = {
+    "absent": None,
+    "empty": "",
+    "package": _PACKAGE,
+    "admin": (f"{facts.TOOLKIT_ENVVAR_KEY} = true\n  {facts.TOOLKIT_VOLUME_MOUNTS_KEY}=false\ndisable-require = false\n"
+              '\n[nvidia-container-cli]\nroot = "/"\nload-kmods = true\n[nvidia-container-runtime]\nroot = "x"\n'),
+    "edited-before": None,  # the package's, edited with the other choice and a driver root
+    "no-final-newline": "# only a comment",
+}
+
+
+@pytest.mark.parametrize("driver_root", ["", "/run/nvidia/driver"], ids=["host-root", "driver-container"])
+@pytest.mark.parametrize("accept_envvar", [False, True])
+@pytest.mark.parametrize("case", sorted(_BLOCK_TEXTS))
+def test_a_marked_block_is_edited_alike(case: str, accept_envvar: bool, driver_root: str, tmp_path: Path) -> None:
+    """``plan.toolkit_config``: the awk the script runs and the agent's ``block_edited`` leave the same bytes;
+    applying it again changes nothing; ``block_restored`` gives the file back as it was."""
+    item = plan.toolkit_config(accept_envvar)
+    text = _BLOCK_TEXTS[case]
+    if case == "edited-before":
+        text = executor.block_edited(plan.toolkit_config(not accept_envvar), _PACKAGE,
+                                     {"driver_root": "/run/other"})
+    detected = {"driver_root": driver_root}
+    local = tmp_path / item.path.lstrip("/")
+    local.parent.mkdir(parents=True)
+    if text is not None:
+        local.write_text(text)
+    script = tmp_path / "block.sh"
+    script.write_text("\n".join([
+        "#!/usr/bin/env bash", "set -Eeuo pipefail", 'ROOT="${NVIDIA_GPU_ROOT%/}"', templates.WRITE_FILE,
+        f"fact_driver_root={shlex.quote(driver_root)}", render_block(item), 'echo "$plan_result"']))
+    env = {"NVIDIA_GPU_ROOT": str(tmp_path), "PATH": os.environ["PATH"]}
+    for expected in ("changed", "unchanged"):
+        ran = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert (ran.returncode, ran.stdout.strip(), ran.stderr) == (0, expected, "")
+        edited = executor.block_edited(item, text, detected)
+        assert local.read_text() == edited
+        assert executor.block_edited(item, edited, detected) == edited
+    if case != "edited-before":
+        as_awk_reads_it = (text or "") + ("\n" if text and not text.endswith("\n") else "")
+        assert executor.block_restored(item, edited) == as_awk_reads_it
+    tomllib.loads(edited)
