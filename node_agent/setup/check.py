@@ -11,15 +11,18 @@ Fabric Manager registration has completed (``fabric-not-ready`` otherwise); and 
 the container runtime is ready: containerd has the nvidia runtime or CDI, CRI-O has the nvidia runtime
 (``runtimeName`` says which was found).
 Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts.Reason``. The host's
-requirements (modules, device nodes, the toolkit's programs) are declared once in ``nvgpu.nodescripts.plan``
-(``HOST_CHECKS``, ``RUNTIME_CHECKS``), checked here by ``node_agent.setup.executor`` and rendered into the script.
+requirements (modules, device nodes, the toolkit's programs) and the judgements of what the check found out
+(the loaded driver against the declared one and the required one, the GPUs' virtualization modes against the
+declared driver type) are declared once in ``nvgpu.nodescripts.plan`` (``HOST_CHECKS``, ``RUNTIME_CHECKS``,
+``DRIVER_CHECKS``, ``VIRTUALIZATION_CHECKS``, ``REQUIRED_DRIVER_CHECKS``), judged here by
+``node_agent.setup.executor`` and rendered into the script.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from node_agent.host import DriverVersionError, HostError, HostRoot, nvidia_gpus, read_driver_version
@@ -136,11 +139,13 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
         r.fail(Reason.DRIVER_MISSING if e.missing else Reason.DRIVER_UNPARSEABLE, str(e))
     except HostError as e:
         r.fail(Reason.PROC_UNREADABLE, str(e))
+    first = ""
     if driver is not None and not expect.empty:
         # The first line, as gpu-check.sh reads it (read_driver_version just read the file).
         first = (host.read_text_or_none(facts.DRIVER_VERSION_FILE) or "").split("\n", 1)[0]
-        for message in expect.mismatches(driver, first):
-            r.fail(Reason.DRIVER_MISMATCH, message)
+    inputs = executor.CheckInputs(driver=driver, driver_line=first, expect=expect)
+    for reason, message in executor.input_findings(plan.DRIVER_CHECKS, inputs):
+        r.fail(reason, message)
 
     for reason, message in executor.check_findings(host, plan.HOST_CHECKS):
         r.fail(reason, message)
@@ -181,10 +186,10 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
             if not inventory.gpus:
                 r.fail(Reason.NO_GPUS_LISTED, "NVML lists no GPU")
             modes = [g.virtualization.value if g.virtualization else "N/A" for g in inventory.gpus]
-            for message in expect.virtualization_mismatches(modes):
-                r.fail(Reason.DRIVER_MISMATCH, message)
-            if driver is not None and not catalogue.driver_at_least(driver, required):
-                r.fail(Reason.DRIVER_TOO_OLD, f"driver {driver} is older than the required {required}")
+            inputs = replace(inputs, modes=modes, required=required)
+            for reason, message in executor.input_findings((*plan.VIRTUALIZATION_CHECKS,
+                                                            *plan.REQUIRED_DRIVER_CHECKS), inputs):
+                r.fail(reason, message)
 
     runtime: str | None = None
     runtime_name: str | None = None

@@ -1,5 +1,6 @@
 """The agent's interpreter of node-setup plans (``nvgpu.nodescripts.plan``): apply one, see where it stands,
-roll it back; the node check's requirements (:func:`check_findings`); a file chosen by host facts
+roll it back; the node check's requirements (:func:`check_findings`) and its checks of what it found out
+against the declaration (:func:`input_findings`); a file chosen by host facts
 (:func:`choose`, :func:`read_ours`); the edit of a file of someone else's (:func:`block_edited`,
 :func:`block_restored`).
 
@@ -16,24 +17,31 @@ journal, removes our managed files (also those a script wrote, without a journal
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, gpu_minors, loaded_modules
 from node_agent.host.root import CommandTimeout
 from node_agent.setup.journal import Journal
+from nvgpu import catalogue
+from nvgpu.driver import NO_EXPECTATION, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.facts import Reason
 from nvgpu.nodescripts.plan import (
     Check,
     ChosenFile,
+    DriverAtLeast,
+    DriverDeclared,
     GpuNodesExist,
+    InputCheck,
     MarkedBlock,
     ModuleLoaded,
+    ModulesDeclared,
     NodeExists,
     ProgramInstalled,
     StepPlan,
+    VirtualizationAllowed,
     fill,
     former_not_ours,
     not_ours,
@@ -139,6 +147,52 @@ def block_edited(item: MarkedBlock, text: str | None, detected: dict[str, str]) 
     if tk and ours and not seen:
         out += [ours[0], tk.header, *ours[1:]]
     return "".join(f"{line}\n" for line in out)
+
+
+@dataclass(frozen=True)
+class CheckInputs:
+    """What the check found out before its :data:`~nvgpu.nodescripts.plan.InputCheck` items judge it: the loaded
+    driver (None: not read), the driver version file's first line, the declaration, the GPUs' virtualization
+    modes (NVML's), the driver their models require (None: not known)."""
+
+    driver: str | None = None
+    driver_line: str = ""
+    expect: DriverExpectation = NO_EXPECTATION
+    modes: Sequence[str] = ()
+    required: str | None = None
+
+
+def input_findings(checks: Iterable[InputCheck], inputs: CheckInputs) -> list[tuple[Reason, str]]:
+    """The findings of ``checks`` on ``inputs``, as (reason, message), in order; a check whose input or
+    declaration is missing finds nothing."""
+    out: list[tuple[Reason, str]] = []
+    driver, expect = inputs.driver, inputs.expect
+    for c in checks:
+        if isinstance(c, DriverDeclared):
+            declared = expect.version
+            if driver is not None and declared is not None:
+                branch = "." not in declared.text
+                same = (driver.split(".", 1)[0] == declared.text if branch
+                        else catalogue.parse_driver_version(driver) == catalogue.parse_driver_version(declared.text))
+                if not same:
+                    text = c.branch_message if branch else c.release_message
+                    out.append((c.reason, fill(text, {"driver": driver, "declared": declared.text})))
+        elif isinstance(c, ModulesDeclared):
+            if driver is not None and expect.modules is not KernelModules.AUTO:
+                loaded = "open" if c.open_marker.lower() in inputs.driver_line.lower() else "proprietary"
+                if loaded != expect.modules.value:
+                    out.append((c.reason, fill(c.message, {"loaded": loaded, "declared": expect.modules.value})))
+        elif isinstance(c, VirtualizationAllowed):
+            if expect.driver_type is not None:
+                allowed = c.allowed(expect.driver_type.value)
+                out += [(c.reason, fill(c.message, {"mode": mode, "driver_type": expect.driver_type.value,
+                                                    "allowed": " or ".join(allowed)}))
+                        for mode in sorted(set(inputs.modes)) if mode != c.unknown and mode not in allowed]
+        elif isinstance(c, DriverAtLeast):
+            required = inputs.required
+            if driver is not None and required is not None and not catalogue.driver_at_least(driver, required):
+                out.append((c.reason, fill(c.message, {"driver": driver, "required": required})))
+    return out
 
 
 def check_findings(host: HostRoot, checks: Iterable[Check], *, toolkit_dir: str | None = None

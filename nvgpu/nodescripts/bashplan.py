@@ -14,6 +14,9 @@ facts, which the script detects first into ``fact_<name>`` variables.
 A :class:`~nvgpu.nodescripts.plan.MarkedBlock` renders with :func:`render_block` as an awk edit piped into
 ``write_file``, the executor's ``block_edited`` line for line.
 
+The check's items on what it found out before (``plan.DRIVER_CHECKS`` ...) render with
+:func:`render_input_checks`, reading the variables :data:`INPUTS` names (the agent's ``executor.CheckInputs``).
+
 The node check's requirements (``plan.HOST_CHECKS``, ``plan.RUNTIME_CHECKS``) render with :func:`render_checks`
 as calls of the check's ``fail REASON MESSAGE``, the agent's findings (``executor.check_findings``).
 """
@@ -29,12 +32,17 @@ from nvgpu.nodescripts.plan import (
     SLOT_RE,
     Check,
     ChosenFile,
+    DriverAtLeast,
+    DriverDeclared,
     GpuNodesExist,
+    InputCheck,
     MarkedBlock,
     ModuleLoaded,
+    ModulesDeclared,
     NodeExists,
     ProgramInstalled,
     StepPlan,
+    VirtualizationAllowed,
     former_not_ours,
     former_removed,
     not_ours,
@@ -63,10 +71,12 @@ def _with_var(message: str, var: str) -> str:
 _SLOT = "\x00"
 
 
-def _slotted(text: str) -> str:
-    """``text`` as one bash word, its ``${fact}`` slots expanded from the ``fact_<name>`` variables."""
+def _slotted(text: str, names: dict[str, str] | None = None) -> str:
+    """``text`` as one bash word, its ``${name}`` slots expanded from the variables ``names`` maps them to
+    (default: ``fact_<name>``)."""
     parts = SLOT_RE.split(text)  # literal, name, literal, name, ...
-    words = [f'"${{fact_{part}}}"' if i % 2 else _q(part) for i, part in enumerate(parts) if part or i % 2]
+    words = [f'"${{{(names or {}).get(part, f"fact_{part}")}}}"' if i % 2 else _q(part)
+             for i, part in enumerate(parts) if part or i % 2]
     return "".join(words) or "''"
 
 
@@ -150,6 +160,71 @@ def render_block(item: MarkedBlock) -> str:
     out += ["    fi",
             f"  }} | write_file {target}",
             ')"']
+    return "\n".join(out) + "\n"
+
+
+#: The check's variables the input checks read: the loaded driver (empty: not read), the version file's first
+#: line, the declared driver, kernel modules and driver type (empty: not declared), the GPUs' virtualization
+#: modes (one a line) and the driver their models require. ``version_to_int`` is the check's too.
+INPUTS = {"driver": "driver", "driver_line": "first_line", "declared_driver": "EXPECT_DRIVER",
+          "declared_modules": "EXPECT_MODULES", "driver_type": "EXPECT_DRIVER_TYPE", "modes": "gpu_modes",
+          "required": "min_driver"}
+
+
+def render_input_checks(checks: tuple[InputCheck, ...]) -> str:
+    """The bash judging ``checks`` on the check's variables (:data:`INPUTS`), calling ``fail REASON MESSAGE``
+    for each finding, in the executor's ``input_findings`` order."""
+    v = {k: f"${{{name}:-}}" for k, name in INPUTS.items()}
+    out = ["# Rendered from nvgpu.nodescripts.plan; the agent judges the same (node_agent.setup.executor)."]
+    for c in checks:
+        if isinstance(c, DriverDeclared):
+            names = {"driver": INPUTS["driver"], "declared": INPUTS["declared_driver"]}
+            out += [f'if [[ -n "{v["driver"]}" && -n "{v["declared_driver"]}" ]]; then',
+                    f'  if [[ "{v["declared_driver"]}" == *.* ]]; then',
+                    f'    if (($(version_to_int "{v["driver"]}") != $(version_to_int "{v["declared_driver"]}"))); then',
+                    f"      fail {c.reason.value} {_slotted(c.release_message, names)}",
+                    "    fi",
+                    f'  elif [[ "${{{INPUTS["driver"]}%%.*}}" != "{v["declared_driver"]}" ]]; then',
+                    f"    fail {c.reason.value} {_slotted(c.branch_message, names)}",
+                    "  fi",
+                    "fi"]
+        elif isinstance(c, ModulesDeclared):
+            names = {"loaded": "plan_loaded_modules", "declared": INPUTS["declared_modules"]}
+            out += [f'if [[ -n "{v["driver"]}" && -n "{v["declared_modules"]}" ]]; then',
+                    "  plan_loaded_modules=proprietary",
+                    f'  if grep -qiF {_q(c.open_marker)} <<<"{v["driver_line"]}"; then',
+                    "    plan_loaded_modules=open",
+                    "  fi",
+                    f'  if [[ "$plan_loaded_modules" != "{v["declared_modules"]}" ]]; then',
+                    f"    fail {c.reason.value} {_slotted(c.message, names)}",
+                    "  fi",
+                    "fi"]
+        elif isinstance(c, VirtualizationAllowed):
+            names = {"mode": "plan_mode", "driver_type": INPUTS["driver_type"], "allowed": "plan_allowed_text"}
+            out += [f'if [[ -n "{v["driver_type"]}" ]]; then',
+                    "  plan_allowed=()",
+                    f'  case "{v["driver_type"]}" in']
+            out += [f"    {_q(t)}) plan_allowed=({' '.join(_q(m) for m in modes)}) ;;" for t, modes in c.modes]
+            out += ["  esac",
+                    """  plan_allowed_text="$(printf '%s or ' "${plan_allowed[@]}")\"""",
+                    '  plan_allowed_text="${plan_allowed_text% or }"',
+                    "  while IFS= read -r plan_mode; do",
+                    f'    [[ -n "$plan_mode" && "$plan_mode" != {_q(c.unknown)} ]] || continue',
+                    "    plan_fits=false",
+                    '    for a in "${plan_allowed[@]}"; do',
+                    '      if [[ "$plan_mode" == "$a" ]]; then plan_fits=true; fi',
+                    "    done",
+                    '    if [[ "$plan_fits" != true ]]; then',
+                    f"      fail {c.reason.value} {_slotted(c.message, names)}",
+                    "    fi",
+                    f'  done < <(sort -u <<<"{v["modes"]}")',
+                    "fi"]
+        elif isinstance(c, DriverAtLeast):
+            names = {"driver": INPUTS["driver"], "required": INPUTS["required"]}
+            out += [f'if [[ -n "{v["driver"]}" && -n "{v["required"]}" ]] '
+                    f'&& (($(version_to_int "{v["driver"]}") < $(version_to_int "{v["required"]}"))); then',
+                    f"  fail {c.reason.value} {_slotted(c.message, names)}",
+                    "fi"]
     return "\n".join(out) + "\n"
 
 

@@ -17,7 +17,10 @@ runs, and a change to the plan reaches both. What a plan may hold is only what t
 * :class:`MarkedBlock`: an edit of a file that is someone else's (a package's config): our lines between
   markers, their conflicting lines disabled by a prefix, undone exactly (optionally a :class:`TableKey`);
 * the node check's requirements, each with its :class:`~nvgpu.nodescripts.facts.Reason` and message
-  (:data:`Check`): :class:`ModuleLoaded`, :class:`NodeExists`, :class:`GpuNodesExist`, :class:`ProgramInstalled`.
+  (:data:`Check`): :class:`ModuleLoaded`, :class:`NodeExists`, :class:`GpuNodesExist`, :class:`ProgramInstalled`;
+  and those on what the check found out before (the loaded driver, the GPUs' virtualization modes, the driver
+  their models require) against the node group's declaration: :class:`DriverDeclared`, :class:`ModulesDeclared`,
+  :class:`VirtualizationAllowed`, :class:`DriverAtLeast`, their messages with ``${name}`` slots.
 
 The messages both interpreters print are here too (:func:`not_ours` ...), so they are worded alike.
 See ``docs/node-setup.md`` for which steps are plans and which are still written per backend.
@@ -29,6 +32,7 @@ import re
 from dataclasses import dataclass
 
 from nvgpu import toolkit
+from nvgpu.driver import VIRTUALIZATION_MODES
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import render_crio_dropin, render_dropin, sysctl_dropin, toolkit_block
 from nvgpu.nodescripts.facts import Reason
@@ -177,7 +181,56 @@ class ProgramInstalled:
                 "node, or set the group's toolkit.source: container)")
 
 
+@dataclass(frozen=True)
+class DriverDeclared:
+    """A check: the loaded driver (``${driver}``) is the node group's declared one (``${declared}``, when it
+    declares one): the same release, compared as numbers (``550.90.7`` is ``550.90.07``), or, for a declared
+    branch (no dot), a release whose major number is the branch."""
+
+    reason = Reason.DRIVER_MISMATCH
+    release_message = "driver ${driver} is loaded; the node group declares ${declared}"
+    branch_message = "driver ${driver} is loaded; the node group declares the ${declared} branch"
+
+
+@dataclass(frozen=True)
+class ModulesDeclared:
+    """A check: the kernel modules loaded are the declared ones (``${declared}``: ``open`` or ``proprietary``,
+    when declared). ``${loaded}`` is ``open`` when the driver version file's first line holds ``open_marker``
+    (case-insensitive: its NVRM line names the open modules "NVIDIA UNIX Open Kernel Module"), ``proprietary``
+    otherwise."""
+
+    open_marker = "Open Kernel Module"
+    reason = Reason.DRIVER_MISMATCH
+    message = "the ${loaded} kernel modules are loaded; the node group declares ${declared}"
+
+
+@dataclass(frozen=True)
+class VirtualizationAllowed:
+    """A check: each distinct virtualization mode of the GPUs (``${mode}``, as NVML and ``nvidia-smi -q`` name
+    it; ``unknown`` where the driver cannot tell, not compared) is one the declared driver type
+    (``${driver_type}``, when declared) runs in: ``modes``, per type (``${allowed}``: them, ``or``-joined)."""
+
+    modes: tuple[tuple[str, tuple[str, ...]], ...] = tuple((t.value, m) for t, m in VIRTUALIZATION_MODES.items())
+    unknown = "N/A"
+    reason = Reason.DRIVER_MISMATCH
+    message = "the GPUs are in virtualization mode ${mode}; driver type ${driver_type} needs ${allowed}"
+
+    def allowed(self, driver_type: str) -> tuple[str, ...]:
+        return dict(self.modes)[driver_type]
+
+
+@dataclass(frozen=True)
+class DriverAtLeast:
+    """A check: the loaded driver (``${driver}``) is at least the one the GPUs require (``${required}``: the
+    global minimum, raised by each catalogued model's own), compared as numbers."""
+
+    reason = Reason.DRIVER_TOO_OLD
+    message = "driver ${driver} is older than the required ${required}"
+
+
 Check = ModuleLoaded | NodeExists | GpuNodesExist | ProgramInstalled
+#: A check on what the check found out before, against the declaration (see ``executor.CheckInputs``).
+InputCheck = DriverDeclared | ModulesDeclared | VirtualizationAllowed | DriverAtLeast
 
 #: A slot in a :class:`Case`'s content or message: ``${name}``, filled with the detected fact ``name``.
 SLOT_RE = re.compile(r"\$\{([a-z_]+)\}")
@@ -331,6 +384,12 @@ VFIO = StepPlan(
 #: (the agent's ``node_agent.setup.check``, Deckhouse's ``gpu-check.sh``).
 HOST_CHECKS: tuple[Check, ...] = (*(ModuleLoaded(m) for m in facts.REQUIRED_MODULES), NodeExists(facts.NVIDIACTL),
                                   GpuNodesExist())
+#: The loaded driver against the declared one (version or branch, kernel modules), as soon as it is read.
+DRIVER_CHECKS: tuple[InputCheck, ...] = (DriverDeclared(), ModulesDeclared())
+#: The GPUs' virtualization modes against the declared driver type (once the GPUs are listed).
+VIRTUALIZATION_CHECKS: tuple[InputCheck, ...] = (VirtualizationAllowed(),)
+#: The loaded driver against the one the GPUs' models require (once the GPUs are listed).
+REQUIRED_DRIVER_CHECKS: tuple[InputCheck, ...] = (DriverAtLeast(),)
 #: What the check requires in phase ``all``, beside a ready runtime: a program of the toolkit's GPU containers are
 #: started with (the node's own, or a toolkit container's).
 RUNTIME_CHECKS: tuple[Check, ...] = (

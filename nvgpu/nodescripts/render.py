@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-import shlex
+import textwrap
 from dataclasses import dataclass
 from typing import Literal
 
 from nvgpu import catalogue, labels
-from nvgpu.driver import NO_EXPECTATION, VIRTUALIZATION_MODES, DriverExpectation, KernelModules
+from nvgpu.driver import NO_EXPECTATION, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts, plan, templates
-from nvgpu.nodescripts.bashplan import render_block, render_checks, render_chosen, render_plan
+from nvgpu.nodescripts.bashplan import render_block, render_checks, render_chosen, render_input_checks, render_plan
 
 #: NodeGroupConfiguration weights. Bashible runs NGC scripts and its own steps in weight order:
 #: the drop-in must land before step 032 (configure containerd) merges conf.d into config.toml,
@@ -105,6 +105,9 @@ def _common(root_prefix: str) -> dict[str, str]:
         "RUNTIME_PLAN": render_chosen(plan.RUNTIME_DROPIN, refuse="runtime_refuse"),
         "HOST_CHECKS": render_checks(plan.HOST_CHECKS),
         "RUNTIME_CHECKS": render_checks(plan.RUNTIME_CHECKS),
+        "DRIVER_CHECKS": render_input_checks(plan.DRIVER_CHECKS),
+        "REQUIRED_DRIVER_CHECKS": textwrap.indent(render_input_checks(plan.REQUIRED_DRIVER_CHECKS), "  "),
+        "VIRTUALIZATION_CHECKS": textwrap.indent(render_input_checks(plan.VIRTUALIZATION_CHECKS), "    "),
         "PROC_DEVICES": facts.PROC_DEVICES,
         "MIG_MINORS": facts.MIG_MINORS_PATH,
         "CAPS_DEV_DIR": facts.CAPS_DEV_DIR,
@@ -165,10 +168,6 @@ def render_node_scripts(
     values["EXPECT_DRIVER"] = expect.version.text if expect.version else ""
     values["EXPECT_MODULES"] = "" if expect.modules is KernelModules.AUTO else expect.modules.value
     values["EXPECT_DRIVER_TYPE"] = expect.driver_type.value if expect.driver_type else ""
-    # Each driver type's virtualization modes (nvgpu.driver.VIRTUALIZATION_MODES), as the check's case arms.
-    values["VIRTUALIZATION_CASES"] = "\n".join(
-        f"      {t.value}) allowed=({' '.join(shlex.quote(m) for m in modes)}) ;;"
-        for t, modes in VIRTUALIZATION_MODES.items())
     values["TOOLKIT_PLAN"] = render_block(plan.toolkit_config(accept_envvar))
     scripts = []
     for name, tmpl in body.items():

@@ -301,25 +301,7 @@ else
   fi
 fi
 
-if [[ -n "$driver" && -n "$EXPECT_DRIVER" ]]; then
-  if [[ "$EXPECT_DRIVER" == *.* ]]; then
-    if (($(version_to_int "$driver") != $(version_to_int "$EXPECT_DRIVER"))); then
-      fail driver-mismatch "driver ${driver} is loaded; the node group declares ${EXPECT_DRIVER}"
-    fi
-  elif [[ "${driver%%.*}" != "$EXPECT_DRIVER" ]]; then
-    fail driver-mismatch "driver ${driver} is loaded; the node group declares the ${EXPECT_DRIVER} branch"
-  fi
-fi
-if [[ -n "$driver" && -n "$EXPECT_MODULES" ]]; then
-  loaded_modules=proprietary
-  if grep -qi 'Open Kernel Module' <<<"$first_line"; then
-    loaded_modules=open
-  fi
-  if [[ "$loaded_modules" != "$EXPECT_MODULES" ]]; then
-    fail driver-mismatch "the ${loaded_modules} kernel modules are loaded; the node group declares ${EXPECT_MODULES}"
-  fi
-fi
-
+@@DRIVER_CHECKS@@
 @@HOST_CHECKS@@
 if ! command -v @@SMI@@ >/dev/null 2>&1; then
   fail nvml-failed "@@SMI@@ not found"
@@ -355,10 +337,7 @@ the global minimum driver ${GLOBAL_MIN_DRIVER} applies" >&2
   if ((count == 0)); then
     fail no-gpus-listed "@@SMI@@ lists no GPU"
   fi
-  if [[ -n "$driver" ]] && (($(version_to_int "$driver") < $(version_to_int "$min_driver"))); then
-    fail driver-too-old "driver ${driver} is older than the required ${min_driver}"
-  fi
-  queried=false
+@@REQUIRED_DRIVER_CHECKS@@  queried=false
   if ((count > 0)); then
     if query="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ @@SMI@@ -q 2>&1)"; then
       queried=true
@@ -383,25 +362,11 @@ until Fabric Manager (nvidia-fabricmanager) has finished"
       fabric && /^        State / { sub(/^[^:]*: */, ""); state = $0; next }
       fabric && /^        Status / { sub(/^[^:]*: */, ""); print bus "|" state "|" $0; fabric = 0 }' <<<"$query")
   fi
-  if [[ "$queried" == true && -n "$EXPECT_DRIVER_TYPE" ]]; then
-    allowed=()
-    case "$EXPECT_DRIVER_TYPE" in
-@@VIRTUALIZATION_CASES@@
-    esac
-    while IFS= read -r mode; do
-      [[ -n "$mode" && "$mode" != N/A ]] || continue
-      fits=false
-      for a in "${allowed[@]}"; do
-        [[ "$mode" == "$a" ]] && fits=true
-      done
-      if [[ "$fits" != true ]]; then
-        need="$(printf '%s or ' "${allowed[@]}")"
-        fail driver-mismatch \
-          "the GPUs are in virtualization mode ${mode}; driver type ${EXPECT_DRIVER_TYPE} needs ${need% or }"
-      fi
-    done < <(sed -nE 's/^[[:space:]]*Virtualization Mode[[:space:]]*:[[:space:]]*(.*[^[:space:]])[[:space:]]*$/\1/p' \
-      <<<"$query" | sort -u)
-  fi
+  if [[ "$queried" == true ]]; then
+    # The GPUs' virtualization modes, one a line (nvidia-smi -q words them as NVML names them).
+    gpu_modes="$(sed -nE \
+      's/^[[:space:]]*Virtualization Mode[[:space:]]*:[[:space:]]*(.*[^[:space:]])[[:space:]]*$/\1/p' <<<"$query")"
+@@VIRTUALIZATION_CHECKS@@  fi
 fi
 
 if [[ "$PHASE" == all ]] && ! runtime_ready; then

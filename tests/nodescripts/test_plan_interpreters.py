@@ -10,6 +10,7 @@ on one plan that holds all of them.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import tomllib
@@ -20,8 +21,16 @@ import pytest
 
 from node_agent.host import HostRoot, NotOurs
 from node_agent.setup import executor
+from nvgpu.driver import DriverExpectation, DriverType, DriverVersion, KernelModules
 from nvgpu.nodescripts import facts, plan, templates
-from nvgpu.nodescripts.bashplan import render_block, render_checks, render_chosen, render_plan
+from nvgpu.nodescripts.bashplan import (
+    INPUTS,
+    render_block,
+    render_checks,
+    render_chosen,
+    render_input_checks,
+    render_plan,
+)
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.plan import FormerFile, KernelModule, KernelSetting, ManagedFile, NonEmptyDir, StepPlan
 from nvgpu.nodescripts.render import _common, _fill
@@ -299,3 +308,59 @@ def test_a_marked_block_is_edited_alike(case: str, accept_envvar: bool, driver_r
         as_awk_reads_it = (text or "") + ("\n" if text and not text.endswith("\n") else "")
         assert executor.block_restored(item, edited) == as_awk_reads_it
     tomllib.loads(edited)
+
+
+_OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.90.07  Release Build"
+_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.90.07  Tue Jun  4 22:38:28 UTC 2024"
+#: (loaded driver, version file line, declared driver, modules, type, virtualization modes, required driver).
+_INPUTS: dict[str, tuple[str | None, str, str, str, str, tuple[str, ...], str | None]] = {
+    "nothing-declared": ("550.90.07", _OPEN, "", "", "", ("None",), "535.0"),
+    "release": ("550.90.07", _OPEN, "550.90.7", "open", "gpu", ("None", "Pass-Through"), "550.54.15"),
+    "other-release": ("550.90.07", _OPEN, "550.90.12", "", "", (), None),
+    "branch": ("550.90.07", _OPEN, "550", "", "", (), None),
+    "other-branch": ("550.90.07", _OPEN, "535", "", "", (), None),
+    "proprietary-declared": ("550.90.07", _OPEN, "", "proprietary", "", (), None),
+    "open-declared": ("550.90.07", _PROPRIETARY, "", "open", "", (), None),
+    "no-driver": (None, "", "535", "open", "", (), "550.54.15"),
+    "gpu-on-vgpu": ("550.90.07", _OPEN, "", "", "gpu", ("VGPU", "N/A", "VGPU"), None),
+    "vgpu-on-bare-metal-and-host": ("550.90.07", _OPEN, "", "", "vgpu", ("None", "Host VGPU", "VGPU"), None),
+    "host-manager-unknown-mode": ("550.90.07", _OPEN, "", "", "vgpu-host-manager", ("N/A",), None),
+    "too-old": ("535.104.05", _PROPRIETARY, "535", "proprietary", "", (), "550.54.15"),
+    "everything-wrong": ("535.104.05", _PROPRIETARY, "550.90.07", "open", "vgpu", ("None",), "550.54.15"),
+}
+
+
+def _version_to_int() -> str:
+    """The check's ``version_to_int``, which the rendered input checks use."""
+    m = re.search(r"^version_to_int\(\) \{\n.*?^\}\n", templates.CHECK, re.MULTILINE | re.DOTALL)
+    assert m is not None
+    return m.group(0)
+
+
+@pytest.mark.parametrize("case", sorted(_INPUTS))
+def test_the_check_judges_what_it_found_alike(case: str, tmp_path: Path) -> None:
+    """``plan.DRIVER_CHECKS``, ``VIRTUALIZATION_CHECKS``, ``REQUIRED_DRIVER_CHECKS`` on the same inputs: the
+    same findings, worded alike, in the same order."""
+    driver, line, declared, modules, driver_type, modes, required = _INPUTS[case]
+    checks = (*plan.DRIVER_CHECKS, *plan.VIRTUALIZATION_CHECKS, *plan.REQUIRED_DRIVER_CHECKS)
+    values = {"driver": driver or "", "driver_line": line, "declared_driver": declared, "declared_modules": modules,
+              "driver_type": driver_type, "modes": "\n".join(modes), "required": required or ""}
+    script = tmp_path / "inputs.sh"
+    script.write_text("\n".join([
+        "#!/usr/bin/env bash", "set -Eeuo pipefail",
+        _version_to_int(),
+        'fail() { printf "%s|%s\\n" "$1" "$2"; }',
+        *(f"{INPUTS[k]}={shlex.quote(v)}" for k, v in values.items()),
+        render_input_checks(checks),
+    ]))
+    ran = subprocess.run(["bash", str(script)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert ran.returncode == 0, ran.stderr
+    expect = DriverExpectation(version=DriverVersion(declared) if declared else None,
+                               modules=KernelModules(modules) if modules else KernelModules.AUTO,
+                               driver_type=DriverType(driver_type) if driver_type else None)
+    inputs = executor.CheckInputs(driver=driver, driver_line=line, expect=expect, modes=modes, required=required)
+    by_agent = [(r.value, m) for r, m in executor.input_findings(checks, inputs)]
+    assert [tuple(x.split("|", 1)) for x in ran.stdout.splitlines()] == by_agent
+    assert bool(by_agent) is (case not in {"nothing-declared", "release", "branch", "host-manager-unknown-mode",
+                                           "no-driver"})
