@@ -13,9 +13,9 @@ the container runtime is ready: containerd has the nvidia runtime or CDI, CRI-O 
 Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts.Reason``. The host's
 requirements (modules, device nodes, the toolkit's programs) and the judgements of what the check found out
 (the loaded driver against the declared one and the required one, the GPUs' virtualization modes against the
-declared driver type) are declared once in ``nvgpu.nodescripts.plan`` (``HOST_CHECKS``, ``RUNTIME_CHECKS``,
-``DRIVER_CHECKS``, ``VIRTUALIZATION_CHECKS``, ``REQUIRED_DRIVER_CHECKS``), judged here by
-``node_agent.setup.executor`` and rendered into the script.
+declared driver type, their compute capabilities) are declared once in ``nvgpu.nodescripts.plan``
+(``HOST_CHECKS``, ``RUNTIME_CHECKS``, ``DRIVER_CHECKS``, ``VIRTUALIZATION_CHECKS``, ``REQUIRED_DRIVER_CHECKS``),
+judged here by ``node_agent.setup.executor`` and rendered into the script.
 """
 
 from __future__ import annotations
@@ -179,14 +179,12 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
                                      "applies, and its MIG profiles are NVML's own")
                 else:
                     required = max(required, model.effective_min_driver, key=catalogue.parse_driver_version)
-                if g.compute_capability < catalogue.MIN_COMPUTE_CAPABILITY:
-                    major, minor = catalogue.MIN_COMPUTE_CAPABILITY
-                    r.fail(Reason.COMPUTE_TOO_OLD, f"GPU {g.index} {g.name!r} has compute capability "
-                           f"{g.compute_capability[0]}.{g.compute_capability[1]}, below {major}.{minor}")
             if not inventory.gpus:
                 r.fail(Reason.NO_GPUS_LISTED, "NVML lists no GPU")
             modes = [g.virtualization.value if g.virtualization else "N/A" for g in inventory.gpus]
-            inputs = replace(inputs, modes=modes, required=required)
+            computes = [(f"GPU {g.index} {g.name!r}", f"{g.compute_capability[0]}.{g.compute_capability[1]}")
+                        for g in inventory.gpus]
+            inputs = replace(inputs, modes=modes, required=required, computes=computes)
             for reason, message in executor.input_findings((*plan.VIRTUALIZATION_CHECKS,
                                                             *plan.REQUIRED_DRIVER_CHECKS), inputs):
                 r.fail(reason, message)

@@ -31,6 +31,7 @@ from nvgpu.nodescripts.facts import Reason
 from nvgpu.nodescripts.plan import (
     Check,
     ChosenFile,
+    ComputeAtLeast,
     DriverAtLeast,
     DriverDeclared,
     GpuNodesExist,
@@ -153,13 +154,15 @@ def block_edited(item: MarkedBlock, text: str | None, detected: dict[str, str]) 
 class CheckInputs:
     """What the check found out before its :data:`~nvgpu.nodescripts.plan.InputCheck` items judge it: the loaded
     driver (None: not read), the driver version file's first line, the declaration, the GPUs' virtualization
-    modes (NVML's), the driver their models require (None: not known)."""
+    modes (NVML's), the driver their models require (None: not known), the GPUs' compute capabilities."""
 
     driver: str | None = None
     driver_line: str = ""
     expect: DriverExpectation = NO_EXPECTATION
     modes: Sequence[str] = ()
     required: str | None = None
+    #: Each GPU as (its name in a message, its compute capability as ``major.minor``).
+    computes: Sequence[tuple[str, str]] = ()
 
 
 def input_findings(checks: Iterable[InputCheck], inputs: CheckInputs) -> list[tuple[Reason, str]]:
@@ -188,6 +191,11 @@ def input_findings(checks: Iterable[InputCheck], inputs: CheckInputs) -> list[tu
                 out += [(c.reason, fill(c.message, {"mode": mode, "driver_type": expect.driver_type.value,
                                                     "allowed": " or ".join(allowed)}))
                         for mode in sorted(set(inputs.modes)) if mode != c.unknown and mode not in allowed]
+        elif isinstance(c, ComputeAtLeast):
+            for gpu, cc in inputs.computes:
+                m = re.fullmatch(r"([0-9]+)\.([0-9]+)", cc)
+                if m is None or (int(m.group(1)), int(m.group(2))) < c.minimum:
+                    out.append((c.reason, fill(c.message, {"gpu": gpu, "cc": cc, "minimum": c.minimum_text})))
         elif isinstance(c, DriverAtLeast):
             required = inputs.required
             if driver is not None and required is not None and not catalogue.driver_at_least(driver, required):

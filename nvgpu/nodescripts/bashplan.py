@@ -32,6 +32,7 @@ from nvgpu.nodescripts.plan import (
     SLOT_RE,
     Check,
     ChosenFile,
+    ComputeAtLeast,
     DriverAtLeast,
     DriverDeclared,
     GpuNodesExist,
@@ -165,10 +166,11 @@ def render_block(item: MarkedBlock) -> str:
 
 #: The check's variables the input checks read: the loaded driver (empty: not read), the version file's first
 #: line, the declared driver, kernel modules and driver type (empty: not declared), the GPUs' virtualization
-#: modes (one a line) and the driver their models require. ``version_to_int`` is the check's too.
+#: modes (one a line), the driver their models require, and the GPUs' compute capabilities (``CC|NAME`` lines).
+#: ``version_to_int`` is the check's too.
 INPUTS = {"driver": "driver", "driver_line": "first_line", "declared_driver": "EXPECT_DRIVER",
           "declared_modules": "EXPECT_MODULES", "driver_type": "EXPECT_DRIVER_TYPE", "modes": "gpu_modes",
-          "required": "min_driver"}
+          "required": "min_driver", "computes": "gpu_computes"}
 
 
 def render_input_checks(checks: tuple[InputCheck, ...]) -> str:
@@ -219,6 +221,17 @@ def render_input_checks(checks: tuple[InputCheck, ...]) -> str:
                     "    fi",
                     f'  done < <(sort -u <<<"{v["modes"]}")',
                     "fi"]
+        elif isinstance(c, ComputeAtLeast):
+            names = {"gpu": "plan_gpu", "cc": "plan_cc", "minimum": "plan_minimum"}
+            major, minor = c.minimum
+            out += [f"plan_minimum={_q(c.minimum_text)}",
+                    "while IFS='|' read -r plan_cc plan_gpu; do",
+                    '  [[ -n "$plan_gpu" ]] || continue',
+                    r'  if [[ ! "$plan_cc" =~ ^[0-9]+\.[0-9]+$ ]] '
+                    f"|| ((10#${{plan_cc%%.*}} * 1000 + 10#${{plan_cc#*.}} < {major * 1000 + minor})); then",
+                    f"    fail {c.reason.value} {_slotted(c.message, names)}",
+                    "  fi",
+                    f'done <<<"{v["computes"]}"']
         elif isinstance(c, DriverAtLeast):
             names = {"driver": INPUTS["driver"], "required": INPUTS["required"]}
             out += [f'if [[ -n "{v["driver"]}" && -n "{v["required"]}" ]] '

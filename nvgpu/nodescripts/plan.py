@@ -20,7 +20,8 @@ runs, and a change to the plan reaches both. What a plan may hold is only what t
   (:data:`Check`): :class:`ModuleLoaded`, :class:`NodeExists`, :class:`GpuNodesExist`, :class:`ProgramInstalled`;
   and those on what the check found out before (the loaded driver, the GPUs' virtualization modes, the driver
   their models require) against the node group's declaration: :class:`DriverDeclared`, :class:`ModulesDeclared`,
-  :class:`VirtualizationAllowed`, :class:`DriverAtLeast`, their messages with ``${name}`` slots.
+  :class:`VirtualizationAllowed`, :class:`DriverAtLeast`, :class:`ComputeAtLeast`, their messages with ``${name}``
+  slots.
 
 The messages both interpreters print are here too (:func:`not_ours` ...), so they are worded alike.
 See ``docs/node-setup.md`` for which steps are plans and which are still written per backend.
@@ -31,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from nvgpu import toolkit
+from nvgpu import catalogue, toolkit
 from nvgpu.driver import VIRTUALIZATION_MODES
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import render_crio_dropin, render_dropin, sysctl_dropin, toolkit_block
@@ -228,9 +229,24 @@ class DriverAtLeast:
     message = "driver ${driver} is older than the required ${required}"
 
 
+@dataclass(frozen=True)
+class ComputeAtLeast:
+    """A check: each GPU's compute capability (``${cc}``, ``major.minor``) is at least ``minimum``
+    (``${minimum}``); one that is not two numbers fails too. ``${gpu}`` names the GPU as its backend lists it
+    (the agent: ``GPU <index> '<name>'`` from NVML; the script: ``GPU '<name>'`` from ``nvidia-smi``)."""
+
+    minimum: tuple[int, int] = catalogue.MIN_COMPUTE_CAPABILITY
+    reason = Reason.COMPUTE_TOO_OLD
+    message = "${gpu} has compute capability ${cc}, below ${minimum}"
+
+    @property
+    def minimum_text(self) -> str:
+        return f"{self.minimum[0]}.{self.minimum[1]}"
+
+
 Check = ModuleLoaded | NodeExists | GpuNodesExist | ProgramInstalled
 #: A check on what the check found out before, against the declaration (see ``executor.CheckInputs``).
-InputCheck = DriverDeclared | ModulesDeclared | VirtualizationAllowed | DriverAtLeast
+InputCheck = DriverDeclared | ModulesDeclared | VirtualizationAllowed | DriverAtLeast | ComputeAtLeast
 
 #: A slot in a :class:`Case`'s content or message: ``${name}``, filled with the detected fact ``name``.
 SLOT_RE = re.compile(r"\$\{([a-z_]+)\}")
@@ -388,8 +404,9 @@ HOST_CHECKS: tuple[Check, ...] = (*(ModuleLoaded(m) for m in facts.REQUIRED_MODU
 DRIVER_CHECKS: tuple[InputCheck, ...] = (DriverDeclared(), ModulesDeclared())
 #: The GPUs' virtualization modes against the declared driver type (once the GPUs are listed).
 VIRTUALIZATION_CHECKS: tuple[InputCheck, ...] = (VirtualizationAllowed(),)
-#: The loaded driver against the one the GPUs' models require (once the GPUs are listed).
-REQUIRED_DRIVER_CHECKS: tuple[InputCheck, ...] = (DriverAtLeast(),)
+#: The GPUs' compute capabilities, and the loaded driver against the one their models require (once the GPUs are
+#: listed).
+REQUIRED_DRIVER_CHECKS: tuple[InputCheck, ...] = (ComputeAtLeast(), DriverAtLeast())
 #: What the check requires in phase ``all``, beside a ready runtime: a program of the toolkit's GPU containers are
 #: started with (the node's own, or a toolkit container's).
 RUNTIME_CHECKS: tuple[Check, ...] = (

@@ -54,7 +54,6 @@ def _model_pci_cases() -> str:
 
 
 def _common(root_prefix: str) -> dict[str, str]:
-    major, minor = catalogue.MIN_COMPUTE_CAPABILITY
     return {
         "ROOT": root_prefix.rstrip("/"),
         "STATE_DIR": facts.STATE_DIR,
@@ -74,8 +73,6 @@ def _common(root_prefix: str) -> dict[str, str]:
         "SETUP_LABEL": labels.GPU_SETUP_COMPLETE,
         "VFIO_LABEL": labels.GPU_VFIO_READY,
         "GLOBAL_MIN_DRIVER": catalogue.GLOBAL_MIN_DRIVER,
-        "MIN_COMPUTE": str(major * 100 + minor),
-        "MIN_COMPUTE_TEXT": f"{major}.{minor}",
         "MODEL_CASES": _model_cases(),
         "MODEL_PCI_CASES": _model_pci_cases(),
         "DRIVER_FILE": facts.DRIVER_VERSION_FILE,

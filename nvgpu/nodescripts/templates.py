@@ -196,7 +196,6 @@ CHECK = r"""
 PHASE="${NVIDIA_GPU_CHECK_PHASE:-@@PHASE@@}"
 STRICT="${NVIDIA_GPU_CHECK_STRICT:-@@STRICT@@}"
 GLOBAL_MIN_DRIVER="@@GLOBAL_MIN_DRIVER@@"
-MIN_COMPUTE=@@MIN_COMPUTE@@
 # The node group's declared driver (a release or a branch) and kernel modules (open or proprietary).
 EXPECT_DRIVER="${NVIDIA_GPU_EXPECT_DRIVER-@@EXPECT_DRIVER@@}"
 EXPECT_MODULES="${NVIDIA_GPU_EXPECT_MODULES-@@EXPECT_MODULES@@}"
@@ -311,6 +310,7 @@ elif ! smi_out="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ \
 else
   count=0
   min_driver="$GLOBAL_MIN_DRIVER"
+  gpu_computes=""
   while IFS=, read -r name cc pci; do
     name="${name#"${name%%[![:space:]]*}"}"
     name="${name%"${name##*[![:space:]]}"}"
@@ -330,9 +330,7 @@ else
       echo "nvidia-gpu-check notice: GPU model '${name}' (PCI device ID 0x${device:-?}) is not in the catalogue: \
 the global minimum driver ${GLOBAL_MIN_DRIVER} applies" >&2
     fi
-    if [[ ! "$cc" =~ ^[0-9]+\.[0-9]+$ ]] || ((10#${cc%%.*} * 100 + 10#${cc#*.} < MIN_COMPUTE)); then
-      fail compute-too-old "GPU '${name}' has compute capability ${cc}, below @@MIN_COMPUTE_TEXT@@"
-    fi
+    gpu_computes+="${cc}|GPU '${name}'"$'\n'
   done <<<"$smi_out"
   if ((count == 0)); then
     fail no-gpus-listed "@@SMI@@ lists no GPU"

@@ -330,6 +330,15 @@ _INPUTS: dict[str, tuple[str | None, str, str, str, str, tuple[str, ...], str | 
 }
 
 
+#: The GPUs' compute capabilities, per case (none where not given): one too old, one as a later release of the
+#: catalogue would have it, one unreadable.
+_COMPUTES: dict[str, tuple[tuple[str, str], ...]] = {
+    "release": (("GPU 'NVIDIA L4'", "8.9"), ("GPU 'NVIDIA H100'", "9.0")),
+    "too-old": (("GPU 'Tesla M60'", "5.2"), ("GPU 'Tesla P4'", "6.1"), ("GPU 'odd'", "")),
+    "everything-wrong": (("GPU 0 'Tesla K80'", "3.7"), ("GPU 1 'NVIDIA B200'", "10.0")),
+}
+
+
 def _version_to_int() -> str:
     """The check's ``version_to_int``, which the rendered input checks use."""
     m = re.search(r"^version_to_int\(\) \{\n.*?^\}\n", templates.CHECK, re.MULTILINE | re.DOTALL)
@@ -343,8 +352,10 @@ def test_the_check_judges_what_it_found_alike(case: str, tmp_path: Path) -> None
     same findings, worded alike, in the same order."""
     driver, line, declared, modules, driver_type, modes, required = _INPUTS[case]
     checks = (*plan.DRIVER_CHECKS, *plan.VIRTUALIZATION_CHECKS, *plan.REQUIRED_DRIVER_CHECKS)
+    computes = _COMPUTES.get(case, ())
     values = {"driver": driver or "", "driver_line": line, "declared_driver": declared, "declared_modules": modules,
-              "driver_type": driver_type, "modes": "\n".join(modes), "required": required or ""}
+              "driver_type": driver_type, "modes": "\n".join(modes), "required": required or "",
+              "computes": "".join(f"{cc}|{gpu}\n" for gpu, cc in computes)}
     script = tmp_path / "inputs.sh"
     script.write_text("\n".join([
         "#!/usr/bin/env bash", "set -Eeuo pipefail",
@@ -359,7 +370,8 @@ def test_the_check_judges_what_it_found_alike(case: str, tmp_path: Path) -> None
     expect = DriverExpectation(version=DriverVersion(declared) if declared else None,
                                modules=KernelModules(modules) if modules else KernelModules.AUTO,
                                driver_type=DriverType(driver_type) if driver_type else None)
-    inputs = executor.CheckInputs(driver=driver, driver_line=line, expect=expect, modes=modes, required=required)
+    inputs = executor.CheckInputs(driver=driver, driver_line=line, expect=expect, modes=modes, required=required,
+                                  computes=computes)
     by_agent = [(r.value, m) for r, m in executor.input_findings(checks, inputs)]
     assert [tuple(x.split("|", 1)) for x in ran.stdout.splitlines()] == by_agent
     assert bool(by_agent) is (case not in {"nothing-declared", "release", "branch", "host-manager-unknown-mode",

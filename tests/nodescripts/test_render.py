@@ -31,7 +31,7 @@ def test_check_carries_catalogue_thresholds() -> None:
     check = next(s for s in render_node_scripts() if s.name == "gpu-check.sh").content
     assert f'GLOBAL_MIN_DRIVER="{catalogue.GLOBAL_MIN_DRIVER}"' in check
     major, minor = catalogue.MIN_COMPUTE_CAPABILITY
-    assert f"MIN_COMPUTE={major * 100 + minor}" in check
+    assert f"plan_minimum={major}.{minor}" in check and f"< {major * 1000 + minor}))" in check
     for model in catalogue.MODELS:
         for name in model.product_names:
             assert f'"{name}"' in check
