@@ -34,6 +34,7 @@ from nvgpu.nodescripts.plan import (
     ComputeAtLeast,
     DriverAtLeast,
     DriverDeclared,
+    FabricReady,
     GpuNodesExist,
     InputCheck,
     MarkedBlock,
@@ -163,6 +164,8 @@ class CheckInputs:
     required: str | None = None
     #: Each GPU as (its name in a message, its compute capability as ``major.minor``).
     computes: Sequence[tuple[str, str]] = ()
+    #: Each GPU as (its name in a message, its fabric state, its fabric status), in ``nvidia-smi -q``'s words.
+    fabrics: Sequence[tuple[str, str, str]] = ()
 
 
 def input_findings(checks: Iterable[InputCheck], inputs: CheckInputs) -> list[tuple[Reason, str]]:
@@ -196,6 +199,12 @@ def input_findings(checks: Iterable[InputCheck], inputs: CheckInputs) -> list[tu
                 m = re.fullmatch(r"([0-9]+)\.([0-9]+)", cc)
                 if m is None or (int(m.group(1)), int(m.group(2))) < c.minimum:
                     out.append((c.reason, fill(c.message, {"gpu": gpu, "cc": cc, "minimum": c.minimum_text})))
+        elif isinstance(c, FabricReady):
+            for gpu, state, status in inputs.fabrics:
+                if state in c.not_ready:
+                    out.append((c.reason, fill(c.not_ready_message, {"gpu": gpu, "state": state})))
+                elif state == c.done and status != c.ok:
+                    out.append((c.reason, fill(c.failed_message, {"gpu": gpu, "status": status})))
         elif isinstance(c, DriverAtLeast):
             required = inputs.required
             if driver is not None and required is not None and not catalogue.driver_at_least(driver, required):

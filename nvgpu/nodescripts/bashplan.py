@@ -35,6 +35,7 @@ from nvgpu.nodescripts.plan import (
     ComputeAtLeast,
     DriverAtLeast,
     DriverDeclared,
+    FabricReady,
     GpuNodesExist,
     InputCheck,
     MarkedBlock,
@@ -166,11 +167,12 @@ def render_block(item: MarkedBlock) -> str:
 
 #: The check's variables the input checks read: the loaded driver (empty: not read), the version file's first
 #: line, the declared driver, kernel modules and driver type (empty: not declared), the GPUs' virtualization
-#: modes (one a line), the driver their models require, and the GPUs' compute capabilities (``CC|NAME`` lines).
+#: modes (one a line), the driver their models require, the GPUs' compute capabilities (``CC|NAME`` lines) and
+#: fabric registrations (``STATE|STATUS|NAME`` lines).
 #: ``version_to_int`` is the check's too.
 INPUTS = {"driver": "driver", "driver_line": "first_line", "declared_driver": "EXPECT_DRIVER",
           "declared_modules": "EXPECT_MODULES", "driver_type": "EXPECT_DRIVER_TYPE", "modes": "gpu_modes",
-          "required": "min_driver", "computes": "gpu_computes"}
+          "required": "min_driver", "computes": "gpu_computes", "fabrics": "gpu_fabrics"}
 
 
 def render_input_checks(checks: tuple[InputCheck, ...]) -> str:
@@ -232,6 +234,17 @@ def render_input_checks(checks: tuple[InputCheck, ...]) -> str:
                     f"    fail {c.reason.value} {_slotted(c.message, names)}",
                     "  fi",
                     f'done <<<"{v["computes"]}"']
+        elif isinstance(c, FabricReady):
+            names = {"gpu": "plan_gpu", "state": "plan_state", "status": "plan_status"}
+            not_ready = " || ".join(f'"$plan_state" == {_q(st)}' for st in c.not_ready)
+            out += ["while IFS='|' read -r plan_state plan_status plan_gpu; do",
+                    '  [[ -n "$plan_gpu" ]] || continue',
+                    f"  if [[ {not_ready} ]]; then",
+                    f"    fail {c.reason.value} {_slotted(c.not_ready_message, names)}",
+                    f'  elif [[ "$plan_state" == {_q(c.done)} && "$plan_status" != {_q(c.ok)} ]]; then',
+                    f"    fail {c.reason.value} {_slotted(c.failed_message, names)}",
+                    "  fi",
+                    f'done <<<"{v["fabrics"]}"']
         elif isinstance(c, DriverAtLeast):
             names = {"driver": INPUTS["driver"], "required": INPUTS["required"]}
             out += [f'if [[ -n "{v["driver"]}" && -n "{v["required"]}" ]] '

@@ -20,8 +20,8 @@ runs, and a change to the plan reaches both. What a plan may hold is only what t
   (:data:`Check`): :class:`ModuleLoaded`, :class:`NodeExists`, :class:`GpuNodesExist`, :class:`ProgramInstalled`;
   and those on what the check found out before (the loaded driver, the GPUs' virtualization modes, the driver
   their models require) against the node group's declaration: :class:`DriverDeclared`, :class:`ModulesDeclared`,
-  :class:`VirtualizationAllowed`, :class:`DriverAtLeast`, :class:`ComputeAtLeast`, their messages with ``${name}``
-  slots.
+  :class:`VirtualizationAllowed`, :class:`DriverAtLeast`, :class:`ComputeAtLeast`, :class:`FabricReady`, their
+  messages with ``${name}`` slots.
 
 The messages both interpreters print are here too (:func:`not_ours` ...), so they are worded alike.
 See ``docs/node-setup.md`` for which steps are plans and which are still written per backend.
@@ -244,9 +244,27 @@ class ComputeAtLeast:
         return f"{self.minimum[0]}.{self.minimum[1]}"
 
 
+@dataclass(frozen=True)
+class FabricReady:
+    """A check: each GPU (``${gpu}``) on an NVLink fabric (HGX/DGX H100, H200 and newer) has been registered by
+    Fabric Manager; until then every CUDA program fails with error 802. Its state (``${state}``) and status
+    (``${status}``) in ``nvidia-smi -q``'s words (the agent words NVML's enum so): a state of ``not_ready`` fails;
+    ``done`` with a status other than ``ok`` is a failed registration; any other state (``N/A``: a GPU without a
+    fabric) passes. The rule is NVIDIA's (kubernetes-sigs/dra-driver-nvidia-gpu's ``getCliqueIDStrict``)."""
+
+    not_ready: tuple[str, ...] = ("Not Started", "In Progress")
+    done = "Completed"
+    ok = "Success"
+    reason = Reason.FABRIC_NOT_READY
+    not_ready_message = ("${gpu}: its NVLink fabric registration is ${state}: CUDA fails with error 802 until Fabric "
+                         "Manager (nvidia-fabricmanager) has finished")
+    failed_message = ("${gpu}: Fabric Manager failed to register it with the NVLink fabric (${status}): CUDA fails "
+                      "with error 802; check nvidia-fabricmanager")
+
+
 Check = ModuleLoaded | NodeExists | GpuNodesExist | ProgramInstalled
 #: A check on what the check found out before, against the declaration (see ``executor.CheckInputs``).
-InputCheck = DriverDeclared | ModulesDeclared | VirtualizationAllowed | DriverAtLeast | ComputeAtLeast
+InputCheck = DriverDeclared | ModulesDeclared | VirtualizationAllowed | DriverAtLeast | ComputeAtLeast | FabricReady
 
 #: A slot in a :class:`Case`'s content or message: ``${name}``, filled with the detected fact ``name``.
 SLOT_RE = re.compile(r"\$\{([a-z_]+)\}")
@@ -402,6 +420,8 @@ HOST_CHECKS: tuple[Check, ...] = (*(ModuleLoaded(m) for m in facts.REQUIRED_MODU
                                   GpuNodesExist())
 #: The loaded driver against the declared one (version or branch, kernel modules), as soon as it is read.
 DRIVER_CHECKS: tuple[InputCheck, ...] = (DriverDeclared(), ModulesDeclared())
+#: The GPUs' NVLink fabric registration (once the GPUs are listed).
+FABRIC_CHECKS: tuple[InputCheck, ...] = (FabricReady(),)
 #: The GPUs' virtualization modes against the declared driver type (once the GPUs are listed).
 VIRTUALIZATION_CHECKS: tuple[InputCheck, ...] = (VirtualizationAllowed(),)
 #: The GPUs' compute capabilities, and the loaded driver against the one their models require (once the GPUs are

@@ -105,6 +105,7 @@ def _common(root_prefix: str) -> dict[str, str]:
         "DRIVER_CHECKS": render_input_checks(plan.DRIVER_CHECKS),
         "REQUIRED_DRIVER_CHECKS": textwrap.indent(render_input_checks(plan.REQUIRED_DRIVER_CHECKS), "  "),
         "VIRTUALIZATION_CHECKS": textwrap.indent(render_input_checks(plan.VIRTUALIZATION_CHECKS), "    "),
+        "FABRIC_CHECKS": textwrap.indent(render_input_checks(plan.FABRIC_CHECKS), "    "),
         "PROC_DEVICES": facts.PROC_DEVICES,
         "MIG_MINORS": facts.MIG_MINORS_PATH,
         "CAPS_DEV_DIR": facts.CAPS_DEV_DIR,

@@ -343,25 +343,13 @@ the global minimum driver ${GLOBAL_MIN_DRIVER} applies" >&2
       fail nvml-failed "@@SMI@@ -q failed: ${query}"
     fi
   fi
-  # NVSwitch GPUs (HGX/DGX H100, H200 and newer) run no CUDA program (error 802) until Fabric Manager has
-  # registered them: state Completed with Status Success, as the agent's check reads NVML
-  # (node_agent.setup.check._check_fabric; N/A is a GPU without a fabric).
   if [[ "$queried" == true ]]; then
-    while IFS='|' read -r bus fstate fstatus; do
-      if [[ "$fstate" == "Not Started" || "$fstate" == "In Progress" ]]; then
-        fail fabric-not-ready "GPU ${bus}: its NVLink fabric registration is ${fstate}: CUDA fails with error 802 \
-until Fabric Manager (nvidia-fabricmanager) has finished"
-      elif [[ "$fstate" == Completed && "$fstatus" != Success ]]; then
-        fail fabric-not-ready "GPU ${bus}: Fabric Manager failed to register it with the NVLink fabric \
-(${fstatus}): CUDA fails with error 802; check nvidia-fabricmanager"
-      fi
-    done < <(awk '/^GPU / { bus = $2; fabric = 0; state = "" }
+    # The GPUs' NVLink fabric registration, as the agent reads NVML's (node_agent.setup.check._fabric).
+    gpu_fabrics="$(awk '/^GPU / { bus = $2; fabric = 0; state = "" }
       /^    Fabric$/ { fabric = 1; next }
       fabric && /^        State / { sub(/^[^:]*: */, ""); state = $0; next }
-      fabric && /^        Status / { sub(/^[^:]*: */, ""); print bus "|" state "|" $0; fabric = 0 }' <<<"$query")
-  fi
-  if [[ "$queried" == true ]]; then
-    # The GPUs' virtualization modes, one a line (nvidia-smi -q words them as NVML names them).
+      fabric && /^        Status / { sub(/^[^:]*: */, ""); print state "|" $0 "|GPU " bus; fabric = 0 }' <<<"$query")"
+@@FABRIC_CHECKS@@    # The GPUs' virtualization modes, one a line (nvidia-smi -q words them as NVML names them).
     gpu_modes="$(sed -nE \
       's/^[[:space:]]*Virtualization Mode[[:space:]]*:[[:space:]]*(.*[^[:space:]])[[:space:]]*$/\1/p' <<<"$query")"
 @@VIRTUALIZATION_CHECKS@@  fi

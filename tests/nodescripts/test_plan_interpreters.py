@@ -339,6 +339,15 @@ _COMPUTES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
+#: The GPUs' fabric registrations, per case (none where not given): every state and a failed registration.
+_FABRICS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "release": (("GPU 0 'NVIDIA H100 80GB HBM3'", "Completed", "Success"), ("GPU 1 'NVIDIA L4'", "N/A", "N/A")),
+    "everything-wrong": (("GPU 00000000:18:00.0", "Not Started", "N/A"), ("GPU 00000000:2A:00.0", "In Progress", "N/A"),
+                         ("GPU 00000000:3A:00.0", "Completed", "Failure (10)"),
+                         ("GPU 00000000:5D:00.0", "Completed", "Success")),
+}
+
+
 def _version_to_int() -> str:
     """The check's ``version_to_int``, which the rendered input checks use."""
     m = re.search(r"^version_to_int\(\) \{\n.*?^\}\n", templates.CHECK, re.MULTILINE | re.DOTALL)
@@ -348,14 +357,15 @@ def _version_to_int() -> str:
 
 @pytest.mark.parametrize("case", sorted(_INPUTS))
 def test_the_check_judges_what_it_found_alike(case: str, tmp_path: Path) -> None:
-    """``plan.DRIVER_CHECKS``, ``VIRTUALIZATION_CHECKS``, ``REQUIRED_DRIVER_CHECKS`` on the same inputs: the
-    same findings, worded alike, in the same order."""
+    """``plan.DRIVER_CHECKS``, ``FABRIC_CHECKS``, ``VIRTUALIZATION_CHECKS``, ``REQUIRED_DRIVER_CHECKS`` on the same
+    inputs: the same findings, worded alike, in the same order."""
     driver, line, declared, modules, driver_type, modes, required = _INPUTS[case]
-    checks = (*plan.DRIVER_CHECKS, *plan.VIRTUALIZATION_CHECKS, *plan.REQUIRED_DRIVER_CHECKS)
-    computes = _COMPUTES.get(case, ())
+    checks = (*plan.DRIVER_CHECKS, *plan.FABRIC_CHECKS, *plan.VIRTUALIZATION_CHECKS, *plan.REQUIRED_DRIVER_CHECKS)
+    computes, fabrics = _COMPUTES.get(case, ()), _FABRICS.get(case, ())
     values = {"driver": driver or "", "driver_line": line, "declared_driver": declared, "declared_modules": modules,
               "driver_type": driver_type, "modes": "\n".join(modes), "required": required or "",
-              "computes": "".join(f"{cc}|{gpu}\n" for gpu, cc in computes)}
+              "computes": "".join(f"{cc}|{gpu}\n" for gpu, cc in computes),
+              "fabrics": "".join(f"{state}|{status}|{gpu}\n" for gpu, state, status in fabrics)}
     script = tmp_path / "inputs.sh"
     script.write_text("\n".join([
         "#!/usr/bin/env bash", "set -Eeuo pipefail",
@@ -371,7 +381,7 @@ def test_the_check_judges_what_it_found_alike(case: str, tmp_path: Path) -> None
                                modules=KernelModules(modules) if modules else KernelModules.AUTO,
                                driver_type=DriverType(driver_type) if driver_type else None)
     inputs = executor.CheckInputs(driver=driver, driver_line=line, expect=expect, modes=modes, required=required,
-                                  computes=computes)
+                                  computes=computes, fabrics=fabrics)
     by_agent = [(r.value, m) for r, m in executor.input_findings(checks, inputs)]
     assert [tuple(x.split("|", 1)) for x in ran.stdout.splitlines()] == by_agent
     assert bool(by_agent) is (case not in {"nothing-declared", "release", "branch", "host-manager-unknown-mode",
