@@ -80,7 +80,7 @@ image-test: deps venv tools
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy --explicit-package-bases nvgpu node_agent nvidia_gpu localcluster tests
+	$(VENV)/bin/mypy --explicit-package-bases nvgpu node_agent nvidia_gpu localcluster nvml_sim tests
 	$(VENV)/bin/lint-imports
 
 policy-test: venv

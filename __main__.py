@@ -8,9 +8,6 @@ collision with what the target cluster already holds (another stack, another ins
 import os
 
 import pulumi
-from pulumi.runtime.config import CONFIG, get_config_env
-from pulumi.runtime.mocks import MockMonitor
-from pulumi.runtime.settings import get_monitor
 
 from nvgpu.stackconfig import StackConfigError, load_namespaced_config
 from nvidia_gpu import build_stack
@@ -19,14 +16,15 @@ from nvidia_gpu.components.register import recording
 from nvidia_gpu.preflight import check as preflight
 from nvidia_gpu.preflight import nodetemplate
 from nvidia_gpu.preview.kubecontext import context_problem, kubeconfig_files
+from nvidia_gpu.sdk import runtime
 
 try:
-    stack_config = load_namespaced_config({**get_config_env(), **CONFIG.get()}, decode_config_value)
+    stack_config = load_namespaced_config(runtime.program_config(), decode_config_value)
 except StackConfigError as e:
     raise pulumi.RunError(str(e)) from None
 # A context the kubeconfig lacks fails deep in the provider with pages of traceback: say it in one line.
 # Not under the offline preview's mock engine: no provider connects there, and no cluster is needed.
-real_engine = not isinstance(get_monitor(), MockMonitor)
+real_engine = not runtime.under_mock_engine()
 wrong = context_problem(stack_config.cluster.kube_context, kubeconfig_files(os.environ),
                         f"Pulumi.{pulumi.get_stack()}.yaml") if real_engine else None
 if wrong is not None:
@@ -40,7 +38,7 @@ if real_engine:
         raise pulumi.RunError("\n".join(f.line() for f in report.errors))
 # `up` only (destroy does not run the program): other managers' claims on the NodeGroups' node template
 # containers released, so that destroy can withdraw this stack's labels (nvidia_gpu.preflight.nodetemplate).
-if real_engine and not pulumi.runtime.is_dry_run():
+if real_engine and not runtime.is_preview():
     try:
         for line in nodetemplate.run(stack_config, kubeconfig_files(os.environ)):
             pulumi.log.info(line)
@@ -49,7 +47,7 @@ if real_engine and not pulumi.runtime.is_dry_run():
 
 with recording() as registered:
     build_stack(stack_config)
-if real_engine and pulumi.runtime.is_dry_run():
+if real_engine and runtime.is_preview():
     # The server's validation is what a preview against the cluster is for: say where it will not run.
     applied = [(r.manifest["apiVersion"], r.manifest["kind"], (r.manifest.get("metadata") or {}).get("namespace"))
                for r in registered if r.mode != "read"]

@@ -22,7 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as documented, without PYTHONPATH
 
 from node_agent.nvml import NvmlBackend, open_nvml  # noqa: E402
+from nvml_sim import provider  # noqa: E402
 from tests.kit.fakehost import FakeHost, build_fake_host  # noqa: E402
+
+provider.register()  # in-process simulated:<machine> sessions, as node_agent.cli registers it
 
 RUNS = 7
 TARGET_S = 1.0

@@ -35,8 +35,11 @@ from node_agent.dra.driver import DraDriver, DriverSettings  # noqa: E402
 from node_agent.dra.nvml_source import NvmlInventorySource  # noqa: E402
 from node_agent.host.root import HostRoot  # noqa: E402
 from node_agent.kube.transport import Kube  # noqa: E402
+from nvml_sim import provider  # noqa: E402
 from tests.kit.dra_builders import DRIVER, NODE, RecordingSharing, claim, machine, populate_dev  # noqa: E402
 from tests.kit.kubelet.dra import DraKubelet  # noqa: E402
+
+provider.register()  # in-process simulated:<machine> sessions, as node_agent.cli registers it
 
 ITERATIONS = int(os.environ.get("BENCH_ITERATIONS", "300"))
 

@@ -26,7 +26,10 @@ from node_agent.nvml import NvmlBackend, open_nvml  # noqa: E402
 from node_agent.setup.check import run_check  # noqa: E402
 from nvgpu.driver import DriverExpectation, DriverType, KernelModules, parse_version  # noqa: E402
 from nvidia_gpu.components.manifests.driver import CHECK_INTERVAL_S  # noqa: E402
+from nvml_sim import provider  # noqa: E402
 from tests.kit.fakehost import build_fake_host, sim_state_file  # noqa: E402
+
+provider.register()  # in-process simulated:<machine> sessions, as node_agent.cli registers it
 
 MACHINE = "dgx-h100"
 

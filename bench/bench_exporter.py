@@ -30,8 +30,11 @@ from node_agent.exporter.service import MetricsService  # noqa: E402
 from node_agent.kubelet.podresources.client import PodResourcesClient  # noqa: E402
 from node_agent.nvml import NvmlBackend, open_nvml  # noqa: E402
 from nvgpu.migparted import build_config  # noqa: E402
+from nvml_sim import provider  # noqa: E402
 from tests.kit.fakehost import build_fake_host, sim_state_file  # noqa: E402
 from tests.kit.kubelet.podresources import Container, Pod, pod_resources  # noqa: E402
+
+provider.register()  # in-process simulated:<machine> sessions, as node_agent.cli registers it
 
 MACHINE = "dgx-h100"
 RUNS = 30

@@ -33,11 +33,13 @@ from node_agent.kube.transport import Kube as AgentKube  # noqa: E402
 from node_agent.labeller import inventory  # noqa: E402
 from node_agent.labeller.inventory import InventoryContext  # noqa: E402
 from node_agent.nvml import NvmlBackend, open_nvml  # noqa: E402
-from node_agent.nvml.sim import SimulatedMachine  # noqa: E402
 from nvgpu import inventory as api  # noqa: E402
 from nvgpu.migparted import build_config  # noqa: E402
 from nvidia_gpu.components.manifests.inventory import crd  # noqa: E402
+from nvml_sim import SimulatedMachine, provider  # noqa: E402
 from tests.kit.fakehost import build_fake_host, sim_state_file  # noqa: E402
+
+provider.register()  # in-process simulated:<machine> sessions, as node_agent.cli registers it
 
 MACHINE = "dgx-h100"
 NODE = "bench-h100"

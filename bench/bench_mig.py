@@ -35,12 +35,14 @@ from node_agent.mig.machine import DrainMode  # noqa: E402
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset  # noqa: E402
 from node_agent.mig.plan import diff, plan  # noqa: E402
 from node_agent.nvml import NvmlBackend, open_nvml  # noqa: E402
-from node_agent.nvml.sim import MACHINES  # noqa: E402
 from nvgpu import labels  # noqa: E402
 from nvgpu.migparted import build_config  # noqa: E402
+from nvml_sim import MACHINES, provider  # noqa: E402
 from tests.kit.kmock import api, kmock_server, kube  # noqa: E402
 from tests.mig.fakes import Clock, FakeNode, MemoryFiles, Rebooter, StepLock, pod  # noqa: E402
 from tests.mig.harness import clients_leave, deckhouse_approver  # noqa: E402
+
+provider.register()  # in-process simulated:<machine> sessions, as node_agent.cli registers it
 
 CONFIG = build_config()
 RUNS = 5

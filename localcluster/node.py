@@ -574,7 +574,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             raise NodeError(f"{library} missing: make tools builds the node's NVML (tools/mocknvml)")
         staging = self.directory / "driver"
         repo = Path(__file__).resolve().parent.parent
-        smi = (f'#!/bin/sh\nPYTHONPATH="{repo}" exec "{sys.executable}" -m node_agent.nvml.sim.smi '
+        smi = (f'#!/bin/sh\nPYTHONPATH="{repo}" exec "{sys.executable}" -m nvml_sim.smi '
                f'--driver-root / "$@"\n')  # NVIDIA's nvidia-smi needs the kernel module; this reads NVML
         install_driver(staging, version, nvml_library=library.resolve(), nvidia_smi=smi)
         usr = self.directory / "root" / "usr"

@@ -2,9 +2,9 @@
 
 ``provider/PulumiPlugin.yaml`` makes this repository a source-based component package
 (``pulumi package add <repository>/provider``); the engine runs ``provider/__main__.py``, which calls
-:func:`serve`. Pulumi's component provider host (``pulumi.provider.experimental``) serves the classes
-below and infers the package's schema from their annotations: each ``...Inputs`` TypedDict is a
-component's input properties (camelCased), the class annotations its outputs.
+:func:`serve`. Pulumi's component provider host (reached through :mod:`nvidia_gpu.sdk.componenthost`)
+serves the classes below and infers the package's schema from their annotations: each ``...Inputs``
+TypedDict is a component's input properties (camelCased), the class annotations its outputs.
 
 Each class *is* the Python component of the same name (same ``nvidia-gpu:index:<Name>`` token, same
 children and names), taking its settings the way a stack config spells them, so there is one schema
@@ -28,10 +28,6 @@ import sys
 from typing import Any, NotRequired, TypedDict
 
 import pulumi
-from pulumi.errors import InputPropertiesError
-from pulumi.provider import main as provider_main
-from pulumi.provider.experimental.component import ComponentProvider
-from pulumi.provider.server import ComponentInitError
 
 from nvgpu.driver import DriverSource
 from nvgpu.protostruct import integral
@@ -39,6 +35,7 @@ from nvgpu.stackconfig import AllocationMode, NodeGroup, StackConfig, StackConfi
 from nvgpu.version import VERSION
 from nvidia_gpu.components import dra_stack, driver_upgrade, mig_profile, monitoring, node_group, platform
 from nvidia_gpu.components.manifests import driverupgrade as driverupgrade_manifests
+from nvidia_gpu.sdk import componenthost
 
 #: The package name: the first part of every type token.
 PACKAGE = "nvidia-gpu"
@@ -244,10 +241,12 @@ COMPONENTS: list[type[pulumi.ComponentResource]] = [GpuPlatform, GpuNodeGroup, M
 def schema() -> str:
     """The package's schema as the engine receives it (``pulumi package get-schema``), without an engine: what
     a release publishes (``tools/release.py``), for ``pulumi package gen-sdk`` in languages the user picks."""
-    text: str | None = ComponentProvider(COMPONENTS, PACKAGE, None, VERSION).schema
-    if text is None:  # the host always infers one; a None would be an SDK change to see at once
-        raise RuntimeError("the component provider host inferred no schema")
-    return text
+    return componenthost.schema(COMPONENTS, PACKAGE, VERSION)
+
+
+def _input_problems(error: Exception) -> list[tuple[str, str]] | None:
+    """A component's :class:`InputsError` as input-property problems; any other exception stays unexpected."""
+    return error.problems if isinstance(error, InputsError) else None
 
 
 def serve() -> None:
@@ -257,18 +256,7 @@ def serve() -> None:
     engine as input-property errors (the host would report any exception from a constructor as an
     unexpected one, with its traceback).
     """
-
-    class Provider(ComponentProvider):  # type: ignore[misc]  # the SDK's classes are untyped
-        def construct(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return super().construct(*args, **kwargs)
-            except ComponentInitError as e:
-                if isinstance(e.inner, InputsError):
-                    raise InputPropertiesError(str(e.inner), [
-                        {"property_path": path, "reason": reason} for path, reason in e.inner.problems]) from None
-                raise
-
     # As component_provider_host does: the engine passes the plugin's directory, then its own address.
     # The schema's version is the release's (nvgpu.version), not the installed distribution's metadata: an
     # editable install keeps the version it was installed with.
-    provider_main(Provider(COMPONENTS, PACKAGE, None, VERSION), sys.argv[1:])
+    componenthost.serve(COMPONENTS, PACKAGE, VERSION, sys.argv[1:], _input_problems)

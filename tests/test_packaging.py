@@ -33,7 +33,7 @@ def _ranges(specs: list[str]) -> dict[str, tuple[str, str | None]]:
 
 def test_packages_are_one_pulumi_root_and_no_generic_names() -> None:
     include = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert sorted(include) == ["localcluster*", "node_agent*", "nvgpu*", "nvidia_gpu*"]
+    assert sorted(include) == ["localcluster*", "node_agent*", "nvgpu*", "nvidia_gpu*", "nvml_sim*"]
     for generic in ("components", "policies", "preview"):
         assert not (REPO / generic / "__init__.py").exists(), f"{generic}/ must not be a top-level package"
 

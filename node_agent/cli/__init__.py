@@ -23,6 +23,8 @@ Global options (before or after the command)::
 Exit codes: the one table in ``node_agent.cli.exitcodes``.
 
 Commands come from ``node_agent.cli.commands``; only the chosen command's module is imported.
+``--nvml simulated:<machine>`` registers the simulated machines (``simulation``: the package ``nvml_sim``
+beside the agent, where installed) before the command runs.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from node_agent.cli import exitcodes
+from node_agent.cli import exitcodes, simulation
 from node_agent.cli.commands import COMMANDS
 from node_agent.cli.context import UsageError
 from node_agent.host.driverroot import default_driver_root, set_driver_root
@@ -96,7 +98,15 @@ def build_parser(selected: str | None) -> argparse.ArgumentParser:
             continue
         sub.add_parser(command.name, help=command.help)
     if chosen_module is not None:
-        importlib.import_module(chosen_module).register(sub)
+        try:
+            module = importlib.import_module(chosen_module)
+        except ModuleNotFoundError as e:  # ``sim`` where the simulator is not installed (the agent image)
+            if not simulation.is_missing(e):
+                raise
+            placeholder = sub.add_parser(str(selected), help="not available: the simulated machines are not installed")
+            placeholder.add_argument("rest", nargs=argparse.REMAINDER)  # main() then says it is not available
+        else:
+            module.register(sub)
     for command_parser in _command_parsers(parser):
         _globals(command_parser, after_command=True)
     return parser
@@ -113,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     set_driver_root(args.driver_root)  # what open_nvml("real") and driver_binary() use in this process
+    simulation.enable(getattr(args, "nvml", None))  # --nvml simulated:<machine>: the simulator, where installed
     # `kill -USR1 <pid>` writes every thread's stack to the log: what a hung agent is waiting on, without
     # a debugger in a distroless-like image (the long-running commands are exactly the ones that can hang).
     with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):  # stderr without a descriptor

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node_agent.host import HostRoot
+from node_agent.cli import exitcodes
+from node_agent.host import HostError, HostRoot, Refused
 from node_agent.host.driverroot import DriverRoot, current_driver_root, default_driver_root
 from node_agent.host.root import ExecMode
-from node_agent.nvml import NvmlBackend, NvmlSession, open_nvml
+from node_agent.nvml import NvmlBackend, NvmlSession, open_nvml, simulator
 
 if TYPE_CHECKING:
     from node_agent.labeller.nodepatch import NodeApi
@@ -42,17 +43,16 @@ def simulated_host(root: Path, machine: str | None) -> bool:
     --nvml simulated:dgx-h100 check`` finds the machine's GPUs (``sim host`` does it explicitly). A
     directory laid out for another machine is refused rather than mixed with this one; any other
     non-empty directory is taken as it is (a host mounted somewhere, a test's tree)."""
-    from node_agent.nvml.sim import host as sim_host
-
-    if sim_host.is_simulated_host(root):
-        laid_out = sim_host.machine_of(root)
+    sim = simulator.get()
+    if sim.is_simulated_host(root):
+        laid_out = sim.machine_of(root)
         if machine is not None and laid_out is not None and laid_out != machine:
             raise UsageError(f"--host-root {root} is a simulated {laid_out} host; --nvml simulated:{machine} does "
                              f"not match it (use --nvml simulated:{laid_out}, or an empty directory)")
         return True
     if machine is None or (root.exists() and (not root.is_dir() or any(root.iterdir()))):
         return False
-    sim_host.lay_out(root, machine)
+    sim.lay_out(root, machine)
     log.info("event=simulated-host-laid-out root=%s machine=%s", root, machine)
     return True
 
@@ -80,16 +80,13 @@ class AgentContext:
         # A simulated host has no OS to chroot into: its tools are resolved inside it and run directly.
         exec_mode: ExecMode = getattr(args, "host_exec", None) or ("direct" if root == "/" or simulated else "chroot")
         if host_factory is None and simulated:
-            from node_agent.nvml.sim.host import device_node_stand_in
-
+            stand_in = simulator.get().device_node_stand_in
             # A simulated host's device nodes are regular files: its users run as non-root, where mknod fails.
-            host_factory = lambda r, m: HostRoot(r, exec_mode=m, mknod=device_node_stand_in)  # noqa: E731
+            host_factory = lambda r, m: HostRoot(r, exec_mode=m, mknod=stand_in)  # noqa: E731
         host = (host_factory or (lambda r, m: HostRoot(r, exec_mode=m)))(root, exec_mode)
         if backend.kind == "simulated" and backend.state_file is None and not host.is_real_root:
-            from node_agent.nvml.sim import DEFAULT_STATE_DIR
-
             backend = NvmlBackend("simulated", backend.machine,
-                                  host.path(f"{DEFAULT_STATE_DIR}/{backend.machine}.json"), driver_root.path)
+                                  host.path(f"{simulator.get().state_dir}/{backend.machine}.json"), driver_root.path)
         kubeconfig = getattr(args, "kubeconfig", None)
         return cls(
             host=host,
@@ -116,15 +113,12 @@ class AgentContext:
         return self.node_name
 
     def node_api(self) -> NodeApi:
-        from node_agent.labeller.nodepatch import KubeNodeApi
+        from node_agent.labeller.nodepatch import KubeNodeApi  # noqa: PLC0415 - the Kubernetes client, when used
 
         return KubeNodeApi.connect(self.kubeconfig)
 
     def fail(self, error: Exception, **extra: Any) -> int:
         """Report an error the way every command does and return its exit code."""
-        from node_agent.cli import exitcodes
-        from node_agent.host import HostError, Refused
-
         refused = isinstance(error, Refused)
         self.emit({"error": str(error), **({"refused": True} if refused else {}), **extra},
                   f"{'refused' if refused else 'error'}: {error}")

@@ -14,6 +14,8 @@ from typing import Any
 
 from node_agent.cli import exitcodes
 from node_agent.cli.context import AgentContext
+from node_agent.diagnose import collect, write_bundle
+from node_agent.host.driverroot import current_driver_root
 
 
 def register(subparsers: Any) -> None:
@@ -25,13 +27,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node_agent.diagnose import collect, write_bundle
-    from node_agent.host.driverroot import current_driver_root
-
     ctx = AgentContext.from_args(args)
     kube = None
     if ctx.node_name and ctx.kubeconfig is not None:
-        from node_agent.kube.transport import Kube
+        from node_agent.kube.transport import Kube  # noqa: PLC0415 - the Kubernetes client only for --node-name
 
         kube = Kube.connect(ctx.kubeconfig)
     report, files = collect(ctx.host, current_driver_root(), ctx.nvml_backend, node_name=ctx.node_name, kube=kube)

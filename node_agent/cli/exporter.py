@@ -20,6 +20,7 @@ from node_agent.cli.context import AgentContext, UsageError
 from node_agent.exporter import counters
 from node_agent.exporter.service import MetricsService
 from node_agent.nvml.xidwatch import XidRecorder
+from node_agent.status.server import StatusServer
 
 COMMAND = "exporter"
 #: dcgm-exporter's port: scrape configs written for it keep working.
@@ -81,8 +82,6 @@ def selection(path: str | None) -> counters.Selection:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node_agent.status.server import StatusServer
-
     ctx = AgentContext.from_args(args)
     host, port = _listen(args.listen)
     chosen = selection(args.collectors)
@@ -90,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     pod_resources = None
     client = None
     if not args.no_pod_labels:
-        from node_agent.kubelet.podresources.client import DEFAULT_SOCKET, PodResourcesClient
+        # gRPC only where the pods' labels are asked for (--no-pod-labels runs without it).
+        from node_agent.kubelet.podresources.client import DEFAULT_SOCKET, PodResourcesClient  # noqa: PLC0415
 
         client = PodResourcesClient(args.pod_resources_socket or DEFAULT_SOCKET)
         pod_resources = client.list

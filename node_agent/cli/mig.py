@@ -31,7 +31,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from node_agent.cli import exitcodes
+from node_agent.cli import exitcodes, simulation
 from node_agent.cli.statusflags import add_status_arguments
 from node_agent.host import HostError, HostRoot
 from node_agent.host.proc import boot_id
@@ -59,7 +59,7 @@ from node_agent.mig.nvmlbackend import (
     SimulatedReset,
 )
 from node_agent.mig.plan import NodePlan, PlanError, diff, plan
-from node_agent.nvml import NvmlBackend, NvmlError, open_nvml
+from node_agent.nvml import NvmlBackend, NvmlError, open_nvml, simulator
 from node_agent.setup import devnodes
 from node_agent.status.server import RegistryRenderer, StatusServer
 from nvgpu.migparted import MigPartedConfig, MigPartedError, load_config_text
@@ -80,11 +80,9 @@ DEFAULT_METRICS_PORT = 9403
 def _host(args: argparse.Namespace) -> HostRoot:
     root = getattr(args, "host_root", None) or "/"
     chroot = (getattr(args, "host_exec", None) or ("direct" if root == "/" else "chroot")) == "chroot"
-    if root != "/":
-        from node_agent.nvml.sim import host as sim_host
-
-        if sim_host.is_simulated_host(Path(root)):  # its device nodes are regular files (no mknod as non-root)
-            return HostRoot(root, exec_mode="chroot" if chroot else "direct", mknod=sim_host.device_node_stand_in)
+    sim = simulation.installed() if root != "/" else None
+    if sim is not None and sim.is_simulated_host(Path(root)):  # its device nodes are regular files (no mknod)
+        return HostRoot(root, exec_mode="chroot" if chroot else "direct", mknod=sim.device_node_stand_in)
     return HostRoot(root, exec_mode="chroot" if chroot else "direct")
 
 
@@ -125,9 +123,7 @@ def open_backend(args: argparse.Namespace) -> Iterator[MigBackend]:
     if backend.kind == "simulated" and state is None and not host.is_real_root:
         # As every other agent command: the simulated machine's state lives in the host root, so the
         # manager, ``sim`` and the device plugin on the same (fake) host see the same GPUs.
-        from node_agent.nvml.sim import DEFAULT_STATE_DIR
-
-        state = host.path(f"{DEFAULT_STATE_DIR}/{backend.machine}.json")
+        state = host.path(f"{simulator.get().state_dir}/{backend.machine}.json")
         backend = NvmlBackend("simulated", backend.machine, state)
     resetter: GpuResetter
     if backend.kind == "simulated":

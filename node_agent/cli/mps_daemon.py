@@ -55,8 +55,9 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     node_name = ctx.node_name or env.get("NODE_NAME")
     labels = None
     if options.source.config_dir is not None and node_name:
-        from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming
-        from node_agent.kube.errors import KubeError
+        # The Kubernetes client only for a config label to follow (a node name and a config directory).
+        from node_agent.deviceplugin.nodewatch import NodeLabelWatch, WatchTiming  # noqa: PLC0415
+        from node_agent.kube.errors import KubeError  # noqa: PLC0415
 
         try:
             labels = NodeLabelWatch(node_name, options.source.config_label, kubeconfig=ctx.kubeconfig,

@@ -16,6 +16,7 @@ from node_agent.cli.statusflags import add_status_arguments
 from node_agent.setup import check, flow
 from node_agent.setup.flow import Failure, FlowResult
 from node_agent.setup.monitor import DEFAULT_INTERVAL_S, CheckMonitor
+from node_agent.status.server import RegistryRenderer, StatusServer
 
 #: A failed step's exit code.
 EXIT_CODES = {
@@ -62,8 +63,6 @@ DEFAULT_METRICS_PORT = 9404
 
 def run_monitor(args: argparse.Namespace) -> int:
     """Serve the check's metrics until SIGTERM (then exit 0: the pod's preStop hook runs the teardown)."""
-    from node_agent.status.server import RegistryRenderer, StatusServer
-
     ctx = AgentContext.from_args(args)
     expect = expectation(args)
     publish = None

@@ -52,10 +52,10 @@ from typing import Any, get_args
 
 from node_agent.cli import exitcodes
 from node_agent.cli.context import AgentContext, UsageError
-from node_agent.nvml.sim import SimulatedMachine, UnknownMachineError
-from node_agent.nvml.sim import host as sim_host
-from node_agent.nvml.sim.state import FabricStateName, InitError, SimProcess
-from node_agent.nvml.sim.summary import summary
+from nvml_sim import SimulatedMachine, UnknownMachineError
+from nvml_sim import host as sim_host
+from nvml_sim.state import FabricStateName, InitError, SimProcess
+from nvml_sim.summary import summary
 
 #: ``nvmlDeviceGpuRecoveryAction_t`` values 0-4 by position, as ``sim recovery`` spells them.
 RECOVERY_ACTIONS = ("none", "reset", "reboot", "drain-p2p", "drain-and-reset")

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     except HostError as e:
         return ctx.fail(e)
     if args.action == "prepare" and args.patch_node:
-        from node_agent.kube import KubeError
+        from node_agent.kube import KubeError  # noqa: PLC0415 - the Kubernetes client only for --patch-node
 
         value = "true" if status.ready and status.gpus else None
         try:

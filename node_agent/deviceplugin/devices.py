@@ -24,7 +24,6 @@ from node_agent.host import HostError
 
 log = logging.getLogger(__name__)
 
-GpuUuid = NewType("GpuUuid", str)
 ResourceName = NewType("ResourceName", str)
 
 

@@ -1,8 +1,8 @@
 """GPU sharing for a prepared claim: time-slicing and MPS, applied on prepare and undone on unprepare.
 
 What the opaque config asks for becomes host changes through a :class:`SharingBackend` (``nvidia-smi`` and
-``nvidia-cuda-mps-control`` run through the host root's exec seam with timeouts, a ``RecordingExec`` under
-it in tests) plus container edits for the
+``nvidia-cuda-mps-control`` run through the host root's exec seam with timeouts, the test kit's
+``RecordingExec`` under it in tests) plus container edits for the
 claim's CDI spec. Every change is recorded in an :class:`AppliedSharing` *before* it is made, so a prepare
 interrupted half-way can be rolled back from the checkpoint alone.
 

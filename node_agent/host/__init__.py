@@ -1,12 +1,13 @@
 """The host layer: the only code that touches host paths, always through a ``HostRoot``.
 
 ``root`` (files, atomic writes, commands with timeouts), ``exec`` (the one seam every host command
-goes through: the real ``HostExec`` or a test's ``RecordingExec``), ``atomic`` (the atomic write and the
-one lock primitive, ``exclusive_lock``), ``statefile`` (the format of the agent's own state files),
-``proc`` (driver version, modules, GPU minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA
-nodes), ``vgpu`` (vGPU guests and their host driver, from the PCI config space), ``driverroot`` (where
-the NVIDIA driver's user-space files live, looked up inside that root only: what ``nvml``, ``cdi`` and
-``exec`` all need, so it sits below them).
+goes through: the real ``HostExec``, or the test kit's recording one), ``errors`` (the layer's errors,
+below ``root`` and ``exec`` both), ``atomic`` (the atomic write and the one lock primitive,
+``exclusive_lock``), ``statefile`` (the format of the agent's own state files), ``proc`` (driver version,
+modules, GPU minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA nodes), ``vgpu`` (vGPU guests
+and their host driver, from the PCI config space), ``driverroot`` (where the NVIDIA driver's user-space
+files live, looked up inside that root only: what ``nvml``, ``cdi`` and ``exec`` all need, so it sits
+below them).
 
 The services hold narrow protocols of their own (the device plugin's ``HostFiles``, the DRA driver's
 ``HostPaths``, the MIG manager's ``StateFiles``/``JournalFiles``) and production passes a ``HostRoot``
@@ -15,7 +16,7 @@ in :meth:`HostRoot.path`, and every failure is a :class:`HostError` the caller d
 file is ``None``/``False``, never an error; a refused or unreadable one is never taken for missing).
 """
 
-from node_agent.host.exec import Call, Exec, HostExec, RecordingExec
+from node_agent.host.exec import Exec, HostExec
 from node_agent.host.pci import PciDevice, normalize_address, nvidia_gpus, read_device
 from node_agent.host.proc import DriverVersionError, gpu_minors, loaded_modules, read_driver_version
 from node_agent.host.root import (
@@ -30,7 +31,6 @@ from node_agent.host.root import (
 from node_agent.host.vgpu import VgpuDevice, VgpuInfoError, VgpuScanError, vgpu_devices
 
 __all__ = [
-    "Call",
     "CommandNotFound",
     "CommandResult",
     "CommandTimeout",
@@ -41,7 +41,6 @@ __all__ = [
     "HostRoot",
     "NotOurs",
     "PciDevice",
-    "RecordingExec",
     "Refused",
     "VgpuDevice",
     "VgpuInfoError",

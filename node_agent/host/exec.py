@@ -2,9 +2,13 @@
 
 ``HostRoot.run`` hands each command to its ``executor``: :class:`HostExec` in production (the
 ``--host-exec`` modes: the binary resolved inside the root's ``bin``/``sbin`` dirs and run directly, or
-through ``chroot <root>``), a :class:`RecordingExec` in tests, which records every command in order
-and answers scripted results, so the commands only real hardware runs (GPU reset, reboot, ``nvidia-smi``
-compute settings, MPS daemons, ``modprobe``, service restarts) are pinned by exact argv.
+through ``chroot <root>``), a recording one in tests (``tests.kit.recording_exec.RecordingExec``, the test
+kit's, not shipped), which records every command in order and answers scripted results, so the commands only
+real hardware runs (GPU reset, reboot, ``nvidia-smi`` compute settings, MPS daemons, ``modprobe``, service
+restarts) are pinned by exact argv.
+
+:class:`HostExec` takes the part of a ``HostRoot`` it uses (:class:`ExecRoot`) and the errors come from
+``node_agent.host.errors``, so this module does not import ``node_agent.host.root`` (which imports it).
 
 The argv an :class:`Exec` gets is the command as the agent means it on the host (``["nvidia-smi", "-r",
 "-i", "0000:07:00.0"]``), before resolution; ``env`` holds only the variables the command adds.
@@ -16,12 +20,25 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
 
-if TYPE_CHECKING:
-    from node_agent.host.root import CommandResult, HostRoot
+from node_agent.host.driverroot import DRIVER_BINARIES, current_driver_root
+from node_agent.host.errors import CommandNotFound, CommandTimeout, HostError
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
 
 
 class Exec(Protocol):
@@ -34,6 +51,19 @@ class Exec(Protocol):
         ...
 
 
+class ExecRoot(Protocol):
+    """What :class:`HostExec` reads of its host root (a ``node_agent.host.root.HostRoot``)."""
+
+    @property
+    def root(self) -> Path: ...
+    @property
+    def exec_mode(self) -> Literal["direct", "chroot"]: ...
+    @property
+    def is_real_root(self) -> bool: ...
+    def path(self, host_path: str) -> Path: ...
+    def which(self, command: str) -> str | None: ...
+
+
 class HostExec:
     """The real commands: resolved inside the host root and run directly or via ``chroot``.
 
@@ -43,14 +73,11 @@ class HostExec:
     runs the driver container's tools, so it finds the driver's own libraries.
     """
 
-    def __init__(self, host: HostRoot) -> None:
+    def __init__(self, host: ExecRoot) -> None:
         self.host = host
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """The argv that runs ``argv`` (see the class docstring); ``CommandNotFound`` if neither root has it."""
-        from node_agent.host.driverroot import DRIVER_BINARIES, current_driver_root
-        from node_agent.host.root import CommandNotFound
-
         host = self.host
         found = host.which(argv[0])
         if found is None:
@@ -67,8 +94,6 @@ class HostExec:
 
     def run(self, argv: Sequence[str], *, timeout_s: float, kill_after_s: float = 5.0, stdin: str | None = None,
             env: Mapping[str, str] | None = None) -> CommandResult:
-        from node_agent.host.root import CommandResult, CommandTimeout, HostError
-
         host = self.host
         cmd = self.command(argv)
         full_env = dict(os.environ)
@@ -94,46 +119,3 @@ class HostExec:
                 proc.communicate()
             raise CommandTimeout(f"{argv[0]} did not finish within {timeout_s:g}s", argv[0]) from None
         return CommandResult(tuple(argv), proc.returncode, out, err)
-
-
-@dataclass(frozen=True)
-class Call:
-    """One command a :class:`RecordingExec` saw."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-    stdin: str | None = None
-    timeout_s: float = 0.0
-
-
-#: Answers a recorded call: a ``CommandResult``, or ``None`` for success with no output; may raise.
-Responder = Callable[[Call], "CommandResult | None"]
-
-
-class RecordingExec:
-    """The test :class:`Exec`: records every call in order and answers from ``responders``.
-
-    ``responders`` maps a command name (``argv[0]``) to a function of the :class:`Call`; unknown
-    commands succeed with empty output. Nothing runs.
-    """
-
-    def __init__(self, responders: Mapping[str, Responder] | None = None) -> None:
-        self.calls: list[Call] = []
-        self.responders: dict[str, Responder] = dict(responders or {})
-
-    @property
-    def argvs(self) -> list[list[str]]:
-        return [list(c.argv) for c in self.calls]
-
-    def on(self, command: str, responder: Responder) -> None:
-        self.responders[command] = responder
-
-    def run(self, argv: Sequence[str], *, timeout_s: float, kill_after_s: float = 5.0, stdin: str | None = None,
-            env: Mapping[str, str] | None = None) -> CommandResult:
-        from node_agent.host.root import CommandResult
-
-        call = Call(tuple(argv), dict(env or {}), stdin, timeout_s)
-        self.calls.append(call)
-        responder = self.responders.get(argv[0])
-        result = responder(call) if responder is not None else None
-        return result if result is not None else CommandResult(tuple(argv), 0, "", "")

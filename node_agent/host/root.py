@@ -10,7 +10,9 @@ rename does not exist there.
 Commands run either directly (resolved inside the root's ``bin``/``sbin`` dirs, never from the
 agent's own PATH when the root is not ``/``, so tests stay hermetic; ``HOST_ROOT`` is exported for
 fake tools) or through ``chroot <root>`` (the DaemonSet with the host mounted at ``/host``), always
-through the root's ``executor`` (``node_agent.host.exec``): tests inject a ``RecordingExec``.
+through the root's ``executor`` (``node_agent.host.exec``): tests inject a recording one
+(``tests.kit.recording_exec.RecordingExec``). The errors live in ``node_agent.host.errors`` and a command's
+result in ``node_agent.host.exec`` (this module exports both as before), so ``exec`` never imports this one.
 
 The services' narrow host protocols (``deviceplugin.devices.HostFiles``, ``dra.hostfs.HostPaths``,
 ``mig.executor.StateFiles``) are subsets of this class's methods, with the same names and meaning:
@@ -25,56 +27,34 @@ import os
 import shutil
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from node_agent.host import atomic
-from node_agent.host.exec import Exec, HostExec
+from node_agent.host.errors import CommandNotFound, CommandTimeout, HostError, NotOurs, Refused
+from node_agent.host.exec import CommandResult, Exec, HostExec
 from nvgpu.nodescripts.facts import STATE_DIR
+
+__all__ = [
+    "CommandNotFound",
+    "CommandResult",
+    "CommandTimeout",
+    "ExecMode",
+    "HostError",
+    "HostRoot",
+    "Mknod",
+    "NotOurs",
+    "Refused",
+    "real_mknod",
+]
 
 ExecMode = Literal["direct", "chroot"]
 _BIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
-class HostError(Exception):
-    """A host file or command could not be read, written or run; the message names the path."""
-
-    def __init__(self, message: str, path: str | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-
-
-class Refused(HostError):
-    """The agent will not act: the GPU is in use, or a file in the way is not ours. Nothing changed."""
-
-
-class NotOurs(Refused):
-    """A file where the agent writes exists and was not written by the agent."""
-
-
-class CommandNotFound(HostError):
-    pass
-
-
-class CommandTimeout(HostError):
-    pass
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    argv: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-
 #: Makes one character device node: ``(local path, major, minor, mode)``. The real one is mknod(2); a simulated
-#: host (whose tests run as non-root, where mknod fails) passes ``node_agent.nvml.sim.host.device_node_stand_in``.
+#: host (whose tests run as non-root, where mknod fails) passes the simulator's stand-in (``nvml_sim.host``, through
+#: ``node_agent.nvml.simulator.Simulator.device_node_stand_in``).
 Mknod = Callable[[Path, int, int, int], None]
 
 

@@ -3,7 +3,8 @@
 NVML has no public call that resets a GPU; NVIDIA's mig-parted runs ``nvidia-smi -r -i <bus IDs>``
 after a MIG mode change stays pending. The reset is therefore its own small protocol
 (:class:`GpuResetter`): ``nvidia-smi`` on a real node, the simulator's reset on a simulated one (which,
-like a real GPU, refuses while processes hold the GPU or a reset is blocked).
+like a real GPU, refuses while processes hold the GPU or a reset is blocked), reached through the registered
+``node_agent.nvml.simulator.Simulator``, never by importing the simulator.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from node_agent.mig.hardware import GpuInfo, InstanceInfo, MigHardwareError, ResetUnavailable
-from node_agent.nvml import Gpu, GpuInstanceProfile, NvmlError, NvmlSession, Placement
-from node_agent.nvml.sim import ResetRefused, SimulatedMachine
+from node_agent.nvml import Gpu, GpuInstanceProfile, NvmlError, NvmlSession, Placement, simulator
 from nvgpu import catalogue
 from nvgpu.catalogue import GpuModel, MigProfile, MigSpec
 
@@ -63,10 +63,9 @@ class SimulatedReset:
     state_file: Path | None = None
 
     def reset(self, gpus: Sequence[GpuInfo]) -> None:
-        sim = SimulatedMachine(self.machine, self.state_file)
         try:
-            sim.smi_reset(g.index for g in gpus)
-        except ResetRefused as e:
+            simulator.get().reset(self.machine, self.state_file, [g.index for g in gpus])
+        except simulator.ResetRefused as e:
             raise ResetUnavailable(f"GPU {', '.join(str(g.index) for g in gpus)} reset failed: {e}") from e
 
 

@@ -13,7 +13,9 @@ Public surface (import from ``node_agent.nvml``):
   ``MigControl`` name the read and MIG halves.
 * Frozen values from ``types`` and errors from ``errors`` (``NvmlUnavailable``, ``DeviceLost``,
   ``NvmlTimeout``, ...), each with the ``NVMLError`` chained.
-* ``node_agent.nvml.sim``: the simulated machines and their fault injection.
+* ``node_agent.nvml.simulator``: the one door to simulated machines (``simulated:<machine>``): a
+  ``Simulator`` registered at run time by ``node_agent.cli`` (the machines themselves, with their fault
+  injection, are the ``nvml_sim`` package beside the agent, which no module here imports).
 * ``node_agent.nvml.loader``: ``real`` loads ``libnvidia-ml.so.1`` from the driver root
   (``NvmlBackend.driver_root``, else the process's ``--driver-root``; see ``node_agent.host.driverroot``)
   into nvidia-ml-py before ``nvmlInit``, never from the process's own library path.

@@ -10,7 +10,7 @@ With the driver root ``/`` (the agent's own root: run directly on a host) the dy
 lookup is tried first, as nvidia-ml-py would (so ``LD_LIBRARY_PATH`` still works there), then the
 directories. Any other root is searched only inside it. A library, once loaded, stays for the
 process (a shared library cannot be unloaded safely); a simulated machine installed over it
-(``node_agent.nvml.sim``) is left alone.
+(``nvml_sim``) is left alone.
 """
 
 from __future__ import annotations

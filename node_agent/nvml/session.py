@@ -25,6 +25,7 @@ from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar
 
 import pynvml
 
+from node_agent.nvml import simulator
 from node_agent.nvml.calls import CallRunner, on_gpus
 from node_agent.nvml.errors import (
     DeviceLost,
@@ -65,6 +66,7 @@ from node_agent.nvml.types import (
     TopologyLevel,
     Virtualization,
 )
+from nvgpu.catalogue import model_by_pci_device
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +115,17 @@ class NvmlBackend:
     @classmethod
     def parse(cls, text: str, state_file: Path | None = None, driver_root: Path | None = None) -> NvmlBackend:
         """``real`` or ``simulated:<machine>``; raises ValueError naming the allowed values."""
-        from node_agent.nvml.sim.machines import MACHINE_NAMES
-
         if text == "real":
             return cls("real", driver_root=driver_root)
         kind, _, machine = text.partition(":")
-        if kind == "simulated" and machine in MACHINE_NAMES:
+        sim = simulator.registered()
+        if kind == "simulated" and sim is None:
+            raise ValueError(f"--nvml {text!r}: {simulator.MISSING}")
+        names = sim.machine_names if sim is not None else ()
+        if kind == "simulated" and machine in names:
             return cls("simulated", machine, state_file, driver_root)
-        raise ValueError(
-            f"--nvml {text!r}: expected 'real' or 'simulated:<machine>' with machine one of {', '.join(MACHINE_NAMES)}"
-        )
+        raise ValueError(f"--nvml {text!r}: expected 'real' or 'simulated:<machine>'"
+                         + (f" with machine one of {', '.join(names)}" if names else ""))
 
     def __str__(self) -> str:
         return "real" if self.kind == "real" else f"simulated:{self.machine}"
@@ -325,8 +328,6 @@ class NvmlSession:
         except NvmlPermissionDenied as e:
             # A GPU in MIG mode read without the MIG monitor capability: keep the GPU (NVIDIA's tools drop
             # the whole node's GPUs, k8s-device-plugin#1683) with the catalogue's memory and the reason.
-            from nvgpu.catalogue import model_by_pci_device
-
             model = model_by_pci_device(int(pci.pciDeviceId) >> 16)
             memory_mib = model.memory_mib if model else 0
             unreadable.append(f"memory: {e}; {_NO_MIG_MONITOR}")
@@ -712,8 +713,6 @@ class NvmlSession:
         name = (raw.decode() if isinstance(raw, bytes) else str(raw)).removeprefix("MIG ")
         if name:
             return name
-        from nvgpu.catalogue import model_by_pci_device
-
         pci = self._run(f"nvmlDeviceGetPciInfo({index})", pynvml.nvmlDeviceGetPciInfo, self._handle(index))
         model = model_by_pci_device(int(pci.pciDeviceId) >> 16)
         profile = next((p for p in (model.mig.profiles if model and model.mig else ()) if p.gi_profile == enum),
@@ -1070,12 +1069,12 @@ def open_nvml(backend: NvmlBackend | str = "real", *, timeout_s: float | None = 
     """
     if isinstance(backend, str):
         backend = NvmlBackend.parse(backend)
-    lib = None
+    installed: object = None
+    sim = None
     if backend.kind == "simulated":
-        from node_agent.nvml import sim
-
         assert backend.machine is not None
-        lib = sim.install(sim.SimStore(backend.machine, backend.state_file))
+        sim = simulator.get()
+        installed = sim.install(backend.machine, backend.state_file)
     else:
         # Before nvmlInit: the library comes from the driver root, never the process's library path.
         load_nvml(backend.driver_root)
@@ -1096,7 +1095,5 @@ def open_nvml(backend: NvmlBackend | str = "real", *, timeout_s: float | None = 
                 runner.call("nvmlShutdown", pynvml.nvmlShutdown)
     finally:
         runner.close()
-        if lib is not None:
-            from node_agent.nvml import sim
-
-            sim.uninstall(lib)
+        if sim is not None:
+            sim.uninstall(installed)

@@ -17,14 +17,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any, Literal
 
 import pulumi
-import pulumi_kubernetes
 
 from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import Manifest
+from nvidia_gpu.sdk import k8stypes
 
 #: Pins the provider plugin like pulumi_kubernetes' own classes do (used when no explicit provider is given).
 PROVIDER_VERSION = version("pulumi-kubernetes")
@@ -36,24 +35,16 @@ def type_token(api_version: str, kind: str, *, patch: bool = False) -> str:
     return f"kubernetes:{group_version}:{kind}{'Patch' if patch else ''}"
 
 
-_SDK_DIR = Path(pulumi_kubernetes.__file__).parent
-
-
 @cache
 def aliases(api_version: str, kind: str, *, patch: bool = False) -> tuple[str, ...]:
     """The type tokens of ``kind`` in its group's other API versions, as pulumi_kubernetes' typed class
     declares them as aliases: a later move to another version keeps the resource (no delete-then-create).
 
-    Found from the SDK's files (``pulumi_kubernetes/<group>/<version>/<Kind>.py``), without importing them.
+    Found from the SDK's type-token table (:mod:`nvidia_gpu.sdk.k8stypes`), without importing the classes; a
+    group outside Kubernetes' own (a CRD such as Deckhouse's) has none.
     """
     group, _, version = api_version.rpartition("/")
-    if group and not group.endswith(".k8s.io") and "." in group:
-        return ()  # not a Kubernetes API group (a CRD such as Deckhouse's): the SDK has no typed class
-    module = _SDK_DIR / (group.split(".")[0] if group else "core")
-    name = f"{kind}{'Patch' if patch else ''}.py"
-    if not module.is_dir():
-        return ()
-    others = sorted(d.name for d in module.iterdir() if d.is_dir() and d.name != version and (d / name).is_file())
+    others = [v for v in k8stypes.typed_versions(group, f"{kind}{'Patch' if patch else ''}") if v != version]
     return tuple(type_token(f"{group}/{v}" if group else v, kind, patch=patch) for v in others)
 
 

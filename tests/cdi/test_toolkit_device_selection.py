@@ -28,12 +28,12 @@ from node_agent.cli import main
 from node_agent.deviceplugin import config as plugin_config
 from node_agent.deviceplugin.allocate import Allocator
 from node_agent.deviceplugin.resources import build_resources
-from node_agent.nvml.sim.host import TOOLKIT_PACKAGE_CONFIG
 from nvgpu import devicelist
 from nvgpu.nodescripts import facts
 from nvgpu.stackconfig import Sharing
 from nvidia_gpu.components.manifests.sharing import device_plugin_config
 from nvidia_gpu.components.program import build_stack
+from nvml_sim.host import TOOLKIT_PACKAGE_CONFIG
 from tests.deviceplugin.builders import machine
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.nvidia_gpu.components.component_helpers import Engine, engine, group, of_kind, stack_config  # noqa: F401

@@ -46,10 +46,10 @@ from node_agent.labeller import gfd
 from node_agent.labeller import labels as labels_cmd
 from node_agent.labeller.nodeconfig import NodePlan, Requested
 from node_agent.labeller.nodepatch import KubeNodeApi, apply_plan
-from node_agent.nvml.sim import get_machine
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend
 from nvidia_gpu.components.manifests.workloads import GroupContext, labeller_args
+from nvml_sim import get_machine
 from tests.cluster.agents import (
     REPO,
     AgentIdentity,

@@ -23,8 +23,8 @@ import pytest
 from localcluster import ApiError, ControlPlane, Kube
 from localcluster.dryrun import wait_crds_served
 from localcluster.objects import wait_for
-from node_agent.nvml.sim import SimulatedMachine
 from nvgpu import inventory, labels
+from nvml_sim import SimulatedMachine
 from tests.cluster.agents import (
     NS,
     REPO,

@@ -56,10 +56,10 @@ from node_agent.dra.cleanup import FINALIZER
 from node_agent.host import statefile
 from node_agent.mig.executor import DEPLOY_LABELS, DRAIN_ANNOTATIONS
 from node_agent.mig.journal import JOURNAL_PATH, JOURNAL_VERSION
-from node_agent.nvml.sim import SimulatedMachine
 from nvgpu import labels as names
 from nvgpu.stackconfig import NodeSetupBackend
 from nvidia_gpu.components.manifests.workloads import DRIVER_ROOT_ARGS, GroupContext, labeller_args
+from nvml_sim import SimulatedMachine
 from tests.cluster.agents import (
     NS,
     REPO,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from node_agent.cli import device_plugin as device_plugin_cli
-from node_agent.nvml.sim import SimulatedMachine
+from nvml_sim import SimulatedMachine
 from tests.deviceplugin.plugin_process import TS, switching_plugin
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.kubelet.deviceplugin import DevicePluginKubelet

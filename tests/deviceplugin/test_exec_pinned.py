@@ -10,10 +10,11 @@ from pathlib import Path
 
 from node_agent.deviceplugin import config, mps
 from node_agent.deviceplugin.resources import build_resources
-from node_agent.host import Call, CommandResult, HostRoot, RecordingExec
+from node_agent.host import CommandResult, HostRoot
 from nvgpu import catalogue
 from tests.deviceplugin.builders import machine
 from tests.kit.fakehost import FakeHost
+from tests.kit.recording_exec import Call, RecordingExec
 
 DATA = Path(__file__).parent / "data"
 

@@ -3,7 +3,7 @@
 NVIDIA's plugin never turns a device Healthy again (k8s-device-plugin ``internal/rm/health.go``); ours
 does, but only once NVML shows nothing outstanding: no recovery action, no pending or failed row remap,
 no pending retired page. These run the health monitor over the agent's NVML facade on simulated machines
-whose XIDs leave what they leave on real GPUs (``node_agent.nvml.sim.state.xid_aftermath``).
+whose XIDs leave what they leave on real GPUs (``nvml_sim.state.xid_aftermath``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from node_agent import nvml
 from node_agent.deviceplugin.devices import HealthEvent, HealthEventKind, Recovery
 from node_agent.deviceplugin.health import HealthBoard, HealthMonitor, HealthPolicy
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
-from node_agent.nvml.sim import SimulatedMachine
+from nvml_sim import SimulatedMachine
 from tests.deviceplugin.builders import machine
 from tests.kit.fakehost import FakeHost
 

@@ -1,6 +1,6 @@
 """The MPS control daemon apart from the device plugin, as NVIDIA runs it (k8s-device-plugin PR #1045,
 ``cmd/mps-control-daemon/mps/daemon.go``), on a simulated node: NVML's compute mode and the simulated
-``nvidia-cuda-mps-control`` (``node_agent.nvml.sim.mpsctl``), both persisted where a real node keeps them.
+``nvidia-cuda-mps-control`` (``nvml_sim.mpsctl``), both persisted where a real node keeps them.
 
 * ``mps-daemon`` puts the GPUs in ``EXCLUSIVE_PROCESS`` *before* the daemon starts, sets each client's share
   and marks the node ready; on stop it quits the daemon and restores each GPU's own earlier mode, also after
@@ -28,7 +28,7 @@ from node_agent.deviceplugin import mps
 from node_agent.deviceplugin.mpsdaemon import DaemonOptions, MpsDaemonProcess
 from node_agent.deviceplugin.nodelabel import ConfigSource
 from node_agent.kubelet.deviceplugin.process import PluginOptions, PluginProcess
-from node_agent.nvml.sim.mpsctl import DaemonState, read_daemon
+from nvml_sim.mpsctl import DaemonState, read_daemon
 from tests.kit.fakehost import FakeHost, build_fake_host, sim_state_file
 
 DATA = Path(__file__).parent / "data"

@@ -16,7 +16,7 @@ from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices
 from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.deviceplugin.preferred import best_set, set_score
 from node_agent.host import HostRoot
-from node_agent.nvml.sim import MACHINE_NAMES, SimulatedMachine
+from nvml_sim import MACHINE_NAMES, SimulatedMachine
 from tests.deviceplugin.conftest import Running
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.migcaps import write_mig_minors

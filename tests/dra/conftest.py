@@ -17,12 +17,13 @@ from node_agent.dra.claims import ClaimRef
 from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.dra.sharing import NvidiaSmiSharing
-from node_agent.host import HostRoot, RecordingExec
+from node_agent.host import HostRoot
 from node_agent.kubelet.dra.server import PluginServer
 from tests.kit.dra_builders import DRIVER, NODE, FakeSource, RecordingSharing, machine, populate_dev
 from tests.kit.kmock import FakeApiServer, fake_api_server
 from tests.kit.kubelet.common import short_root
 from tests.kit.kubelet.dra import DraKubelet
+from tests.kit.recording_exec import RecordingExec
 
 BOOT_ID = "11111111-2222-3333-4444-555555555555"
 

@@ -23,7 +23,7 @@ from node_agent.dra.driver import DraDriver, DriverSettings
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.nvml.session import NvmlBackend, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
+from nvml_sim import SimulatedMachine
 from tests.dra.conftest import Env
 from tests.kit import metrics
 from tests.kit.dra_builders import DRIVER, NODE, RecordingSharing, claim, machine, populate_dev

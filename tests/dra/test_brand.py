@@ -12,7 +12,7 @@ from node_agent.dra.devices import allocatable_devices
 from node_agent.dra.nvml_source import NvmlInventorySource
 from node_agent.host.root import HostRoot
 from node_agent.nvml.session import NvmlBackend
-from node_agent.nvml.sim import SimulatedMachine
+from nvml_sim import SimulatedMachine
 
 
 def _brands(machine: SimulatedMachine, host_root: Path) -> list[str]:

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from node_agent.dra.sharing import NvidiaSmiSharing
-from node_agent.host import CommandResult, HostRoot, RecordingExec
+from node_agent.host import CommandResult, HostRoot
 from tests.dra.conftest import Node
 from tests.kit.dra_builders import claim, gpu_config
+from tests.kit.recording_exec import RecordingExec
 
 
 @pytest.mark.parametrize(("interval", "level"), [("Default", 0), ("Short", 1), ("Medium", 2), ("Long", 3)])

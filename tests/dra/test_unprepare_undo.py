@@ -18,12 +18,12 @@ from node_agent.dra import cdi
 from node_agent.dra.claims import ClaimRef
 from node_agent.dra.driver import DraDriver
 from node_agent.host import CommandResult, HostRoot, atomic
-from node_agent.host.exec import Call
 from node_agent.kubelet.dra.server import PluginServer
 from tests.dra.conftest import Env, Node
 from tests.dra.test_plugin import put_claim, spec_file
 from tests.kit.dra_builders import DRIVER, claim, gpu_config
 from tests.kit.kubelet.dra import DraKubelet
+from tests.kit.recording_exec import Call
 
 STATE = "var/lib/nvidia-gpu-agent/dra"
 MPS = {"strategy": "MPS"}

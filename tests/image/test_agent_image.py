@@ -1,10 +1,11 @@
 """The agent image, built as an air-gapped site builds it (``node_agent/image/build.sh``: a debootstrap base,
 buildah with ``node_agent/Dockerfile``, no registry), then run on a simulated node.
 
-Inside the image, as its default user where the DaemonSets run it so: ``sim host`` lays out a DGX H100 under
+Inside the image, as its default user where the DaemonSets run it so, with the repository's simulated machines
+(``nvml_sim``, which the image leaves out) mounted at ``/app/nvml_sim``: ``sim host`` lays out a DGX H100 under
 ``/host``, ``runtime apply`` (root, as the setup pod) configures its containerd, ``check --json`` says ``ok``
 and ``labels`` prints the GPU count. The image holds the agent and its runtime dependencies only: no pip,
-setuptools, Pulumi, tests or the kubernetes client's API classes. Its size is printed (``-s``) and the
+setuptools, Pulumi, tests, the simulator or the kubernetes client's API classes. Its size is printed (``-s``) and the
 figures are in ``bench/bench_image_size.py``.
 
 Needs root, buildah and debootstrap (``.ci/run`` installs them); ``make test`` turns a skip into a failure.
@@ -29,6 +30,8 @@ pytestmark = pytest.mark.image
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "node_agent" / "image" / "build.sh"
 TAG = "localhost/nvidia-gpu-agent:test"
+#: The simulated machines, which the image leaves out: mounted at /app/nvml_sim to run it on a simulated node.
+SIMULATOR = REPO / "nvml_sim"
 #: Where a Debian host keeps the local CAs its pip trusts (a proxy's, a private index's).
 LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 
@@ -43,18 +46,22 @@ class Image:
         return subprocess.run(["buildah", *self.storage, *args], capture_output=True, text=True, timeout=300,
                               check=check)
 
-    def run(self, host: Path, *argv: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
-        """``argv`` in a container of the image (its entrypoint bypassed), ``host`` at ``/host``."""
+    def run(self, host: Path, *argv: str, user: str | None = None,
+            simulator: bool = False) -> subprocess.CompletedProcess[str]:
+        """``argv`` in a container of the image (its entrypoint bypassed), ``host`` at ``/host``; ``simulator``:
+        the repository's simulated machines mounted where the agent imports them (the image leaves them out)."""
         ctr = self.buildah("from", "--quiet", self.tag).stdout.strip()
         try:
-            opts = ["--isolation", "chroot", "-v", f"{host}:/host", *(["--user", user] if user else [])]
+            opts = ["--isolation", "chroot", "-v", f"{host}:/host", *(["--user", user] if user else []),
+                    *(["-v", f"{SIMULATOR}:/app/nvml_sim:ro"] if simulator else [])]
             return self.buildah("run", *opts, ctr, "--", *argv, check=False)
         finally:
             self.buildah("rm", ctr, check=False)
 
-    def agent(self, host: Path, *args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    def agent(self, host: Path, *args: str, user: str | None = None,
+              simulator: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run(host, "python", "-m", "node_agent", "--host-root", "/host", "--nvml", "simulated:dgx-h100",
-                        *args, user=user)
+                        *args, user=user, simulator=simulator)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +120,7 @@ def test_the_image_runs_the_agent_on_a_simulated_node(image: Image, tmp_path: Pa
 def test_the_image_holds_only_the_agent(image: Image, tmp_path: Path) -> None:
     probe = image.run(tmp_path, "python", "-c", """
 import importlib.util as u, json, os, sys
-names = ["pip", "setuptools", "wheel", "pulumi", "nvidia_gpu", "tests", "aiohttp", "grpc_tools",
+names = ["pip", "setuptools", "wheel", "pulumi", "nvidia_gpu", "tests", "nvml_sim", "aiohttp", "grpc_tools",
          "kubernetes/client/models", "kubernetes/client/api", "kubernetes/aio"]
 paths = [p for p in sys.path if p]  # by path: importing the client's package would load what is left out
 found = {n: (u.find_spec(n) is not None) if "/" not in n else any(os.path.isdir(os.path.join(p, n)) for p in paths)
@@ -126,6 +133,8 @@ print(json.dumps({"found": found, "uid": os.getuid(), "wheels": os.path.exists("
     assert not any(facts["found"].values()), facts["found"]
     assert facts["uid"] == 65532 and facts["wheels"] is False, facts
     assert facts["protos"], "the gRPC stubs are generated in the build stage"
+    simulated = image.agent(tmp_path, "check", simulator=False)  # without the simulated machines mounted
+    assert simulated.returncode == 2 and "simulated machines are not available" in simulated.stderr, simulated.stderr
     config = json.loads(image.buildah("inspect", "--type", "image", image.tag).stdout)["OCIv1"]["config"]
     assert config["Entrypoint"] == ["python", "-m", "node_agent"] and config["User"] == "65532:65532", config
     size = _size_mb(image, image.tag)

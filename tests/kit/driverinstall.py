@@ -1,5 +1,5 @@
 """The driver layout of :mod:`localcluster.driverinstall`, with the simulated ``nvidia-smi`` the tests use:
-``node_agent.nvml.sim.smi`` over the installed NVML library, run by this interpreter."""
+``nvml_sim.smi`` over the installed NVML library, run by this interpreter."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ __all__ = ["BINARIES", "FIRMWARE", "LIBRARIES", "LIB_DIRS", "InstalledDriver", "
 
 
 def sim_smi_script(root: Path) -> str:
-    """``nvidia-smi`` as ``node_agent.nvml.sim.smi`` over the NVML library installed under ``root``."""
+    """``nvidia-smi`` as ``nvml_sim.smi`` over the NVML library installed under ``root``."""
     repo = Path(node_agent.__file__).resolve().parent.parent
     return (f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
-            f'-m node_agent.nvml.sim.smi --driver-root "{root}" "$@"\n')
+            f'-m nvml_sim.smi --driver-root "{root}" "$@"\n')
 
 
 def install_driver(root: Path, version: str, *, layout: Layout = "debian", nvml_library: Path | None = None,

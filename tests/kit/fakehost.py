@@ -1,4 +1,4 @@
-"""Fake host roots for the tests: the agent's simulated node (``node_agent.nvml.sim.host``) with the
+"""Fake host roots for the tests: the agent's simulated node (``nvml_sim.host``) with the
 options that make the bad nodes the tests need, and a handle on the tree.
 
 The tree matches a simulated machine (same bus IDs, minors, driver version) and carries the simulated
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from node_agent.host import HostRoot
-from node_agent.nvml.sim import SimulatedMachine
-from node_agent.nvml.sim.host import (
+from nvml_sim import SimulatedMachine
+from nvml_sim.host import (
     CONTAINERD_V1_CONFIG,
     CONTAINERD_V2_CONFIG,
     DEFAULT_MODULES,
@@ -115,7 +115,7 @@ class FakeHost:
 
 def build_fake_host(root: Path, machine: str | None = "dgx-h100", *, deckhouse: bool = True,
                     **options: Any) -> FakeHost:
-    """:func:`node_agent.nvml.sim.host.lay_out` (its options: ``containerd``, ``driver_loaded``, ``modules``...)
+    """:func:`nvml_sim.host.lay_out` (its options: ``containerd``, ``driver_loaded``, ``modules``...)
     with the tests' default, a Deckhouse node."""
     return FakeHost(root, lay_out(root, machine, deckhouse=deckhouse, **options))
 

@@ -10,7 +10,7 @@ blocks in the kernel (the driver's remove waits for its clients) until the last 
 agent's thread is stuck with it, uncancellable; NVIDIA's VFIO code therefore waits, bounded, for the GPU to
 be free before it unbinds and runs the unbind with a timeout (NVIDIA/k8s-dra-driver-gpu
 ``cmd/gpu-kubelet-plugin/vfio-device.go``: ``WaitForGPUFree``, ``tryChangeDriverWithTimeout``). Holders are
-processes with ``/dev/nvidia<minor>`` open (``node_agent.nvml.sim.host.hold_device``) and the driver itself
+processes with ``/dev/nvidia<minor>`` open (``nvml_sim.host.hold_device``) and the driver itself
 while the GPU is in persistence mode (the simulated NVML's state). Each blocked unbind is recorded in
 :attr:`FakeKernelHostRoot.blocked`; one still held after :data:`UNBIND_HANG_S` raises, as a hung task would
 never return.
@@ -24,9 +24,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from node_agent.host import HostError, HostRoot
-from node_agent.nvml.sim import SimulatedMachine
-from node_agent.nvml.sim.host import machine_of, sim_state_file
 from nvgpu.nodescripts.facts import NVIDIA_GPUS_PROC_DIR, PCI_DEVICES_DIR
+from nvml_sim import SimulatedMachine
+from nvml_sim.host import machine_of, sim_state_file
 from tests.kit.fakehost import set_driver
 
 DEFAULT_DRIVER = "nvidia"

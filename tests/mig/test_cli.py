@@ -17,9 +17,9 @@ from kubernetes import client
 from node_agent.cli import main
 from node_agent.mig.kube import KubeNodeApi, NodePatch, Taint
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
 from nvgpu import labels
 from nvgpu.migparted import build_config
+from nvml_sim import SimulatedMachine
 from tests.kit.kmock import api, kmock_server, kube, kubeconfig
 
 

@@ -19,9 +19,9 @@ from node_agent.host import HostRoot
 from node_agent.mig.hostfiles import HostCommandRunner, HostGpuClients
 from node_agent.mig.nvmlbackend import NvidiaSmiReset, NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
 from nvgpu import labels
 from nvgpu.migparted import build_config
+from nvml_sim import SimulatedMachine
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.mig.harness import Rig, mig_node
 

@@ -17,10 +17,10 @@ from node_agent.mig.executor import DEPLOY_LABELS, RECONFIGURE_TAINT
 from node_agent.mig.hardware import MigHardwareError
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, NvmlSession, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
-from node_agent.nvml.sim.state import SimProcess
 from nvgpu import labels
 from nvgpu.catalogue import MigProfile
+from nvml_sim import SimulatedMachine
+from nvml_sim.state import SimProcess
 from tests.mig.fakes import FakeNode
 from tests.mig.harness import Rig, mig_node
 

@@ -14,18 +14,20 @@ from pathlib import Path
 import pytest
 
 from node_agent.cli.context import AgentContext
-from node_agent.host import Call, CommandResult, HostError, HostRoot, RecordingExec
+from node_agent.host import CommandResult, HostError, HostRoot
 from node_agent.host.exec import HostExec
 from node_agent.mig import apply
+from node_agent.mig.hardware import GpuInfo, ResetUnavailable
 from node_agent.mig.hostfiles import HostCommandRunner, HostRebooter
 from node_agent.mig.journal import JournalError
 from node_agent.mig.nvmlbackend import NvidiaSmiReset, NvmlMigBackend
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
 from node_agent.setup import runtime, vfio
 from nvgpu.nodescripts.facts import VFIO_MODULES
+from nvml_sim import SimulatedMachine
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import DEFAULT_MODULES, build_fake_host
+from tests.kit.recording_exec import Call, RecordingExec
 
 
 def test_the_real_executor_is_the_default_and_keeps_the_exec_modes(tmp_path: Path) -> None:
@@ -78,8 +80,6 @@ def test_mig_reset_names_exactly_the_pending_gpus(tmp_path: Path) -> None:
 
 
 def test_mig_reset_failure_is_reset_unavailable(tmp_path: Path) -> None:
-    from node_agent.mig.hardware import GpuInfo, ResetUnavailable
-
     rec = RecordingExec({"nvidia-smi": lambda c: CommandResult(c.argv, 255, "", "In use by another client")})
     gpu = GpuInfo(3, "GPU-3", "NVIDIA A100-SXM4-80GB", 0x20B2, "00000000:47:00.0", 0x147F10DE)
     with pytest.raises(ResetUnavailable, match="exited 255: In use by another client"):

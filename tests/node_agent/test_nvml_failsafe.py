@@ -20,10 +20,10 @@ from node_agent.host import HostRoot, read_device
 from node_agent.mig.hardware import MigHardwareError
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import NvmlBackend, NvmlError, NvmlTimeout, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
-from node_agent.nvml.sim.state import SimProcess
 from node_agent.setup import vfio
 from nvgpu import labels
+from nvml_sim import SimulatedMachine
+from nvml_sim.state import SimProcess
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.fakekernel import FakeKernelHostRoot
 from tests.mig.harness import Rig, mig_node

@@ -5,7 +5,7 @@ agent's teardown removes exactly those.
 
 The simulated host's fresh-boot mode (``lay_out(fresh_boot=True)``) is a node right after boot: only ``nvidia``
 loaded, ``/proc/devices`` and ``mig-minors`` as the driver writes them, no ``/dev/nvidia*`` node. Its ``mknod``
-and ``modprobe`` are the simulator's stand-ins (``node_agent.nvml.sim.host``): a node is a file holding
+and ``modprobe`` are the simulator's stand-ins (``nvml_sim.host``): a node is a file holding
 ``c <major>:<minor>``; ``unloadable_modules`` makes modprobe fail as kmod's does.
 """
 
@@ -19,9 +19,9 @@ import pytest
 
 from node_agent.cli import main
 from node_agent.host import HostRoot
-from node_agent.nvml.sim.host import CAPS_MAJOR, NVIDIA_MAJOR, UVM_MAJOR, device_node_stand_in
 from node_agent.setup import devnodes
 from nvgpu.nodescripts import WEIGHTS, render_node_scripts
+from nvml_sim.host import CAPS_MAJOR, NVIDIA_MAJOR, UVM_MAJOR, device_node_stand_in
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.nodescripts.nodescript_helpers import RunScript, summary
 

@@ -6,7 +6,7 @@ construction; ``test_plan_interpreters`` tests the two interpreters of plans on 
 is end to end: the flows, and the parts of the check and the runtime step still written per backend.
 
 How the scripts see GPUs without a GPU: each fake root carries an ``nvidia-smi`` that runs
-``node_agent.nvml.sim.smi`` over the same simulated state file the agent's NVML reads, so a fault
+``nvml_sim.smi`` over the same simulated state file the agent's NVML reads, so a fault
 injected into the simulated machine (lost GPU, init failure, old driver, odd model) reaches both.
 """
 
@@ -22,9 +22,9 @@ import pytest
 
 from node_agent.cli import main
 from node_agent.host import HostRoot, osinfo
-from node_agent.nvml.sim.state import FabricStateName, SimProcess
 from nvgpu import labels
 from nvgpu.nodescripts import facts, render_node_scripts
+from nvml_sim.state import FabricStateName, SimProcess
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.nodescripts.nodescript_helpers import RunScript, summary

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from node_agent.cli import main
-from node_agent.nvml.sim.host import TOOLKIT_PACKAGE_CONFIG
 from node_agent.setup.executor import block_edited, block_restored
 from nvgpu.nodescripts import facts, render_node_scripts
 from nvgpu.nodescripts.plan import toolkit_config
+from nvml_sim.host import TOOLKIT_PACKAGE_CONFIG
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import FakeHost, build_fake_host
 

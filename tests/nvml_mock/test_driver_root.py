@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.kit.fakehost import build_fake_host
 from tests.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +52,6 @@ def _agent(host: Path, driver_root: Path, *args: str) -> tuple[int, dict[str, An
 
 
 def test_check_finds_the_gpus_in_the_driver_root(tmp_path: Path, mock_library: Path) -> None:
-    from tests.kit.fakehost import build_fake_host
-
     host = build_fake_host(tmp_path / "host", "dgx-h100")
     code, doc = _agent(host.root, _driver_root(tmp_path, mock_library), "check", "--phase", "host", "--no-record")
     assert (code, doc["verdict"]) == (0, "ok"), doc
@@ -60,8 +59,6 @@ def test_check_finds_the_gpus_in_the_driver_root(tmp_path: Path, mock_library: P
 
 
 def test_empty_driver_root_fails_naming_the_paths(tmp_path: Path, mock_library: Path) -> None:
-    from tests.kit.fakehost import build_fake_host
-
     host = build_fake_host(tmp_path / "host", "dgx-h100")
     empty = tmp_path / "empty-driver-root"
     empty.mkdir()
@@ -76,8 +73,6 @@ def test_empty_driver_root_fails_naming_the_paths(tmp_path: Path, mock_library: 
 
 def test_setup_on_a_node_whose_runtime_is_not_configured(tmp_path: Path, mock_library: Path) -> None:
     """The daemonset backend's setup: NVML comes from the driver root, then the runtime gets configured."""
-    from tests.kit.fakehost import build_fake_host
-
     host = build_fake_host(tmp_path / "host", "dgx-h100", containerd=2, deckhouse=False)
     code, doc = _agent(host.root, _driver_root(tmp_path, mock_library), "setup", "--no-patch-node")
     assert doc["steps"][0]["name"] == "check" and doc["steps"][0]["ok"], doc

@@ -27,15 +27,30 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 
-from tests.kit.mockhost import mock_env, mock_host
+from node_agent.deviceplugin.config import Settings
+from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices, to_gpu
+from node_agent.deviceplugin.resources import build_resources
+from node_agent.dra.devices import Inventory, allocatable_devices, quantity_value, semver
+from node_agent.dra.nvml_source import NvmlInventorySource
+from node_agent.exporter import counters, fields
+from node_agent.exporter.service import MetricsService
+from node_agent.host import HostRoot
+from node_agent.nvml import MigMode, NvmlBackend, NvmlError, open_nvml
+from nvml_sim import provider
+from nvml_sim.lib import FakeNvmlLibrary
+from nvml_sim.state import SimStore
+from tests.kit.fakehost import build_fake_host, sim_state_file
+from tests.kit.mockhost import mock_env, mock_host, probe_mock
 from tests.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,9 +113,8 @@ _NVML_BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
 
 def probe_main() -> None:
     """``python -c '...; probe_main()' ROOT NVML WHAT``: print one probe's JSON result."""
-    from node_agent.nvml import NvmlBackend
-    from tests.kit.fakehost import sim_state_file
 
+    provider.register()  # a process of its own: the simulated side's machines, as the CLI registers them
     root, spec, what = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     machine = spec.partition(":")[2]
     # The same state file the CLI uses under a host root, so probes and commands see one machine.
@@ -111,8 +125,6 @@ def probe_main() -> None:
 
 
 def _try(fn: Callable[[], Any]) -> dict[str, Any]:
-    from node_agent.nvml import NvmlError
-
     try:
         return {"ok": fn()}
     except NvmlError as e:
@@ -121,13 +133,6 @@ def _try(fn: Callable[[], Any]) -> dict[str, Any]:
 
 def _probe_nvml(root: Path, backend: Any) -> dict[str, Any]:
     """What check/labels do not print: the inventory, profiles, device-plugin and DRA device lists."""
-    from node_agent.deviceplugin.config import Settings
-    from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices, to_gpu
-    from node_agent.deviceplugin.resources import build_resources
-    from node_agent.dra.devices import Inventory, allocatable_devices
-    from node_agent.dra.nvml_source import NvmlInventorySource
-    from node_agent.host import HostRoot
-    from node_agent.nvml import open_nvml
 
     with open_nvml(backend) as s:
         driver = s.driver()
@@ -163,9 +168,6 @@ def _probe_nvml(root: Path, backend: Any) -> dict[str, Any]:
 
 def _probe_metrics(root: Path, backend: Any) -> dict[str, Any]:
     """One scrape of the metrics exporter: metric name to the label sets of its series."""
-    from node_agent.exporter import counters
-    from node_agent.exporter.service import MetricsService
-    from node_agent.nvml import open_nvml
 
     service = MetricsService(lambda: open_nvml(backend), counters.default(), "node-a")
     try:
@@ -182,10 +184,6 @@ def _probe_metrics(root: Path, backend: Any) -> dict[str, Any]:
 
 def _probe_mig(root: Path, backend: Any) -> dict[str, Any]:
     """MIG behaviour on GPU 0: mode switch, GPU and compute instances, MIG devices, mode switch back."""
-    import pynvml
-
-    from node_agent.nvml import MigMode, open_nvml
-
     def mode(m: MigMode | None) -> list[bool] | None:
         return None if m is None else [m.current, m.pending]
 
@@ -217,8 +215,6 @@ def _probe_mig(root: Path, backend: Any) -> dict[str, Any]:
 
 
 def _code(fn: Callable[..., Any], *args: Any) -> int:
-    import pynvml
-
     try:
         fn(*args)
     except pynvml.NVMLError as e:
@@ -228,10 +224,6 @@ def _code(fn: Callable[..., Any], *args: Any) -> int:
 
 def _probe_errors(root: Path, backend: Any) -> dict[str, Any]:
     """NVML return codes for the calls and arguments whose answers nvml.h defines."""
-    import pynvml
-
-    from node_agent.nvml import open_nvml
-
     with open_nvml(backend) as s:
         n = s.device_count()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -316,8 +308,6 @@ def _env(**extra: str) -> dict[str, str]:
 def pair(request: pytest.FixtureRequest, mock_bin: Path, tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[Pair, Side, Side]:
     """(machine, NVIDIA's mock, our simulator): every command run once on each."""
-    from tests.kit.fakehost import build_fake_host
-
     p: Pair = request.param
     env = mock_env(mock_bin, p.mock)
     # First ask the mock what it models (on an empty root), then lay out a host that matches it.
@@ -342,8 +332,6 @@ def _expected(p: Pair, field: str, mock_value: Any, sim_value: Any) -> bool:
 def test_library_exports_what_the_agent_calls(mock_bin: Path) -> None:
     """The library loads under dlopen(RTLD_NOW) and exports every NVML symbol the simulator offers
     nvidia-ml-py, except those deliberately left out (the mock models no such call)."""
-    from node_agent.nvml.sim.lib import FakeNvmlLibrary
-    from node_agent.nvml.sim.state import SimStore
 
     names = sorted(FakeNvmlLibrary(SimStore("dgx-h100"))._table)
     code = ("import ctypes, json, sys; lib = ctypes.CDLL(sys.argv[1]); "
@@ -374,8 +362,6 @@ def test_library_exports_what_the_agent_calls(mock_bin: Path) -> None:
 def test_the_exporter_serves_what_the_mock_models(pair: tuple[Pair, Side, Side]) -> None:
     """On NVIDIA's mock the exporter serves the framebuffer of all 8 GPUs with dcgm-exporter's labels and
     leaves out, not zeroes, the sensors the mock does not model; on the simulator every default field."""
-    from node_agent.exporter import counters, fields
-
     _, mock, sim = pair
     dcgm = sorted(["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"])
     for side in (mock, sim):
@@ -473,8 +459,6 @@ def test_dra_devices_agree(pair: tuple[Pair, Side, Side]) -> None:
     """The DRA driver's GPU devices: names, attributes and memory capacity from the same NVML facts.
     Its snapshot() publishes every GPU on the mock too: found here, a driver without event sets used
     to be treated as NVML being unavailable (no GPUs published); now XID health is off instead."""
-    from node_agent.dra.devices import quantity_value, semver
-
     p, mock, sim = pair
     md, sd = mock.probe["dra"], sim.probe["dra"]
     assert [d["name"] for d in md] == [d["name"] for d in sd] == [f"gpu-{i}" for i in range(8)]
@@ -568,8 +552,6 @@ def test_diagnose_on_nvidias_mock_has_the_shape_it_has_on_the_simulator(tmp_path
     in its place; and the real path reads the loaded library's exported NVML symbols."""
     mock_bin = required_bin(LIBRARY)
     real_root, sim_root = tmp_path / "real", tmp_path / "sim"
-    from tests.kit.fakehost import build_fake_host
-    from tests.kit.mockhost import probe_mock
 
     mock_host(real_root, probe_mock(mock_bin, "dgxh100", tmp_path / "probe"))
     build_fake_host(sim_root, "dgx-h100")
@@ -637,8 +619,6 @@ def test_mig_changes_need_the_config_capability(mock_bin: Path, tmp_path: Path, 
     instances are made only by a process that can open the mig-config capability's device node, and MIG mode is
     changed only by one that also has CAP_SYS_ADMIN; CAP_SYS_ADMIN without the node (what the agents that read
     MIG devices hold) changes nothing. Nothing is half-changed: after a refusal the state file keeps MIG off."""
-    import shutil
-
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.fail("needs root and setpriv (util-linux): make test runs as root")
     sys_admin, config_node, want = MIG_CALLERS[caller]

@@ -8,7 +8,8 @@ prints on its first stdout line, and then calls ``Handshake`` (tolerating UNIMPL
 config is given, with every policy's enforcement level resolved the way the CLI resolves
 ``--policy-pack-config``), ``Analyze`` once per resource and ``AnalyzeStack`` once with all of them.
 :class:`PackProcess` does the same, so the offline preview and the tests exercise the real pack
-process and the real servicer, not a re-implementation.
+process and the real servicer, not a re-implementation. The protocol's messages and stub are the SDK's
+generated code, which :mod:`nvidia_gpu.sdk.analyzer` wraps: this module sees plain values.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -31,11 +32,12 @@ from typing import IO, Any
 import grpc
 import jsonschema
 import yaml
-from google.protobuf import empty_pb2, json_format, struct_pb2
-from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 
 from nvgpu.protostruct import integral
 from nvgpu.stackconfig import CONFIG_FILE_ENV
+from nvidia_gpu import sdk
+from nvidia_gpu.sdk import analyzer
+from nvidia_gpu.sdk.analyzer import AnalyzerStub, PolicyConfig, ReportedDiagnostic, policy_config
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +51,8 @@ OFFLINE_ENGINE_ADDRESS = "127.0.0.1:0"
 STACK_SECONDS_PER_RESOURCE = 0.01
 #: The type of the stack's root resource, the parent of every top-level resource (and the first one the
 #: engine sends ``AnalyzeStack``).
-ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
-LEVELS = ("advisory", "mandatory", "remediate", "disabled")
-_LEVEL_BY_PROTO = {
-    analyzer_pb2.ADVISORY: "advisory",
-    analyzer_pb2.MANDATORY: "mandatory",
-    analyzer_pb2.REMEDIATE: "remediate",
-    analyzer_pb2.DISABLED: "disabled",
-}
-_PROTO_BY_LEVEL = {v: k for k, v in _LEVEL_BY_PROTO.items()}
+ROOT_STACK_TYPE = sdk.ROOT_STACK_TYPE
+LEVELS = analyzer.LEVELS
 
 
 class PackError(RuntimeError):
@@ -184,13 +179,7 @@ class PackManifest:
         return sys.executable
 
 
-def _to_struct(props: Mapping[str, Any]) -> struct_pb2.Struct:
-    s = struct_pb2.Struct()
-    s.update(dict(props))
-    return s
-
-
-def reconcile_config(info: PackInfo, config: Mapping[str, Any]) -> dict[str, analyzer_pb2.PolicyConfig]:
+def reconcile_config(info: PackInfo, config: Mapping[str, Any]) -> dict[str, PolicyConfig]:
     """Resolve ``--policy-pack-config`` content into one ``PolicyConfig`` per policy, like the CLI.
 
     ``all`` sets every policy's level; a policy's own entry (a level string, or an object with an
@@ -202,7 +191,7 @@ def reconcile_config(info: PackInfo, config: Mapping[str, Any]) -> dict[str, ana
     all_level = config.get("all")
     if all_level is not None and all_level not in LEVELS:
         problems.append(f"all: enforcement level {all_level!r} is not one of {', '.join(LEVELS)}")
-    out: dict[str, analyzer_pb2.PolicyConfig] = {}
+    out: dict[str, PolicyConfig] = {}
     for key in config:
         if key != "all" and info.policy(key) is None:
             problems.append(f"{key}: no policy of that name in {info.name}; policies: "
@@ -231,10 +220,7 @@ def reconcile_config(info: PackInfo, config: Mapping[str, Any]) -> dict[str, ana
                 problems.append(f"{policy.name}{'.' + where if where else ''}: {err.message}")
         elif entry is not None:
             problems.append(f"{policy.name}: expected an enforcement level or an object, got {entry!r}")
-        pc = analyzer_pb2.PolicyConfig(enforcementLevel=_PROTO_BY_LEVEL[level])
-        if props:
-            pc.properties.update(props)
-        out[policy.name] = pc
+        out[policy.name] = policy_config(level, props)
     if problems:
         raise PolicyConfigError(problems)
     return out
@@ -263,7 +249,7 @@ class PackProcess:
         self._drain: threading.Thread | None = None
         self._config_dir: tempfile.TemporaryDirectory[str] | None = None
         self._channel: grpc.Channel | None = None
-        self._stub: analyzer_pb2_grpc.AnalyzerStub | None = None
+        self._stub: AnalyzerStub | None = None
         self.info: PackInfo | None = None
         #: Seconds from spawning the process to the first answered RPC.
         self.start_seconds = 0.0
@@ -303,7 +289,7 @@ class PackProcess:
         self._channel = grpc.insecure_channel(
             f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)]
         )
-        self._stub = analyzer_pb2_grpc.AnalyzerStub(self._channel)
+        self._stub = AnalyzerStub(self._channel)
         try:
             self._handshake()
             self._configure_stack()
@@ -361,19 +347,16 @@ class PackProcess:
             return  # closed by close()
 
     @property
-    def stub(self) -> analyzer_pb2_grpc.AnalyzerStub:
+    def stub(self) -> AnalyzerStub:
         if self._stub is None:
             raise PackError("policy pack is not running")
         return self._stub
 
     def _handshake(self) -> None:
         """The CLI's first call; packs that predate it answer UNIMPLEMENTED, which the CLI tolerates."""
-        request = analyzer_pb2.AnalyzerHandshakeRequest(
-            engine_address=OFFLINE_ENGINE_ADDRESS, root_directory=str(self.pack_dir),
-            program_directory=str(self.pack_dir),
-        )
         try:
-            self.stub.Handshake(request, timeout=self.start_timeout, wait_for_ready=True)
+            self.stub.handshake(engine_address=OFFLINE_ENGINE_ADDRESS, root_directory=str(self.pack_dir),
+                                program_directory=str(self.pack_dir), timeout=self.start_timeout)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
                 raise
@@ -382,26 +365,21 @@ class PackProcess:
         """Stack, project, organization and config, as the CLI sends them before any analysis."""
         if self.stack is None:
             return
-        config = struct_pb2.Struct()
-        config.update(self.stack.flat_config())
-        self.stub.ConfigureStack(
-            analyzer_pb2.AnalyzerStackConfigureRequest(
-                stack=self.stack.stack, project=self.stack.project, organization=self.stack.organization,
-                dry_run=self.stack.dry_run, config=config,
-            ),
-            timeout=self.call_timeout,
+        self.stub.configure_stack(
+            stack=self.stack.stack, project=self.stack.project, organization=self.stack.organization,
+            dry_run=self.stack.dry_run, config=self.stack.flat_config(), timeout=self.call_timeout,
         )
 
     def _analyzer_info(self) -> PackInfo:
-        resp = self.stub.GetAnalyzerInfo(empty_pb2.Empty(), timeout=self.start_timeout, wait_for_ready=True)
+        resp = self.stub.get_analyzer_info(timeout=self.start_timeout)
         policies = tuple(
             PolicyInfo(
                 name=p.name,
                 description=p.description,
-                enforcement_level=_LEVEL_BY_PROTO[p.enforcementLevel],
-                config_schema=integral(json_format.MessageToDict(p.configSchema.properties)),
-                required=tuple(p.configSchema.required),
-                stack_policy=p.policy_type == analyzer_pb2.POLICY_TYPE_STACK,
+                enforcement_level=p.enforcement_level,
+                config_schema=integral(p.config_schema),
+                required=p.required,
+                stack_policy=p.stack_policy,
             )
             for p in resp.policies
         )
@@ -414,34 +392,18 @@ class PackProcess:
             return
         assert self.info is not None
         policy_config = reconcile_config(self.info, config)
-        self.stub.Configure(analyzer_pb2.ConfigureAnalyzerRequest(policyConfig=policy_config),
-                            timeout=self.call_timeout)
+        self.stub.configure(policy_config, timeout=self.call_timeout)
 
     def analyze(self, resource: AnalyzerResource) -> list[Diagnostic]:
-        resp = self.stub.Analyze(
-            analyzer_pb2.AnalyzeRequest(
-                type=resource.type, urn=resource.urn, name=resource.name, properties=_to_struct(resource.props),
-                options=analyzer_pb2.AnalyzerResourceOptions(parent=resource.parent),
-            ),
-            timeout=self.call_timeout,
-        )
-        return self._diagnostics(resp.diagnostics, {resource.urn: resource}, resource)
+        raw = self.stub.analyze(resource, timeout=self.call_timeout)
+        return self._diagnostics(raw, {resource.urn: resource}, resource)
 
     def analyze_stack(self, resources: Sequence[AnalyzerResource]) -> list[Diagnostic]:
-        req = analyzer_pb2.AnalyzeStackRequest(
-            resources=[
-                analyzer_pb2.AnalyzerResource(
-                    type=r.type, urn=r.urn, name=r.name, properties=_to_struct(r.props), parent=r.parent,
-                    dependencies=list(r.dependencies),
-                    options=analyzer_pb2.AnalyzerResourceOptions(parent=r.parent),
-                )
-                for r in resources
-            ]
-        )
         # One call over the whole stack: its deadline grows with the stack (2,000 node groups, some 20,000
         # resources, passed a fixed minute).
-        resp = self.stub.AnalyzeStack(req, timeout=self.call_timeout + STACK_SECONDS_PER_RESOURCE * len(resources))
-        return self._diagnostics(resp.diagnostics, {r.urn: r for r in resources})
+        raw = self.stub.analyze_stack(resources,
+                                      timeout=self.call_timeout + STACK_SECONDS_PER_RESOURCE * len(resources))
+        return self._diagnostics(raw, {r.urn: r for r in resources})
 
     def analyze_all(self, resources: Sequence[AnalyzerResource]) -> list[Diagnostic]:
         """What a preview does: ``Analyze`` for each resource, then ``AnalyzeStack`` once. A call the pack
@@ -462,19 +424,20 @@ class PackProcess:
         return out
 
     def _diagnostics(
-        self, raw: Iterable[Any], by_urn: Mapping[str, AnalyzerResource], analyzed: AnalyzerResource | None = None
+        self, raw: Sequence[ReportedDiagnostic], by_urn: Mapping[str, AnalyzerResource],
+        analyzed: AnalyzerResource | None = None
     ) -> list[Diagnostic]:
         """``Analyze`` diagnostics without a URN belong to the analyzed resource, as the engine attributes them."""
         out = []
         for d in raw:
             resource = by_urn.get(d.urn) if d.urn else analyzed
             out.append(Diagnostic(
-                policy_name=d.policyName,
-                pack_name=d.policyPackName,
-                pack_version=self.info.version if self.info and self.info.version else d.policyPackVersion,
+                policy_name=d.policy_name,
+                pack_name=d.pack_name,
+                pack_version=self.info.version if self.info and self.info.version else d.pack_version,
                 description=d.description,
                 message=d.message,
-                enforcement_level=_LEVEL_BY_PROTO.get(d.enforcementLevel, "advisory"),
+                enforcement_level=d.enforcement_level,
                 urn=d.urn or (analyzed.urn if analyzed else ""),
                 resource_type=resource.type if resource else "",
                 resource_name=resource.name if resource else "",

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.nvml.sim.state import SimProcess
+from node_agent.cli import main
+from nvml_sim.state import SimProcess
 from tests.kit.fakehost import build_fake_host
 from tests.node_agent.agent_testkit import Cli
 
@@ -125,8 +126,6 @@ def test_gpu_in_use_is_still_usable(tmp_path: Path, cli: Cli) -> None:
 
 
 def test_human_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from node_agent.cli import main
-
     host = build_fake_host(tmp_path, "t4x1", driver_version="418.67")
     code = main(["--host-root", str(host.root), "--host-exec", "direct", "--nvml", "simulated:t4x1", "check"])
     out = capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nvgpu import labels
 from tests.kit.fakehost import build_fake_host
 from tests.node_agent.agent_testkit import ApiServer, Cli
 
@@ -85,8 +86,6 @@ def test_setup_publishes_the_os_and_kernel_even_when_the_node_is_not_ready(tmp_p
     """A node waiting for its driver container: setup's check fails (no driver yet), yet the OS and kernel
     labels that choose the driver container's image are published, and no pre-installed driver is claimed;
     teardown takes them off again."""
-    from nvgpu import labels
-
     host = build_fake_host(tmp_path, "dgx-h100", deckhouse=False, driver_loaded=False, nvidia_smi=False,
                            os_release=("rhel", "9.4"), kernel="5.14.0-427.13.1.el9_4.x86_64")
     kube = {"node": "gpu-node-1", "kubeconfig": api_server.kubeconfig}
@@ -102,8 +101,6 @@ def test_setup_publishes_the_os_and_kernel_even_when_the_node_is_not_ready(tmp_p
 
 
 def test_a_host_with_its_own_driver_is_marked_pre_installed(tmp_path: Path, cli: Cli, api_server: ApiServer) -> None:
-    from nvgpu import labels
-
     host = build_fake_host(tmp_path, "dgx-h100", containerd=2, deckhouse=False)
     code, _ = cli(host.root, "simulated:dgx-h100", "setup", node="gpu-node-1", kubeconfig=api_server.kubeconfig)
     assert code == 0

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from node_agent.cli import exitcodes
-from node_agent.nvml.sim import host as sim_host
+from nvml_sim import host as sim_host
 
 MIG_CONFIG = """\
 version: v1

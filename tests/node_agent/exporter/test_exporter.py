@@ -25,14 +25,14 @@ from node_agent.exporter.holders import ContainerDevices, holders
 from node_agent.exporter.service import MetricsService
 from node_agent.kubelet.podresources.client import PodResourcesClient
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
-from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
 from node_agent.nvml.xidwatch import XidRecorder
 from nvgpu import dcgmcounters
 from nvgpu.migparted import build_config
 from nvgpu.stackconfig import NodeGroup, load_stack_config
 from nvidia_gpu.components.manifests import dashboards, monitoring
 from nvidia_gpu.components.manifests.workloads import GroupContext
+from nvml_sim import SimulatedMachine
+from nvml_sim.lib import MIG_MONITOR_ENV
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.kubelet.common import short_root
 from tests.kit.kubelet.podresources import Container, Pod, pod_resources

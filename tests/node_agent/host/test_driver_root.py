@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import struct
 import subprocess
@@ -121,8 +122,6 @@ def test_cli_sets_the_process_driver_root(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_context_carries_the_driver_root(tmp_path: Path) -> None:
-    import argparse
-
     args = argparse.Namespace(host_root=str(tmp_path), nvml="real", driver_root="/driver-root")
     ctx = AgentContext.from_args(args)
     assert ctx.nvml_backend.driver_root == Path("/driver-root")

@@ -21,6 +21,8 @@ from node_agent.host import (
     read_device,
     read_driver_version,
 )
+from node_agent.host.driverroot import DriverRoot, current_driver_root, set_driver_root
+from node_agent.host.exec import HostExec
 from tests.kit.fakehost import build_fake_host, driver_version_text
 
 
@@ -158,10 +160,6 @@ def test_state_lock_excludes_a_second_holder(tmp_path: Path) -> None:
 def test_driver_tools_come_from_the_driver_root_when_the_host_root_has_none(tmp_path: Path) -> None:
     """The DRA plugin's container (host root = its own /) runs the driver's nvidia-smi inside the driver
     root, the way NVIDIA's MIG manager runs a driver container's tools; a host that has it wins."""
-    from node_agent.host.driverroot import DriverRoot, current_driver_root, set_driver_root
-    from node_agent.host.exec import HostExec
-    from node_agent.host.root import CommandNotFound
-
     host, driver = tmp_path / "host", tmp_path / "driver-root"
     (driver / "usr/bin").mkdir(parents=True)
     smi = driver / "usr/bin/nvidia-smi"

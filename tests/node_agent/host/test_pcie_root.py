@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from node_agent.host.pci import pcie_root
+from node_agent.host.pci import nvidia_gpus, pcie_root
 from node_agent.host.root import HostRoot
+from tests.kit.fakehost import PCIE_ROOT, build_fake_host
 
 ADDR = "0000:3b:00.0"
 
@@ -37,9 +38,6 @@ def test_no_link_or_a_link_elsewhere_gives_no_root(tmp_path: Path) -> None:
 def test_a_fake_hosts_gpus_sit_under_their_root_complex(tmp_path: Path) -> None:
     """The kit lays PCI out as the kernel does (what the side-by-side machines share), so the agent reads the
     same root from a fake host as from a node; the NIC there too."""
-    from node_agent.host.pci import nvidia_gpus
-    from tests.kit.fakehost import PCIE_ROOT, build_fake_host
-
     host = HostRoot(build_fake_host(tmp_path, "dgx-h100").root)
     gpus = nvidia_gpus(host)
     assert len(gpus) == 8 and {pcie_root(host, g.address) for g in gpus} == {PCIE_ROOT}

@@ -23,13 +23,13 @@ from node_agent.host import HostRoot
 from node_agent.labeller import inventory
 from node_agent.labeller.inventory import InventoryContext
 from node_agent.nvml import NvmlBackend, NvmlNotSupported, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
-from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
 from node_agent.nvml.types import DriverInfo, Inventory, LostGpu
 from node_agent.nvml.xidwatch import XidRecorder, XidSeen
 from nvgpu import inventory as api
 from nvgpu.migparted import build_config
 from nvidia_gpu.components.manifests.inventory import PRINTER_COLUMNS, SCHEMA, crd
+from nvml_sim import SimulatedMachine
+from nvml_sim.lib import MIG_MONITOR_ENV
 from tests.kit.fakehost import build_fake_host, sim_state_file
 
 REPO = Path(__file__).resolve().parents[3]

@@ -19,10 +19,10 @@ from node_agent.labeller.inventory import InventoryContext
 from node_agent.labeller.labels import LabelOptions, sync_inventory
 from node_agent.labeller.nodepatch import KubeNodeApi
 from node_agent.nvml import NvmlBackend, RecoveryNeed, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
 from node_agent.nvml.xidwatch import XidSeen
 from nvgpu import inventory as api
 from nvidia_gpu.components.manifests.inventory import SCHEMA
+from nvml_sim import SimulatedMachine
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.node_agent.labeller.test_inventory import FakeKube
 

@@ -9,7 +9,7 @@ import pytest
 
 from node_agent.labeller import gfd
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
+from nvml_sim.lib import MIG_MONITOR_ENV
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.node_agent.agent_testkit import ApiServer, Cli
 

@@ -19,8 +19,9 @@ from node_agent.nvml import (
     NvmlUnavailable,
     open_nvml,
 )
-from node_agent.nvml.sim import SimulatedMachine, install, uninstall
-from node_agent.nvml.sim.state import SimProcess, SimStateError
+from node_agent.nvml.calls import CallRunner
+from nvml_sim import SimulatedMachine, install, uninstall
+from nvml_sim.state import SimProcess, SimStateError
 
 
 def _backend(machine: SimulatedMachine) -> NvmlBackend:
@@ -206,8 +207,6 @@ def test_a_gpu_read_is_one_job_on_the_call_runner(h100: SimulatedMachine, monkey
     """A GPU's read (a dozen NVML calls, dozens with MIG devices) is one handoff to the runner's thread, not
     one per call: the DRA plugin reads every GPU this way every few seconds. Its calls still run under the
     runner's deadline, as one."""
-    from node_agent.nvml.calls import CallRunner
-
     jobs: list[str] = []
     real = CallRunner._bounded
 

@@ -17,9 +17,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from node_agent.nvml import NvmlBackend, open_nvml, sim
-from node_agent.nvml.sim import SimulatedMachine
-from node_agent.nvml.sim.lib import MIG_MONITOR_ENV
+import nvml_sim as sim
+from node_agent.nvml import NvmlBackend, open_nvml
+from nvml_sim import SimulatedMachine
+from nvml_sim.lib import MIG_MONITOR_ENV
 
 H200_MIG_GPUS = (2, 5)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from node_agent.nvml import NvmlBackend, TopologyLevel, normalize_bus_id, open_nvml
-from node_agent.nvml.sim import MACHINE_NAMES, MACHINES
 from nvgpu import catalogue
+from nvml_sim import MACHINE_NAMES, MACHINES
 
 
 @pytest.mark.parametrize("machine", MACHINE_NAMES)

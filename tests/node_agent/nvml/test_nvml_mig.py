@@ -16,9 +16,10 @@ from node_agent.nvml import (
     NvmlNotSupported,
     open_nvml,
 )
-from node_agent.nvml.sim import MACHINES, SimulatedMachine
-from node_agent.nvml.sim.state import SimProcess
 from nvgpu.mig import all_profile_layout
+from nvml_sim import MACHINES, SimulatedMachine
+from nvml_sim.lib import FakeNvmlLibrary
+from nvml_sim.state import SimProcess
 
 MIG_MACHINES = [name for name, spec in MACHINES.items() if spec.model.mig is not None]
 
@@ -127,6 +128,8 @@ def test_state_file_is_shared_with_another_process(tmp_path: Path) -> None:
     code = (
         "from pathlib import Path\n"
         "from node_agent.nvml import NvmlBackend, open_nvml\n"
+        "from nvml_sim import provider\n"
+        "provider.register()\n"
         f"b = NvmlBackend('simulated', 'hgx-h200', Path({str(state)!r}))\n"
         "with open_nvml(b) as n:\n"
         "    print(','.join(d.profile for d in n.gpu(3).mig_devices))\n"
@@ -140,8 +143,6 @@ def test_state_file_is_shared_with_another_process(tmp_path: Path) -> None:
 
 
 def test_old_driver_without_the_v2_profile_call_gets_catalogue_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    from node_agent.nvml.sim.lib import FakeNvmlLibrary
-
     original = FakeNvmlLibrary.__getattr__
 
     def without_v2(self: FakeNvmlLibrary, name: str) -> object:

@@ -14,7 +14,7 @@ import pynvml
 import pytest
 
 from node_agent.nvml import GpuRecovery, NvmlBackend, RecoveryNeed, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
+from nvml_sim import SimulatedMachine
 from tests.kit.fakehost import build_fake_host
 from tests.node_agent.agent_testkit import Cli
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from node_agent.nvml import FabricInfo, FabricState, NvmlBackend, open_nvml
-from node_agent.nvml.sim import SimulatedMachine
-from node_agent.nvml.sim.state import FabricStateName, SimFabric
 from nvgpu import labels
+from nvml_sim import SimulatedMachine
+from nvml_sim.state import FabricStateName, SimFabric
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.node_agent.agent_testkit import ApiServer, Cli
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.nvml.sim.machines import get_machine
 from nvgpu import catalogue
+from nvml_sim.machines import get_machine
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.node_agent.agent_testkit import Cli
 

@@ -22,17 +22,18 @@ from node_agent.deviceplugin.health import HealthPolicy
 from node_agent.deviceplugin.metrics import PluginMetrics
 from node_agent.deviceplugin.plugin import NodePlugins
 from node_agent.deviceplugin.resources import build_resources
-from node_agent.host import HostError, HostRoot, RecordingExec
+from node_agent.host import HostError, HostRoot
 from node_agent.host.proc import parse_mig_minors
 from node_agent.host.root import CommandResult
 from node_agent.mig.nvmlbackend import NvmlMigBackend, SimulatedReset
 from node_agent.nvml import open_nvml
-from node_agent.nvml.sim.host import CAPS_MAJOR, NVIDIA_MAJOR, UVM_MAJOR, device_node_stand_in
 from node_agent.setup import devnodes
 from nvgpu import catalogue, labels
 from nvgpu.migparted import build_config
+from nvml_sim.host import CAPS_MAJOR, NVIDIA_MAJOR, UVM_MAJOR, device_node_stand_in
 from tests.deviceplugin.builders import FakeNode, full_gpu
 from tests.kit.fakehost import FakeHost, build_fake_host
+from tests.kit.recording_exec import RecordingExec
 from tests.mig.fakes import FakeBackend
 from tests.mig.harness import Rig, mig_node
 from tests.node_agent.agent_testkit import ApiServer, Cli

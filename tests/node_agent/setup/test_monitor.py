@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from node_agent.kube.errors import KubeError
-from node_agent.nvml.sim.host import driver_version_text
 from node_agent.setup.check import CheckReport, Finding
 from node_agent.setup.monitor import CheckMonitor
 from nvgpu import labels
@@ -21,6 +20,7 @@ from nvgpu.nodescripts.facts import Reason, Verdict
 from nvgpu.stackconfig import load_stack_config
 from nvidia_gpu.components.manifests import driver
 from nvidia_gpu.components.manifests.workloads import CONTAINER_DRIVER_ROOT, HOST_ROOT
+from nvml_sim.host import driver_version_text
 from tests.kit import metrics
 from tests.kit.fakehost import build_fake_host
 

@@ -16,9 +16,9 @@ import pytest
 from node_agent.labeller import inventory
 from node_agent.labeller.inventory import InventoryContext
 from node_agent.nvml import NvmlBackend, open_nvml
-from node_agent.nvml.sim.machines import get_machine
 from nvgpu import catalogue
 from nvidia_gpu.components.manifests.inventory import SCHEMA
+from nvml_sim.machines import get_machine
 from tests.kit.fakehost import FakeHost, build_fake_host, sim_state_file
 from tests.node_agent.agent_testkit import Cli
 

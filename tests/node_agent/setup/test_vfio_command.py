@@ -10,8 +10,8 @@ import pytest
 
 from node_agent.cli.context import AgentContext
 from node_agent.host import HostError, read_device
-from node_agent.nvml.sim.state import SimProcess
 from node_agent.setup import vfio
+from nvml_sim.state import SimProcess
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.fakekernel import FakeKernelHostRoot
 from tests.node_agent.agent_testkit import ApiServer, Cli

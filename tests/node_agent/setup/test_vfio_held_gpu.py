@@ -18,8 +18,8 @@ import pytest
 
 from node_agent.cli.context import AgentContext
 from node_agent.host import read_device
-from node_agent.nvml.sim.host import hold_device, release_device, sriov_vfs
 from node_agent.setup import vfio
+from nvml_sim.host import hold_device, release_device, sriov_vfs
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.fakekernel import FakeKernelHostRoot
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -11,18 +10,7 @@ from pathlib import Path
 import pytest
 
 from nvidia_gpu.components.register import type_token
-
-_SDK = Path(importlib.import_module("pulumi_kubernetes").__file__ or "").parent
-
-
-def _provider_tokens() -> set[str]:
-    """All ``@pulumi.type_token`` values declared by pulumi_kubernetes' typed classes."""
-    tokens: set[str] = set()
-    for path in _SDK.rglob("*.py"):
-        for line in path.read_text().splitlines():
-            if line.startswith('@pulumi.type_token("kubernetes:'):
-                tokens.add(line.split('"')[1])
-    return tokens
+from nvidia_gpu.sdk.k8stypes import known_type_tokens
 
 
 @pytest.mark.parametrize(
@@ -44,7 +32,7 @@ def test_dev_stack_tokens_exist_in_provider(tmp_path: Path) -> None:
         cwd=root, check=True, capture_output=True, timeout=300,
     )
     plan = json.loads(next(tmp_path.rglob("plan.json")).read_text())
-    known = _provider_tokens()
+    known = known_type_tokens()
     builtin_groups = {t.split(":")[1].split("/")[0] for t in known}
     for res in plan["resources"]:
         token: str = res["type"]

@@ -13,9 +13,10 @@ import yaml
 
 from nvgpu.migparted import MigConfigSpec, MigPartedConfig, build_config, load_config_text
 from nvgpu.yamltext import single_quoted_text
-from nvidia_gpu.preview import crds, engine, validate
+from nvidia_gpu.preview import crds, validate
 from nvidia_gpu.preview.engine import program_gc, run_in_engine
 from nvidia_gpu.preview.pipeline import DEFAULT_STEPS, run_preview
+from nvidia_gpu.sdk import stacktraces
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -73,7 +74,7 @@ def test_run_in_engine_restores_the_collector() -> None:
 
 class _Innermost:
     def __init__(self) -> None:
-        self.traces = (engine._SDK_STACK_TRACE(), engine.stack_trace())
+        self.traces = (stacktraces.sdk_stack_trace(), stacktraces.stack_trace())
 
 
 class _Middle:
@@ -97,8 +98,8 @@ def test_stack_trace_is_the_sdks_message() -> None:
 
 
 def test_stack_trace_is_empty_without_three_constructors() -> None:
-    assert engine._SDK_STACK_TRACE() == engine.stack_trace()
-    assert len(engine.stack_trace().frames) == 0
+    assert stacktraces.sdk_stack_trace() == stacktraces.stack_trace()
+    assert len(stacktraces.stack_trace().frames) == 0
 
 
 def _leaf_mutations(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:

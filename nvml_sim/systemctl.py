@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from node_agent.nvml.sim import SimulatedMachine
+from nvml_sim import SimulatedMachine
 
 #: systemctl's exit status for a unit that is not active (``is-active``).
 INACTIVE = 3

@@ -19,16 +19,19 @@ that make bad nodes (no driver, old driver, missing modules, no IOMMU, container
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
 import node_agent
+import nvml_sim
 from node_agent.host.pci import normalize_address
-from node_agent.nvml.sim import DEFAULT_STATE_DIR, SimulatedMachine, get_machine
 from nvgpu import hostpaths
+from nvgpu.catalogue import parse_driver_version
 from nvgpu.nodescripts import facts
+from nvml_sim import DEFAULT_STATE_DIR, SimulatedMachine, get_machine
 
 #: The file that says a tree is a simulated host, and of which machine.
 MARKER = f"{hostpaths.AGENT_RUN_DIR}/simulated-host.json"
@@ -146,8 +149,6 @@ def proc_devices_text(driver_version: str, *, uvm: bool) -> str:
     writes it: ``Character devices:``, ``%3d %s`` lines by major, a blank line, ``Block devices:``. The GPU
     major is named ``nvidia`` from driver 550.40 on and ``nvidia-frontend`` before (nvidia-container-toolkit
     ``internal/info/proc/devices/devices.go``)."""
-    from nvgpu.catalogue import parse_driver_version
-
     gpu_name = "nvidia" if parse_driver_version(driver_version) >= parse_driver_version("550.40") else "nvidia-frontend"
     chars = [*_KERNEL_CHAR_DEVICES, (NVIDIA_MAJOR, gpu_name), (CAPS_MAJOR, "nvidia-caps")]
     if uvm:
@@ -191,7 +192,7 @@ def modprobe_stand_in(root: Path, kernel: str, unloadable: Iterable[str] = ()) -
     nothing, the way a driver installed without ``nvidia-uvm`` or built for another kernel fails on a node."""
     logs = root / "var/log"
     missing = " ".join(sorted({m.replace("_", "-") for m in unloadable}))
-    return ("#!/bin/sh\n# simulated modprobe (node_agent.nvml.sim.host.modprobe_stand_in)\n"
+    return ("#!/bin/sh\n# simulated modprobe (nvml_sim.host.modprobe_stand_in)\n"
             'for arg in "$@"; do\n  case "$arg" in -*) continue ;; esac\n'
             '  for gone in ' + (missing or '""') + '; do\n'
             '    if [ "$(echo "$arg" | tr _ -)" = "$gone" ]; then\n'
@@ -214,7 +215,7 @@ def modprobe_stand_in(root: Path, kernel: str, unloadable: Iterable[str] = ()) -
 #: mknod(2) fails, so the node is a regular file holding ``c <major>:<minor>`` with the mode; an existing path
 #: fails as mknod(2) does (EEXIST).
 MKNOD_STAND_IN = """#!/bin/sh
-# simulated mknod (node_agent.nvml.sim.host.MKNOD_STAND_IN): mknod -m MODE PATH c MAJOR MINOR
+# simulated mknod (nvml_sim.host.MKNOD_STAND_IN): mknod -m MODE PATH c MAJOR MINOR
 if [ "$#" -ne 6 ] || [ "$1" != -m ] || [ "$4" != c ]; then
   echo "mknod: the simulated host's mknod takes only -m MODE PATH c MAJOR MINOR, not: $*" >&2
   exit 2
@@ -225,6 +226,13 @@ if [ -e "$3" ] || [ -L "$3" ]; then
 fi
 printf 'c %s:%s\\n' "$5" "$6" >"$3" && chmod "$2" "$3"
 """
+
+
+def _import_path() -> str:
+    """The stand-in tools' ``PYTHONPATH``: this package's import root and the agent's (one directory in the
+    repository; two where the simulator is installed apart from the agent)."""
+    roots = (Path(nvml_sim.__file__).resolve().parent.parent, Path(node_agent.__file__).resolve().parent.parent)
+    return ":".join(dict.fromkeys(str(r) for r in roots))
 
 
 def sim_state_file(root: Path, machine: str) -> Path:
@@ -334,8 +342,6 @@ def hold_device(root: Path, pid: int, host_path: str, *, comm: str = "cuda-app",
 
 def release_device(root: Path, pid: int) -> None:
     """Process ``pid`` exits: its ``/proc`` entry goes, and with it every file it held."""
-    import shutil
-
     shutil.rmtree(root / f"proc/{pid}", ignore_errors=True)
 
 
@@ -425,8 +431,6 @@ def lay_out(
     modules = ("nvidia",) if fresh_boot else tuple(modules)
     device_nodes = device_nodes and not fresh_boot
     if fresh_boot:  # a reboot of an existing layout: /dev is a new devtmpfs, /sys/module the kernel's own again
-        import shutil
-
         for dev_node in (root / "dev").glob("nvidia*"):
             if dev_node.is_dir() and not dev_node.is_symlink():
                 shutil.rmtree(dev_node)
@@ -488,14 +492,14 @@ def lay_out(
             sim.fail_init("driver-not-loaded")
         if nvidia_smi:
             state = sim_state_file(root, spec.name)
-            repo = Path(node_agent.__file__).resolve().parent.parent  # the agent's own import root
+            pythonpath = _import_path()
             _write(root, "/usr/bin/nvidia-smi",
-                   f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
-                   f'-m node_agent.nvml.sim.smi --machine {spec.name} --state "{state}" "$@"\n', 0o755)
-            # The driver's MPS control program over the same machine (node_agent.nvml.sim.mpsctl).
+                   f'#!/bin/sh\nPYTHONPATH="{pythonpath}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+                   f'-m nvml_sim.smi --machine {spec.name} --state "{state}" "$@"\n', 0o755)
+            # The driver's MPS control program over the same machine (nvml_sim.mpsctl).
             _write(root, "/usr/bin/nvidia-cuda-mps-control",
-                   f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
-                   f'-m node_agent.nvml.sim.mpsctl --machine {spec.name} --state "{state}" "$@"\n', 0o755)
+                   f'#!/bin/sh\nPYTHONPATH="{pythonpath}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+                   f'-m nvml_sim.mpsctl --machine {spec.name} --state "{state}" "$@"\n', 0o755)
     _write(root, "/proc/modules", "\n".join(proc_modules) + "\n")
     _write(root, "/proc/sys/net/core/bpf_jit_harden", bpf_jit_harden + "\n")
 
@@ -519,11 +523,11 @@ def lay_out(
     for tool in RECORDING_TOOLS:
         _write(root, f"/usr/bin/{tool}", f'#!/bin/sh\necho "$*" >>"{logs}/simulated-{tool}.log"\n', 0o755)
     if machine is not None and nvidia_smi:
-        # systemctl also starts and stops the host's GPU clients of the machine (node_agent.nvml.sim.systemctl).
-        repo = Path(node_agent.__file__).resolve().parent.parent
+        # systemctl also starts and stops the host's GPU clients of the machine (nvml_sim.systemctl).
+        pythonpath = _import_path()
         _write(root, "/usr/bin/systemctl",
-               f'#!/bin/sh\nPYTHONPATH="{repo}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
-               f'-m node_agent.nvml.sim.systemctl --machine {machine} --state "{sim_state_file(root, machine)}" '
+               f'#!/bin/sh\nPYTHONPATH="{pythonpath}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" '
+               f'-m nvml_sim.systemctl --machine {machine} --state "{sim_state_file(root, machine)}" '
                f'--log "{logs}/simulated-systemctl.log" -- "$@"\n', 0o755)
     _write(root, "/usr/sbin/modprobe", modprobe_stand_in(root, kernel, unloadable_modules), 0o755)
     _write(root, "/usr/bin/mknod", MKNOD_STAND_IN, 0o755)

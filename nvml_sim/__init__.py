@@ -1,5 +1,9 @@
 """Simulated GPU machines underneath nvidia-ml-py: ``--nvml simulated:<machine>``.
 
+A package of its own beside the agent, not part of it: the agent image can leave it out, and the agent
+reaches it only through the ``node_agent.nvml.simulator.Simulator`` protocol that ``nvml_sim.provider``
+implements and ``node_agent.cli`` registers (``ResetRefused`` is that protocol's).
+
 ``install(store)`` points ``pynvml.nvmlLib`` at a ``FakeNvmlLibrary`` (see ``lib.py`` for why the
 fake sits at the C-function level); ``uninstall()`` puts the previous library back. The
 ``SimulatedMachine`` wrapper is the test and operator handle for faults: XID/ECC events, a GPU
@@ -27,9 +31,11 @@ from typing import Any
 
 import pynvml
 
-from node_agent.nvml.sim.lib import FakeNvmlLibrary
-from node_agent.nvml.sim.machines import MACHINE_NAMES, MACHINES, MachineSpec, UnknownMachineError, get_machine
-from node_agent.nvml.sim.state import (
+from node_agent.nvml.simulator import ResetRefused
+from nvgpu import hostpaths
+from nvml_sim.lib import FakeNvmlLibrary
+from nvml_sim.machines import MACHINE_NAMES, MACHINES, MachineSpec, UnknownMachineError, get_machine
+from nvml_sim.state import (
     FABRIC_MIN_COMPUTE_CAPABILITY,
     PAGE_RETIREMENT_ARCHITECTURES,
     EventName,
@@ -45,7 +51,6 @@ from node_agent.nvml.sim.state import (
     reset_aftermath,
     xid_aftermath,
 )
-from nvgpu import hostpaths
 
 #: Under a host root that is not ``/``, the CLI keeps a simulated machine's state here, so separate
 #: agent processes against the same root see the same machine.
@@ -118,10 +123,6 @@ def installed_library() -> FakeNvmlLibrary | None:
 
 #: ``nvmlGpuVirtualizationMode_t`` NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH.
 PASSTHROUGH = 1
-
-
-class ResetRefused(RuntimeError):
-    """The simulated ``nvidia-smi -r`` refused: something holds the GPUs."""
 
 
 class SimulatedMachine:

@@ -34,18 +34,6 @@ from typing import Any
 
 import pynvml
 
-from node_agent.nvml.sim.machines import MachineSpec
-from node_agent.nvml.sim.state import (
-    FABRIC_MIN_COMPUTE_CAPABILITY,
-    PAGE_RETIREMENT_ARCHITECTURES,
-    SimComputeInstance,
-    SimGpu,
-    SimGpuInstance,
-    SimState,
-    SimStore,
-    SimTelemetry,
-    hold_clients,
-)
 from nvgpu.catalogue import (
     CI_PROFILE_BY_SLICES,
     GI_PROFILE_1_SLICE,
@@ -59,6 +47,18 @@ from nvgpu.catalogue import (
     GpuModel,
     MigProfile,
     parse_driver_version,
+)
+from nvml_sim.machines import MachineSpec
+from nvml_sim.state import (
+    FABRIC_MIN_COMPUTE_CAPABILITY,
+    PAGE_RETIREMENT_ARCHITECTURES,
+    SimComputeInstance,
+    SimGpu,
+    SimGpuInstance,
+    SimState,
+    SimStore,
+    SimTelemetry,
+    hold_clients,
 )
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from node_agent.nvml.sim import SimulatedMachine
+from nvml_sim import SimulatedMachine
 
 
 def summary(m: SimulatedMachine) -> str:

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from node_agent.nvml.sim.machines import MachineSpec, get_machine
+from nvml_sim.machines import MachineSpec, get_machine
 
 InitError = Literal["driver-not-loaded", "library-not-found", "lib-rm-version-mismatch", "no-permission"]
 EventName = Literal["xid", "double-bit-ecc", "single-bit-ecc"]
@@ -177,7 +177,7 @@ class SimState(_Model):
     missing_functions: list[str] = []
     gpus: list[SimGpu]
     events: list[SimEvent] = []
-    #: The simulated ``nvidia-cuda-mps-control -d`` fails with this message (``node_agent.nvml.sim.mpsctl``),
+    #: The simulated ``nvidia-cuda-mps-control -d`` fails with this message (``nvml_sim.mpsctl``),
     #: as the real one does when it cannot start (no permission on the pipe directory, a driver problem).
     mps_start_error: str | None = None
     #: Whether NVML checks the caller's MIG monitor capability, as the real driver does: on a GPU in MIG
@@ -192,7 +192,7 @@ class SimState(_Model):
     #: Host systemd units that keep the GPUs open while active (unit -> active), such as the ones NVIDIA's
     #: MIG manager stops before a MIG mode change (mig-parted ``deployments/systemd/hooks.sh``:
     #: ``nvsm.service``, ``nvidia-dcgm.service``). The simulated host's ``systemctl`` starts and stops them
-    #: (``node_agent.nvml.sim.systemctl``); while one is active an A100 keeps a MIG mode pending and
+    #: (``nvml_sim.systemctl``); while one is active an A100 keeps a MIG mode pending and
     #: ``nvidia-smi -r`` refuses.
     host_services: dict[str, bool] = {}
     next_seq: int = Field(default=1, ge=1)

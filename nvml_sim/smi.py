@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from node_agent.nvml import DeviceLost, FabricInfo, FabricState, NvmlBackend, NvmlError, NvmlUnavailable, open_nvml
+from nvml_sim import ResetRefused, SimulatedMachine, provider
 
 FIELDS = ("index", "name", "uuid", "pci.bus_id", "pci.device_id", "driver_version", "compute_cap", "memory.total")
 
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     if rest or not (args.list_gpus or args.query_gpu or args.query):
         print(f"Invalid combination of input arguments: {' '.join(rest)}", file=sys.stderr)
         return 2
+    if args.machine:
+        provider.register()  # a program of its own: the agent's NVML facade finds the machine through it
     backend = (NvmlBackend("simulated", args.machine, args.state) if args.machine
                else NvmlBackend("real", driver_root=args.driver_root))
     try:
@@ -120,8 +123,6 @@ def _reset(args: argparse.Namespace) -> int:
     if not args.machine:
         print("GPU reset is not supported on this driver root", file=sys.stderr)
         return 3
-    from node_agent.nvml.sim import ResetRefused, SimulatedMachine
-
     machine = SimulatedMachine(args.machine, args.state)
     buses = [b.lower() for b in machine.spec.bus_ids]
     wanted: list[int] = []

@@ -1,6 +1,6 @@
 """A stand-in ``nvidia-cuda-mps-control`` over a simulated machine, for agents that start MPS daemons.
 
-Simulated host roots (``node_agent.nvml.sim.host.lay_out``) put a two-line ``/usr/bin/nvidia-cuda-mps-control``
+Simulated host roots (``nvml_sim.host.lay_out``) put a two-line ``/usr/bin/nvidia-cuda-mps-control``
 in place that runs this module with the machine and its state file, next to the simulated ``nvidia-smi``.
 It keeps the daemon's state where the real one keeps its socket: ``control`` in the pipe directory
 (``CUDA_MPS_PIPE_DIRECTORY``, default ``/tmp/nvidia-mps``, under the ``HOST_ROOT`` the agent's exec seam
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from node_agent.nvml.sim.state import SimStore
+from nvml_sim.state import SimStore
 
 DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"
 DEFAULT_LOG_DIRECTORY = "/var/log/nvidia-mps"
