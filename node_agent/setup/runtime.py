@@ -54,6 +54,11 @@ edit of someone else's as it is now (teardown runs it at each deletion of a setu
   versions (a copy of the whole file) are read the same way: the copy says only whether there was a line.
 
 A malformed config is reported and nothing is touched, at apply and at rollback.
+
+Which drop-in, with which content, and when the step is refused is ``nvgpu.nodescripts.plan.RUNTIME_DROPIN``
+(``gpu-runtime.sh`` is rendered from it): this module detects the facts it chooses from (:func:`_facts`) and
+does what only the agent does (the layout outside Deckhouse, edit notes, restarts). The toolkit config's edit is
+``plan.toolkit_config``, applied with ``node_agent.setup.executor.block_edited``.
 """
 
 from __future__ import annotations
@@ -341,7 +346,8 @@ def _deckhouse_case(host: HostRoot, cfg: ContainerdConfig, binary: str) -> Chose
 
 def render_dropin(host: HostRoot, cfg: ContainerdConfig, binary: str = facts.NVIDIA_CONTAINER_RUNTIME) -> str:
     ours = _deckhouse_case(host, cfg, binary).content
-    assert ours is not None  # the plan writes a drop-in for every supported version
+    if ours is None:
+        raise ContainerdConfigError(f"no drop-in for containerd config version {cfg.version}", facts.CONTAINERD_CONFIG)
     if cfg.deckhouse or cfg.version == 3:
         return ours
     # containerd 1.x imports replace whole plugin sections: carry the existing CRI section along.
