@@ -13,7 +13,8 @@ from node_agent.cli.configsource import add_config_source_arguments, config_sour
 from node_agent.cli.context import AgentContext, UsageError
 from node_agent.host import HostError
 from node_agent.labeller import labels
-from node_agent.labeller.labels import FEATURE_FILE, InventoryContext, LabelOptions, LabelRun, Owner
+from node_agent.labeller.inventory import InventoryContext
+from node_agent.labeller.labels import FEATURE_FILE, LabelOptions, LabelRun, Owner
 from node_agent.labeller.nodeconfig import NodeConfigError, Requested
 from node_agent.labeller.nodepatch import NodeEnv
 from node_agent.nvml import NvmlError

@@ -54,8 +54,7 @@ from node_agent.kube.errors import Conflict
 from node_agent.kube.ownnode import OwnNodeWatch
 from node_agent.kube.watch import WatchTiming
 from node_agent.labeller import gfd, inventory
-from node_agent.labeller.inventory import InventoryContext as InventoryContext  # noqa: PLC0414 - node_agent.cli.labels' import
-from node_agent.labeller.inventory import Listing
+from node_agent.labeller.inventory import InventoryContext, Listing
 from node_agent.labeller.nodeconfig import NodePlan, Requested, plan
 from node_agent.labeller.nodepatch import KubeNodeApi, NodeApi, NodeEnv, WatchedNodeApi, apply_plan, snapshot
 from node_agent.nvml import FabricInfo, GpuInstanceProfile, GpuRecovery, Inventory, NvmlError, NvmlSession
