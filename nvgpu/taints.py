@@ -6,19 +6,26 @@ pydantic (the labeller's startup time and memory are benchmarked).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class NodeTaint:
+    """One taint of a Node: the one taint type of the components, the labeller and the MIG manager."""
+
     key: str
     value: str
     effect: str
+    #: RFC 3339, as read (the node lifecycle controller stamps its NoExecute taints). Kept so that
+    #: rewriting a Node's whole list gives other controllers' taints back unchanged; not part of equality.
+    time_added: str = field(default="", compare=False)
 
     def as_dict(self) -> dict[str, str]:
         out = {"key": self.key, "effect": self.effect}
         if self.value:
             out["value"] = self.value
+        if self.time_added:
+            out["timeAdded"] = self.time_added
         return out
 
     def flag(self) -> str:

@@ -41,18 +41,19 @@ from node_agent.mig.journal import (
     Outcome,
     Phase,
 )
-from node_agent.mig.kube import NodeApi, NodePatch, NodeView, PodView, Taint
+from node_agent.mig.kube import NodeApi, NodePatch, NodeView, PodView
 from node_agent.mig.machine import Act, Action, DrainMode, MigState, Observation, TargetKind, Timeouts, decide
 from node_agent.mig.metrics import MigMetrics
 from node_agent.mig.plan import NodePlan, PlanError, diff, plan
 from nvgpu import labels
 from nvgpu.migparted import MigPartedConfig, MigPartedError
 from nvgpu.nodescripts import facts
+from nvgpu.taints import NodeTaint
 
 log = logging.getLogger(__name__)
 
 DEPLOY_LABELS = tuple(labels.GPU_DEPLOY_PREFIX + c for c in labels.GPU_DEPLOY_COMPONENTS)
-RECONFIGURE_TAINT = Taint(labels.MIG_RECONFIGURE_TAINT_KEY, "true", "NoSchedule")
+RECONFIGURE_TAINT = NodeTaint(labels.MIG_RECONFIGURE_TAINT_KEY, "true", "NoSchedule")
 DRAIN_ANNOTATIONS = (labels.DISRUPTION_REQUIRED, labels.DISRUPTION_APPROVED, labels.DRAINING, labels.DRAINED)
 #: The value of Deckhouse's ``draining`` annotation names who asked for the drain.
 DRAIN_SOURCE = "nvidia-gpu-mig-manager"

@@ -25,26 +25,11 @@ from node_agent.kube import events, nodes, pods
 from node_agent.kube.errors import Conflict, Gone, KubeError, TooManyRequests
 from node_agent.kube.transport import Kube, Stream
 from node_agent.kube.watch import watch_once
+from nvgpu.taints import NodeTaint
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "nvidia-gpu-mig-manager"
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str
-    effect: str
-    #: RFC 3339, as read (the node lifecycle controller stamps its NoExecute taints). Kept so that
-    #: rewriting the whole list gives other controllers' taints back unchanged; not part of equality.
-    time_added: str = field(default="", compare=False)
-
-    def to_dict(self) -> dict[str, str]:
-        out = {"key": self.key, "value": self.value, "effect": self.effect}
-        if self.time_added:
-            out["timeAdded"] = self.time_added
-        return out
 
 
 @dataclass(frozen=True)
@@ -53,7 +38,7 @@ class NodeView:
     uid: str
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
-    taints: tuple[Taint, ...]
+    taints: tuple[NodeTaint, ...]
     unschedulable: bool
     resource_version: str = ""
 
@@ -81,7 +66,7 @@ class PodView:
 class NodePatch:
     labels: Mapping[str, str | None] = field(default_factory=dict)
     annotations: Mapping[str, str | None] = field(default_factory=dict)
-    taints: tuple[Taint, ...] | None = None
+    taints: tuple[NodeTaint, ...] | None = None
     unschedulable: bool | None = None
     #: A precondition: apply only to this version of the Node (409 Conflict otherwise). Set with
     #: ``taints``, which replace the whole list computed from that version.
@@ -93,7 +78,7 @@ class NodePatch:
 
     def body(self) -> dict[str, Any]:
         return nodes.patch_body(labels=self.labels, annotations=self.annotations,
-                                taints=None if self.taints is None else [t.to_dict() for t in self.taints],
+                                taints=None if self.taints is None else [t.as_dict() for t in self.taints],
                                 unschedulable=self.unschedulable, resource_version=self.resource_version)
 
 
@@ -142,7 +127,7 @@ def node_view(obj: Mapping[str, Any]) -> NodeView:
         uid=str(meta.get("uid") or ""),
         labels=nodes.labels_of(obj),
         annotations=nodes.annotations_of(obj),
-        taints=tuple(Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""),
+        taints=tuple(NodeTaint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""),
                            str(t.get("timeAdded") or "")) for t in nodes.taints_of(obj)),
         unschedulable=bool(spec.get("unschedulable")),
         resource_version=str(meta.get("resourceVersion") or ""),

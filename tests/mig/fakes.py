@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 from node_agent.kube.errors import ServerError
 from node_agent.mig.hardware import GpuInfo, InstanceInfo, MigHardwareError, ResetUnavailable
-from node_agent.mig.kube import NodePatch, NodeView, PodView, Taint
+from node_agent.mig.kube import NodePatch, NodeView, PodView
 from nvgpu import catalogue
 from nvgpu.catalogue import GpuModel, MigProfile
+from nvgpu.taints import NodeTaint
 
 
 class Crash(BaseException):
@@ -134,7 +135,7 @@ class FakeNode:
     name: str = "gpu-node-0"
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
-    taints: list[Taint] = field(default_factory=list)
+    taints: list[NodeTaint] = field(default_factory=list)
     unschedulable: bool = False
     pods: list[PodView] = field(default_factory=list)
     events: list[tuple[str, str, bool]] = field(default_factory=list)

@@ -15,10 +15,11 @@ import pytest
 from kubernetes import client
 
 from node_agent.cli import main
-from node_agent.mig.kube import KubeNodeApi, NodePatch, Taint
+from node_agent.mig.kube import KubeNodeApi, NodePatch
 from node_agent.nvml import NvmlBackend, open_nvml
 from nvgpu import labels
 from nvgpu.migparted import build_config
+from nvgpu.taints import NodeTaint
 from nvml_sim import SimulatedMachine
 from tests.kit.kmock import api, kmock_server, kube, kubeconfig
 
@@ -108,10 +109,11 @@ def test_node_api_over_http() -> None:
         core.create_namespaced_pod("ml", {"metadata": {"name": "elsewhere", "namespace": "ml"}, "spec": {
             "nodeName": "n2", "containers": [{"name": "c", "image": "i"}]}})
         node = KubeNodeApi(kube(url), "n1")
+        taint = NodeTaint("mig-reconfigure", "true", "NoSchedule")
         view = node.patch_node(NodePatch(labels={"a": None, "c": "d"}, annotations={labels.DRAINING: "x"},
-                                         taints=(Taint("mig-reconfigure", "true", "NoSchedule"),), unschedulable=True))
+                                         taints=(taint,), unschedulable=True))
         assert view.labels == {"c": "d"} and view.annotations == {labels.DRAINING: "x"}
-        assert view.taints == (Taint("mig-reconfigure", "true", "NoSchedule"),) and view.unschedulable
+        assert view.taints == (NodeTaint("mig-reconfigure", "true", "NoSchedule"),) and view.unschedulable
         (pod,) = node.pods_on_node()
         assert pod.ref == "ml/train" and pod.gpu_requests == ("nvidia.com/mig-1g.10gb",)
         node.evict("ml", "gone")  # no such pod: not an error
