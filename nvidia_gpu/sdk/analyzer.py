@@ -4,7 +4,7 @@ The offline policy runner (``nvidia_gpu.preview.policyrun.analyzer_client``) dri
 over gRPC exactly as the Pulumi CLI does. The protocol's Python bindings ship inside the SDK, as
 ``pulumi.runtime.proto.analyzer_pb2`` (messages) and ``analyzer_pb2_grpc`` (the stub): generated code,
 not API, whose message and field names follow ``analyzer.proto`` of the release. :class:`AnalyzerStub`
-makes each call the runner needs from plain values and answers in plain values (:class:`AnalyzerInfo`,
+makes each call the runner needs from plain values and answers in plain values (:class:`PackInfo`,
 :class:`ReportedDiagnostic`); a call's failure is the stub's ``grpc.RpcError``, as the CLI sees it.
 Only :func:`policy_config` hands back a message (``PolicyConfig``), which the runner passes on to
 :meth:`AnalyzerStub.configure` unchanged. ``tests/nvidia_gpu/sdk`` checks every message, field and
@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
+
+from nvgpu.protostruct import integral
 
 #: The enforcement levels, as ``PulumiPolicy.yaml`` and ``--policy-pack-config`` spell them.
 LEVELS = ("advisory", "mandatory", "remediate", "disabled")
@@ -54,24 +56,28 @@ class AnalyzerResource(Protocol):
 
 
 @dataclass(frozen=True)
-class ReportedPolicy:
-    """One policy as ``GetAnalyzerInfo`` describes it; ``config_schema`` is its properties' JSON schema."""
+class PolicyInfo:
+    """One policy as ``GetAnalyzerInfo`` describes it; ``config_schema`` is its properties' JSON schema (whole
+    numbers as ints: ``Struct`` carries every number as a float)."""
 
     name: str
     description: str
     enforcement_level: str
-    config_schema: dict[str, Any]
-    required: tuple[str, ...]
-    stack_policy: bool
+    config_schema: Mapping[str, Any]
+    required: tuple[str, ...] = ()
+    stack_policy: bool = False
 
 
 @dataclass(frozen=True)
-class AnalyzerInfo:
-    """``GetAnalyzerInfo``'s answer: the pack's name, the version it reports, its policies in its order."""
+class PackInfo:
+    """``GetAnalyzerInfo``'s answer: the pack's name, the version it reports, its policies."""
 
     name: str
     version: str
-    policies: tuple[ReportedPolicy, ...]
+    policies: tuple[PolicyInfo, ...]
+
+    def policy(self, name: str) -> PolicyInfo | None:
+        return next((p for p in self.policies if p.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -142,15 +148,15 @@ class AnalyzerStub:
             stack=stack, project=project, organization=organization, dry_run=dry_run, config=_struct(config),
         ), timeout=timeout)
 
-    def get_analyzer_info(self, *, timeout: float) -> AnalyzerInfo:
+    def get_analyzer_info(self, *, timeout: float) -> PackInfo:
         """``GetAnalyzerInfo``, waiting for the pack to listen."""
         resp = self._stub.GetAnalyzerInfo(empty_pb2.Empty(), timeout=timeout, wait_for_ready=True)
-        return AnalyzerInfo(resp.name, resp.version, tuple(
-            ReportedPolicy(
+        return PackInfo(resp.name, resp.version, tuple(
+            PolicyInfo(
                 name=p.name,
                 description=p.description,
                 enforcement_level=_LEVEL_BY_PROTO[p.enforcementLevel],
-                config_schema=json_format.MessageToDict(p.configSchema.properties),
+                config_schema=integral(json_format.MessageToDict(p.configSchema.properties)),
                 required=tuple(p.configSchema.required),
                 stack_policy=p.policy_type == analyzer_pb2.POLICY_TYPE_STACK,
             )

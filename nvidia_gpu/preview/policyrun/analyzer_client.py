@@ -14,6 +14,7 @@ generated code, which :mod:`nvidia_gpu.sdk.analyzer` wraps: this module sees pla
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -33,11 +34,10 @@ import grpc
 import jsonschema
 import yaml
 
-from nvgpu.protostruct import integral
 from nvgpu.stackconfig import CONFIG_FILE_ENV
 from nvidia_gpu import sdk
 from nvidia_gpu.sdk import analyzer
-from nvidia_gpu.sdk.analyzer import AnalyzerStub, PolicyConfig, ReportedDiagnostic, policy_config
+from nvidia_gpu.sdk.analyzer import AnalyzerStub, PackInfo, PolicyConfig, ReportedDiagnostic, policy_config
 
 log = logging.getLogger(__name__)
 
@@ -77,26 +77,6 @@ class AnalyzerResource:
     props: Mapping[str, Any]
     parent: str = ""
     dependencies: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class PolicyInfo:
-    name: str
-    description: str
-    enforcement_level: str
-    config_schema: Mapping[str, Any]
-    required: tuple[str, ...] = ()
-    stack_policy: bool = False
-
-
-@dataclass(frozen=True)
-class PackInfo:
-    name: str
-    version: str
-    policies: tuple[PolicyInfo, ...]
-
-    def policy(self, name: str) -> PolicyInfo | None:
-        return next((p for p in self.policies if p.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -371,20 +351,10 @@ class PackProcess:
         )
 
     def _analyzer_info(self) -> PackInfo:
-        resp = self.stub.get_analyzer_info(timeout=self.start_timeout)
-        policies = tuple(
-            PolicyInfo(
-                name=p.name,
-                description=p.description,
-                enforcement_level=p.enforcement_level,
-                config_schema=integral(p.config_schema),
-                required=p.required,
-                stack_policy=p.stack_policy,
-            )
-            for p in resp.policies
-        )
+        info = self.stub.get_analyzer_info(timeout=self.start_timeout)
         # Like the CLI, the version in PulumiPolicy.yaml wins over the one the pack reports.
-        return PackInfo(resp.name, self.manifest.version or resp.version, tuple(sorted(policies, key=lambda p: p.name)))
+        return dataclasses.replace(info, version=self.manifest.version or info.version,
+                                   policies=tuple(sorted(info.policies, key=lambda p: p.name)))
 
     def configure(self, config: Mapping[str, Any]) -> None:
         """Send ``--policy-pack-config`` content (``{"all": "...", "<policy>": ...}``); no call when empty."""

@@ -29,12 +29,12 @@ from nvidia_gpu.preview.policyrun.analyzer_client import (
     AnalyzerResource,
     Diagnostic,
     PackError,
-    PackInfo,
     PackProcess,
     PolicyConfigError,
     StackContext,
 )
 from nvidia_gpu.preview.policyrun.report import format_policies, summary_line
+from nvidia_gpu.sdk.analyzer import PackInfo
 
 #: The project's policy config: CI passes it to the CLI (``policyPackConfigs``) and the offline runs use it.
 PROJECT_CONFIG = PACK_DIR / "config.json"

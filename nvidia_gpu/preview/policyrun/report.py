@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nvidia_gpu.preview.policyrun.analyzer_client import ROOT_STACK_TYPE, Diagnostic, PackInfo
+from nvidia_gpu.preview.policyrun.analyzer_client import ROOT_STACK_TYPE, Diagnostic
+from nvidia_gpu.sdk.analyzer import PackInfo
 
 _ORDER = {"mandatory": 0, "remediate": 0, "advisory": 1, "disabled": 2}
 

@@ -13,8 +13,9 @@ from _pytest.mark.expression import Expression
 
 from nvgpu.version import VERSION
 from nvidia_gpu.policies.pack import PACK_NAME, POLICIES
-from nvidia_gpu.preview.policyrun.analyzer_client import PackInfo, PackManifest, PolicyInfo, reconcile_config
+from nvidia_gpu.preview.policyrun.analyzer_client import PackManifest, reconcile_config
 from nvidia_gpu.preview.policyrun.offline import PROJECT_CONFIG, load_policy_config
+from nvidia_gpu.sdk.analyzer import PackInfo, PolicyInfo
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKFLOWS = ROOT / ".github" / "workflows"

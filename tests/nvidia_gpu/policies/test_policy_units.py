@@ -20,8 +20,9 @@ from nvidia_gpu.policies.node_selection import (
     pinned_values,
 )
 from nvidia_gpu.policies.stack_facts import config_values, parse_minor
-from nvidia_gpu.preview.policyrun.analyzer_client import Diagnostic, PackInfo, PolicyInfo, reconcile_config
+from nvidia_gpu.preview.policyrun.analyzer_client import Diagnostic, reconcile_config
 from nvidia_gpu.preview.policyrun.report import format_policies, summary_line
+from nvidia_gpu.sdk.analyzer import PackInfo, PolicyInfo
 
 
 def _sel(*reqs: tuple[str, str, tuple[str, ...]]) -> NodeSelection:

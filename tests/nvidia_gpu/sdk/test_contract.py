@@ -255,7 +255,7 @@ def test_the_analyzer_stub_speaks_the_protocol_in_plain_values() -> None:
     stub.handshake(engine_address="e", root_directory="/r", program_directory="/p", timeout=1)
     stub.configure_stack(stack="dev", project="proj", organization="org", dry_run=True, config={"k": "v"}, timeout=1)
     info = stub.get_analyzer_info(timeout=1)
-    assert info == analyzer.AnalyzerInfo("pack", "1", (analyzer.ReportedPolicy(
+    assert info == analyzer.PackInfo("pack", "1", (analyzer.PolicyInfo(
         "p", "d", "remediate", {"limit": {"type": "integer"}}, ("limit",), True),))
     stub.configure({"p": analyzer.policy_config("disabled", {"limit": 3})}, timeout=1)
     reported = analyzer.ReportedDiagnostic("p", "pack", "1", "d", "m", "mandatory", "urn:a")
