@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -166,26 +165,6 @@ class DriverExpectation:
     @property
     def empty(self) -> bool:
         return self.version is None and self.modules is KernelModules.AUTO and self.driver_type is None
-
-    def virtualization_mismatches(self, modes: Iterable[str]) -> list[str]:
-        """One message per virtualization mode of the node's GPUs (as NVML and ``nvidia-smi -q`` name it;
-        ``N/A`` where the driver cannot tell, not compared) that the declared driver type does not run in."""
-        if self.driver_type is None:
-            return []
-        allowed = VIRTUALIZATION_MODES[self.driver_type]
-        return [f"the GPUs are in virtualization mode {mode}; driver type {self.driver_type.value} needs "
-                f"{' or '.join(allowed)}" for mode in sorted(set(modes)) if mode != "N/A" and mode not in allowed]
-
-    def mismatches(self, loaded: str, proc_version_text: str) -> list[str]:
-        out = []
-        if self.version is not None and not self.version.matches(loaded):
-            declared = f"the {self.version.text} branch" if self.version.is_branch else self.version.text
-            out.append(f"driver {loaded} is loaded; the node group declares {declared}")
-        if self.modules is not KernelModules.AUTO:
-            found = loaded_modules(proc_version_text)
-            if found is not self.modules:
-                out.append(f"the {found.value} kernel modules are loaded; the node group declares {self.modules.value}")
-        return out
 
     def args(self) -> list[str]:
         """The agent's ``--expect-*`` options for this expectation."""
