@@ -11,15 +11,19 @@ Fabric Manager registration has completed (``fabric-not-ready`` otherwise); and 
 the container runtime is ready: containerd has the nvidia runtime or CDI, CRI-O has the nvidia runtime
 (``runtimeName`` says which was found).
 Every failure is a ``Finding`` with a reason code from ``nvgpu.nodescripts.facts.Reason``. The host's
-requirements (modules, device nodes, the toolkit's programs) are declared once in ``nvgpu.nodescripts.plan``
-(``HOST_CHECKS``, ``RUNTIME_CHECKS``), checked here by ``node_agent.setup.executor`` and rendered into the script.
+requirements (modules, device nodes, the toolkit's programs) and the judgements of what the check found out
+(the loaded driver against the declared one and the required one, the GPUs' virtualization modes against the
+declared driver type, their compute capabilities and fabric registrations) are declared once in
+``nvgpu.nodescripts.plan`` (``HOST_CHECKS``, ``RUNTIME_CHECKS``, ``DRIVER_CHECKS``, ``FABRIC_CHECKS``,
+``VIRTUALIZATION_CHECKS``, ``REQUIRED_DRIVER_CHECKS``), judged here by ``node_agent.setup.executor`` and rendered
+into the script.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from node_agent.host import DriverVersionError, HostError, HostRoot, nvidia_gpus, read_driver_version
@@ -96,27 +100,28 @@ class _Run:
         self.findings.append(Finding(reason, message))
 
 
-def _check_fabric(r: _Run, index: int, name: str, nvml: NvmlSession) -> None:
-    """An NVSwitch GPU (HGX/DGX H100, H200 and newer) runs no CUDA program, each failing with error 802
-    (cudaErrorSystemNotReady), until Fabric Manager has registered it with the NVLink fabric.
+#: NVML's fabric states as ``nvidia-smi -q`` words them, the words ``plan.FabricReady`` judges.
+_FABRIC_WORDS = {FabricState.NOT_SUPPORTED: "N/A", FabricState.NOT_STARTED: "Not Started",
+                 FabricState.IN_PROGRESS: "In Progress", FabricState.COMPLETED: "Completed"}
 
-    The rule is NVIDIA's own, from kubernetes-sigs/dra-driver-nvidia-gpu
-    ``cmd/compute-domain-kubelet-plugin/nvlib.go`` (``getCliqueIDStrict``, on by default through
-    ``CrashOnNVLinkFabricErrors``): NOT_SUPPORTED, from the call or as the state, is a GPU without a fabric
-    (PCIe boards, and every pre-Hopper GPU, whose NVML reports no fabric); any state but COMPLETED is not
-    ready; COMPLETED with a status other than success is a failed registration. Any other NVML error is
-    raised (NVIDIA's strict path refuses to start on it too): the caller records it as ``nvml-failed``.
+
+def _fabric(index: int, name: str, nvml: NvmlSession) -> tuple[str, str, str]:
+    """An NVSwitch GPU's (HGX/DGX H100, H200 and newer) registration with the NVLink fabric, as
+    ``plan.FabricReady`` judges it: (the GPU's name in a message, its state, its status), in ``nvidia-smi -q``'s
+    words.
+
+    NOT_SUPPORTED, from the call or as the state, is a GPU without a fabric (PCIe boards, and every pre-Hopper
+    GPU, whose NVML reports no fabric): ``N/A``. A failed registration's status is NVML's return code. Any other
+    NVML error is raised (NVIDIA's strict path refuses to start on it too): the caller records it as
+    ``nvml-failed``.
     """
     info = nvml.fabric_info(index)
-    if info is None or info.state is FabricState.NOT_SUPPORTED:
-        return
+    gpu = f"GPU {index} {name!r}"
+    if info is None:
+        return gpu, _FABRIC_WORDS[FabricState.NOT_SUPPORTED], "N/A"
     if info.state is not FabricState.COMPLETED:
-        state = info.state.name.lower().replace("_", "-")
-        r.fail(Reason.FABRIC_NOT_READY, f"GPU {index} {name!r}: its NVLink fabric registration is {state}: CUDA "
-               "fails with error 802 until Fabric Manager (nvidia-fabricmanager) has finished")
-    elif info.status != 0:
-        r.fail(Reason.FABRIC_NOT_READY, f"GPU {index} {name!r}: Fabric Manager failed to register it with the "
-               f"NVLink fabric (NVML status {info.status}): CUDA fails with error 802; check nvidia-fabricmanager")
+        return gpu, _FABRIC_WORDS[info.state], "N/A"
+    return gpu, _FABRIC_WORDS[info.state], "Success" if info.status == 0 else f"NVML status {info.status}"
 
 
 def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
@@ -136,11 +141,13 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
         r.fail(Reason.DRIVER_MISSING if e.missing else Reason.DRIVER_UNPARSEABLE, str(e))
     except HostError as e:
         r.fail(Reason.PROC_UNREADABLE, str(e))
+    first = ""
     if driver is not None and not expect.empty:
         # The first line, as gpu-check.sh reads it (read_driver_version just read the file).
         first = (host.read_text_or_none(facts.DRIVER_VERSION_FILE) or "").split("\n", 1)[0]
-        for message in expect.mismatches(driver, first):
-            r.fail(Reason.DRIVER_MISMATCH, message)
+    inputs = executor.CheckInputs(driver=driver, driver_line=first, expect=expect)
+    for reason, message in executor.input_findings(plan.DRIVER_CHECKS, inputs):
+        r.fail(reason, message)
 
     for reason, message in executor.check_findings(host, plan.HOST_CHECKS):
         r.fail(reason, message)
@@ -150,11 +157,14 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
     try:
         with open_nvml() as nvml:
             inventory = nvml.inventory()
+            fabrics = []
             for g in inventory.gpus:
                 try:
-                    _check_fabric(r, g.index, g.name, nvml)
+                    fabrics.append(_fabric(g.index, g.name, nvml))
                 except NvmlError as e:  # this GPU's query only: the other checks still run
                     r.fail(Reason.NVML_FAILED, f"NVML: {e}")
+            for reason, message in executor.input_findings(plan.FABRIC_CHECKS, replace(inputs, fabrics=fabrics)):
+                r.fail(reason, message)
     except NvmlError as e:
         r.fail(Reason.NVML_FAILED, f"NVML: {e}")
     else:
@@ -174,17 +184,15 @@ def run_check(host: HostRoot, open_nvml: NvmlOpener, phase: Phase = "all",
                                      "applies, and its MIG profiles are NVML's own")
                 else:
                     required = max(required, model.effective_min_driver, key=catalogue.parse_driver_version)
-                if g.compute_capability < catalogue.MIN_COMPUTE_CAPABILITY:
-                    major, minor = catalogue.MIN_COMPUTE_CAPABILITY
-                    r.fail(Reason.COMPUTE_TOO_OLD, f"GPU {g.index} {g.name!r} has compute capability "
-                           f"{g.compute_capability[0]}.{g.compute_capability[1]}, below {major}.{minor}")
             if not inventory.gpus:
                 r.fail(Reason.NO_GPUS_LISTED, "NVML lists no GPU")
             modes = [g.virtualization.value if g.virtualization else "N/A" for g in inventory.gpus]
-            for message in expect.virtualization_mismatches(modes):
-                r.fail(Reason.DRIVER_MISMATCH, message)
-            if driver is not None and not catalogue.driver_at_least(driver, required):
-                r.fail(Reason.DRIVER_TOO_OLD, f"driver {driver} is older than the required {required}")
+            computes = [(f"GPU {g.index} {g.name!r}", f"{g.compute_capability[0]}.{g.compute_capability[1]}")
+                        for g in inventory.gpus]
+            inputs = replace(inputs, modes=modes, required=required, computes=computes)
+            for reason, message in executor.input_findings((*plan.VIRTUALIZATION_CHECKS,
+                                                            *plan.REQUIRED_DRIVER_CHECKS), inputs):
+                r.fail(reason, message)
 
     runtime: str | None = None
     runtime_name: str | None = None

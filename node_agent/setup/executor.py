@@ -1,5 +1,8 @@
 """The agent's interpreter of node-setup plans (``nvgpu.nodescripts.plan``): apply one, see where it stands,
-roll it back; and the node check's requirements (:func:`check_findings`).
+roll it back; the node check's requirements (:func:`check_findings`) and its checks of what it found out
+against the declaration (:func:`input_findings`); a file chosen by host facts
+(:func:`choose`, :func:`read_ours`); the edit of a file of someone else's (:func:`block_edited`,
+:func:`block_restored`).
 
 Why: a step declared as a plan is applied here for the DaemonSet backend and rendered as bash for Deckhouse
 (``nvgpu.nodescripts.bashplan``) from the same declaration, so the two backends cannot drift. This module only
@@ -13,22 +16,35 @@ journal, removes our managed files (also those a script wrote, without a journal
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, gpu_minors, loaded_modules
 from node_agent.host.root import CommandTimeout
 from node_agent.setup.journal import Journal
+from nvgpu import catalogue
+from nvgpu.driver import NO_EXPECTATION, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.facts import Reason
 from nvgpu.nodescripts.plan import (
     Check,
+    ChosenFile,
+    ComputeAtLeast,
+    DriverAtLeast,
+    DriverDeclared,
+    FabricReady,
     GpuNodesExist,
+    InputCheck,
+    MarkedBlock,
     ModuleLoaded,
+    ModulesDeclared,
     NodeExists,
     ProgramInstalled,
     StepPlan,
+    VirtualizationAllowed,
+    fill,
     former_not_ours,
     not_ours,
     setting_absent,
@@ -45,6 +61,155 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     #: What is still missing after apply (the modules' and the requirements' problems): empty = ready.
     problems: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The case of a :class:`ChosenFile` the host's facts select, its slots filled: write ``content`` at
+    ``path`` (None: nothing written), log ``note``; or refuse with ``refuse``; or (``agent_layout``) the agent's
+    own layout."""
+
+    path: str
+    content: str | None
+    note: str
+    refuse: str
+    agent_layout: bool
+
+
+class PlanRefused(HostError):
+    """A plan's case refuses the step on this host (nothing changed)."""
+
+
+def choose(item: ChosenFile, detected: dict[str, str]) -> Chosen:
+    """The first case of ``item`` that ``detected`` (fact -> value; facts a case does not test may be left
+    out) matches; ``ValueError`` when none does."""
+    for case in item.cases:
+        if case.matches(detected):
+            return Chosen(case.path, None if case.content is None else fill(case.content, detected),
+                          fill(case.note, detected), fill(case.refuse, detected), case.agent_layout)
+    raise ValueError(f"no case for {detected}")
+
+
+def read_ours(host: HostRoot, path: str) -> str | None:
+    """The managed file at ``path`` (None: none); :class:`NotOurs` when someone else's file is there."""
+    text = host.read_text_or_none(path)
+    if text is not None and not _ours(text):
+        raise NotOurs(not_ours(path), path)
+    return text
+
+
+def _ere(pattern: str) -> re.Pattern[str]:
+    """A plan's POSIX ERE as Python reads it (awk's ``[[:space:]]`` is a blank here)."""
+    return re.compile(pattern.replace("[[:space:]]", r"[ \t]"))
+
+
+def _lines(text: str) -> list[str]:
+    """Lines as awk reads them: split on newline only, no empty last line for a final newline."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def block_restored(item: MarkedBlock, text: str) -> str:
+    """``text`` without our marked lines and with the lines we disabled enabled again: the file as it was."""
+    out: list[str] = []
+    inside = False
+    for line in _lines(text):
+        if line == item.begin:
+            inside = True
+        elif inside:
+            inside = line != item.end
+        else:
+            out.append(line.removeprefix(item.disabled_prefix))
+    return "".join(f"{line}\n" for line in out)
+
+
+def block_edited(item: MarkedBlock, text: str | None, detected: dict[str, str]) -> str:
+    """``text`` (None: no file) with ``item`` applied, from the file as it was (:func:`block_restored`), so
+    applying it again changes nothing; ``detected`` fills the table key's slot. The same edit as the awk
+    ``bashplan.render_block`` renders, byte for byte."""
+    key, table = _ere(item.root_keys_ere), _ere(item.table_ere)
+    tk = item.table_key
+    value = detected.get(tk.slot, "") if tk else ""
+    their_table, their_key = (_ere(tk.table_ere), _ere(tk.key_ere)) if tk else (None, None)
+    ours = [item.begin, fill(tk.line, detected), item.end] if tk and value else []
+    out = list(item.lines)
+    in_tables = in_table = seen = False
+    for line in _lines(block_restored(item, text or "")):
+        header = bool(table.match(line))
+        if header:
+            in_tables, in_table = True, bool(their_table and their_table.match(line))
+        disable = (not in_tables and key.match(line)) or (
+            ours and in_table and not header and their_key is not None and their_key.match(line))
+        out.append(item.disabled_prefix + line if disable else line)
+        if ours and header and in_table and not seen:
+            out += ours
+            seen = True
+    if tk and ours and not seen:
+        out += [ours[0], tk.header, *ours[1:]]
+    return "".join(f"{line}\n" for line in out)
+
+
+@dataclass(frozen=True)
+class CheckInputs:
+    """What the check found out before its :data:`~nvgpu.nodescripts.plan.InputCheck` items judge it: the loaded
+    driver (None: not read), the driver version file's first line, the declaration, the GPUs' virtualization
+    modes (NVML's), the driver their models require (None: not known), the GPUs' compute capabilities."""
+
+    driver: str | None = None
+    driver_line: str = ""
+    expect: DriverExpectation = NO_EXPECTATION
+    modes: Sequence[str] = ()
+    required: str | None = None
+    #: Each GPU as (its name in a message, its compute capability as ``major.minor``).
+    computes: Sequence[tuple[str, str]] = ()
+    #: Each GPU as (its name in a message, its fabric state, its fabric status), in ``nvidia-smi -q``'s words.
+    fabrics: Sequence[tuple[str, str, str]] = ()
+
+
+def input_findings(checks: Iterable[InputCheck], inputs: CheckInputs) -> list[tuple[Reason, str]]:
+    """The findings of ``checks`` on ``inputs``, as (reason, message), in order; a check whose input or
+    declaration is missing finds nothing."""
+    out: list[tuple[Reason, str]] = []
+    driver, expect = inputs.driver, inputs.expect
+    for c in checks:
+        if isinstance(c, DriverDeclared):
+            declared = expect.version
+            if driver is not None and declared is not None:
+                branch = "." not in declared.text
+                same = (driver.split(".", 1)[0] == declared.text if branch
+                        else catalogue.parse_driver_version(driver) == catalogue.parse_driver_version(declared.text))
+                if not same:
+                    text = c.branch_message if branch else c.release_message
+                    out.append((c.reason, fill(text, {"driver": driver, "declared": declared.text})))
+        elif isinstance(c, ModulesDeclared):
+            if driver is not None and expect.modules is not KernelModules.AUTO:
+                loaded = "open" if c.open_marker.lower() in inputs.driver_line.lower() else "proprietary"
+                if loaded != expect.modules.value:
+                    out.append((c.reason, fill(c.message, {"loaded": loaded, "declared": expect.modules.value})))
+        elif isinstance(c, VirtualizationAllowed):
+            if expect.driver_type is not None:
+                allowed = c.allowed(expect.driver_type.value)
+                out += [(c.reason, fill(c.message, {"mode": mode, "driver_type": expect.driver_type.value,
+                                                    "allowed": " or ".join(allowed)}))
+                        for mode in sorted(set(inputs.modes)) if mode != c.unknown and mode not in allowed]
+        elif isinstance(c, ComputeAtLeast):
+            for gpu, cc in inputs.computes:
+                m = re.fullmatch(r"([0-9]+)\.([0-9]+)", cc)
+                if m is None or (int(m.group(1)), int(m.group(2))) < c.minimum:
+                    out.append((c.reason, fill(c.message, {"gpu": gpu, "cc": cc, "minimum": c.minimum_text})))
+        elif isinstance(c, FabricReady):
+            for gpu, state, status in inputs.fabrics:
+                if state in c.not_ready:
+                    out.append((c.reason, fill(c.not_ready_message, {"gpu": gpu, "state": state})))
+                elif state == c.done and status != c.ok:
+                    out.append((c.reason, fill(c.failed_message, {"gpu": gpu, "status": status})))
+        elif isinstance(c, DriverAtLeast):
+            required = inputs.required
+            if driver is not None and required is not None and not catalogue.driver_at_least(driver, required):
+                out.append((c.reason, fill(c.message, {"driver": driver, "required": required})))
+    return out
 
 
 def check_findings(host: HostRoot, checks: Iterable[Check], *, toolkit_dir: str | None = None

@@ -54,6 +54,11 @@ edit of someone else's as it is now (teardown runs it at each deletion of a setu
   versions (a copy of the whole file) are read the same way: the copy says only whether there was a line.
 
 A malformed config is reported and nothing is touched, at apply and at rollback.
+
+Which drop-in, with which content, and when the step is refused is ``nvgpu.nodescripts.plan.RUNTIME_DROPIN``
+(``gpu-runtime.sh`` is rendered from it): this module detects the facts it chooses from (:func:`_facts`) and
+does what only the agent does (the layout outside Deckhouse, edit notes, restarts). The toolkit config's edit is
+``plan.toolkit_config``, applied with ``node_agent.setup.executor.block_edited``.
 """
 
 from __future__ import annotations
@@ -65,18 +70,16 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, nvidia_gpus
+from node_agent.host import CommandNotFound, HostError, HostRoot, nvidia_gpus
 from node_agent.host.root import CommandTimeout
+from node_agent.setup.executor import Chosen, block_edited, block_restored, choose, read_ours
 from node_agent.setup.journal import AddedItem, Journal, Recorded
 from node_agent.setup.tomlwrite import dotted, dumps, flatten
 from nvgpu import toolkit as toolkitspec
-from nvgpu.nodescripts import facts
+from nvgpu.nodescripts import facts, plan
 from nvgpu.nodescripts.content import (
     HEADER,
     dropin_for,
-    render_crio_dropin,
-    toolkit_config_edited,
-    toolkit_config_restored,
 )
 
 RESTART_TIMEOUT_S = 120
@@ -106,21 +109,21 @@ def _crio_markers(host: HostRoot) -> list[str]:
     return files + [p for p in facts.CRIO_SOCKETS if host.exists(p)]
 
 
-def detect_runtime(host: HostRoot) -> Runtime:
-    """The node's container runtime; refuses (``RuntimeDetectionError``) when both or neither are there."""
+def _runtime_fact(host: HostRoot) -> dict[str, str]:
+    """The facts ``runtime`` and ``crio_markers`` of ``plan.RUNTIME_DROPIN``."""
     containerd = host.exists(facts.CONTAINERD_CONFIG)
     crio = _crio_markers(host)
-    if containerd and crio:
-        raise RuntimeDetectionError(
-            f"both containerd ({facts.CONTAINERD_CONFIG}) and CRI-O ({', '.join(crio)}) are on this host; "
-            "not guessing which one kubelet uses: remove the unused one's config", facts.CONTAINERD_CONFIG)
-    if crio:
-        return "crio"
-    if containerd:
-        return "containerd"
-    looked = ", ".join((facts.CRIO_CONFIG, facts.CRIO_DROPIN_DIR, *facts.CRIO_BINARIES, *facts.CRIO_SOCKETS))
-    raise RuntimeDetectionError(f"{facts.CONTAINERD_CONFIG} is missing and there is no CRI-O either (looked at "
-                                f"{looked}): is a container runtime installed?", facts.CONTAINERD_CONFIG)
+    runtime = ("both" if crio else "containerd") if containerd else ("crio" if crio else "none")
+    return {"runtime": runtime, "crio_markers": ", ".join(crio)}
+
+
+def detect_runtime(host: HostRoot) -> Runtime:
+    """The node's container runtime; refuses (``RuntimeDetectionError``, the plan's message) when both or
+    neither are there."""
+    detected = _runtime_fact(host)
+    if detected["runtime"] in ("both", "none"):
+        raise RuntimeDetectionError(choose(plan.RUNTIME_DROPIN, detected).refuse, facts.CONTAINERD_CONFIG)
+    return "crio" if detected["runtime"] == "crio" else "containerd"
 
 
 class ContainerdConfigError(HostError):
@@ -157,10 +160,10 @@ def load_config(host: HostRoot) -> ContainerdConfig:
     except tomllib.TOMLDecodeError as e:
         raise ContainerdConfigError(f"{facts.CONTAINERD_CONFIG} is not valid TOML: {e}", facts.CONTAINERD_CONFIG) from e
     version = doc.get("version", 1)
-    if version not in facts.CRI_PLUGIN:
-        raise ContainerdConfigError(
-            f"{facts.CONTAINERD_CONFIG}: config version {version!r} is not supported; "
-            "expected 2 (containerd 1.x) or 3 (containerd 2.x)", facts.CONTAINERD_CONFIG)
+    shown = str(version) if type(version) is int else repr(version)
+    chosen = choose(plan.RUNTIME_DROPIN, {"runtime": "containerd", "deckhouse": "false", "containerd_version": shown})
+    if not chosen.agent_layout:  # the plan's layouts are for versions 2 and 3 only
+        raise ContainerdConfigError(chosen.refuse, facts.CONTAINERD_CONFIG)
     return ContainerdConfig(int(version), doc, text, host.exists(facts.DECKHOUSE_CONTAINERD_BASE))
 
 
@@ -324,11 +327,27 @@ def _stale_copy_detail(host: HostRoot, cfg: ContainerdConfig) -> str:
             "'runtime apply' (node setup does at each start of its pod) to take them")
 
 
+def _facts(host: HostRoot, binary: str, cfg: ContainerdConfig | None = None) -> dict[str, str]:
+    """The host facts ``plan.RUNTIME_DROPIN`` chooses from, as the agent detects them (``cfg``: containerd's
+    config, on a containerd host)."""
+    systemd = cfg is not None and _dig(cfg.doc, "plugins", cfg.cri_plugin, "containerd", "runtimes", "runc",
+                                       "options", "SystemdCgroup") is True
+    return {**_runtime_fact(host), "containerd_version": str(cfg.version) if cfg else "",
+            "deckhouse": "true" if cfg and cfg.deckhouse else "false", "systemd_cgroup": "true" if systemd else "false",
+            "nvidia_runtime": "true" if host.is_executable(binary) else "false", "binary": binary,
+            "conmon": _conmon(host) or ""}
+
+
+def _deckhouse_case(host: HostRoot, cfg: ContainerdConfig, binary: str) -> Chosen:
+    """The plan's case for this containerd host as Deckhouse lays it out (our keys alone): the drop-in itself
+    there; outside Deckhouse, the keys the agent's own layout carries."""
+    return choose(plan.RUNTIME_DROPIN, {**_facts(host, binary, cfg), "runtime": "containerd", "deckhouse": "true"})
+
+
 def render_dropin(host: HostRoot, cfg: ContainerdConfig, binary: str = facts.NVIDIA_CONTAINER_RUNTIME) -> str:
-    systemd = _dig(cfg.doc, "plugins", cfg.cri_plugin, "containerd", "runtimes", "runc", "options",
-                   "SystemdCgroup") is True
-    nvidia_default = host.is_executable(binary)
-    ours = dropin_for(cfg.version, systemd, nvidia_default, binary)
+    ours = _deckhouse_case(host, cfg, binary).content
+    if ours is None:
+        raise ContainerdConfigError(f"no drop-in for containerd config version {cfg.version}", facts.CONTAINERD_CONFIG)
     if cfg.deckhouse or cfg.version == 3:
         return ours
     # containerd 1.x imports replace whole plugin sections: carry the existing CRI section along.
@@ -403,13 +422,6 @@ class RuntimeResult:
         return {"skipped": self.skipped, "runtime": self.runtime, "containerdConfigVersion": self.containerd_version,
                 "changed": self.changed, "restarted": self.restarted, "notes": self.notes,
                 "toolkitAcceptsEnvvarWhenUnprivileged": self.toolkit_accept_envvar}
-
-
-def _check_ours(host: HostRoot, path: str) -> str | None:
-    existing = host.read_text_or_none(path)
-    if existing is not None and not existing.startswith(HEADER):
-        raise NotOurs(f"{path} exists and was not written by nvidia-gpu; not overwriting it", path)
-    return existing
 
 
 def restart_service(host: HostRoot, unit: str, result: RuntimeResult) -> None:
@@ -492,8 +504,9 @@ def _toolkit_plan(host: HostRoot, accept_envvar: bool, driver_root: str = "/") -
     text = host.read_text_or_none(TOOLKIT_CONFIG)
     if not host.is_executable(facts.NVIDIA_CONTAINER_RUNTIME):
         return _ToolkitPlan(text, None, accept_envvar)
-    before = _toolkit_doc(toolkit_config_restored(text), "") if text is not None else {}
-    edited = toolkit_config_edited(text, accept_envvar, driver_root)
+    block = plan.toolkit_config(accept_envvar)
+    before = _toolkit_doc(block_restored(block, text), "") if text is not None else {}
+    edited = block_edited(block, text, {"driver_root": "" if driver_root == "/" else driver_root})
     after = _toolkit_doc(edited, " with our block added")
     ours = {facts.TOOLKIT_ENVVAR_KEY, facts.TOOLKIT_VOLUME_MOUNTS_KEY}
     if after.get("nvidia-container-cli", {}).get("root", "/") != driver_root and driver_root != "/":
@@ -524,7 +537,7 @@ def _rollback_toolkit(host: HostRoot, result: RuntimeResult) -> None:
     text = host.read_text_or_none(TOOLKIT_CONFIG)
     if text is None:
         return
-    restored = toolkit_config_restored(text)
+    restored = block_restored(plan.toolkit_config(False), text)  # the markers, whichever lines are between
     if restored == text:
         return
     if restored.strip():
@@ -535,6 +548,7 @@ def _rollback_toolkit(host: HostRoot, result: RuntimeResult) -> None:
 
 
 def _conmon(host: HostRoot) -> str | None:
+    """CRI-O's conmon, the first of the usual paths installed (the ``conmon`` fact)."""
     for p in facts.CONMON_PATHS:
         if host.is_executable(p):
             return p
@@ -558,15 +572,16 @@ def _toolkit_runtimes_note(host: HostRoot) -> str | None:
 def _apply_crio(host: HostRoot, restart: bool, binary: str = facts.NVIDIA_CONTAINER_RUNTIME) -> RuntimeResult:
     crio_effective_config(host)
     result = RuntimeResult(runtime="crio")
-    existing = _check_ours(host, facts.CRIO_DROPIN)
-    if not host.is_executable(binary):
-        result.notes.append(f"{binary} is missing: {facts.CRIO_DROPIN} not written "
-                            "(CRI-O does not start with a runtime whose runtime_path is missing)")
+    chosen = choose(plan.RUNTIME_DROPIN, _facts(host, binary))
+    existing = read_ours(host, chosen.path)
+    if chosen.note:
+        result.notes.append(chosen.note)
+    if chosen.content is None:
         if existing is not None:
             result.notes.append(f"{facts.CRIO_DROPIN} from an earlier apply names the missing runtime: reinstall "
                                 "the NVIDIA container toolkit or run 'runtime rollback' before CRI-O restarts")
         return result
-    dropin = render_crio_dropin(_conmon(host), binary)
+    dropin = chosen.content
     tomllib.loads(dropin)
     note = _toolkit_runtimes_note(host)
     if note:
@@ -589,11 +604,12 @@ def _apply_runtime(host: HostRoot, restart: bool, binary: str = facts.NVIDIA_CON
     result = RuntimeResult(containerd_version=cfg.version, runtime="containerd")
     dropin = render_dropin(host, cfg, binary)
     tomllib.loads(dropin)
-    existing = _check_ours(host, cfg.dropin_path)
+    existing = read_ours(host, cfg.dropin_path)
     new_config = None if cfg.deckhouse else with_import(cfg, IMPORT_PATTERN)
     before, after = _imports_match(cfg.text) if "imports" in cfg.doc else None, _imports_match(new_config or "")
-    if not host.is_executable(binary):
-        result.notes.append(f"{binary} is missing: runc stays the default runtime")
+    note = _deckhouse_case(host, cfg, binary).note
+    if note:
+        result.notes.append(note)
     journal = Journal(host, "runtime")
     if existing != dropin:
         where = (f"{facts.CONTAINERD_CONFIG} (the copy of its CRI section is taken again at each apply)"
@@ -652,9 +668,7 @@ def _rollback_runtime(host: HostRoot, restart: bool) -> RuntimeResult:
     journal = Journal(host, "runtime")
     # Planned before anything changes: a config.toml that cannot be read stops the rollback untouched.
     new_config = _config_without_ours(host, journal, result)
-    dropins = sorted({f"{d}/{facts.RUNTIME_DROPIN_NAME}"
-                      for d in (*facts.DECKHOUSE_DROPIN_DIRS.values(), facts.CONTAINERD_IMPORT_DIR)})
-    for path in (*dropins, facts.CRIO_DROPIN):
+    for path in sorted({*plan.RUNTIME_DROPIN.paths, PLAIN_DROPIN}):
         _remove_dropin(host, journal, path, result)
     if new_config is not None:
         mode = host.path(facts.CONTAINERD_CONFIG).stat().st_mode & 0o777

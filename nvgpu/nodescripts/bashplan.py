@@ -8,6 +8,15 @@ bash, one block per item of the plan, in the executor's order; it uses what the 
 (``refuse``) that is called with the message when a managed file's path holds someone else's file, before
 anything is changed. Modules and requirements leave their problems in the array ``plan_problems``.
 
+A :class:`~nvgpu.nodescripts.plan.ChosenFile` renders with :func:`render_chosen` as an ``if``/``elif`` over the
+facts, which the script detects first into ``fact_<name>`` variables.
+
+A :class:`~nvgpu.nodescripts.plan.MarkedBlock` renders with :func:`render_block` as an awk edit piped into
+``write_file``, the executor's ``block_edited`` line for line.
+
+The check's items on what it found out before (``plan.DRIVER_CHECKS`` ...) render with
+:func:`render_input_checks`, reading the variables :data:`INPUTS` names (the agent's ``executor.CheckInputs``).
+
 The node check's requirements (``plan.HOST_CHECKS``, ``plan.RUNTIME_CHECKS``) render with :func:`render_checks`
 as calls of the check's ``fail REASON MESSAGE``, the agent's findings (``executor.check_findings``).
 """
@@ -20,12 +29,22 @@ from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.facts import Reason
 from nvgpu.nodescripts.plan import (
+    SLOT_RE,
     Check,
+    ChosenFile,
+    ComputeAtLeast,
+    DriverAtLeast,
+    DriverDeclared,
+    FabricReady,
     GpuNodesExist,
+    InputCheck,
+    MarkedBlock,
     ModuleLoaded,
+    ModulesDeclared,
     NodeExists,
     ProgramInstalled,
     StepPlan,
+    VirtualizationAllowed,
     former_not_ours,
     former_removed,
     not_ours,
@@ -52,6 +71,187 @@ def _with_var(message: str, var: str) -> str:
 
 
 _SLOT = "\x00"
+
+
+def _slotted(text: str, names: dict[str, str] | None = None) -> str:
+    """``text`` as one bash word, its ``${name}`` slots expanded from the variables ``names`` maps them to
+    (default: ``fact_<name>``)."""
+    parts = SLOT_RE.split(text)  # literal, name, literal, name, ...
+    words = [f'"${{{(names or {}).get(part, f"fact_{part}")}}}"' if i % 2 else _q(part)
+             for i, part in enumerate(parts) if part or i % 2]
+    return "".join(words) or "''"
+
+
+def render_chosen(item: ChosenFile, *, refuse: str) -> str:
+    """The bash choosing and writing ``item``'s file from the ``fact_<name>`` variables, as the agent's
+    ``executor.choose`` does: ``refuse`` (the script's function, which logs its argument and exits) for a
+    refusing case and for a path holding someone else's file; otherwise ``plan_path`` is the host path and
+    ``plan_result`` is ``changed``, ``unchanged`` or ``skipped`` (nothing written)."""
+    out = [f"# Rendered from nvgpu.nodescripts.plan ({item.log}); the agent chooses the same "
+           "(node_agent.setup.executor.choose).",
+           'plan_path=""',
+           'plan_result=""']
+    for i, case in enumerate(item.cases):
+        cond = " && ".join(f'[[ "${{fact_{name}}}" == {_q(value)} ]]' for name, value in case.when) or "true"
+        out.append(f"{'elif' if i else 'if'} {cond}; then")
+        if case.refuse:
+            out.append(f"  {refuse} {_slotted(case.refuse)}")
+            continue
+        local = f'"${{ROOT}}"{_q(case.path)}'
+        out += [f"  plan_path={_q(case.path)}",
+                f"  if [[ -f {local} ]] && {_is_ours(case.path, negate=True)}; then",
+                f"    {refuse} {_q(not_ours(case.path))}",
+                "  fi"]
+        if case.note:
+            out.append(f"  bb-log-warning {_q(item.log + ': ')}{_slotted(case.note)}")
+        if case.content is None:
+            out.append("  plan_result=skipped")
+        else:
+            out.append(f"  plan_result=\"$(printf '%s' {_slotted(case.content)} | write_file {local})\"")
+    out.append("fi")
+    return "\n".join(out) + "\n"
+
+
+def _awk_string(text: str, slot: str) -> str:
+    """``text`` as an awk expression: a string literal, its ``${slot}`` the awk variable ``value``."""
+    def lit(part: str) -> str:
+        return '"' + part.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    parts = text.split(f"${{{slot}}}")
+    return " value ".join(lit(p) for p in parts)
+
+
+def render_block(item: MarkedBlock) -> str:
+    """The bash applying ``item`` (its table key's slot from ``fact_<slot>``): ``plan_result`` is ``changed`` or
+    ``unchanged``. Meant for a function's body that declares ``plan_result`` local."""
+    target = f'"${{ROOT}}"{_q(item.path)}'
+    tk = item.table_key
+    if any("'" in x for x in (item.begin, item.end, item.disabled_prefix)):
+        raise ValueError(f"{item.path}: a marker with a quote")
+    awk = ["$0 == begin { inside = 1; next }",
+           "inside { if ($0 == end) inside = 0; next }",
+           "index($0, off) == 1 { $0 = substr($0, length(off) + 1) }",
+           "{ header = 0 }",
+           f"/{item.table_ere}/ {{ tables = 1; header = 1"
+           + (f"; intable = ($0 ~ /{tk.table_ere}/)" if tk else "") + " }",
+           f"!tables && /{item.root_keys_ere}/ {{ $0 = off $0 }}"]
+    value = ""
+    if tk:
+        line = _awk_string(tk.line, tk.slot)
+        value = f' -v value="${{fact_{tk.slot}}}"'
+        awk += [f'value != "" && intable && !header && /{tk.key_ere}/ {{ $0 = off $0 }}',
+                "{ print }",
+                f"value != \"\" && header && intable && !seen {{ print begin; print {line}; print end; seen = 1 }}",
+                f'END {{ if (value != "" && !seen) {{ print begin; print {_awk_string(tk.header, tk.slot)}; '
+                f"print {line}; print end }} }}"]
+    else:
+        awk.append("{ print }")
+    program = "\n".join(f"        {a}" for a in awk)
+    out = [f"# Rendered from nvgpu.nodescripts.plan ({item.path}); the agent makes the same edit "
+           "(node_agent.setup.executor.block_edited).",
+           'plan_result="$(',
+           "  {",
+           f"    printf '%s\\n' {' '.join(_q(line) for line in item.lines)}",
+           f"    if [[ -f {target} ]]; then",
+           f"      awk -v begin={_q(item.begin)} -v end={_q(item.end)} -v off={_q(item.disabled_prefix)}{value} '",
+           program,
+           f"      ' {target}"]
+    if tk:
+        out += [f'    elif [[ -n "${{fact_{tk.slot}}}" ]]; then',
+                f"      printf '%s\\n' {_q(item.begin)} {_q(tk.header)} "
+                f"{_slotted(tk.line)} {_q(item.end)}"]
+    out += ["    fi",
+            f"  }} | write_file {target}",
+            ')"']
+    return "\n".join(out) + "\n"
+
+
+#: The check's variables the input checks read: the loaded driver (empty: not read), the version file's first
+#: line, the declared driver, kernel modules and driver type (empty: not declared), the GPUs' virtualization
+#: modes (one a line), the driver their models require, the GPUs' compute capabilities (``CC|NAME`` lines) and
+#: fabric registrations (``STATE|STATUS|NAME`` lines).
+#: ``version_to_int`` is the check's too.
+INPUTS = {"driver": "driver", "driver_line": "first_line", "declared_driver": "EXPECT_DRIVER",
+          "declared_modules": "EXPECT_MODULES", "driver_type": "EXPECT_DRIVER_TYPE", "modes": "gpu_modes",
+          "required": "min_driver", "computes": "gpu_computes", "fabrics": "gpu_fabrics"}
+
+
+def render_input_checks(checks: tuple[InputCheck, ...]) -> str:
+    """The bash judging ``checks`` on the check's variables (:data:`INPUTS`), calling ``fail REASON MESSAGE``
+    for each finding, in the executor's ``input_findings`` order."""
+    v = {k: f"${{{name}:-}}" for k, name in INPUTS.items()}
+    out = ["# Rendered from nvgpu.nodescripts.plan; the agent judges the same (node_agent.setup.executor)."]
+    for c in checks:
+        if isinstance(c, DriverDeclared):
+            names = {"driver": INPUTS["driver"], "declared": INPUTS["declared_driver"]}
+            out += [f'if [[ -n "{v["driver"]}" && -n "{v["declared_driver"]}" ]]; then',
+                    f'  if [[ "{v["declared_driver"]}" == *.* ]]; then',
+                    f'    if (($(version_to_int "{v["driver"]}") != $(version_to_int "{v["declared_driver"]}"))); then',
+                    f"      fail {c.reason.value} {_slotted(c.release_message, names)}",
+                    "    fi",
+                    f'  elif [[ "${{{INPUTS["driver"]}%%.*}}" != "{v["declared_driver"]}" ]]; then',
+                    f"    fail {c.reason.value} {_slotted(c.branch_message, names)}",
+                    "  fi",
+                    "fi"]
+        elif isinstance(c, ModulesDeclared):
+            names = {"loaded": "plan_loaded_modules", "declared": INPUTS["declared_modules"]}
+            out += [f'if [[ -n "{v["driver"]}" && -n "{v["declared_modules"]}" ]]; then',
+                    "  plan_loaded_modules=proprietary",
+                    f'  if grep -qiF {_q(c.open_marker)} <<<"{v["driver_line"]}"; then',
+                    "    plan_loaded_modules=open",
+                    "  fi",
+                    f'  if [[ "$plan_loaded_modules" != "{v["declared_modules"]}" ]]; then',
+                    f"    fail {c.reason.value} {_slotted(c.message, names)}",
+                    "  fi",
+                    "fi"]
+        elif isinstance(c, VirtualizationAllowed):
+            names = {"mode": "plan_mode", "driver_type": INPUTS["driver_type"], "allowed": "plan_allowed_text"}
+            out += [f'if [[ -n "{v["driver_type"]}" ]]; then',
+                    "  plan_allowed=()",
+                    f'  case "{v["driver_type"]}" in']
+            out += [f"    {_q(t)}) plan_allowed=({' '.join(_q(m) for m in modes)}) ;;" for t, modes in c.modes]
+            out += ["  esac",
+                    """  plan_allowed_text="$(printf '%s or ' "${plan_allowed[@]}")\"""",
+                    '  plan_allowed_text="${plan_allowed_text% or }"',
+                    "  while IFS= read -r plan_mode; do",
+                    f'    [[ -n "$plan_mode" && "$plan_mode" != {_q(c.unknown)} ]] || continue',
+                    "    plan_fits=false",
+                    '    for a in "${plan_allowed[@]}"; do',
+                    '      if [[ "$plan_mode" == "$a" ]]; then plan_fits=true; fi',
+                    "    done",
+                    '    if [[ "$plan_fits" != true ]]; then',
+                    f"      fail {c.reason.value} {_slotted(c.message, names)}",
+                    "    fi",
+                    f'  done < <(sort -u <<<"{v["modes"]}")',
+                    "fi"]
+        elif isinstance(c, ComputeAtLeast):
+            names = {"gpu": "plan_gpu", "cc": "plan_cc", "minimum": "plan_minimum"}
+            major, minor = c.minimum
+            out += [f"plan_minimum={_q(c.minimum_text)}",
+                    "while IFS='|' read -r plan_cc plan_gpu; do",
+                    '  [[ -n "$plan_gpu" ]] || continue',
+                    r'  if [[ ! "$plan_cc" =~ ^[0-9]+\.[0-9]+$ ]] '
+                    f"|| ((10#${{plan_cc%%.*}} * 1000 + 10#${{plan_cc#*.}} < {major * 1000 + minor})); then",
+                    f"    fail {c.reason.value} {_slotted(c.message, names)}",
+                    "  fi",
+                    f'done <<<"{v["computes"]}"']
+        elif isinstance(c, FabricReady):
+            names = {"gpu": "plan_gpu", "state": "plan_state", "status": "plan_status"}
+            not_ready = " || ".join(f'"$plan_state" == {_q(st)}' for st in c.not_ready)
+            out += ["while IFS='|' read -r plan_state plan_status plan_gpu; do",
+                    '  [[ -n "$plan_gpu" ]] || continue',
+                    f"  if [[ {not_ready} ]]; then",
+                    f"    fail {c.reason.value} {_slotted(c.not_ready_message, names)}",
+                    f'  elif [[ "$plan_state" == {_q(c.done)} && "$plan_status" != {_q(c.ok)} ]]; then',
+                    f"    fail {c.reason.value} {_slotted(c.failed_message, names)}",
+                    "  fi",
+                    f'done <<<"{v["fabrics"]}"']
+        elif isinstance(c, DriverAtLeast):
+            names = {"driver": INPUTS["driver"], "required": INPUTS["required"]}
+            out += [f'if [[ -n "{v["driver"]}" && -n "{v["required"]}" ]] '
+                    f'&& (($(version_to_int "{v["driver"]}") < $(version_to_int "{v["required"]}"))); then',
+                    f"  fail {c.reason.value} {_slotted(c.message, names)}",
+                    "fi"]
+    return "\n".join(out) + "\n"
 
 
 def render_checks(checks: tuple[Check, ...], *, toolkit_dir_var: str = "NVIDIA_GPU_TOOLKIT_DIR") -> str:

@@ -1,5 +1,6 @@
 """File contents written on the node: the containerd drop-in (nvidia runtime and CDI, both config
-layouts), the CRI-O drop-in, the sysctl drop-in and our block in the NVIDIA toolkit's config.
+layouts), the CRI-O drop-in, the sysctl drop-in and our lines in the NVIDIA toolkit's config (the edit that puts
+them there is ``plan.toolkit_config``).
 
 One function renders it for the agent (concrete values) and for the bash script (shell variables
 as values), so the two paths write byte-identical files. containerd 1.x (config ``version = 2``)
@@ -10,8 +11,6 @@ keeps the CRI settings under ``io.containerd.grpc.v1.cri``; containerd 2.x (``ve
 
 from __future__ import annotations
 
-import re
-
 from nvgpu.nodescripts.facts import (
     CDI_SPEC_DIRS,
     CRI_PLUGIN,
@@ -20,7 +19,6 @@ from nvgpu.nodescripts.facts import (
     SYSCTLS,
     TOOLKIT_BLOCK_BEGIN,
     TOOLKIT_BLOCK_END,
-    TOOLKIT_DISABLED_PREFIX,
     TOOLKIT_ENVVAR_KEY,
     TOOLKIT_VOLUME_MOUNTS_KEY,
 )
@@ -90,21 +88,6 @@ def sysctl_dropin() -> str:
     return f"{HEADER}\n{body}"
 
 
-#: A line of the toolkit config's root table that sets one of our keys (ERE: the script's awk uses it too).
-#: The keys are plain ``[a-z-]`` words, so they go in unescaped (awk warns about ``\-``).
-TOOLKIT_KEY_ERE = f"^[[:space:]]*({TOOLKIT_ENVVAR_KEY}|{TOOLKIT_VOLUME_MOUNTS_KEY})[[:space:]]*="
-#: The first table header: root keys (ours) must come before it.
-TOOLKIT_TABLE_ERE = r"^[[:space:]]*\["
-#: nvidia-container-cli's table, whose ``root`` is where the toolkit finds the driver (a driver container's
-#: root, ``/run/nvidia/driver``, instead of the host's ``/``), and a line of it setting ``root``.
-TOOLKIT_CLI_TABLE_ERE = r"^[[:space:]]*\[nvidia-container-cli\][[:space:]]*$"
-TOOLKIT_ROOT_ERE = r"^[[:space:]]*root[[:space:]]*="
-
-
-def _ere(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern.replace("[[:space:]]", r"[ \t]"))
-
-
 def toolkit_block(accept_envvar: bool) -> list[str]:
     """Our lines at the top of the toolkit's config. ``accept_envvar`` is true only for a node group that
     chose the device plugin's ``envvar`` strategy, which cannot work without it."""
@@ -114,60 +97,3 @@ def toolkit_block(accept_envvar: bool) -> list[str]:
         f"{TOOLKIT_VOLUME_MOUNTS_KEY} = true",
         TOOLKIT_BLOCK_END,
     ]
-
-
-def _lines(text: str) -> list[str]:
-    """Lines as awk reads them: split on newline only, no empty last line for a final newline."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines
-
-
-def toolkit_config_restored(text: str) -> str:
-    """``text`` without our block and with the lines we disabled enabled again: the file as it was."""
-    out: list[str] = []
-    inside = False
-    for line in _lines(text):
-        if line == TOOLKIT_BLOCK_BEGIN:
-            inside = True
-        elif inside:
-            inside = line != TOOLKIT_BLOCK_END
-        else:
-            out.append(line.removeprefix(TOOLKIT_DISABLED_PREFIX))
-    return "".join(f"{line}\n" for line in out)
-
-
-def toolkit_root_block(driver_root: str, *, with_table: bool) -> list[str]:
-    """``root`` for nvidia-container-cli in our markers: after its table's header, or with the header where
-    the file has no such table."""
-    return [TOOLKIT_BLOCK_BEGIN, *(["[nvidia-container-cli]"] if with_table else []), f'root = "{driver_root}"',
-            TOOLKIT_BLOCK_END]
-
-
-def toolkit_config_edited(text: str | None, accept_envvar: bool, driver_root: str = "/") -> str:
-    """The toolkit config with our block on top, and the root-table lines that set our keys disabled (TOML
-    refuses a key twice). Edited in place rather than replaced: the toolkit's package owns the file, and its
-    other settings (runtimes, modes, paths) stay as the package or the admin left them. The same edit as
-    ``gpu-runtime.sh``'s awk, byte for byte, and undone exactly by :func:`toolkit_config_restored`.
-
-    ``driver_root`` other than ``/`` (a driver container's): nvidia-container-cli's ``root`` is set to it, in
-    our markers right after its table's header (its own ``root`` lines disabled), or in a table of ours at
-    the end where the file has none, so the runtime hook finds the driver's libraries there."""
-    key, table = _ere(TOOLKIT_KEY_ERE), _ere(TOOLKIT_TABLE_ERE)
-    cli_table, root_key = _ere(TOOLKIT_CLI_TABLE_ERE), _ere(TOOLKIT_ROOT_ERE)
-    set_root = driver_root != "/"
-    out = toolkit_block(accept_envvar)
-    in_tables = in_cli = seen_cli = False
-    for line in _lines(toolkit_config_restored(text or "")):
-        header = bool(table.match(line))
-        if header:
-            in_tables, in_cli = True, bool(cli_table.match(line))
-        disable = (not in_tables and key.match(line)) or (set_root and in_cli and not header and root_key.match(line))
-        out.append(TOOLKIT_DISABLED_PREFIX + line if disable else line)
-        if set_root and header and in_cli and not seen_cli:
-            out += toolkit_root_block(driver_root, with_table=False)
-            seen_cli = True
-    if set_root and not seen_cli:
-        out += toolkit_root_block(driver_root, with_table=True)
-    return "".join(f"{line}\n" for line in out)

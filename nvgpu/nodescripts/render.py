@@ -3,30 +3,19 @@
 from __future__ import annotations
 
 import re
-import shlex
+import textwrap
 from dataclasses import dataclass
 from typing import Literal
 
 from nvgpu import catalogue, labels
-from nvgpu.driver import NO_EXPECTATION, VIRTUALIZATION_MODES, DriverExpectation, KernelModules
+from nvgpu.driver import NO_EXPECTATION, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts, plan, templates
-from nvgpu.nodescripts.bashplan import render_checks, render_plan
-from nvgpu.nodescripts.content import (
-    HEADER,
-    TOOLKIT_CLI_TABLE_ERE,
-    TOOLKIT_KEY_ERE,
-    TOOLKIT_ROOT_ERE,
-    TOOLKIT_TABLE_ERE,
-    render_crio_dropin,
-    render_dropin,
-    toolkit_block,
-)
+from nvgpu.nodescripts.bashplan import render_block, render_checks, render_chosen, render_input_checks, render_plan
 
 #: NodeGroupConfiguration weights. Bashible runs NGC scripts and its own steps in weight order:
 #: the drop-in must land before step 032 (configure containerd) merges conf.d into config.toml,
 #: and the final gate (gpu-sysctl.sh, which sets gpu-setup-complete) runs after it. gpu-devices.sh (nvidia-uvm
 #: and the /dev/nvidia* nodes) runs just before the check, as the agent's setup makes them before its check.
-_DEFAULT_RUNTIME_LINE = f'default_runtime_name = "{facts.NVIDIA_RUNTIME_NAME}"'
 WEIGHTS = {"gpu-devices.sh": 24, "gpu-check.sh": 25, "gpu-runtime.sh": 31, "gpu-vfio.sh": 35, "gpu-sysctl.sh": 40}
 
 
@@ -65,7 +54,6 @@ def _model_pci_cases() -> str:
 
 
 def _common(root_prefix: str) -> dict[str, str]:
-    major, minor = catalogue.MIN_COMPUTE_CAPABILITY
     return {
         "ROOT": root_prefix.rstrip("/"),
         "STATE_DIR": facts.STATE_DIR,
@@ -76,8 +64,6 @@ def _common(root_prefix: str) -> dict[str, str]:
         "CONTAINERD_CONFIG": facts.CONTAINERD_CONFIG,
         "CONF_D": facts.DECKHOUSE_DROPIN_DIRS[2],
         "CONF2_D": facts.DECKHOUSE_DROPIN_DIRS[3],
-        "CRI2": facts.CRI_PLUGIN[2],
-        "CRI3": facts.CRI_PLUGIN[3],
         "CRI2_RE": re.escape(facts.CRI_PLUGIN[2]),
         "CRI3_RE": re.escape(facts.CRI_PLUGIN[3]),
         "RUNTIME": facts.NVIDIA_RUNTIME_NAME,
@@ -87,8 +73,6 @@ def _common(root_prefix: str) -> dict[str, str]:
         "SETUP_LABEL": labels.GPU_SETUP_COMPLETE,
         "VFIO_LABEL": labels.GPU_VFIO_READY,
         "GLOBAL_MIN_DRIVER": catalogue.GLOBAL_MIN_DRIVER,
-        "MIN_COMPUTE": str(major * 100 + minor),
-        "MIN_COMPUTE_TEXT": f"{major}.{minor}",
         "MODEL_CASES": _model_cases(),
         "MODEL_PCI_CASES": _model_pci_cases(),
         "DRIVER_FILE": facts.DRIVER_VERSION_FILE,
@@ -107,31 +91,21 @@ def _common(root_prefix: str) -> dict[str, str]:
         "SMI_TIMEOUT": str(facts.NVIDIA_SMI_TIMEOUT_S),
         "SMI_KILL": str(facts.NVIDIA_SMI_KILL_AFTER_S),
         "DECKHOUSE_BASE": facts.DECKHOUSE_CONTAINERD_BASE,
-        "DROPIN_NAME": facts.RUNTIME_DROPIN_NAME,
-        "HEADER": HEADER,
-        "DROPIN_DEFAULT": render_dropin("${cri}", "${systemd}", _DEFAULT_RUNTIME_LINE),
-        "DROPIN_NO_DEFAULT": render_dropin("${cri}", "${systemd}", ""),
         "CRIO_CONFIG": facts.CRIO_CONFIG,
         "CRIO_DROPIN_DIR": facts.CRIO_DROPIN_DIR,
-        "CRIO_DROPIN": facts.CRIO_DROPIN,
         "CRIO_BINARIES": " ".join(facts.CRIO_BINARIES),
         "CRIO_SOCKETS": " ".join(facts.CRIO_SOCKETS),
-        "CRIO_LOOKED": ", ".join((facts.CRIO_CONFIG, facts.CRIO_DROPIN_DIR, *facts.CRIO_BINARIES, *facts.CRIO_SOCKETS)),
         "CONMON_PATHS": " ".join(facts.CONMON_PATHS),
-        "CRIO_DROPIN_MONITOR": render_crio_dropin("${conmon}"),
-        "CRIO_DROPIN_PLAIN": render_crio_dropin(None),
         "TOOLKIT_CONFIG": facts.TOOLKIT_CONFIG,
-        "TOOLKIT_BEGIN": facts.TOOLKIT_BLOCK_BEGIN,
-        "TOOLKIT_END": facts.TOOLKIT_BLOCK_END,
-        "TOOLKIT_OFF": facts.TOOLKIT_DISABLED_PREFIX,
-        "TOOLKIT_TABLE_ERE": TOOLKIT_TABLE_ERE,
-        "TOOLKIT_KEY_ERE": TOOLKIT_KEY_ERE,
-        "TOOLKIT_CLI_TABLE_ERE": TOOLKIT_CLI_TABLE_ERE,
-        "TOOLKIT_ROOT_ERE": TOOLKIT_ROOT_ERE,
         "SYSCTL_PLAN": render_plan(plan.SYSCTL, refuse="plan_refuse"),
         "VFIO_PLAN": render_plan(plan.VFIO),
+        "RUNTIME_PLAN": render_chosen(plan.RUNTIME_DROPIN, refuse="runtime_refuse"),
         "HOST_CHECKS": render_checks(plan.HOST_CHECKS),
         "RUNTIME_CHECKS": render_checks(plan.RUNTIME_CHECKS),
+        "DRIVER_CHECKS": render_input_checks(plan.DRIVER_CHECKS),
+        "REQUIRED_DRIVER_CHECKS": textwrap.indent(render_input_checks(plan.REQUIRED_DRIVER_CHECKS), "  "),
+        "VIRTUALIZATION_CHECKS": textwrap.indent(render_input_checks(plan.VIRTUALIZATION_CHECKS), "    "),
+        "FABRIC_CHECKS": textwrap.indent(render_input_checks(plan.FABRIC_CHECKS), "    "),
         "PROC_DEVICES": facts.PROC_DEVICES,
         "MIG_MINORS": facts.MIG_MINORS_PATH,
         "CAPS_DEV_DIR": facts.CAPS_DEV_DIR,
@@ -192,11 +166,7 @@ def render_node_scripts(
     values["EXPECT_DRIVER"] = expect.version.text if expect.version else ""
     values["EXPECT_MODULES"] = "" if expect.modules is KernelModules.AUTO else expect.modules.value
     values["EXPECT_DRIVER_TYPE"] = expect.driver_type.value if expect.driver_type else ""
-    # Each driver type's virtualization modes (nvgpu.driver.VIRTUALIZATION_MODES), as the check's case arms.
-    values["VIRTUALIZATION_CASES"] = "\n".join(
-        f"      {t.value}) allowed=({' '.join(shlex.quote(m) for m in modes)}) ;;"
-        for t, modes in VIRTUALIZATION_MODES.items())
-    values["TOOLKIT_BLOCK"] = " ".join(shlex.quote(line) for line in toolkit_block(accept_envvar))
+    values["TOOLKIT_PLAN"] = render_block(plan.toolkit_config(accept_envvar))
     scripts = []
     for name, tmpl in body.items():
         vals = dict(values, NAME=name, PURPOSE=_PURPOSES[name])

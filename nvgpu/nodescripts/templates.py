@@ -196,7 +196,6 @@ CHECK = r"""
 PHASE="${NVIDIA_GPU_CHECK_PHASE:-@@PHASE@@}"
 STRICT="${NVIDIA_GPU_CHECK_STRICT:-@@STRICT@@}"
 GLOBAL_MIN_DRIVER="@@GLOBAL_MIN_DRIVER@@"
-MIN_COMPUTE=@@MIN_COMPUTE@@
 # The node group's declared driver (a release or a branch) and kernel modules (open or proprietary).
 EXPECT_DRIVER="${NVIDIA_GPU_EXPECT_DRIVER-@@EXPECT_DRIVER@@}"
 EXPECT_MODULES="${NVIDIA_GPU_EXPECT_MODULES-@@EXPECT_MODULES@@}"
@@ -301,25 +300,7 @@ else
   fi
 fi
 
-if [[ -n "$driver" && -n "$EXPECT_DRIVER" ]]; then
-  if [[ "$EXPECT_DRIVER" == *.* ]]; then
-    if (($(version_to_int "$driver") != $(version_to_int "$EXPECT_DRIVER"))); then
-      fail driver-mismatch "driver ${driver} is loaded; the node group declares ${EXPECT_DRIVER}"
-    fi
-  elif [[ "${driver%%.*}" != "$EXPECT_DRIVER" ]]; then
-    fail driver-mismatch "driver ${driver} is loaded; the node group declares the ${EXPECT_DRIVER} branch"
-  fi
-fi
-if [[ -n "$driver" && -n "$EXPECT_MODULES" ]]; then
-  loaded_modules=proprietary
-  if grep -qi 'Open Kernel Module' <<<"$first_line"; then
-    loaded_modules=open
-  fi
-  if [[ "$loaded_modules" != "$EXPECT_MODULES" ]]; then
-    fail driver-mismatch "the ${loaded_modules} kernel modules are loaded; the node group declares ${EXPECT_MODULES}"
-  fi
-fi
-
+@@DRIVER_CHECKS@@
 @@HOST_CHECKS@@
 if ! command -v @@SMI@@ >/dev/null 2>&1; then
   fail nvml-failed "@@SMI@@ not found"
@@ -329,6 +310,7 @@ elif ! smi_out="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ \
 else
   count=0
   min_driver="$GLOBAL_MIN_DRIVER"
+  gpu_computes=""
   while IFS=, read -r name cc pci; do
     name="${name#"${name%%[![:space:]]*}"}"
     name="${name%"${name##*[![:space:]]}"}"
@@ -348,17 +330,12 @@ else
       echo "nvidia-gpu-check notice: GPU model '${name}' (PCI device ID 0x${device:-?}) is not in the catalogue: \
 the global minimum driver ${GLOBAL_MIN_DRIVER} applies" >&2
     fi
-    if [[ ! "$cc" =~ ^[0-9]+\.[0-9]+$ ]] || ((10#${cc%%.*} * 100 + 10#${cc#*.} < MIN_COMPUTE)); then
-      fail compute-too-old "GPU '${name}' has compute capability ${cc}, below @@MIN_COMPUTE_TEXT@@"
-    fi
+    gpu_computes+="${cc}|GPU '${name}'"$'\n'
   done <<<"$smi_out"
   if ((count == 0)); then
     fail no-gpus-listed "@@SMI@@ lists no GPU"
   fi
-  if [[ -n "$driver" ]] && (($(version_to_int "$driver") < $(version_to_int "$min_driver"))); then
-    fail driver-too-old "driver ${driver} is older than the required ${min_driver}"
-  fi
-  queried=false
+@@REQUIRED_DRIVER_CHECKS@@  queried=false
   if ((count > 0)); then
     if query="$(timeout -k @@SMI_KILL@@ @@SMI_TIMEOUT@@ @@SMI@@ -q 2>&1)"; then
       queried=true
@@ -366,42 +343,16 @@ the global minimum driver ${GLOBAL_MIN_DRIVER} applies" >&2
       fail nvml-failed "@@SMI@@ -q failed: ${query}"
     fi
   fi
-  # NVSwitch GPUs (HGX/DGX H100, H200 and newer) run no CUDA program (error 802) until Fabric Manager has
-  # registered them: state Completed with Status Success, as the agent's check reads NVML
-  # (node_agent.setup.check._check_fabric; N/A is a GPU without a fabric).
   if [[ "$queried" == true ]]; then
-    while IFS='|' read -r bus fstate fstatus; do
-      if [[ "$fstate" == "Not Started" || "$fstate" == "In Progress" ]]; then
-        fail fabric-not-ready "GPU ${bus}: its NVLink fabric registration is ${fstate}: CUDA fails with error 802 \
-until Fabric Manager (nvidia-fabricmanager) has finished"
-      elif [[ "$fstate" == Completed && "$fstatus" != Success ]]; then
-        fail fabric-not-ready "GPU ${bus}: Fabric Manager failed to register it with the NVLink fabric \
-(${fstatus}): CUDA fails with error 802; check nvidia-fabricmanager"
-      fi
-    done < <(awk '/^GPU / { bus = $2; fabric = 0; state = "" }
+    # The GPUs' NVLink fabric registration, as the agent reads NVML's (node_agent.setup.check._fabric).
+    gpu_fabrics="$(awk '/^GPU / { bus = $2; fabric = 0; state = "" }
       /^    Fabric$/ { fabric = 1; next }
       fabric && /^        State / { sub(/^[^:]*: */, ""); state = $0; next }
-      fabric && /^        Status / { sub(/^[^:]*: */, ""); print bus "|" state "|" $0; fabric = 0 }' <<<"$query")
-  fi
-  if [[ "$queried" == true && -n "$EXPECT_DRIVER_TYPE" ]]; then
-    allowed=()
-    case "$EXPECT_DRIVER_TYPE" in
-@@VIRTUALIZATION_CASES@@
-    esac
-    while IFS= read -r mode; do
-      [[ -n "$mode" && "$mode" != N/A ]] || continue
-      fits=false
-      for a in "${allowed[@]}"; do
-        [[ "$mode" == "$a" ]] && fits=true
-      done
-      if [[ "$fits" != true ]]; then
-        need="$(printf '%s or ' "${allowed[@]}")"
-        fail driver-mismatch \
-          "the GPUs are in virtualization mode ${mode}; driver type ${EXPECT_DRIVER_TYPE} needs ${need% or }"
-      fi
-    done < <(sed -nE 's/^[[:space:]]*Virtualization Mode[[:space:]]*:[[:space:]]*(.*[^[:space:]])[[:space:]]*$/\1/p' \
-      <<<"$query" | sort -u)
-  fi
+      fabric && /^        Status / { sub(/^[^:]*: */, ""); print state "|" $0 "|GPU " bus; fabric = 0 }' <<<"$query")"
+@@FABRIC_CHECKS@@    # The GPUs' virtualization modes, one a line (nvidia-smi -q words them as NVML names them).
+    gpu_modes="$(sed -nE \
+      's/^[[:space:]]*Virtualization Mode[[:space:]]*:[[:space:]]*(.*[^[:space:]])[[:space:]]*$/\1/p' <<<"$query")"
+@@VIRTUALIZATION_CHECKS@@  fi
 fi
 
 if [[ "$PHASE" == all ]] && ! runtime_ready; then
@@ -419,38 +370,14 @@ fi
 finish ok
 """
 
-TOOLKIT = r"""# toolkit_config: our block on top of the NVIDIA toolkit's config, the root-table lines setting its keys
-# disabled (nvgpu.nodescripts.content.toolkit_config_edited does the same edit for the agent).
+TOOLKIT = r"""# toolkit_config: the NVIDIA toolkit's config edited as plan.toolkit_config says (our block on top, the
+# root-table lines setting its keys disabled); the agent makes the same edit (node_agent.setup.executor).
 # The driver root the toolkit's nvidia-container-cli must use: a driver container's, or empty for the host's /.
 TOOLKIT_ROOT="${NVIDIA_GPU_TOOLKIT_ROOT-@@TOOLKIT_ROOT@@}"
 toolkit_config() {
-  local target="${ROOT}@@TOOLKIT_CONFIG@@" result
-  result="$(
-    {
-      printf '%s\n' @@TOOLKIT_BLOCK@@
-      if [[ -f "$target" ]]; then
-        awk -v begin='@@TOOLKIT_BEGIN@@' -v end='@@TOOLKIT_END@@' -v off='@@TOOLKIT_OFF@@' -v root="$TOOLKIT_ROOT" '
-          $0 == begin { inside = 1; next }
-          inside { if ($0 == end) inside = 0; next }
-          index($0, off) == 1 { $0 = substr($0, length(off) + 1) }
-          { header = 0 }
-          /@@TOOLKIT_TABLE_ERE@@/ { tables = 1; header = 1; cli = ($0 ~ /@@TOOLKIT_CLI_TABLE_ERE@@/) }
-          !tables && /@@TOOLKIT_KEY_ERE@@/ { $0 = off $0 }
-          root != "" && cli && !header && /@@TOOLKIT_ROOT_ERE@@/ { $0 = off $0 }
-          { print }
-          root != "" && header && cli && !seen { print begin; print "root = \"" root "\""; print end; seen = 1 }
-          END {
-            if (root != "" && !seen) {
-              print begin; print "[nvidia-container-cli]"; print "root = \"" root "\""; print end
-            }
-          }
-        ' "$target"
-      elif [[ -n "$TOOLKIT_ROOT" ]]; then
-        printf '%s\n' '@@TOOLKIT_BEGIN@@' '[nvidia-container-cli]' "root = \"${TOOLKIT_ROOT}\"" '@@TOOLKIT_END@@'
-      fi
-    } | write_file "$target"
-  )"
-  bb-log-info "nvidia-gpu runtime: @@TOOLKIT_CONFIG@@ ${result}"
+  local fact_driver_root="$TOOLKIT_ROOT" plan_result
+@@TOOLKIT_PLAN@@
+  bb-log-info "nvidia-gpu runtime: @@TOOLKIT_CONFIG@@ ${plan_result}"
 }
 
 """
@@ -465,105 +392,57 @@ if grep -qx 'verdict=unusable' "$VERDICT_FILE" 2>/dev/null; then
   exit 0
 fi
 
-kind="$(container_runtime)"
-case "$kind" in
-  both)
-    bb-log-error "nvidia-gpu runtime: both containerd (@@CONTAINERD_CONFIG@@) and CRI-O ($(crio_markers | paste -sd, - \
-      | sed 's/,/, /g')) are on this host; not guessing which one kubelet uses: remove the unused one's config"
-    exit 1
-    ;;
-  none)
-    bb-log-error "nvidia-gpu runtime: @@CONTAINERD_CONFIG@@ is missing and there is no CRI-O either \
-(looked at @@CRIO_LOOKED@@)"
-    exit 1
-    ;;
-esac
+# The facts plan.RUNTIME_DROPIN chooses from, detected here as the agent detects them (node_agent.setup.runtime).
+fact_runtime="$(container_runtime)"
+fact_crio_markers="$(crio_markers | paste -sd, - | sed 's/,/, /g')"
+fact_containerd_version="$(containerd_version)"
+fact_deckhouse=false
+if [[ -f "${ROOT}@@DECKHOUSE_BASE@@" ]]; then fact_deckhouse=true; fi
+fact_systemd_cgroup=false
+if grep -Eq '^[[:space:]]*SystemdCgroup[[:space:]]*=[[:space:]]*true' "${ROOT}@@CONTAINERD_CONFIG@@" 2>/dev/null; then
+  fact_systemd_cgroup=true
+fi
+fact_binary="@@NCR@@"
+fact_nvidia_runtime=false
+if [[ -x "${ROOT}${fact_binary}" ]]; then fact_nvidia_runtime=true; fi
+fact_conmon=""
+for p in @@CONMON_PATHS@@; do
+  if [[ -f "${ROOT}${p}" && -x "${ROOT}${p}" ]]; then
+    fact_conmon="$p"
+    break
+  fi
+done
 
-if [[ "$kind" == crio ]]; then
-  # CRI-O is not managed by bashible: the drop-in is written and crio restarted here. A restart,
-  # not a reload: SIGHUP re-reads only a few options, not the runtimes table or default_runtime.
-  target="${ROOT}@@CRIO_DROPIN@@"
-  if [[ -f "$target" ]] && [[ "$(head -n1 "$target")" != "@@HEADER@@" ]]; then
-    bb-log-error "nvidia-gpu runtime: @@CRIO_DROPIN@@ exists and is not ours; not overwriting it"
-    exit 1
-  fi
-  if [[ ! -x "${ROOT}@@NCR@@" ]]; then
-    bb-log-warning "nvidia-gpu runtime: @@NCR@@ is missing; @@CRIO_DROPIN@@ not written \
-(CRI-O does not start with a runtime whose runtime_path is missing)"
-    echo "nvidia-gpu-runtime runtime=crio dropin=@@CRIO_DROPIN@@ result=skipped"
-    exit 0
-  fi
-  conmon=""
-  for p in @@CONMON_PATHS@@; do
-    if [[ -f "${ROOT}${p}" && -x "${ROOT}${p}" ]]; then
-      conmon="$p"
-      break
-    fi
-  done
-  if [[ -n "$conmon" ]]; then
-    result="$(write_file "$target" <<EOF
-@@CRIO_DROPIN_MONITOR@@EOF
-)"
-  else
-    result="$(write_file "$target" <<EOF
-@@CRIO_DROPIN_PLAIN@@EOF
-)"
-  fi
+# runtime_refuse MESSAGE: the plan refuses this host (nothing was changed).
+runtime_refuse() {
+  bb-log-error "nvidia-gpu runtime: $1"
+  exit 1
+}
+@@RUNTIME_PLAN@@
+if [[ "$plan_result" == skipped ]]; then
+  echo "nvidia-gpu-runtime runtime=${fact_runtime} dropin=${plan_path} result=skipped"
+  exit 0
+fi
+if [[ "$fact_nvidia_runtime" == true ]]; then
   toolkit_config
-  if [[ "$result" == changed ]]; then
+fi
+if [[ "$fact_runtime" == crio ]]; then
+  # CRI-O is not managed by bashible: crio is restarted here. A restart, not a reload: SIGHUP re-reads only a
+  # few options, not the runtimes table or default_runtime.
+  if [[ "$plan_result" == changed ]]; then
     if ! command -v systemctl >/dev/null 2>&1; then
       bb-log-warning "nvidia-gpu runtime: systemctl not found: restart crio to apply the change"
     elif ! systemctl restart crio; then
       bb-log-warning "nvidia-gpu runtime: systemctl restart crio failed"
     fi
   fi
-  bb-log-info "nvidia-gpu runtime: @@CRIO_DROPIN@@ ${result}"
-  echo "nvidia-gpu-runtime runtime=crio dropin=@@CRIO_DROPIN@@ result=${result}"
+  bb-log-info "nvidia-gpu runtime: ${plan_path} ${plan_result}"
+  echo "nvidia-gpu-runtime runtime=crio dropin=${plan_path} result=${plan_result}"
   exit 0
 fi
-
-version="$(containerd_version)"
-case "$version" in
-  2) cri="@@CRI2@@" dir="${ROOT}@@CONF_D@@" ;;
-  3) cri="@@CRI3@@" dir="${ROOT}@@CONF2_D@@" ;;
-  0)
-    bb-log-error "nvidia-gpu runtime: @@CONTAINERD_CONFIG@@ is missing"
-    exit 1
-    ;;
-  *)
-    bb-log-error "nvidia-gpu runtime: unsupported containerd config version ${version} (expected 2 or 3)"
-    exit 1
-    ;;
-esac
-if [[ ! -f "${ROOT}@@DECKHOUSE_BASE@@" ]]; then
-  bb-log-error "nvidia-gpu runtime: @@DECKHOUSE_BASE@@ is missing: containerd is not managed by Deckhouse here"
-  exit 1
-fi
-
-target="${dir}/@@DROPIN_NAME@@"
-if [[ -f "$target" ]] && [[ "$(head -n1 "$target")" != "@@HEADER@@" ]]; then
-  bb-log-error "nvidia-gpu runtime: ${target#"$ROOT"} exists and is not ours; not overwriting it"
-  exit 1
-fi
-
-systemd=false
-if grep -Eq '^[[:space:]]*SystemdCgroup[[:space:]]*=[[:space:]]*true' "${ROOT}@@CONTAINERD_CONFIG@@"; then
-  systemd=true
-fi
-
-if [[ -x "${ROOT}@@NCR@@" ]]; then
-  result="$(write_file "$target" <<EOF
-@@DROPIN_DEFAULT@@EOF
-)"
-  toolkit_config
-else
-  bb-log-warning "nvidia-gpu runtime: @@NCR@@ is missing; runc stays the default runtime"
-  result="$(write_file "$target" <<EOF
-@@DROPIN_NO_DEFAULT@@EOF
-)"
-fi
-bb-log-info "nvidia-gpu runtime: ${target#"$ROOT"} ${result}"
-echo "nvidia-gpu-runtime runtime=containerd containerd=${version} dropin=${target#"$ROOT"} result=${result}"
+bb-log-info "nvidia-gpu runtime: ${plan_path} ${plan_result}"
+echo "nvidia-gpu-runtime runtime=containerd containerd=${fact_containerd_version} dropin=${plan_path} \
+result=${plan_result}"
 """
 
 SYSCTL = r"""

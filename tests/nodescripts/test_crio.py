@@ -45,7 +45,7 @@ def test_runtime_refuses_a_foreign_crio_dropin(tmp_path: Path, run_script: RunSc
     host.path(DROPIN).write_text("# written by nvidia-ctk\n")
     before = host.snapshot()
     result = run_script(host, "gpu-runtime.sh")
-    assert result.returncode == 1 and "is not ours" in result.stderr
+    assert result.returncode == 1 and "not written by nvidia-gpu" in result.stderr
     assert host.snapshot() == before and host.log("systemctl") == []
 
 
@@ -89,9 +89,7 @@ def test_setup_stops_at_the_runtime_in_both_paths(scenario: str, tmp_path: Path,
         assert by_agent.snapshot(d) == by_script.snapshot(d), d
 
 
-def test_crio_dropin_templates_match_the_python_rendering() -> None:
-    runtime = next(s for s in render_node_scripts() if s.name == "gpu-runtime.sh").content
-    assert render_crio_dropin("${conmon}") in runtime and render_crio_dropin(None) in runtime
+def test_the_steps_that_judge_the_runtime_carry_its_detection() -> None:
     for s in render_node_scripts():
         if s.name in ("gpu-check.sh", "gpu-sysctl.sh"):  # the steps that judge the runtime ready
             assert "container_runtime()" in s.content and "crio_ready()" in s.content

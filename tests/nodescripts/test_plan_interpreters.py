@@ -2,13 +2,18 @@
 (``node_agent.setup.executor``) and the bash rendering (``nvgpu.nodescripts.bashplan``) leave identical files,
 live settings and rollback state, load the same modules, find the same problems and refuse alike.
 
-Parity of the converted steps (sysctl, VFIO) holds by construction once the interpreters agree; so these tests
-run every kind of plan item, on the real step plans and on one plan that holds all of them.
+Parity of the converted steps (sysctl, VFIO, the runtime's drop-in, the toolkit config's block) holds by
+construction once the interpreters agree; so these tests run every kind of plan item, on the real step plans and
+on one plan that holds all of them.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +21,16 @@ import pytest
 
 from node_agent.host import HostRoot, NotOurs
 from node_agent.setup import executor
+from nvgpu.driver import DriverExpectation, DriverType, DriverVersion, KernelModules
 from nvgpu.nodescripts import facts, plan, templates
-from nvgpu.nodescripts.bashplan import render_checks, render_plan
+from nvgpu.nodescripts.bashplan import (
+    INPUTS,
+    render_block,
+    render_checks,
+    render_chosen,
+    render_input_checks,
+    render_plan,
+)
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.plan import FormerFile, KernelModule, KernelSetting, ManagedFile, NonEmptyDir, StepPlan
 from nvgpu.nodescripts.render import _common, _fill
@@ -167,3 +180,209 @@ def test_the_check_requirements_are_found_alike(case: str, toolkit_dir: str | No
     by_agent = [(r.value, m) for r, m in executor.check_findings(HostRoot(host.root), checks, toolkit_dir=toolkit_dir)]
     assert by_bash == by_agent
     assert bool(by_agent) is (case not in {"good", "no-proc-modules"}), by_agent
+
+
+def _runtime_facts(**over: str) -> dict[str, str]:
+    base = {"runtime": "containerd", "crio_markers": "", "containerd_version": "2", "deckhouse": "true",
+            "systemd_cgroup": "true", "nvidia_runtime": "true", "binary": facts.NVIDIA_CONTAINER_RUNTIME, "conmon": ""}
+    return {**base, **over}
+
+
+#: Every case of ``plan.RUNTIME_DROPIN``, and a toolkit container's binary in the slots.
+_RUNTIME_CASES = {
+    "both": _runtime_facts(runtime="both", crio_markers="/etc/crio/crio.conf, /usr/bin/crio"),
+    "none": _runtime_facts(runtime="none"),
+    "crio-no-nvidia-runtime": _runtime_facts(runtime="crio", nvidia_runtime="false"),
+    "crio-no-conmon": _runtime_facts(runtime="crio"),
+    "crio-conmon": _runtime_facts(runtime="crio", conmon="/usr/bin/conmon"),
+    "crio-toolkit-dir": _runtime_facts(runtime="crio", binary="/usr/local/nvidia/toolkit/nvidia-container-runtime"),
+    **{f"containerd{v}-systemd-{s}-nvidia-{n}": _runtime_facts(containerd_version=v, systemd_cgroup=s, nvidia_runtime=n)
+       for v in ("2", "3") for s in ("true", "false") for n in ("true", "false")},
+    "containerd-plain": _runtime_facts(deckhouse="false"),
+    "containerd-version-1": _runtime_facts(containerd_version="1"),
+}
+
+
+def _chosen_script(detected: dict[str, str]) -> str:
+    return "\n".join([
+        "#!/usr/bin/env bash", "set -Eeuo pipefail", 'ROOT="${NVIDIA_GPU_ROOT%/}"',
+        'bb-log-info() { echo "INFO: $*" >&2; }', 'bb-log-warning() { echo "WARNING: $*" >&2; }',
+        templates.WRITE_FILE, 'runtime_refuse() { echo "refused: $1"; exit 3; }',
+        *(f"fact_{name}={shlex.quote(value)}" for name, value in detected.items()),
+        render_chosen(plan.RUNTIME_DROPIN, refuse="runtime_refuse"),
+        'echo "path=${plan_path} result=${plan_result}"',
+    ])
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("foreign", [False, True], ids=["fresh", "foreign-file"])
+@pytest.mark.parametrize("case", sorted(_RUNTIME_CASES))
+def test_a_chosen_file_is_chosen_written_and_refused_alike(case: str, foreign: bool, tmp_path: Path) -> None:
+    """``plan.RUNTIME_DROPIN`` on the same facts: the script's case and the agent's ``choose`` write the same
+    file, log the same note, refuse with the same message (also for a path holding someone else's file)."""
+    detected = _RUNTIME_CASES[case]
+    by_bash, by_agent = tmp_path / "bash", tmp_path / "agent"
+    chosen = executor.choose(plan.RUNTIME_DROPIN, detected)
+    for root in (by_bash, by_agent):
+        root.mkdir()
+        if foreign and chosen.path:
+            (root / chosen.path.lstrip("/")).parent.mkdir(parents=True)
+            (root / chosen.path.lstrip("/")).write_text("# an operator's own\n")
+    script = tmp_path / "chosen.sh"
+    script.write_text(_chosen_script(detected))
+    ran = subprocess.run(["bash", str(script)], env={"NVIDIA_GPU_ROOT": str(by_bash), "PATH": os.environ["PATH"]},
+                         capture_output=True, text=True, timeout=60, check=False)
+    host = HostRoot(by_agent)
+    refusal = chosen.refuse
+    if not refusal:
+        try:
+            executor.read_ours(host, chosen.path)
+        except NotOurs as e:
+            refusal = str(e)
+    if refusal:
+        assert (ran.returncode, ran.stdout.strip()) == (3, f"refused: {refusal}")
+    else:
+        assert ran.returncode == 0, ran.stderr
+        if chosen.content is not None:
+            host.write_atomic(chosen.path, chosen.content)
+        result = "skipped" if chosen.content is None else "changed"
+        assert ran.stdout.splitlines()[-1] == f"path={chosen.path} result={result}"
+        assert (chosen.note in ran.stderr) if chosen.note else "WARNING" not in ran.stderr
+    assert _files(by_bash) == _files(by_agent)
+    assert bool(chosen.refuse) is (case in {"both", "none", "containerd-plain", "containerd-version-1"})
+    assert chosen.agent_layout is (case == "containerd-plain")
+
+
+def test_a_chosen_files_paths_are_what_rollback_removes() -> None:
+    assert plan.RUNTIME_DROPIN.paths == tuple(sorted({
+        *(f"{d}/{facts.RUNTIME_DROPIN_NAME}" for d in facts.DECKHOUSE_DROPIN_DIRS.values()), facts.CRIO_DROPIN}))
+
+
+#: Like the toolkit package's config (its root keys commented out, its tables).
+_PACKAGE = (f"#{facts.TOOLKIT_ENVVAR_KEY} = true\ndisable-require = false\n\n[nvidia-container-cli]\n"
+            '#root = "/run/nvidia/driver"\nload-kmods = true\n\n[nvidia-container-runtime]\nlog-level = "info"\n')
+#: Files the toolkit config edit meets: none, the package's, one with our keys set and a cli table with its own
+#: root, one edited before (our block and disabled lines already there), one with no final newline.
+_BLOCK_TEXTS: dict[str, str | None] = {
+    "absent": None,
+    "empty": "",
+    "package": _PACKAGE,
+    "admin": (f"{facts.TOOLKIT_ENVVAR_KEY} = true\n  {facts.TOOLKIT_VOLUME_MOUNTS_KEY}=false\ndisable-require = false\n"
+              '\n[nvidia-container-cli]\nroot = "/"\nload-kmods = true\n[nvidia-container-runtime]\nroot = "x"\n'),
+    "edited-before": None,  # the package's, edited with the other choice and a driver root
+    "no-final-newline": "# only a comment",
+}
+
+
+@pytest.mark.parametrize("driver_root", ["", "/run/nvidia/driver"], ids=["host-root", "driver-container"])
+@pytest.mark.parametrize("accept_envvar", [False, True])
+@pytest.mark.parametrize("case", sorted(_BLOCK_TEXTS))
+def test_a_marked_block_is_edited_alike(case: str, accept_envvar: bool, driver_root: str, tmp_path: Path) -> None:
+    """``plan.toolkit_config``: the awk the script runs and the agent's ``block_edited`` leave the same bytes;
+    applying it again changes nothing; ``block_restored`` gives the file back as it was."""
+    item = plan.toolkit_config(accept_envvar)
+    text = _BLOCK_TEXTS[case]
+    if case == "edited-before":
+        text = executor.block_edited(plan.toolkit_config(not accept_envvar), _PACKAGE,
+                                     {"driver_root": "/run/other"})
+    detected = {"driver_root": driver_root}
+    local = tmp_path / item.path.lstrip("/")
+    local.parent.mkdir(parents=True)
+    if text is not None:
+        local.write_text(text)
+    script = tmp_path / "block.sh"
+    script.write_text("\n".join([
+        "#!/usr/bin/env bash", "set -Eeuo pipefail", 'ROOT="${NVIDIA_GPU_ROOT%/}"', templates.WRITE_FILE,
+        f"fact_driver_root={shlex.quote(driver_root)}", render_block(item), 'echo "$plan_result"']))
+    env = {"NVIDIA_GPU_ROOT": str(tmp_path), "PATH": os.environ["PATH"]}
+    for expected in ("changed", "unchanged"):
+        ran = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert (ran.returncode, ran.stdout.strip(), ran.stderr) == (0, expected, "")
+        edited = executor.block_edited(item, text, detected)
+        assert local.read_text() == edited
+        assert executor.block_edited(item, edited, detected) == edited
+    if case != "edited-before":
+        as_awk_reads_it = (text or "") + ("\n" if text and not text.endswith("\n") else "")
+        assert executor.block_restored(item, edited) == as_awk_reads_it
+    tomllib.loads(edited)
+
+
+_OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.90.07  Release Build"
+_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.90.07  Tue Jun  4 22:38:28 UTC 2024"
+#: (loaded driver, version file line, declared driver, modules, type, virtualization modes, required driver).
+_INPUTS: dict[str, tuple[str | None, str, str, str, str, tuple[str, ...], str | None]] = {
+    "nothing-declared": ("550.90.07", _OPEN, "", "", "", ("None",), "535.0"),
+    "release": ("550.90.07", _OPEN, "550.90.7", "open", "gpu", ("None", "Pass-Through"), "550.54.15"),
+    "other-release": ("550.90.07", _OPEN, "550.90.12", "", "", (), None),
+    "branch": ("550.90.07", _OPEN, "550", "", "", (), None),
+    "other-branch": ("550.90.07", _OPEN, "535", "", "", (), None),
+    "proprietary-declared": ("550.90.07", _OPEN, "", "proprietary", "", (), None),
+    "open-declared": ("550.90.07", _PROPRIETARY, "", "open", "", (), None),
+    "no-driver": (None, "", "535", "open", "", (), "550.54.15"),
+    "gpu-on-vgpu": ("550.90.07", _OPEN, "", "", "gpu", ("VGPU", "N/A", "VGPU"), None),
+    "vgpu-on-bare-metal-and-host": ("550.90.07", _OPEN, "", "", "vgpu", ("None", "Host VGPU", "VGPU"), None),
+    "host-manager-unknown-mode": ("550.90.07", _OPEN, "", "", "vgpu-host-manager", ("N/A",), None),
+    "too-old": ("535.104.05", _PROPRIETARY, "535", "proprietary", "", (), "550.54.15"),
+    "everything-wrong": ("535.104.05", _PROPRIETARY, "550.90.07", "open", "vgpu", ("None",), "550.54.15"),
+}
+
+
+#: The GPUs' compute capabilities, per case (none where not given): one too old, one as a later release of the
+#: catalogue would have it, one unreadable.
+_COMPUTES: dict[str, tuple[tuple[str, str], ...]] = {
+    "release": (("GPU 'NVIDIA L4'", "8.9"), ("GPU 'NVIDIA H100'", "9.0")),
+    "too-old": (("GPU 'Tesla M60'", "5.2"), ("GPU 'Tesla P4'", "6.1"), ("GPU 'odd'", "")),
+    "everything-wrong": (("GPU 0 'Tesla K80'", "3.7"), ("GPU 1 'NVIDIA B200'", "10.0")),
+}
+
+
+#: The GPUs' fabric registrations, per case (none where not given): every state and a failed registration.
+_FABRICS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "release": (("GPU 0 'NVIDIA H100 80GB HBM3'", "Completed", "Success"), ("GPU 1 'NVIDIA L4'", "N/A", "N/A")),
+    "everything-wrong": (("GPU 00000000:18:00.0", "Not Started", "N/A"), ("GPU 00000000:2A:00.0", "In Progress", "N/A"),
+                         ("GPU 00000000:3A:00.0", "Completed", "Failure (10)"),
+                         ("GPU 00000000:5D:00.0", "Completed", "Success")),
+}
+
+
+def _version_to_int() -> str:
+    """The check's ``version_to_int``, which the rendered input checks use."""
+    m = re.search(r"^version_to_int\(\) \{\n.*?^\}\n", templates.CHECK, re.MULTILINE | re.DOTALL)
+    assert m is not None
+    return m.group(0)
+
+
+@pytest.mark.parametrize("case", sorted(_INPUTS))
+def test_the_check_judges_what_it_found_alike(case: str, tmp_path: Path) -> None:
+    """``plan.DRIVER_CHECKS``, ``FABRIC_CHECKS``, ``VIRTUALIZATION_CHECKS``, ``REQUIRED_DRIVER_CHECKS`` on the same
+    inputs: the same findings, worded alike, in the same order."""
+    driver, line, declared, modules, driver_type, modes, required = _INPUTS[case]
+    checks = (*plan.DRIVER_CHECKS, *plan.FABRIC_CHECKS, *plan.VIRTUALIZATION_CHECKS, *plan.REQUIRED_DRIVER_CHECKS)
+    computes, fabrics = _COMPUTES.get(case, ()), _FABRICS.get(case, ())
+    values = {"driver": driver or "", "driver_line": line, "declared_driver": declared, "declared_modules": modules,
+              "driver_type": driver_type, "modes": "\n".join(modes), "required": required or "",
+              "computes": "".join(f"{cc}|{gpu}\n" for gpu, cc in computes),
+              "fabrics": "".join(f"{state}|{status}|{gpu}\n" for gpu, state, status in fabrics)}
+    script = tmp_path / "inputs.sh"
+    script.write_text("\n".join([
+        "#!/usr/bin/env bash", "set -Eeuo pipefail",
+        _version_to_int(),
+        'fail() { printf "%s|%s\\n" "$1" "$2"; }',
+        *(f"{INPUTS[k]}={shlex.quote(v)}" for k, v in values.items()),
+        render_input_checks(checks),
+    ]))
+    ran = subprocess.run(["bash", str(script)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert ran.returncode == 0, ran.stderr
+    expect = DriverExpectation(version=DriverVersion(declared) if declared else None,
+                               modules=KernelModules(modules) if modules else KernelModules.AUTO,
+                               driver_type=DriverType(driver_type) if driver_type else None)
+    inputs = executor.CheckInputs(driver=driver, driver_line=line, expect=expect, modes=modes, required=required,
+                                  computes=computes, fabrics=fabrics)
+    by_agent = [(r.value, m) for r, m in executor.input_findings(checks, inputs)]
+    assert [tuple(x.split("|", 1)) for x in ran.stdout.splitlines()] == by_agent
+    assert bool(by_agent) is (case not in {"nothing-declared", "release", "branch", "host-manager-unknown-mode",
+                                           "no-driver"})

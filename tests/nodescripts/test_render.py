@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from nvgpu import catalogue
-from nvgpu.nodescripts import WEIGHTS, NodeScript, render_node_scripts
-from nvgpu.nodescripts.content import dropin_for, render_dropin, sysctl_dropin
+from nvgpu.nodescripts import WEIGHTS, NodeScript, plan, render_node_scripts
+from nvgpu.nodescripts.bashplan import render_chosen
+from nvgpu.nodescripts.content import sysctl_dropin
 from tests.tools import missing
 
 
@@ -30,7 +31,7 @@ def test_check_carries_catalogue_thresholds() -> None:
     check = next(s for s in render_node_scripts() if s.name == "gpu-check.sh").content
     assert f'GLOBAL_MIN_DRIVER="{catalogue.GLOBAL_MIN_DRIVER}"' in check
     major, minor = catalogue.MIN_COMPUTE_CAPABILITY
-    assert f"MIN_COMPUTE={major * 100 + minor}" in check
+    assert f"plan_minimum={major}.{minor}" in check and f"< {major * 1000 + minor}))" in check
     for model in catalogue.MODELS:
         for name in model.product_names:
             assert f'"{name}"' in check
@@ -46,10 +47,9 @@ def test_root_prefix_is_the_default_of_the_env_override() -> None:
     assert 'ROOT="${NVIDIA_GPU_ROOT-}"' in render_node_scripts()[0].content
 
 
-def test_dropin_templates_match_the_python_rendering() -> None:
+def test_the_plans_are_rendered_into_the_scripts() -> None:
     runtime = next(s for s in render_node_scripts() if s.name == "gpu-runtime.sh").content
-    assert render_dropin("${cri}", "${systemd}", "") in runtime
-    assert dropin_for(2, True, True).splitlines()[0] in runtime
+    assert render_chosen(plan.RUNTIME_DROPIN, refuse="runtime_refuse") in runtime
     sysctl = next(s for s in render_node_scripts() if s.name == "gpu-sysctl.sh").content
     assert sysctl_dropin() in sysctl
 

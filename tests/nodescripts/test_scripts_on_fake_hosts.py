@@ -69,7 +69,7 @@ def test_runtime_refuses_foreign_dropin_and_plain_containerd(tmp_path: Path, run
     host = build_fake_host(tmp_path / "a", "l4x2", containerd=1)
     host.path("/etc/containerd/conf.d/nvidia-gpu.toml").write_text("# someone else's\n")
     result = run_script(host, "gpu-runtime.sh")
-    assert result.returncode == 1 and "is not ours" in result.stderr
+    assert result.returncode == 1 and "not written by nvidia-gpu" in result.stderr
     assert host.path("/etc/containerd/conf.d/nvidia-gpu.toml").read_text() == "# someone else's\n"
     plain = build_fake_host(tmp_path / "b", "l4x2", containerd=1, deckhouse=False)
     before = plain.snapshot()

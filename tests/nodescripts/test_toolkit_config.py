@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from node_agent.cli import main
+from node_agent.setup.executor import block_edited, block_restored
 from nvgpu.nodescripts import facts, render_node_scripts
-from nvgpu.nodescripts.content import toolkit_config_edited, toolkit_config_restored
+from nvgpu.nodescripts.plan import toolkit_config
 from nvml_sim.host import TOOLKIT_PACKAGE_CONFIG
 from tests.kit.fakecrio import build_crio_host
 from tests.kit.fakehost import FakeHost, build_fake_host
@@ -156,7 +157,8 @@ def test_script_and_agent_write_the_same_bytes(tmp_path: Path, layout: str, acce
 def test_edit_and_restore_are_exact_inverses() -> None:
     for text in (TOOLKIT_PACKAGE_CONFIG, ADMIN_CONFIG, "", "# only a comment\n"):
         for accept in (False, True):
-            edited = toolkit_config_edited(text, accept)
-            assert toolkit_config_restored(edited) == text
-            assert toolkit_config_edited(edited, accept) == edited  # idempotent
-            assert toolkit_config_edited(toolkit_config_edited(text, not accept), accept) == edited
+            block, other = toolkit_config(accept), toolkit_config(not accept)
+            edited = block_edited(block, text, {})
+            assert block_restored(block, edited) == text
+            assert block_edited(block, edited, {}) == edited  # idempotent
+            assert block_edited(block, block_edited(other, text, {}), {}) == edited

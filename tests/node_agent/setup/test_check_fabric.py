@@ -69,8 +69,8 @@ FAILED_WORDS = f"failed to register it with the NVLink fabric (NVML status {NVML
 
 
 @pytest.mark.parametrize("case", [
-    ("not-started", 0, "registration is not-started"),
-    ("in-progress", 0, "registration is in-progress"),
+    ("not-started", 0, "registration is Not Started"),
+    ("in-progress", 0, "registration is In Progress"),
     ("completed", NVML_ERROR_TIMEOUT, FAILED_WORDS),
 ])
 @pytest.mark.parametrize("machine", ["dgx-h100", "hgx-h200"])
