@@ -87,8 +87,10 @@ def allocation_answer(node: Node, pod_uid: str) -> bytes:
     return b"".join(base64.b64decode(e["AllocResp"]) for e in checkpoint_entries(node) if e["PodUID"] == pod_uid)
 
 
-def probe_pod(name: str, image: str, runtime_class: str | None) -> dict[str, Any]:
-    """A pod asking for two GPUs whose probe (``tests/cdi/gpu_probe.c``) prints what it sees, then sleeps."""
+def probe_pod(name: str, image: str, runtime_class: str | None, node: str | None = None) -> dict[str, Any]:
+    """A pod asking for two GPUs whose probe (``tests/cdi/gpu_probe.c``) prints what it sees, then sleeps;
+    ``node``: pinned to that node (a test that reads one node's checkpoint must not let the scheduler pick
+    another node offering ``nvidia.com/gpu``)."""
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
@@ -97,6 +99,8 @@ def probe_pod(name: str, image: str, runtime_class: str | None) -> dict[str, Any
                         "resources": {"limits": {"nvidia.com/gpu": 2}}}]}
     if runtime_class:
         spec["runtimeClassName"] = runtime_class
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec}
 
 

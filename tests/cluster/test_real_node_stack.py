@@ -231,7 +231,7 @@ def _holders(d: Deployed, node: str) -> dict[str, str]:
 def test_a_workload_sees_exactly_its_two_gpus(deployed: Deployed, runtime_class: str | None) -> None:
     d = deployed
     name = f"probe-{runtime_class or 'default'}"
-    d.kube.create(probe_pod(name, d.probe_ref, runtime_class))
+    d.kube.create(probe_pod(name, d.probe_ref, runtime_class, node=NODE))
     try:
         pod = running_pod(d.kube, name)
         d.timings.setdefault("pulumi up -> first GPU pod Running", time.monotonic() - d.up_started)
@@ -481,7 +481,7 @@ def test_dra_a_mig_claim_gets_exactly_its_mig_device(deployed: Deployed) -> None
 
 def _gpu_pod_running(d: Deployed, name: str) -> tuple[dict[str, Any], set[str]]:
     """A long-running probe pod with two GPUs on the device-plugin node, and the GPUs its probe sees."""
-    d.kube.create(probe_pod(name, d.probe_ref, None))
+    d.kube.create(probe_pod(name, d.probe_ref, None, node=NODE))
     try:
         pod = wait_until(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase") == "Running"
                          and p, f"pod {name} Running")
@@ -579,7 +579,7 @@ def test_each_device_list_strategy_as_a_day_two_change(deployed: Deployed, strat
     while True:
         # A pod admitted while the plugin re-registers (it restarts its servers for a new config, and comes back
         # after node setup ran again) fails with UnexpectedAdmissionError, as on any node: create another.
-        d.kube.create(probe_pod(name, d.probe_ref, None))
+        d.kube.create(probe_pod(name, d.probe_ref, None, node=NODE))
         pod = wait_until(lambda: (p := d.kube.get("v1", "Pod", name, "default"))["status"].get("phase")
                          in ("Running", "Failed") and p, f"pod {name} admitted")
         answer = allocation_answer(d.node, pod["metadata"]["uid"])
@@ -744,6 +744,7 @@ def test_a_mig_change_drains_the_running_workload_through_eviction(deployed: Dep
                                       timeout=180)
         d.timings["MIG change (10 s held by the budget) -> new layout offered"] = time.monotonic() - t0
         assert allocatable.get(MIG_RESOURCE, "0") == "0", allocatable
+        assert allocatable.get("nvidia.com/gpu", "0") == "0", allocatable  # mixed: every GPU is MIG-enabled
         assert not node["spec"].get("unschedulable")
         state = json.loads(d.mig_node.mig_state_file.read_text())
         assert {len(g["gpuInstances"]) for g in state["gpus"]} == {3}, state
@@ -770,7 +771,7 @@ def _all_gpus_free(d: Deployed) -> None:
     """A pod asking for all eight GPUs runs and sees them: no deleted pod still holds one (the kubelet drops a
     gone pod's devices from its checkpoint at the next allocation, not at the deletion)."""
     name = "all-eight"
-    pod = probe_pod(name, d.probe_ref, None)
+    pod = probe_pod(name, d.probe_ref, None, node=NODE)
     pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 8}}
     d.kube.create(pod)
     try:
@@ -842,7 +843,7 @@ def test_a_kubelet_killed_mid_allocation_recovers(deployed: Deployed) -> None:
     name = "killed-mid-allocation"
     try:
         for attempt in range(3):
-            d.kube.create(probe_pod(name, d.probe_ref, None))
+            d.kube.create(probe_pod(name, d.probe_ref, None, node=NODE))
             wait_until(lambda: d.kube.get("v1", "Pod", name, "default")["spec"].get("nodeName"), "the pod bound",
                        timeout=30)
             if attempt == 0:
