@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
-from pulumi.provider.experimental.analyzer import Analyzer
 
 import nvidia_gpu
 from nvidia_gpu import package
@@ -17,23 +17,25 @@ L4: dict[str, Any] = {"name": "l4", "nodeSelector": {"matchLabels": {"pool": "l4
 
 
 def test_the_schema_has_every_component_with_its_inputs_and_outputs() -> None:
-    result = Analyzer(package.PACKAGE).analyze(package.COMPONENTS)
-    defs = result["component_definitions"]
+    """The schema the engine gets from ``pulumi package get-schema`` (through the SDK adapter)."""
+    resources = json.loads(package.schema())["resources"]
+    defs = {token.rsplit(":", 1)[1]: r for token, r in resources.items()}
     assert sorted(defs) == ["DraStack", "DriverUpgrade", "GpuMonitoring", "GpuNodeGroup", "GpuPlatform", "MigProfile"]
     group = defs["GpuNodeGroup"]
-    required = sorted(k for k, p in group.inputs.items() if not p.optional)
-    assert required == ["cluster", "group"]
-    assert sorted(group.inputs) == ["agentImage", "cluster", "extraLabels", "group", "namespace"]
-    assert sorted(group.outputs) == ["nodeLabels", "nodeTaints"]
+    assert sorted(group["requiredInputs"]) == ["cluster", "group"]
+    assert sorted(group["inputProperties"]) == ["agentImage", "cluster", "extraLabels", "group", "namespace"]
+    assert sorted(group["properties"]) == ["nodeLabels", "nodeTaints"]
     # The stack-config objects are plain (known at preview: the components validate them before anything
     # registers); the values that may come from other resources are Inputs.
-    assert group.inputs["group"].plain and not group.inputs["namespace"].plain
-    assert sorted(defs["GpuPlatform"].outputs) == ["namespace", "serviceAccounts"]
-    assert sorted(defs["GpuPlatform"].inputs) == ["agentImage", "cluster", "extraLabels", "namespace", "nodeTaintKeys"]
-    assert sorted(defs["MigProfile"].outputs) == ["configMapName", "configNames"]
-    assert sorted(defs["GpuMonitoring"].outputs) == ["alertRules", "dashboardCount", "metricsExporter"]
-    assert sorted(defs["GpuMonitoring"].inputs) == ["agentImage", "cluster", "extraLabels", "groups", "namespace"]
-    assert sorted(defs["DriverUpgrade"].outputs) == ["drainMode"]
+    assert group["inputProperties"]["group"].get("plain") and not group["inputProperties"]["namespace"].get("plain")
+    assert sorted(defs["GpuPlatform"]["properties"]) == ["namespace", "serviceAccounts"]
+    assert sorted(defs["GpuPlatform"]["inputProperties"]) == ["agentImage", "cluster", "extraLabels", "namespace",
+                                                             "nodeTaintKeys"]
+    assert sorted(defs["MigProfile"]["properties"]) == ["configMapName", "configNames"]
+    assert sorted(defs["GpuMonitoring"]["properties"]) == ["alertRules", "dashboardCount", "metricsExporter"]
+    assert sorted(defs["GpuMonitoring"]["inputProperties"]) == ["agentImage", "cluster", "extraLabels", "groups",
+                                                               "namespace"]
+    assert sorted(defs["DriverUpgrade"]["properties"]) == ["drainMode"]
 
 
 def test_whole_numbers_from_other_languages_validate_as_integers() -> None:

@@ -17,6 +17,7 @@ from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
 from nvidia_gpu.components.platform import GpuPlatform, GpuPlatformArgs
 from nvidia_gpu.components.program import build_stack, decode_config_value, node_scripts, runtime_config_values
 from nvidia_gpu.components.sharing_policy import SharingPolicy, SharingPolicyArgs
+from nvidia_gpu.sdk import runtime as sdkruntime
 from tests.nvidia_gpu.components.component_helpers import (
     Engine,
     by_name,
@@ -196,7 +197,7 @@ def test_build_stack_uses_one_explicit_provider_for_everything(engine: Engine) -
 
 
 def test_invalid_config_in_main_fails_before_registering(engine: Engine) -> None:
-    pulumi.runtime.set_all_config(
+    sdkruntime.set_config(
         {"nvidia-gpu:cluster": '{"kubernetesVersion": "1.34"}', "nvidia-gpu:nodeGroups": "[]"}
     )
     main = Path(__file__).resolve().parents[3] / "__main__.py"

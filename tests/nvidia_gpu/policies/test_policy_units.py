@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pulumi.runtime.proto import analyzer_pb2
 
 from nvgpu.stackconfig import CONFIG_FILE_ENV
 from nvidia_gpu.policies.node_selection import (
@@ -22,7 +21,7 @@ from nvidia_gpu.policies.node_selection import (
 from nvidia_gpu.policies.stack_facts import config_values, parse_minor
 from nvidia_gpu.preview.policyrun.analyzer_client import Diagnostic, reconcile_config
 from nvidia_gpu.preview.policyrun.report import format_policies, summary_line
-from nvidia_gpu.sdk.analyzer import PackInfo, PolicyInfo
+from nvidia_gpu.sdk.analyzer import PackInfo, PolicyInfo, policy_level
 
 
 def _sel(*reqs: tuple[str, str, tuple[str, ...]]) -> NodeSelection:
@@ -115,13 +114,13 @@ def _info() -> PackInfo:
 
 def test_reconcile_gives_every_policy_an_explicit_level() -> None:
     out = reconcile_config(_info(), {"a": {"limit": 3}})
-    assert out["a"].enforcementLevel == analyzer_pb2.MANDATORY and dict(out["a"].properties) == {"limit": 3}
-    assert out["b"].enforcementLevel == analyzer_pb2.ADVISORY
+    assert policy_level(out["a"]) == "mandatory" and dict(out["a"].properties) == {"limit": 3}
+    assert policy_level(out["b"]) == "advisory"
 
 
 def test_reconcile_all_then_per_policy_levels() -> None:
     out = reconcile_config(_info(), {"all": "disabled", "b": {"enforcementLevel": "mandatory"}})
-    assert (out["a"].enforcementLevel, out["b"].enforcementLevel) == (analyzer_pb2.DISABLED, analyzer_pb2.MANDATORY)
+    assert (policy_level(out["a"]), policy_level(out["b"])) == ("disabled", "mandatory")
 
 
 def _diag(policy: str, level: str, message: str, resource: str = "") -> Diagnostic:
