@@ -26,13 +26,15 @@ from nvgpu.stackconfig import resolved
 from nvgpu.stackconfig.common import (
     Bool,
     ConfigModel,
+    Digest,
     DnsLabel,
     FieldProblems,
     Loc,
+    PullPolicy,
+    Repository,
+    Tag,
     absolute_path,
-    check_digest,
-    check_repository,
-    check_tag,
+    image_ref,
     raise_all,
 )
 from nvgpu.stackconfig.dra import DraSettings
@@ -51,10 +53,10 @@ DRA_GA_MINOR = 34
 class AgentImage(ConfigModel):
     """The node-agent image; pinned by tag and/or digest (``latest`` is refused)."""
 
-    repository: Annotated[str, AfterValidator(check_repository)]
-    tag: Annotated[str, AfterValidator(check_tag)] | None = None
-    digest: Annotated[str, AfterValidator(check_digest)] | None = None
-    pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    repository: Repository
+    tag: Tag | None = None
+    digest: Digest | None = None
+    pull_policy: PullPolicy = "IfNotPresent"
 
     @model_validator(mode="after")
     def _pinned(self) -> AgentImage:
@@ -68,12 +70,7 @@ class AgentImage(ConfigModel):
 
     @property
     def ref(self) -> str:
-        ref = self.repository
-        if self.tag:
-            ref += f":{self.tag}"
-        if self.digest:
-            ref += f"@{self.digest}"
-        return ref
+        return image_ref(self.repository, self.tag, self.digest)
 
 
 

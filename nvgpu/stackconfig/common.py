@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Hashable, Mapping
-from typing import Annotated, Any, ClassVar, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -110,6 +110,20 @@ def check_digest(v: str) -> str:
     if not _DIGEST.fullmatch(v):
         raise ValueError("must be an image digest: 'sha256:' and 64 lowercase hexadecimal digits")
     return v
+
+
+#: The parts of an image reference as the stack config writes them, each judged where it is written.
+Repository = Annotated[str, AfterValidator(check_repository)]
+Tag = Annotated[str, AfterValidator(check_tag)]
+Digest = Annotated[str, AfterValidator(check_digest)]
+#: A container's ``imagePullPolicy``, for every image the stack runs.
+PullPolicy = Literal["IfNotPresent", "Always", "Never"]
+
+
+def image_ref(repository: str, tag: str | None, digest: str | None) -> str:
+    """``repository[:tag][@digest]``: the reference a container's ``image`` takes (by digest when there is
+    one; the tag then only tells a reader which release it is)."""
+    return repository + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
 
 
 class StackConfigError(ValueError):

@@ -9,7 +9,7 @@ stack does not deploy).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import (
     AfterValidator,
@@ -24,13 +24,15 @@ from nvgpu.errortext import shown
 from nvgpu.stackconfig.common import (
     Bool,
     ConfigModel,
+    Digest,
     DnsLabel,
     FieldProblems,
     Loc,
+    PullPolicy,
+    Repository,
+    Tag,
     absolute_path,
-    check_digest,
-    check_repository,
-    check_tag,
+    image_ref,
     raise_all,
 )
 
@@ -49,11 +51,11 @@ def _kernel_release(v: str) -> str:
 class DriverImage(ConfigModel):
     """NVIDIA's driver image: ``<repository>/<name>:<version>-<os>``, pinned by digest per tag where given."""
 
-    repository: Annotated[str, AfterValidator(check_repository)] = driverspec.DEFAULT_REPOSITORY
+    repository: Repository = driverspec.DEFAULT_REPOSITORY
     name: DnsLabel = driverspec.DEFAULT_IMAGE
     #: Image tag (``550.90.07-ubuntu22.04``) to its digest; a tag listed here is pulled by digest.
-    digests: dict[Annotated[str, AfterValidator(check_tag)], Annotated[str, AfterValidator(check_digest)]] = {}
-    pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    digests: dict[Tag, Digest] = {}
+    pull_policy: PullPolicy = "IfNotPresent"
 
 
 class DriverUpgrade(ConfigModel):
@@ -150,16 +152,15 @@ class Driver(ConfigModel):
 class ToolkitImage(ConfigModel):
     """NVIDIA's toolkit image (``<repository>/<name>:<tag>``), pinned by digest where given."""
 
-    repository: Annotated[str, AfterValidator(check_repository)] = toolkitspec.DEFAULT_REPOSITORY
+    repository: Repository = toolkitspec.DEFAULT_REPOSITORY
     name: DnsLabel = toolkitspec.DEFAULT_IMAGE
-    tag: Annotated[str, AfterValidator(check_tag)] = toolkitspec.DEFAULT_TAG
-    digest: Annotated[str, AfterValidator(check_digest)] | None = None
-    pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    tag: Tag = toolkitspec.DEFAULT_TAG
+    digest: Digest | None = None
+    pull_policy: PullPolicy = "IfNotPresent"
 
     @property
     def ref(self) -> str:
-        ref = f"{self.repository}/{self.name}:{self.tag}"
-        return f"{ref}@{self.digest}" if self.digest else ref
+        return image_ref(f"{self.repository}/{self.name}", self.tag, self.digest)
 
 
 class Toolkit(ConfigModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import (
     AfterValidator,
@@ -21,11 +21,13 @@ from nvgpu.k8snames import check_key, check_label_value
 from nvgpu.stackconfig.common import (
     Bool,
     ConfigModel,
+    Digest,
     DnsLabel,
     Loc,
-    check_digest,
-    check_repository,
-    check_tag,
+    PullPolicy,
+    Repository,
+    Tag,
+    image_ref,
     raise_all,
 )
 
@@ -68,15 +70,15 @@ def _scrape_interval(v: str) -> str:
 class DcgmExporterImage(ConfigModel):
     """NVIDIA's dcgm-exporter image, pinned by digest (an image with host access is never taken by tag alone)."""
 
-    repository: Annotated[str, AfterValidator(check_repository)] = "nvcr.io/nvidia/k8s/dcgm-exporter"
+    repository: Repository = "nvcr.io/nvidia/k8s/dcgm-exporter"
     #: The release, e.g. ``4.4.1-4.6.0-ubuntu22.04`` (informational: the digest decides).
-    tag: Annotated[str, AfterValidator(check_tag)] | None = None
-    digest: Annotated[str, AfterValidator(check_digest)]
-    pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    tag: Tag | None = None
+    digest: Digest
+    pull_policy: PullPolicy = "IfNotPresent"
 
     @property
     def ref(self) -> str:
-        return f"{self.repository}{':' + self.tag if self.tag else ''}@{self.digest}"
+        return image_ref(self.repository, self.tag, self.digest)
 
 
 class DcgmExporterSettings(ConfigModel):
