@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -55,19 +56,9 @@ class RecordingMonitor(runtime.EchoMonitor):
         self.listeners = list(listeners)
 
     def on_register(self, registration: runtime.Registration) -> None:
-        record = RecordedResource(
-            type_token=registration.type_token,
-            name=registration.name,
-            urn=registration.urn,
-            parent_urn=registration.parent_urn,
-            custom=registration.custom,
-            provider=registration.provider,
-            inputs=normalise(registration.inputs),
-            dependencies=tuple(sorted(registration.dependencies)),
-            retain_on_delete=registration.retain_on_delete,
-            delete_before_replace=registration.delete_before_replace,
-            ignore_changes=registration.ignore_changes,
-        )
+        record = RecordedResource(**{
+            **{f.name: getattr(registration, f.name) for f in fields(registration)},
+            "inputs": normalise(registration.inputs), "dependencies": tuple(sorted(registration.dependencies))})
         with self._lock:
             self.recorded.append(record)
         for listener in self.listeners:

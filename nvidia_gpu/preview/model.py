@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nvgpu.stackconfig import StackConfig
+from nvidia_gpu.sdk.runtime import Registration
 
 PROVIDER_PREFIX = "pulumi:providers:"
 KUBERNETES_PREFIX = "kubernetes:"
@@ -23,21 +24,10 @@ class Closeable(Protocol):
 
 
 @dataclass(frozen=True)
-class RecordedResource:
-    """One ``RegisterResource`` call as the engine received it (inputs in camelCase, numbers normalised)."""
-
-    type_token: str
-    name: str
-    urn: str
-    parent_urn: str | None
-    custom: bool
-    provider: str | None
-    inputs: dict[str, Any]
-    dependencies: tuple[str, ...] = ()
-    retain_on_delete: bool = False
-    delete_before_replace: bool = False
-    #: Input paths the engine keeps at their old values (``ResourceOptions.ignore_changes``).
-    ignore_changes: tuple[str, ...] = ()
+class RecordedResource(Registration):
+    """One ``RegisterResource`` call as the engine received it (the adapter's :class:`Registration`), its inputs
+    in camelCase with numbers normalised and its dependencies sorted, as the preview's steps and the policies
+    read it."""
 
     @property
     def is_component(self) -> bool:

@@ -42,10 +42,11 @@ class Registration:
     custom: bool
     provider: str | None
     inputs: dict[str, Any]
-    dependencies: tuple[str, ...]
-    retain_on_delete: bool
-    delete_before_replace: bool
-    ignore_changes: tuple[str, ...]
+    dependencies: tuple[str, ...] = ()
+    retain_on_delete: bool = False
+    delete_before_replace: bool = False
+    #: Input paths the engine keeps at their old values (``ResourceOptions.ignore_changes``).
+    ignore_changes: tuple[str, ...] = ()
 
 
 class _EchoMocks(sdk_mocks.Mocks):
