@@ -15,6 +15,6 @@ imports it absolutely, ``from tests.kit.<module> import ...``.
 - :mod:`tests.kit.fakecrio`, :mod:`tests.kit.fakekernel`, :mod:`tests.kit.driverinstall`: a fake CRI-O, the
   kernel's part in PCI driver binding, a driver installed into a root.
 
-What only one folder uses stays in that folder (``tests/deviceplugin/builders.py``, ``tests/mig/fakes.py``,
-``tests/compare/peers.py``, ...).
+What only one folder uses stays in that folder (``tests/node_agent/deviceplugin/builders.py``,
+``tests/node_agent/mig/fakes.py``, ``tests/compare/peers.py``, ...).
 """

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from nvidia_gpu.components.manifests import alerts
-from tests.tools import required_bin
+from tests.kit.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[3]
 GPU = {"Hostname": "n1", "gpu": "0", "UUID": "GPU-a"}
