@@ -37,8 +37,8 @@ from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices  # noqa: E402
 from node_agent.deviceplugin.preferred import best_set, set_score  # noqa: E402
 from node_agent.kubelet.deviceplugin.api import grpc_api, pb  # noqa: E402
 from nvml_sim import SimulatedMachine, provider  # noqa: E402
-from tests.deviceplugin.builders import hybrid_cube_mesh  # noqa: E402
-from tests.deviceplugin.reference import exhaustive, nvidia_best_effort  # noqa: E402
+from tests.node_agent.deviceplugin.builders import hybrid_cube_mesh  # noqa: E402
+from tests.node_agent.deviceplugin.reference import exhaustive, nvidia_best_effort  # noqa: E402
 
 provider.register()  # in-process simulated:<machine> sessions, as node_agent.cli registers it
 

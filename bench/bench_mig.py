@@ -39,8 +39,8 @@ from nvgpu import labels  # noqa: E402
 from nvgpu.migparted import build_config  # noqa: E402
 from nvml_sim import MACHINES, provider  # noqa: E402
 from tests.kit.kmock import api, kmock_server, kube  # noqa: E402
-from tests.mig.fakes import Clock, FakeNode, MemoryFiles, Rebooter, StepLock, pod  # noqa: E402
-from tests.mig.harness import clients_leave, deckhouse_approver  # noqa: E402
+from tests.node_agent.mig.fakes import Clock, FakeNode, MemoryFiles, Rebooter, StepLock, pod  # noqa: E402
+from tests.node_agent.mig.harness import clients_leave, deckhouse_approver  # noqa: E402
 
 provider.register()  # in-process simulated:<machine> sessions, as node_agent.cli registers it
 

@@ -103,7 +103,7 @@ def main() -> None:
         digest = agent_archive(work / "agent.tar", "localhost/nvidia-gpu-agent:bench", buildah_root=work / "buildah",
                                ca_dir=local_ca_dir())
         probe = probe_archive(work / "probe.tar", "localhost/nvidia-gpu-test/gpu-probe:1",
-                              REPO / "tests" / "cdi" / "gpu_probe.c")
+                              REPO / "tests" / "cluster" / "gpu_probe.c")
         print(f"images built and exported: {time.perf_counter() - t:.1f} s")
         cp = ControlPlane(directory=work / "cluster", bin_dir=bin_dir,
                           components=("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"))

@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
-import pytest  # noqa: E402  (tests.tools.required_bin skips through pytest when the tools are not built)
+import pytest  # noqa: E402  (tests.kit.tools.required_bin skips through pytest when the tools are not built)
 from kubernetes import client  # noqa: E402
 
 from localcluster import ControlPlane  # noqa: E402
@@ -82,10 +82,10 @@ from nvidia_gpu.components.manifests.sharing import render_named_configs  # noqa
 from tests.compare import dra as dra_cmp  # noqa: E402
 from tests.compare.deviceplugin import PLUGIN_DIR, RESOURCE  # noqa: E402
 from tests.compare.peers import DMI_PRODUCT, Machine, machine, namespaced  # noqa: E402
-from tests.deviceplugin.reference import exhaustive, set_score  # noqa: E402
 from tests.kit.kmock import api, kmock_server, kubeconfig  # noqa: E402
 from tests.kit.kubelet.deviceplugin import DevicePluginKubelet  # noqa: E402
-from tests.tools import required_bin  # noqa: E402
+from tests.kit.tools import required_bin  # noqa: E402
+from tests.node_agent.deviceplugin.reference import exhaustive, set_score  # noqa: E402
 
 FLAGS = ("--device-list-strategy", "envvar", "--device-id-strategy", "uuid")
 #: BENCH_CALLS, BENCH_STARTS, BENCH_DRA_CYCLES: sizes of the run; BENCH_KEEP=1 keeps the work directories and the

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TESTS = ["tests/node_agent/test_exec_pinned.py", "tests/deviceplugin/test_exec_pinned.py",
-         "tests/dra/test_exec_pinned.py", "tests/node_agent/host/test_host_layer.py",
-         "tests/node_agent/setup/test_vfio_command.py", "tests/cdi/test_driver_files.py", "tests/mig"]
+TESTS = ["tests/node_agent/test_exec_pinned.py", "tests/node_agent/deviceplugin/test_exec_pinned.py",
+         "tests/node_agent/dra/test_exec_pinned.py", "tests/node_agent/host/test_host_layer.py",
+         "tests/node_agent/setup/test_vfio_command.py", "tests/node_agent/cdi/test_driver_files.py",
+         "tests/node_agent/mig"]
 
 #: (file, original text, mutated text, what the slip would do on a node)
 MUTANTS: list[tuple[str, str, str, str]] = [

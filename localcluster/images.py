@@ -6,7 +6,7 @@
   SIGINT/SIGTERM, reap orphans).
 - :func:`rootfs_archive`: a tiny image of host binaries and the shared libraries ``ldd`` lists for them
   (``sh``, ``cat``, ``sleep``, ...), enough for a workload that prints, sleeps and takes ``kubectl exec``.
-- :func:`probe_archive`: such an image around ``tests/cdi/gpu_probe.c`` (a CUDA workload's view of the
+- :func:`probe_archive`: such an image around ``tests/cluster/gpu_probe.c`` (a CUDA workload's view of the
   driver), laid out like a Debian image for the NVIDIA CDI hook: multiarch library directories,
   ``/etc/ld.so.conf(.d)``, ``/sbin/ldconfig`` and a linker cache.
 - :func:`agent_archive`: the node agent image as ``node_agent/image/build.sh`` builds it (buildah, no
@@ -36,7 +36,7 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
 DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 AGENT_BUILD = Path(__file__).resolve().parents[1] / "node_agent" / "image" / "build.sh"
 #: Debian's multiarch library directories: where a CDI spec mounts the driver's libraries, and what the
-#: image's ``/etc/ld.so.conf.d`` lists (as ``tests/oci.py``'s root file systems do).
+#: image's ``/etc/ld.so.conf.d`` lists (as ``tests/kit/oci.py``'s root file systems do).
 MULTIARCH = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu")
 
 PAUSE_C = r"""

@@ -337,7 +337,7 @@ T4 = GpuModel(
 # - PCI device IDs and product names (what nvmlDeviceGetName returns): NVIDIA/open-gpu-kernel-modules
 #   README.md, the supported-GPU table ("NVIDIA B200 | 2901 10DE 1999"), and the device-filter lists with their
 #   model comments in NVIDIA's mig-parted config (deployments/systemd/config-default.yaml, v0.15.0, vendored in
-#   tests/mig/). Only IDs mig-parted filters on are listed for MIG models, so NVIDIA's layouts select exactly
+#   tests/nvgpu/). Only IDs mig-parted filters on are listed for MIG models, so NVIDIA's layouts select exactly
 #   the GPUs ours do (README IDs with no mig-parted entry, 0x2909 "NVIDIA B200" and 0x31C3 "NVIDIA GB300", are
 #   left to the unknown-model path).
 # - Compute capability: NVIDIA's CUDA GPUs page (developer.nvidia.com/cuda-gpus) and, for MIG parts, the MIG
@@ -347,7 +347,7 @@ T4 = GpuModel(
 #   otherwise the upper bound mig-parted's names imply (its full-GPU profile is named ceil(total GiB), so
 #   7g.269gb means at most 269 GiB), marked below.
 # - MIG profile names and instance counts: the mig-parted config above (every ``all-<profile>`` entry and the
-#   ``all-balanced`` entry for the model's device filter; tests/test_catalogue_nvidia_tables.py checks them
+#   ``all-balanced`` entry for the model's device filter; tests/nvgpu/test_catalogue_nvidia_tables.py checks them
 #   against the file). Placements follow the guide's 7-slice diagram as for the H100. Profile MiB, SM counts and
 #   nvidia-smi -lgip IDs are not published for these parts: MiB and SMs are derived (_derived_memory,
 #   _scaled_sms), IDs are the H100's, so every such row is ``confirmed=False``.

@@ -5,7 +5,7 @@ Defined here, in the shared core, because that is the one package every consumer
 copies ``nvgpu/`` but never installs the distribution (so ``importlib.metadata`` would not find it there),
 and an editable install's metadata keeps the version it was installed with. ``pyproject.toml`` reads it
 (``[tool.setuptools.dynamic]``); the files that cannot import it (``policies/PulumiPolicy.yaml``, the example
-stacks' ``agentImage.tag``) are checked against it by ``tools/release.py check`` and tests/test_release.py.
+stacks' ``agentImage.tag``) are checked against it by ``tools/release.py check`` and tests/repo/test_release.py.
 A release changes this line, adds its CHANGELOG.md entry and tags ``v<VERSION>``.
 """
 

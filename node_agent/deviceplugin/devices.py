@@ -4,7 +4,7 @@
 re-checks) and :class:`HostFiles` its view of the host filesystem (sysfs NUMA nodes, MIG capability
 minors, device nodes, CDI spec files). Like NVIDIA's ``ResourceManager`` the plugin holds only these,
 never an NVML handle or a host path, so tests build nodes from plain values
-(``tests/deviceplugin/builders.py``); production adapts ``node_agent.nvml``
+(``tests/node_agent/deviceplugin/builders.py``); production adapts ``node_agent.nvml``
 (:mod:`node_agent.deviceplugin.nvml_devices`) and passes the agent's ``node_agent.host.HostRoot`` as the
 :class:`HostFiles` itself. A host file that is missing reads as absent; one the host layer refuses or
 cannot read is never taken for absent: each caller either surfaces it (an init error naming the path)

@@ -28,7 +28,7 @@ loads the layer only when it watches a label (``node_agent.deviceplugin.nodewatc
 
 The trick in :mod:`.official` is the fragile part: it depends on where the pinned release keeps four
 modules and on ``kubernetes.client``'s ``__init__`` staying lazy (it is since v33).
-``tests/kube/test_imports.py`` fails, in CI and not on a node, when an upgrade breaks either; the fallback
+``tests/node_agent/kube/test_imports.py`` fails, in CI and not on a node, when an upgrade breaks either; the fallback
 then is a plain ``import kubernetes`` here (+23 MiB per process, nothing else changes).
 
 This ``__init__`` imports only :mod:`.errors`, so ``from node_agent.kube import KubeError`` in a command

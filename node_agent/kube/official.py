@@ -17,7 +17,7 @@ then the placeholders are removed again. The loaded submodules stay in ``sys.mod
 ``import kubernetes`` (a test, a benchmark, the exec-plugin kubeconfig fallback in
 :mod:`node_agent.kube.credentials`) runs the real ``__init__``s and reuses these very module objects:
 one ``Configuration`` class, one ``ApiException``. When ``kubernetes`` is already imported, nothing is
-faked. ``tests/kube/test_imports.py`` proves that agent processes never import
+faked. ``tests/node_agent/kube/test_imports.py`` proves that agent processes never import
 ``kubernetes.client.models`` or the API classes and that a full import afterwards still works.
 Pinned to the kubernetes release in requirements-agent.txt; a release that moves these modules fails
 that test, not a node.

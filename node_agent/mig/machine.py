@@ -4,7 +4,7 @@ Everything the manager looks at — the Node's labels and annotations, the journ
 with the target layout, the GPU client pods left, the boot ID, the clocks — is gathered into one frozen
 :class:`Observation`; :func:`decide` returns the one :class:`Action` to take next. There is no I/O
 here, so every path (approval waits, drains, crashes at each phase, reboots, rollbacks, bad input) is
-tested from tables in ``tests/mig/test_machine.py``; the executor only performs actions and records
+tested from tables in ``tests/node_agent/mig/test_machine.py``; the executor only performs actions and records
 phases. Each action is idempotent, so repeating one after a crash is harmless.
 
 The approval, drain and clients timeouts are measured on the monotonic clock from the journal's reading

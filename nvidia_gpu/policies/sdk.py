@@ -15,7 +15,7 @@ that consult the scope. Outside a scope, for example ``Remediate``, the original
 
 The memo holds a strong reference to each message it has seen, so an ``id`` is never reused while
 the scope lives, and the scope ends with the call. :data:`SDK_VERSION` names the SDK this was read
-against; ``tests/nvidia_gpu/policies/test_sdk.py`` fails when the SDK changes under it.
+against; ``tests/nvidia_gpu/policies/test_policy_sdk.py`` fails when the SDK changes under it.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from localcluster.dryrun import install_crds
 from tests.cluster import stack as stack_helpers
 from tests.cluster.pulumi_project import KINDS, prepare_cluster
 from tests.cluster.realnode import NODE_TOOLS
-from tests.tools import missing, required_bin
+from tests.kit.tools import missing, required_bin
 
 REPO = Path(__file__).resolve().parents[2]
 

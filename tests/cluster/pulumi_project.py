@@ -22,7 +22,7 @@ from localcluster import ApiError, ControlPlane, Kube
 from localcluster.dryrun import install_crds
 from localcluster.objects import create_kwok_node, wait_for
 from tests.cluster.stack import rendered
-from tests.tools import required_bin
+from tests.kit.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP = "node.deckhouse.io/gpu-setup-complete"

@@ -17,7 +17,7 @@ from localcluster import ControlPlane, Kube
 from localcluster.images import agent_archive, local_ca_dir, probe_archive
 from localcluster.node import Node
 from tests.cluster.pulumi_project import Project, make_project
-from tests.tools import missing
+from tests.kit.tools import missing
 
 REPO = Path(__file__).resolve().parents[2]
 #: What a real node runs, from the tools cache.
@@ -87,10 +87,15 @@ def allocation_answer(node: Node, pod_uid: str) -> bytes:
     return b"".join(base64.b64decode(e["AllocResp"]) for e in checkpoint_entries(node) if e["PodUID"] == pod_uid)
 
 
+<<<<<<< HEAD
 def probe_pod(name: str, image: str, runtime_class: str | None, node: str | None = None) -> dict[str, Any]:
-    """A pod asking for two GPUs whose probe (``tests/cdi/gpu_probe.c``) prints what it sees, then sleeps;
+    """A pod asking for two GPUs whose probe (``tests/cluster/gpu_probe.c``) prints what it sees, then sleeps;
     ``node``: pinned to that node (a test that reads one node's checkpoint must not let the scheduler pick
     another node offering ``nvidia.com/gpu``)."""
+=======
+def probe_pod(name: str, image: str, runtime_class: str | None) -> dict[str, Any]:
+    """A pod asking for two GPUs whose probe (``tests/cluster/gpu_probe.c``) prints what it sees, then sleeps."""
+>>>>>>> i37-layout
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
@@ -131,7 +136,7 @@ def build_images(work: Path) -> Images:
     agent_digest = agent_archive(work / "agent.tar", "localhost/nvidia-gpu-agent:node-test",
                                  buildah_root=work / "buildah", ca_dir=local_ca_dir())
     probe_digest = probe_archive(work / "probe.tar", "localhost/nvidia-gpu-test/gpu-probe:1",
-                                 REPO / "tests" / "cdi" / "gpu_probe.c")
+                                 REPO / "tests" / "cluster" / "gpu_probe.c")
     return Images((work / "agent.tar", work / "probe.tar"), agent_digest,
                   f"localhost/nvidia-gpu-test/gpu-probe@{probe_digest}")
 

@@ -10,7 +10,7 @@ with a TokenRequest token bound to its DaemonSet pod on that node, so RBAC judge
 and ``--log-level info`` (the refused evictions are visible only in the log). The test plays only what
 is not in this control plane: Deckhouse's node-manager (approval, drain) and the cluster operator.
 
-What the fakes in ``tests/mig`` cannot show and this module does: the merge patches of labels, taints
+What the fakes in ``tests/node_agent/mig`` cannot show and this module does: the merge patches of labels, taints
 and cordon as the real API server applies them; the real Eviction API with a PodDisruptionBudget whose
 status the disruption controller keeps (``429`` for the blocked pod); the DaemonSet controller keeping
 the GPU agents away while the ``mig-reconfigure`` taint is on and bringing them back afterwards; Events

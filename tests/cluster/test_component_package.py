@@ -23,7 +23,7 @@ from localcluster import ControlPlane
 from localcluster.objects import create_kwok_node, wait_for
 from nvidia_gpu.components.register import PROVIDER_VERSION
 from tests.cluster.pulumi_project import REPO, SETUP, Project, make_project
-from tests.tools import required_bin
+from tests.kit.tools import required_bin
 
 NAMESPACE = "yaml-gpu"
 POOL = "example.com/gpu-pool"

@@ -35,7 +35,7 @@ import yaml
 from localcluster import ControlPlane
 from localcluster.objects import wait_for
 from tests.cluster.pulumi_project import REPO, Project, make_project
-from tests.tools import required_bin
+from tests.kit.tools import required_bin
 
 #: The last commit whose ConfigMaps own their ``data`` (before ``register_config_map``): the shape a
 #: deployed stack's state has. Pinned, never "HEAD~n".

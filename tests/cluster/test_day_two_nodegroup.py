@@ -32,7 +32,7 @@ from localcluster import ControlPlane, Kube
 from nvgpu import labels
 from nvidia_gpu.components.manifests.deckhouse import NODE_GROUP_API, field_manager
 from tests.cluster.pulumi_project import Project, make_project
-from tests.tools import required_bin
+from tests.kit.tools import required_bin
 
 STACK = "dev"
 OURS = field_manager("nvidia-gpu")

@@ -15,9 +15,9 @@ scheduler's reason. The kubelet stand-in then prepares the passthrough claim (wh
 NVIDIA's demos, plain GPU and MIG claims run on the real kubelet in ``test_real_node_stack.py``), read
 back from the API server, over the plugin's real gRPC socket: the CDI spec names exactly the allocated devices.
 
-The demo manifests (``tests/dra/data/nvidia-dra-demo-*.yaml``: NVIDIA's quickstart files copied
-unchanged, provenance in ``tests/dra/data/SOURCES.md``) keep their namespaces, names, DeviceClasses and
-tolerations; the one change is a required node affinity for this module's two nodes
+The demo manifests (``tests/nvidia_gpu/components/data/nvidia-dra-demo-*.yaml``: NVIDIA's quickstart files
+copied unchanged, provenance in ``tests/nvidia_gpu/components/data/SOURCES.md``) keep their namespaces, names,
+DeviceClasses and tolerations; the one change is a required node affinity for this module's two nodes
 (:func:`_pin_to_our_nodes`), because the suite's control plane is shared with other modules' Nodes.
 
 What kwok does not do, this module does: kwok plays the kubelet for pod status but never calls
@@ -71,7 +71,7 @@ RESOURCE = "resource.k8s.io/v1"
 POLICY = "nvidia-gpu-dra-slices-own-node"
 MARKER = "dra-uninstall-marker"
 SETUP = "node.deckhouse.io/gpu-setup-complete"
-DATA = REPO / "tests" / "dra" / "data"
+DATA = REPO / "tests" / "nvidia_gpu" / "components" / "data"
 H200, H100 = "dra-hgx-h200", "dra-dgx-h100"
 #: node -> simulated machine the plugin on it sees through ``--nvml simulated:<machine>``.
 MACHINES = {H200: "hgx-h200", H100: "dgx-h100"}

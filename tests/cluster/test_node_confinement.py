@@ -27,7 +27,7 @@ from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.preview import crds
 from tests.cluster.agents import NS, AgentIdentity, create_group_nodes, identity
 from tests.cluster.stack import AppliedStack, apply_stack
-from tests.tools import required_bin
+from tests.kit.tools import required_bin
 
 pytestmark = pytest.mark.cluster
 

@@ -1,6 +1,6 @@
 """Images without a registry on a real node (issue 35): the node agent image as an air-gapped site builds it
 (``node_agent/image/build.sh``, buildah) exported as an OCI archive, and the workload probe image
-(``tests/cdi/gpu_probe.c`` with its loader, ``ldconfig`` and the Debian library layout the NVIDIA CDI hook
+(``tests/cluster/gpu_probe.c`` with its loader, ``ldconfig`` and the Debian library layout the NVIDIA CDI hook
 expects), both imported with ``ctr`` into a real node's containerd and run by digest in pods.
 
 The agent pod runs the image's own entrypoint and command (``python -m node_agent --help``, as the image's
@@ -26,7 +26,7 @@ from localcluster import ControlPlane, Kube
 from localcluster.images import build_agent_image, buildah_archive, local_ca_dir, probe_archive
 from localcluster.node import Node, add_node, remove_node
 from tests.cluster.realnode import kubectl
-from tests.tools import missing
+from tests.kit.tools import missing
 
 pytestmark = [pytest.mark.cluster, pytest.mark.image]
 
@@ -85,7 +85,7 @@ def test_agent_and_probe_images_run_on_a_real_node(real_cluster: ControlPlane, t
         t2 = time.monotonic()
     finally:
         shutil.rmtree(buildah_root, ignore_errors=True)
-    probe_digest = probe_archive(images / "probe.tar", PROBE, REPO / "tests" / "cdi" / "gpu_probe.c")
+    probe_digest = probe_archive(images / "probe.tar", PROBE, REPO / "tests" / "cluster" / "gpu_probe.c")
     t3 = time.monotonic()
     print(f"\nagent image: build {t1 - t0:.1f} s, export {t2 - t1:.1f} s "
           f"({(images / 'agent.tar').stat().st_size / 1e6:.0f} MB); probe image {t3 - t2:.1f} s "

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.kit import readme
-from tests.tools import required_bin
+from tests.kit.tools import required_bin
 
 pytestmark = pytest.mark.cluster
 

@@ -13,7 +13,7 @@ pods run (the eviction guard).
 2. the device plugin registers with the kubelet, which then offers the machine's eight GPUs;
 3. the labeller labels the Node from what NVML and sysfs show its container, as GPU feature discovery would;
 4. a workload asking for ``nvidia.com/gpu: 2`` (with and without ``runtimeClassName: nvidia``) runs through the
-   NVIDIA runtime, and its probe (``tests/cdi/gpu_probe.c``: libcuda and NVML by soname, the GPUs NVML shows,
+   NVIDIA runtime, and its probe (``tests/cluster/gpu_probe.c``: libcuda and NVML by soname, the GPUs NVML shows,
    what ``nvidia-smi -L`` lists) sees exactly the two GPUs the kubelet allocated to it, read back from the
    kubelet's own checkpoint; ``kubectl exec`` runs the probe again in the running pod;
 5. DRA, the seed article's steps with ``kubectl``: the ResourceSlice and DeviceClass are there, the article's
@@ -350,10 +350,11 @@ def test_dra_the_seed_articles_steps_with_kubectl(deployed: Deployed, tmp_path: 
                timeout=60)
 
 
-#: NVIDIA's DRA quickstart manifests (``tests/dra/data``, copied unchanged) run on the DRA node as published but
-#: for the image: theirs is ``ubuntu:22.04`` running ``nvidia-smi -L``, which the node cannot pull (no registry)
-#: and whose ``nvidia-smi`` (NVIDIA's closed binary) no mock driver carries; the probe lists what it would.
-DEMO_DATA = REPO / "tests" / "dra" / "data"
+#: NVIDIA's DRA quickstart manifests (``tests/nvidia_gpu/components/data``, copied unchanged) run on the DRA node
+#: as published but for the image: theirs is ``ubuntu:22.04`` running ``nvidia-smi -L``, which the node cannot pull
+#: (no registry) and whose ``nvidia-smi`` (NVIDIA's closed binary) no mock driver carries; the probe lists what it
+#: would.
+DEMO_DATA = REPO / "tests" / "nvidia_gpu" / "components" / "data"
 DEMOS = {"gpu-test1": "nvidia-dra-demo-gpu-test1-claimtemplate.yaml",
          "gpu-test3": "nvidia-dra-demo-gpu-test3-shared-claim.yaml"}
 

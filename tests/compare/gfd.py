@@ -19,7 +19,7 @@ from tests.compare.peers import (
 )
 
 #: NVIDIA's own example configs (copied verbatim, see SOURCES.md there).
-DATA = Path(__file__).resolve().parents[1] / "deviceplugin" / "data"
+DATA = Path(__file__).resolve().parents[1] / "node_agent" / "deviceplugin" / "data"
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,12 @@ from typing import Any
 from tests.kit.fakehost import PCI_DEVICES, PCIE_ROOT, SYS_DEVICES
 from tests.kit.migcaps import CAPS_DEV_DIR, write_mig_minors
 from tests.kit.mockhost import mock_env, mock_host, probe_mock
-from tests.tools import MOCK_NVML, required_bin
+from tests.kit.tools import MOCK_NVML, required_bin
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "docs" / "compatibility.md"
 #: NVIDIA's shipped mig-parted config (deployments/systemd/config-default.yaml), copied verbatim.
-MIG_CONFIG = REPO / "tests" / "mig" / "nvidia-mig-parted-config-default.yaml"
+MIG_CONFIG = REPO / "tests" / "nvgpu" / "nvidia-mig-parted-config-default.yaml"
 #: The mock machines (MOCK_NVML_MACHINE) and the DMI product name their hosts get.
 MACHINES = {"dgxa100": "DGXA100", "dgxh100": "DGXH100"}
 DMI_PRODUCT = "/sys/class/dmi/id/product_name"

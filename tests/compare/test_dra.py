@@ -11,7 +11,7 @@ from localcluster import ControlPlane
 from tests.compare import dra
 from tests.compare.peers import MACHINES, Machine, machine, unlisted
 from tests.kit.kubelet.common import short_root
-from tests.tools import required_bin
+from tests.kit.tools import required_bin
 
 pytestmark = pytest.mark.compare
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools import missing
+from tests.kit.tools import missing
 
 pytestmark = pytest.mark.image
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from nvgpu.version import VERSION
-from tests.tools import missing
+from tests.kit.tools import missing
 
 pytestmark = pytest.mark.image
 

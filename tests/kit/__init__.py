@@ -13,8 +13,10 @@ imports it absolutely, ``from tests.kit.<module> import ...``.
 - :mod:`tests.kit.gpus`: how made-up GPUs are named (UUIDs, PCI addresses, MIG profiles);
 - :mod:`tests.kit.dra_builders`: DRA inventories, claims and recording stand-ins;
 - :mod:`tests.kit.fakecrio`, :mod:`tests.kit.fakekernel`, :mod:`tests.kit.driverinstall`: a fake CRI-O, the
-  kernel's part in PCI driver binding, a driver installed into a root.
+  kernel's part in PCI driver binding, a driver installed into a root;
+- :mod:`tests.kit.tools`: the pinned binaries (``make tools``), skipped or failed on one rule when missing;
+  :mod:`tests.kit.oci`: real containers (OCI bundles run by the pinned runc, devices added by the CDI library).
 
-What only one folder uses stays in that folder (``tests/deviceplugin/builders.py``, ``tests/mig/fakes.py``,
-``tests/compare/peers.py``, ...).
+What only one folder uses stays in that folder (``tests/node_agent/deviceplugin/builders.py``,
+``tests/node_agent/mig/fakes.py``, ``tests/compare/peers.py``, ...).
 """

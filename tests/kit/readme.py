@@ -3,7 +3,7 @@
 Every fenced ``sh`` block in README.md is a command a user will paste, so each one is run by
 ``tests/cluster/test_readme.py``, in README order, exactly as written except for the substitutions
 listed here. A block is named by the HTML comment on the line before its fence
-(``<!-- readme-test: NAME -->``, invisible on GitHub); ``tests/test_readme.py`` fails on a shell block
+(``<!-- readme-test: NAME -->``, invisible on GitHub); ``tests/repo/test_readme.py`` fails on a shell block
 without a name, a name used twice, or a name this module does not know, so a new block cannot slip in
 untested.
 

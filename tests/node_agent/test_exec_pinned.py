@@ -3,7 +3,7 @@
 Every host command goes through ``HostRoot.run`` and its ``executor`` (``node_agent.host.exec``); here a
 ``RecordingExec`` stands in for the host, so a GPU reset that widens to every GPU, a reboot that becomes a
 power-off, a wrong module or unit fails a test. The DRA sharing commands are pinned in
-``tests/dra/test_exec_pinned.py``, the device plugin's MPS daemons in ``tests/deviceplugin``.
+``tests/node_agent/dra/test_exec_pinned.py``, the device plugin's MPS daemons in ``tests/node_agent/deviceplugin``.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from nvml_sim import SimulatedMachine
 from nvml_sim.state import SimProcess
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.fakekernel import FakeKernelHostRoot
-from tests.mig.harness import Rig, mig_node
 from tests.node_agent.agent_testkit import Cli
+from tests.node_agent.mig.harness import Rig, mig_node
 
 #: Before 510.39.01: no ``_v3`` process-listing symbols (the t4x1 machine's own driver is one).
 OLD_DRIVER = "470.239.06"

@@ -1,5 +1,5 @@
 """The stack's GPU alerts, as PrometheusRule groups; each is tested with ``promtool test rules`` over synthetic
-series (tests/nvidia_gpu/monitoring/test_alerts.py) and has a runbook line in the README ("Alerts").
+series (tests/nvidia_gpu/components/test_alerts.py) and has a runbook line in the README ("Alerts").
 
 The GPU alerts read dcgm-exporter's names, so they fire the same under either exporter; where the two
 count XIDs differently the expression takes both (``nvidia_gpu_xid_errors_total`` from the agent,

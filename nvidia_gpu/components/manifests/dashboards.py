@@ -7,7 +7,7 @@ mode (``nvidia_gpu_node_info``, which the agent exporter serves from its ``--inf
 (MIG devices per profile, from the framebuffer series the exporters serve per instance), health (lost
 GPUs, XIDs by class, ECC and row remapping) and what kubelet offers (kube-state-metrics' allocatable).
 Every query of the stack's dashboard names a metric the agent exporter serves or kube-state-metrics
-exports (tests/nvidia_gpu/monitoring/test_dashboards.py checks the agent's against a live scrape).
+exports (tests/node_agent/exporter/test_exporter.py checks the agent's against a live scrape).
 """
 
 from __future__ import annotations

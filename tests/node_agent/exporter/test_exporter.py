@@ -36,11 +36,11 @@ from nvml_sim.lib import MIG_MONITOR_ENV
 from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.kubelet.common import short_root
 from tests.kit.kubelet.podresources import Container, Pod, pod_resources
-from tests.tools import required_bin
+from tests.kit.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[3]
 #: NVIDIA's dashboard and default counters, as the stack ships them (nvgpu/data; the same bytes as
-#: dcgm-exporter's, tests/test_vendored_data.py).
+#: dcgm-exporter's, tests/repo/test_vendored_data.py).
 DASHBOARD = dcgmcounters.DATA_DIR / "dcgm-exporter-dashboard.json"
 DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
 

@@ -19,7 +19,7 @@ from node_agent.exporter.holders import ContainerDevices
 from node_agent.kubelet.podresources.client import PodResourcesClient, PodResourcesError
 from tests.kit.kubelet.common import short_root
 from tests.kit.kubelet.podresources import Container, Pod, pod_resources
-from tests.tools import missing
+from tests.kit.tools import missing
 
 REPO = Path(__file__).resolve().parents[3]
 OURS = REPO / "node_agent/kubelet/podresources/podresources_v1.proto"

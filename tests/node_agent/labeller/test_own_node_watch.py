@@ -16,11 +16,11 @@ from node_agent.kube import transport
 from node_agent.kube.ownnode import OwnNodeWatch
 from node_agent.kube.watch import WatchTiming
 from node_agent.labeller.nodepatch import WatchedNodeApi
-from tests.deviceplugin.test_nodewatch import connect
 from tests.kit.fakehost import build_fake_host
 from tests.kit.kmock import api, kmock_server
 from tests.kit.kubelet.common import wait_until
 from tests.node_agent.agent_testkit import ApiServer, Cli
+from tests.node_agent.deviceplugin.test_nodewatch import connect
 
 NODE = "gpu-1"
 #: kmock never ends a watch by itself: a long read timeout, so no re-list happens during a test.

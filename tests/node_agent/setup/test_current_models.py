@@ -19,7 +19,7 @@ from tests.node_agent.agent_testkit import Cli
 REPO = Path(__file__).resolve().parents[3]
 MACHINE = "hgx-b200"
 NVML = f"simulated:{MACHINE}"
-NVIDIA_FILE = REPO / "tests" / "mig" / "nvidia-mig-parted-config-default.yaml"  # NVIDIA's, unchanged
+NVIDIA_FILE = REPO / "tests" / "nvgpu" / "nvidia-mig-parted-config-default.yaml"  # NVIDIA's, unchanged
 
 
 def test_the_simulated_board_is_the_catalogues_b200() -> None:

@@ -31,12 +31,12 @@ from node_agent.setup import devnodes
 from nvgpu import catalogue, labels
 from nvgpu.migparted import build_config
 from nvml_sim.host import CAPS_MAJOR, NVIDIA_MAJOR, UVM_MAJOR, device_node_stand_in
-from tests.deviceplugin.builders import FakeNode, full_gpu
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.recording_exec import RecordingExec
-from tests.mig.fakes import FakeBackend
-from tests.mig.harness import Rig, mig_node
 from tests.node_agent.agent_testkit import ApiServer, Cli
+from tests.node_agent.deviceplugin.builders import FakeNode, full_gpu
+from tests.node_agent.mig.fakes import FakeBackend
+from tests.node_agent.mig.harness import Rig, mig_node
 
 A30 = "simulated:a30x4"
 

@@ -23,7 +23,7 @@ from nvgpu import toolkit as toolkitspec
 from nvgpu.stackconfig import GroupPlan, NodeGroup, load_stack_config
 from nvidia_gpu.components.manifests import toolkit
 from tests.kit.fakehost import FakeHost, build_fake_host
-from tests.tools import required_bin
+from tests.kit.tools import required_bin
 
 REPO = Path(__file__).resolve().parents[3]
 PROGRAMS = ("nvidia-ctk", "nvidia-cdi-hook", "nvidia-container-runtime", "nvidia-container-runtime.cdi",

@@ -35,8 +35,8 @@ from nvidia_gpu.preview.policyrun.analyzer_client import (
     PackProcess,
     StackContext,
 )
+from tests.kit.tools import missing, required_bin
 from tests.nvidia_gpu.policies.policy_fixtures import CM_TYPE, DS_TYPE, config_map, container, daemonset
-from tests.tools import missing, required_bin
 
 REPO = Path(__file__).resolve().parents[3]
 BUILDER = REPO / "tools" / "policypack.py"

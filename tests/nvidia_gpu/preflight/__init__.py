@@ -1,0 +1,1 @@
+"""Tests of nvidia_gpu.preflight."""

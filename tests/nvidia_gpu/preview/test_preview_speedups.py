@@ -34,7 +34,7 @@ def test_mig_config_yaml_is_pyyamls_text() -> None:
 
 
 def test_nvidias_shipped_mig_config_is_written_as_pyyaml_writes_it() -> None:
-    cfg = load_config_text((ROOT / "tests" / "mig" / "nvidia-mig-parted-config-default.yaml").read_text())
+    cfg = load_config_text((ROOT / "tests" / "nvgpu" / "nvidia-mig-parted-config-default.yaml").read_text())
     assert len(cfg.mig_configs) > 10
     assert cfg.to_yaml() == _pyyaml(cfg)
 

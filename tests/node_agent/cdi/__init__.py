@@ -1,0 +1,1 @@
+"""Tests of node_agent.cdi."""

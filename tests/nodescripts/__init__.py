@@ -1,1 +1,0 @@
-"""Tests of the Deckhouse node scripts: rendered, run on fake hosts, and against the agent's setup."""

@@ -1,0 +1,1 @@
+"""Tests of nvgpu, the shared core."""

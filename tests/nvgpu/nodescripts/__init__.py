@@ -1,0 +1,1 @@
+"""Tests of nvgpu.nodescripts: the Deckhouse node scripts rendered, run on fake hosts, and against the agent's setup."""

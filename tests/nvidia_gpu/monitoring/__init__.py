@@ -1,1 +1,0 @@
-"""Tests of nvidia_gpu.monitoring."""
