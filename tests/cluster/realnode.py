@@ -87,15 +87,10 @@ def allocation_answer(node: Node, pod_uid: str) -> bytes:
     return b"".join(base64.b64decode(e["AllocResp"]) for e in checkpoint_entries(node) if e["PodUID"] == pod_uid)
 
 
-<<<<<<< HEAD
 def probe_pod(name: str, image: str, runtime_class: str | None, node: str | None = None) -> dict[str, Any]:
     """A pod asking for two GPUs whose probe (``tests/cluster/gpu_probe.c``) prints what it sees, then sleeps;
     ``node``: pinned to that node (a test that reads one node's checkpoint must not let the scheduler pick
     another node offering ``nvidia.com/gpu``)."""
-=======
-def probe_pod(name: str, image: str, runtime_class: str | None) -> dict[str, Any]:
-    """A pod asking for two GPUs whose probe (``tests/cluster/gpu_probe.c``) prints what it sees, then sleeps."""
->>>>>>> i37-layout
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
