@@ -126,7 +126,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             return register_object(name, inputs.with_labels(manifest, args.labels, field_name), opts)
 
         deckhouse_backend = cluster.node_setup is NodeSetupBackend.DECKHOUSE
-        ctx = GroupContext(namespace=refs.namespace, cluster=cluster, group=group)
+        ctx = GroupContext(namespace=refs.namespace, cluster=cluster, group=group, plan=args.plan)
 
         def runs_as(role: AgentRole, *extra: pulumi.Resource) -> pulumi.ResourceOptions:
             return pulumi.ResourceOptions(parent=self, depends_on=[*refs.needs(role), *extra])

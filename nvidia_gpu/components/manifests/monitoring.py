@@ -147,11 +147,11 @@ def _probe(path: str, failures: int) -> dict[str, Any]:
 def _agent_container(ctx: GroupContext) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     args = [*DRIVER_ROOT_ARGS, "exporter", "--listen", f"0.0.0.0:{EXPORTER_PORT}",
             "--collectors", f"{COUNTERS_DIR}/{COUNTERS_KEY}"]
-    if ctx.allocation_mode is AllocationMode.DRA:
+    if ctx.plan.allocation_mode is AllocationMode.DRA:
         args += ["--dra-driver", ctx.cluster.dra.driver_name]
     # nvidia_gpu_node_info, which the stack's dashboard groups by.
     args += ["--info", f"node_group={ctx.group.name}", "--info", f"sharing={ctx.group.gpu.sharing.value}",
-             "--info", f"allocation_mode={ctx.allocation_mode.value}"]
+             "--info", f"allocation_mode={ctx.plan.allocation_mode.value}"]
     volumes, mounts = zip(_pod_resources(), _counters(), _gpus(), strict=True)
     container = {
         "name": EXPORTER,
@@ -170,11 +170,11 @@ def _agent_container(ctx: GroupContext) -> tuple[dict[str, Any], list[dict[str, 
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "startupProbe": _probe("/healthz", 30),
         "livenessProbe": _probe("/healthz", 3),
-        "volumeMounts": [*mounts, driver_root_mount(ctx.driver_root), {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [*mounts, driver_root_mount(ctx.plan.driver_root), {"name": "tmp", "mountPath": "/tmp"}],
     }
     # MIG groups: the MIG monitor capability, or NVML hides the MIG GPUs' memory and MIG devices.
     container = with_mig_monitor(container, ctx.group)
-    return container, [*volumes, driver_root_volume(ctx.driver_root),
+    return container, [*volumes, driver_root_volume(ctx.plan.driver_root),
                        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]
 
 

@@ -11,7 +11,7 @@ import yaml
 from nvgpu import labels
 from nvgpu.nodelabels import custom_mig_config_name, desired_node_labels, mig_config_name
 from nvgpu.nodescripts import NodeScript, facts
-from nvgpu.stackconfig import Mig, Sharing
+from nvgpu.stackconfig import GroupPlan, Mig, Sharing
 from nvidia_gpu.components.manifests import deckhouse, platform, scheduling, sharing, workloads
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.manifests.workloads import GroupContext
@@ -22,7 +22,8 @@ DATA = Path(__file__).resolve().parent / "data"
 
 def _ctx(groups: list[dict[str, Any]], node_setup: str = "deckhouse") -> GroupContext:
     cfg = stack_config(groups, node_setup=node_setup)
-    return GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
+    g = cfg.node_groups[0]
+    return GroupContext(cfg.cluster.namespace, cfg.cluster, g, GroupPlan.of(cfg.cluster, g))
 
 
 #: Only the device plugin (host devices, kubelet sockets) and node setup (/proc/sys, containerd) are privileged.
@@ -224,7 +225,8 @@ def test_device_plugin_runs_the_agent_with_the_groups_configs() -> None:
 @pytest.mark.parametrize("enabled", [True, False])
 def test_device_plugin_is_scraped_only_with_monitoring_on(enabled: bool) -> None:
     cfg = stack_config([group()], monitoring={"enabled": enabled})
-    ctx = GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
+    g = cfg.node_groups[0]
+    ctx = GroupContext(cfg.cluster.namespace, cfg.cluster, g, GroupPlan.of(cfg.cluster, g))
     annotations = workloads.device_plugin_daemonset(ctx)["spec"]["template"]["metadata"].get("annotations", {})
     assert (annotations.get("prometheus.io/port") == str(workloads.DEVICE_PLUGIN_METRICS_PORT)) is enabled
 

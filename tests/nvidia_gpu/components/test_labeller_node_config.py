@@ -15,7 +15,7 @@ from node_agent.cli import build_parser
 from node_agent.labeller.nodeconfig import Requested
 from nvgpu import labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
-from nvgpu.stackconfig import NodeSetupBackend, StackConfig, load_stack_file
+from nvgpu.stackconfig import GroupPlan, NodeSetupBackend, StackConfig, load_stack_file
 from nvidia_gpu.components.manifests import deckhouse, workloads
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
@@ -84,7 +84,8 @@ def test_shipped_stacks_render_labeller_flags_the_agent_accepts() -> None:
     for path in sorted(Path(__file__).resolve().parents[3].glob("Pulumi.*.yaml")):
         cfg = load_stack_file(path)
         for group in cfg.node_groups:
-            want = _requested(workloads.labeller_args(GroupContext(cfg.cluster.namespace, cfg.cluster, group)))
+            plan = GroupPlan.of(cfg.cluster, group)
+            want = _requested(workloads.labeller_args(GroupContext(cfg.cluster.namespace, cfg.cluster, group, plan)))
             daemonset = cfg.cluster.node_setup is NodeSetupBackend.DAEMONSET
             assert dict(want.labels) == (desired_node_labels(group) if daemonset else {}), path.name
             assert want.taints == (desired_node_taints(group) if daemonset else ()), path.name

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from nvgpu import dcgmcounters
-from nvgpu.stackconfig import AllocationMode, NodeSetupBackend, StackConfigError, load_stack_config
+from nvgpu.stackconfig import AllocationMode, GroupPlan, NodeSetupBackend, StackConfigError, load_stack_config
 from nvidia_gpu.components.manifests import alerts, dashboards, monitoring
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvidia_gpu.preview import crds
@@ -29,7 +29,9 @@ def _config(**monitoring_settings: Any) -> Any:
 
 
 def _ctx(config: Any) -> GroupContext:
-    return GroupContext(namespace="nvidia-gpu", cluster=config.cluster, group=config.node_groups[0])
+    group = config.node_groups[0]
+    return GroupContext(namespace="nvidia-gpu", cluster=config.cluster, group=group,
+                        plan=GroupPlan.of(config.cluster, group))
 
 
 def test_the_agent_exporter_is_unprivileged_and_reads_pod_resources() -> None:
