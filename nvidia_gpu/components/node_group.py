@@ -149,7 +149,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             self.node_setup.append(
                 register_patch(
                     f"{name}-node-template",
-                    deckhouse.node_group_patch(group, refs.namespace),
+                    deckhouse.node_group_patch(group, args.plan, refs.namespace),
                     pulumi.ResourceOptions(parent=self, depends_on=[live]),
                 )
             )
@@ -217,7 +217,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
 
         #: What the group's nodes must carry: on Deckhouse the node template above applies it, on the
         #: daemonset backend the labeller does (``workloads.labeller_args``); both read ``nvgpu.nodelabels``.
-        self.node_labels = desired_node_labels(group)
+        self.node_labels = desired_node_labels(group, args.plan)
         self.node_taints = [t.as_dict() for t in desired_node_taints(group)]
         self.register_outputs(
             {

@@ -507,7 +507,7 @@ def labeller_args(ctx: GroupContext) -> list[str]:
     if ctx.plan.allocation_mode is AllocationMode.DRA:
         args += ["--inventory-dra-driver", ctx.cluster.dra.driver_name]
     if ctx.cluster.node_setup is NodeSetupBackend.DAEMONSET:
-        for key, value in desired_node_labels(ctx.group).items():
+        for key, value in desired_node_labels(ctx.group, ctx.plan).items():
             args += ["--node-label", f"{key}={value}"]
         for taint in desired_node_taints(ctx.group):
             args += ["--node-taint", taint.flag()]
