@@ -73,7 +73,7 @@ class GpuMonitoring(pulumi.ComponentResource):
                 self.exporters.append(register(f"{group.name}-exporter", manifests.exporter_daemonset(ctx), sa,
                                                counters, *args.depends_on))
         if monitoring.operator:
-            for target in manifests.targets(cluster, args.groups):
+            for target in manifests.targets(cluster, args.groups, args.plans):
                 deps: list[pulumi.CustomResource] = []
                 if monitoring.scrape is ScrapeMode.SERVICE_MONITOR:
                     deps.append(register(f"{target.component}-metrics-service", manifests.service(ns, target)))

@@ -211,7 +211,8 @@ def test_every_agents_metrics_port_is_the_one_its_pod_names_and_its_monitor_scra
         "gpu-setup": (workloads.setup_daemonset(_ctx(cluster, cfg.node_groups[0])),
                       setup_cli.DEFAULT_METRICS_PORT),
     }
-    scraped = {t.component: t.port for t in monitoring.targets(cluster, cfg.node_groups)}
+    plans = {g.name: GroupPlan.of(cluster, g) for g in cfg.node_groups}
+    scraped = {t.component: t.port for t in monitoring.targets(cluster, cfg.node_groups, plans)}
     for component, (ds, default) in pods.items():
         container = agent_container(ds)
         args = _parse(container["args"])
