@@ -93,10 +93,10 @@ class GpuNodeGroupArgs:
                     f"GpuNodeGroupArgs.group.extraTaints: group {group.name!r}: the labeller would set taint key(s) "
                     f"{', '.join(missing)}, which the platform's admission policy does not let it: add them to "
                     "GpuPlatformArgs.node_taint_keys")
-        mode = self.allocation_mode or group.allocation_mode or settings.allocation_mode
         labels = refs.extra_labels if self.extra_labels is None else inputs.labels(
             "GpuNodeGroupArgs.extra_labels", self.extra_labels)
-        plan = GroupPlan.of(settings, group, mode)
+        plan = GroupPlan.of(settings, group, self.allocation_mode)
+        mode = plan.allocation_mode
         for name, value in (("refs", refs), ("settings", settings), ("node_group", group), ("mode", mode),
                             ("plan", plan), ("labels", labels)):
             object.__setattr__(self, name, value)
