@@ -74,7 +74,7 @@ from node_agent import nvml  # noqa: E402
 from node_agent.deviceplugin.nvml_devices import NvmlNodeDevices  # noqa: E402
 from node_agent.kubelet.deviceplugin.api import pb  # noqa: E402
 from nvgpu import labels  # noqa: E402
-from nvgpu.stackconfig import NodeGroup, StackConfig, load_stack_config  # noqa: E402
+from nvgpu.stackconfig import GroupPlan, NodeGroup, StackConfig, load_stack_config  # noqa: E402
 from nvidia_gpu.components.manifests import dra as dra_manifests  # noqa: E402
 from nvidia_gpu.components.manifests import mig as mig_manifests  # noqa: E402
 from nvidia_gpu.components.manifests import workloads  # noqa: E402
@@ -556,11 +556,12 @@ def dra_node_containers(model: str) -> tuple[list[str], dict[str, str]]:
     """The containers a DRA group's GPU node runs, as ``components/`` renders them (init containers marked), and
     the plain environment values of our DRA plugin's container."""
     cfg, group = dra_stack(model)
-    ctx = workloads.GroupContext(namespace=cfg.cluster.namespace, cluster=cfg.cluster, group=group)
+    plan = GroupPlan.of(cfg.cluster, group)
+    ctx = workloads.GroupContext(namespace=cfg.cluster.namespace, cluster=cfg.cluster, group=group, plan=plan)
     names: list[str] = []
     plugin_env: dict[str, str] = {}
     for ds in (workloads.setup_daemonset(ctx), workloads.labeller_daemonset(ctx),
-               dra_manifests.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, group)):
+               dra_manifests.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, group, plan)):
         spec = ds["spec"]["template"]["spec"]
         names += [f"{c['name']} (init)" for c in spec.get("initContainers", [])]
         names += [c["name"] for c in spec["containers"]]
@@ -733,7 +734,8 @@ def our_containers(m: Machine, work: Path, kubecfg: Path, *, dra: bool = False) 
     group's node (setup, labeller, DRA plugin; the plugin's sockets are under the host tree, whose path must
     then be short: a unix socket path has 107 bytes)."""
     cfg, group = dra_stack(MODELS[m.name]) if dra else stack(MODELS[m.name])
-    ctx = workloads.GroupContext(namespace=cfg.cluster.namespace, cluster=cfg.cluster, group=group)
+    plan = GroupPlan.of(cfg.cluster, group)
+    ctx = workloads.GroupContext(namespace=cfg.cluster.namespace, cluster=cfg.cluster, group=group, plan=plan)
     dp_config = work / "device-plugin-config"
     dp_config.mkdir()
     for name, text in render_named_configs(group).items():
@@ -748,7 +750,7 @@ def our_containers(m: Machine, work: Path, kubecfg: Path, *, dra: bool = False) 
                   (workloads.device_plugin_daemonset(ctx), False, DEVICE_PLUGIN_MODE),
                   (mig_manifests.daemonset(cfg.cluster.namespace, cfg.cluster, [group]), True, "")]
     if dra:
-        daemonsets = [*daemonsets[:2], (dra_manifests.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, group),
+        daemonsets = [*daemonsets[:2], (dra_manifests.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, group, plan),
                                         False, DRA_MODE)]
     out = []
     for ds, mig, mode in daemonsets:

@@ -18,7 +18,15 @@ from typing import Any, Literal
 from nvgpu import catalogue
 from nvgpu.mig import MigLayoutError, all_profile_layout, balanced_layout
 from nvgpu.migparted import ALL_DISABLED, ALL_ENABLED
-from nvgpu.stackconfig import DRA_DEVICE_CLASSES, AllocationMode, MigStrategy, NodeGroup, Sharing, StackConfig
+from nvgpu.stackconfig import (
+    DRA_DEVICE_CLASSES,
+    AllocationMode,
+    GroupPlan,
+    MigStrategy,
+    NodeGroup,
+    Sharing,
+    StackConfig,
+)
 
 MemoryKind = Literal["isolated", "limit", "shared"]
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -67,11 +75,14 @@ class GroupCapacity:
 
 def plan(config: StackConfig) -> tuple[GroupCapacity, ...]:
     """Every node group's capacity, in the config's order."""
-    return tuple(group_capacity(g, config.allocation_mode(g)) for g in config.node_groups)
+    return tuple(group_capacity(g, GroupPlan.of(config.cluster, g)) for g in config.node_groups)
 
 
-def group_capacity(group: NodeGroup, mode: AllocationMode) -> GroupCapacity:
+def group_capacity(group: NodeGroup, plan: GroupPlan) -> GroupCapacity:
+    """What ``group`` offers per GPU (``plan``: what the stack decided for it, its allocation mode and
+    ``nvidia.com/mig.config``)."""
     gpu = group.gpu
+    mode = plan.allocation_mode
     model = gpu.declared_model
     memory = model.memory_mib if model else None
     notes: list[str] = []
@@ -98,11 +109,11 @@ def group_capacity(group: NodeGroup, mode: AllocationMode) -> GroupCapacity:
         share = memory // gpu.replicas if memory is not None else None
         offers = [Offer(GPU_RESOURCE, gpu.replicas, share, f"{max(1, 100 // gpu.replicas)}% of the SMs (MPS)", "limit")]
         notes.append("MPS: memory and SM limits per client, one address space fault domain per GPU")
-    if group.passthrough:
+    if plan.passthrough:
         offers.append(Offer(VFIO_CLASS, 1, memory, "whole GPU, bound to vfio-pci for a VM", "isolated"))
         notes.append("passthrough: a GPU given to a VM is taken out of the other offers while it is bound")
-    return GroupCapacity(group.name, gpu.model, mode, gpu.sharing, group.mig_config_name, gpu.effective_mig.strategy,
-                         tuple(offers), tuple(notes))
+    return GroupCapacity(group.name, gpu.model, mode, gpu.sharing, plan.mig_config_name,
+                         gpu.effective_mig.strategy, tuple(offers), tuple(notes))
 
 
 def _mig_offers(group: NodeGroup, model: catalogue.GpuModel | None, dra: bool, notes: list[str]) -> list[Offer]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from nvgpu import labels
 from nvgpu.migparted import custom_config_name
-from nvgpu.stackconfig import Mig, NodeGroup
+from nvgpu.stackconfig import GroupPlan, Mig, NodeGroup
 from nvgpu.taints import NodeTaint
 
-__all__ = ["NodeTaint", "custom_mig_config_name", "desired_node_labels", "desired_node_taints", "mig_config_name"]
+__all__ = ["NodeTaint", "custom_mig_config_name", "desired_node_labels", "desired_node_taints"]
 
 
 def custom_mig_config_name(group_name: str, mig: Mig) -> str:
@@ -22,20 +22,16 @@ def custom_mig_config_name(group_name: str, mig: Mig) -> str:
     return custom_config_name(group_name, mig.custom_layouts)
 
 
-def mig_config_name(group: NodeGroup) -> str:
-    """The ``nvidia.com/mig.config`` value: the parted config, the custom name, or ``all-disabled``.
+def desired_node_labels(group: NodeGroup, plan: GroupPlan) -> dict[str, str]:
+    """Labels every node of the group carries (the Deckhouse flow plus this project's group label).
 
-    :attr:`NodeGroup.mig_config_name` computes it, so the stack config's own MIG check names the same config.
+    ``nvidia.com/mig.config`` is the plan's (:attr:`~nvgpu.stackconfig.GroupPlan.mig_config_name`), the name
+    the stack config's own MIG check and the mig-parted ConfigMap use.
     """
-    return group.mig_config_name
-
-
-def desired_node_labels(group: NodeGroup) -> dict[str, str]:
-    """Labels every node of the group carries (the Deckhouse flow plus this project's group label)."""
     return {
         labels.GPU_NODE: "",
         labels.DEVICE_GPU_CONFIG: group.gpu.sharing.value,
-        labels.MIG_CONFIG: mig_config_name(group),
+        labels.MIG_CONFIG: plan.mig_config_name,
         labels.NODE_GROUP: group.name,
     }
 

@@ -16,11 +16,11 @@ block the uninstall forever). Only then do the DaemonSets, RBAC and DeviceClasse
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 
-from nvgpu.stackconfig import Cluster, NodeGroup
+from nvgpu.stackconfig import AllocationMode, Cluster, GroupPlan, NodeGroup
 from nvidia_gpu.components.manifests import dra
 from nvidia_gpu.components.platform import PlatformRefs
 from nvidia_gpu.components.register import register, register_shared
@@ -34,6 +34,12 @@ class DraStackArgs:
     #: The node groups whose allocation mode is ``dra``.
     groups: Sequence[NodeGroup]
     platform: PlatformRefs
+    #: What the stack decided for each group, by name, in DRA mode (:class:`~nvgpu.stackconfig.GroupPlan`).
+    plans: dict[str, GroupPlan] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plans", {g.name: GroupPlan.of(self.cluster, g, AllocationMode.DRA)
+                                           for g in self.groups})
 
 
 class DraStack(pulumi.ComponentResource):
@@ -65,7 +71,7 @@ class DraStack(pulumi.ComponentResource):
         # The policy is in place before any plugin can write a slice.
         plugin_deps: list[pulumi.Resource] = [*args.platform.dependencies, sa, binding, marker_binding, policy_binding]
         self.plugins: dict[str, pulumi.CustomResource] = {
-            g.name: register(f"{name}-plugin-{g.name}", dra.plugin_daemonset(ns, cluster, g),
+            g.name: register(f"{name}-plugin-{g.name}", dra.plugin_daemonset(ns, cluster, g, args.plans[g.name]),
                              pulumi.ResourceOptions(parent=self, depends_on=plugin_deps))
             for g in args.groups
         }

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 import pulumi
 
 from nvgpu.migparted import MigConfigSpec
-from nvgpu.nodelabels import mig_config_name
-from nvgpu.stackconfig import Cluster, NodeGroup, Sharing
+from nvgpu.stackconfig import Cluster, GroupPlan, NodeGroup, Sharing
 from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import evictionguard
 from nvidia_gpu.components.manifests.mig import (
@@ -41,6 +40,11 @@ class MigProfileArgs:
     #: Extra named mig-parted configs (for example per device filter), validated like the groups' own.
     extra_configs: Mapping[str, Sequence[MigConfigSpec]] = field(default_factory=dict)
     depends_on: Sequence[pulumi.Resource] = ()
+    #: What the stack decided for each group, by name (:class:`~nvgpu.stackconfig.GroupPlan`).
+    plans: dict[str, GroupPlan] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plans", {g.name: GroupPlan.of(self.cluster, g) for g in self.groups})
 
 
 class MigProfile(pulumi.ComponentResource):
@@ -53,7 +57,7 @@ class MigProfile(pulumi.ComponentResource):
         ns = args.cluster.namespace
         groups = [g for g in args.groups if may_use_mig(g)]
         cfg = mig_config(args.groups, args.extra_configs)  # raises before any child is registered
-        names = {g.name: mig_config_name(g) for g in args.groups if g.gpu.sharing is Sharing.MIG}
+        names = {g.name: args.plans[g.name].mig_config_name for g in args.groups if g.gpu.sharing is Sharing.MIG}
         self.config_map: pulumi.CustomResource | None = None
         self.manager: pulumi.CustomResource | None = None
         self.managers: list[pulumi.CustomResource] = []
@@ -71,7 +75,7 @@ class MigProfile(pulumi.ComponentResource):
                 manager_after.append(self._eviction_guard(name, args))
             # One manager per driver root (a stack mixing pre-installed and containerised drivers has two); the
             # first keeps the name and URN it always had.
-            for i, (root, members) in enumerate(by_driver_root(args.cluster, groups).items()):
+            for i, (root, members) in enumerate(by_driver_root(args.cluster, groups, args.plans).items()):
                 manager = register(f"{name}-manager" if i == 0 else f"{name}-manager-{CONTAINER_DRIVER_INSTANCE}",
                                    daemonset(ns, args.cluster, members, root),
                                    pulumi.ResourceOptions(parent=self, depends_on=manager_after))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pulumi
 
-from nvgpu.stackconfig import Cluster, MetricsExporter, NodeGroup, ScrapeMode
+from nvgpu.stackconfig import Cluster, GroupPlan, MetricsExporter, NodeGroup, ScrapeMode
 from nvidia_gpu.components import inputs
 from nvidia_gpu.components.manifests import alerts, dashboards
 from nvidia_gpu.components.manifests import monitoring as manifests
@@ -37,9 +37,13 @@ class GpuMonitoringArgs:
     #: What the exporters wait for (the groups' node setup, so their pods meet a prepared node).
     depends_on: Sequence[pulumi.Resource] = ()
     settings: Cluster = field(init=False, repr=False)
+    #: What the stack decided for each group, by name (:class:`~nvgpu.stackconfig.GroupPlan`).
+    plans: dict[str, GroupPlan] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "settings", self.cluster or self.platform.cluster)
+        settings = self.cluster or self.platform.cluster
+        object.__setattr__(self, "settings", settings)
+        object.__setattr__(self, "plans", {g.name: GroupPlan.of(settings, g) for g in self.groups})
 
 
 class GpuMonitoring(pulumi.ComponentResource):
@@ -65,11 +69,11 @@ class GpuMonitoring(pulumi.ComponentResource):
             sa = register("exporter-sa", manifests.service_account(ns))
             counters = register("counters", manifests.counters_config_map(ns, monitoring))
             for group in args.groups:
-                ctx = GroupContext(namespace=ns, cluster=cluster, group=group)
+                ctx = GroupContext(namespace=ns, cluster=cluster, group=group, plan=args.plans[group.name])
                 self.exporters.append(register(f"{group.name}-exporter", manifests.exporter_daemonset(ctx), sa,
                                                counters, *args.depends_on))
         if monitoring.operator:
-            for target in manifests.targets(cluster, args.groups):
+            for target in manifests.targets(cluster, args.groups, args.plans):
                 deps: list[pulumi.CustomResource] = []
                 if monitoring.scrape is ScrapeMode.SERVICE_MONITOR:
                     deps.append(register(f"{target.component}-metrics-service", manifests.service(ns, target)))

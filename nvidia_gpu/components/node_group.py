@@ -93,10 +93,10 @@ class GpuNodeGroupArgs:
                     f"GpuNodeGroupArgs.group.extraTaints: group {group.name!r}: the labeller would set taint key(s) "
                     f"{', '.join(missing)}, which the platform's admission policy does not let it: add them to "
                     "GpuPlatformArgs.node_taint_keys")
-        mode = self.allocation_mode or group.allocation_mode or settings.allocation_mode
         labels = refs.extra_labels if self.extra_labels is None else inputs.labels(
             "GpuNodeGroupArgs.extra_labels", self.extra_labels)
-        plan = GroupPlan.of(settings, group, mode)
+        plan = GroupPlan.of(settings, group, self.allocation_mode)
+        mode = plan.allocation_mode
         for name, value in (("refs", refs), ("settings", settings), ("node_group", group), ("mode", mode),
                             ("plan", plan), ("labels", labels)):
             object.__setattr__(self, name, value)
@@ -126,7 +126,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             return register_object(name, inputs.with_labels(manifest, args.labels, field_name), opts)
 
         deckhouse_backend = cluster.node_setup is NodeSetupBackend.DECKHOUSE
-        ctx = GroupContext(namespace=refs.namespace, cluster=cluster, group=group)
+        ctx = GroupContext(namespace=refs.namespace, cluster=cluster, group=group, plan=args.plan)
 
         def runs_as(role: AgentRole, *extra: pulumi.Resource) -> pulumi.ResourceOptions:
             return pulumi.ResourceOptions(parent=self, depends_on=[*refs.needs(role), *extra])
@@ -149,7 +149,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             self.node_setup.append(
                 register_patch(
                     f"{name}-node-template",
-                    deckhouse.node_group_patch(group, refs.namespace),
+                    deckhouse.node_group_patch(group, args.plan, refs.namespace),
                     pulumi.ResourceOptions(parent=self, depends_on=[live]),
                 )
             )
@@ -217,7 +217,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
 
         #: What the group's nodes must carry: on Deckhouse the node template above applies it, on the
         #: daemonset backend the labeller does (``workloads.labeller_args``); both read ``nvgpu.nodelabels``.
-        self.node_labels = desired_node_labels(group)
+        self.node_labels = desired_node_labels(group, args.plan)
         self.node_taints = [t.as_dict() for t in desired_node_taints(group)]
         self.register_outputs(
             {

@@ -47,7 +47,7 @@ from typing import Any
 from nvgpu import driver as driverspec
 from nvgpu import labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
-from nvgpu.stackconfig import AllocationMode, MetricsExporter, NodeGroup, StackConfig
+from nvgpu.stackconfig import AllocationMode, GroupPlan, MetricsExporter, Monitoring, NodeGroup, StackConfig
 from nvidia_gpu.components.manifests.dra import DEVICE_CLASSES, RESOURCE_API
 from nvidia_gpu.components.manifests.driver import nvidia_driver
 from nvidia_gpu.components.manifests.meta import MANAGED_BY, PART_OF
@@ -313,11 +313,11 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in _map(_meta(obj).get("labels")).items()}
 
 
-def expected_labels(group: NodeGroup, node: Mapping[str, Any], *, operator: bool) -> dict[str, str]:
+def expected_labels(group: NodeGroup, plan: GroupPlan, node: Mapping[str, Any], *, operator: bool) -> dict[str, str]:
     """The node's labels once the stack runs: its own, the group's (the stack sets them), and, beside a GPU
     Operator, the deploy labels the operator would add (``addGPUStateLabels``: only where none is set, on a
     node with GPUs, which every node of a GPU group is, and not where ``nvidia.com/gpu.deploy.operands=false``)."""
-    out = {**_labels(node), **desired_node_labels(group)}
+    out = {**_labels(node), **desired_node_labels(group, plan)}
     if not operator or out.get(DEPLOY_OPERANDS) == "false":
         return out
     for role in _CONTAINER_OPERANDS:
@@ -350,9 +350,10 @@ class Verdict:
     why: str
 
 
-def verdict(config: StackConfig, group: NodeGroup, foreign: Foreign) -> Verdict | None:
-    """How bad it is that ``foreign`` runs on the group's nodes; None when it is no concern of ours."""
-    role, dra = foreign.role, config.allocation_mode(group) is AllocationMode.DRA
+def verdict(monitoring: Monitoring, group: NodeGroup, plan: GroupPlan, foreign: Foreign) -> Verdict | None:
+    """How bad it is that ``foreign`` runs on the group's nodes (``plan``: what the stack decided for the
+    group; ``monitoring``: the cluster's); None when it is no concern of ours."""
+    role, dra = foreign.role, plan.allocation_mode is AllocationMode.DRA
     if role is Role.DEVICE_PLUGIN:
         return Verdict(Severity.ERROR, "its device plugin would hand out the GPUs the stack's DRA driver allocates"
                        if dra else "two device plugins would register nvidia.com/gpu with one kubelet")
@@ -367,7 +368,6 @@ def verdict(config: StackConfig, group: NodeGroup, foreign: Foreign) -> Verdict 
     if role in (Role.VFIO_MANAGER, Role.SANDBOX_DEVICE_PLUGIN, Role.VGPU_MANAGER):
         return Verdict(Severity.ERROR, "it takes the GPUs from the host driver for VMs")
     if role is Role.DCGM_EXPORTER:
-        monitoring = config.cluster.monitoring
         if not monitoring.enabled or monitoring.exporter is MetricsExporter.NONE:
             return None
         return Verdict(Severity.WARNING, "two exporters would publish the same DCGM_FI_* series (dashboards "
@@ -452,8 +452,9 @@ def _helm_release(ds: Mapping[str, Any]) -> tuple[str, str]:
     return release, namespace
 
 
-def fix(config: StackConfig, group: NodeGroup, foreign: Foreign, ds: Mapping[str, Any], severity: Severity) -> str:
-    """The handover for one group, as commands (for a warning: how to hand it over too, if wanted)."""
+def fix(group: NodeGroup, plan: GroupPlan, foreign: Foreign, ds: Mapping[str, Any], severity: Severity) -> str:
+    """The handover for one group, as commands (for a warning: how to hand it over too, if wanted); ``plan``:
+    what the stack decided for the group."""
     lead = "hand the nodes over" if severity is Severity.ERROR else "both can stay; to hand it over too"
     if foreign.owner is Owner.OPERATOR:
         key = deploy_label(foreign.role)
@@ -462,7 +463,7 @@ def fix(config: StackConfig, group: NodeGroup, foreign: Foreign, ds: Mapping[str
                 return f"let the group's NVIDIADriver drive it: {use_driver_crd_command()}"
             return f"see {GUIDE}#from-the-gpu-operator"
         if foreign.role is Role.TOOLKIT and severity is Severity.WARNING:  # the toolkit stays the operator's
-            envvar = str(group.toolkit_accepts_envvar(config.allocation_mode(group))).lower()
+            envvar = str(plan.accept_envvar).lower()
             return (f"give it the settings node setup gives a toolkit of the node's own: add "
                     f"{TOOLKIT_ENVVAR_ENV}={envvar} and {TOOLKIT_VOLUME_MOUNTS_ENV}=true to the ClusterPolicy's "
                     "spec.toolkit.env")
@@ -516,15 +517,16 @@ def _pod_nodes(cluster: ClusterReader, ds: Mapping[str, Any]) -> set[str]:
 def _daemonset_findings(config: StackConfig, cluster: ClusterReader, members: Mapping[str, list[dict[str, Any]]],
                         operator: bool) -> list[Finding]:
     out: list[Finding] = []
+    plans = [(g, GroupPlan.of(config.cluster, g)) for g in config.node_groups]
     for ds in cluster.list("apps/v1", "DaemonSet"):
         foreign = classify(ds)
         if foreign is None or _driven_by_us(config, ds):
             continue
         spec = _pod_spec(ds)
         pods: set[str] | None = None
-        for group in config.node_groups:
+        for group, plan in plans:
             nodes = members.get(group.name, [])
-            found = verdict(config, group, foreign) if nodes else None
+            found = verdict(config.cluster.monitoring, group, plan, foreign) if nodes else None
             if found is None:
                 continue
             if pods is None:
@@ -532,13 +534,13 @@ def _daemonset_findings(config: StackConfig, cluster: ClusterReader, members: Ma
             hit: list[str] = []
             for node in nodes:
                 name = str(_meta(node).get("name") or "")
-                expected = expected_labels(group, node, operator=operator and foreign.owner is Owner.OPERATOR)
+                expected = expected_labels(group, plan, node, operator=operator and foreign.owner is Owner.OPERATOR)
                 if name in pods or (selects(spec, expected, name) and admits(spec, _taints(group, node))):
                     hit.append(name)
             if not hit:
                 continue
             hit.sort()
-            handover = fix(config, group, foreign, ds, found.severity)
+            handover = fix(group, plan, foreign, ds, found.severity)
             out.append(Finding(found.severity, foreign.subject, (
                 f"the {foreign.owner.value}'s {foreign.role.value} runs (or would run) on {len(hit)} node(s) of "
                 f"node group {group.name!r} ({_shown(hit)}): {found.why}; {handover}")))

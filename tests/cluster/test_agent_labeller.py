@@ -47,7 +47,7 @@ from node_agent.labeller import labels as labels_cmd
 from node_agent.labeller.nodeconfig import NodePlan, Requested
 from node_agent.labeller.nodepatch import KubeNodeApi, apply_plan
 from nvgpu import labels as names
-from nvgpu.stackconfig import NodeSetupBackend
+from nvgpu.stackconfig import GroupPlan, NodeSetupBackend
 from nvidia_gpu.components.manifests.workloads import GroupContext, labeller_args
 from nvml_sim import get_machine
 from tests.cluster.agents import (
@@ -172,7 +172,7 @@ def _daemonset_backend_flags(stack: AppliedStack, group_name: str, ds_args: list
     assert config is not None
     group = next(g for g in config.node_groups if g.name == group_name)
     cluster = config.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET})
-    full = labeller_args(GroupContext(config.cluster.namespace, cluster, group))
+    full = labeller_args(GroupContext(config.cluster.namespace, cluster, group, GroupPlan.of(cluster, group)))
     assert full[:len(ds_args)] == ds_args, "the daemonset backend only appends the node config flags"
     flags = full[len(ds_args):]
     assert flags and set(flags[::2]) == {"--node-label", "--node-taint"}

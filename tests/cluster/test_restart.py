@@ -57,7 +57,7 @@ from node_agent.host import statefile
 from node_agent.mig.executor import DEPLOY_LABELS, DRAIN_ANNOTATIONS
 from node_agent.mig.journal import JOURNAL_PATH, JOURNAL_VERSION
 from nvgpu import labels as names
-from nvgpu.stackconfig import NodeSetupBackend
+from nvgpu.stackconfig import GroupPlan, NodeSetupBackend
 from nvidia_gpu.components.manifests.workloads import DRIVER_ROOT_ARGS, GroupContext, labeller_args
 from nvml_sim import SimulatedMachine
 from tests.cluster.agents import (
@@ -354,7 +354,7 @@ def _node_flags(stack: AppliedStack) -> tuple[list[str], dict[str, str], list[di
     group = next(g for g in config.node_groups if g.name == LABELLER_GROUP)
     cluster = config.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET})
     deckhouse_args = list(_container(stack, LABELLER.daemonset)["args"])
-    full = labeller_args(GroupContext(config.cluster.namespace, cluster, group))
+    full = labeller_args(GroupContext(config.cluster.namespace, cluster, group, GroupPlan.of(cluster, group)))
     assert full[:len(deckhouse_args)] == deckhouse_args, "the daemonset backend only appends the node flags"
     flags = full[len(deckhouse_args):]
     want_labels = dict(flags[i + 1].split("=", 1) for i in range(0, len(flags), 2) if flags[i] == "--node-label")

@@ -15,7 +15,7 @@ from typing import Any
 
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import NodeScript
-from nvgpu.stackconfig import NodeGroup
+from nvgpu.stackconfig import GroupPlan, NodeGroup
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels
 
@@ -28,10 +28,11 @@ def field_manager(namespace: str) -> str:
     return f"nvidia-gpu.{namespace}"
 
 
-def node_group_patch(group: NodeGroup, namespace: str) -> Manifest:
+def node_group_patch(group: NodeGroup, plan: GroupPlan, namespace: str) -> Manifest:
     """Our labels (a map: only our keys are ours) and the group's taints (an atomic list in the CRD: the
     whole list is ours, so the stack refuses at preview a NodeGroup whose taints it does not declare,
-    see ``nvidia_gpu.components.node_group``). Not forced: a conflict with another manager fails, naming it."""
+    see ``nvidia_gpu.components.node_group``). Not forced: a conflict with another manager fails, naming it.
+    ``plan``: what the stack decided for the group (its ``nvidia.com/mig.config``)."""
     assert group.node_group is not None, "the deckhouse backend requires nodeGroup (checked by the stack config)"
     return {
         "apiVersion": NODE_GROUP_API,
@@ -40,7 +41,7 @@ def node_group_patch(group: NodeGroup, namespace: str) -> Manifest:
                      "annotations": {"pulumi.com/patchFieldManager": field_manager(namespace)}},
         "spec": {
             "nodeTemplate": {
-                "labels": desired_node_labels(group),
+                "labels": desired_node_labels(group, plan),
                 "taints": [t.as_dict() for t in desired_node_taints(group)],
             }
         },

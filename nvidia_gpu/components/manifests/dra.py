@@ -17,7 +17,7 @@ from typing import Any
 
 from nvgpu import hostpaths
 from nvgpu.nodescripts import NodeScript, facts
-from nvgpu.stackconfig import ClaimQuota, Cluster, NodeGroup
+from nvgpu.stackconfig import ClaimQuota, Cluster, GroupPlan, NodeGroup
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.confinement import deny_binding
 from nvidia_gpu.components.manifests.meta import (
@@ -231,18 +231,20 @@ def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
 DRA_PLUGIN_MEMORY_LIMIT_MIB = 192 + MPS_BASE_MIB + MPS_PER_GPU_MIB * MPS_SIZED_FOR_GPUS
 
 
-def plugin_args(cluster: Cluster, namespace: str, group: NodeGroup) -> list[str]:
+def plugin_args(cluster: Cluster, namespace: str, plan: GroupPlan) -> list[str]:
+    """The kubelet plugin's flags for a group (``plan``: what the stack decided for it)."""
     dra = cluster.dra
     # CDI specs name the driver's files under the node's driver root and run the toolkit's hook when the
     # plugin sees it in the mounted directory.
     return [*DRIVER_ROOT_ARGS, "dra-driver", "--driver-name", dra.driver_name, "--health-action", dra.health_action,
-            "--nvidia-driver-root", cluster.driver_root_for(group), "--cdi-hook-path", cluster.cdi_hook_for(group),
+            "--nvidia-driver-root", plan.driver_root, "--cdi-hook-path", plan.cdi_hook,
             "--cdi-hook-dir", CDI_HOOK_DIR, "--uninstall-marker", f"{namespace}/{UNINSTALL_MARKER}",
             *status_args(cluster, DRA_PLUGIN_METRICS_PORT)]
 
 
-def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Manifest:
-    """The kubelet plugin on one DRA node group's nodes, once node setup has finished there."""
+def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup, plan: GroupPlan) -> Manifest:
+    """The kubelet plugin on one DRA node group's nodes, once node setup has finished there (``plan``: what
+    the stack decided for the group)."""
     driver = cluster.dra.driver_name
     labels = app_labels(COMPONENT, group.name, node_group=group.name, version=cluster.agent_image.tag)
     socket_dir = f"{PLUGINS}/{driver}"
@@ -251,7 +253,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
         "image": cluster.agent_image.ref,
         "imagePullPolicy": cluster.agent_image.pull_policy,
         "command": list(AGENT),
-        "args": plugin_args(cluster, namespace, group),
+        "args": plugin_args(cluster, namespace, plan),
         "env": [
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             # NVML and nvidia-smi (time-slice and compute-mode changes) come from the driver root
@@ -279,7 +281,7 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
             # The MPS daemons' /dev/shm, over the host's /dev: every MPS claim's containers get this directory
             # at /dev/shm (node_agent.dra.sharing), as NVIDIA's per-claim daemon and its clients share one.
             {"name": "mps-shm", "mountPath": "/dev/shm"},
-            driver_root_mount(cluster.driver_root_for(group)),
+            driver_root_mount(plan.driver_root),
             cdi_hook_mount(),
             {"name": "tmp", "mountPath": "/tmp"},
         ],
@@ -318,8 +320,8 @@ def plugin_daemonset(namespace: str, cluster: Cluster, group: NodeGroup) -> Mani
                         _host_path("mps", MPS_DIR, "DirectoryOrCreate"),
                         _host_path("dev", "/dev", "Directory"),
                         _host_path("mps-shm", hostpaths.DRA_MPS_SHM, "DirectoryOrCreate"),
-                        driver_root_volume(cluster.driver_root_for(group)),
-                        cdi_hook_volume(cluster, group),
+                        driver_root_volume(plan.driver_root),
+                        cdi_hook_volume(plan.cdi_hook),
                         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
                     ],
                 },

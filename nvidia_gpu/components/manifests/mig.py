@@ -23,7 +23,7 @@ from typing import Any
 
 from nvgpu import labels
 from nvgpu.migparted import MigConfigSpec, MigPartedConfig, MigPartedError, build_config
-from nvgpu.stackconfig import Cluster, NodeGroup, NodeSetupBackend, mig_layout_problems
+from nvgpu.stackconfig import Cluster, GroupPlan, NodeGroup, NodeSetupBackend, mig_layout_problems
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels, cluster_object_name, selector_labels
 from nvidia_gpu.components.manifests.scheduling import node_selector_terms, tolerations
@@ -165,11 +165,13 @@ def manager_args(cluster: Cluster) -> list[str]:
 CONTAINER_DRIVER_INSTANCE = "driver-container"
 
 
-def by_driver_root(cluster: Cluster, groups: Sequence[NodeGroup]) -> dict[str, list[NodeGroup]]:
-    """The MIG groups by where their driver is, ``cluster.driverRoot``'s first: one manager DaemonSet each."""
+def by_driver_root(cluster: Cluster, groups: Sequence[NodeGroup], plans: Mapping[str, GroupPlan]
+                   ) -> dict[str, list[NodeGroup]]:
+    """The MIG groups by where their driver is (``plans``: each group's plan, by name), ``cluster.driverRoot``'s
+    first: one manager DaemonSet each."""
     out: dict[str, list[NodeGroup]] = {}
-    for g in sorted(groups, key=lambda g: cluster.driver_root_for(g) != cluster.driver_root):
-        out.setdefault(cluster.driver_root_for(g), []).append(g)
+    for g in sorted(groups, key=lambda g: plans[g.name].driver_root != cluster.driver_root):
+        out.setdefault(plans[g.name].driver_root, []).append(g)
     return out
 
 

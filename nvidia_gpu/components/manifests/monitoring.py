@@ -25,12 +25,12 @@ sidecar: NVIDIA's, unchanged, and the stack's own (:mod:`.dashboards`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nvgpu import dcgmcounters, devicelist, hostpaths
-from nvgpu.stackconfig import AllocationMode, Cluster, Monitoring, NodeGroup, NodeSetupBackend, ScrapeMode
+from nvgpu.stackconfig import AllocationMode, Cluster, GroupPlan, Monitoring, NodeGroup, NodeSetupBackend, ScrapeMode
 from nvidia_gpu.components.manifests import Manifest, dra, mig
 from nvidia_gpu.components.manifests.meta import app_labels, group_object_name, selector_labels
 from nvidia_gpu.components.manifests.platform import AgentRole
@@ -147,11 +147,11 @@ def _probe(path: str, failures: int) -> dict[str, Any]:
 def _agent_container(ctx: GroupContext) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     args = [*DRIVER_ROOT_ARGS, "exporter", "--listen", f"0.0.0.0:{EXPORTER_PORT}",
             "--collectors", f"{COUNTERS_DIR}/{COUNTERS_KEY}"]
-    if ctx.allocation_mode is AllocationMode.DRA:
+    if ctx.plan.allocation_mode is AllocationMode.DRA:
         args += ["--dra-driver", ctx.cluster.dra.driver_name]
     # nvidia_gpu_node_info, which the stack's dashboard groups by.
     args += ["--info", f"node_group={ctx.group.name}", "--info", f"sharing={ctx.group.gpu.sharing.value}",
-             "--info", f"allocation_mode={ctx.allocation_mode.value}"]
+             "--info", f"allocation_mode={ctx.plan.allocation_mode.value}"]
     volumes, mounts = zip(_pod_resources(), _counters(), _gpus(), strict=True)
     container = {
         "name": EXPORTER,
@@ -170,11 +170,11 @@ def _agent_container(ctx: GroupContext) -> tuple[dict[str, Any], list[dict[str, 
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "startupProbe": _probe("/healthz", 30),
         "livenessProbe": _probe("/healthz", 3),
-        "volumeMounts": [*mounts, driver_root_mount(ctx.driver_root), {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [*mounts, driver_root_mount(ctx.plan.driver_root), {"name": "tmp", "mountPath": "/tmp"}],
     }
     # MIG groups: the MIG monitor capability, or NVML hides the MIG GPUs' memory and MIG devices.
     container = with_mig_monitor(container, ctx.group)
-    return container, [*volumes, driver_root_volume(ctx.driver_root),
+    return container, [*volumes, driver_root_volume(ctx.plan.driver_root),
                        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]
 
 
@@ -264,15 +264,16 @@ class Target:
     port: int
 
 
-def targets(cluster: Cluster, groups: Sequence[NodeGroup]) -> tuple[Target, ...]:
+def targets(cluster: Cluster, groups: Sequence[NodeGroup], plans: Mapping[str, GroupPlan]) -> tuple[Target, ...]:
     """The exporter and every agent the stack runs that serves ``/metrics``: the device plugins and DRA
-    plugins of the groups in each mode, the MIG manager where a group may use MIG, node setup's monitor
-    with the daemonset backend (on Deckhouse, bashible runs setup and no pod stays behind)."""
+    plugins of the groups in each mode (``plans``: each group's plan, by name), the MIG manager where a group
+    may use MIG, node setup's monitor with the daemonset backend (on Deckhouse, bashible runs setup and no
+    pod stays behind)."""
     monitoring = cluster.monitoring
     out = []
     if monitoring.exporter.value != "none":
         out.append(Target(exporter_component(monitoring), EXPORTER_PORT))
-    modes = {g.allocation_mode or cluster.allocation_mode for g in groups}
+    modes = {plans[g.name].allocation_mode for g in groups}
     if AllocationMode.DEVICE_PLUGIN in modes:
         out.append(Target(AgentRole.DEVICE_PLUGIN.value, DEVICE_PLUGIN_METRICS_PORT))
     if AllocationMode.DRA in modes:

@@ -23,7 +23,16 @@ from nvgpu import driver as driverspec
 from nvgpu import toolkit as toolkitspec
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
 from nvgpu.nodescripts import facts
-from nvgpu.stackconfig import AllocationMode, Cluster, Monitoring, NodeGroup, NodeSetupBackend, ScrapeMode, Sharing
+from nvgpu.stackconfig import (
+    AllocationMode,
+    Cluster,
+    GroupPlan,
+    Monitoring,
+    NodeGroup,
+    NodeSetupBackend,
+    ScrapeMode,
+    Sharing,
+)
 from nvidia_gpu.components.manifests import Manifest
 from nvidia_gpu.components.manifests.meta import app_labels, group_object_name, selector_labels
 from nvidia_gpu.components.manifests.platform import AgentRole
@@ -152,11 +161,14 @@ def with_mig_monitor(container: dict[str, Any], group: NodeGroup) -> dict[str, A
 
 @dataclass(frozen=True)
 class GroupContext:
-    """What every workload of one node group needs to know, resolved once."""
+    """What every workload of one node group needs to know: the settings and the group as written, and
+    ``plan``, what the stack decided for the group (allocation mode, driver root, CDI hook, ...), computed
+    once by the caller (``GpuNodeGroupArgs.plan``)."""
 
     namespace: str
     cluster: Cluster
     group: NodeGroup
+    plan: GroupPlan
 
     @property
     def image(self) -> str:
@@ -165,16 +177,6 @@ class GroupContext:
     @property
     def version(self) -> str | None:
         return self.cluster.agent_image.tag
-
-    @property
-    def allocation_mode(self) -> AllocationMode:
-        """As ``StackConfig.allocation_mode``: the group's own, else the cluster's."""
-        return self.group.allocation_mode or self.cluster.allocation_mode
-
-    @property
-    def driver_root(self) -> str:
-        """Where the group's driver is on its nodes (``Cluster.driver_root_for``)."""
-        return self.cluster.driver_root_for(self.group)
 
 
 def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
@@ -274,9 +276,11 @@ CDI_HOOK_VOLUME = "cdi-hook"
 ALL_GPUS_VOLUME = "all-gpus"
 
 
-def cdi_hook_volume(cluster: Cluster, group: NodeGroup) -> dict[str, Any]:
+def cdi_hook_volume(cdi_hook: str) -> dict[str, Any]:
+    """The directory of the group's CDI hook (``GroupPlan.cdi_hook``) as a hostPath volume (mounted by
+    ``cdi_hook_mount``)."""
     # DirectoryOrCreate: /usr/local/nvidia/toolkit exists only once a toolkit container installed the toolkit.
-    return _host_path(CDI_HOOK_VOLUME, cluster.cdi_hook_for(group).rsplit("/", 1)[0] or "/", "DirectoryOrCreate")
+    return _host_path(CDI_HOOK_VOLUME, cdi_hook.rsplit("/", 1)[0] or "/", "DirectoryOrCreate")
 
 
 def cdi_hook_mount() -> dict[str, Any]:
@@ -338,11 +342,11 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         *config_source_args(group),
         *status_args(ctx.cluster, DEVICE_PLUGIN_METRICS_PORT),
     ]
-    if ctx.driver_root != HOST_DRIVER_ROOT:
+    if ctx.plan.driver_root != HOST_DRIVER_ROOT:
         # CDI specs name the driver's files by their host path under nvidiaDriverRoot.
-        args += ["--nvidia-driver-root", ctx.driver_root]
+        args += ["--nvidia-driver-root", ctx.plan.driver_root]
     # CDI specs run the toolkit's hook (nvidiaCTKPath) when the plugin sees it in the mounted directory.
-    args += ["--nvidia-ctk-path", ctx.cluster.cdi_hook_for(group), "--cdi-hook-dir", CDI_HOOK_DIR]
+    args += ["--nvidia-ctk-path", ctx.plan.cdi_hook, "--cdi-hook-dir", CDI_HOOK_DIR]
     container = _container(ctx, component, AgentRole.DEVICE_PLUGIN, args, device_plugin_security(group))
     # Unprivileged, as NVIDIA's chart runs its plugin: the NVIDIA runtime injects the GPUs' device nodes
     # (asked for as the labeller does, by the volume-mounts list: the toolkit ignores the variable in
@@ -367,7 +371,7 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _mount("agent-state", AGENT_STATE_DIR),
         config_mount(),
         # NVML and the driver's binaries (--driver-root); CDI specs list the driver's files found here.
-        driver_root_mount(ctx.driver_root),
+        driver_root_mount(ctx.plan.driver_root),
         cdi_hook_mount(),
         _TMP_MOUNT,
     ]
@@ -377,8 +381,8 @@ def device_plugin_daemonset(ctx: GroupContext) -> Manifest:
         _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
         _host_path("agent-state", AGENT_STATE_DIR, "DirectoryOrCreate"),
         config_volume(group),
-        driver_root_volume(ctx.driver_root),
-        cdi_hook_volume(ctx.cluster, ctx.group),
+        driver_root_volume(ctx.plan.driver_root),
+        cdi_hook_volume(ctx.plan.cdi_hook),
         dict(_TMP_VOLUME),
     ]
     mounts.append(_mount(ALL_GPUS_VOLUME, f"{devicelist.VOLUME_MOUNT_ROOT}/all", read_only=True))
@@ -422,7 +426,7 @@ def mps_control_daemon_daemonset(ctx: GroupContext) -> Manifest:
         _mount("mps-root", MPS_ROOT),
         _mount("mps-shm", "/dev/shm"),
         config_mount(),
-        driver_root_mount(ctx.driver_root),
+        driver_root_mount(ctx.plan.driver_root),
         _TMP_MOUNT,
     ]
     pod_spec = {
@@ -432,7 +436,7 @@ def mps_control_daemon_daemonset(ctx: GroupContext) -> Manifest:
             _host_path("mps-root", MPS_ROOT, "DirectoryOrCreate"),
             _host_path("mps-shm", f"{MPS_ROOT}/shm", "DirectoryOrCreate"),
             config_volume(group),
-            driver_root_volume(ctx.driver_root),
+            driver_root_volume(ctx.plan.driver_root),
             dict(_TMP_VOLUME),
         ],
     }
@@ -484,7 +488,7 @@ def labeller_args(ctx: GroupContext) -> list[str]:
     same source the Deckhouse node template uses). NVML comes from the driver root (``--driver-root``).
     """
     gpu = ctx.group.gpu
-    if ctx.allocation_mode is AllocationMode.DEVICE_PLUGIN:
+    if ctx.plan.allocation_mode is AllocationMode.DEVICE_PLUGIN:
         sharing = config_source_args(ctx.group)
     else:
         mig_strategy = gpu.effective_mig.strategy.value if gpu.sharing is Sharing.MIG else "none"
@@ -499,11 +503,11 @@ def labeller_args(ctx: GroupContext) -> list[str]:
     ]
     # One gpus.gpu.nvidia-gpu.io object per GPU of the node (nvidia_gpu.components.manifests.inventory).
     args += ["--inventory", "--inventory-sharing", gpu.sharing.value,
-             "--inventory-allocation-mode", ctx.allocation_mode.value]
-    if ctx.allocation_mode is AllocationMode.DRA:
+             "--inventory-allocation-mode", ctx.plan.allocation_mode.value]
+    if ctx.plan.allocation_mode is AllocationMode.DRA:
         args += ["--inventory-dra-driver", ctx.cluster.dra.driver_name]
     if ctx.cluster.node_setup is NodeSetupBackend.DAEMONSET:
-        for key, value in desired_node_labels(ctx.group).items():
+        for key, value in desired_node_labels(ctx.group, ctx.plan).items():
             args += ["--node-label", f"{key}={value}"]
         for taint in desired_node_taints(ctx.group):
             args += ["--node-taint", taint.flag()]
@@ -531,12 +535,12 @@ def labeller_daemonset(ctx: GroupContext) -> Manifest:
     # setup themselves, and the labeller needs the NVIDIA runtime that setup configures. Nodes that must
     # never take other pods before then get the GPU taint at provisioning too (stack output nodeTemplates);
     # the labeller then leaves that taint alone, as it is not the one that set it.
-    mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(ctx.driver_root), _TMP_MOUNT,
+    mounts = [_mount("features", labels.NFD_FEATURES_DIR), driver_root_mount(ctx.plan.driver_root), _TMP_MOUNT,
               _mount(ALL_GPUS_VOLUME, f"{devicelist.VOLUME_MOUNT_ROOT}/all", read_only=True)]
     volumes = [_host_path("features", labels.NFD_FEATURES_DIR, "DirectoryOrCreate"),
-               driver_root_volume(ctx.driver_root), dict(_TMP_VOLUME),
+               driver_root_volume(ctx.plan.driver_root), dict(_TMP_VOLUME),
                _host_path(ALL_GPUS_VOLUME, "/dev/null", "CharDevice")]
-    if ctx.allocation_mode is AllocationMode.DEVICE_PLUGIN:
+    if ctx.plan.allocation_mode is AllocationMode.DEVICE_PLUGIN:
         mounts.append(config_mount())  # the device plugin's named configs (labeller_args)
         volumes.append(config_volume(ctx.group))
     container["volumeMounts"] = mounts
@@ -566,14 +570,15 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     operator deletes each pod, never as a surprise restart of containerd across the fleet.
     """
     component = AgentRole.NODE_SETUP.value
+    driver_root = ctx.plan.driver_root
     # NVML from the driver root: the NVIDIA runtime this pod would otherwise need is what setup configures.
     base = ["--host-root", HOST_ROOT, *DRIVER_ROOT_ARGS]
     # Privileged: the agent writes /proc/sys, loads kernel modules and restarts containerd through the
     # host's systemd (reached via the host root mount and chroot, so hostPID is not needed).
     # Passthrough groups (DRA, vfio.gpu.nvidia.com) also get VFIO prepared: modules and the IOMMU check.
-    expect = ctx.group.gpu.node_setup_expectation.args()  # check compares the loaded driver with the group's
-    setup = [*base, "setup", *(["--dra"] if ctx.group.passthrough else []), *expect]
-    if ctx.group.toolkit_accepts_envvar(ctx.allocation_mode):  # the group chose the envvar device list
+    expect = ctx.plan.node_setup_expectation.args()  # check compares the loaded driver with the group's
+    setup = [*base, "setup", *(["--dra"] if ctx.plan.passthrough else []), *expect]
+    if ctx.plan.accept_envvar:  # the group chose the envvar device list
         setup.append("--accept-envvar-when-unprivileged")
     teardown = [*AGENT, *base, "teardown"]
     # The main container checks the node again every few minutes and serves the findings
@@ -586,8 +591,8 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
         setup += toolkit_dir
         teardown += toolkit_dir
         monitor += toolkit_dir
-    elif _containerised(ctx.driver_root):  # the host's toolkit must look for the driver where the container put it
-        setup += ["--toolkit-driver-root", ctx.driver_root]
+    elif _containerised(driver_root):  # the host's toolkit must look for the driver where the container put it
+        setup += ["--toolkit-driver-root", driver_root]
     init = _container(ctx, component, AgentRole.NODE_SETUP, setup, _PRIVILEGED)
     # Only setup and teardown write the host. The hold container does nothing but hold the teardown (its
     # preStop hook) with the host root writable: a shell waiting for SIGTERM, not an interpreter. The
@@ -600,17 +605,17 @@ def setup_daemonset(ctx: GroupContext) -> Manifest:
     hold["lifecycle"] = {"preStop": {"exec": {"command": teardown}}}
     watch = _container(ctx, f"{component}-monitor", AgentRole.NODE_SETUP, monitor, _PRIVILEGED)
     watch["ports"] = metrics_port(NODE_SETUP_METRICS_PORT)
-    mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(ctx.driver_root), _TMP_MOUNT]
+    mounts = [_mount("host-root", HOST_ROOT), driver_root_mount(driver_root), _TMP_MOUNT]
     init["volumeMounts"] = list(mounts)
     hold["volumeMounts"] = list(mounts)
-    watch["volumeMounts"] = [_mount("host-root", HOST_ROOT, read_only=True), driver_root_mount(ctx.driver_root),
+    watch["volumeMounts"] = [_mount("host-root", HOST_ROOT, read_only=True), driver_root_mount(driver_root),
                              _TMP_MOUNT]
     pod_spec = {
         "hostPID": False,
         "terminationGracePeriodSeconds": 120,
         "initContainers": [init],
         "containers": [hold, watch],
-        "volumes": [_host_path("host-root", "/", "Directory"), driver_root_volume(ctx.driver_root), dict(_TMP_VOLUME)],
+        "volumes": [_host_path("host-root", "/", "Directory"), driver_root_volume(driver_root), dict(_TMP_VOLUME)],
     }
     # The provider waits for a DaemonSet's rollout; an OnDelete one rolls only when an operator deletes
     # pods, so a template change would hang `pulumi up` until its timeout (the provider's own docs).

@@ -16,6 +16,7 @@ from node_agent.dra import sharing
 from node_agent.dra.config import GpuSharing, Strategy
 from node_agent.kubelet.dra.server import PluginServer
 from nvgpu import hostpaths
+from nvgpu.stackconfig import GroupPlan
 from nvidia_gpu.components.manifests import dra as dra_manifests
 from tests.kit.dra_builders import DRIVER, claim, gpu_config
 from tests.kit.kubelet.dra import DraKubelet
@@ -27,7 +28,9 @@ from tests.nvidia_gpu.components.component_helpers import stack_config
 def _daemon_shm_host_dir() -> str:
     """The host directory the DRA plugin's container (where the MPS daemons run) has at ``/dev/shm``."""
     cfg = stack_config([{"name": "d", "nodeGroup": "ng-d", "allocationMode": "dra"}])
-    pod = dra_manifests.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])["spec"]["template"]
+    (g,) = cfg.node_groups
+    ds = dra_manifests.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, g, GroupPlan.of(cfg.cluster, g))
+    pod = ds["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     mounts = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
     assert len(mounts) == 1, "the DRA plugin's container has no shared /dev/shm for its MPS daemons"

@@ -28,7 +28,7 @@ from node_agent.nvml import NvmlBackend, open_nvml
 from node_agent.nvml.xidwatch import XidRecorder
 from nvgpu import dcgmcounters
 from nvgpu.migparted import build_config
-from nvgpu.stackconfig import NodeGroup, load_stack_config
+from nvgpu.stackconfig import GroupPlan, NodeGroup, load_stack_config
 from nvidia_gpu.components.manifests import dashboards, monitoring
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvml_sim import SimulatedMachine
@@ -330,11 +330,12 @@ def _as_series(service: MetricsService, target: dict[str, str], minutes: int) ->
 def _monitor_target(node: str, group: NodeGroup, cluster: Any) -> dict[str, str]:
     """The labels Prometheus gives a scrape of the group's exporter pod on ``node`` under the stack's
     PodMonitor: its relabelings read the pod's node name and its node-group label."""
-    ds = monitoring.exporter_daemonset(GroupContext(namespace="nvidia-gpu", cluster=cluster, group=group))
+    plan = GroupPlan.of(cluster, group)
+    ds = monitoring.exporter_daemonset(GroupContext(namespace="nvidia-gpu", cluster=cluster, group=group, plan=plan))
     pod_labels = ds["spec"]["template"]["metadata"]["labels"]
     meta = {"__meta_kubernetes_pod_node_name": node}
     meta |= {"__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in pod_labels.items()}
-    (target,) = [t for t in monitoring.targets(cluster, [group]) if t.component == "gpu-exporter"]
+    (target,) = [t for t in monitoring.targets(cluster, [group], {group.name: plan}) if t.component == "gpu-exporter"]
     endpoint = monitoring.monitor("nvidia-gpu", cluster, target)["spec"]["podMetricsEndpoints"][0]
     out = {"job": target.component, "instance": f"10.0.0.1:{target.port}"}
     for r in endpoint["relabelings"]:
@@ -344,7 +345,8 @@ def _monitor_target(node: str, group: NodeGroup, cluster: Any) -> dict[str, str]
 
 def _exporter_info(group: NodeGroup, cluster: Any) -> dict[str, str]:
     """The ``--info`` labels the group's rendered exporter command line passes (nvidia_gpu_node_info)."""
-    ds = monitoring.exporter_daemonset(GroupContext(namespace="nvidia-gpu", cluster=cluster, group=group))
+    ds = monitoring.exporter_daemonset(GroupContext(namespace="nvidia-gpu", cluster=cluster, group=group,
+                                                    plan=GroupPlan.of(cluster, group)))
     argv = ds["spec"]["template"]["spec"]["containers"][0]["args"]
     args = build_parser("exporter").parse_args(argv)
     return dict(info_labels(args.info))

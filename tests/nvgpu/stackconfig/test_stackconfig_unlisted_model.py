@@ -14,7 +14,7 @@ import pytest
 
 from nvgpu import catalogue
 from nvgpu.capacity import group_capacity
-from nvgpu.stackconfig import AllocationMode, StackConfigError, load_stack_config, mig_layout_problems
+from nvgpu.stackconfig import AllocationMode, GroupPlan, StackConfigError, load_stack_config, mig_layout_problems
 from nvidia_gpu.components.manifests.mig import may_use_mig, mig_config
 from nvidia_gpu.policies import gpu_validity
 from nvidia_gpu.policies.manifests import Kind
@@ -45,7 +45,7 @@ def test_an_unlisted_model_with_a_layout_only_it_has_is_accepted_and_deferred() 
     assert mig_layout_problems(group) == []
     assert may_use_mig(group)
     assert group.mig_config_name in mig_config(cfg.node_groups).mig_configs
-    notes = group_capacity(group, AllocationMode.DEVICE_PLUGIN).notes
+    notes = group_capacity(group, GroupPlan.of(cfg.cluster, group, AllocationMode.DEVICE_PLUGIN)).notes
     assert any(f"gpu.model {UNLISTED} is not in the catalogue" in n and "checked on the node" in n for n in notes)
 
 

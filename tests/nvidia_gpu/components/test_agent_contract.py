@@ -26,7 +26,15 @@ from node_agent.kubelet.dra import process as dra_process
 from node_agent.status.server import StatusServer
 from nvgpu import devicelist, labels
 from nvgpu.driver import KernelModules
-from nvgpu.stackconfig import AllocationMode, GroupPlan, NodeSetupBackend, load_stack_config, load_stack_file
+from nvgpu.stackconfig import (
+    AllocationMode,
+    Cluster,
+    GroupPlan,
+    NodeGroup,
+    NodeSetupBackend,
+    load_stack_config,
+    load_stack_file,
+)
 from nvidia_gpu.components.manifests import dra, driver, mig, monitoring, workloads
 from nvidia_gpu.components.manifests.sharing import render_named_configs
 from nvidia_gpu.components.manifests.workloads import GroupContext
@@ -59,6 +67,11 @@ def _parse(argv: list[str]) -> Any:
     return build_parser(argv[i]).parse_args(argv)
 
 
+def _ctx(cluster: Cluster, group: NodeGroup) -> GroupContext:
+    """The group's workloads' context, its plan computed from ``cluster`` as the components compute it."""
+    return GroupContext(cluster.namespace, cluster, group, GroupPlan.of(cluster, group))
+
+
 @pytest.mark.parametrize("stack", STACKS, ids=lambda p: p.name)
 def test_rendered_agent_command_lines_parse(stack: Path) -> None:
     cfg = load_stack_file(stack)
@@ -67,7 +80,7 @@ def test_rendered_agent_command_lines_parse(stack: Path) -> None:
         builders.append(workloads.setup_daemonset)
     parsed = 0
     for group in cfg.node_groups:
-        ctx = GroupContext(cfg.cluster.namespace, cfg.cluster, group)
+        ctx = _ctx(cfg.cluster, group)
         for build in builders:
             for argv in _command_lines(build(ctx)):
                 args = _parse(argv)
@@ -81,7 +94,7 @@ def test_rendered_agent_command_lines_parse(stack: Path) -> None:
 def test_labeller_arguments_reach_the_labels_command() -> None:
     cfg = load_stack_file(ROOT / "Pulumi.dev.yaml")
     group = next(g for g in cfg.node_groups if g.gpu.sharing.value == "TimeSlicing")
-    args = _parse(workloads.labeller_args(GroupContext(cfg.cluster.namespace, cfg.cluster, group)))
+    args = _parse(workloads.labeller_args(_ctx(cfg.cluster, group)))
     assert (args.loop, args.patch_node, args.replicas, args.sharing_strategy) == (True, True, None, None)
     assert (str(args.config_dir), args.config_label, args.default_config) == (
         workloads.DEVICE_PLUGIN_CONFIG_DIR, labels.DEVICE_GPU_CONFIG, "TimeSlicing")
@@ -98,7 +111,7 @@ def test_device_plugin_pod_gives_the_plugin_what_it_uses(stack: Path) -> None:
 
     cfg = load_stack_file(stack)
     for group in cfg.node_groups:
-        ds = workloads.device_plugin_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, group))
+        ds = workloads.device_plugin_daemonset(_ctx(cfg.cluster, group))
         container, _ = _plugin_container(ds)
         env = {e["name"]: e.get("value") for e in container["env"]}
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
@@ -125,7 +138,7 @@ def test_device_plugin_pod_gives_the_plugin_what_it_uses(stack: Path) -> None:
             # Allocate mounts <mpsRoot>/shm at /dev/shm in clients; the daemon must see the same directory.
             mps_root = yaml.safe_load(render_named_configs(group)["MPS"])["flags"]["mpsRoot"]
             daemon, daemon_volumes = _plugin_container(workloads.mps_control_daemon_daemonset(
-                GroupContext(cfg.cluster.namespace, cfg.cluster, group)))
+                _ctx(cfg.cluster, group)))
             daemon_mounts = {m["mountPath"]: m for m in daemon["volumeMounts"]}
             assert Mount("/dev/shm", f"{mps_root}/shm").host_path == daemon_volumes[
                 daemon_mounts["/dev/shm"]["name"]]["hostPath"]["path"]
@@ -140,7 +153,7 @@ def test_device_plugin_status_endpoints_answer_the_probe_paths() -> None:
 
     cfg = load_stack_file(STACKS[0])
     container, _ = _plugin_container(workloads.device_plugin_daemonset(
-        GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])))
+        _ctx(cfg.cluster, cfg.node_groups[0])))
     paths = {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "readinessProbe", "livenessProbe")
              if k in container}
     state = {"live": True, "ready": False}
@@ -166,7 +179,7 @@ def test_device_plugin_mounts_the_driver_root_read_only_whatever_the_device_list
     """CDI specs (cdi-cri, cdi-annotations) and NVML both need the driver root: it is always mounted."""
     cfg = load_stack_file(STACKS[0])
     container, volumes = _plugin_container(workloads.device_plugin_daemonset(
-        GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])))
+        _ctx(cfg.cluster, cfg.node_groups[0])))
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == Settings().container_driver_root)
     assert mount["readOnly"] is True
     assert volumes[mount["name"]]["hostPath"]["path"] == Settings().nvidia_driver_root
@@ -179,7 +192,7 @@ def test_a_driver_container_root_reaches_the_mount_and_the_plugins_cdi_root() ->
     cfg = load_stack_file(STACKS[0])
     cluster = cfg.cluster.model_copy(update={"driver_root": "/run/nvidia/driver"})
     container, volumes = _plugin_container(workloads.device_plugin_daemonset(
-        GroupContext(cluster.namespace, cluster, cfg.node_groups[0])))
+        _ctx(cluster, cfg.node_groups[0])))
     assert volumes["driver-root"]["hostPath"] == {"path": "/run/nvidia/driver", "type": "DirectoryOrCreate"}
     args = _parse(container["args"])
     assert (args.driver_root, args.nvidia_driver_root) == ("/driver-root", "/run/nvidia/driver")
@@ -192,12 +205,14 @@ def test_every_agents_metrics_port_is_the_one_its_pod_names_and_its_monitor_scra
     cluster = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET})
     dra_group = next(g for g in cfg.node_groups if cfg.allocation_mode(g).value == "dra")
     pods = {
-        dra.COMPONENT: (dra.plugin_daemonset(cluster.namespace, cluster, dra_group), dra_process.DEFAULT_METRICS_PORT),
+        dra.COMPONENT: (dra.plugin_daemonset(cluster.namespace, cluster, dra_group, GroupPlan.of(cluster, dra_group)),
+                        dra_process.DEFAULT_METRICS_PORT),
         mig.COMPONENT: (mig.daemonset(cluster.namespace, cluster, cfg.node_groups), mig_cli.DEFAULT_METRICS_PORT),
-        "gpu-setup": (workloads.setup_daemonset(GroupContext(cluster.namespace, cluster, cfg.node_groups[0])),
+        "gpu-setup": (workloads.setup_daemonset(_ctx(cluster, cfg.node_groups[0])),
                       setup_cli.DEFAULT_METRICS_PORT),
     }
-    scraped = {t.component: t.port for t in monitoring.targets(cluster, cfg.node_groups)}
+    plans = {g.name: GroupPlan.of(cluster, g) for g in cfg.node_groups}
+    scraped = {t.component: t.port for t in monitoring.targets(cluster, cfg.node_groups, plans)}
     for component, (ds, default) in pods.items():
         container = agent_container(ds)
         args = _parse(container["args"])
@@ -214,10 +229,10 @@ def test_the_stack_decides_whether_a_taken_status_port_stops_an_agent(required: 
     monitoring = cfg.cluster.monitoring.model_copy(update={"require_status_port": required})
     cluster = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET, "monitoring": monitoring})
     dra_group = next(g for g in cfg.node_groups if cfg.allocation_mode(g).value == "dra")
-    ctx = GroupContext(cluster.namespace, cluster, cfg.node_groups[0])
+    ctx = _ctx(cluster, cfg.node_groups[0])
     command_lines = {
         "device-plugin": workloads.device_plugin_daemonset(ctx)["spec"]["template"]["spec"]["containers"][0]["args"],
-        "dra-driver": dra.plugin_args(cluster, cluster.namespace, dra_group),
+        "dra-driver": dra.plugin_args(cluster, cluster.namespace, GroupPlan.of(cluster, dra_group)),
         "mig-manager": mig.manager_args(cluster),
         "setup-monitor": agent_container(workloads.setup_daemonset(ctx))["args"],
         "driver-check": driver.check_container(cluster, cfg.node_groups[0])["args"],
@@ -234,7 +249,7 @@ def test_the_declared_driver_reaches_both_node_setup_backends() -> None:
               "nodeGroups": [{"name": "h100", "nodeSelector": {"matchLabels": {"pool": "h100"}},
                               "gpu": {"model": "H100-80GB", "driver": {"version": "550", "kernelModules": "open"}}}]}
     cfg = load_stack_config(values)
-    ds = workloads.setup_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0]))
+    ds = workloads.setup_daemonset(_ctx(cfg.cluster, cfg.node_groups[0]))
     pod = ds["spec"]["template"]["spec"]
     for container in (pod["initContainers"][0], agent_container(ds)):
         args = _parse(container["args"])
@@ -251,7 +266,7 @@ def test_a_driver_containers_root_is_the_toolkits_on_both_backends() -> None:
     on Deckhouse, to point the host toolkit's nvidia-container-cli at /run/nvidia/driver."""
     cfg = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.drivers.yaml"))
     group = cfg.node_groups[0]
-    ds = workloads.setup_daemonset(GroupContext(cfg.cluster.namespace, cfg.cluster, group))
+    ds = workloads.setup_daemonset(_ctx(cfg.cluster, group))
     args = _parse(ds["spec"]["template"]["spec"]["initContainers"][0]["args"])
     assert args.toolkit_driver_root == "/run/nvidia/driver"
     deckhouse = cfg.cluster.model_copy(update={"node_setup": NodeSetupBackend.DECKHOUSE})
@@ -260,6 +275,6 @@ def test_a_driver_containers_root_is_the_toolkits_on_both_backends() -> None:
     (runtime,) = [s for s in node_scripts(plan) if s.name == "gpu-runtime.sh"]
     assert 'TOOLKIT_ROOT="${NVIDIA_GPU_TOOLKIT_ROOT-/run/nvidia/driver}"' in runtime.content
     dev = load_stack_file(next(p for p in STACKS if p.name == "Pulumi.dev.yaml"))
-    ds = workloads.setup_daemonset(GroupContext(dev.cluster.namespace, dev.cluster.model_copy(
-        update={"node_setup": NodeSetupBackend.DAEMONSET}), dev.node_groups[0]))
+    ds = workloads.setup_daemonset(_ctx(dev.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET}),
+                                        dev.node_groups[0]))
     assert _parse(ds["spec"]["template"]["spec"]["initContainers"][0]["args"]).toolkit_driver_root == "/"

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from nvgpu import labels
-from nvgpu.nodelabels import custom_mig_config_name, desired_node_labels, mig_config_name
+from nvgpu.nodelabels import custom_mig_config_name, desired_node_labels
 from nvgpu.nodescripts import NodeScript, facts
-from nvgpu.stackconfig import Mig, Sharing
+from nvgpu.stackconfig import GroupPlan, Mig, Sharing
 from nvidia_gpu.components.manifests import deckhouse, platform, scheduling, sharing, workloads
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.manifests.workloads import GroupContext
@@ -22,7 +22,8 @@ DATA = Path(__file__).resolve().parent / "data"
 
 def _ctx(groups: list[dict[str, Any]], node_setup: str = "deckhouse") -> GroupContext:
     cfg = stack_config(groups, node_setup=node_setup)
-    return GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
+    g = cfg.node_groups[0]
+    return GroupContext(cfg.cluster.namespace, cfg.cluster, g, GroupPlan.of(cfg.cluster, g))
 
 
 #: Only the device plugin (host devices, kubelet sockets) and node setup (/proc/sys, containerd) are privileged.
@@ -100,8 +101,9 @@ def test_mig_config_carries_the_mig_strategy(strategy: str, expected: str) -> No
     ],
 )
 def test_deckhouse_flow_labels(gpu: dict[str, Any], mig_label: str) -> None:
-    g = stack_config([{"name": "g", "nodeGroup": "ng", "gpu": gpu}]).node_groups[0]
-    assert desired_node_labels(g) == {
+    cfg = stack_config([{"name": "g", "nodeGroup": "ng", "gpu": gpu}])
+    g = cfg.node_groups[0]
+    assert desired_node_labels(g, GroupPlan.of(cfg.cluster, g)) == {
         labels.GPU_NODE: "",
         labels.DEVICE_GPU_CONFIG: gpu["sharing"],
         labels.MIG_CONFIG: mig_label,
@@ -121,14 +123,15 @@ def test_custom_mig_name_ignores_order_and_fits_a_label() -> None:
     assert custom_mig_config_name("ng", a) == custom_mig_config_name("ng", b)
     assert custom_mig_config_name("ng", a).startswith("custom-ng-")
     assert len(custom_mig_config_name("x" * 60, a)) <= 63
-    g = stack_config([group(sharing="MIG", mig=a.model_dump(by_alias=True))]).node_groups[0]
-    assert mig_config_name(g) == custom_mig_config_name("gpu", a)
+    cfg = stack_config([group(sharing="MIG", mig=a.model_dump(by_alias=True))])
+    assert GroupPlan.of(cfg.cluster, cfg.node_groups[0]).mig_config_name == custom_mig_config_name("gpu", a)
 
 
 def test_node_group_patch_sets_labels_and_taints_in_the_node_template() -> None:
     taints = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]
-    g = stack_config([{**group(), "extraTaints": taints}]).node_groups[0]
-    patch = deckhouse.node_group_patch(g, "nvidia-gpu")
+    cfg = stack_config([{**group(), "extraTaints": taints}])
+    g = cfg.node_groups[0]
+    patch = deckhouse.node_group_patch(g, GroupPlan.of(cfg.cluster, g), "nvidia-gpu")
     assert (patch["apiVersion"], patch["kind"], patch["metadata"]["name"]) == ("deckhouse.io/v1", "NodeGroup", "ng-gpu")
     template = patch["spec"]["nodeTemplate"]
     assert template["labels"][labels.DEVICE_GPU_CONFIG] == "Exclusive"
@@ -140,8 +143,10 @@ def test_node_group_patch_sets_labels_and_taints_in_the_node_template() -> None:
 
 
 def test_gpu_taint_can_be_turned_off() -> None:
-    g = stack_config([{**group(), "gpuTaint": False}]).node_groups[0]
-    assert deckhouse.node_group_patch(g, "nvidia-gpu")["spec"]["nodeTemplate"]["taints"] == []
+    cfg = stack_config([{**group(), "gpuTaint": False}])
+    g = cfg.node_groups[0]
+    patch = deckhouse.node_group_patch(g, GroupPlan.of(cfg.cluster, g), "nvidia-gpu")
+    assert patch["spec"]["nodeTemplate"]["taints"] == []
 
 
 def test_node_group_configuration_is_scoped_to_the_group() -> None:
@@ -224,7 +229,8 @@ def test_device_plugin_runs_the_agent_with_the_groups_configs() -> None:
 @pytest.mark.parametrize("enabled", [True, False])
 def test_device_plugin_is_scraped_only_with_monitoring_on(enabled: bool) -> None:
     cfg = stack_config([group()], monitoring={"enabled": enabled})
-    ctx = GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
+    g = cfg.node_groups[0]
+    ctx = GroupContext(cfg.cluster.namespace, cfg.cluster, g, GroupPlan.of(cfg.cluster, g))
     annotations = workloads.device_plugin_daemonset(ctx)["spec"]["template"]["metadata"].get("annotations", {})
     assert (annotations.get("prometheus.io/port") == str(workloads.DEVICE_PLUGIN_METRICS_PORT)) is enabled
 

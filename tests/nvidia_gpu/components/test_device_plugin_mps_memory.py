@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from nvgpu.stackconfig import GroupPlan
 from nvidia_gpu.components.manifests import dra, workloads
 from nvidia_gpu.components.manifests.platform import AgentRole
 from nvidia_gpu.components.manifests.workloads import GroupContext
@@ -16,7 +17,8 @@ from tests.nvidia_gpu.components.component_helpers import group, stack_config
 
 def _ctx(sharing: str) -> GroupContext:
     cfg = stack_config([group("g", sharing=sharing)])
-    return GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
+    (g,) = cfg.node_groups
+    return GroupContext(cfg.cluster.namespace, cfg.cluster, g, GroupPlan.of(cfg.cluster, g))
 
 
 def _plugin_resources(sharing: str) -> dict[str, Any]:
@@ -45,7 +47,8 @@ def test_every_device_plugin_keeps_the_agents_limit(sharing: str) -> None:
 def test_dra_plugin_limit_covers_the_mps_daemons_of_its_claims() -> None:
     """MPS claims start their control daemon in the DRA plugin's container, in any DRA group."""
     cfg = stack_config([{"name": "d", "nodeGroup": "ng-d", "allocationMode": "dra"}])
-    ds = dra.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
+    (g,) = cfg.node_groups
+    ds = dra.plugin_daemonset(cfg.cluster.namespace, cfg.cluster, g, GroupPlan.of(cfg.cluster, g))
     (container,) = ds["spec"]["template"]["spec"]["containers"]
     assert container["resources"] == {"requests": {"cpu": "50m", "memory": "64Mi"},
                                       "limits": {"cpu": "500m", "memory": "832Mi"}}

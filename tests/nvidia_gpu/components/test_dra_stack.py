@@ -12,6 +12,7 @@ import yaml
 
 from node_agent.dra.devices import allocatable_devices
 from node_agent.dra.slices import NodeRef, build_slices
+from nvgpu.stackconfig import GroupPlan
 from nvidia_gpu.components.manifests import dra
 from nvidia_gpu.components.program import build_stack
 from tests.kit.dra_builders import DRIVER, NODE, machine
@@ -73,7 +74,7 @@ def test_claim_quota_keys() -> None:
 def test_plugin_daemonset_mounts_and_placement() -> None:
     cfg = dra_config(driverName="gpu.example.com")
     h200 = cfg.node_groups[1]
-    ds = dra.plugin_daemonset("nvidia-gpu", cfg.cluster, h200)
+    ds = dra.plugin_daemonset("nvidia-gpu", cfg.cluster, h200, GroupPlan.of(cfg.cluster, h200))
     pod = ds["spec"]["template"]["spec"]
     paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"} <= paths
@@ -114,12 +115,13 @@ def test_device_plugin_only_stack_has_no_dra_stack(engine: Engine) -> None:  # n
 
 def _docs() -> list[dict[str, Any]]:
     cfg = dra_config(claimQuotas=[{"namespace": "team-a", "claims": 10, "devices": {"mig.nvidia.com": 7}}])
+    h200 = cfg.node_groups[1]
     out = [dra.device_class(DRIVER, c) for c in dra.DEVICE_CLASSES]
     out += [dra.service_account("nvidia-gpu"), dra.cluster_role("nvidia-gpu"), dra.cluster_role_binding("nvidia-gpu"),
             dra.marker_role("nvidia-gpu"), dra.marker_role_binding("nvidia-gpu"),
             dra.admission_policy("nvidia-gpu", DRIVER), dra.admission_policy_binding("nvidia-gpu"),
             dra.claim_quota("nvidia-gpu", cfg.cluster.dra.claim_quotas[0]), dra.uninstall_marker("nvidia-gpu", DRIVER),
-            dra.plugin_daemonset("nvidia-gpu", cfg.cluster, cfg.node_groups[1])]
+            dra.plugin_daemonset("nvidia-gpu", cfg.cluster, h200, GroupPlan.of(cfg.cluster, h200))]
     for f in sorted(DATA.glob("nvidia-dra-demo-*.yaml")):
         out += [d for d in yaml.safe_load_all(f.read_text()) if d]
     out += build_slices(allocatable_devices(machine(gpus=2, mig_on=(1,), vfio=1)), DRIVER, NodeRef(NODE, "u"), 1)

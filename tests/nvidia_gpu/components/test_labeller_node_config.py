@@ -15,7 +15,7 @@ from node_agent.cli import build_parser
 from node_agent.labeller.nodeconfig import Requested
 from nvgpu import labels
 from nvgpu.nodelabels import desired_node_labels, desired_node_taints
-from nvgpu.stackconfig import NodeSetupBackend, StackConfig, load_stack_file
+from nvgpu.stackconfig import GroupPlan, NodeSetupBackend, StackConfig, load_stack_file
 from nvidia_gpu.components.manifests import deckhouse, workloads
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
@@ -51,7 +51,7 @@ def test_daemonset_backend_labeller_applies_the_groups_labels_and_taints(engine:
     cfg = stack_config([{**MIG_GROUP, "gpuTaint": gpu_taint}], node_setup="daemonset")
     group = cfg.node_groups[0]
     want = _requested(_labeller_args(engine.run(lambda: _register(cfg)), "h100"))
-    assert dict(want.labels) == desired_node_labels(group) == {
+    assert dict(want.labels) == desired_node_labels(group, GroupPlan.of(cfg.cluster, group)) == {
         labels.GPU_NODE: "", labels.DEVICE_GPU_CONFIG: "MIG", labels.MIG_CONFIG: "all-3g.40gb",
         labels.NODE_GROUP: "h100"}
     assert want.taints == desired_node_taints(group)
@@ -65,8 +65,9 @@ def test_deckhouse_backend_leaves_node_labels_to_the_node_template(engine: Engin
     resources = engine.run(lambda: _register(cfg))
     args = _labeller_args(resources, "h100")
     assert "--node-label" not in args and "--node-taint" not in args
-    template = deckhouse.node_group_patch(group, "nvidia-gpu")["spec"]["nodeTemplate"]
-    assert template["labels"] == desired_node_labels(group)
+    plan = GroupPlan.of(cfg.cluster, group)
+    template = deckhouse.node_group_patch(group, plan, "nvidia-gpu")["spec"]["nodeTemplate"]
+    assert template["labels"] == desired_node_labels(group, plan)
 
 
 def test_labeller_role_only_gets_and_patches_nodes_and_keeps_the_gpu_inventory(engine: Engine) -> None:
@@ -84,9 +85,10 @@ def test_shipped_stacks_render_labeller_flags_the_agent_accepts() -> None:
     for path in sorted(Path(__file__).resolve().parents[3].glob("Pulumi.*.yaml")):
         cfg = load_stack_file(path)
         for group in cfg.node_groups:
-            want = _requested(workloads.labeller_args(GroupContext(cfg.cluster.namespace, cfg.cluster, group)))
+            plan = GroupPlan.of(cfg.cluster, group)
+            want = _requested(workloads.labeller_args(GroupContext(cfg.cluster.namespace, cfg.cluster, group, plan)))
             daemonset = cfg.cluster.node_setup is NodeSetupBackend.DAEMONSET
-            assert dict(want.labels) == (desired_node_labels(group) if daemonset else {}), path.name
+            assert dict(want.labels) == (desired_node_labels(group, plan) if daemonset else {}), path.name
             assert want.taints == (desired_node_taints(group) if daemonset else ()), path.name
 
 

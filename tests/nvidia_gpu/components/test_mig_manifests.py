@@ -12,8 +12,8 @@ from node_agent.cli import build_parser
 from nvgpu import labels
 from nvgpu.catalogue import H100_80GB
 from nvgpu.migparted import MigConfigSpec, load_config_text, validate_for_model
-from nvgpu.nodelabels import desired_node_labels, mig_config_name
-from nvgpu.stackconfig import Sharing, load_stack_file
+from nvgpu.nodelabels import desired_node_labels
+from nvgpu.stackconfig import GroupPlan, Sharing, load_stack_file
 from nvidia_gpu.components.manifests.mig import (
     CONFIG_KEY,
     MigProfileError,
@@ -29,7 +29,7 @@ def test_config_holds_standard_sets_and_group_layouts() -> None:
     cfg = stack_config(MIG_STACK_GROUPS)
     mig = mig_config(cfg.node_groups)
     h100 = cfg.node_groups[0]
-    name = mig_config_name(h100)
+    name = GroupPlan.of(cfg.cluster, h100).mig_config_name
     assert name.startswith("custom-h100-")
     assert [layout for _, layout in validate_for_model(mig, name, H100_80GB)] == [
         {"3g.40gb": 1, "1g.10gb": 4}, {"7g.80gb": 1}]
@@ -131,7 +131,7 @@ def test_every_group_label_names_a_config_the_manager_has(stack_file: str) -> No
     cfg = load_stack_file(Path(__file__).resolve().parents[3] / stack_file)
     mig = mig_config(cfg.node_groups)
     for g in cfg.node_groups:
-        node_labels = desired_node_labels(g)
+        node_labels = desired_node_labels(g, GroupPlan.of(cfg.cluster, g))
         assert node_labels[labels.MIG_CONFIG] in mig.mig_configs, g.name
         assert node_labels[labels.DEVICE_GPU_CONFIG] == g.gpu.sharing.value
         if g.gpu.sharing is not Sharing.MIG:

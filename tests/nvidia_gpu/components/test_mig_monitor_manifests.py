@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from nvgpu.stackconfig import GroupPlan
 from nvidia_gpu.components.manifests import monitoring, workloads
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvidia_gpu.components.program import build_stack
@@ -36,7 +37,8 @@ DAEMONSET = Kind("apps/v1", "DaemonSet")
 
 def _ctx(g: dict[str, Any]) -> GroupContext:
     cfg = stack_config([g], monitoring={"enabled": True})
-    return GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
+    (group,) = cfg.node_groups
+    return GroupContext(cfg.cluster.namespace, cfg.cluster, group, GroupPlan.of(cfg.cluster, group))
 
 
 def _readers(ctx: GroupContext) -> dict[str, dict[str, Any]]:

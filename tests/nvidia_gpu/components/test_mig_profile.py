@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from nvgpu.nodelabels import mig_config_name
+from nvgpu.stackconfig import GroupPlan
 from nvidia_gpu.components.manifests.mig import CONFIG_KEY
 from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
 from nvidia_gpu.preview.engine import install_mocks, run_in_engine
@@ -27,7 +27,8 @@ def test_component_under_the_mock_engine() -> None:
     manager = resources["mig-manager"]
     assert resources["mig-config-data"].urn in manager.dependencies  # the ConfigMap with its content
     data = yaml.safe_load(resources["mig-config-data"].inputs["data"][CONFIG_KEY])
-    assert data["version"] == "v1" and mig_config_name(cfg.node_groups[0]) in data["mig-configs"]
+    h100 = GroupPlan.of(cfg.cluster, cfg.node_groups[0])
+    assert data["version"] == "v1" and h100.mig_config_name in data["mig-configs"]
 
 
 def test_no_mig_capable_group_no_manager() -> None:

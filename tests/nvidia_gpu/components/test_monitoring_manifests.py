@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from nvgpu import dcgmcounters
-from nvgpu.stackconfig import AllocationMode, NodeSetupBackend, StackConfigError, load_stack_config
+from nvgpu.stackconfig import AllocationMode, GroupPlan, NodeSetupBackend, StackConfigError, load_stack_config
 from nvidia_gpu.components.manifests import alerts, dashboards, monitoring
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from nvidia_gpu.preview import crds
@@ -29,7 +29,9 @@ def _config(**monitoring_settings: Any) -> Any:
 
 
 def _ctx(config: Any) -> GroupContext:
-    return GroupContext(namespace="nvidia-gpu", cluster=config.cluster, group=config.node_groups[0])
+    group = config.node_groups[0]
+    return GroupContext(namespace="nvidia-gpu", cluster=config.cluster, group=group,
+                        plan=GroupPlan.of(config.cluster, group))
 
 
 def test_the_agent_exporter_is_unprivileged_and_reads_pod_resources() -> None:
@@ -63,13 +65,15 @@ def test_monitors_and_rules_are_valid_prometheus_operator_objects(scrape: str) -
 
     cluster = config.cluster.model_copy(update={"node_setup": NodeSetupBackend.DAEMONSET})
     dra_group = config.node_groups[0].model_copy(update={"name": "h100-dra", "allocation_mode": AllocationMode.DRA})
-    found = monitoring.targets(cluster, [*config.node_groups, dra_group])
+    groups = [*config.node_groups, dra_group]
+    found = monitoring.targets(cluster, groups, {g.name: GroupPlan.of(cluster, g) for g in groups})
     # The exporter and every agent serving /metrics, each on its own port.
     assert {t.component: t.port for t in found} == {
         "gpu-exporter": 9400, "device-plugin": 9401, "dra-kubelet-plugin": 9402, "mig-manager": 9403,
         "gpu-setup": 9404}
     deckhouse = config.cluster.model_copy(update={"node_setup": NodeSetupBackend.DECKHOUSE})
-    assert {t.component for t in monitoring.targets(deckhouse, config.node_groups)} == {
+    plans = {g.name: GroupPlan.of(deckhouse, g) for g in config.node_groups}
+    assert {t.component for t in monitoring.targets(deckhouse, config.node_groups, plans)} == {
         "gpu-exporter", "device-plugin", "mig-manager"}  # Deckhouse's bashible leaves no setup pod to scrape
     objects = [monitoring.monitor("nvidia-gpu", cluster, t) for t in found]
     objects.append(monitoring.prometheus_rule("nvidia-gpu", config.cluster, alerts.rule_groups()))

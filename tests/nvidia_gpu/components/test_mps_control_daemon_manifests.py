@@ -16,6 +16,7 @@ import pytest
 
 from node_agent.deviceplugin import config, mps
 from node_agent.deviceplugin.allocate import MPS_CONTAINER_ROOT
+from nvgpu.stackconfig import GroupPlan
 from nvidia_gpu.components.manifests import workloads
 from nvidia_gpu.components.manifests.workloads import GroupContext
 from tests.nvidia_gpu.components.component_helpers import Engine, by_name, engine, group, of_kind, stack_config
@@ -27,7 +28,8 @@ __all__ = ["engine"]
 
 def _ctx(sharing: str = "MPS") -> GroupContext:
     cfg = stack_config([group("a30", sharing=sharing)])
-    return GroupContext(cfg.cluster.namespace, cfg.cluster, cfg.node_groups[0])
+    (g,) = cfg.node_groups
+    return GroupContext(cfg.cluster.namespace, cfg.cluster, g, GroupPlan.of(cfg.cluster, g))
 
 
 def _pod(ds: dict[str, Any]) -> dict[str, Any]:

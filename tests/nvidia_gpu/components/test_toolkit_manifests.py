@@ -22,7 +22,8 @@ def _ctx(driver: dict[str, Any] | None = None) -> GroupContext:
         {"name": "l4", "nodeSelector": {"matchLabels": {"pool": "l4"}},
          "gpu": {"model": "L4", **({"driver": driver} if driver else {})},
          "toolkit": {"source": "container", "installDir": "/opt/nvidia"}}]})
-    return GroupContext("gpu", cfg.cluster, cfg.node_groups[0])
+    (g,) = cfg.node_groups
+    return GroupContext("gpu", cfg.cluster, g, GroupPlan.of(cfg.cluster, g))
 
 
 def test_the_toolkit_daemonset_installs_on_the_groups_nodes_before_setup() -> None:
