@@ -168,6 +168,16 @@ class NodeWrites:
     def may_remove_label(self, key: str) -> bool:
         return self.may_set_label(key) or any(key in s for s in self.remove_labels)
 
+    def may_set_annotation(self, key: str) -> bool:
+        return any(key in s for s in self.set_annotations)
+
+    def may_remove_annotation(self, key: str) -> bool:
+        return self.may_set_annotation(key) or any(key in s for s in self.remove_annotations)
+
+    def may_set_taint(self, key: str) -> bool:
+        """One of its own taint keys (the node groups' taints, which only the stack names, are not listed)."""
+        return any(key in s for s in self.set_taints)
+
 
 #: The driver upgrade's state on a Node (its controller's, never a node agent's).
 DRIVER_UPGRADE_KEYS = KeySet(keys=(DRIVER_UPGRADE_STATE, DRIVER_UPGRADE_FAILURE),

@@ -13,6 +13,7 @@ from node_agent.cli.check import add_expect_arguments, expectation
 from node_agent.cli.context import AgentContext
 from node_agent.cli.runtime import add_envvar_flag, add_toolkit_dir_flag
 from node_agent.cli.statusflags import add_status_arguments
+from node_agent.kube.nodeowner import NODE_SETUP
 from node_agent.setup import check, flow
 from node_agent.setup.flow import Failure, FlowResult
 from node_agent.setup.monitor import DEFAULT_INTERVAL_S, CheckMonitor
@@ -70,7 +71,7 @@ def run_monitor(args: argparse.Namespace) -> int:
         node = ctx.node_name
 
         def publish(changes: dict[str, str | None]) -> None:
-            ctx.node_api().patch_labels(node, changes)
+            ctx.node_api().patch_labels(node, changes, writer=NODE_SETUP)
 
     monitor = CheckMonitor(lambda: check.run_check(ctx.host, ctx.nvml, args.phase, expect,
                                                    toolkit_dir=args.toolkit_dir), publish=publish)

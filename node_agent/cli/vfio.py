@@ -38,10 +38,11 @@ def run(args: argparse.Namespace) -> int:
         return ctx.fail(e)
     if args.action == "prepare" and args.patch_node:
         from node_agent.kube import KubeError  # noqa: PLC0415 - the Kubernetes client only for --patch-node
+        from node_agent.kube.nodeowner import NODE_SETUP  # noqa: PLC0415
 
         value = "true" if status.ready and status.gpus else None
         try:
-            ctx.node_api().patch_labels(ctx.require_node_name(), {labels.GPU_VFIO_READY: value})
+            ctx.node_api().patch_labels(ctx.require_node_name(), {labels.GPU_VFIO_READY: value}, writer=NODE_SETUP)
         except KubeError as e:
             ctx.emit({"error": str(e), **status.to_dict()}, f"error: {e}")
             return exitcodes.KUBE

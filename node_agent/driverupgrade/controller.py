@@ -11,9 +11,11 @@ round), and the state is on the node: a controller killed between two steps take
 there. One node's refused call is logged and reported; the other nodes go on.
 
 The state on the node is trusted only where the controller wrote it (:mod:`node_agent.driverupgrade.nodestate`:
-its Node writes name :data:`FIELD_MANAGER`, and ``managedFields`` says who last changed each key); another
+its Node writes name its field manager, ``managedFields`` says who last changed each key); another
 client's value is logged, reported in a ``DriverUpgradeStateForged`` Event, not acted on, and written back
-as the controller's record says. The timeouts are measured on the monotonic clock
+as the controller's record says. Every Node write is a :class:`~node_agent.kube.nodeowner.NodeChange` of
+:data:`~node_agent.kube.nodeowner.DRIVER_UPGRADE` (its keys, its field manager), sent by
+:func:`node_agent.kube.nodeowner.patch`. The timeouts are measured on the monotonic clock
 (:meth:`UpgradeController.waited`), so a step of the wall clock fails no node.
 """
 
@@ -47,10 +49,11 @@ from node_agent.driverupgrade.machine import (
     may_start,
     timeout_s,
 )
-from node_agent.driverupgrade.nodestate import FIELD_MANAGER, RECORD_ANNOTATION, Record, Trusted, trusted
+from node_agent.driverupgrade.nodestate import RECORD_ANNOTATION, Record, Trusted, trusted
 from node_agent.host.proc import BOOT_ID_PATH
-from node_agent.kube import events, nodes, pods
+from node_agent.kube import events, nodeowner, nodes, pods
 from node_agent.kube.errors import Conflict, KubeError, NotFound, TooManyRequests
+from node_agent.kube.nodeowner import DRIVER_UPGRADE, NodeChange, retaint
 from node_agent.kube.transport import Kube
 from node_agent.kube.watch import ListWatch
 from nvgpu import labels
@@ -217,6 +220,14 @@ class _Read:
     facts: NodeFacts
     version: str
     seen: Trusted
+
+
+@dataclass(frozen=True)
+class Retaint:
+    """A node's new taint list and the list it was computed from (the ownership check's base)."""
+
+    new: tuple[dict[str, Any], ...]
+    read: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -418,16 +429,15 @@ class UpgradeController:
         return out
 
     # -- acting ----------------------------------------------------------------------------------------
-    def _patch(self, name: str, body: Mapping[str, Any], what: str) -> dict[str, Any]:
-        """One merge patch of the Node as :data:`FIELD_MANAGER`, which ``managedFields`` then names for
-        every key it changed: how the controller later tells its own state from another client's."""
-        obj = self.kube.request("PATCH", nodes.node_path(name), dict(body), query={"fieldManager": FIELD_MANAGER},
-                                what=f"{what} node {name}")
-        return obj if isinstance(obj, dict) else {}
+    def _patch(self, name: str, change: NodeChange, what: str) -> dict[str, Any]:
+        """One merge patch of the Node, signed with the controller's field manager, which ``managedFields``
+        then names for every key it changed: how the controller later tells its own state from another
+        client's."""
+        return nodeowner.patch(self.kube, name, change, what=what)
 
     def _state(self, f: NodeFacts, state: UpgradeState, version: str, *,
                annotations: Mapping[str, str | None] | None = None, unschedulable: bool | None = None,
-               taints: list[dict[str, Any]] | None = None) -> None:
+               taints: Retaint | None = None) -> None:
         """Record ``state`` on the node: the label, when it began (the since annotation, for people) and the
         controller's record of it (what times its wait, and what it puts back if another client rewrites
         its keys), in one patch, so label and record share one managedFields entry."""
@@ -436,19 +446,20 @@ class UpgradeController:
         was = extra[WAS_CORDONED_ANNOTATION] if WAS_CORDONED_ANNOTATION in extra else \
             f.annotations.get(WAS_CORDONED_ANNOTATION)
         record = Record(state, float(since), self.boot_id, self.monotonic(), was)
-        body = nodes.patch_body(labels={STATE_LABEL: state.value},
-                                annotations={SINCE_ANNOTATION: since, RECORD_ANNOTATION: record.encode(), **extra},
-                                unschedulable=unschedulable, taints=taints, resource_version=version)
-        self._patch(f.name, body, what=f"driver upgrade: {state.value}")
+        change = NodeChange(DRIVER_UPGRADE, labels={STATE_LABEL: state.value},
+                            annotations={SINCE_ANNOTATION: since, RECORD_ANNOTATION: record.encode(), **extra},
+                            unschedulable=unschedulable, taints=None if taints is None else taints.new,
+                            taints_read=() if taints is None else taints.read, resource_version=version)
+        self._patch(f.name, change, what=f"driver upgrade: {state.value}")
 
     def _restore(self, f: NodeFacts, seen: Trusted, version: str) -> str:
         """Write the controller's view of the node's state back over what another client wrote (a forged
         key as the controller's record says, or gone), at the resourceVersion the step was decided on, and
         report a forgery in an Event. Answers the node's new resourceVersion, at which the step then goes:
         the restore changed nothing the step was decided on, since the step read the restored view."""
-        body = nodes.patch_body(labels=seen.restore_labels, annotations=seen.restore_annotations,
-                                resource_version=version)
-        obj = self._patch(f.name, body, what="driver upgrade: restore its state")
+        change = NodeChange(DRIVER_UPGRADE, labels=seen.restore_labels, annotations=seen.restore_annotations,
+                            resource_version=version)
+        obj = self._patch(f.name, change, what="driver upgrade: restore its state")
         if seen.forged:
             named = "; ".join(f"{x.key}={x.value!r} by {', '.join(x.managers) or 'an unrecorded manager'}"
                               for x in seen.forged)
@@ -457,7 +468,7 @@ class UpgradeController:
                         warning=True)
         return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
-    def _taints(self, f: NodeFacts, version: str, *, tainted: bool) -> list[dict[str, Any]] | None:
+    def _taints(self, f: NodeFacts, version: str, *, tainted: bool) -> Retaint | None:
         """The node's taints with the upgrade's added or removed (None: no change). Read again at
         ``version``: a taint list is replaced whole, so a Node changed since is a conflict, not a loss."""
         if f.tainted == tainted:
@@ -465,8 +476,8 @@ class UpgradeController:
         node = nodes.get_node(self.kube, f.name)
         if str((node.get("metadata") or {}).get("resourceVersion", "")) != version:
             raise Conflict(f"node {f.name} changed since this step was decided")
-        kept = [t for t in nodes.taints_of(node) if t.get("key") != UPGRADE_TAINT_KEY]
-        return [*kept, dict(UPGRADE_TAINT)] if tainted else kept
+        read = nodes.taints_of(node)
+        return Retaint(retaint(read, UPGRADE_TAINT_KEY, UPGRADE_TAINT if tainted else None), read)
 
     def _event(self, f: NodeFacts, reason: str, message: str, warning: bool) -> None:
         try:
@@ -502,8 +513,8 @@ class UpgradeController:
             # The taint first (one write, at the step's resourceVersion), so the DaemonSets place no new
             # agent here; then the agents go through the Eviction API (their budgets apply).
             if (taints := self._taints(f, version, tainted=True)) is not None:
-                self._patch(f.name, nodes.patch_body(taints=taints, resource_version=version),
-                            what="driver upgrade: taint")
+                self._patch(f.name, NodeChange(DRIVER_UPGRADE, taints=taints.new, taints_read=taints.read,
+                                               resource_version=version), what="driver upgrade: taint")
             for ref in step.pods:
                 try:
                     pods.evict(self.kube, ref.namespace, ref.name)

@@ -44,9 +44,11 @@ from node_agent.driverupgrade.machine import (
     WAS_CORDONED_ANNOTATION,
     UpgradeState,
 )
+from node_agent.kube.nodeowner import DRIVER_UPGRADE
 
-#: The field manager the controller's Node writes name (``?fieldManager=``).
-FIELD_MANAGER = "nvidia-gpu-driver-upgrade"
+#: The field manager the controller's Node writes name (``?fieldManager=``): its writer's, which
+#: :func:`node_agent.kube.nodeowner.patch` signs them with.
+FIELD_MANAGER = DRIVER_UPGRADE.field_manager
 #: The controller's record of the state it wrote (JSON: :class:`Record`), beside the label.
 RECORD_ANNOTATION = "gpu.nvidia-gpu.io/driver-upgrade-record"
 LABELS, ANNOTATIONS = "labels", "annotations"

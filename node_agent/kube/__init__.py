@@ -11,7 +11,10 @@ Protocols of their own (``node_agent.dra.api.DraApi``, ``node_agent.mig.kube.Nod
 * :mod:`.errors`: one hierarchy (``NotFound``, ``Conflict``, ``Gone``, ``Unreachable``...): callers catch
   classes, never status integers;
 * :mod:`.watch`: list then watch, bookmarks, 410 re-list, backoff with jitter, stop;
-* :mod:`.nodes`, :mod:`.events`, :mod:`.pods`, :mod:`.resource_v1`: the few resources the agents touch.
+* :mod:`.nodes`, :mod:`.events`, :mod:`.pods`, :mod:`.resource_v1`: the few resources the agents touch;
+* :mod:`.nodeowner`: whose keys on a Node are whose, and the one way a service changes its Node (every
+  Node write of the labeller, node setup, the MIG manager and the driver upgrade controller);
+* :mod:`.ownnode`: the own Node kept current by a watch.
 
 The official client, but not all of it (decision and measurements in :mod:`.official`): ``import
 kubernetes`` costs 48 MiB of RSS, more than half the device plugin's budget, and its typed models drop

@@ -1,13 +1,15 @@
-"""Node reads and patches: the agent's only way of changing its Node.
+"""Node reads and patches: the primitives under the agent's one way of changing a Node.
 
-Changes are JSON merge patches (:func:`patch_body`): a label or annotation set to ``None`` is deleted,
-keys not mentioned are left alone, so labels owned by others (NFD, the MIG manager, an operator) are
-never overwritten by a read-modify-write. The taint list is the one read-modify-write, as merge patch
-replaces lists whole: a patch carrying it also carries the ``resourceVersion`` it was computed from, so
-the API server refuses it (:class:`~node_agent.kube.errors.Conflict`) instead of dropping a taint
-someone else added meanwhile; the caller re-reads and decides again. Taints are kept as the raw JSON
-read (``timeAdded`` and any field this agent does not model), so other controllers' taints are given
-back byte for byte.
+The services never patch a Node through these directly: each says what it changes as a
+:class:`node_agent.kube.nodeowner.NodeChange`, and :mod:`node_agent.kube.nodeowner` checks that the keys
+are the writer's and sends it here. Changes are JSON merge patches (:func:`patch_body`): a label or
+annotation set to ``None`` is deleted, keys not mentioned are left alone, so labels owned by others (NFD,
+the MIG manager, an operator) are never overwritten by a read-modify-write. The taint list is the one
+read-modify-write, as merge patch replaces lists whole: a patch carrying it also carries the
+``resourceVersion`` it was computed from, so the API server refuses it
+(:class:`~node_agent.kube.errors.Conflict`) instead of dropping a taint someone else added meanwhile; the
+caller re-reads and decides again. Taints are kept as the raw JSON read (``timeAdded`` and any field this
+agent does not model), so other controllers' taints are given back byte for byte.
 """
 
 from __future__ import annotations
@@ -30,9 +32,15 @@ def get_node(kube: Kube, name: str) -> dict[str, Any]:
     return kube.get_object(node_path(name), what=f"read node {name}")
 
 
-def patch_node(kube: Kube, name: str, body: Mapping[str, Any], what: str = "patch") -> dict[str, Any]:
-    """One merge patch of the Node; answers the Node afterwards."""
-    obj = kube.merge_patch(node_path(name), body, what=f"{what} node {name}")
+def patch_node(kube: Kube, name: str, body: Mapping[str, Any], what: str = "patch", *,
+               field_manager: str = "") -> dict[str, Any]:
+    """One merge patch of the Node, as ``field_manager`` when given (``?fieldManager=``, which
+    ``managedFields`` then names for every key it changed); answers the Node afterwards."""
+    if field_manager:
+        obj = kube.request("PATCH", node_path(name), dict(body), query={"fieldManager": field_manager},
+                           what=f"{what} node {name}")
+    else:
+        obj = kube.merge_patch(node_path(name), body, what=f"{what} node {name}")
     return obj if isinstance(obj, dict) else {}
 
 

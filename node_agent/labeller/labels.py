@@ -50,12 +50,12 @@ from node_agent.deviceplugin.named import NamedConfigError
 from node_agent.deviceplugin.nodelabel import ConfigSelector, ConfigSource
 from node_agent.host import HostError, HostRoot, VgpuDevice, VgpuScanError, nvidia_gpus, vgpu_devices
 from node_agent.kube import KubeError
-from node_agent.kube.errors import Conflict
+from node_agent.kube.nodeowner import decide_and_patch
 from node_agent.kube.ownnode import OwnNodeWatch
 from node_agent.kube.watch import WatchTiming
 from node_agent.labeller import gfd, inventory
 from node_agent.labeller.inventory import InventoryContext, Listing
-from node_agent.labeller.nodeconfig import NodePlan, Requested, plan
+from node_agent.labeller.nodeconfig import NodePlan, NodeSnapshot, Requested, plan
 from node_agent.labeller.nodepatch import KubeNodeApi, NodeApi, NodeEnv, WatchedNodeApi, apply_plan, snapshot
 from node_agent.nvml import FabricInfo, GpuInstanceProfile, GpuRecovery, Inventory, NvmlError, NvmlSession
 from node_agent.nvml.xidwatch import XidRecorder, XidSeen
@@ -365,26 +365,25 @@ def patch_node(ctx: NodeEnv, want: Requested, gpu_labels: dict[str, str] | None,
     """
     node = ctx.require_node_name()
     api = ctx.node_api()
-    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
-        snap = snapshot(api, node)
+
+    def decide(snap: NodeSnapshot) -> tuple[NodePlan, str] | None:
         if gated and label_names.GPU_SETUP_COMPLETE not in snap.labels:
             log.info("node setup is not complete (or was undone): not labelling node=%s", node)
-            return {}, None
+            return None
         config = plan(snap, want)
         label_patch = gfd.label_changes(snap.labels, gpu_labels) if gpu_labels is not None else {}
         label_patch |= config.labels
-        full = NodePlan(label_patch, config.annotations, config.taints)
+        full = NodePlan(label_patch, config.annotations, config.taints, config.taints_read)
         if full.empty:
-            return {}, None
-        try:
-            apply_plan(api, node, full, snap.resource_version if gated or full.taints is not None else "")
-        except Conflict:
-            if attempt == CONFLICT_ATTEMPTS:
-                raise
-            log.info("node changed while patching, re-reading node=%s attempt=%d", node, attempt)
-            continue
-        return label_patch, full.taints
-    raise AssertionError("unreachable: the last attempt returns or raises")
+            return None
+        return full, snap.resource_version if gated or full.taints is not None else ""
+
+    # ``snapshot`` and ``apply_plan`` looked up at each call: tests put stand-ins in their place.
+    done = decide_and_patch(lambda: snapshot(api, node), decide, lambda d: apply_plan(api, node, *d),
+                            attempts=CONFLICT_ATTEMPTS, node=node)
+    if done is None:
+        return {}, None
+    return dict(done[0].labels), done[0].taints
 
 
 def withdraw(ctx: NodeEnv, feature_file: str = FEATURE_FILE) -> dict[str, str | None]:

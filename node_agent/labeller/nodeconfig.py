@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from node_agent.kube.nodeowner import LABELLER, claimant_of_label, claimant_of_taint
 from node_agent.labeller import gfd
 from nvgpu import labels as names
 from nvgpu.taints import NodeTaint
@@ -32,9 +33,11 @@ _NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 #: Labels other parts of the agent own: node setup's gate labels (the labeller must never fake them) and the
 #: MIG manager's state and ``nvidia.com/gpu.deploy.*`` pause labels (pinning them would fight a reconfiguration).
+#: Every other writer's own key is refused too (:func:`node_agent.kube.nodeowner.claimant_of_label`).
 RESERVED_LABELS = frozenset({names.GPU_SETUP_COMPLETE, names.GPU_VFIO_READY, names.MIG_CONFIG_STATE})
 RESERVED_LABEL_PREFIXES = (names.GPU_DEPLOY_PREFIX,)
-#: The MIG manager sets and clears this taint around a reconfiguration.
+#: The MIG manager sets and clears this taint around a reconfiguration (and the driver upgrade its own:
+#: :func:`node_agent.kube.nodeowner.claimant_of_taint`).
 RESERVED_TAINTS = frozenset({names.MIG_RECONFIGURE_TAINT_KEY})
 
 
@@ -65,6 +68,8 @@ def parse_label(text: str) -> tuple[str, str]:
     problem = "expected KEY=VALUE" if not eq else _key_problem(key) or _value_problem(value)
     if problem is None and (key in RESERVED_LABELS or key.startswith(RESERVED_LABEL_PREFIXES)):
         problem = f"{key} is set by node setup or the MIG manager, not the labeller"
+    if problem is None and (owner := claimant_of_label(key, LABELLER)) is not None:
+        problem = f"{key} is set by {owner.title}, not the labeller"
     if problem is None and gfd.owned(key):
         problem = f"{key} is a feature-discovery label the labeller computes from the GPUs"
     if problem:
@@ -82,6 +87,8 @@ def parse_taint(text: str) -> NodeTaint:
         problem = f"effect {effect!r} is not one of {', '.join(TAINT_EFFECTS)}"
     elif key in RESERVED_TAINTS:
         problem = f"{key} is set and cleared by the MIG manager, not the labeller"
+    elif (owner := claimant_of_taint(key, LABELLER)) is not None:
+        problem = f"{key} is set and cleared by {owner.title}, not the labeller"
     else:
         problem = _key_problem(key) or _value_problem(value)
     if problem:
@@ -127,6 +134,8 @@ class NodePlan:
     labels: dict[str, str | None]  #: merge-patch entries (``None`` deletes)
     annotations: dict[str, str | None]
     taints: tuple[dict[str, Any], ...] | None  #: the whole new list, or None when unchanged
+    #: The list ``taints`` was computed from, as read (the ownership check tells the changed taints by it).
+    taints_read: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -169,4 +178,4 @@ def plan(node: NodeSnapshot, want: Requested) -> NodePlan:
 
     annotations = _annotation(node.annotations, names.OWNED_NODE_LABELS, new_owned_labels)
     annotations |= _annotation(node.annotations, names.OWNED_NODE_TAINTS, new_owned_taints)
-    return NodePlan(label_patch, annotations, None if unchanged else tuple(new_list))
+    return NodePlan(label_patch, annotations, None if unchanged else tuple(new_list), node.taints)

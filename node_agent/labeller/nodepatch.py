@@ -5,10 +5,12 @@ implements it over the agent's one Kubernetes layer (:mod:`node_agent.kube`), an
 fake or point it at an emulator. Separate from the pure
 planning in ``node_agent.labeller.nodeconfig`` so that one is tested without an API server. The read keeps the raw
 JSON, so foreign taints (``timeAdded`` and any field this agent does not model) are re-sent byte for byte
-when the taint list is rewritten. The patch is one JSON merge patch of labels, annotations and, when it
-changes, the whole taint list; with the Node's ``resourceVersion`` in it the API server answers 409
-(:class:`~node_agent.kube.errors.Conflict`) if the Node changed since the read, instead of dropping a
-concurrent taint.
+when the taint list is rewritten. Every write is a :class:`~node_agent.kube.nodeowner.NodeChange` naming
+its writer (the labeller's plans as :data:`~node_agent.kube.nodeowner.LABELLER`, node setup's labels as
+:data:`~node_agent.kube.nodeowner.NODE_SETUP`), sent by :func:`node_agent.kube.nodeowner.patch`: one JSON
+merge patch of labels, annotations and, when it changes, the whole taint list; with the Node's
+``resourceVersion`` in it the API server answers 409 (:class:`~node_agent.kube.errors.Conflict`) if the
+Node changed since the read, instead of dropping a concurrent taint.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from node_agent.host import HostRoot
-from node_agent.kube import nodes
-from node_agent.kube.errors import Conflict, NotFound
+from node_agent.kube import nodeowner, nodes
+from node_agent.kube.errors import NotFound
+from node_agent.kube.nodeowner import LABELLER, NodeChange, Writer
 from node_agent.kube.ownnode import OwnNodeWatch
 from node_agent.kube.transport import Kube
 from node_agent.labeller.nodeconfig import NodePlan, NodeSnapshot
@@ -35,13 +38,13 @@ class NodeApi(Protocol):
         """The Node as raw JSON (fields this agent does not model kept)."""
         ...
 
-    def patch_node(self, node: str, body: Mapping[str, Any], what: str = "patch") -> dict[str, Any]:
-        """One JSON merge patch; answers the Node afterwards."""
+    def patch_node(self, node: str, change: NodeChange, what: str = "patch") -> dict[str, Any]:
+        """One writer's change (:func:`node_agent.kube.nodeowner.patch`); answers the Node afterwards."""
         ...
 
     def labels(self, node: str) -> dict[str, str]: ...
 
-    def patch_labels(self, node: str, changes: Mapping[str, str | None]) -> dict[str, str]: ...
+    def patch_labels(self, node: str, changes: Mapping[str, str | None], *, writer: Writer) -> dict[str, str]: ...
 
     def daemonset_retired(self, namespace: str, name: str) -> bool: ...
 
@@ -86,17 +89,17 @@ class KubeNodeApi:
     def read_node(self, node: str) -> dict[str, Any]:
         return nodes.get_node(self.kube, node)
 
-    def patch_node(self, node: str, body: Mapping[str, Any], what: str = "patch") -> dict[str, Any]:
-        return nodes.patch_node(self.kube, node, body, what)
+    def patch_node(self, node: str, change: NodeChange, what: str = "patch") -> dict[str, Any]:
+        return nodeowner.patch(self.kube, node, change, what=what)
 
     def labels(self, node: str) -> dict[str, str]:
         return nodes.labels_of(self.read_node(node))
 
-    def patch_labels(self, node: str, changes: Mapping[str, str | None]) -> dict[str, str]:
-        """Apply label changes (``None`` deletes); returns the Node's labels afterwards."""
+    def patch_labels(self, node: str, changes: Mapping[str, str | None], *, writer: Writer) -> dict[str, str]:
+        """Apply ``writer``'s label changes (``None`` deletes); returns the Node's labels afterwards."""
         if not changes:
             return self.labels(node)
-        return nodes.labels_of(self.patch_node(node, nodes.patch_body(labels=changes), what="patch labels of"))
+        return nodes.labels_of(self.patch_node(node, NodeChange(writer, labels=changes), what="patch labels of"))
 
     def daemonset_retired(self, namespace: str, name: str) -> bool:
         """Whether the DaemonSet is gone or being deleted: its group was removed or its stack destroyed
@@ -123,14 +126,8 @@ class WatchedNodeApi(KubeNodeApi):
             return super().read_node(node)
         return self.watch.current()
 
-    def patch_node(self, node: str, body: Mapping[str, Any], what: str = "patch") -> dict[str, Any]:
-        try:
-            obj = super().patch_node(node, body, what)
-        except Conflict:
-            self.watch.invalidate()
-            raise
-        self.watch.offer(obj)
-        return obj
+    def patch_node(self, node: str, change: NodeChange, what: str = "patch") -> dict[str, Any]:
+        return nodeowner.patch(self.kube, node, change, what=what, cache=self.watch)
 
 
 def snapshot(api: NodeApi, node: str) -> NodeSnapshot:
@@ -144,12 +141,17 @@ def snapshot(api: NodeApi, node: str) -> NodeSnapshot:
     )
 
 
+def change(plan: NodePlan, resource_version: str = "") -> NodeChange:
+    """The labeller's plan as its change of the Node."""
+    return NodeChange(LABELLER, labels=plan.labels, annotations=plan.annotations, taints=plan.taints,
+                      taints_read=plan.taints_read, resource_version=resource_version)
+
+
 def patch_body(plan: NodePlan, resource_version: str = "") -> dict[str, Any]:
-    body = nodes.patch_body(labels=plan.labels, annotations=plan.annotations, taints=plan.taints,
-                            resource_version=resource_version)
-    return body or {"metadata": {}}
+    """The merge patch the plan is sent as."""
+    return change(plan, resource_version).body()
 
 
 def apply_plan(api: NodeApi, node: str, plan: NodePlan, resource_version: str = "") -> None:
     """One merge patch; ``resource_version`` (when the API server reported one) guards the taint list."""
-    api.patch_node(node, patch_body(plan, resource_version))
+    api.patch_node(node, change(plan, resource_version))

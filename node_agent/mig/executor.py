@@ -480,7 +480,8 @@ class MigManager:
                 if node.labels.get(key) != "false":
                     new_labels[key] = labels.PAUSED_FOR_MIG_CHANGE
             taints = node.taints if RECONFIGURE_TAINT in node.taints else (*node.taints, RECONFIGURE_TAINT)
-            self._patch(NodePatch(labels=new_labels, taints=tuple(taints), resource_version=node.resource_version))
+            self._patch(NodePatch(labels=new_labels, taints=tuple(taints), resource_version=node.resource_version,
+                                  taints_read=node.taints))
             if a.phase is not None and a.phase is not j.phase:
                 self._save(j.advance(a.phase, o.at))
         elif act is Act.REQUEST_APPROVAL:
@@ -623,7 +624,8 @@ class MigManager:
             annotations[labels.MIG_FAILURE_REASON] = None
         uncordon = False if node.unschedulable and not j.was_unschedulable else None
         self._patch(NodePatch(labels=new_labels, annotations=annotations, taints=taints, unschedulable=uncordon,
-                              resource_version=node.resource_version if taints is not None else ""))
+                              resource_version=node.resource_version if taints is not None else "",
+                              taints_read=node.taints))
         if j.outcome is Outcome.SUCCESS:
             self._remove(FAILED_MARKER)
             self._event(node, "MigReconfigured", f"MIG config {j.config!r} applied", warning=False)

@@ -6,12 +6,14 @@ tested against an in-memory fake; :class:`KubeNodeApi` implements it over the ag
 ``timeAdded``), tested against a fake HTTP API server (kmock) and a real one. Every call is counted
 (``calls``) for the benchmark's API-calls-per-reconfiguration figure.
 
-Node changes are JSON merge patches of ``metadata.labels``/``annotations`` (``None`` deletes a key),
-``spec.taints`` (the whole list, as merge patch replaces lists) and ``spec.unschedulable``: one PATCH
-per step, no read-modify-write of labels, so a concurrent labeller's keys are never overwritten. The
-taint list is the one read-modify-write: a patch carrying it also carries the ``resourceVersion`` it
-was computed from, so the API server refuses it (409) instead of dropping a taint someone else added
-meanwhile; the executor then re-reads the Node and decides again.
+Node changes are :class:`NodePatch` values, sent as the MIG manager's
+:class:`~node_agent.kube.nodeowner.NodeChange` by :func:`node_agent.kube.nodeowner.patch`, which owns the
+rules: JSON merge patches of ``metadata.labels``/``annotations`` (``None`` deletes a key), ``spec.taints``
+(the whole list, as merge patch replaces lists) and ``spec.unschedulable``, only of keys the MIG manager
+owns: one PATCH per step, no read-modify-write of labels, so a concurrent labeller's keys are never
+overwritten. The taint list is the one read-modify-write: a patch carrying it also carries the
+``resourceVersion`` it was computed from, so the API server refuses it (409) instead of dropping a taint
+someone else added meanwhile; the executor then re-reads the Node and decides again.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from node_agent.kube import events, nodes, pods
+from node_agent.kube import events, nodeowner, nodes, pods
 from node_agent.kube.errors import Conflict, Gone, KubeError, TooManyRequests
+from node_agent.kube.nodeowner import MIG_MANAGER, NodeChange
 from node_agent.kube.transport import Kube, Stream
 from node_agent.kube.watch import watch_once
 from nvgpu.taints import NodeTaint
@@ -71,15 +74,19 @@ class NodePatch:
     #: A precondition: apply only to this version of the Node (409 Conflict otherwise). Set with
     #: ``taints``, which replace the whole list computed from that version.
     resource_version: str = ""
+    #: The taint list ``taints`` was computed from (the Node's, as read): what tells the changed taints.
+    taints_read: tuple[NodeTaint, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not self.labels and not self.annotations and self.taints is None and self.unschedulable is None
 
-    def body(self) -> dict[str, Any]:
-        return nodes.patch_body(labels=self.labels, annotations=self.annotations,
-                                taints=None if self.taints is None else [t.as_dict() for t in self.taints],
-                                unschedulable=self.unschedulable, resource_version=self.resource_version)
+    def change(self) -> NodeChange:
+        """The MIG manager's change of its Node."""
+        return NodeChange(MIG_MANAGER, labels=self.labels, annotations=self.annotations,
+                          taints=None if self.taints is None else tuple(t.as_dict() for t in self.taints),
+                          taints_read=tuple(t.as_dict() for t in self.taints_read),
+                          unschedulable=self.unschedulable, resource_version=self.resource_version)
 
 
 class NodeApi(Protocol):
@@ -178,7 +185,7 @@ class KubeNodeApi:
     def patch_node(self, patch: NodePatch) -> NodeView:
         if patch.empty:
             return self.read_node()
-        return node_view(nodes.patch_node(self.kube, self.node_name, patch.body()))
+        return node_view(nodeowner.patch(self.kube, self.node_name, patch.change()))
 
     def pods_on_node(self) -> tuple[PodView, ...]:
         return tuple(pod_view(p) for p in pods.pods_on_node(self.kube, self.node_name))

@@ -17,6 +17,7 @@ from typing import Any
 
 from node_agent.host import HostError, HostRoot, Refused, nvidia_gpus, osinfo
 from node_agent.kube import KubeError
+from node_agent.kube.nodeowner import NODE_SETUP, labels_to_patch
 from node_agent.labeller.labels import withdraw as withdraw_labels
 from node_agent.labeller.nodepatch import NodeEnv
 from node_agent.setup import devnodes
@@ -224,11 +225,9 @@ def _patch(ctx: NodeEnv, result: FlowResult, wanted: dict[str, str | None], patc
     try:
         node = ctx.require_node_name()
         api = ctx.node_api()
-        current = api.labels(node)
-        wanted = {**wanted, **{k: None for k, v in (remove_if or {}).items() if current.get(k) == v}}
-        changes = {k: v for k, v in wanted.items() if current.get(k) != v and not (v is None and k not in current)}
+        changes = labels_to_patch(api.labels(node), wanted, remove_if=remove_if)
         if changes:
-            api.patch_labels(node, changes)
+            api.patch_labels(node, changes, writer=NODE_SETUP)
         result.label_changes = changes
     except KubeError as e:
         result.fail("node-labels", str(e), Failure.KUBE)

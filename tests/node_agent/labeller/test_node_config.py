@@ -15,6 +15,7 @@ from node_agent.labeller import labels as labels_cmd
 from node_agent.labeller import nodepatch
 from node_agent.labeller.nodeconfig import NodeConfigError, NodeSnapshot, Requested, parse_label, parse_taint, plan
 from nvgpu import labels
+from nvgpu.driver import UPGRADE_TAINT_KEY
 from nvgpu.taints import NodeTaint
 from tests.kit.fakehost import build_fake_host
 from tests.node_agent.agent_testkit import ApiServer, Cli
@@ -95,6 +96,14 @@ def test_bad_taints_name_the_flag_and_value(text: str, problem: str) -> None:
     with pytest.raises(NodeConfigError) as err:
         parse_taint(text)
     assert str(err.value).startswith(f"--node-taint {text!r}: ") and problem in str(err.value)
+
+
+def test_another_writers_keys_are_refused() -> None:
+    """Keys node_agent.kube.nodeowner gives another writer: the labeller would fight it over them."""
+    with pytest.raises(NodeConfigError, match="is set by node setup, not the labeller"):
+        parse_label(f"{labels.NODE_CHECK}=ok")
+    with pytest.raises(NodeConfigError, match="set and cleared by the driver upgrade controller"):
+        parse_taint(f"{UPGRADE_TAINT_KEY}=true:NoSchedule")
 
 
 def test_repeated_keys_are_refused() -> None:

@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client
 
 from node_agent.kube import transport
+from node_agent.kube.nodeowner import LABELLER
 from node_agent.kube.ownnode import OwnNodeWatch
 from node_agent.kube.watch import WatchTiming
 from node_agent.labeller.nodepatch import WatchedNodeApi
@@ -67,7 +68,7 @@ def test_a_patch_answer_is_kept_and_a_conflict_drops_the_copy(kmock_url: str, ac
     w = OwnNodeWatch(kube, NODE, timing=KMOCK)  # not started: only offers and reads
     api_ = WatchedNodeApi(kube, w)
     assert api_.labels(NODE)["team"] == "ml" and w.gets == 1
-    api_.patch_labels(NODE, {"nvidia.com/gpu.present": "true"})
+    api_.patch_labels(NODE, {"nvidia.com/gpu.present": "true"}, writer=LABELLER)
     assert api_.labels(NODE)["nvidia.com/gpu.present"] == "true" and w.gets == 1  # the patch's answer
     w.offer({"metadata": {"name": NODE, "resourceVersion": "10", "labels": {"v": "10"}}})
     w.offer({"metadata": {"name": NODE, "resourceVersion": "9", "labels": {"v": "9"}}})

@@ -159,6 +159,8 @@ class FakeNode:
         return self.view()
 
     def patch_node(self, patch: NodePatch) -> NodeView:
+        # What node_agent.kube.nodeowner.patch refuses on the real API: a key that is not the MIG manager's.
+        assert not patch.change().not_owned(), patch.change().not_owned()
         self.calls += 1
         self.patches += 1
         if self.crash_on_patch == self.patches:

@@ -102,7 +102,7 @@ def _core(url: str) -> Any:
 def test_node_api_over_http() -> None:
     with kmock_server() as url:
         core = _core(url)
-        core.create_node({"metadata": {"name": "n1", "labels": {"a": "b"}}})
+        core.create_node({"metadata": {"name": "n1", "labels": {labels.MIG_CONFIG: "b"}}})
         core.create_namespaced_pod("ml", {"metadata": {"name": "train", "namespace": "ml"}, "spec": {
             "nodeName": "n1", "containers": [{"name": "c", "image": "i", "resources": {
                 "limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}})
@@ -110,9 +110,10 @@ def test_node_api_over_http() -> None:
             "nodeName": "n2", "containers": [{"name": "c", "image": "i"}]}})
         node = KubeNodeApi(kube(url), "n1")
         taint = NodeTaint("mig-reconfigure", "true", "NoSchedule")
-        view = node.patch_node(NodePatch(labels={"a": None, "c": "d"}, annotations={labels.DRAINING: "x"},
-                                         taints=(taint,), unschedulable=True))
-        assert view.labels == {"c": "d"} and view.annotations == {labels.DRAINING: "x"}
+        # Keys of the MIG manager's only (node_agent.kube.nodeowner refuses others' before any request).
+        view = node.patch_node(NodePatch(labels={labels.MIG_CONFIG: None, labels.MIG_CONFIG_STATE: "d"},
+                                         annotations={labels.DRAINING: "x"}, taints=(taint,), unschedulable=True))
+        assert view.labels == {labels.MIG_CONFIG_STATE: "d"} and view.annotations == {labels.DRAINING: "x"}
         assert view.taints == (NodeTaint("mig-reconfigure", "true", "NoSchedule"),) and view.unschedulable
         (pod,) = node.pods_on_node()
         assert pod.ref == "ml/train" and pod.gpu_requests == ("nvidia.com/mig-1g.10gb",)
