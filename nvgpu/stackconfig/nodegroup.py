@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from nvgpu import catalogue, labels
+from nvgpu import driver as driverspec
 from nvgpu.errortext import shown
 from nvgpu.k8snames import check_dns_label, check_key, check_label_value
 from nvgpu.mig import balanced_layout
@@ -168,7 +169,8 @@ class NodeGroup(ConfigModel):
     def _taints(self) -> NodeGroup:
         """Taints the API server refuses (two with one key and effect) or that would be lost or fought over:
         the GPU taint's key while ``gpuTaint`` sets it, a key the node lifecycle controller or the cloud
-        provider owns, the MIG manager's own taint."""
+        provider owns, the MIG manager's or the driver upgrade's own taint (``node_agent.kube.nodeowner``
+        refuses the labeller another writer's key)."""
         problems: list[tuple[Loc, str]] = []
         seen: dict[tuple[str, str], int] = {}
         for i, t in enumerate(self.extra_taints):
@@ -183,6 +185,9 @@ class NodeGroup(ConfigModel):
             elif t.key == labels.MIG_RECONFIGURE_TAINT_KEY:
                 problems.append((where, f"{t.key} is the MIG manager's own taint (set while it reconfigures); "
                                         "choose another key"))
+            elif t.key == driverspec.UPGRADE_TAINT_KEY:
+                problems.append((where, f"{t.key} is the driver upgrade's own taint (set while it replaces a "
+                                        "node's driver; the labeller may not write it); choose another key"))
             elif t.key in CONTROLLER_TAINTS:
                 problems.append((where, f"{t.key} is a taint Kubernetes' node controllers set and remove by "
                                         "themselves; choose another key"))

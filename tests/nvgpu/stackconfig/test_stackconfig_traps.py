@@ -132,6 +132,7 @@ def test_two_taints_with_one_key_and_effect_are_refused_as_the_api_server_would(
     ("node.kubernetes.io/out-of-service", "a taint Kubernetes' node controllers set and remove by themselves"),
     ("node.cloudprovider.kubernetes.io/uninitialized", "a taint Kubernetes' node controllers set"),
     ("mig-reconfigure", "the MIG manager's own taint"),
+    ("gpu.nvidia-gpu.io/driver-upgrade", "the driver upgrade's own taint"),
 ])
 def test_taints_owned_by_someone_else_are_refused(key: str, why: str) -> None:
     problem = _one(_taints({"key": key, "effect": "NoSchedule"}))
