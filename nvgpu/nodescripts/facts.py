@@ -51,6 +51,8 @@ CONTROL_NODES: dict[str, tuple[tuple[str, ...], int]] = {
     "/dev/nvidia-uvm": ((UVM_MAJOR_NAME,), 0),
     "/dev/nvidia-uvm-tools": ((UVM_MAJOR_NAME,), 1),
 }
+#: The driver's own kernel module.
+NVIDIA_MODULE = "nvidia"
 #: The kernel module ``nvidia-uvm`` (``/proc/modules`` names it ``nvidia_uvm``), loaded when ``nvidia`` is.
 UVM_MODULE = "nvidia-uvm"
 MODPROBE_TIMEOUT_S = 30
@@ -64,7 +66,7 @@ CONTROL_MODE = 0o666
 DEVNODES_FEATURE = "devnodes"
 DEVNODES_JOURNAL = f"{STATE_DIR}/rollback/{DEVNODES_FEATURE}/manifest.json"
 DEVNODES_LOCK = f"{STATE_DIR}/{DEVNODES_FEATURE}.lock"
-REQUIRED_MODULES = ("nvidia", "nvidia_uvm")
+REQUIRED_MODULES = (NVIDIA_MODULE, "nvidia_uvm")
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
 VFIO_DRIVER = "vfio-pci"
 #: PCI class prefixes of GPUs: 0x0300 VGA controller, 0x0302 3D controller.
