@@ -14,9 +14,9 @@ API (for the components)::
   and it is not) and ``mknod`` the missing ``/dev/nvidiactl``, ``nvidia-modeset``, ``nvidia-uvm``,
   ``nvidia-uvm-tools``, ``/dev/nvidia<minor>`` and ``/dev/nvidia-caps/nvidia-cap{config,monitor}`` with the
   kernel's majors (``/proc/devices``) and minors, as ``nvidia-ctk system create-device-nodes`` and the agent's
-  setup (``node_agent.setup.devnodes``) do (both from ``plan.DEVICES``), each recorded first in the agent's setup journal
-  (``/var/lib/nvidia-gpu-agent/rollback/devnodes/manifest.json``), so the agent's teardown removes exactly
-  those. Prints ``nvidia-gpu-devices result=ok|failed loaded=… made=…``; a failure (``nvidia-uvm`` that
+  setup (``node_agent.setup.devnodes``) do (both from ``plan.DEVICES``), each recorded first in the agent's
+  setup journal (``/var/lib/nvidia-gpu-agent/rollback/devnodes/manifest.json``), so the agent's teardown
+  removes exactly those. Prints ``nvidia-gpu-devices result=ok|failed loaded=… made=…``; a failure (``nvidia-uvm`` that
   cannot be loaded) is left to the check, which finds it missing, unless rendered with ``strict_check=True``.
 * ``gpu-check.sh`` (weight 25): the node check (it reports device nodes, never makes them). Silent
   success without an NVIDIA GPU; otherwise it checks the driver version (catalogue minima), kernel

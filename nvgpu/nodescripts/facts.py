@@ -34,7 +34,8 @@ NVIDIACTL = "/dev/nvidiactl"
 # The device nodes node setup makes on a freshly booted node (the agent's ``node_agent.setup.devnodes``,
 # Deckhouse's ``gpu-devices.sh``), as ``nvidia-ctk system create-device-nodes --control-devices
 # --load-kernel-modules`` does (nvidia-container-toolkit ``internal/system/nvdevices/control-device-nodes.go``,
-# ``internal/system/nvmodules/modules.go``): the driver registers majors but makes no /dev node.
+# ``internal/system/nvmodules/modules.go``): the driver registers majors but makes no /dev node. The step itself
+# is ``nvgpu.nodescripts.plan.DEVICES``, built from these.
 PROC_DEVICES = "/proc/devices"
 #: Minor numbers of the MIG capability device nodes (``/dev/nvidia-caps/nvidia-cap<N>``).
 MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"

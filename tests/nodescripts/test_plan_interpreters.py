@@ -38,7 +38,7 @@ from nvgpu.nodescripts.bashplan import (
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.plan import FormerFile, KernelModule, KernelSetting, ManagedFile, NonEmptyDir, StepPlan
 from nvgpu.nodescripts.render import _common, _fill
-from nvml_sim.host import CAPS_MAJOR, device_node_stand_in
+from nvml_sim.host import CAPS_MAJOR, NVIDIA_MAJOR, device_node_stand_in
 from tests.kit.fakehost import FakeHost, build_fake_host
 from tests.kit.recording_exec import Call, RecordingExec
 
@@ -529,3 +529,25 @@ def test_a_module_the_host_cannot_load_fails_with_the_plans_words(tmp_path: Path
     assert module.timed_out == ("cannot load nvidia-uvm: modprobe nvidia-uvm did not finish in "
                                 f"{facts.MODPROBE_TIMEOUT_S}s")
     assert not host.path("/dev/nvidiactl").exists()  # nothing made once the module failed
+
+
+def test_a_node_that_cannot_be_made_fails_alike(tmp_path: Path) -> None:
+    """mknod refused (a container without CAP_MKNOD): the step fails on both sides with the plan's words, after
+    journaling the node it tried (its rollback finds nothing there)."""
+    by_bash, by_agent = (build_fake_host(tmp_path / side, "a30x4", **_fresh()) for side in ("bash", "agent"))
+    by_bash.put("/usr/bin/mknod", "#!/bin/sh\necho \"mknod: '$3': Operation not permitted\" >&2\nexit 1\n")
+    by_bash.path("/usr/bin/mknod").chmod(0o755)
+
+    def refused(local: Path, major: int, minor: int, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted", str(local))
+
+    script = tmp_path / "devices.sh"
+    script.write_text(_devices_script(plan.DEVICES))
+    ran = subprocess.run(["bash", str(script)], env=by_bash.env(), capture_output=True, text=True, timeout=60,
+                         check=False)
+    with pytest.raises(HostError) as failed:
+        executor.apply_devices(HostRoot(by_agent.root, mknod=refused), plan.DEVICES)
+    assert str(failed.value) == plan.fill(plan.DEVICES.cannot_make, {
+        "path": "/dev/nvidiactl", "major": str(NVIDIA_MAJOR), "minor": "255", "why": "Operation not permitted"})
+    assert "result=failed" in ran.stdout and f"ERROR: {plan.DEVICES.log}: {failed.value}" in ran.stderr
+    assert _devices_state(by_bash) == _devices_state(by_agent)
