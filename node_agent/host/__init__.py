@@ -4,10 +4,10 @@
 goes through: the real ``HostExec``, or the test kit's recording one), ``errors`` (the layer's errors,
 below ``root`` and ``exec`` both), ``atomic`` (the atomic write and the one lock primitive,
 ``exclusive_lock``), ``statefile`` (the format of the agent's own state files), ``proc`` (driver version,
-modules, GPU minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA nodes), ``vgpu`` (vGPU guests
-and their host driver, from the PCI config space), ``driverroot`` (where the NVIDIA driver's user-space
-files live, looked up inside that root only: what ``nvml``, ``cdi`` and ``exec`` all need, so it sits
-below them).
+modules, GPU minors, character majors, MIG minors), ``pci`` (GPUs on the bus, drivers, IOMMU groups, NUMA
+nodes), ``vgpu`` (vGPU guests and their host driver, from the PCI config space), ``driverroot`` (where the
+NVIDIA driver's user-space files live, looked up inside that root only: what ``nvml``, ``cdi`` and ``exec`` all
+need, so it sits below them).
 
 The services hold narrow protocols of their own (the device plugin's ``HostFiles``, the DRA driver's
 ``HostPaths``, the MIG manager's ``StateFiles``/``JournalFiles``) and production passes a ``HostRoot``

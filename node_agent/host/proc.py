@@ -7,7 +7,13 @@ from pathlib import Path
 from typing import Protocol
 
 from node_agent.host.root import HostError, HostRoot
-from nvgpu.nodescripts.facts import DRIVER_VERSION_FILE, NVIDIA_GPUS_PROC_DIR, PROC_MODULES, SYS_MODULE_DIR
+from nvgpu.nodescripts.facts import (
+    DRIVER_VERSION_FILE,
+    NVIDIA_GPUS_PROC_DIR,
+    PROC_DEVICES,
+    PROC_MODULES,
+    SYS_MODULE_DIR,
+)
 
 # The caps nodes' minors: a fact of node setup (gpu-devices.sh reads it too), re-exported for the host layer.
 from nvgpu.nodescripts.facts import MIG_MINORS_PATH as MIG_MINORS_PATH  # noqa: PLC0414
@@ -66,6 +72,29 @@ def gpu_minors(host: HostRoot) -> dict[str, int]:
         if m:
             out[bus.lower()] = int(m.group(1))
     return out
+
+
+_DEVICE_LINE = re.compile(r"^\s*(\d+)\s+(\S+)\s*$")
+
+
+def parse_proc_devices(text: str) -> dict[str, int]:
+    """Name -> major of the character devices in ``/proc/devices`` (fs/proc/devices.c: a ``Character devices:``
+    section of ``%3d %s`` lines, a blank line, then ``Block devices:``, which is left out)."""
+    out: dict[str, int] = {}
+    section = ""
+    for line in text.splitlines():
+        if line.endswith(":") and not line[:1].isspace() and not line[:1].isdigit():
+            section = line
+            continue
+        m = _DEVICE_LINE.match(line)
+        if m and section == "Character devices:":
+            out.setdefault(m.group(2), int(m.group(1)))
+    return out
+
+
+def char_majors(host: HostRoot) -> dict[str, int]:
+    """The character-device majors the kernel has published (``/proc/devices``; none when it cannot be read)."""
+    return parse_proc_devices(host.read_text_or_none(PROC_DEVICES) or "")
 
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"

@@ -2,7 +2,8 @@
 roll it back; the node check's requirements (:func:`check_findings`) and its checks of what it found out
 against the declaration (:func:`input_findings`); a file chosen by host facts
 (:func:`choose`, :func:`read_ours`); the edit of a file of someone else's (:func:`block_edited`,
-:func:`block_restored`).
+:func:`block_restored`); the device nodes of a :class:`~nvgpu.nodescripts.plan.DevicePlan` (:func:`apply_devices`,
+:func:`rollback_devices`).
 
 Why: a step declared as a plan is applied here for the DaemonSet backend and rendered as bash for Deckhouse
 (``nvgpu.nodescripts.bashplan``) from the same declaration, so the two backends cannot drift. This module only
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from node_agent.host import CommandNotFound, HostError, HostRoot, NotOurs, gpu_minors, loaded_modules
+from node_agent.host.proc import char_majors, parse_mig_minors
 from node_agent.host.root import CommandTimeout
 from node_agent.setup.journal import Journal
 from nvgpu import catalogue
@@ -29,17 +31,23 @@ from nvgpu.nodescripts import facts
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.facts import Reason
 from nvgpu.nodescripts.plan import (
+    CapNodes,
     Check,
     ChosenFile,
     ComputeAtLeast,
+    ControlNode,
+    DeviceNodes,
+    DevicePlan,
     DriverAtLeast,
     DriverDeclared,
     FabricReady,
+    GpuNodes,
     GpuNodesExist,
     InputCheck,
     MarkedBlock,
     ModuleLoaded,
     ModulesDeclared,
+    ModuleWhenLoaded,
     NodeExists,
     ProgramInstalled,
     StepPlan,
@@ -346,3 +354,128 @@ def rollback_plan(host: HostRoot, plan: StepPlan) -> PlanResult:
                 result.live[name] = value
         host.remove(plan.previous_file)
     return result
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A device node a :class:`DevicePlan` wants on this host: ``c major:minor`` at ``path`` with ``mode``."""
+
+    path: str
+    major: int
+    minor: int
+    mode: int
+
+
+@dataclass
+class DevicesResult:
+    """What :func:`apply_devices` did: the nodes made, the modules it loaded, and the nodes it could not make
+    (and why)."""
+
+    created: list[str] = field(default_factory=list)
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+
+def load_when(host: HostRoot, modules: Iterable[ModuleWhenLoaded]) -> list[str]:
+    """Load each module whose ``when`` module is loaded and it is not; the ones loaded. A failure is a
+    :class:`HostError` worded by the plan."""
+    out: list[str] = []
+    for m in modules:
+        loaded = loaded_modules(host)
+        if m.when not in loaded or m.loaded_name in loaded:
+            continue
+        try:
+            result = host.run(["modprobe", m.name], timeout_s=facts.MODPROBE_TIMEOUT_S)
+        except CommandNotFound as e:
+            raise HostError(m.not_found) from e
+        except CommandTimeout as e:
+            raise HostError(m.timed_out) from e
+        if not result.ok:
+            output = (result.stderr or result.stdout).strip() or m.no_output
+            raise HostError(fill(m.failed, {"rc": str(result.returncode), "output": output}))
+        out.append(m.name)
+    return out
+
+
+def _first_major(majors: dict[str, int], names: Iterable[str]) -> int | None:
+    return next((majors[n] for n in names if n in majors), None)
+
+
+def wanted_nodes(host: HostRoot, items: Iterable[DeviceNodes], mig_caps: Iterable[str] = ()
+                 ) -> tuple[list[DeviceNode], list[str]]:
+    """The nodes ``items`` want on this host now, in order, and why some cannot be made (a major or minor the
+    kernel has not published). ``mig_caps``: ``mig-minors`` keys of instances that exist (the MIG manager's),
+    whose caps nodes a :class:`CapNodes` wants as well."""
+    majors = char_majors(host)
+    caps = list(mig_caps)
+    nodes: list[DeviceNode] = []
+    missing: list[str] = []
+    for item in items:
+        if isinstance(item, ControlNode):
+            major = _first_major(majors, item.majors)
+            if major is None:
+                missing.append(item.missing)
+            else:
+                nodes.append(DeviceNode(item.path, major, item.minor, item.mode))
+        elif isinstance(item, GpuNodes):
+            major = _first_major(majors, item.majors)
+            if major is not None:
+                nodes += [DeviceNode(f"{item.prefix}{minor}", major, minor, item.mode)
+                          for minor in sorted(set(gpu_minors(host).values()))]
+        elif isinstance(item, CapNodes):
+            major = majors.get(item.major)
+            text = host.read_text_or_none(item.minors_file)
+            if major is None or text is None:
+                if caps:
+                    missing.append(item.unavailable)
+                continue
+            table = parse_mig_minors(text)
+            modes = dict(item.modes)
+            for cap in [*modes, *(c for c in caps if c not in modes)]:
+                if cap not in table:
+                    if cap not in modes:
+                        missing.append(item.not_listed(cap))
+                    continue
+                nodes.append(DeviceNode(f"{item.directory}/nvidia-cap{table[cap]}", major, table[cap],
+                                        modes.get(cap, item.access_mode)))
+    return nodes, missing
+
+
+def make_nodes(host: HostRoot, plan: DevicePlan, nodes: Iterable[DeviceNode]) -> list[str]:
+    """Make each node where nothing is at its path (whoever made what is there), recorded in the plan's journal
+    before it is made; the paths made. A node that cannot be made is a :class:`HostError` worded by the plan."""
+    created: list[str] = []
+    journal: Journal | None = None
+    for node in nodes:
+        if host.exists(node.path) or host.path(node.path).is_symlink():
+            continue
+        journal = journal or Journal(host, plan.name)
+        journal.record(node.path)
+        try:
+            made = host.make_char_device(node.path, node.major, node.minor, node.mode)
+        except HostError as e:
+            cause = e.__cause__
+            why = (cause.strerror if isinstance(cause, OSError) else None) or str(cause or e)
+            raise HostError(fill(plan.cannot_make, {"path": node.path, "major": str(node.major),
+                                                    "minor": str(node.minor), "why": why}), node.path) from e
+        if made:
+            created.append(node.path)
+    return created
+
+
+def apply_devices(host: HostRoot, plan: DevicePlan, *, load_modules: bool = True, mig_caps: Iterable[str] = ()
+                  ) -> DevicesResult:
+    """Apply a device plan: its modules loaded (``load_modules``), then every node it wants that is absent made,
+    each journaled first. Idempotent: a second run makes nothing. The caller holds the step's lock."""
+    result = DevicesResult()
+    if load_modules:
+        result.loaded = load_when(host, plan.modules)
+    nodes, result.missing = wanted_nodes(host, plan.nodes, mig_caps)
+    result.created = make_nodes(host, plan, nodes)
+    return result
+
+
+def rollback_devices(host: HostRoot, plan: DevicePlan) -> list[str]:
+    """Remove the nodes a device plan made (and the directories made for them), from its journal: nothing else,
+    whether the agent or the script made them."""
+    return Journal(host, plan.name).restore()

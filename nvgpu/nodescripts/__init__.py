@@ -14,9 +14,9 @@ API (for the components)::
   and it is not) and ``mknod`` the missing ``/dev/nvidiactl``, ``nvidia-modeset``, ``nvidia-uvm``,
   ``nvidia-uvm-tools``, ``/dev/nvidia<minor>`` and ``/dev/nvidia-caps/nvidia-cap{config,monitor}`` with the
   kernel's majors (``/proc/devices``) and minors, as ``nvidia-ctk system create-device-nodes`` and the agent's
-  setup (``node_agent.setup.devnodes``) do, each recorded first in the agent's setup journal
-  (``/var/lib/nvidia-gpu-agent/rollback/devnodes/manifest.json``), so the agent's teardown removes exactly
-  those. Prints ``nvidia-gpu-devices result=ok|failed loaded=… made=…``; a failure (``nvidia-uvm`` that
+  setup (``node_agent.setup.devnodes``) do (both from ``plan.DEVICES``), each recorded first in the agent's
+  setup journal (``/var/lib/nvidia-gpu-agent/rollback/devnodes/manifest.json``), so the agent's teardown
+  removes exactly those. Prints ``nvidia-gpu-devices result=ok|failed loaded=… made=…``; a failure (``nvidia-uvm`` that
   cannot be loaded) is left to the check, which finds it missing, unless rendered with ``strict_check=True``.
 * ``gpu-check.sh`` (weight 25): the node check (it reports device nodes, never makes them). Silent
   success without an NVIDIA GPU; otherwise it checks the driver version (catalogue minima), kernel
@@ -32,9 +32,10 @@ API (for the components)::
   is kept in the agent state dir for rollback), then sets ``node.deckhouse.io/gpu-setup-complete``
   when the check said ok and the runtime is ready, and removes it otherwise.
 
-Steps declared once as plans (``plan``: the sysctl and VFIO steps, the check's host requirements) are rendered
-into these scripts by ``bashplan`` and applied by the agent's ``node_agent.setup.executor``; the rest is written
-per backend from shared ``facts`` and ``content`` (docs/node-setup.md).
+Steps declared once as plans (``plan``: the sysctl, VFIO and device-node steps, the runtime's drop-in, the toolkit
+config's block, the check's requirements and judgements) are rendered into these scripts by ``bashplan`` and
+applied by the agent's ``node_agent.setup.executor``; the rest is written per backend from shared ``facts`` and
+``content`` (docs/node-setup.md).
 
 ``root_prefix`` (default ``""``) is the default of ``$NVIDIA_GPU_ROOT``, which prefixes every host
 path; ``check_phase="all"`` makes the check also require a ready runtime. Commands come from PATH.

@@ -19,10 +19,15 @@ The check's items on what it found out before (``plan.DRIVER_CHECKS`` ...) rende
 
 The node check's requirements (``plan.HOST_CHECKS``, ``plan.RUNTIME_CHECKS``) render with :func:`render_checks`
 as calls of the check's ``fail REASON MESSAGE``, the agent's findings (``executor.check_findings``).
+
+A :class:`~nvgpu.nodescripts.plan.DevicePlan` renders with :func:`render_devices` as the module loads, the list
+of wanted nodes and the ``mknod`` loop the agent's ``executor.apply_devices`` runs; the script's frame
+(``templates.DEVICES``) holds the lock, the journal's writer and the result line.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from nvgpu.nodescripts import facts
@@ -30,12 +35,16 @@ from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.facts import Reason
 from nvgpu.nodescripts.plan import (
     SLOT_RE,
+    CapNodes,
     Check,
     ChosenFile,
     ComputeAtLeast,
+    ControlNode,
+    DevicePlan,
     DriverAtLeast,
     DriverDeclared,
     FabricReady,
+    GpuNodes,
     GpuNodesExist,
     InputCheck,
     MarkedBlock,
@@ -365,4 +374,134 @@ def render_plan(plan: StepPlan, *, refuse: str = "") -> str:
                 'if [[ ! -e "${plan_entries[0]}" ]]; then',
                 f"  plan_problems+=({_q(r.problem)})",
                 "fi"]
+    return "\n".join(out) + "\n"
+
+
+def _proc_major() -> list[str]:
+    """``proc_major NAME...``: the character-device major of the first NAME ``/proc/devices`` lists (its
+    ``Character devices:`` section only, as nvidia-container-toolkit ``internal/info/proc/devices/devices.go`` and
+    the agent's ``parse_proc_devices`` read it); fails when none is listed."""
+    return ["# proc_major NAME...: the character-device major of the first NAME /proc/devices lists (its \"Character",
+            "# devices:\" section only, as the agent's node_agent.host.proc.parse_proc_devices reads it).",
+            "proc_major() {",
+            "  local name m",
+            '  for name in "$@"; do',
+            "    m=\"$(awk -v n=\"$name\" '",
+            '      /^[^[:space:][:digit:]].*:$/ { chars = ($0 == "Character devices:"); next }',
+            "      chars && NF == 2 && $1 ~ /^[0-9]+$/ && $2 == n { print $1 + 0; exit }' \\",
+            f'      "${{ROOT}}"{_q(facts.PROC_DEVICES)} 2>/dev/null || true)"',
+            '    if [[ -n "$m" ]]; then',
+            '      echo "$m"',
+            "      return 0",
+            "    fi",
+            "  done",
+            "  return 1",
+            "}"]
+
+
+def _plain(path: str) -> str:
+    """``path`` as it goes into a double-quoted word of the script's list of nodes (one word, nothing to expand)."""
+    if not re.fullmatch(r"[A-Za-z0-9/._-]+", path):
+        raise ValueError(f"{path!r}: a device node's path is a plain word in the script's list")
+    return path
+
+
+def render_devices(plan: DevicePlan, *, fail: str) -> str:
+    """The bash applying ``plan`` as the agent's ``executor.apply_devices`` does (``load_modules``, no MIG
+    instances: those are the agent's MIG manager's): each module loaded, then the wanted nodes listed in
+    ``plan_wanted`` (``PATH MAJOR MINOR MODE``), then each absent one made. ``fail``: the script's function that
+    logs its argument and ends the step. The script defines ``journal_open`` (called once before the first node
+    is made: it reads the journal, ``fail`` when it is not one the script can extend) and ``journal_record PATH``
+    (records PATH before it is made), and declares the arrays ``plan_loaded`` and ``plan_made``, which this
+    appends the modules loaded and the nodes made to."""
+    log = f"{plan.log}: "
+    out = [f"# Rendered from nvgpu.nodescripts.plan ({plan.name}); the agent applies the same plan",
+           "# (node_agent.setup.executor.apply_devices)."]
+    modules_file = f'"${{ROOT}}"{_q(facts.PROC_MODULES)}'
+    for m in plan.modules:
+        out += [f"# {m.name}, when {m.when} is loaded and it is not (a node without the driver is left to the check).",
+                f"if [[ -e {modules_file} ]]; then",
+                f'  plan_modules="$(cat {modules_file} 2>/dev/null || true)"',
+                "else",
+                '  plan_modules="$(live_modules)"  # a kernel without loadable-module support (no /proc/modules)',
+                "fi",
+                f'if grep -q {_q(f"^{m.when} ")} <<<"$plan_modules" && '
+                f'! grep -q {_q(f"^{m.loaded_name} ")} <<<"$plan_modules"; then',
+                "  if ! command -v modprobe >/dev/null 2>&1; then",
+                f"    {fail} {_q(m.not_found)}",
+                "  fi",
+                "  plan_rc=0",
+                f'  plan_out="$(timeout -k 5 {facts.MODPROBE_TIMEOUT_S} modprobe {_q(m.name)} 2>&1)" || plan_rc=$?',
+                "  if ((plan_rc == 124 || plan_rc == 137)); then",
+                f"    {fail} {_q(m.timed_out)}",
+                "  elif ((plan_rc != 0)); then",
+                """    plan_out="$(sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' <<<"$plan_out")\"""",
+                '    if [[ -z "$plan_out" ]]; then',
+                f"      plan_out={_q(m.no_output)}",
+                "    fi",
+                f"    {fail} {_slotted(m.failed, {'rc': 'plan_rc', 'output': 'plan_out'})}",
+                "  fi",
+                f"  plan_loaded+=({_q(m.name)})",
+                "fi"]
+    if plan.nodes:
+        out += _proc_major()
+    out.append("plan_wanted=()")
+    for item in plan.nodes:
+        if isinstance(item, ControlNode):
+            out += [f"if plan_major=\"$(proc_major {' '.join(_q(n) for n in item.majors)})\"; then",
+                    f'  plan_wanted+=("{_plain(item.path)} ${{plan_major}} {item.minor} {item.mode:04o}")',
+                    "else",
+                    f"  bb-log-warning {_q(log + item.missing)}",
+                    "fi"]
+        elif isinstance(item, GpuNodes):
+            out += [f"if plan_major=\"$(proc_major {' '.join(_q(n) for n in item.majors)})\"; then",
+                    "  while read -r plan_minor; do",
+                    '    if [[ -n "$plan_minor" ]]; then',
+                    f'      plan_wanted+=("{_plain(item.prefix)}${{plan_minor}} ${{plan_major}} ${{plan_minor}} '
+                    f'{item.mode:04o}")',
+                    "    fi",
+                    "  done < <(",
+                    f'    for info in "${{ROOT}}"{_q(facts.NVIDIA_GPUS_PROC_DIR)}/*/information; do',
+                    '      if [[ -f "$info" ]]; then',
+                    r"""        sed -nE 's/^Device Minor:[[:space:]]*([0-9]+).*/\1/p' "$info" | head -n1""",
+                    "      fi",
+                    "    done | sort -n -u",
+                    "  )",
+                    "fi"]
+        elif isinstance(item, CapNodes):
+            minors = f'"${{ROOT}}"{_q(item.minors_file)}'
+            caps = " ".join(f"{key}:{mode:04o}" for key, mode in item.modes)
+            out += [f"# The caps nodes {', '.join(k for k, _ in item.modes)}, their minors from mig-minors (its last "
+                    "line for a key,",
+                    "# as the agent's parse_mig_minors keeps it).",
+                    f'if plan_major="$(proc_major {_q(item.major)})" && [[ -r {minors} ]]; then',
+                    f"  for plan_cap in {caps}; do",
+                    """    plan_minor="$(awk -v k="${plan_cap%%:*}" """
+                    """'NF == 2 && $1 == k && $2 ~ /^[0-9]+$/ { m = $2 + 0 } END { print m }' \\""",
+                    f"      {minors})\"",
+                    '    if [[ -n "$plan_minor" ]]; then',
+                    f'      plan_wanted+=("{_plain(item.directory)}/nvidia-cap${{plan_minor}} ${{plan_major}} '
+                    '${plan_minor} ${plan_cap#*:}")',
+                    "    fi",
+                    "  done",
+                    "fi"]
+    names = {"path": "plan_path", "major": "plan_major", "minor": "plan_minor", "why": "plan_why"}
+    out += ["# Make what is absent (something already there, whoever made it, is left as it is: nvdevices' mknod.go).",
+            "journal_open",
+            'for plan_node in "${plan_wanted[@]}"; do',
+            '  read -r plan_path plan_major plan_minor plan_mode <<<"$plan_node"',
+            '  if [[ -e "${ROOT}${plan_path}" || -L "${ROOT}${plan_path}" ]]; then',
+            "    continue",
+            "  fi",
+            '  journal_record "$plan_path"',
+            '  mkdir -p "$(dirname "${ROOT}${plan_path}")"',
+            '  if ! plan_err="$(mknod -m "$plan_mode" "${ROOT}${plan_path}" c "$plan_major" "$plan_minor" 2>&1)"; then',
+            '    if [[ -e "${ROOT}${plan_path}" ]]; then',
+            "      continue # made by someone else meanwhile",
+            "    fi",
+            '    plan_why="${plan_err##*: }"',
+            f"    {fail} {_slotted(plan.cannot_make, names)}",
+            "  fi",
+            '  plan_made+=("$plan_path")',
+            "done"]
     return "\n".join(out) + "\n"

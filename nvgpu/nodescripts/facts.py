@@ -34,7 +34,8 @@ NVIDIACTL = "/dev/nvidiactl"
 # The device nodes node setup makes on a freshly booted node (the agent's ``node_agent.setup.devnodes``,
 # Deckhouse's ``gpu-devices.sh``), as ``nvidia-ctk system create-device-nodes --control-devices
 # --load-kernel-modules`` does (nvidia-container-toolkit ``internal/system/nvdevices/control-device-nodes.go``,
-# ``internal/system/nvmodules/modules.go``): the driver registers majors but makes no /dev node.
+# ``internal/system/nvmodules/modules.go``): the driver registers majors but makes no /dev node. The step itself
+# is ``nvgpu.nodescripts.plan.DEVICES``, built from these.
 PROC_DEVICES = "/proc/devices"
 #: Minor numbers of the MIG capability device nodes (``/dev/nvidia-caps/nvidia-cap<N>``).
 MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"
@@ -51,6 +52,8 @@ CONTROL_NODES: dict[str, tuple[tuple[str, ...], int]] = {
     "/dev/nvidia-uvm": ((UVM_MAJOR_NAME,), 0),
     "/dev/nvidia-uvm-tools": ((UVM_MAJOR_NAME,), 1),
 }
+#: The driver's own kernel module.
+NVIDIA_MODULE = "nvidia"
 #: The kernel module ``nvidia-uvm`` (``/proc/modules`` names it ``nvidia_uvm``), loaded when ``nvidia`` is.
 UVM_MODULE = "nvidia-uvm"
 MODPROBE_TIMEOUT_S = 30
@@ -64,7 +67,7 @@ CONTROL_MODE = 0o666
 DEVNODES_FEATURE = "devnodes"
 DEVNODES_JOURNAL = f"{STATE_DIR}/rollback/{DEVNODES_FEATURE}/manifest.json"
 DEVNODES_LOCK = f"{STATE_DIR}/{DEVNODES_FEATURE}.lock"
-REQUIRED_MODULES = ("nvidia", "nvidia_uvm")
+REQUIRED_MODULES = (NVIDIA_MODULE, "nvidia_uvm")
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
 VFIO_DRIVER = "vfio-pci"
 #: PCI class prefixes of GPUs: 0x0300 VGA controller, 0x0302 3D controller.

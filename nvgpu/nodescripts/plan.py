@@ -11,6 +11,9 @@ runs, and a change to the plan reaches both. What a plan may hold is only what t
 * :class:`KernelSetting`: a sysctl set live, its value before our first change kept for rollback;
 * :class:`KernelModule`: a module that must be loaded (``modprobe`` when it is not);
 * :class:`NonEmptyDir`: a requirement on the host (a directory with entries), with the problem it reports;
+* the device-node step, a :class:`DevicePlan`: a :class:`ModuleWhenLoaded` (loaded when the driver is) and the
+  nodes wanted, :class:`ControlNode`, :class:`GpuNodes` and :class:`CapNodes` (majors by their ``/proc/devices``
+  names, minors fixed or read from the driver's files), with their messages;
 * :class:`ChosenFile`: a managed file whose path and content are chosen by facts each backend detects on the
   host (its :class:`Case` table: the first case the facts match writes its file, skips it with a note, or
   refuses the step), content and messages filled from the facts' values (``${fact}`` slots);
@@ -118,6 +121,117 @@ class StepPlan:
     def __post_init__(self) -> None:
         if self.settings and not self.previous_file:
             raise ValueError(f"step {self.name}: kernel settings need a previous_file for rollback")
+
+
+@dataclass(frozen=True)
+class ModuleWhenLoaded:
+    """A kernel module loaded (``modprobe``, bounded by :data:`~nvgpu.nodescripts.facts.MODPROBE_TIMEOUT_S`) when
+    the module ``when`` is loaded and it is not, as ``/proc/modules`` lists them (``nvidia-uvm`` once ``nvidia``
+    is: the first CUDA program's ``nvidia-modprobe`` would load it, NVIDIA's ``nvmodules`` loads it so); a driver
+    that is not loaded at all is left to the check. Unlike a :class:`KernelModule`, one that cannot be loaded
+    fails the step (nothing made), worded as :attr:`not_found`, :attr:`timed_out` or :attr:`failed`."""
+
+    name: str  #: as ``modprobe`` takes it (``nvidia-uvm``)
+    when: str  #: as ``/proc/modules`` names it (``nvidia``)
+
+    def __post_init__(self) -> None:
+        for name in (self.name, self.when):
+            if not re.fullmatch(r"[a-z0-9_-]+", name):
+                raise ValueError(f"{name!r}: a kernel module's name")
+
+    @property
+    def loaded_name(self) -> str:
+        """The name ``/proc/modules`` lists it by (the kernel's, ``-`` as ``_``)."""
+        return self.name.replace("-", "_")
+
+    @property
+    def not_found(self) -> str:
+        return f"cannot load {self.name}: modprobe not found"
+
+    @property
+    def timed_out(self) -> str:
+        return f"cannot load {self.name}: modprobe {self.name} did not finish in {facts.MODPROBE_TIMEOUT_S}s"
+
+    @property
+    def failed(self) -> str:
+        """``${rc}``: modprobe's exit status; ``${output}``: what it printed, trimmed (:attr:`no_output` if nothing)."""
+        return f"modprobe {self.name} failed (exit ${{rc}}): ${{output}}"
+
+    no_output = "no output"
+
+
+@dataclass(frozen=True)
+class ControlNode:
+    """A device node with a fixed minor (``/dev/nvidiactl``: 255) under the character major ``/proc/devices``
+    lists for the first of ``majors`` (its ``Character devices:`` section), made with ``mode``. No such major:
+    the node is not made, :attr:`missing` says why (a warning: the check finds the node missing)."""
+
+    path: str
+    minor: int
+    majors: tuple[str, ...]
+    mode: int
+
+    @property
+    def missing(self) -> str:
+        return f"{self.path}: no {' or '.join(self.majors)} major in {facts.PROC_DEVICES}"
+
+
+@dataclass(frozen=True)
+class GpuNodes:
+    """``<prefix><minor>`` (``/dev/nvidia0``) for each GPU the driver lists, its minor the ``Device Minor`` of
+    ``/proc/driver/nvidia/gpus/<bus>/information``, in minor order, under the major of the first of ``majors``
+    (none: no GPU node is wanted), made with ``mode``."""
+
+    majors: tuple[str, ...]
+    mode: int
+    prefix: str = "/dev/nvidia"
+
+
+@dataclass(frozen=True)
+class CapNodes:
+    """The MIG capability nodes ``<directory>/nvidia-cap<minor>`` under the ``major`` device, their minors from
+    ``minors_file`` (``mig-minors``: ``<key> <minor>`` lines, the last one for a key wins): those of ``modes``'
+    keys (``config``, ``monitor``) always, each with its mode, where the file lists them; those of the instances
+    the agent's MIG manager names (``gpu0/gi1/access``), with ``access_mode``, where it lists them, and
+    :meth:`not_listed` where it does not. No major or no file: none made (:attr:`unavailable` when the manager
+    named instances)."""
+
+    major: str
+    directory: str
+    minors_file: str
+    modes: tuple[tuple[str, int], ...]
+    access_mode: int
+
+    def __post_init__(self) -> None:
+        for key, _ in self.modes:
+            if not re.fullmatch(r"[a-z0-9/_-]+", key):
+                raise ValueError(f"{key!r}: a mig-minors key")
+
+    @property
+    def unavailable(self) -> str:
+        return f"{self.directory}: no {self.major} major in {facts.PROC_DEVICES} or no {self.minors_file}"
+
+    def not_listed(self, cap: str) -> str:
+        return f"capability {cap!r} is not in {self.minors_file}"
+
+
+DeviceNodes = ControlNode | GpuNodes | CapNodes
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """The device-node step: ``modules`` loaded first (a failure fails the step), then ``nodes`` wanted, in order,
+    each made (``mknod``) where nothing is at its path (a node, file or link someone made is left as it is, as
+    NVIDIA's ``nvdevices`` does), recorded first in the setup journal of feature ``name``
+    (:data:`~nvgpu.nodescripts.facts.DEVNODES_JOURNAL`), so a teardown removes exactly the nodes made. ``log``
+    prefixes the scripts' messages."""
+
+    name: str
+    log: str
+    modules: tuple[ModuleWhenLoaded, ...]
+    nodes: tuple[DeviceNodes, ...]
+    #: A node that cannot be made (``${why}``: the system's reason, ``EPERM``'s words): the step fails.
+    cannot_make = "cannot create device node ${path} (c ${major}:${minor}): ${why}"
 
 
 @dataclass(frozen=True)
@@ -412,6 +526,21 @@ VFIO = StepPlan(
     name="vfio",
     modules=tuple(KernelModule(m) for m in facts.VFIO_MODULES),
     requirements=(NonEmptyDir(facts.IOMMU_GROUPS_DIR, "iommu-off"),),
+)
+
+#: The driver's device nodes on a freshly booted node, made as ``nvidia-ctk system create-device-nodes
+#: --control-devices --load-kernel-modules`` makes them (the agent's ``node_agent.setup.devnodes``, also for the MIG
+#: manager's new instances; Deckhouse's ``gpu-devices.sh``): nvidia-uvm loaded, the control nodes, the GPUs', the
+#: MIG capability nodes ``config`` and ``monitor``.
+DEVICES = DevicePlan(
+    name=facts.DEVNODES_FEATURE,
+    log="nvidia-gpu devices",
+    modules=(ModuleWhenLoaded(facts.UVM_MODULE, facts.NVIDIA_MODULE),),
+    nodes=(*(ControlNode(path, minor, names, facts.CONTROL_MODE)
+             for path, (names, minor) in facts.CONTROL_NODES.items()),
+           GpuNodes(facts.GPU_MAJOR_NAMES, facts.CONTROL_MODE),
+           CapNodes(facts.CAPS_MAJOR_NAME, facts.CAPS_DEV_DIR, facts.MIG_MINORS_PATH, tuple(facts.CAP_MODES.items()),
+                    facts.CAP_ACCESS_MODE)),
 )
 
 #: What the node check requires of the host before it asks NVML: the driver's modules and device nodes

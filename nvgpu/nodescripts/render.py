@@ -10,7 +10,14 @@ from typing import Literal
 from nvgpu import catalogue, labels
 from nvgpu.driver import NO_EXPECTATION, DriverExpectation, KernelModules
 from nvgpu.nodescripts import facts, plan, templates
-from nvgpu.nodescripts.bashplan import render_block, render_checks, render_chosen, render_input_checks, render_plan
+from nvgpu.nodescripts.bashplan import (
+    render_block,
+    render_checks,
+    render_chosen,
+    render_devices,
+    render_input_checks,
+    render_plan,
+)
 
 #: NodeGroupConfiguration weights. Bashible runs NGC scripts and its own steps in weight order:
 #: the drop-in must land before step 032 (configure containerd) merges conf.d into config.toml,
@@ -106,18 +113,8 @@ def _common(root_prefix: str) -> dict[str, str]:
         "REQUIRED_DRIVER_CHECKS": textwrap.indent(render_input_checks(plan.REQUIRED_DRIVER_CHECKS), "  "),
         "VIRTUALIZATION_CHECKS": textwrap.indent(render_input_checks(plan.VIRTUALIZATION_CHECKS), "    "),
         "FABRIC_CHECKS": textwrap.indent(render_input_checks(plan.FABRIC_CHECKS), "    "),
-        "PROC_DEVICES": facts.PROC_DEVICES,
-        "MIG_MINORS": facts.MIG_MINORS_PATH,
-        "CAPS_DEV_DIR": facts.CAPS_DEV_DIR,
-        "GPU_MAJOR_NAMES": " ".join(facts.GPU_MAJOR_NAMES),
-        "CAPS_MAJOR_NAME": facts.CAPS_MAJOR_NAME,
-        "CONTROL_NODES": "\n".join(f"want_control {path} {minor} {' '.join(names)}"
-                                   for path, (names, minor) in facts.CONTROL_NODES.items()),
-        "CONTROL_MODE": f"{facts.CONTROL_MODE:04o}",
-        "CAP_NODES": " ".join(f"{cap}:{mode:04o}" for cap, mode in facts.CAP_MODES.items()),
-        "UVM_MODULE": facts.UVM_MODULE,
-        "UVM_KMOD": facts.UVM_MODULE.replace("-", "_"),
-        "MODPROBE_TIMEOUT": str(facts.MODPROBE_TIMEOUT_S),
+        "DEVICES_PLAN": render_devices(plan.DEVICES, fail="fail_devices"),
+        "DEVICES_LOG": plan.DEVICES.log,
         "DEVNODES_JOURNAL": facts.DEVNODES_JOURNAL,
         "DEVNODES_LOCK": facts.DEVNODES_LOCK,
     }

@@ -500,33 +500,35 @@ DEVICES = r"""
 # A freshly booted node has the driver loaded but not nvidia_uvm (the first CUDA program's nvidia-modprobe
 # loads it), and no /dev/nvidia* node: the nvidia module registers its majors in /proc/devices but makes no
 # node. NVIDIA's stack makes them itself (nvidia-ctk system create-device-nodes --control-devices
-# --load-kernel-modules: nvidia-container-toolkit internal/system/nvmodules/modules.go, whose Load runs
-# /sbin/modprobe, and internal/system/nvdevices/control-device-nodes.go, mknod.go); so does this step, before
-# gpu-check.sh, as the agent's setup does before its check (node_agent.setup.devnodes, the same facts). Every
-# node is recorded in the agent's setup journal before it is made, so a teardown removes exactly those.
+# --load-kernel-modules); so does this step, before gpu-check.sh, as the agent's setup does before its check:
+# what is loaded and made is nvgpu.nodescripts.plan.DEVICES, rendered below, which the agent applies too
+# (node_agent.setup.devnodes). This frame holds the lock and the journal: every node is recorded in the agent's
+# setup journal before it is made, so a teardown removes exactly those.
 STRICT="${NVIDIA_GPU_CHECK_STRICT:-@@STRICT@@}"
 STATE_DIR="${ROOT}@@STATE_DIR@@"
 JOURNAL="${ROOT}@@DEVNODES_JOURNAL@@"
-loaded=""
-made=()
+plan_loaded=()
+plan_made=()
 
+# finish_devices RESULT: the result line (the modules loaded, the nodes made), then the script's exit.
 finish_devices() {
-  local csv=""
-  if [[ ${#made[@]} -gt 0 ]]; then csv="$(IFS=,; echo "${made[*]}")"; fi
-  echo "nvidia-gpu-devices result=$1 loaded=${loaded} made=${csv}"
+  local loaded="" made=""
+  if [[ ${#plan_loaded[@]} -gt 0 ]]; then loaded="$(IFS=,; echo "${plan_loaded[*]}")"; fi
+  if [[ ${#plan_made[@]} -gt 0 ]]; then made="$(IFS=,; echo "${plan_made[*]}")"; fi
+  echo "nvidia-gpu-devices result=$1 loaded=${loaded} made=${made}"
   if [[ "$1" == failed && "$STRICT" == true ]]; then exit 1; fi
   exit 0
 }
 
 # fail_devices MESSAGE: not strict, the node is left to gpu-check.sh, which finds what is missing and closes
-# the gate; the message is worded as the agent's setup words it (its devices step).
+# the gate; the message is the plan's, as the agent's setup words it (its devices step).
 fail_devices() {
-  bb-log-error "nvidia-gpu devices: $1"
+  bb-log-error "@@DEVICES_LOG@@: $1"
   finish_devices failed
 }
 
 if ! has_nvidia_gpu; then
-  bb-log-info "nvidia-gpu devices: no NVIDIA GPU on this node"
+  bb-log-info "@@DEVICES_LOG@@: no NVIDIA GPU on this node"
   exit 0
 fi
 
@@ -540,84 +542,8 @@ if command -v flock >/dev/null 2>&1; then
   fi
 fi
 
-# nvidia-uvm, when nvidia is loaded and it is not (a node without the driver is left to the check).
-if [[ -e "${ROOT}@@PROC_MODULES@@" ]]; then
-  modules="$(cat "${ROOT}@@PROC_MODULES@@" 2>/dev/null || true)"
-else
-  modules="$(live_modules)"  # a kernel without loadable-module support (no /proc/modules)
-fi
-if grep -q '^nvidia ' <<<"$modules" && ! grep -q '^@@UVM_KMOD@@ ' <<<"$modules"; then
-  if ! command -v modprobe >/dev/null 2>&1; then
-    fail_devices "cannot load @@UVM_MODULE@@: modprobe not found"
-  fi
-  rc=0
-  out="$(timeout -k 5 @@MODPROBE_TIMEOUT@@ modprobe @@UVM_MODULE@@ 2>&1)" || rc=$?
-  if ((rc == 124 || rc == 137)); then
-    fail_devices "cannot load @@UVM_MODULE@@: modprobe @@UVM_MODULE@@ did not finish in @@MODPROBE_TIMEOUT@@s"
-  elif ((rc != 0)); then
-    out="$(sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' <<<"$out")"
-    fail_devices "modprobe @@UVM_MODULE@@ failed (exit ${rc}): ${out:-no output}"
-  fi
-  loaded=@@UVM_MODULE@@
-fi
-
-# proc_major NAME...: the character-device major of the first NAME /proc/devices lists (its "Character
-# devices:" section only, as nvidia-container-toolkit internal/info/proc/devices/devices.go reads it).
-proc_major() {
-  local name m
-  for name in "$@"; do
-    m="$(awk -v n="$name" '
-      /^[^[:space:][:digit:]].*:$/ { chars = ($0 == "Character devices:"); next }
-      chars && NF == 2 && $1 ~ /^[0-9]+$/ && $2 == n { print $1 + 0; exit }' \
-      "${ROOT}@@PROC_DEVICES@@" 2>/dev/null || true)"
-    if [[ -n "$m" ]]; then
-      echo "$m"
-      return 0
-    fi
-  done
-  return 1
-}
-
-# The nodes this host should have: "PATH MAJOR MINOR MODE", in the agent's order (node_agent.setup.devnodes.wanted).
-wanted=()
-want_control() {
-  local path="$1" minor="$2" major
-  shift 2
-  if major="$(proc_major "$@")"; then
-    wanted+=("${path} ${major} ${minor} @@CONTROL_MODE@@")
-  else
-    bb-log-warning "nvidia-gpu devices: ${path}: no $(printf '%s or ' "$@" | sed 's/ or $//') major in @@PROC_DEVICES@@"
-  fi
-}
-@@CONTROL_NODES@@
-if gpu_major="$(proc_major @@GPU_MAJOR_NAMES@@)"; then
-  while read -r minor; do
-    if [[ -n "$minor" ]]; then
-      wanted+=("/dev/nvidia${minor} ${gpu_major} ${minor} @@CONTROL_MODE@@")
-    fi
-  done < <(
-    for info in "${ROOT}@@GPUS_PROC_DIR@@"/*/information; do
-      if [[ -f "$info" ]]; then
-        sed -nE 's/^Device Minor:[[:space:]]*([0-9]+).*/\1/p' "$info" | head -n1
-      fi
-    done | sort -n -u
-  )
-fi
-# The MIG capability nodes config and monitor, minors from mig-minors (its last line for a key, as the
-# agent's parse_mig_minors keeps it), under the nvidia-caps major.
-minors_file="${ROOT}@@MIG_MINORS@@"
-if caps_major="$(proc_major @@CAPS_MAJOR_NAME@@)" && [[ -r "$minors_file" ]]; then
-  for cap in @@CAP_NODES@@; do
-    minor="$(awk -v k="${cap%%:*}" 'NF == 2 && $1 == k && $2 ~ /^[0-9]+$/ { m = $2 + 0 } END { print m }' \
-      "$minors_file")"
-    if [[ -n "$minor" ]]; then
-      wanted+=("@@CAPS_DEV_DIR@@/nvidia-cap${minor} ${caps_major} ${minor} ${cap#*:}")
-    fi
-  done
-fi
-
 # The journal: node_agent.setup.journal's manifest (model_dump_json(indent=1), written 0600 atomically),
-# holding only nodes made (existed: false) and the directories made for them, as devnodes.ensure records them.
+# holding only nodes made (existed: false) and the directories made for them, as the agent records them.
 journal_paths=()
 journal_dirs=()
 journal_text() {
@@ -646,16 +572,19 @@ journal_text() {
   fi
   printf ' "added_items": [],\n "written": {}\n}'
 }
-if [[ -f "$JOURNAL" ]]; then
-  mapfile -t journal_paths < <(sed -nE 's/^   "path": "([^"\\]*)",$/\1/p' "$JOURNAL")
-  mapfile -t journal_dirs < <(awk '/^ "created_dirs": \[$/ { d = 1; next } d && /^ \]/ { d = 0 }
-    d { sub(/^  "/, ""); sub(/",?$/, ""); print }' "$JOURNAL")
-  # Anything else in it (a file it copied, another layout) is the agent's to undo, not this script's to rewrite.
-  if [[ "$(journal_text)" != "$(cat "$JOURNAL")" ]]; then
-    fail_devices "the rollback journal ${JOURNAL#"$ROOT"} is not one this script wrote or can extend: \
+# journal_open: what the journal holds already; anything else in it (a file it copied, another layout) is the
+# agent's to undo, not this script's to rewrite.
+journal_open() {
+  if [[ -f "$JOURNAL" ]]; then
+    mapfile -t journal_paths < <(sed -nE 's/^   "path": "([^"\\]*)",$/\1/p' "$JOURNAL")
+    mapfile -t journal_dirs < <(awk '/^ "created_dirs": \[$/ { d = 1; next } d && /^ \]/ { d = 0 }
+      d { sub(/^  "/, ""); sub(/",?$/, ""); print }' "$JOURNAL")
+    if [[ "$(journal_text)" != "$(cat "$JOURNAL")" ]]; then
+      fail_devices "the rollback journal ${JOURNAL#"$ROOT"} is not one this script wrote or can extend: \
 the agent's teardown (node_agent teardown) undoes it; no device node made"
+    fi
   fi
-fi
+}
 # journal_record PATH: remember PATH (and the directories about to be made for it) before it is made.
 journal_record() {
   local p parent tmp
@@ -680,24 +609,9 @@ journal_record() {
   mv -f "$tmp" "$JOURNAL"
 }
 
-# Make what is absent (something already there, whoever made it, is left as it is: nvdevices' mknod.go).
-for node in "${wanted[@]}"; do
-  read -r path major minor mode <<<"$node"
-  if [[ -e "${ROOT}${path}" || -L "${ROOT}${path}" ]]; then
-    continue
-  fi
-  journal_record "$path"
-  mkdir -p "$(dirname "${ROOT}${path}")"
-  if ! err="$(mknod -m "$mode" "${ROOT}${path}" c "$major" "$minor" 2>&1)"; then
-    if [[ -e "${ROOT}${path}" ]]; then
-      continue # made by someone else meanwhile
-    fi
-    fail_devices "cannot create device node ${path} (c ${major}:${minor}): ${err##*: }"
-  fi
-  made+=("$path")
-done
-if [[ ${#made[@]} -gt 0 ]]; then
-  bb-log-info "nvidia-gpu devices: made $(IFS=,; echo "${made[*]}")"
+@@DEVICES_PLAN@@
+if [[ ${#plan_made[@]} -gt 0 ]]; then
+  bb-log-info "@@DEVICES_LOG@@: made $(IFS=,; echo "${plan_made[*]}")"
 fi
 finish_devices ok
 """

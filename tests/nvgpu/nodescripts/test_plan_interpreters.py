@@ -2,13 +2,15 @@
 (``node_agent.setup.executor``) and the bash rendering (``nvgpu.nodescripts.bashplan``) leave identical files,
 live settings and rollback state, load the same modules, find the same problems and refuse alike.
 
-Parity of the converted steps (sysctl, VFIO, the runtime's drop-in, the toolkit config's block) holds by
-construction once the interpreters agree; so these tests run every kind of plan item, on the real step plans and
-on one plan that holds all of them.
+Parity of the converted steps (sysctl, VFIO, the runtime's drop-in, the toolkit config's block, the device nodes)
+holds by construction once the interpreters agree; so these tests run every kind of plan item, on the real step
+plans and on one plan that holds all of them. The device plans run inside the script's own frame
+(``templates.DEVICES``: its lock, journal writer and result line), so the journal is compared byte for byte too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -19,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from node_agent.host import HostRoot, NotOurs
+from node_agent.host import CommandNotFound, CommandResult, CommandTimeout, HostError, HostRoot, NotOurs
+from node_agent.host.proc import parse_mig_minors
 from node_agent.setup import executor
 from nvgpu.driver import DriverExpectation, DriverType, DriverVersion, KernelModules
 from nvgpu.nodescripts import facts, plan, templates
@@ -28,13 +31,16 @@ from nvgpu.nodescripts.bashplan import (
     render_block,
     render_checks,
     render_chosen,
+    render_devices,
     render_input_checks,
     render_plan,
 )
 from nvgpu.nodescripts.content import HEADER
 from nvgpu.nodescripts.plan import FormerFile, KernelModule, KernelSetting, ManagedFile, NonEmptyDir, StepPlan
 from nvgpu.nodescripts.render import _common, _fill
+from nvml_sim.host import CAPS_MAJOR, NVIDIA_MAJOR, device_node_stand_in
 from tests.kit.fakehost import FakeHost, build_fake_host
+from tests.kit.recording_exec import Call, RecordingExec
 
 #: Every kind of item: two files, a former name, a setting the kernel has and one it lacks, a loadable and an
 #: unloadable module (the fake host's modprobe refuses ``vfio_pci`` where asked), a requirement.
@@ -386,3 +392,162 @@ def test_the_check_judges_what_it_found_alike(case: str, tmp_path: Path) -> None
     assert [tuple(x.split("|", 1)) for x in ran.stdout.splitlines()] == by_agent
     assert bool(by_agent) is (case not in {"nothing-declared", "release", "branch", "host-manager-unknown-mode",
                                            "no-driver"})
+
+
+#: Every kind of device-node item, beside the real step's: a control node under the pre-550.40 name first, one
+#: under a major the kernel has not published (a warning, not a failure), the GPU nodes and the caps nodes with
+#: modes of their own.
+EVERY_NODE = plan.DevicePlan(
+    name=facts.DEVNODES_FEATURE,
+    log="nvidia-gpu devices",
+    modules=(plan.ModuleWhenLoaded(facts.UVM_MODULE, facts.NVIDIA_MODULE),),
+    nodes=(plan.ControlNode("/dev/nvidiactl", 255, ("nvidia-frontend", "nvidia"), 0o600),
+           plan.ControlNode("/dev/nvidia-nothing", 7, ("no-such-driver", "nor-this"), 0o666),
+           plan.ControlNode("/dev/nvidia-uvm", 0, (facts.UVM_MAJOR_NAME,), 0o640),
+           plan.GpuNodes(facts.GPU_MAJOR_NAMES, 0o660),
+           plan.CapNodes(facts.CAPS_MAJOR_NAME, facts.CAPS_DEV_DIR, facts.MIG_MINORS_PATH,
+                         (("monitor", 0o440), ("config", 0o400)), 0o444)),
+)
+DEVICE_PLANS = {"devices": plan.DEVICES, "every-node": EVERY_NODE}
+_DEVNODES_JOURNAL = facts.DEVNODES_JOURNAL
+
+
+def _fresh(**options: Any) -> dict[str, Any]:
+    return {"containerd": 2, "fresh_boot": True, **options}
+
+
+#: Hosts the device step meets: right after boot (the driver's majors published, nothing made), with a driver
+#: from before 550.40 (``nvidia-frontend``), with nvidia-uvm that cannot be loaded, with a node an admin made,
+#: without the caps' minors, without the driver loaded, and one already set up.
+_DEVICE_HOSTS: dict[str, dict[str, Any]] = {
+    "fresh-boot": _fresh(),
+    "fresh-boot-old-driver": _fresh(driver_version="535.161.08"),
+    "fresh-boot-uvm-unloadable": _fresh(unloadable_modules=("nvidia-uvm",)),
+    "fresh-boot-admin-node": _fresh(),
+    "fresh-boot-no-mig-minors": _fresh(),
+    "driver-not-loaded": {"driver_loaded": False},
+    "set-up": {"containerd": 2},
+}
+
+
+def _devices_script(p: plan.DevicePlan) -> str:
+    """The device step's frame (lock, journal, result line) around ``p`` rendered, as gpu-devices.sh has it."""
+    values = dict(_common(""), NAME="gpu-devices.sh", PURPOSE="test", STRICT="false",
+                  DEVICES_PLAN=render_devices(p, fail="fail_devices"))
+    return _fill(templates.HEAD + templates.HAS_GPU + templates.DEVICES, values)
+
+
+def _devices_state(host: FakeHost) -> tuple[dict[str, tuple[str, int]], bytes | None, list[str]]:
+    """What the device step may change: the nodes under /dev (the stand-in's ``c major:minor`` and the mode),
+    the journal's bytes, the modules modprobe'd."""
+    dev = host.path("/dev")
+    nodes = {str(p.relative_to(dev)): (p.read_text(), p.stat().st_mode & 0o777)
+             for p in sorted(dev.rglob("nvidia*")) if p.is_file()} if dev.is_dir() else {}
+    journal = host.path(_DEVNODES_JOURNAL)
+    return nodes, journal.read_bytes() if journal.exists() else None, host.log("modprobe")
+
+
+@pytest.mark.parametrize("name", sorted(DEVICE_PLANS))
+@pytest.mark.parametrize("case", sorted(_DEVICE_HOSTS))
+def test_device_nodes_are_made_alike(name: str, case: str, tmp_path: Path) -> None:
+    """A device plan on the same host: the script and the agent's ``apply_devices`` load the same module, make the
+    same nodes with the same numbers and modes, journal them byte for byte, warn and fail with the same words."""
+    p = DEVICE_PLANS[name]
+    by_bash, by_agent = (build_fake_host(tmp_path / side, "a30x4", **_DEVICE_HOSTS[case]) for side in ("bash", "agent"))
+    for host in (by_bash, by_agent):
+        if case == "fresh-boot-admin-node":
+            host.put("/dev/nvidiactl", "an admin's node\n")
+        if case == "fresh-boot-no-mig-minors":
+            host.path(facts.MIG_MINORS_PATH).unlink()
+    script = tmp_path / "devices.sh"
+    script.write_text(_devices_script(p))
+    ran = subprocess.run(["bash", str(script)], env=by_bash.env(), capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert ran.returncode == 0, ran.stderr
+    line = next(x for x in ran.stdout.splitlines() if x.startswith("nvidia-gpu-devices "))
+    result = dict(part.split("=", 1) for part in line.split()[1:])
+    try:
+        done = executor.apply_devices(HostRoot(by_agent.root, mknod=device_node_stand_in), p)
+    except HostError as e:
+        assert result["result"] == "failed"
+        assert f"ERROR: {p.log}: {e}" in ran.stderr, "worded alike"
+    else:
+        assert (result["result"], result["loaded"], result["made"]) == (
+            "ok", ",".join(done.loaded), ",".join(done.created))
+        for missing in done.missing:
+            assert f"WARNING: {p.log}: {missing}" in ran.stderr, "worded alike"
+        assert ran.stderr.count("WARNING") == len(done.missing)
+    assert _devices_state(by_bash) == _devices_state(by_agent)
+    nodes, journal, _ = _devices_state(by_agent)
+    assert (journal is None) is (case in {"fresh-boot-uvm-unloadable", "driver-not-loaded"}), "nothing made"
+    if case == "set-up":  # a node laid out before boot's end has every node but the caps'
+        assert journal is not None
+        paths = [f["path"] for f in json.loads(journal)["files"]]
+        assert paths and all(path.startswith(f"{facts.CAPS_DEV_DIR}/") for path in paths), paths
+    if case == "fresh-boot-admin-node":
+        assert nodes["nvidiactl"] == ("an admin's node\n", 0o644)
+
+
+def test_device_nodes_for_the_mig_managers_instances(tmp_path: Path) -> None:
+    """What only the agent asks (the MIG manager, after a change): the caps nodes of instances, by their
+    mig-minors keys; a key the driver does not list, or no caps major, is a missing node worded by the plan."""
+    host = build_fake_host(tmp_path, "a30x4", fresh_boot=True)
+    root = HostRoot(host.root, mknod=device_node_stand_in)
+    caps = plan.DEVICES.nodes[-1]
+    assert isinstance(caps, plan.CapNodes)
+    done = executor.apply_devices(root, plan.DEVICES, load_modules=False,
+                                  mig_caps=["gpu0/gi1/access", "gpu0/gi1/ci0/access", "gpu0/gi99/access"])
+    assert done.loaded == [] and host.log("modprobe") == []
+    assert [m for m in done.missing if "gi99" in m] == [caps.not_listed("gpu0/gi99/access")]
+    minors = parse_mig_minors(host.path(facts.MIG_MINORS_PATH).read_text())
+    for cap in ("gpu0/gi1/access", "gpu0/gi1/ci0/access"):
+        local = host.path(f"{facts.CAPS_DEV_DIR}/nvidia-cap{minors[cap]}")
+        assert (local.read_text(), local.stat().st_mode & 0o777) == (f"c {CAPS_MAJOR}:{minors[cap]}\n",
+                                                                      caps.access_mode)
+    host.path(facts.MIG_MINORS_PATH).unlink()
+    again = executor.apply_devices(root, plan.DEVICES, load_modules=False, mig_caps=["gpu0/gi1/access"])
+    assert caps.unavailable in again.missing and again.created == []
+
+
+def test_a_module_the_host_cannot_load_fails_with_the_plans_words(tmp_path: Path) -> None:
+    """modprobe missing or hanging: the agent words it as the script does (the plan's messages)."""
+    host = build_fake_host(tmp_path, "a30x4", fresh_boot=True)
+    module = plan.DEVICES.modules[0]
+
+    def absent(call: Call) -> CommandResult:
+        raise CommandNotFound("command 'modprobe' not found on the host", "modprobe")
+
+    def hangs(call: Call) -> CommandResult:
+        raise CommandTimeout("modprobe did not finish within 30s", "modprobe")
+
+    for responder, message in ((absent, module.not_found), (hangs, module.timed_out)):
+        root = HostRoot(host.root, executor=RecordingExec({"modprobe": responder}), mknod=device_node_stand_in)
+        with pytest.raises(HostError) as failed:
+            executor.apply_devices(root, plan.DEVICES)
+        assert str(failed.value) == message
+    assert module.not_found == "cannot load nvidia-uvm: modprobe not found"
+    assert module.timed_out == ("cannot load nvidia-uvm: modprobe nvidia-uvm did not finish in "
+                                f"{facts.MODPROBE_TIMEOUT_S}s")
+    assert not host.path("/dev/nvidiactl").exists()  # nothing made once the module failed
+
+
+def test_a_node_that_cannot_be_made_fails_alike(tmp_path: Path) -> None:
+    """mknod refused (a container without CAP_MKNOD): the step fails on both sides with the plan's words, after
+    journaling the node it tried (its rollback finds nothing there)."""
+    by_bash, by_agent = (build_fake_host(tmp_path / side, "a30x4", **_fresh()) for side in ("bash", "agent"))
+    by_bash.put("/usr/bin/mknod", "#!/bin/sh\necho \"mknod: '$3': Operation not permitted\" >&2\nexit 1\n")
+    by_bash.path("/usr/bin/mknod").chmod(0o755)
+
+    def refused(local: Path, major: int, minor: int, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted", str(local))
+
+    script = tmp_path / "devices.sh"
+    script.write_text(_devices_script(plan.DEVICES))
+    ran = subprocess.run(["bash", str(script)], env=by_bash.env(), capture_output=True, text=True, timeout=60,
+                         check=False)
+    with pytest.raises(HostError) as failed:
+        executor.apply_devices(HostRoot(by_agent.root, mknod=refused), plan.DEVICES)
+    assert str(failed.value) == plan.fill(plan.DEVICES.cannot_make, {
+        "path": "/dev/nvidiactl", "major": str(NVIDIA_MAJOR), "minor": "255", "why": "Operation not permitted"})
+    assert "result=failed" in ran.stdout and f"ERROR: {plan.DEVICES.log}: {failed.value}" in ran.stderr
+    assert _devices_state(by_bash) == _devices_state(by_agent)
