@@ -2,8 +2,9 @@
 
 ``setup``: device nodes (``nvidia-uvm`` loaded and the ``/dev/nvidia*`` nodes made, as NVIDIA's
 ``nvidia-ctk system create-device-nodes`` does: ``node_agent.setup.devnodes``) → check (host phase) →
-runtime apply (and the toolkit config) → runtime ready? → sysctl apply → (``--dra``) VFIO prepare → label
-``node.deckhouse.io/gpu-setup-complete`` (and ``gpu-vfio-ready``). The first failing step stops the flow,
+runtime apply (and the toolkit config) → runtime ready? → (``--dra``) VFIO prepare → sysctl apply → label
+``node.deckhouse.io/gpu-setup-complete`` (and ``gpu-vfio-ready``), in ``nvgpu.nodescripts.plan.SETUP_ORDER``, the
+order of the Deckhouse scripts' weights. The first failing step stops the flow,
 removes the label(s) and reports the reason; a node without a GPU gets the labels removed and exits 0.
 ``teardown`` (GPU turned off for the node) removes the labels, rolls back the runtime drop-in, the sysctl
 change and the device nodes setup made, and leaves ``/etc`` as it was before setup.
@@ -12,6 +13,7 @@ change and the device nodes setup made, and leaves ``/etc`` as it was before set
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ from node_agent.setup.sysctl import apply_sysctl, rollback_sysctl
 from node_agent.setup.vfio import prepare as vfio_prepare
 from nvgpu import labels
 from nvgpu.driver import NO_EXPECTATION, DriverExpectation
+from nvgpu.nodescripts import plan
 from nvgpu.nodescripts.facts import Verdict
 
 
@@ -77,69 +80,112 @@ class FlowResult:
         return self
 
 
-def _setup_steps(ctx: NodeEnv, dra: bool, restart: bool, *, accept_envvar: bool,
-                 expect: DriverExpectation, toolkit_root: str, toolkit_dir: str | None) -> FlowResult:
-    host = ctx.host
-    result = FlowResult("setup")
-    # A freshly booted node has the driver loaded but not nvidia-uvm, and no /dev/nvidia* node: NVIDIA's
-    # stack loads the module and makes the nodes itself before it checks (node_agent.setup.devnodes).
-    try:
-        has_gpu = bool(nvidia_gpus(host))
-    except HostError:
-        has_gpu = False  # the check reports the unreadable bus (proc-unreadable)
-    try:
-        made = devnodes.ensure(host) if has_gpu else devnodes.Result()
-    except Refused as e:
-        return result.fail("devices", str(e), Failure.REFUSED)
-    except HostError as e:
-        return result.fail("devices", str(e), Failure.HOST_INPUT)
-    report = run_check(host, ctx.nvml, phase="host", expect=expect)
-    result.check_labels = labels.check_labels(report.verdict.value, report.reasons)
-    try:
-        record_verdict(host, report)
-    except HostError as e:
-        return result.fail("check", str(e), Failure.HOST_INPUT)
-    if report.verdict is Verdict.NO_GPU:
-        result.steps.append(Step("check", True, "no NVIDIA GPU on this node: nothing to set up"))
-        return result
-    if report.verdict is Verdict.UNUSABLE:
-        return result.fail("check", "; ".join(f"{f.reason.value}: {f.message}" for f in report.findings))
-    result.steps.append(Step("check", True, f"{len(report.gpus)} GPU(s), driver {report.driver_version}"
-                             + "".join(f"; loaded {m}" for m in made.loaded)
-                             + (f"; device nodes made: {', '.join(made.created)}" if made.created else "")))
-    if toolkit_dir is not None and not installed_toolkit(host, toolkit_dir):
-        # The runtime must name a binary that is there (it becomes the default runtime only then): the
-        # pod's init container fails and kubelet retries it until the toolkit container has installed it.
-        return result.fail("runtime", f"waiting for the toolkit container to install {toolkit_dir}")
-    try:
-        rt = apply_runtime(host, restart=restart, accept_envvar=accept_envvar, driver_root=toolkit_root,
-                           toolkit_dir=toolkit_dir)
-    except Refused as e:
-        return result.fail("runtime", str(e), Failure.REFUSED)
-    except HostError as e:
-        return result.fail("runtime", str(e), Failure.HOST_INPUT)
-    status = runtime_status(host)
-    if not status.ready:
-        return result.fail("runtime", status.detail)
-    result.steps.append(Step("runtime", True, f"{status.detail}; changed: {', '.join(rt.changed) or 'nothing'}"
-                             + _notes(rt.notes)))
-    try:
-        sc = apply_sysctl(host)
-    except Refused as e:
-        return result.fail("sysctl", str(e), Failure.REFUSED)
-    except HostError as e:
-        return result.fail("sysctl", str(e), Failure.HOST_INPUT)
-    result.steps.append(Step("sysctl", True, f"changed: {', '.join(sc.changed_files) or 'nothing'}"))
-    if dra:
+@dataclass
+class _SetupRun:
+    """One ``setup``: its steps as methods named after ``plan.SETUP_ORDER``'s, each answering whether the flow
+    goes on (a failed step has recorded its failure in ``result``), so the order is the plan's and the scripts'."""
+
+    ctx: NodeEnv
+    dra: bool
+    restart: bool
+    accept_envvar: bool
+    expect: DriverExpectation
+    toolkit_root: str
+    toolkit_dir: str | None
+    result: FlowResult = field(default_factory=lambda: FlowResult("setup"))
+    made: devnodes.Result = field(default_factory=devnodes.Result)
+
+    def run(self) -> FlowResult:
+        steps: dict[str, Callable[[], bool]] = {"devices": self.devices, "check": self.check,
+                                                "runtime": self.runtime, "vfio": self.vfio, "sysctl": self.sysctl}
+        for step in plan.SETUP_ORDER:
+            if not steps[step.name]():
+                return self.result
+        self.result.complete = True
+        return self.result
+
+    def devices(self) -> bool:
+        """A freshly booted node has the driver loaded but not nvidia-uvm, and no /dev/nvidia* node: NVIDIA's
+        stack loads the module and makes the nodes itself before it checks (node_agent.setup.devnodes). Its
+        outcome is told in the check's step."""
+        host = self.ctx.host
         try:
-            vfio = vfio_prepare(host)
+            has_gpu = bool(nvidia_gpus(host))
+        except HostError:
+            has_gpu = False  # the check reports the unreadable bus (proc-unreadable)
+        try:
+            self.made = devnodes.ensure(host) if has_gpu else devnodes.Result()
+        except Refused as e:
+            return self._fail("devices", str(e), Failure.REFUSED)
         except HostError as e:
-            return result.fail("vfio", str(e))
+            return self._fail("devices", str(e), Failure.HOST_INPUT)
+        return True
+
+    def check(self) -> bool:
+        host, result = self.ctx.host, self.result
+        report = run_check(host, self.ctx.nvml, phase="host", expect=self.expect)
+        result.check_labels = labels.check_labels(report.verdict.value, report.reasons)
+        try:
+            record_verdict(host, report)
+        except HostError as e:
+            return self._fail("check", str(e), Failure.HOST_INPUT)
+        if report.verdict is Verdict.NO_GPU:
+            result.steps.append(Step("check", True, "no NVIDIA GPU on this node: nothing to set up"))
+            return False
+        if report.verdict is Verdict.UNUSABLE:
+            return self._fail("check", "; ".join(f"{f.reason.value}: {f.message}" for f in report.findings))
+        result.steps.append(Step("check", True, f"{len(report.gpus)} GPU(s), driver {report.driver_version}"
+                                 + "".join(f"; loaded {m}" for m in self.made.loaded)
+                                 + (f"; device nodes made: {', '.join(self.made.created)}"
+                                    if self.made.created else "")))
+        return True
+
+    def runtime(self) -> bool:
+        host = self.ctx.host
+        if self.toolkit_dir is not None and not installed_toolkit(host, self.toolkit_dir):
+            # The runtime must name a binary that is there (it becomes the default runtime only then): the
+            # pod's init container fails and kubelet retries it until the toolkit container has installed it.
+            return self._fail("runtime", f"waiting for the toolkit container to install {self.toolkit_dir}")
+        try:
+            rt = apply_runtime(host, restart=self.restart, accept_envvar=self.accept_envvar,
+                               driver_root=self.toolkit_root, toolkit_dir=self.toolkit_dir)
+        except Refused as e:
+            return self._fail("runtime", str(e), Failure.REFUSED)
+        except HostError as e:
+            return self._fail("runtime", str(e), Failure.HOST_INPUT)
+        status = runtime_status(host)
+        if not status.ready:
+            return self._fail("runtime", status.detail)
+        self.result.steps.append(Step("runtime", True, f"{status.detail}; changed: {', '.join(rt.changed) or 'nothing'}"
+                                      + _notes(rt.notes)))
+        return True
+
+    def vfio(self) -> bool:
+        """DRA's passthrough only (``--dra``): the VFIO modules and an IOMMU."""
+        if not self.dra:
+            return True
+        try:
+            vfio = vfio_prepare(self.ctx.host)
+        except HostError as e:
+            return self._fail("vfio", str(e))
         if not vfio.ready:
-            return result.fail("vfio", ", ".join(vfio.problems))
-        result.steps.append(Step("vfio", True, "modules loaded, IOMMU on"))
-    result.complete = True
-    return result
+            return self._fail("vfio", ", ".join(vfio.problems))
+        self.result.steps.append(Step("vfio", True, "modules loaded, IOMMU on"))
+        return True
+
+    def sysctl(self) -> bool:
+        try:
+            sc = apply_sysctl(self.ctx.host)
+        except Refused as e:
+            return self._fail("sysctl", str(e), Failure.REFUSED)
+        except HostError as e:
+            return self._fail("sysctl", str(e), Failure.HOST_INPUT)
+        self.result.steps.append(Step("sysctl", True, f"changed: {', '.join(sc.changed_files) or 'nothing'}"))
+        return True
+
+    def _fail(self, name: str, detail: str, failure: Failure = Failure.FAILED) -> bool:
+        self.result.fail(name, detail, failure)
+        return False
 
 
 def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool, accept_envvar: bool = False,
@@ -147,9 +193,8 @@ def setup(ctx: NodeEnv, *, dra: bool, restart: bool, patch_node: bool, accept_en
           ) -> FlowResult:
     """Check (against the group's declared driver, ``expect``), runtime (the toolkit finding the driver under
     ``toolkit_root``; the toolkit NVIDIA's toolkit container installed in ``toolkit_dir``, once it is there),
-    sysctl (and VFIO), then open the gate."""
-    result = _setup_steps(ctx, dra, restart, accept_envvar=accept_envvar, expect=expect, toolkit_root=toolkit_root,
-                          toolkit_dir=toolkit_dir)
+    (VFIO and) sysctl, then open the gate."""
+    result = _SetupRun(ctx, dra, restart, accept_envvar, expect, toolkit_root, toolkit_dir).run()
     wanted: dict[str, str | None] = {labels.GPU_SETUP_COMPLETE: "" if result.complete else None,
                                      **result.check_labels}
     # Published whatever the check found: a driver container is chosen by them and must run first.

@@ -632,3 +632,29 @@ def toolkit_config(accept_envvar: bool) -> MarkedBlock:
                            key_ere=r"^[[:space:]]*root[[:space:]]*=", header="[nvidia-container-cli]",
                            line='root = "${driver_root}"', slot="driver_root"),
     )
+
+
+@dataclass(frozen=True)
+class SetupStep:
+    """One step of node setup in the order both backends take it: the agent's step ``name`` (in its
+    ``setup`` result) and the Deckhouse script that is the same step, run at ``weight`` (bashible runs
+    NodeGroupConfiguration scripts and its own steps in weight order)."""
+
+    name: str
+    script: str
+    weight: int
+
+
+#: Node setup's steps, in order; each backend's first failing step stops the rest. The device nodes come
+#: before the check (a freshly booted node has none until NVIDIA's stack makes them); the runtime's drop-in
+#: lands before bashible's step 032 merges containerd's conf.d; the VFIO modules before the sysctls, whose
+#: step ends the flow (``gpu-sysctl.sh`` sets ``gpu-setup-complete``, as the agent sets it after its last
+#: step). The agent's ``node_agent.setup.flow`` runs its steps in this order and the scripts take these
+#: weights (``render.WEIGHTS``).
+SETUP_ORDER = (
+    SetupStep("devices", "gpu-devices.sh", 24),
+    SetupStep("check", "gpu-check.sh", 25),
+    SetupStep("runtime", "gpu-runtime.sh", 31),
+    SetupStep("vfio", "gpu-vfio.sh", 35),
+    SetupStep("sysctl", "gpu-sysctl.sh", 40),
+)

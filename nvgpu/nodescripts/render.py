@@ -19,11 +19,9 @@ from nvgpu.nodescripts.bashplan import (
     render_plan,
 )
 
-#: NodeGroupConfiguration weights. Bashible runs NGC scripts and its own steps in weight order:
-#: the drop-in must land before step 032 (configure containerd) merges conf.d into config.toml,
-#: and the final gate (gpu-sysctl.sh, which sets gpu-setup-complete) runs after it. gpu-devices.sh (nvidia-uvm
-#: and the /dev/nvidia* nodes) runs just before the check, as the agent's setup makes them before its check.
-WEIGHTS = {"gpu-devices.sh": 24, "gpu-check.sh": 25, "gpu-runtime.sh": 31, "gpu-vfio.sh": 35, "gpu-sysctl.sh": 40}
+#: NodeGroupConfiguration weights, from the one order of node setup's steps (``plan.SETUP_ORDER``, which says
+#: why each is where it is).
+WEIGHTS = {step.script: step.weight for step in plan.SETUP_ORDER}
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nvgpu import labels
+from nvgpu.nodescripts import plan
 from tests.kit.fakehost import build_fake_host
 from tests.node_agent.agent_testkit import ApiServer, Cli
 
@@ -46,11 +47,14 @@ def test_dra_setup_adds_vfio(tmp_path: Path, cli: Cli, api_server: ApiServer) ->
     host = build_fake_host(tmp_path / "on", "a30x4")
     kube = {"node": "gpu-node-1", "kubeconfig": api_server.kubeconfig}
     code, doc = cli(host.root, "simulated:a30x4", "setup", "--dra", **kube)
-    assert code == 0 and doc["steps"][-1]["name"] == "vfio"
+    # The order of the Deckhouse scripts' weights (the device nodes are told in the check's step).
+    assert code == 0 and [s["name"] for s in doc["steps"]] == [
+        s.name for s in plan.SETUP_ORDER if s.name != "devices"] == ["check", "runtime", "vfio", "sysctl"]
     assert (api_server.labels("gpu-node-1")[SETUP], api_server.labels("gpu-node-1")[VFIO]) == ("", "true")
     off = build_fake_host(tmp_path / "off", "a30x4", iommu=False)
     code, doc = cli(off.root, "simulated:a30x4", "setup", "--dra", **kube)
     assert (code, doc["steps"][-1]["detail"]) == (1, "iommu-off")
+    assert off.path("/proc/sys/net/core/bpf_jit_harden").read_text() == "2\n"  # the flow stopped before sysctl
     labels = api_server.labels("gpu-node-1")
     assert SETUP not in labels and VFIO not in labels
 
