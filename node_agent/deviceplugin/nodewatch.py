@@ -36,10 +36,11 @@ class NodeLabelWatch(ListWatch):
     :class:`~node_agent.kube.watch.ListWatch`'s)."""
 
     def __init__(self, node_name: str, key: str = CONFIG_LABEL, *, kube: Kube | None = None,
-                 kubeconfig: Path | None = None, timing: WatchTiming | None = None) -> None:
+                 kubeconfig: Path | None = None, timing: WatchTiming | None = None,
+                 pause: Callable[[threading.Event, float], object] | None = None) -> None:
         super().__init__(kube if kube is not None else Kube.connect(kubeconfig), nodes.NODES,
                          field_selector=f"metadata.name={node_name}", on_list=self._listed, on_event=self._changed,
-                         timing=timing, name="node-label-watch", log_as="node-watch")
+                         timing=timing, name="node-label-watch", log_as="node-watch", pause=pause)
         self.node_name = node_name
         self.key = key
         self._lock = threading.Lock()

@@ -21,6 +21,7 @@ from node_agent.kube.errors import Unreachable
 from node_agent.kube.transport import Kube
 from tests.kit.kmock import api, kmock_server
 from tests.kit.kubelet.common import wait_until
+from tests.kit.pauses import Pauses
 from tests.node_agent.deviceplugin.plugin_process import switching_plugin
 
 NODE = "gpu-1"
@@ -207,15 +208,17 @@ def test_resource_versions_expiry_errors_and_refusal(account: Path) -> None:
 
 
 def test_unreachable_api_backs_off_and_label_raises(account: Path) -> None:
-    w = NodeLabelWatch(NODE, kube=connect("http://127.0.0.1:9", account),
+    pauses = Pauses(limit=6)
+    w = NodeLabelWatch(NODE, kube=connect("http://127.0.0.1:9", account), pause=pauses,
                        timing=WatchTiming(request_timeout_s=1, backoff_initial_s=0.05, backoff_max_s=0.2))
     with pytest.raises(Unreachable):
         w.label()
+    lists = w.lists
     w.start()
     try:
-        wait_until(lambda: w.lists >= 4, what="retries")
-        start = w.lists
-        time.sleep(0.45)
-        assert w.lists - start <= 4  # capped backoff (0.2 s), not a busy loop
+        assert pauses.reached.wait(10), pauses.asked
     finally:
         w.stop()
+    # One list per wait (not a busy loop), each wait at most the doubled backoff and never past its 0.2 s cap.
+    assert w.lists - lists == 6
+    assert all(0 < p <= min(0.05 * 2 ** i, 0.2) for i, p in enumerate(pauses.asked)), pauses.asked

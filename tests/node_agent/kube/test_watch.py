@@ -15,6 +15,7 @@ from node_agent.kube.transport import Kube
 from node_agent.kube.watch import ListWatch, WatchTiming, watch_once
 from tests.kit.kubelet.common import wait_until
 from tests.kit.loopback_api import LoopbackApi, Seen
+from tests.kit.pauses import Pauses
 
 PODS = "/api/v1/pods"
 FAST = WatchTiming(request_timeout_s=2, watch_timeout_s=5, read_slack_s=2, backoff_initial_s=0.2,
@@ -87,23 +88,6 @@ def test_bookmarks_advance_the_version_and_410_lists_again(api: LoopbackApi) -> 
     watches = [s.query for s in api.requests("GET", PODS) if s.query.get("watch")]
     assert all(q["allowWatchBookmarks"] == "true" and q["fieldSelector"] == "spec.nodeName=n1"
                and q["timeoutSeconds"] == "5" for q in watches)
-
-
-class Pauses:
-    """The loop's waits, recorded instead of slept through; from the ``limit``-th on it really waits (for the
-    stop), so a test reads a backoff schedule off ``asked`` without sleeping through it."""
-
-    def __init__(self, limit: int) -> None:
-        self.asked: list[float] = []
-        self.limit = limit
-        self.reached = threading.Event()
-
-    def __call__(self, stop: threading.Event, seconds: float) -> bool:
-        self.asked.append(seconds)
-        if len(self.asked) < self.limit:
-            return stop.is_set()
-        self.reached.set()
-        return stop.wait(seconds)
 
 
 def test_failures_back_off_doubling_capped_with_jitter(api: LoopbackApi) -> None:
