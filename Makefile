@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 
-.PHONY: venv deps preview test check unit cluster-test compare-test image-test compare lint policy-test policy-pack policy-pack-cache policy-publish bench clean proto tools cluster-up cluster-down
+.PHONY: venv deps preview test check unit cluster-test compare-test image-test compare lint policy-test policy-pack policy-pack-cache policy-publish bench clean proto tools cluster-up cluster-down docs-reference
 
 $(VENV)/.installed: requirements.txt requirements-agent.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +102,11 @@ policy-pack-cache: venv
 ## from a temporary directory: the CLI leaves out what any .gitignore above the pack ignores, here out/.
 policy-publish: venv
 	$(PY) tools/policypack.py publish $(ORG)
+
+## The reference pages under docs/reference/ (stack config, the agent's command line, metrics, alerts, labels),
+## generated from the code they document (tools/gendocs.py); tests/repo/test_docs_reference.py fails when one is stale.
+docs-reference: venv
+	$(PY) tools/gendocs.py
 
 bench: venv
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

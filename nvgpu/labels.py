@@ -13,11 +13,19 @@ from dataclasses import dataclass
 GPU_NODE = "node.deckhouse.io/gpu"  #: "" on every GPU node of a group
 DEVICE_GPU_CONFIG = "node.deckhouse.io/device-gpu.config"  #: Exclusive | TimeSlicing | MPS | MIG
 GPU_SETUP_COMPLETE = "node.deckhouse.io/gpu-setup-complete"  #: set by node setup once the node is ready
+#: ``true`` on a node of a DRA group once its setup completed, VFIO included (its GPUs may be bound to vfio-pci
+#: for VMs); also set by ``vfio prepare --patch-node``.
 GPU_VFIO_READY = "node.deckhouse.io/gpu-vfio-ready"
+#: Deckhouse's label of a node's NodeGroup: what ``nodeGroups[].nodeGroup`` selects by.
 DECKHOUSE_NODE_GROUP = "node.deckhouse.io/group"
+#: Annotation (Deckhouse's disruption handshake): Deckhouse approves the disruption a node asked for
+#: (``disruption-required``); the MIG manager and the driver upgrade remove it when they are done.
 DISRUPTION_APPROVED = "update.node.deckhouse.io/disruption-approved"
+#: Annotation: the node asks Deckhouse for a disruption (a MIG mode change, a driver replacement).
 DISRUPTION_REQUIRED = "update.node.deckhouse.io/disruption-required"
+#: Annotation: the node asks Deckhouse to drain it (Deckhouse sets ``drained`` when it has).
 DRAINING = "update.node.deckhouse.io/draining"
+#: Annotation: Deckhouse has drained the node.
 DRAINED = "update.node.deckhouse.io/drained"
 
 # This project's own labels
@@ -29,6 +37,7 @@ ALLOCATION_MODE = "gpu.nvidia-gpu.io/allocation-mode"  #: devicePlugin | dra
 #: Annotations on a Node: the label keys / taints (``key:effect``) the agent's labeller set there, comma-separated,
 #: so it removes only its own when the stack stops asking for them (``node_agent.labeller.nodeconfig``).
 OWNED_NODE_LABELS = "gpu.nvidia-gpu.io/labeller-owned-labels"
+#: Annotation on a Node: the taints (``key:effect``) the labeller set there, comma-separated (as the labels above).
 OWNED_NODE_TAINTS = "gpu.nvidia-gpu.io/labeller-owned-taints"
 #: Annotation: why the last MIG reconfiguration failed (set with state ``failed``, removed on success).
 MIG_FAILURE_REASON = "gpu.nvidia-gpu.io/mig-failure-reason"
@@ -40,10 +49,16 @@ DRIVER_VERSION = "gpu.nvidia-gpu.io/driver-version"
 KUBERNETES_VERSION = "gpu.nvidia-gpu.io/kubernetes-version"
 
 # NVIDIA
+#: The mig-parted config a node's GPUs should have (the node group's; ``all-disabled`` outside MIG): what the MIG
+#: manager converges the node to.
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_CONFIG_STATE = "nvidia.com/mig.config.state"  #: pending | rebooting | success | failed
+#: GPU feature discovery's label: whether the node's GPUs support MIG (``true`` / ``false``).
 MIG_CAPABLE = "nvidia.com/mig.capable"
+#: GPU feature discovery's label: the MIG strategy its labels follow (``none``, ``single``, ``mixed``).
 MIG_STRATEGY = "nvidia.com/mig.strategy"
+#: NVIDIA's node label naming the device plugin's config (its default ``--config-label``); the stack's device
+#: plugin is given ``node.deckhouse.io/device-gpu.config`` instead.
 DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
 GPU_DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 GPU_DEPLOY_COMPONENTS = ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm")
@@ -75,24 +90,28 @@ DRIVER_UPGRADE_FAILURE = "gpu.nvidia-gpu.io/driver-upgrade-failure"
 
 # Node Feature Discovery's names for the OS and kernel, which node setup publishes itself (no NFD needed):
 # a driver container is chosen by them (NVIDIA's driver images are per OS release, per kernel if precompiled).
+#: The node's OS (``ID`` of /etc/os-release, NFD's name), published by node setup: driver containers select by it.
 OS_RELEASE_ID = "feature.node.kubernetes.io/system-os_release.ID"
+#: The node's OS release (``VERSION_ID`` of /etc/os-release, NFD's name), published by node setup.
 OS_RELEASE_VERSION_ID = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+#: The node's kernel (``uname -r``, NFD's name), published by node setup: precompiled driver containers select by it.
 KERNEL_VERSION_FULL = "feature.node.kubernetes.io/kernel-version.full"
 OS_LABELS = (OS_RELEASE_ID, OS_RELEASE_VERSION_ID, KERNEL_VERSION_FULL)
 
 # Taints
+#: The GPU taint (``nvidia.com/gpu=present:NoSchedule``) on a node group's nodes unless ``gpuTaint`` is off: only
+#: pods that tolerate it (GPU workloads, the agents) land there.
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "present"
 GPU_TAINT_EFFECT = "NoSchedule"
+#: The MIG manager's taint (``mig-reconfigure=true:NoSchedule``) while it reconfigures a node's GPUs.
 MIG_RECONFIGURE_TAINT_KEY = "mig-reconfigure"
 
-#: Label keys the stack's own agents write on GPU nodes (the labeller, node setup, the MIG manager, on
-#: Deckhouse the node template): every agent is scheduled by the group's node selector, so a selector
-#: on one of them never matches a node the agents have not reached yet.
-#: The verdict of the node's last ``check`` (``ok`` or ``unusable``; absent on a node without a GPU) and the
-#: reason codes of an unusable one, ``.``-joined: written by node setup and its monitor, and by
-#: ``gpu-check.sh`` on Deckhouse (``kubectl get nodes -L gpu.nvidia-gpu.io/check,gpu.nvidia-gpu.io/check-reasons``).
+#: The verdict of the node's last ``check`` (``ok`` or ``unusable``; absent on a node without a GPU): written by
+#: node setup and its monitor, and by ``gpu-check.sh`` on Deckhouse
+#: (``kubectl get nodes -L gpu.nvidia-gpu.io/check,gpu.nvidia-gpu.io/check-reasons``).
 NODE_CHECK = "gpu.nvidia-gpu.io/check"
+#: The reason codes of an unusable verdict, ``.``-joined (as many as fit in a label value).
 NODE_CHECK_REASONS = "gpu.nvidia-gpu.io/check-reasons"
 #: A label value's limit: the reasons that do not fit are left off (the metrics and the inventory list all).
 _LABEL_VALUE_MAX = 63
@@ -108,6 +127,9 @@ def check_labels(verdict: str, reasons: Iterable[str]) -> dict[str, str | None]:
     return {NODE_CHECK: verdict, NODE_CHECK_REASONS: joined or None}
 
 
+#: Label keys the stack's own agents write on GPU nodes (the labeller, node setup, the MIG manager, on
+#: Deckhouse the node template): every agent is scheduled by the group's node selector, so a selector
+#: on one of them never matches a node the agents have not reached yet.
 AGENT_LABEL_PREFIXES = ("nvidia.com/", "gpu.nvidia-gpu.io/")
 AGENT_LABEL_KEYS = (GPU_NODE, DEVICE_GPU_CONFIG, GPU_SETUP_COMPLETE, GPU_VFIO_READY, *OS_LABELS)
 

@@ -63,17 +63,22 @@ def _globals(parser: argparse.ArgumentParser, *, after_command: bool = False) ->
             kwargs["default"] = argparse.SUPPRESS
         parser.add_argument(*names, **kwargs)  # type: ignore[arg-type]
 
-    add("--host-root", default="/", metavar="PATH")
+    add("--host-root", default="/", metavar="PATH", help="the host's filesystem root (/host in the DaemonSets)")
     # Not relative to --host-root: a path in this process's filesystem (the DaemonSets mount the
     # driver root at /driver-root and the host's / at /host).
-    add("--driver-root", default=default_driver_root(), metavar="PATH")
-    add("--host-exec", choices=("direct", "chroot"), default=None)
+    add("--driver-root", default=default_driver_root(), metavar="PATH",
+        help="the NVIDIA driver root as this process sees it (/driver-root in the DaemonSets): --nvml real loads "
+             "libnvidia-ml.so.1 from it")
+    add("--host-exec", choices=("direct", "chroot"), default=None,
+        help="run host commands directly or through chroot (default: direct for /, chroot otherwise)")
     add("--nvml", default="real", metavar="SPEC", help="real | simulated:<machine>")
-    add("--nvml-state", default=None, metavar="PATH")
-    add("--node-name", default=None)
-    add("--kubeconfig", default=None, metavar="PATH")
-    add("--json", action="store_true")
-    add("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    add("--nvml-state", default=None, metavar="PATH",
+        help="the simulated machine's state file (default: under the host root's /run)")
+    add("--node-name", default=None, help="this node (default: $NODE_NAME)")
+    add("--kubeconfig", default=None, metavar="PATH", help="default: the in-cluster config, then ~/.kube/config")
+    add("--json", action="store_true", help="print one JSON document instead of text")
+    add("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
+        help="logs go to stderr as key=value")
 
 
 def _command_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

@@ -25,8 +25,11 @@ from node_agent.nvml.xid import is_application_xid
 
 log = logging.getLogger(__name__)
 
+#: Every GPU's series: dcgm-exporter's labels.
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", DRIVER_VERSION_LABEL)
+#: A MIG device's series add its instance.
 MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
+#: A device held by one container adds the container.
 POD_LABELS = ("pod", "namespace", "container")
 Labels = tuple[tuple[str, str], ...]
 
@@ -39,6 +42,44 @@ class Family:
     kind: str
     help: str
     samples: list[tuple[Labels, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Series:
+    """A metric the exporter serves besides the DCGM readings (:data:`fields.FIELDS`): declared here, once,
+    with the labels its samples carry, so the metrics reference (``make docs-reference``) is read from the
+    same definition the scrape uses."""
+
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...]
+
+    def family(self, samples: list[tuple[Labels, float]] | None = None) -> Family:
+        return Family(self.name, self.kind, self.help, samples or [])
+
+
+XID_LAST = Series(XID_FIELD, "gauge", "Value of the last XID error encountered.", (*GPU_LABELS, *POD_LABELS))
+DEVICE_HOLDER = Series("nvidia_gpu_device_holder", "gauge",
+                       "1 for each container holding a GPU, MIG device or a shared replica of one.",
+                       (*GPU_LABELS, "device_uuid", *POD_LABELS))
+UNREADABLE = Series("nvidia_gpu_exporter_unreadable", "gauge",
+                    "1 for each detail NVML refuses to tell about a GPU (its memory or MIG devices when the exporter "
+                    "lacks the MIG monitor capability), by what is missing.", (*GPU_LABELS, "what"))
+GPUS = Series("nvidia_gpu_exporter_gpus", "gauge", "GPUs this exporter reads, by state.", ("state", "Hostname"))
+#: Its other labels are the exporter's ``--info LABEL=VALUE`` (the stack passes node_group, sharing and
+#: allocation_mode).
+NODE_INFO = Series("nvidia_gpu_node_info", "gauge", "The node's GPU settings as the stack declares them.",
+                   ("Hostname",))
+XID_ERRORS = Series("nvidia_gpu_xid_errors_total", "counter",
+                    "XID errors raised since the exporter started, by GPU, XID and class.",
+                    ("gpu", "UUID", "xid", "class", "Hostname"))
+FAILURES = Series("nvidia_gpu_exporter_failures_total", "counter", "Scrape steps that failed, by stage.", ("stage",))
+SCRAPE_DURATION = Series("nvidia_gpu_exporter_scrape_duration_seconds", "gauge", "How long reading the GPUs took.",
+                         ())
+#: Every series of :class:`Series`, in the order a scrape serves them (after the DCGM fields).
+SERIES: tuple[Series, ...] = (XID_LAST, DEVICE_HOLDER, UNREADABLE, GPUS, XID_ERRORS, FAILURES, SCRAPE_DURATION,
+                              NODE_INFO)
 
 
 def _escape(value: str) -> str:
@@ -91,13 +132,9 @@ class Exporter:
         driver = self.nvml.driver().driver_version
         holders = self._holders(inv.gpus)
         families = {n: Family(n, FIELDS[n].kind, FIELDS[n].help) for n in self.fields if n in FIELDS}
-        xid = Family(XID_FIELD, "gauge", "Value of the last XID error encountered.") \
-            if XID_FIELD in self.fields else None
-        held = Family("nvidia_gpu_device_holder", "gauge",
-                      "1 for each container holding a GPU, MIG device or a shared replica of one.")
-        unreadable = Family("nvidia_gpu_exporter_unreadable", "gauge",
-                            "1 for each detail NVML refuses to tell about a GPU (its memory or MIG devices when "
-                            "the exporter lacks the MIG monitor capability), by what is missing.")
+        xid = XID_LAST.family() if XID_FIELD in self.fields else None
+        held = DEVICE_HOLDER.family()
+        unreadable = UNREADABLE.family()
         last = self.xid_last()
         for gpu in inv.gpus:
             base: Labels = (("gpu", str(gpu.index)), ("UUID", str(gpu.uuid)), ("pci_bus_id", gpu.pci_bus_id),
@@ -159,9 +196,8 @@ class Exporter:
         self.failures[stage] = self.failures.get(stage, 0) + 1
 
     def _own(self, gpus: Sequence[Gpu], lost: int, seconds: float) -> list[Family]:
-        state = Family("nvidia_gpu_exporter_gpus", "gauge", "GPUs this exporter reads, by state.",
-                       [((("state", "ok"), ("Hostname", self.hostname)), float(len(gpus))),
-                        ((("state", "lost"), ("Hostname", self.hostname)), float(lost))])
+        state = GPUS.family([((("state", "ok"), ("Hostname", self.hostname)), float(len(gpus))),
+                             ((("state", "lost"), ("Hostname", self.hostname)), float(lost))])
         return [state, *own_families(self.hostname, {g.index: str(g.uuid) for g in gpus}, self.xid_counts(),
                                      self.failures, seconds)]
 
@@ -170,22 +206,18 @@ def info_family(hostname: str, info: Mapping[str, str]) -> Family:
     """``nvidia_gpu_node_info``: what the stack declared for this node (its node group, sharing and
     allocation mode, given as ``--info``), for dashboards to group GPUs by; 1 always."""
     labels = (("Hostname", hostname), *sorted(info.items()))
-    return Family("nvidia_gpu_node_info", "gauge", "The node's GPU settings as the stack declares them.",
-                  [(labels, 1.0)])
+    return NODE_INFO.family([(labels, 1.0)])
 
 
 def own_families(hostname: str, index_uuid: Mapping[int, str], counts: Mapping[tuple[int, int], int],
                  failures: Mapping[str, int], seconds: float | None) -> list[Family]:
     """The exporter's own series: XIDs counted, failed steps, the scrape's duration (left out when no GPU
     could be read, so a dashboard never shows a broken scrape as a fast one)."""
-    xids = Family("nvidia_gpu_xid_errors_total", "counter",
-                  "XID errors raised since the exporter started, by GPU, XID and class.")
+    xids = XID_ERRORS.family()
     for (index, code), n in sorted(counts.items()):
         klass = "application" if is_application_xid(code) else "device"
         xids.samples.append(((("gpu", str(index)), ("UUID", index_uuid.get(index, "")), ("xid", str(code)),
                               ("class", klass), ("Hostname", hostname)), float(n)))
-    failed = Family("nvidia_gpu_exporter_failures_total", "counter", "Scrape steps that failed, by stage.",
-                    [((("stage", s),), float(n)) for s, n in sorted(failures.items())])
-    took = Family("nvidia_gpu_exporter_scrape_duration_seconds", "gauge", "How long reading the GPUs took.",
-                  [] if seconds is None else [((), seconds)])
+    failed = FAILURES.family([((("stage", s),), float(n)) for s, n in sorted(failures.items())])
+    took = SCRAPE_DURATION.family([] if seconds is None else [((), seconds)])
     return [xids, failed, took]

@@ -53,9 +53,14 @@ DRA_GA_MINOR = 34
 class AgentImage(ConfigModel):
     """The node-agent image; pinned by tag and/or digest (``latest`` is refused)."""
 
+    #: The agent image's repository, without tag or digest.
     repository: Repository
+    #: The image tag (``latest`` is refused); set ``tag`` and/or ``digest``.
     tag: Tag | None = None
+    #: ``sha256:`` and 64 hex digits; the image is pulled by digest when set (the tag then only says which release
+    #: it is).
     digest: Digest | None = None
+    #: The agent containers' ``imagePullPolicy``.
     pull_policy: PullPolicy = "IfNotPresent"
 
     @model_validator(mode="after")
@@ -136,6 +141,7 @@ class RuntimeClassSettings(ConfigModel):
 
     #: Off when the cluster already has one under that name (NVIDIA's GPU Operator, another stack).
     create: Bool = True
+    #: Its name; the handler is always ``nvidia``.
     name: Annotated[str, AfterValidator(check_dns_subdomain)] = "nvidia"
 
 
@@ -151,6 +157,7 @@ class PreviewIdentity(ConfigModel):
     ValidatingAdmissionPolicy refuses it every request that is not a dry-run, so it validates but never writes
     (``nvidia_gpu.components.manifests.previewaccess``)."""
 
+    #: What the identity is: a user or a group as the authenticator reports it, or a ServiceAccount.
     kind: Literal["User", "Group", "ServiceAccount"]
     #: The user or group name as the cluster's authenticator reports it, or the ServiceAccount's name.
     name: str
@@ -191,15 +198,23 @@ class PreviewIdentity(ConfigModel):
 
 
 class Cluster(ConfigModel):
+    #: The cluster's Kubernetes version, ``major.minor`` as a quoted string (``"1.34"``): the manifests are
+    #: validated against this version's schemas, and the features it has decide what is rendered.
     kubernetes_version: str
+    #: The namespace of every agent object; it also prefixes the stack's cluster-scoped names.
     namespace: DnsLabel = "nvidia-gpu"
+    #: How pods get GPUs, for the groups that do not choose: the device plugin (``nvidia.com/gpu`` resources) or
+    #: DRA (ResourceClaims; Kubernetes 1.34 or later).
     allocation_mode: AllocationMode = AllocationMode.DEVICE_PLUGIN
+    #: Who sets the GPU nodes up: Deckhouse's bashible (NodeGroupConfiguration scripts, the NodeGroups' node
+    #: templates) or the stack's setup DaemonSet.
     node_setup: NodeSetupBackend = NodeSetupBackend.DAEMONSET
     #: A mapping, or one reference as ``docker pull`` takes it (``registry/agent:1.2.0`` or with ``@sha256:``).
     agent_image: Annotated[AgentImage, BeforeValidator(_image_text)]
     monitoring: Monitoring = Monitoring()
     #: A PriorityClass's name is a DNS subdomain; the API server refuses the agents' pods otherwise.
     priority_class_name: Annotated[str, AfterValidator(check_dns_subdomain)] = "system-node-critical"
+    #: The DRA driver's settings (groups with allocation mode ``dra``).
     dra: DraSettings = DraSettings()
     mig: MigManagerSettings = MigManagerSettings()
     runtime_class: RuntimeClassSettings = RuntimeClassSettings()

@@ -41,6 +41,7 @@ class ClaimQuota(ConfigModel):
     """A ResourceQuota on DRA claims in one namespace (``count/resourceclaims.resource.k8s.io`` and
     ``<class>.deviceclass.resource.k8s.io/devices``)."""
 
+    #: The namespace the quota applies to.
     namespace: DnsLabel
     #: Most ResourceClaims the namespace may hold.
     claims: Annotated[int | None, Field(ge=0, le=INT64_MAX)] = None
@@ -62,6 +63,7 @@ class DraSettings(ConfigModel):
     driver_name: Annotated[str, AfterValidator(_driver_name)] = "gpu.nvidia.com"
     #: Unhealthy GPUs are withdrawn from the ResourceSlices, or published with a device taint (1.36+).
     health_action: Literal["withdraw", "taint"] = "withdraw"
+    #: Per-namespace quotas on DRA claims and devices; one per namespace, and only with a group that uses DRA.
     claim_quotas: list[ClaimQuota] = []
     #: Off when the cluster already has the DeviceClasses (NVIDIA's DRA driver installed them): they have
     #: fixed names, and the provider would take the existing ones over (and ``destroy`` delete them).

@@ -68,26 +68,38 @@ def _catalogue_spelling(name: str) -> str | None:
 
 
 class TimeSlicing(ConfigModel):
+    #: Replicas of each GPU offered to pods.
     partition_count: Annotated[int, Field(ge=2, le=100)] = 4
 
 
 class Mps(ConfigModel):
+    #: MPS clients per GPU (each gets its share of the memory and of the SMs).
     partition_count: Annotated[int, Field(ge=2, le=MPS_MAX_CLIENTS)] = 4
 
 
 class MigSlice(ConfigModel):
+    #: A MIG profile, like ``3g.40gb``.
     profile: str
+    #: Instances of that profile on the GPU.
     count: Annotated[int, Field(ge=1, le=7)] = 1
 
 
 class MigCustomConfig(ConfigModel):
+    #: The GPU's index on the node; one layout per index.
     index: Annotated[int, Field(ge=0, le=15)]
+    #: The GPU's MIG instances, by profile.
     slices: Annotated[list[MigSlice], Field(min_length=1)]
 
 
 class Mig(ConfigModel):
+    #: The mig-parted config every GPU of the group gets: ``all-disabled``, ``all-enabled``, ``all-balanced``,
+    #: ``all-<profile>`` in NVIDIA's spelling (``all-1g.10gb``, ``all-1g.24gb.gfx``, ``all-1g.24gb.me.all``,
+    #: ``all-1g.24gb-me``), or ``custom`` for ``customConfigs``; checked against the model's MIG profiles.
     parted_config: str = "all-1g.10gb"
+    #: How the device plugin offers MIG devices: ``mixed``, one resource per profile (``nvidia.com/mig-<profile>``), or
+    #: ``single``, every MIG device as ``nvidia.com/gpu`` (the group's layout must then use one profile).
     strategy: MigStrategy = MigStrategy.MIXED
+    #: With ``partedConfig: custom``: a layout per GPU index (refused otherwise).
     custom_configs: list[MigCustomConfig] = []
 
     @field_validator("parted_config")
@@ -124,10 +136,18 @@ class Mig(ConfigModel):
 
 
 class Gpu(ConfigModel):
+    #: The group's GPU model, for the MIG layout and driver checks and the capacity plan: a catalogue model
+    #: (``nvgpu.catalogue``, like ``H100-80GB``), or another name of letters, digits, ``.``, ``_`` and ``-`` for a
+    #: board the catalogue lacks (its MIG layout is then checked on the node, and the global driver minimum
+    #: applies). Unset: checks fall back to every model.
     model: str | None = None
+    #: How the group's GPUs are shared (Deckhouse's modes): a GPU per pod, time-slicing, MPS or MIG.
     sharing: Sharing = Sharing.EXCLUSIVE
+    #: With ``sharing: TimeSlicing`` only.
     time_slicing: TimeSlicing | None = None
+    #: With ``sharing: MPS`` only.
     mps: Mps | None = None
+    #: With ``sharing: MIG`` only (default: ``partedConfig all-1g.10gb``, strategy ``mixed``).
     mig: Mig | None = None
     driver: Driver = Driver()
     #: How the device plugin names allocated GPUs to the container (``nvgpu.devicelist``); node setup makes

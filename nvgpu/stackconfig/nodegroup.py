@@ -52,8 +52,11 @@ LabelValue = Annotated[str, AfterValidator(check_label_value)]
 
 
 class LabelSelectorRequirement(ConfigModel):
+    #: The node label's key.
     key: LabelKey
+    #: How the label's value is compared (Kubernetes' operators).
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    #: The values for ``In`` and ``NotIn`` (required there, refused with the other operators).
     values: list[LabelValue] = []
 
     @model_validator(mode="after")
@@ -66,7 +69,9 @@ class LabelSelectorRequirement(ConfigModel):
 
 
 class NodeSelector(ConfigModel):
+    #: Labels a node must carry, key to value.
     match_labels: dict[LabelKey, LabelValue] = {}
+    #: Requirements a node's labels must meet; contradicting ones (no node could match) are refused.
     match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=MAX_SELECTOR_REQUIREMENTS)] = []
 
     @model_validator(mode="after")
@@ -122,22 +127,32 @@ CONTROLLER_TAINTS = frozenset({
 
 
 class Taint(ConfigModel):
+    #: The taint's key; not the GPU taint's while ``gpuTaint`` is on, nor a key the MIG manager, the driver upgrade
+    #: or Kubernetes' node controllers set.
     key: LabelKey
+    #: The taint's value (none by default).
     value: LabelValue = ""
+    #: What the taint does to pods that do not tolerate it.
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
 
 class NodeGroup(ConfigModel):
+    #: The group's name, a DNS label of at most 32 characters: it names the group's objects (DaemonSets,
+    #: ConfigMaps, NodeGroupConfigurations).
     name: Annotated[str, AfterValidator(_group_name)]
     #: The Deckhouse NodeGroup whose nodes form this group (selects ``node.deckhouse.io/group=<name>``).
     node_group: Annotated[str, AfterValidator(check_dns_label)] | None = None
     #: An explicit label selector, for clusters without Deckhouse NodeGroups.
     node_selector: NodeSelector | None = None
+    #: The group's GPUs: model, sharing, driver and device list strategy.
     gpu: Gpu = Gpu()
     #: Taint GPU nodes ``nvidia.com/gpu=present:NoSchedule`` so only GPU workloads land there.
     gpu_taint: Bool = True
+    #: More taints on the group's nodes; on Deckhouse they replace the node template's taint list, so list them all
+    #: here.
     extra_taints: list[Taint] = []
+    #: The group's own allocation mode (default: ``cluster.allocationMode``).
     allocation_mode: AllocationMode | None = None
     #: DRA only: GPUs of this group may be bound to vfio-pci and handed to VMs (IOMMU on, gpu-vfio.sh).
     passthrough: Bool = False

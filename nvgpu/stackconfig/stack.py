@@ -23,7 +23,9 @@ from nvgpu.stackconfig.nodegroup import NodeGroup
 
 
 class StackConfig(ConfigModel):
+    #: The settings every node group shares.
     cluster: Cluster
+    #: The groups of GPU nodes, each with its selection, GPUs, driver and toolkit; names unique.
     node_groups: Annotated[list[NodeGroup], Field(min_length=1)]
 
     @model_validator(mode="after")

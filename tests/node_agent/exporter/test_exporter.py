@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from node_agent.cli import build_parser
 from node_agent.cli.exporter import info_labels
 from node_agent.dra.devices import mig_device_name
-from node_agent.exporter import counters, fields
+from node_agent.exporter import collector, counters, fields
 from node_agent.exporter.holders import ContainerDevices, holders
 from node_agent.exporter.service import MetricsService
 from node_agent.kubelet.podresources.client import PodResourcesClient
@@ -185,6 +185,27 @@ def test_pod_labels_for_whole_gpus_and_time_sliced_replicas(dgx: Node, socket: P
     assert seen["2"] is None
     assert sorted((lb["gpu"], lb["pod"]) for lb, _ in held) == [("0", "train"), ("1", "train"), ("4", "a"),
                                                                ("4", "b"), ("5", "c")]
+
+
+def test_every_series_carries_the_labels_its_definition_declares(dgx: Node, socket: Path) -> None:
+    """The metrics reference (docs/reference/metrics.md) lists each series' labels from its definition
+    (``fields.FIELDS`` with the collector's label tuples, ``collector.SERIES``): a sample with a label the
+    definition does not name would make the reference wrong."""
+    with open_nvml(dgx.backend) as nvml:
+        first = str(nvml.inventory().gpus[0].uuid)
+    declared = {s.name: set(s.labels) for s in collector.SERIES}
+    declared["nvidia_gpu_node_info"] |= {"node_group"}
+    per_gpu = {*collector.GPU_LABELS, *collector.MIG_LABELS, *collector.POD_LABELS}
+    with pod_resources(socket, [Pod("p", "ns", [Container("c", devices={"nvidia.com/gpu": [first]})])]):
+        client = PodResourcesClient(str(socket))
+        try:
+            got = scrape(dgx.service(pod_resources=client.list, info={"node_group": "a"}))
+        finally:
+            client.close()
+    assert {"nvidia_gpu_device_holder", "nvidia_gpu_node_info", "nvidia_gpu_exporter_gpus"} <= set(got)
+    for name, samples in got.items():
+        allowed = per_gpu if name in fields.FIELDS else declared[name]
+        assert all(set(labels) <= allowed for labels, _ in samples), (name, samples[:1])
 
 
 def test_pod_labels_for_mig_devices_and_dra_claims(dgx: Node, socket: Path, tmp_path: Path) -> None:
