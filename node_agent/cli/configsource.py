@@ -22,13 +22,17 @@ def _env_path(name: str) -> Path | None:
 
 def add_config_source_arguments(g: argparse._ActionsContainer) -> None:
     """``--config-file``, ``--config-dir``, ``--config-label``, ``--default-config``, ``--fallback-strategies``."""
-    g.add_argument("--config-file", type=Path, default=_env_path("CONFIG_FILE"))
+    g.add_argument("--config-file", type=Path, default=_env_path("CONFIG_FILE"),
+                   help="the device plugin's config file (NVIDIA's format), when no named config applies")
     g.add_argument("--config-dir", type=Path, default=_env_path("CONFIG_FILE_SRCDIR"),
                    help="directory of named configs (one file per name), chosen by the node label")
     g.add_argument("--config-label", default=os.environ.get("CONFIG_LABEL") or CONFIG_LABEL,
                    help=f"node label naming the config in --config-dir (default {CONFIG_LABEL})")
-    g.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
-    g.add_argument("--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES", ",".join(DEFAULT_FALLBACKS)))
+    g.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None,
+                   help="the named config in --config-dir used while the node label names none")
+    g.add_argument("--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES", ",".join(DEFAULT_FALLBACKS)),
+                   help="comma list of how a config is chosen without a label or default: named (the config "
+                        "called default), single (the only config), empty (no config file)")
 
 
 def config_source(args: argparse.Namespace) -> ConfigSource:

@@ -39,19 +39,26 @@ def _bool(text: str) -> bool:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("device plugin (NVIDIA-compatible flags; unset flags fall back to env, then file)")
-    g.add_argument("--mig-strategy", choices=[s.value for s in config.MigStrategy])
-    g.add_argument("--fail-on-init-error", type=_bool, metavar="BOOL")
-    g.add_argument("--pass-device-specs", type=_bool, metavar="BOOL")
+    g.add_argument("--mig-strategy", choices=[s.value for s in config.MigStrategy],
+                   help="how MIG devices are offered: none (whole GPUs), single (nvidia.com/gpu), mixed "
+                        "(nvidia.com/mig-<profile>)")
+    g.add_argument("--fail-on-init-error", type=_bool, metavar="BOOL",
+                   help="exit when a start fails (NVML, config); false: log it and wait")
+    g.add_argument("--pass-device-specs", type=_bool, metavar="BOOL",
+                   help="list the device nodes in each Allocate answer (for runtimes without the NVIDIA hook)")
     g.add_argument("--device-list-strategy", metavar="LIST",
                    help="comma list of envvar, volume-mounts, cdi-annotations, cdi-cri")
-    g.add_argument("--device-id-strategy", choices=[s.value for s in config.DeviceIdStrategy])
-    g.add_argument("--nvidia-driver-root")
-    g.add_argument("--nvidia-dev-root")
-    g.add_argument("--mps-root")
-    g.add_argument("--cdi-annotation-prefix")
-    g.add_argument("--nvidia-ctk-path")
-    g.add_argument("--container-driver-root")
-    g.add_argument("--shared-devices-allocation-policy", choices=[s.value for s in config.AllocationPolicy])
+    g.add_argument("--device-id-strategy", choices=[s.value for s in config.DeviceIdStrategy],
+                   help="how a container is told its GPUs: by UUID or by index")
+    g.add_argument("--nvidia-driver-root", help="where the driver is on the host (/, or a driver container's root)")
+    g.add_argument("--nvidia-dev-root", help="where the /dev/nvidia* nodes are on the host (default: the driver root)")
+    g.add_argument("--mps-root", help="host directory of the MPS control daemons' pipe, log and shm directories")
+    g.add_argument("--cdi-annotation-prefix", help="the key prefix of the cdi-annotations device list strategy")
+    g.add_argument("--nvidia-ctk-path", help="the nvidia-ctk (and its CDI hook) the generated CDI specs name")
+    g.add_argument("--container-driver-root", help="where this container sees the driver root (for the CDI specs)")
+    g.add_argument("--shared-devices-allocation-policy", choices=[s.value for s in config.AllocationPolicy],
+                   help="which replicas of shared GPUs a request prefers: distributed (the least used GPUs) or "
+                        "packed (the most used)")
     add_config_source_arguments(g)
     g.add_argument("--config-poll-interval", type=float, default=5.0, metavar="SECONDS",
                    help="how often the mounted config files are re-read (the node label is watched)")
@@ -62,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an unhealthy device that stays quiet and passes re-checks this long turns Healthy")
     g.add_argument("--cdi-hook-dir", default=None, metavar="PATH",
                    help="where this process sees the directory of nvidiaCTKPath (default: under --host-root)")
-    g.add_argument("--recheck-interval", type=float, default=5.0, metavar="SECONDS")
+    g.add_argument("--recheck-interval", type=float, default=5.0, metavar="SECONDS",
+                   help="how often unhealthy devices are read again for recovery")
     g.add_argument("--mps-daemon", type=_bool, default=True, metavar="BOOL",
                    help="serve MPS-shared resources only once their control daemon (mps-daemon) is up "
                         "(default true)")

@@ -137,7 +137,8 @@ def register(subparsers: Any) -> None:
                    help="without a device-plugin config: how --replicas share (default time-slicing)")
     add_config_source_arguments(p.add_argument_group(
         "device-plugin config (the device plugin's flags: the labels follow the config it serves)"))
-    p.add_argument("--output-file", default=FEATURE_FILE, metavar="HOST_PATH")
+    p.add_argument("--output-file", default=FEATURE_FILE, metavar="HOST_PATH",
+                   help="the NFD feature file the labels are written to (Node Feature Discovery reads it)")
     p.add_argument("--no-output-file", action="store_true", help="do not write the NFD feature file")
     p.add_argument("--no-timestamp", action="store_true", help="omit nvidia.com/gfd.timestamp")
     p.add_argument("--patch-node", action="store_true", help="also set the labels on the Node")
@@ -151,14 +152,15 @@ def register(subparsers: Any) -> None:
                    help="with --patch-node: keep this node's GPU objects current on every run")
     g.add_argument("--inventory-sharing", choices=("Exclusive", "TimeSlicing", "MPS", "MIG"), default=None,
                    help="the node group's sharing mode, as the objects report it")
-    g.add_argument("--inventory-allocation-mode", choices=("devicePlugin", "dra"), default="devicePlugin")
+    g.add_argument("--inventory-allocation-mode", choices=("devicePlugin", "dra"), default="devicePlugin",
+                   help="the node group's allocation mode, as the objects report it")
     g.add_argument("--inventory-dra-driver", default="gpu.nvidia.com", metavar="NAME",
                    help="the DRA driver whose devices expose the GPUs (allocation mode dra)")
     g.add_argument("--inventory-xid-quiet", type=float, default=60.0, metavar="SECONDS",
                    help="with --loop: how long a GPU shows Unhealthy after a critical XID (the device plugin's "
                         "--recovery-quiet-period; default 60)")
     p.add_argument("--loop", action="store_true", help="re-label every --interval seconds until SIGTERM")
-    p.add_argument("--interval", type=float, default=60.0)
+    p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS", help="with --loop: seconds between runs")
     p.add_argument("--iterations", type=int, default=0, help="with --loop: stop after N runs (0 = never)")
     p.add_argument("--daemonset", type=_owner, metavar="NAMESPACE/NAME",
                    help="with --patch-node: the DaemonSet this runs under; label only while the Node carries "

@@ -270,8 +270,10 @@ def add_manager_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-reboot", action="store_true", help="reboot when a MIG mode change needs it")
     _add_host_gpu_clients(p)
     p.add_argument("--approval-timeout", type=float, metavar="SECONDS", help="default: wait forever")
-    p.add_argument("--drain-timeout", type=float, default=1800.0, metavar="SECONDS")
-    p.add_argument("--clients-timeout", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument("--drain-timeout", type=float, default=1800.0, metavar="SECONDS",
+                   help="how long the node's GPU pods may take to leave before the change fails")
+    p.add_argument("--clients-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long the GPUs' host clients may take to stop (NVIDIA's manager: 5 minutes)")
     p.add_argument("--once", action="store_true", help="converge as far as possible, then exit (tests)")
     add_status_arguments(p, DEFAULT_METRICS_PORT)
     p.add_argument("--pre-stop", action="store_true", help="the preStop hook: finish or abort, restore the node")

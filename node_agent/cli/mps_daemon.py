@@ -33,7 +33,8 @@ def register(subparsers: Any) -> None:
     """Adds the ``mps-daemon`` sub-command."""
     p = subparsers.add_parser("mps-daemon", help="run the MPS control daemons of this node's MPS-shared GPUs")
     g = p.add_argument_group("MPS control daemon (reads the device plugin's config)")
-    g.add_argument("--mig-strategy", choices=[s.value for s in config.MigStrategy])
+    g.add_argument("--mig-strategy", choices=[s.value for s in config.MigStrategy],
+                   help="the device plugin's MIG strategy (which devices are MPS-shared)")
     g.add_argument("--mps-root", help="host directory of the pipe, log and shm directories (the plugin's mpsRoot)")
     add_config_source_arguments(g)
     g.add_argument("--config-poll-interval", type=float, default=5.0, metavar="SECONDS",
