@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from node_agent.cli import exitcodes
+from node_agent.cli.commands import summary
 from node_agent.cli.context import AgentContext
 from node_agent.cli.runtime import add_toolkit_dir_flag
 from node_agent.host import HostError
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("check", help="check whether this node's GPUs are usable",
-                              description=(check.__doc__ or "").splitlines()[0])
+                              description=summary(check.__doc__))
     p.add_argument("--phase", choices=("host", "all"), default="all",
                    help="'host' skips the container-runtime check (setup runs it after configuring the runtime)")
     p.add_argument("--no-record", action="store_true",

@@ -13,6 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def summary(doc: str | None) -> str:
+    """A module's or class's docstring's first paragraph as one line: a sub-command's ``--help`` description
+    (its first line alone can stop mid-sentence)."""
+    return " ".join((doc or "").strip().split("\n\n", 1)[0].split())
+
+
 @dataclass(frozen=True)
 class Command:
     name: str

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from node_agent.cli import exitcodes
+from node_agent.cli.commands import summary
 from node_agent.cli.context import AgentContext
 from node_agent.diagnose import collect, write_bundle
 from node_agent.host.driverroot import current_driver_root
@@ -20,7 +21,7 @@ from node_agent.host.driverroot import current_driver_root
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("diagnose", help="a read-only report of this node's GPUs, driver and GPU stack",
-                              description=(__doc__ or "").splitlines()[0])
+                              description=summary(__doc__))
     p.add_argument("--bundle", type=Path, default=None, metavar="FILE.tar.gz",
                    help="also write the report and the raw files it read to this archive")
     p.set_defaults(run=run)

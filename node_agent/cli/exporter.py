@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from node_agent.cli import exitcodes
+from node_agent.cli.commands import summary
 from node_agent.cli.context import AgentContext, UsageError
 from node_agent.exporter import counters
 from node_agent.exporter.service import MetricsService
@@ -29,7 +30,7 @@ DEFAULT_PORT = 9400
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(COMMAND, help="serve GPU metrics (dcgm-exporter's names) read through NVML",
-                              description=(__doc__ or "").splitlines()[0])
+                              description=summary(__doc__))
     p.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", metavar="HOST:PORT",
                    help="HTTP address of /metrics and /healthz (default: %(default)s)")
     p.add_argument("--collectors", "-f", metavar="CSV",

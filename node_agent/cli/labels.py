@@ -9,6 +9,7 @@ from types import FrameType
 from typing import Any
 
 from node_agent.cli import exitcodes
+from node_agent.cli.commands import summary
 from node_agent.cli.configsource import add_config_source_arguments, config_source
 from node_agent.cli.context import AgentContext, UsageError
 from node_agent.host import HostError
@@ -128,7 +129,7 @@ def _on_signals(stop: threading.Event) -> dict[int, Any]:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("labels", help="GPU feature-discovery labels: NFD feature file and Node labels",
-                              description=(labels.__doc__ or "").splitlines()[0])
+                              description=summary(labels.__doc__))
     p.add_argument("--mig-strategy", choices=("none", "single", "mixed"), default=None,
                    help="default: the device-plugin config's flags.migStrategy, else none")
     p.add_argument("--replicas", type=int, default=None,

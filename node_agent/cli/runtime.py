@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from node_agent.cli import exitcodes
+from node_agent.cli.commands import summary
 from node_agent.cli.context import AgentContext
 from node_agent.host import HostError
 from node_agent.setup import runtime
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("runtime", help="containerd or CRI-O: enable the nvidia runtime and CDI, or roll back",
-                              description=(runtime.__doc__ or "").splitlines()[0])
+                              description=summary(runtime.__doc__))
     p.add_argument("action", choices=("apply", "rollback"))
     p.add_argument("--no-restart", action="store_true", help="do not restart containerd / CRI-O after a change")
     add_envvar_flag(p)

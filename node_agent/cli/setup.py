@@ -10,6 +10,7 @@ from typing import Any
 
 from node_agent.cli import exitcodes
 from node_agent.cli.check import add_expect_arguments, expectation
+from node_agent.cli.commands import summary
 from node_agent.cli.context import AgentContext
 from node_agent.cli.runtime import add_envvar_flag, add_toolkit_dir_flag
 from node_agent.cli.statusflags import add_status_arguments
@@ -102,7 +103,7 @@ def register(subparsers: Any) -> None:
         ("setup", run_setup, "check, runtime, sysctl (and vfio), then mark the node ready"),
         ("teardown", run_teardown, "undo setup: remove the label, the runtime drop-in, the sysctl"),
     ):
-        p = subparsers.add_parser(name, help=help_text, description=(flow.__doc__ or "").splitlines()[0])
+        p = subparsers.add_parser(name, help=help_text, description=summary(flow.__doc__))
         if name == "setup":
             p.add_argument("--dra", action="store_true", help="DRA mode: also prepare VFIO")
             add_envvar_flag(p)
@@ -113,7 +114,7 @@ def register(subparsers: Any) -> None:
         p.add_argument("--no-patch-node", action="store_true", help="do not touch the Node's labels")
         p.set_defaults(run=handler)
     m = subparsers.add_parser("setup-monitor", help="check the node again at an interval and serve the findings",
-                              description=(CheckMonitor.__doc__ or check.__doc__ or "").splitlines()[0])
+                              description=summary(CheckMonitor.__doc__ or check.__doc__))
     m.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
                    help="seconds between checks (default: %(default)s)")
     m.add_argument("--phase", choices=["host", "all"], default="all",

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from node_agent.cli import exitcodes
+from node_agent.cli.commands import summary as command_summary
 from node_agent.cli.context import AgentContext, UsageError
 from nvml_sim import SimulatedMachine, UnknownMachineError
 from nvml_sim import host as sim_host
@@ -187,7 +188,7 @@ _EMPTY_SLOT_CODES = {"not-found": 6, "invalid-argument": 2}
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sim", help="inspect a simulated machine or inject faults into it",
-                              description=(__doc__ or "").splitlines()[0],
+                              description=command_summary(__doc__),
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="\n".join((__doc__ or "").splitlines()[6:]))
     sub = p.add_subparsers(dest="action", required=True, metavar="<action>")

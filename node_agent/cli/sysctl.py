@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from node_agent.cli import exitcodes
+from node_agent.cli.commands import summary
 from node_agent.cli.context import AgentContext
 from node_agent.host import HostError
 from node_agent.setup import sysctl
@@ -32,6 +33,6 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sysctl", help="apply or roll back the sysctls the NVIDIA toolkit needs",
-                              description=(sysctl.__doc__ or "").splitlines()[0])
+                              description=summary(sysctl.__doc__))
     p.add_argument("action", choices=("apply", "rollback"))
     p.set_defaults(run=run)

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from node_agent.cli import exitcodes
+from node_agent.cli.commands import summary
 from node_agent.cli.context import AgentContext, UsageError
 from node_agent.host import HostError, normalize_address
 from node_agent.setup import vfio
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("vfio", help="VFIO status, module/IOMMU preparation, bind/unbind a GPU",
-                              description=(vfio.__doc__ or "").splitlines()[0])
+                              description=summary(vfio.__doc__))
     p.add_argument("action", choices=("status", "prepare", "bind", "unbind"))
     p.add_argument("address", nargs="?", help="GPU PCI address for bind/unbind")
     p.add_argument("--patch-node", action="store_true", help=f"prepare: set/remove {labels.GPU_VFIO_READY}")
