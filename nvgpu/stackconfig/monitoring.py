@@ -105,7 +105,7 @@ class Monitoring(ConfigModel):
     #: ``annotations`` needs nothing in the cluster; the two monitors need the Prometheus Operator's CRDs.
     scrape: ScrapeMode = ScrapeMode.ANNOTATIONS
     interval: Annotated[str, AfterValidator(_scrape_interval)] = "30s"
-    #: A PrometheusRule with the GPU alerts (README, "Alerts"); default: on wherever the scrape is by the
+    #: A PrometheusRule with the GPU alerts (docs/operations/runbooks.md); default: on wherever the scrape is by the
     #: Prometheus Operator, which is what loads it.
     alerts: Bool | None = None
     #: Labels the cluster's Prometheus selects monitors and rules by (kube-prometheus-stack's
