@@ -110,9 +110,9 @@ DOCS_DIR ?= out/site
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(DOCS_DIR)
 
-## A live preview of the site while you edit (http://127.0.0.1:8000).
+## A live preview of the site while you edit (http://127.0.0.1:8000); warnings are shown, not fatal.
 docs-serve: venv
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 bench: venv
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
