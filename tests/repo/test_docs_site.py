@@ -96,6 +96,7 @@ def test_the_readme_tour_shows_what_the_preview_and_the_pack_print(tmp_path: Pat
     echo = re.fullmatch(r"\$ echo '(.*)' > (\S+)", shown[0])
     assert echo is not None, shown[0]
     config = tmp_path / echo.group(2)
+    config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(json.dumps(json.loads(echo.group(1))))
     assert shown[1] == ("$ .venv/bin/python -m nvidia_gpu.preview.policyrun.offline --plan out/dev/plan.json "
                         f"--policy-pack-config {echo.group(2)}")
