@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 
-.PHONY: venv deps preview test check unit cluster-test compare-test image-test compare lint policy-test policy-pack policy-pack-cache policy-publish bench clean proto tools cluster-up cluster-down docs-reference
+.PHONY: venv deps preview test check unit cluster-test compare-test image-test compare lint policy-test policy-pack policy-pack-cache policy-publish bench clean proto tools cluster-up cluster-down docs docs-serve docs-reference
 
 $(VENV)/.installed: requirements.txt requirements-agent.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ proto: venv
 	$(PY) -m node_agent.kubelet.codegen
 
 ## The pinned real components (kube-apiserver, scheduler, controller-manager, etcd, kwok; a real node's kubelet,
-## containerd, runc, CNI plugins and crictl; the rest listed in the README) from their Go
+## containerd, runc, CNI plugins and crictl; the rest listed in docs/contributing/index.md) from their Go
 ## modules, built into a cache outside the clone ($$XDG_CACHE_HOME/nvidia-gpu/tools); the last line printed
 ## is the binary directory. Cold: about 30 minutes on 2 cores; warm: a second. `make deps` first (runc needs libseccomp).
 tools: deps
@@ -50,7 +50,7 @@ deps:
 	@bash tools/deps.sh
 
 ## Everything CI runs: lint, types, layers, and every test, the cluster tests against the real control plane.
-## The first run on a fresh machine also installs deps and builds the tools (see the README).
+## The first run on a fresh machine also installs deps and builds the tools (docs/getting-started/index.md).
 test: deps venv tools policy-pack-cache lint
 	NVIDIA_GPU_REQUIRE_CLUSTER=1 $(PY) -m pytest -q
 
@@ -107,6 +107,17 @@ policy-publish: venv
 ## generated from the code they document (tools/gendocs.py); tests/repo/test_docs_reference.py fails when one is stale.
 docs-reference: venv
 	$(PY) tools/gendocs.py
+
+## The documentation site (mkdocs.yml, docs/): built in strict mode, so a broken link or anchor or a page missing
+## from the nav fails it (tests/repo/test_docs_site.py builds it too, in make check); open out/site/index.html.
+## NO_MKDOCS_2_WARNING: Material prints its end-of-life notice on every build otherwise.
+DOCS_DIR ?= out/site
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(DOCS_DIR)
+
+## A live preview of the site while you edit (http://127.0.0.1:8000); warnings are shown, not fatal.
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 bench: venv
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -27,12 +27,12 @@ What a user imports is this package's top level::
 * :func:`build_stack`: a whole stack from a validated :class:`nvgpu.stackconfig.StackConfig`, what
   this repository's own ``__main__.py`` runs.
 
-``cluster`` and ``group`` take the stack config's keys as plain values (see the README's "Stack config
-reference"), validated as the args are built: a bad plain value raises ``ValueError`` naming the field,
-before anything registers. Where a value usually comes from another resource (the namespace, the agent
-image, extra labels) a ``pulumi.Input`` is accepted and checked when it resolves, the field named in the
-error: see :class:`GpuPlatformArgs`. :class:`GpuNodeGroupArgs` takes the platform itself and defaults
-the cluster settings, allocation mode, node-setup scripts and labels from it.
+``cluster`` and ``group`` take the stack config's keys as plain values (docs/concepts/stack-config.md, and
+every key in docs/reference/stack-config.md), validated as the args are built: a bad plain value raises
+``ValueError`` naming the field, before anything registers. Where a value usually comes from another
+resource (the namespace, the agent image, extra labels) a ``pulumi.Input`` is accepted and checked when it
+resolves, the field named in the error: see :class:`GpuPlatformArgs`. :class:`GpuNodeGroupArgs` takes the
+platform itself and defaults the cluster settings, allocation mode, node-setup scripts and labels from it.
 
 ``nvidia_gpu.policies`` holds the CrossGuard rules (the pack directory ``policies/`` serves them) and
 ``nvidia_gpu.preview`` the offline preview (``python -m nvidia_gpu.preview --stack dev``); neither is

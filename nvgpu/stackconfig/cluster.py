@@ -231,7 +231,7 @@ class Cluster(ConfigModel):
     #: The kubeconfig context the stack's Kubernetes provider uses (default: the current context).
     kube_context: str | None = None
     #: The identity CI's ``pulumi preview`` runs as: the stack grants it server-side dry-runs of what it applies,
-    #: and nothing else (README, "CI for your clusters").
+    #: and nothing else (docs/guides/ci.md).
     preview_identity: PreviewIdentity | None = None
 
     @field_validator("kubernetes_version", mode="before")

@@ -114,7 +114,7 @@ class Monitoring(ConfigModel):
     #: How often Prometheus scrapes, a Prometheus duration from 1s to 10m: GPU counters change within seconds, and
     #: a longer interval leaves the alerts' ``rate()`` windows without samples.
     interval: Annotated[str, AfterValidator(_scrape_interval)] = "30s"
-    #: A PrometheusRule with the GPU alerts (README, "Alerts"); default: on wherever the scrape is by the
+    #: A PrometheusRule with the GPU alerts (docs/operations/runbooks.md); default: on wherever the scrape is by the
     #: Prometheus Operator, which is what loads it.
     alerts: Bool | None = None
     #: Labels the cluster's Prometheus selects monitors and rules by (kube-prometheus-stack's

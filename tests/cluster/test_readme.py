@@ -1,10 +1,10 @@
-"""The README's shell blocks, run in README order as a user would paste them (``tests/kit/readme.py`` says
-which lines are left out and how the environment differs).
+"""The shell blocks of the README and the documentation pages, run in order as a user would paste them
+(``tests/kit/readme.py`` lists the pages, and says which lines are left out and how the environment differs).
 
 The walk-through starts its own local control plane (``make cluster-up``) in the scratch checkout, deploys
 the dev stack with the real Pulumi CLI, engine, provider and policy pack (in its own ``policies/venv``,
 installed from PyPI as a user's is), destroys it and stops the control plane; the quick start and the
-offline policy run need no cluster. A failing block is reported with its README line and its output.
+offline policy run need no cluster. A failing block is reported with its page, its line and its output.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def test_the_readme_shell_blocks_run_as_written(tmp_path: Path) -> None:
                                       timeout=BLOCK_TIMEOUT_S)
             timings.append(f"{block.name}: {time.monotonic() - t0:.0f} s")
             output = log.read_text(errors="replace")
-            assert done.returncode == 0, (f"README.md line {block.line} (block {block.name!r}) exited "
+            assert done.returncode == 0, (f"{block.where} (block {block.name!r}) exited "
                                           f"{done.returncode}; output:\n{output[-6000:]}")
             for path in run.leaves:
                 assert (checkout / path).exists(), f"block {block.name!r} left no {path}:\n{output[-3000:]}"
@@ -99,4 +99,4 @@ def test_the_readme_shell_blocks_run_as_written(tmp_path: Path) -> None:
         if (checkout / "out" / "cluster" / "state.json").exists():  # a walk-through cut short
             subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-m", "localcluster", "down"], check=False,
                            cwd=checkout, env=env, capture_output=True, timeout=120)
-        print("README blocks:", ", ".join(timings))
+        print("documentation blocks:", ", ".join(timings))

@@ -1,11 +1,12 @@
-"""The README's shell blocks, as the tests that run them see them.
+"""The shell blocks of the README and the documentation pages, as the tests that run them see them.
 
-Every fenced ``sh`` block in README.md is a command a user will paste, so each one is run by
-``tests/cluster/test_readme.py``, in README order, exactly as written except for the substitutions
-listed here. A block is named by the HTML comment on the line before its fence
-(``<!-- readme-test: NAME -->``, invisible on GitHub); ``tests/repo/test_readme.py`` fails on a shell block
-without a name, a name used twice, or a name this module does not know, so a new block cannot slip in
-untested.
+Every fenced ``sh`` block in README.md and in ``docs/`` is a command a user will paste, so each one is run by
+``tests/cluster/test_readme.py``, page by page in :data:`PAGES` order and within a page in order, exactly as
+written except for the substitutions listed here. A block is named by the HTML comment on the line before its
+fence (``<!-- readme-test: NAME -->``, invisible on GitHub and on the site); ``tests/repo/test_readme.py``
+fails on a shell block without a name, a name used twice, a name this module does not know, or a shell block
+on a page :data:`PAGES` does not list, so a new block cannot slip in untested. A command shown for reading
+only is an indented block, which is not a fenced block.
 
 Substitutions, for every block (the environment, not the commands):
 
@@ -27,6 +28,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+
+#: The pages whose shell blocks are run, in the order they run (relative to the repository): the README's
+#: set-up first (it renders out/dev, which the offline policy run reads), the walk-through's `make cluster-down`
+#: before the control-plane page's own `make cluster-up`.
+PAGES: tuple[str, ...] = (
+    "README.md",
+    "docs/concepts/node-agent.md",
+    "docs/getting-started/deckhouse.md",
+    "docs/guides/library.md",
+    "docs/contributing/control-plane.md",
+    "docs/guides/policy-pack.md",
+)
 
 #: The languages of blocks that are commands to run.
 SHELL_LANGS = frozenset({"sh", "bash", "shell", "console"})
@@ -36,12 +50,18 @@ FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)\s*$")
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block: its language, its text, the README line of its first command, its name."""
+    """One fenced block: its language, its text, the page's line of its first command, its name, its page
+    (relative to the repository)."""
 
     lang: str
     text: str
     line: int
     name: str | None
+    page: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
 
 
 @dataclass(frozen=True)
@@ -57,7 +77,7 @@ class Run:
     leaves: tuple[str, ...] = field(default=())
 
 
-#: Every named block, in README order.
+#: Every named block, in the order the pages run (:data:`PAGES`), and within a page in its order.
 BLOCKS: dict[str, Run] = {
     "setup": Run(skip_lines=("make test",),
                  why="`make test` is the command running this test; `make preview` runs as written",
@@ -74,9 +94,14 @@ BLOCKS: dict[str, Run] = {
 }
 
 
+def _page(path: Path) -> str:
+    return path.resolve().relative_to(REPO).as_posix() if path.resolve().is_relative_to(REPO) else path.name
+
+
 def blocks(path: Path = README) -> list[Block]:
     """Every fenced block of ``path``, in order, with the name its marker line gives it."""
     lines = path.read_text(encoding="utf-8").splitlines()
+    page = _page(path)
     out: list[Block] = []
     i = 0
     while i < len(lines):
@@ -92,13 +117,20 @@ def blocks(path: Path = README) -> list[Block]:
             i += 1
         marker = MARKER.match(lines[start - 1]) if start > 0 else None
         out.append(Block(m.group(1).lower(), "\n".join(body) + "\n", start + 2,
-                         marker.group(1) if marker else None))
+                         marker.group(1) if marker else None, page))
         i += 1
     return out
 
 
-def shell_blocks(path: Path = README) -> list[Block]:
-    return [b for b in blocks(path) if b.lang in SHELL_LANGS]
+def shell_blocks(path: Path | None = None) -> list[Block]:
+    """The shell blocks of ``path``, or of every page in :data:`PAGES`, in the order they run."""
+    paths = [path] if path is not None else [REPO / page for page in PAGES]
+    return [b for p in paths for b in blocks(p) if b.lang in SHELL_LANGS]
+
+
+def markdown_pages() -> list[Path]:
+    """Every Markdown page a reader may copy a command from: the repository's top-level ``*.md`` and ``docs/``."""
+    return sorted([*REPO.glob("*.md"), *DOCS.rglob("*.md")])
 
 
 def script(block: Block) -> str:

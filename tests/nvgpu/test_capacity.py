@@ -118,10 +118,12 @@ def test_the_preview_prints_the_plan_and_writes_it_to_plan_json(tmp_path: Path) 
                                "memory": "isolated", "compute": "1/7 of the SMs", "gpus": "every GPU"}]
 
 
-def test_the_readme_shows_the_plan_as_the_preview_prints_it(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("Capacity plan (per GPU, from the GPU catalogue):")
-    shown = readme[start:readme.index("```", start)].rstrip("\n").splitlines()
+@pytest.mark.parametrize("page", ["README.md", "docs/concepts/sharing.md"])
+def test_the_docs_show_the_plan_as_the_preview_prints_it(page: str, tmp_path: Path) -> None:
+    """The README's tour and the sharing-modes page show (part of) the dev stack's plan, as printed."""
+    text = (ROOT / page).read_text()
+    start = text.index("Capacity plan (per GPU, from the GPU catalogue):")
+    shown = text[start:text.index("```", start)].rstrip("\n").splitlines()
     result = run_preview(ROOT, "dev", out_dir=tmp_path)
     printed = summary_lines(result)
     at = printed.index(shown[0])

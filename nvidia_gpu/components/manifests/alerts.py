@@ -1,12 +1,12 @@
 """The stack's GPU alerts, as PrometheusRule groups; each is tested with ``promtool test rules`` over synthetic
-series (tests/nvidia_gpu/components/test_alerts.py) and has a runbook line in the README ("Alerts").
+series (tests/nvidia_gpu/components/test_alerts.py) and has a runbook section in docs/operations/runbooks.md.
 
 The GPU alerts read dcgm-exporter's names, so they fire the same under either exporter; where the two
 count XIDs differently the expression takes both (``nvidia_gpu_xid_errors_total`` from the agent,
 ``DCGM_EXP_XID_ERRORS_COUNT`` from dcgm-exporter). ``Hostname`` (the node, set by both exporters) keys the
 per-node alerts. The node alerts read kube-state-metrics: ``kube_node_status_allocatable`` as it is, and
 ``kube_node_labels`` for the labels named in :data:`KSM_NODE_LABELS`, which its
-``--metric-labels-allowlist`` must list (the README says how).
+``--metric-labels-allowlist`` must list (docs/guides/monitoring.md says how).
 
 NVML's clock event reasons are a bitmask (``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``); PromQL has no bitwise
 operators, so a bit is tested as ``floor(x / 2^n) % 2 == 1``.
@@ -48,7 +48,7 @@ class Alert:
     severity: str
     summary: str
     description: str
-    #: The runbook line (README, "Alerts"): what to do.
+    #: What to do (its section in docs/operations/runbooks.md quotes it).
     runbook: str
     for_: str = "0m"
     extra_labels: dict[str, str] = field(default_factory=dict)
@@ -168,7 +168,7 @@ def gpu_alerts() -> list[Alert]:
               "warning", "GPU node {{ $labels.node }} has no GPU labels after 30 minutes",
               "The labeller labels a node only behind node setup's gpu-setup-complete gate: setup has not "
               "finished (or the labeller cannot run).",
-              "On Deckhouse read bashible's log for the gpu-* steps; elsewhere `kubectl logs -c setup` of the "
+              "On Deckhouse read bashible's log for the gpu-* steps; elsewhere `kubectl logs -c gpu-setup` of the "
               "node's gpu-setup pod. `python -m node_agent check` on the node names what is missing.",
               for_="30m"),
         Alert("NvidiaGpuMigReconfigurationFailed",
