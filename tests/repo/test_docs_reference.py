@@ -55,7 +55,9 @@ def test_every_page_is_generated_and_current(pages: dict[str, str]) -> None:
     assert sorted(pages) == ["alerts.md", "cli.md", "labels.md", "metrics.md", "stack-config.md"]
     stale = [name for name, text in pages.items() if not (OUT / name).is_file() or (OUT / name).read_text() != text]
     assert not stale, f"docs/reference/{', '.join(stale)} differ from their sources: run `make docs-reference`"
-    assert sorted(p.name for p in OUT.iterdir()) == sorted(pages), "a page in docs/reference/ nobody generates"
+    # index.md is the section's overview, written by hand; every other page is generated.
+    assert sorted(p.name for p in OUT.iterdir() if p.name != "index.md") == sorted(pages), (
+        "a page in docs/reference/ nobody generates")
 
 
 def test_a_page_edited_by_hand_is_stale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
