@@ -53,9 +53,13 @@ DRA_GA_MINOR = 34
 class AgentImage(ConfigModel):
     """The node-agent image; pinned by tag and/or digest (``latest`` is refused)."""
 
+    #: The image repository, without tag or digest (``registry.example.com/platform/nvidia-gpu-agent``).
     repository: Repository
+    #: The image tag (``latest`` is refused); set ``tag`` and/or ``digest``.
     tag: Tag | None = None
+    #: ``sha256:`` and 64 hexadecimal digits; the image is pulled by digest when set.
     digest: Digest | None = None
+    #: The agent containers' ``imagePullPolicy``: ``IfNotPresent``, ``Always`` or ``Never``.
     pull_policy: PullPolicy = "IfNotPresent"
 
     @model_validator(mode="after")
@@ -136,6 +140,7 @@ class RuntimeClassSettings(ConfigModel):
 
     #: Off when the cluster already has one under that name (NVIDIA's GPU Operator, another stack).
     create: Bool = True
+    #: Its name (a DNS subdomain); the handler is always ``nvidia``.
     name: Annotated[str, AfterValidator(check_dns_subdomain)] = "nvidia"
 
 
@@ -151,6 +156,7 @@ class PreviewIdentity(ConfigModel):
     ValidatingAdmissionPolicy refuses it every request that is not a dry-run, so it validates but never writes
     (``nvidia_gpu.components.manifests.previewaccess``)."""
 
+    #: ``User``, ``Group`` or ``ServiceAccount``.
     kind: Literal["User", "Group", "ServiceAccount"]
     #: The user or group name as the cluster's authenticator reports it, or the ServiceAccount's name.
     name: str
@@ -191,17 +197,29 @@ class PreviewIdentity(ConfigModel):
 
 
 class Cluster(ConfigModel):
+    """The settings every node group shares: the ``nvidia-gpu:cluster`` stack-config object."""
+
+    #: The cluster's Kubernetes minor, ``1.29`` to ``1.37`` (a quoted string): the manifests are validated against this
+    #: version's schemas, and DRA needs 1.34.
     kubernetes_version: str
+    #: The namespace of every agent object (it also prefixes the cluster-scoped names).
     namespace: DnsLabel = "nvidia-gpu"
+    #: How pods get GPUs: ``devicePlugin`` or ``dra`` (Kubernetes 1.34+); a group may choose its own.
     allocation_mode: AllocationMode = AllocationMode.DEVICE_PLUGIN
+    #: Who sets the nodes up: ``deckhouse`` (NodeGroupConfiguration scripts, NodeGroup node templates) or ``daemonset``
+    #: (the setup DaemonSet, any cluster).
     node_setup: NodeSetupBackend = NodeSetupBackend.DAEMONSET
     #: A mapping, or one reference as ``docker pull`` takes it (``registry/agent:1.2.0`` or with ``@sha256:``).
-    agent_image: Annotated[AgentImage, BeforeValidator(_image_text)]
+    agent_image: Annotated[AgentImage, BeforeValidator(_image_text, json_schema_input_type=AgentImage | str)]
+    #: GPU metrics, scrape objects, alerts and dashboards.
     monitoring: Monitoring = Monitoring()
     #: A PriorityClass's name is a DNS subdomain; the API server refuses the agents' pods otherwise.
     priority_class_name: Annotated[str, AfterValidator(check_dns_subdomain)] = "system-node-critical"
+    #: DRA mode's settings: the driver name, unhealthy GPUs, claim quotas, DeviceClasses.
     dra: DraSettings = DraSettings()
+    #: The MIG manager's settings.
     mig: MigManagerSettings = MigManagerSettings()
+    #: The RuntimeClass for users' GPU pods.
     runtime_class: RuntimeClassSettings = RuntimeClassSettings()
     #: NVIDIA driver root on the nodes of groups with a pre-installed driver (NVIDIA's ``nvidiaDriverRoot``):
     #: ``/`` for a driver installed on the host, ``/run/nvidia/driver`` for a driver container run by someone

@@ -41,6 +41,7 @@ class ClaimQuota(ConfigModel):
     """A ResourceQuota on DRA claims in one namespace (``count/resourceclaims.resource.k8s.io`` and
     ``<class>.deviceclass.resource.k8s.io/devices``)."""
 
+    #: The namespace the quota applies to.
     namespace: DnsLabel
     #: Most ResourceClaims the namespace may hold.
     claims: Annotated[int | None, Field(ge=0, le=INT64_MAX)] = None
@@ -58,10 +59,14 @@ class ClaimQuota(ConfigModel):
 
 
 class DraSettings(ConfigModel):
+    """DRA mode's settings (``cluster.dra``): the driver name, how unhealthy GPUs are withdrawn, claim quotas and
+    DeviceClasses."""
+
     #: ResourceSlice driver (DNS subdomain, at most 63 characters); NVIDIA's name by default.
     driver_name: Annotated[str, AfterValidator(_driver_name)] = "gpu.nvidia.com"
     #: Unhealthy GPUs are withdrawn from the ResourceSlices, or published with a device taint (1.36+).
     health_action: Literal["withdraw", "taint"] = "withdraw"
+    #: Quotas on DRA claims, at most one per namespace.
     claim_quotas: list[ClaimQuota] = []
     #: Off when the cluster already has the DeviceClasses (NVIDIA's DRA driver installed them): they have
     #: fixed names, and the provider would take the existing ones over (and ``destroy`` delete them).

@@ -51,10 +51,13 @@ def _kernel_release(v: str) -> str:
 class DriverImage(ConfigModel):
     """NVIDIA's driver image: ``<repository>/<name>:<version>-<os>``, pinned by digest per tag where given."""
 
+    #: Where the driver images are (``<repository>/<name>:<version>-<os>``).
     repository: Repository = driverspec.DEFAULT_REPOSITORY
+    #: The image name under the repository.
     name: DnsLabel = driverspec.DEFAULT_IMAGE
     #: Image tag (``550.90.07-ubuntu22.04``) to its digest; a tag listed here is pulled by digest.
     digests: dict[Tag, Digest] = {}
+    #: The driver image's ``imagePullPolicy``.
     pull_policy: PullPolicy = "IfNotPresent"
 
 
@@ -66,6 +69,7 @@ class DriverUpgrade(ConfigModel):
     #: Evict the node's pods first (cordon-and-drain, or Deckhouse's disruption approval); without it only
     #: the pods holding GPUs are evicted.
     drain: Bool = True
+    #: How long a drain may take before the node counts as failed and the rollout stops.
     drain_timeout_seconds: Annotated[int, Field(ge=30, le=86400)] = 1800
     #: How long the old driver has to stop and the new one to load and pass ``check`` before the node counts
     #: as failed: at least what NVIDIA's startup probe allows a compiling driver (``nvgpu.driver``).
@@ -79,17 +83,27 @@ class DriverUpgrade(ConfigModel):
 class Driver(ConfigModel):
     """The group's NVIDIA driver: who installs it, which one, and how it is upgraded (see ``nvgpu.driver``)."""
 
+    #: Who installs the driver: ``preinstalled`` (the node has it; ``check`` verifies it against this block),
+    #: ``container`` (the stack runs NVIDIA's driver container) or ``gpuOperator`` (the stack emits ``NVIDIADriver``
+    #: objects for NVIDIA's GPU Operator).
     source: driverspec.DriverSource = driverspec.DriverSource.PREINSTALLED
+    #: ``gpu``, ``vgpu`` (a vGPU guest driver) or ``vgpu-host-manager`` (the node's GPUs become vGPUs for VMs: sharing
+    #: must be ``Exclusive``).
     driver_type: driverspec.DriverType = Field(driverspec.DriverType.GPU, alias="type")
     #: A release (``550.90.07``) or a branch (``550``; precompiled drivers are chosen by branch).
     version: Annotated[str, AfterValidator(_driver_version)] | None = None
+    #: NVIDIA's precompiled driver images (per branch and kernel; type ``gpu`` only), for nodes that may not compile.
     precompiled: Bool = False
+    #: ``auto``, ``open`` (NVIDIA's open GPU kernel modules: branch 515 or later, Turing or later GPUs) or
+    #: ``proprietary``.
     kernel_modules: driverspec.KernelModules = driverspec.KernelModules.AUTO
     #: ``container``: the OS releases of the group's nodes, one driver DaemonSet each (``ubuntu22.04``).
     os_releases: list[Annotated[str, AfterValidator(driverspec.check_os_release)]] = []
     #: ``container`` and precompiled: the kernels of the group's nodes (``uname -r``), one DaemonSet each.
     kernels: list[Annotated[str, AfterValidator(_kernel_release)]] = []
+    #: The driver image (``container``).
     image: DriverImage = DriverImage()
+    #: How a driver change rolls through the group's nodes (``container`` and ``gpuOperator``).
     upgrade: DriverUpgrade = DriverUpgrade()
 
     @model_validator(mode="after")
@@ -152,10 +166,15 @@ class Driver(ConfigModel):
 class ToolkitImage(ConfigModel):
     """NVIDIA's toolkit image (``<repository>/<name>:<tag>``), pinned by digest where given."""
 
+    #: Where NVIDIA's toolkit image is.
     repository: Repository = toolkitspec.DEFAULT_REPOSITORY
+    #: The image name under the repository.
     name: DnsLabel = toolkitspec.DEFAULT_IMAGE
+    #: The toolkit release (the tests run this release's installer).
     tag: Tag = toolkitspec.DEFAULT_TAG
+    #: Its ``sha256:`` digest: pulled by digest when set.
     digest: Digest | None = None
+    #: The toolkit image's ``imagePullPolicy``.
     pull_policy: PullPolicy = "IfNotPresent"
 
     @property
@@ -167,8 +186,13 @@ class Toolkit(ConfigModel):
     """The NVIDIA Container Toolkit of the group's nodes: the node's own, or NVIDIA's toolkit container
     installing it under ``installDir`` (``nvgpu.toolkit``)."""
 
+    #: Who installs the NVIDIA Container Toolkit on the group's nodes: the node image (``preinstalled``, verified by
+    #: ``check``) or NVIDIA's toolkit container (``container``; needs ``cluster.nodeSetup: daemonset``).
     source: toolkitspec.ToolkitSource = toolkitspec.ToolkitSource.PREINSTALLED
+    #: NVIDIA's toolkit image (``container``).
     image: ToolkitImage = ToolkitImage()
+    #: ``container``: where the toolkit is installed on the host (in its ``toolkit/`` subdirectory, which the installer
+    #: empties on every start).
     install_dir: str = toolkitspec.DEFAULT_INSTALL_DIR
 
     @field_validator("install_dir")

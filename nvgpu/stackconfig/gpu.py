@@ -45,13 +45,22 @@ _UNLISTED_MODEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
 
 class Sharing(StrEnum):
+    """How a group's GPUs are shared between pods (Deckhouse's semantics)."""
+
+    #: One pod per GPU.
     EXCLUSIVE = "Exclusive"
+    #: Replicas of each GPU, time-shared (``gpu.timeSlicing``).
     TIME_SLICING = "TimeSlicing"
+    #: Clients of an MPS server per GPU (``gpu.mps``).
     MPS = "MPS"
+    #: MIG instances (``gpu.mig``).
     MIG = "MIG"
 
 
 class MigStrategy(StrEnum):
+    """How the device plugin exposes MIG devices: ``mixed`` as ``nvidia.com/mig-<profile>``, ``single`` as
+    ``nvidia.com/gpu``."""
+
     MIXED = "mixed"
     SINGLE = "single"
 
@@ -68,26 +77,47 @@ def _catalogue_spelling(name: str) -> str | None:
 
 
 class TimeSlicing(ConfigModel):
+    """Time-slicing: each GPU advertised as several replicas that share its memory and time."""
+
+    #: Replicas per GPU, 2 to 100.
     partition_count: Annotated[int, Field(ge=2, le=100)] = 4
 
 
 class Mps(ConfigModel):
+    """MPS: each GPU shared by several clients of one MPS server, with memory and compute limits per client."""
+
+    #: MPS clients per GPU, 2 to 48.
     partition_count: Annotated[int, Field(ge=2, le=MPS_MAX_CLIENTS)] = 4
 
 
 class MigSlice(ConfigModel):
+    """MIG instances of one profile on one GPU."""
+
+    #: The MIG profile, like ``3g.40gb``.
     profile: str
+    #: Instances of that profile, 1 to 7.
     count: Annotated[int, Field(ge=1, le=7)] = 1
 
 
 class MigCustomConfig(ConfigModel):
+    """One GPU's MIG layout (``partedConfig: custom``)."""
+
+    #: The GPU's index on the node, 0 to 15.
     index: Annotated[int, Field(ge=0, le=15)]
+    #: The GPU's MIG instances.
     slices: Annotated[list[MigSlice], Field(min_length=1)]
 
 
 class Mig(ConfigModel):
+    """The MIG layout of the group's GPUs and how the device plugin exposes it."""
+
+    #: The mig-parted config: ``all-disabled``, ``all-enabled``, ``all-balanced``, ``all-<profile>`` (NVIDIA's
+    #: spellings, like ``all-1g.10gb``) or ``custom`` (with ``customConfigs``).
     parted_config: str = "all-1g.10gb"
+    #: The device plugin's MIG strategy: ``mixed`` (``nvidia.com/mig-<profile>`` resources) or ``single`` (every MIG
+    #: device as ``nvidia.com/gpu``).
     strategy: MigStrategy = MigStrategy.MIXED
+    #: With ``partedConfig: custom``: a layout per GPU index.
     custom_configs: list[MigCustomConfig] = []
 
     @field_validator("parted_config")
@@ -124,16 +154,29 @@ class Mig(ConfigModel):
 
 
 class Gpu(ConfigModel):
+    """A node group's GPUs (``nodeGroups[].gpu``): the model, how they are shared, the driver and the device list
+    strategy."""
+
+    #: The declared GPU model, a catalogue name (``A100-80GB``, ``H100-80GB``, ``L4``, ...) or another name for a board
+    #: the catalogue lacks; enables the MIG layout and driver checks.
     model: str | None = None
+    #: How the group's GPUs are shared: ``Exclusive``, ``TimeSlicing``, ``MPS`` or ``MIG`` (Deckhouse's semantics).
     sharing: Sharing = Sharing.EXCLUSIVE
+    #: ``TimeSlicing``'s parameters.
     time_slicing: TimeSlicing | None = None
+    #: ``MPS``'s parameters.
     mps: Mps | None = None
+    #: ``MIG``'s layout and strategy.
     mig: Mig | None = None
+    #: The group's NVIDIA driver: who installs it, which one, how it is upgraded.
     driver: Driver = Driver()
-    #: How the device plugin names allocated GPUs to the container (``nvgpu.devicelist``); node setup makes
-    #: the NVIDIA toolkit accept exactly that. ``envvar`` lets any pod take any GPU of its node.
-    device_list_strategy: Annotated[list[DeviceListStrategy], BeforeValidator(devicelist.split),
-                                    AfterValidator(devicelist.check)] = list(devicelist.DEFAULT)
+    #: How the device plugin names allocated GPUs to the container (``nvgpu.devicelist``), a list or a comma
+    #: list; node setup makes the NVIDIA toolkit accept exactly that. ``envvar`` lets any pod take any GPU of
+    #: its node.
+    device_list_strategy: Annotated[
+        list[DeviceListStrategy],
+        BeforeValidator(devicelist.split, json_schema_input_type=list[DeviceListStrategy] | str),
+        AfterValidator(devicelist.check)] = list(devicelist.DEFAULT)
 
     @field_validator("model")
     @classmethod

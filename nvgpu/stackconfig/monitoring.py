@@ -70,10 +70,13 @@ def _scrape_interval(v: str) -> str:
 class DcgmExporterImage(ConfigModel):
     """NVIDIA's dcgm-exporter image, pinned by digest (an image with host access is never taken by tag alone)."""
 
+    #: The image repository, without tag or digest.
     repository: Repository = "nvcr.io/nvidia/k8s/dcgm-exporter"
     #: The release, e.g. ``4.4.1-4.6.0-ubuntu22.04`` (informational: the digest decides).
     tag: Tag | None = None
+    #: ``sha256:`` and 64 hexadecimal digits: the image is always pulled by digest.
     digest: Digest
+    #: The exporter's ``imagePullPolicy``.
     pull_policy: PullPolicy = "IfNotPresent"
 
     @property
@@ -82,15 +85,20 @@ class DcgmExporterImage(ConfigModel):
 
 
 class DcgmExporterSettings(ConfigModel):
+    """NVIDIA's dcgm-exporter, for ``exporter: dcgm``."""
+
+    #: NVIDIA's dcgm-exporter image, required with ``exporter: dcgm``.
     image: DcgmExporterImage | None = None
 
 
 class Dashboards(ConfigModel):
     """Grafana dashboards as ConfigMaps for Grafana's dashboard sidecar (NVIDIA's, unchanged, and ours)."""
 
+    #: Create the dashboard ConfigMaps (NVIDIA's and the fleet dashboard).
     enabled: Bool = True
     #: The label Grafana's sidecar selects (its ``sidecar.dashboards.label`` and ``labelValue``).
     label: Annotated[str, AfterValidator(check_key)] = "grafana_dashboard"
+    #: The value of that label.
     label_value: Annotated[str, AfterValidator(check_label_value)] = "1"
     #: Where the ConfigMaps go (default: the stack's namespace); the sidecar must watch it.
     namespace: DnsLabel | None = None
@@ -101,9 +109,11 @@ class Monitoring(ConfigModel):
 
     #: Off: no exporter, scrape objects, alerts or dashboards at all.
     enabled: Bool = True
+    #: Who serves the GPU metrics: ``agent``, ``dcgm`` (with ``dcgm.image``) or ``none``.
     exporter: MetricsExporter = MetricsExporter.AGENT
     #: ``annotations`` needs nothing in the cluster; the two monitors need the Prometheus Operator's CRDs.
     scrape: ScrapeMode = ScrapeMode.ANNOTATIONS
+    #: The scrape interval, a Prometheus duration from 1s to 10m.
     interval: Annotated[str, AfterValidator(_scrape_interval)] = "30s"
     #: A PrometheusRule with the GPU alerts (README, "Alerts"); default: on wherever the scrape is by the
     #: Prometheus Operator, which is what loads it.
@@ -114,7 +124,9 @@ class Monitoring(ConfigModel):
     #: The fields to serve, in dcgm-exporter's counters format (default: NVIDIA's default file); one
     #: ConfigMap feeds whichever exporter runs.
     counters: str | None = None
+    #: NVIDIA's dcgm-exporter (``exporter: dcgm``).
     dcgm: DcgmExporterSettings = DcgmExporterSettings()
+    #: The Grafana dashboards.
     dashboards: Dashboards = Dashboards()
     #: What an agent does when another process holds its status port (``/metrics`` and its probes): by
     #: default the device plugin, DRA plugin, MIG manager and node setup's monitor log it, keep doing

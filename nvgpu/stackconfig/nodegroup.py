@@ -52,8 +52,13 @@ LabelValue = Annotated[str, AfterValidator(check_label_value)]
 
 
 class LabelSelectorRequirement(ConfigModel):
+    """One requirement of a node selector, as Kubernetes' ``matchExpressions`` take it."""
+
+    #: The node label's key.
     key: LabelKey
+    #: ``In``, ``NotIn``, ``Exists`` or ``DoesNotExist``.
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    #: The values of ``In`` and ``NotIn`` (none for the others).
     values: list[LabelValue] = []
 
     @model_validator(mode="after")
@@ -66,7 +71,11 @@ class LabelSelectorRequirement(ConfigModel):
 
 
 class NodeSelector(ConfigModel):
+    """A label selector for the group's nodes, for clusters without Deckhouse NodeGroups."""
+
+    #: Labels every node of the group carries.
     match_labels: dict[LabelKey, LabelValue] = {}
+    #: Requirements every node of the group meets, at most 100.
     match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=MAX_SELECTOR_REQUIREMENTS)] = []
 
     @model_validator(mode="after")
@@ -122,25 +131,39 @@ CONTROLLER_TAINTS = frozenset({
 
 
 class Taint(ConfigModel):
+    """A node taint, as Kubernetes' ``spec.taints`` take it."""
+
+    #: The taint's key.
     key: LabelKey
+    #: The taint's value.
     value: LabelValue = ""
+    #: ``NoSchedule``, ``PreferNoSchedule`` or ``NoExecute``.
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
 
 class NodeGroup(ConfigModel):
+    """One group of GPU nodes (an entry of ``nvidia-gpu:nodeGroups``): how its nodes are selected, its taints, its GPUs
+    and toolkit."""
+
+    #: The group's name: a DNS label of at most 32 characters, which names the group's objects.
     name: Annotated[str, AfterValidator(_group_name)]
     #: The Deckhouse NodeGroup whose nodes form this group (selects ``node.deckhouse.io/group=<name>``).
     node_group: Annotated[str, AfterValidator(check_dns_label)] | None = None
     #: An explicit label selector, for clusters without Deckhouse NodeGroups.
     node_selector: NodeSelector | None = None
+    #: The group's GPUs: model, sharing, driver, device list strategy.
     gpu: Gpu = Gpu()
     #: Taint GPU nodes ``nvidia.com/gpu=present:NoSchedule`` so only GPU workloads land there.
     gpu_taint: Bool = True
+    #: More taints for the group's nodes; on Deckhouse these replace the node template's taint list, so list them all
+    #: here.
     extra_taints: list[Taint] = []
+    #: How pods get the group's GPUs, ``devicePlugin`` or ``dra``: default ``cluster.allocationMode``.
     allocation_mode: AllocationMode | None = None
     #: DRA only: GPUs of this group may be bound to vfio-pci and handed to VMs (IOMMU on, gpu-vfio.sh).
     passthrough: Bool = False
+    #: The NVIDIA Container Toolkit of the group's nodes.
     toolkit: Toolkit = Toolkit()
 
     renamed_keys = (

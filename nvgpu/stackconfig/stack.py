@@ -23,7 +23,11 @@ from nvgpu.stackconfig.nodegroup import NodeGroup
 
 
 class StackConfig(ConfigModel):
+    """The whole ``nvidia-gpu:`` namespace of a stack: the cluster settings and the node groups, checked together."""
+
+    #: The settings every node group shares (``nvidia-gpu:cluster``).
     cluster: Cluster
+    #: The groups of GPU nodes, at least one, their names unique (``nvidia-gpu:nodeGroups``).
     node_groups: Annotated[list[NodeGroup], Field(min_length=1)]
 
     @model_validator(mode="after")
