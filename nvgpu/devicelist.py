@@ -21,9 +21,15 @@ from enum import StrEnum
 
 
 class DeviceListStrategy(StrEnum):
+    """How the device plugin names the GPUs it allocates to the container (NVIDIA's ``deviceListStrategy``)."""
+
+    #: ``NVIDIA_VISIBLE_DEVICES``: lets any pod take every GPU of its node.
     ENVVAR = "envvar"
+    #: ``/dev/null`` volume mounts the toolkit reads (the default).
     VOLUME_MOUNTS = "volume-mounts"
+    #: CDI device names in pod annotations.
     CDI_ANNOTATIONS = "cdi-annotations"
+    #: CDI devices in the CRI's ``CDIDevices`` field.
     CDI_CRI = "cdi-cri"
 
     @property

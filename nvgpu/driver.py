@@ -62,8 +62,13 @@ class DriverSource(StrEnum):
 
 
 class DriverType(StrEnum):
+    """Which NVIDIA driver: the data-center driver, a vGPU guest driver, or the vGPU manager of a hypervisor."""
+
+    #: The data-center driver.
     GPU = "gpu"
+    #: A vGPU guest driver.
     VGPU = "vgpu"
+    #: The vGPU manager: the node's GPUs become vGPUs for VMs.
     VGPU_HOST_MANAGER = "vgpu-host-manager"
 
 
@@ -78,9 +83,13 @@ VIRTUALIZATION_MODES: dict[DriverType, tuple[str, ...]] = {
 
 
 class KernelModules(StrEnum):
+    """Which kernel modules a deployed driver loads."""
+
     #: NVIDIA's choice for the GPU and driver (the open modules on recent branches and GPUs).
     AUTO = "auto"
+    #: NVIDIA's open GPU kernel modules (branch 515 or later, Turing or later GPUs).
     OPEN = "open"
+    #: The proprietary kernel modules.
     PROPRIETARY = "proprietary"
 
 

@@ -23,6 +23,8 @@ from enum import StrEnum
 
 
 class ToolkitSource(StrEnum):
+    """Who installs the NVIDIA Container Toolkit on the group's nodes."""
+
     #: The node image (or a configuration manager) installed it; node setup verifies it.
     PREINSTALLED = "preinstalled"
     #: NVIDIA's toolkit container installs it on each of the group's nodes.

@@ -45,52 +45,33 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from nvidia_gpu.components.dra_stack import DraStack, DraStackArgs
-    from nvidia_gpu.components.driver_upgrade import DriverUpgrade, DriverUpgradeArgs
-    from nvidia_gpu.components.mig_profile import MigProfile, MigProfileArgs
-    from nvidia_gpu.components.monitoring import GpuMonitoring, GpuMonitoringArgs
-    from nvidia_gpu.components.node_group import GpuNodeGroup, GpuNodeGroupArgs
-    from nvidia_gpu.components.platform import GpuPlatform, GpuPlatformArgs
-    from nvidia_gpu.components.program import build_stack
-    from nvidia_gpu.components.sharing_policy import SharingPolicy, SharingPolicyArgs
+from nvidia_gpu.components import registry
 
-#: Public name -> the module that defines it.
+if TYPE_CHECKING:  # what type checkers see; at run time the registry's names load on first use (__getattr__)
+    from nvidia_gpu.components.dra_stack import DraStack as DraStack
+    from nvidia_gpu.components.dra_stack import DraStackArgs as DraStackArgs
+    from nvidia_gpu.components.driver_upgrade import DriverUpgrade as DriverUpgrade
+    from nvidia_gpu.components.driver_upgrade import DriverUpgradeArgs as DriverUpgradeArgs
+    from nvidia_gpu.components.mig_profile import MigProfile as MigProfile
+    from nvidia_gpu.components.mig_profile import MigProfileArgs as MigProfileArgs
+    from nvidia_gpu.components.monitoring import GpuMonitoring as GpuMonitoring
+    from nvidia_gpu.components.monitoring import GpuMonitoringArgs as GpuMonitoringArgs
+    from nvidia_gpu.components.node_group import GpuNodeGroup as GpuNodeGroup
+    from nvidia_gpu.components.node_group import GpuNodeGroupArgs as GpuNodeGroupArgs
+    from nvidia_gpu.components.platform import GpuPlatform as GpuPlatform
+    from nvidia_gpu.components.platform import GpuPlatformArgs as GpuPlatformArgs
+    from nvidia_gpu.components.program import build_stack as build_stack
+    from nvidia_gpu.components.sharing_policy import SharingPolicy as SharingPolicy
+    from nvidia_gpu.components.sharing_policy import SharingPolicyArgs as SharingPolicyArgs
+
+#: Public name -> the module that defines it: every component of the registry with its ``...Args``, and
+#: ``build_stack``.
 _EXPORTS = {
-    "GpuPlatform": "nvidia_gpu.components.platform",
-    "GpuPlatformArgs": "nvidia_gpu.components.platform",
-    "GpuNodeGroup": "nvidia_gpu.components.node_group",
-    "GpuNodeGroupArgs": "nvidia_gpu.components.node_group",
-    "SharingPolicy": "nvidia_gpu.components.sharing_policy",
-    "SharingPolicyArgs": "nvidia_gpu.components.sharing_policy",
-    "MigProfile": "nvidia_gpu.components.mig_profile",
-    "MigProfileArgs": "nvidia_gpu.components.mig_profile",
-    "DraStack": "nvidia_gpu.components.dra_stack",
-    "DraStackArgs": "nvidia_gpu.components.dra_stack",
-    "GpuMonitoring": "nvidia_gpu.components.monitoring",
-    "GpuMonitoringArgs": "nvidia_gpu.components.monitoring",
-    "DriverUpgrade": "nvidia_gpu.components.driver_upgrade",
-    "DriverUpgradeArgs": "nvidia_gpu.components.driver_upgrade",
+    **{name: c.module for c in registry.COMPONENTS for name in (c.name, c.args)},
     "build_stack": "nvidia_gpu.components.program",
 }
 
-__all__ = [
-    "DraStack",
-    "DraStackArgs",
-    "DriverUpgrade",
-    "DriverUpgradeArgs",
-    "GpuMonitoring",
-    "GpuMonitoringArgs",
-    "GpuNodeGroup",
-    "GpuNodeGroupArgs",
-    "GpuPlatform",
-    "GpuPlatformArgs",
-    "MigProfile",
-    "MigProfileArgs",
-    "SharingPolicy",
-    "SharingPolicyArgs",
-    "build_stack",
-]
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605  # derived from the registry (the names are in _EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

@@ -4,12 +4,18 @@
 (``pulumi package add <repository>/provider``); the engine runs ``provider/__main__.py``, which calls
 :func:`serve`. Pulumi's component provider host (reached through :mod:`nvidia_gpu.sdk.componenthost`)
 serves the classes below and infers the package's schema from their annotations: each ``...Inputs``
-TypedDict is a component's input properties (camelCased), the class annotations its outputs.
+TypedDict is a component's input properties (camelCased), the class annotations its outputs. The classes
+are the registry's (:mod:`nvidia_gpu.components.registry`: every component, described as it says).
+
+The schema served types ``cluster``, ``group`` and ``groups`` as object types made from the stack config's
+models (:func:`_typed`: enums for the sharing and allocation modes and the rest, every field described from
+the models' docs), so TypeScript, Go and Pulumi YAML know every key; the constructors still take them as
+plain dicts and validate them with those models (:mod:`nvidia_gpu.sdk.schematypes` says why).
 
 Each class *is* the Python component of the same name (same ``nvidia-gpu:index:<Name>`` token, same
 children and names), taking its settings the way a stack config spells them, so there is one schema
 to learn: ``cluster`` is the ``nvidia-gpu:cluster`` object and ``group``/``groups`` entries of
-``nvidia-gpu:nodeGroups`` (docs/configuration.md). They are validated by the same models, together (a
+``nvidia-gpu:nodeGroups`` (docs/reference/components.md). They are validated by the same models, together (a
 DRA group on a cluster below 1.34 is refused as in a stack), and an error names the component, its
 resource name and the field. Those objects are plain (known at preview); ``namespace``, ``agentImage``
 and ``extraLabels`` may come from other resources, as in the Python API.
@@ -23,22 +29,45 @@ settings give them (:meth:`PlatformRefs.deployed`).
 # No ``from __future__ import annotations``: the component provider host reads these annotations at
 # run time and needs them as types, not strings.
 
+import copy
 import dataclasses
+import inspect
 import sys
-from typing import Any, NotRequired, TypedDict
+from collections.abc import Mapping
+from typing import Any, NotRequired, TypedDict, TypeVar
 
 import pulumi
+from pydantic.alias_generators import to_camel
 
 from nvgpu.driver import DriverSource
 from nvgpu.protostruct import integral
-from nvgpu.stackconfig import AllocationMode, NodeGroup, StackConfig, StackConfigError, load_stack_config
+from nvgpu.stackconfig import (
+    AllocationMode,
+    Cluster,
+    NodeGroup,
+    StackConfig,
+    StackConfigError,
+    jsonschema,
+    load_stack_config,
+)
 from nvgpu.version import VERSION
-from nvidia_gpu.components import dra_stack, driver_upgrade, mig_profile, monitoring, node_group, platform
+from nvidia_gpu.components import (
+    dra_stack,
+    driver_upgrade,
+    mig_profile,
+    monitoring,
+    node_group,
+    platform,
+    registry,
+    sharing_policy,
+)
 from nvidia_gpu.components.manifests import driverupgrade as driverupgrade_manifests
-from nvidia_gpu.sdk import componenthost
+from nvidia_gpu.sdk import componenthost, schematypes
 
 #: The package name: the first part of every type token.
-PACKAGE = "nvidia-gpu"
+PACKAGE = registry.PACKAGE
+
+_C = TypeVar("_C", bound=pulumi.ComponentResource)
 
 
 class GpuPlatformInputs(TypedDict):
@@ -64,6 +93,18 @@ class GpuNodeGroupInputs(GpuPlatformInputs):
     group: dict[str, Any]
     """The node group: one entry of the ``nvidia-gpu:nodeGroups`` stack-config list (``name``,
     ``nodeGroup`` or ``nodeSelector``, ``gpu``, ``allocationMode``, ...)."""
+
+
+class SharingPolicyInputs(TypedDict):
+    cluster: dict[str, Any]
+    """The cluster settings: the ``nvidia-gpu:cluster`` stack-config object (its ``namespace`` is the
+    ConfigMap's unless ``namespace`` is given)."""
+    group: dict[str, Any]
+    """The node group: one entry of the ``nvidia-gpu:nodeGroups`` stack-config list."""
+    namespace: NotRequired[pulumi.Input[str]]
+    """The ConfigMap's namespace, when it comes from another resource (default ``cluster.namespace``)."""
+    extra_labels: NotRequired[pulumi.Input[dict[str, pulumi.Input[str]]]]
+    """Labels added to the ConfigMap."""
 
 
 class GroupsInputs(GpuPlatformInputs):
@@ -95,7 +136,7 @@ def _split(lines: list[str], renames: tuple[tuple[str, str], ...], whole: str) -
     return out
 
 
-def _platform_args(component: str, name: str, args: GpuPlatformInputs) -> platform.GpuPlatformArgs:
+def _platform_args(component: str, name: str, args: Mapping[str, Any]) -> platform.GpuPlatformArgs:
     """The platform args (cluster settings, namespace, image, labels checked), or :class:`InputsError`."""
     try:
         return platform.GpuPlatformArgs(
@@ -117,22 +158,30 @@ def _stack_config(component: str, name: str, platform_args: platform.GpuPlatform
     try:
         return load_stack_config({"cluster": settings, "nodeGroups": integral(groups)})
     except StackConfigError as e:
-        group = "group" if component == "GpuNodeGroup" else "groups[0]"
+        group = "group" if "group" in registry.BY_NAME[component].settings else "groups[0]"
         renames = (("nvidia-gpu:nodeGroups[0]", group), ("nvidia-gpu:nodeGroups", "groups"),
                    ("nvidia-gpu:cluster", "cluster"), ("nvidia-gpu:", ""))
         raise InputsError(component, name, _split(e.problems, renames, group.partition("[")[0])) from None
 
 
-def _validated(component: str, name: str, args: GpuPlatformInputs,
+def _validated(component: str, name: str, args: Mapping[str, Any],
                groups: list[dict[str, Any]]) -> tuple[platform.GpuPlatformArgs, StackConfig]:
     platform_args = _platform_args(component, name, args)
     return platform_args, _stack_config(component, name, platform_args, groups)
 
 
-class GpuPlatform(platform.GpuPlatform):
-    """The cluster-wide part of nvidia-gpu: the agents' namespace, ServiceAccounts and least-privilege
-    RBAC, and the ``nvidia`` RuntimeClass for users' GPU pods."""
+def _served(cls: type[_C]) -> type[_C]:
+    """A served component: described as its registry entry says (the schema's description of the resource)."""
+    entry = registry.BY_NAME[cls.__name__]
+    inputs = inspect.get_annotations(cls.__init__)["args"]
+    if not set(entry.settings) <= inputs.__required_keys__:  # the registry's word on what the component takes
+        raise TypeError(f"{cls.__name__}: {inputs.__name__} lacks the settings {entry.settings}")
+    cls.__doc__ = entry.doc
+    return cls
 
+
+@_served
+class GpuPlatform(platform.GpuPlatform):
     # The outputs, spelled again here as types (the Python component's module defers its annotations).
     namespace: pulumi.Output[str]
     """The namespace the agents run in."""
@@ -145,11 +194,8 @@ class GpuPlatform(platform.GpuPlatform):
                                                                                         or ())), opts)
 
 
+@_served
 class GpuNodeGroup(node_group.GpuNodeGroup):
-    """One group of GPU nodes: node setup (Deckhouse NodeGroupConfigurations or the setup DaemonSet), the
-    labeller, and in device-plugin mode the device plugin with its sharing configs (exclusive,
-    time-slicing, MPS, MIG). Depends on its ``GpuPlatform`` (``dependsOn``)."""
-
     node_labels: dict[str, str]
     """The labels the group's nodes carry (GPU model, sharing, the deploy gates)."""
     node_taints: list[dict[str, str]]
@@ -163,10 +209,23 @@ class GpuNodeGroup(node_group.GpuNodeGroup):
             allocation_mode=config.allocation_mode(group)), opts)
 
 
-class MigProfile(mig_profile.MigProfile):
-    """The stack's MIG layouts as a mig-parted ConfigMap, and the MIG manager DaemonSet that applies them
-    on every group that can have MIG GPUs. One per cluster; depends on its ``GpuPlatform``."""
+@_served
+class SharingPolicy(sharing_policy.SharingPolicy):
+    config_map_name: pulumi.Output[str]
+    """The ConfigMap's name (``device-plugin-config-<group>``), for a device plugin's config."""
+    default_config: pulumi.Output[str]
+    """The config a node without (or with an unknown) ``node.deckhouse.io/device-gpu.config`` label gets:
+    the group's ``gpu.sharing``."""
 
+    def __init__(self, name: str, args: SharingPolicyInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+        platform_args, config = _validated("SharingPolicy", name, args, [args["group"]])
+        super().__init__(name, sharing_policy.SharingPolicyArgs(
+            namespace=platform_args.settings.namespace, group=config.node_groups[0], extra_labels=platform_args.labels),
+            opts)
+
+
+@_served
+class MigProfile(mig_profile.MigProfile):
     config_map_name: pulumi.Output[str]
     """The mig-parted ConfigMap's name."""
     config_names: pulumi.Output[dict[str, str]]
@@ -178,11 +237,8 @@ class MigProfile(mig_profile.MigProfile):
                          opts)
 
 
+@_served
 class DraStack(dra_stack.DraStack):
-    """DRA mode (Kubernetes 1.34+) for the groups whose ``allocationMode`` is ``dra``: the DeviceClasses,
-    the kubelet plugin DaemonSets, their RBAC and the admission policy that confines each plugin to its
-    own node's ResourceSlices. Depends on its ``GpuPlatform``."""
-
     def __init__(self, name: str, args: GroupsInputs, opts: pulumi.ResourceOptions | None = None) -> None:
         platform_args, config = _validated("DraStack", name, args, args["groups"])
         dra_groups = [g for g in config.node_groups if config.allocation_mode(g) is AllocationMode.DRA]
@@ -193,11 +249,8 @@ class DraStack(dra_stack.DraStack):
             opts)
 
 
+@_served
 class GpuMonitoring(monitoring.GpuMonitoring):
-    """GPU metrics and their use, as ``cluster.monitoring`` says: an exporter DaemonSet per group (the agent's
-    NVML exporter or NVIDIA's dcgm-exporter), ServiceMonitors or PodMonitors, the alert rules and the Grafana
-    dashboards. One per cluster; depends on its ``GpuPlatform`` and, for the exporters, on the groups."""
-
     metrics_exporter: str
     """Who serves the GPU metrics: ``agent``, ``dcgm`` or ``none``."""
     alert_rules: bool
@@ -216,11 +269,8 @@ class GpuMonitoring(monitoring.GpuMonitoring):
         self.dashboard_count = len(self.dashboards)
 
 
+@_served
 class DriverUpgrade(driver_upgrade.DriverUpgrade):
-    """The driver upgrade controller for the groups whose ``gpu.driver.source`` is ``container``: it rolls a
-    driver change through their nodes one at a time (cordon, drain, new driver, check, uncordon), honouring
-    Deckhouse disruption windows. One per cluster; depends on its ``GpuPlatform``."""
-
     drain_mode: str
     """How nodes are drained: ``deckhouse`` (NodeGroup disruptions) or ``evict``."""
 
@@ -234,14 +284,39 @@ class DriverUpgrade(driver_upgrade.DriverUpgrade):
         self.drain_mode = driverupgrade_manifests.drain_mode(platform_args.settings)
 
 
-COMPONENTS: list[type[pulumi.ComponentResource]] = [GpuPlatform, GpuNodeGroup, MigProfile, DraStack, GpuMonitoring,
-                                                    DriverUpgrade]
+#: The served components, in the registry's order (every component of :mod:`nvidia_gpu.components.registry`).
+COMPONENTS: list[type[pulumi.ComponentResource]] = [globals()[c.name] for c in registry.COMPONENTS]
+
+
+def _typed(inferred: dict[str, Any]) -> dict[str, Any]:
+    """The inferred schema with ``cluster``, ``group`` and ``groups`` typed by the stack config's models (object
+    and enum types, descriptions from the models' docs): what the engine and the generated SDKs see. The
+    components still take them as plain dicts and validate them with the same models."""
+    (cluster, group), defs = jsonschema.json_schemas([Cluster, NodeGroup])
+    # The components' own take on the cluster object: the agent image may come as the agentImage input, and
+    # the preview identity is a whole stack's (a component refuses it: its role is derived from every object).
+    settings = copy.deepcopy(defs["Cluster"])
+    settings["properties"].pop("previewIdentity")
+    settings["required"] = [k for k in settings["required"] if k not in ("agentImage", "previewIdentity")]
+    image = settings["properties"]["agentImage"]
+    image["description"] += " Required unless the component's `agentImage` input is given."
+    typed = {"cluster": cluster, "group": group, "groups": {"type": "array", "items": group}}
+    refined = schematypes.typed_inputs(inferred, typed, {**defs, "Cluster": settings}, jsonschema.markdown)
+    # The analyzer reads an input's description from its own TypedDict's source, not from the one it derives
+    # from (GpuNodeGroupInputs' cluster is GpuPlatformInputs'): each input gets its documented one.
+    for cls in COMPONENTS:
+        inputs = inspect.get_annotations(cls.__init__)["args"]
+        docs = {to_camel(name): jsonschema.markdown(text) for name, text in jsonschema.attribute_docs(inputs).items()}
+        properties = refined["resources"][registry.BY_NAME[cls.__name__].token]["inputProperties"]
+        for key, prop in properties.items():
+            prop.setdefault("description", docs[key])
+    return refined
 
 
 def schema() -> str:
     """The package's schema as the engine receives it (``pulumi package get-schema``), without an engine: what
     a release publishes (``tools/release.py``), for ``pulumi package gen-sdk`` in languages the user picks."""
-    return componenthost.schema(COMPONENTS, PACKAGE, VERSION)
+    return componenthost.schema(COMPONENTS, PACKAGE, VERSION, refine=_typed)
 
 
 def _input_problems(error: Exception) -> list[tuple[str, str]] | None:
@@ -259,4 +334,4 @@ def serve() -> None:
     # As component_provider_host does: the engine passes the plugin's directory, then its own address.
     # The schema's version is the release's (nvgpu.version), not the installed distribution's metadata: an
     # editable install keeps the version it was installed with.
-    componenthost.serve(COMPONENTS, PACKAGE, VERSION, sys.argv[1:], _input_problems)
+    componenthost.serve(COMPONENTS, PACKAGE, VERSION, sys.argv[1:], _input_problems, refine=_typed)

@@ -80,6 +80,7 @@ from node_agent.setup.monitor import CheckMonitor
 from nvgpu import catalogue, stackconfig
 from nvgpu.k8snames import check_dns_label, check_dns_subdomain, check_key, check_label_value, qualified_name_problem
 from nvgpu.stackconfig.common import INT64_MAX, check_digest, check_repository, check_tag
+from nvidia_gpu import reference
 from nvidia_gpu.components.manifests import alerts, monitoring
 
 OUT = REPO / "docs" / "reference"
@@ -846,6 +847,15 @@ def labels_page() -> str:
                 "edit those definitions and their `#:` comments", body)
 
 
+# -- components.md ----------------------------------------------------------------------------------------
+
+
+def components_page() -> str:
+    """The components, from their registry and the package schema (``nvidia_gpu.reference`` writes the body)."""
+    return page("Components", "`nvidia_gpu.components.registry` and the package schema (`nvidia_gpu.package`)",
+                "edit the registry and the stack config models' docs", [reference.body()])
+
+
 # -- the pages --------------------------------------------------------------------------------------------
 
 PAGES: dict[str, Callable[[], str]] = {
@@ -854,6 +864,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "metrics.md": metrics_page,
     "alerts.md": alerts_page,
     "labels.md": labels_page,
+    "components.md": components_page,
 }
 
 

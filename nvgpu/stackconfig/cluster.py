@@ -198,6 +198,8 @@ class PreviewIdentity(ConfigModel):
 
 
 class Cluster(ConfigModel):
+    """The settings every node group shares: the ``nvidia-gpu:cluster`` stack-config object."""
+
     #: The cluster's Kubernetes version, ``major.minor`` as a quoted string (``"1.34"``): the manifests are
     #: validated against this version's schemas, and the features it has decide what is rendered.
     kubernetes_version: str
@@ -210,13 +212,16 @@ class Cluster(ConfigModel):
     #: templates) or the stack's setup DaemonSet.
     node_setup: NodeSetupBackend = NodeSetupBackend.DAEMONSET
     #: A mapping, or one reference as ``docker pull`` takes it (``registry/agent:1.2.0`` or with ``@sha256:``).
-    agent_image: Annotated[AgentImage, BeforeValidator(_image_text)]
+    agent_image: Annotated[AgentImage, BeforeValidator(_image_text, json_schema_input_type=AgentImage | str)]
+    #: GPU metrics, scrape objects, alerts and dashboards.
     monitoring: Monitoring = Monitoring()
     #: A PriorityClass's name is a DNS subdomain; the API server refuses the agents' pods otherwise.
     priority_class_name: Annotated[str, AfterValidator(check_dns_subdomain)] = "system-node-critical"
     #: The DRA driver's settings (groups with allocation mode ``dra``).
     dra: DraSettings = DraSettings()
+    #: The MIG manager's settings.
     mig: MigManagerSettings = MigManagerSettings()
+    #: The RuntimeClass for users' GPU pods.
     runtime_class: RuntimeClassSettings = RuntimeClassSettings()
     #: NVIDIA driver root on the nodes of groups with a pre-installed driver (NVIDIA's ``nvidiaDriverRoot``):
     #: ``/`` for a driver installed on the host, ``/run/nvidia/driver`` for a driver container run by someone

@@ -59,6 +59,9 @@ class ClaimQuota(ConfigModel):
 
 
 class DraSettings(ConfigModel):
+    """DRA mode's settings (``cluster.dra``): the driver name, how unhealthy GPUs are withdrawn, claim quotas and
+    DeviceClasses."""
+
     #: ResourceSlice driver (DNS subdomain, at most 63 characters); NVIDIA's name by default.
     driver_name: Annotated[str, AfterValidator(_driver_name)] = "gpu.nvidia.com"
     #: Unhealthy GPUs are withdrawn from the ResourceSlices, or published with a device taint (1.36+).

@@ -45,13 +45,22 @@ _UNLISTED_MODEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
 
 class Sharing(StrEnum):
+    """How a group's GPUs are shared between pods (Deckhouse's semantics)."""
+
+    #: One pod per GPU.
     EXCLUSIVE = "Exclusive"
+    #: Replicas of each GPU, time-shared (``gpu.timeSlicing``).
     TIME_SLICING = "TimeSlicing"
+    #: Clients of an MPS server per GPU (``gpu.mps``).
     MPS = "MPS"
+    #: MIG instances (``gpu.mig``).
     MIG = "MIG"
 
 
 class MigStrategy(StrEnum):
+    """How the device plugin exposes MIG devices: ``mixed`` as ``nvidia.com/mig-<profile>``, ``single`` as
+    ``nvidia.com/gpu``."""
+
     MIXED = "mixed"
     SINGLE = "single"
 
@@ -68,16 +77,22 @@ def _catalogue_spelling(name: str) -> str | None:
 
 
 class TimeSlicing(ConfigModel):
+    """Time-slicing: each GPU advertised as several replicas that share its memory and time."""
+
     #: Replicas of each GPU offered to pods.
     partition_count: Annotated[int, Field(ge=2, le=100)] = 4
 
 
 class Mps(ConfigModel):
+    """MPS: each GPU shared by several clients of one MPS server, with memory and compute limits per client."""
+
     #: MPS clients per GPU (each gets its share of the memory and of the SMs).
     partition_count: Annotated[int, Field(ge=2, le=MPS_MAX_CLIENTS)] = 4
 
 
 class MigSlice(ConfigModel):
+    """MIG instances of one profile on one GPU."""
+
     #: A MIG profile, like ``3g.40gb``.
     profile: str
     #: Instances of that profile on the GPU.
@@ -85,6 +100,8 @@ class MigSlice(ConfigModel):
 
 
 class MigCustomConfig(ConfigModel):
+    """One GPU's MIG layout (``partedConfig: custom``)."""
+
     #: The GPU's index on the node; one layout per index.
     index: Annotated[int, Field(ge=0, le=15)]
     #: The GPU's MIG instances, by profile.
@@ -92,6 +109,8 @@ class MigCustomConfig(ConfigModel):
 
 
 class Mig(ConfigModel):
+    """The MIG layout of the group's GPUs and how the device plugin exposes it."""
+
     #: The mig-parted config every GPU of the group gets: ``all-disabled``, ``all-enabled``, ``all-balanced``,
     #: ``all-<profile>`` in NVIDIA's spelling (``all-1g.10gb``, ``all-1g.24gb.gfx``, ``all-1g.24gb.me.all``,
     #: ``all-1g.24gb-me``), or ``custom`` for ``customConfigs``; checked against the model's MIG profiles.
@@ -136,6 +155,9 @@ class Mig(ConfigModel):
 
 
 class Gpu(ConfigModel):
+    """A node group's GPUs (``nodeGroups[].gpu``): the model, how they are shared, the driver and the device list
+    strategy."""
+
     #: The group's GPU model, for the MIG layout and driver checks and the capacity plan: a catalogue model
     #: (``nvgpu.catalogue``, like ``H100-80GB``), or another name of letters, digits, ``.``, ``_`` and ``-`` for a
     #: board the catalogue lacks (its MIG layout is then checked on the node, and the global driver minimum
@@ -149,11 +171,15 @@ class Gpu(ConfigModel):
     mps: Mps | None = None
     #: With ``sharing: MIG`` only (default: ``partedConfig all-1g.10gb``, strategy ``mixed``).
     mig: Mig | None = None
+    #: The group's NVIDIA driver: who installs it, which one, how it is upgraded.
     driver: Driver = Driver()
-    #: How the device plugin names allocated GPUs to the container (``nvgpu.devicelist``); node setup makes
-    #: the NVIDIA toolkit accept exactly that. ``envvar`` lets any pod take any GPU of its node.
-    device_list_strategy: Annotated[list[DeviceListStrategy], BeforeValidator(devicelist.split),
-                                    AfterValidator(devicelist.check)] = list(devicelist.DEFAULT)
+    #: How the device plugin names allocated GPUs to the container (``nvgpu.devicelist``), a list or a comma
+    #: list; node setup makes the NVIDIA toolkit accept exactly that. ``envvar`` lets any pod take any GPU of
+    #: its node.
+    device_list_strategy: Annotated[
+        list[DeviceListStrategy],
+        BeforeValidator(devicelist.split, json_schema_input_type=list[DeviceListStrategy] | str),
+        AfterValidator(devicelist.check)] = list(devicelist.DEFAULT)
 
     @field_validator("model")
     @classmethod

@@ -85,6 +85,8 @@ class DcgmExporterImage(ConfigModel):
 
 
 class DcgmExporterSettings(ConfigModel):
+    """NVIDIA's dcgm-exporter, for ``exporter: dcgm``."""
+
     #: NVIDIA's dcgm-exporter image: required with ``exporter: dcgm``, refused otherwise.
     image: DcgmExporterImage | None = None
 
@@ -125,6 +127,7 @@ class Monitoring(ConfigModel):
     counters: str | None = None
     #: NVIDIA's dcgm-exporter, for ``exporter: dcgm``.
     dcgm: DcgmExporterSettings = DcgmExporterSettings()
+    #: The Grafana dashboards.
     dashboards: Dashboards = Dashboards()
     #: What an agent does when another process holds its status port (``/metrics`` and its probes): by
     #: default the device plugin, DRA plugin, MIG manager and node setup's monitor log it, keep doing

@@ -52,6 +52,8 @@ LabelValue = Annotated[str, AfterValidator(check_label_value)]
 
 
 class LabelSelectorRequirement(ConfigModel):
+    """One requirement of a node selector, as Kubernetes' ``matchExpressions`` take it."""
+
     #: The node label's key.
     key: LabelKey
     #: How the label's value is compared (Kubernetes' operators).
@@ -69,6 +71,8 @@ class LabelSelectorRequirement(ConfigModel):
 
 
 class NodeSelector(ConfigModel):
+    """A label selector for the group's nodes, for clusters without Deckhouse NodeGroups."""
+
     #: Labels a node must carry, key to value.
     match_labels: dict[LabelKey, LabelValue] = {}
     #: Requirements a node's labels must meet; contradicting ones (no node could match) are refused.
@@ -127,6 +131,8 @@ CONTROLLER_TAINTS = frozenset({
 
 
 class Taint(ConfigModel):
+    """A node taint, as Kubernetes' ``spec.taints`` take it."""
+
     #: The taint's key; not the GPU taint's while ``gpuTaint`` is on, nor a key the MIG manager, the driver upgrade
     #: or Kubernetes' node controllers set.
     key: LabelKey
@@ -138,6 +144,9 @@ class Taint(ConfigModel):
 
 
 class NodeGroup(ConfigModel):
+    """One group of GPU nodes (an entry of ``nvidia-gpu:nodeGroups``): how its nodes are selected, its taints, its GPUs
+    and toolkit."""
+
     #: The group's name, a DNS label of at most 32 characters: it names the group's objects (DaemonSets,
     #: ConfigMaps, NodeGroupConfigurations).
     name: Annotated[str, AfterValidator(_group_name)]
@@ -156,6 +165,7 @@ class NodeGroup(ConfigModel):
     allocation_mode: AllocationMode | None = None
     #: DRA only: GPUs of this group may be bound to vfio-pci and handed to VMs (IOMMU on, gpu-vfio.sh).
     passthrough: Bool = False
+    #: The NVIDIA Container Toolkit of the group's nodes.
     toolkit: Toolkit = Toolkit()
 
     renamed_keys = (

@@ -23,6 +23,8 @@ from nvgpu.stackconfig.nodegroup import NodeGroup
 
 
 class StackConfig(ConfigModel):
+    """The whole ``nvidia-gpu:`` namespace of a stack: the cluster settings and the node groups, checked together."""
+
     #: The settings every node group shares.
     cluster: Cluster
     #: The groups of GPU nodes, each with its selection, GPUs, driver and toolkit; names unique.

@@ -17,7 +17,8 @@ One module per SDK concern:
 * :mod:`nvidia_gpu.sdk.analyzer`: the analyzer protocol's messages and stub
   (``pulumi.runtime.proto.analyzer_pb2*``), for the offline policy runner;
 * :mod:`nvidia_gpu.sdk.componenthost`: the provider-side component host that serves the components to
-  other languages (``pulumi.provider``);
+  other languages (``pulumi.provider``), and :mod:`nvidia_gpu.sdk.schematypes`, the typed settings objects
+  of the schema it serves (JSON Schema as the package schema's types, where the host's inference falls short);
 * :mod:`nvidia_gpu.sdk.k8stypes`: which API versions of a kind ``pulumi_kubernetes`` has a typed class
   for, read from the installed SDK's files.
 

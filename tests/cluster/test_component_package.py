@@ -21,6 +21,7 @@ import yaml
 
 from localcluster import ControlPlane
 from localcluster.objects import create_kwok_node, wait_for
+from nvidia_gpu.components import registry
 from nvidia_gpu.components.register import PROVIDER_VERSION
 from tests.cluster.pulumi_project import REPO, SETUP, Project, make_project
 from tests.kit.tools import required_bin
@@ -86,8 +87,7 @@ def test_the_package_schema_is_inferred_from_the_components(cluster: ControlPlan
     schema = json.loads(project.pulumi("package", "get-schema", str(REPO / "provider")).stdout)
     assert schema["name"] == "nvidia-gpu"
     resources = schema["resources"]
-    assert sorted(resources) == [f"nvidia-gpu:index:{n}" for n in ("DraStack", "DriverUpgrade", "GpuMonitoring",
-                                                                   "GpuNodeGroup", "GpuPlatform", "MigProfile")]
+    assert sorted(resources) == sorted(c.token for c in registry.COMPONENTS)  # every component, SharingPolicy too
     group = resources["nvidia-gpu:index:GpuNodeGroup"]
     assert group["isComponent"] is True
     assert sorted(group["requiredInputs"]) == ["cluster", "group"]

@@ -52,7 +52,7 @@ def pages() -> dict[str, str]:
 
 
 def test_every_page_is_generated_and_current(pages: dict[str, str]) -> None:
-    assert sorted(pages) == ["alerts.md", "cli.md", "labels.md", "metrics.md", "stack-config.md"]
+    assert sorted(pages) == ["alerts.md", "cli.md", "components.md", "labels.md", "metrics.md", "stack-config.md"]
     stale = [name for name, text in pages.items() if not (OUT / name).is_file() or (OUT / name).read_text() != text]
     assert not stale, f"docs/reference/{', '.join(stale)} differ from their sources: run `make docs-reference`"
     # index.md is the section's overview, written by hand; every other page is generated.

@@ -8,6 +8,7 @@ the preview, the policy runner or the component package breaks in a less readabl
 import ast
 import importlib
 import inspect
+import json
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -326,6 +327,34 @@ def test_the_host_infers_a_schema_and_reports_input_problems() -> None:
     assert refused.value.errors == [{"property_path": "size", "reason": "at most 3"}]
     with pytest.raises(ComponentInitError):
         host.construct("p", "probe:index:Probe", {"size": -1})
+
+
+class MapProbeArgs(TypedDict):
+    settings: dict[str, Any]
+    """A settings object the component validates itself."""
+
+
+class MapProbe(pulumi.ComponentResource):
+    """Refuses whatever it gets, quoting it."""
+
+    def __init__(self, name: str, args: MapProbeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        raise ValueError(json.dumps(args["settings"], sort_keys=True))
+
+
+def test_the_host_serves_the_refined_schema_and_passes_a_map_through() -> None:
+    """The package types its settings objects in the served schema only (nvidia_gpu.sdk.schematypes): the host
+    must keep handing a ``dict[str, Any]`` input to the constructor as the engine sent it, keys unrenamed and
+    unknown keys kept, for the component's own models to judge."""
+    def refine(schema: dict[str, Any]) -> dict[str, Any]:
+        return {**schema, "description": "refined"}
+
+    assert json.loads(componenthost.schema([MapProbe], "probe", "1.2.3", refine=refine))["description"] == "refined"
+    host = componenthost.host([MapProbe], "probe", "1.2.3", lambda e: [("settings", str(e))], refine=refine)
+    assert json.loads(host.schema)["description"] == "refined"  # what GetSchema answers
+    sent = {"kubernetesVersion": "1.34", "gpu": {"timeSlicng": {"partitionCount": 4.0}}}
+    with pytest.raises(InputPropertiesError) as refused:
+        host.construct("p", "probe:index:MapProbe", {"settings": sent})
+    assert refused.value.errors is not None and json.loads(refused.value.errors[0]["reason"]) == sent
 
 
 # --- k8stypes -------------------------------------------------------------------------------------------
