@@ -39,6 +39,7 @@ from typing import Any, NotRequired, TypedDict, TypeVar
 import pulumi
 from pydantic.alias_generators import to_camel
 
+from nvgpu import attrdocs
 from nvgpu.driver import DriverSource
 from nvgpu.protostruct import integral
 from nvgpu.stackconfig import (
@@ -306,7 +307,7 @@ def _typed(inferred: dict[str, Any]) -> dict[str, Any]:
     # from (GpuNodeGroupInputs' cluster is GpuPlatformInputs'): each input gets its documented one.
     for cls in COMPONENTS:
         inputs = inspect.get_annotations(cls.__init__)["args"]
-        docs = {to_camel(name): jsonschema.markdown(text) for name, text in jsonschema.attribute_docs(inputs).items()}
+        docs = {to_camel(name): jsonschema.markdown(text) for name, text in attrdocs.attribute_docs(inputs).items()}
         properties = refined["resources"][registry.BY_NAME[cls.__name__].token]["inputProperties"]
         for key, prop in properties.items():
             prop.setdefault("description", docs[key])

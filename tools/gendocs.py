@@ -36,15 +36,11 @@ manifest builders it reads are pure (.importlinter).
 from __future__ import annotations
 
 import argparse
-import ast
 import enum
-import functools
 import inspect
-import io
 import os
 import re
 import sys
-import tokenize
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -77,7 +73,7 @@ from node_agent.exporter.fields import DEFAULT_FIELDS, FIELDS, NOT_FROM_NVML
 from node_agent.kube import nodeowner
 from node_agent.mig.metrics import MigMetrics
 from node_agent.setup.monitor import CheckMonitor
-from nvgpu import catalogue, stackconfig
+from nvgpu import attrdocs, catalogue, stackconfig
 from nvgpu.k8snames import check_dns_label, check_dns_subdomain, check_key, check_label_value, qualified_name_problem
 from nvgpu.stackconfig.common import INT64_MAX, check_digest, check_repository, check_tag
 from nvidia_gpu import reference
@@ -91,54 +87,11 @@ SCRIPT = "tools/gendocs.py"
 # -- the sources' own comments ----------------------------------------------------------------------------
 
 
-@functools.cache
-def _parsed(path: str) -> tuple[ast.Module, tuple[str, ...], dict[int, str]]:
-    """A source file's tree, its lines, and its comments by line number."""
-    text = Path(path).read_text()
-    comments = {t.start[0]: t.string for t in tokenize.generate_tokens(io.StringIO(text).readline)
-                if t.type == tokenize.COMMENT}
-    return ast.parse(text), tuple(text.splitlines()), comments
-
-
-def _statement_docs(body: Sequence[ast.stmt], lines: Sequence[str], comments: Mapping[int, str]) -> dict[str, str]:
-    """Each name assigned in ``body``: the ``#:`` lines right above it, a ``#:`` comment closing a one-line
-    assignment, or a string literal right after it (Sphinx's three spellings of an attribute's docs)."""
-    out: dict[str, str] = {}
-    for i, stmt in enumerate(body):
-        if isinstance(stmt, ast.Assign):
-            names = [t.id for t in stmt.targets if isinstance(t, ast.Name)]
-        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            names = [stmt.target.id]
-        else:
-            continue
-        above: list[str] = []
-        n = stmt.lineno - 1
-        while n >= 1 and lines[n - 1].strip().startswith("#:"):
-            above.insert(0, lines[n - 1].strip()[2:].strip())
-            n -= 1
-        trailing = comments.get(stmt.lineno, "")
-        if not above and stmt.lineno == stmt.end_lineno and trailing.startswith("#:"):
-            above = [trailing[2:].strip()]
-        nxt = body[i + 1] if i + 1 < len(body) else None
-        if not above and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) \
-                and isinstance(nxt.value.value, str):
-            above = [inspect.cleandoc(nxt.value.value)]
-        if above:
-            for name in names:
-                out[name] = " ".join(above)
-    return out
-
-
-@functools.cache
 def attribute_docs(owner: type | types.ModuleType) -> Mapping[str, str]:
-    """The documented attributes of a class (its own body) or a module (its top level), by name."""
-    source = inspect.getsourcefile(owner)
-    assert source is not None, owner
-    tree, lines, comments = _parsed(source)
+    """The documented attributes of a class (with its bases') or a module (its top level), by name."""
     if isinstance(owner, types.ModuleType):
-        return _statement_docs(tree.body, lines, comments)
-    node = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == owner.__name__), None)
-    return {} if node is None else _statement_docs(node.body, lines, comments)
+        return attrdocs.module_docs(owner)
+    return attrdocs.attribute_docs(owner)
 
 
 def own_doc(owner: type) -> str:
