@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import NotRequired, TypedDict
 
+from nvgpu.attrdocs import attribute_docs
 from nvgpu.stackconfig import AgentImage, Cluster, NodeGroup, StackConfig
-from nvgpu.stackconfig.jsonschema import attribute_docs, json_schemas, markdown
+from nvgpu.stackconfig.jsonschema import json_schemas, markdown
 
 
 def test_every_field_of_the_stack_config_is_documented() -> None:
