@@ -6,8 +6,8 @@ the Python language host, Pulumi's component provider host serves ``nvidia_gpu.p
 schema, and the YAML language host (tools/pulumi-yaml) builds the resources from it. The program
 previews, deploys to the local control plane (the DaemonSets roll out on a kwok node) and is destroyed.
 
-A TypeScript program would need Pulumi's Node.js language host, which the Go module proxy refuses (as it
-does Pulumi's Python host), so only YAML is tested here.
+TypeScript and Go programs, through the SDKs ``pulumi package gen-sdk`` generates, are
+``test_component_sdks.py``'s.
 """
 
 from __future__ import annotations

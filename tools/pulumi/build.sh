@@ -18,3 +18,10 @@ CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/pulumi/pulumi/sdk
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${v#v}" -o "$out/pulumi-language-python" \
   ./pulumi-language-python
 install -m 0755 "$sdk/python/cmd/pulumi-language-python-exec" "$out/"
+# `pulumi package gen-sdk` asks the language's host to generate an SDK, and Pulumi's Node.js and Go hosts are
+# refused by the proxy too: pulumi-language-sdkgen is that part of them (the CLI's own codegen/nodejs and
+# codegen/go at this pkg/v3), built once per language.
+for lang in nodejs go; do
+  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.language=$lang -X main.version=${v#v}" \
+    -o "$out/pulumi-language-$lang" ./pulumi-language-sdkgen
+done
