@@ -181,6 +181,7 @@ def _tsc(directory: Path, env: dict[str, str], *args: str) -> subprocess.Complet
                 timeout=300, check=False)
 
 
+@pytest.mark.timeout(900)  # the first in the module: the control plane, gen-sdk and a cold npm install
 def test_tsc_refuses_a_type_error_in_the_settings(ts_program: tuple[Path, dict[str, str]]) -> None:
     """The schema's types reach TypeScript: an unknown sharing mode and a misspelled key do not compile."""
     directory, env = ts_program
