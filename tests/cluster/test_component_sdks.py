@@ -84,7 +84,8 @@ def sdks(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Sdk
     """``pulumi package gen-sdk`` of the package, as a user's ``pulumi package add`` runs it: the engine starts
     the package through the Python language host and reads the schema it serves."""
     work = tmp_path_factory.mktemp("sdks")
-    bin_dir = required_bin("pulumi-language-python", "pulumi-resource-kubernetes")
+    bin_dir = required_bin("pulumi-language-python", "pulumi-language-nodejs", "pulumi-language-go",
+                           "pulumi-resource-kubernetes")
     project = make_project(cluster, work)
     # As in test_component_package: gen-sdk installs the package's own plugins; offline, from the pinned build.
     project.pulumi("plugin", "install", "resource", "kubernetes", PROVIDER_VERSION, "--file",
