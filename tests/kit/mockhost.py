@@ -1,6 +1,6 @@
 """A host root laid out to match what NVIDIA's mock NVML reports (the mock models no host of its own).
 
-Shared by the mock-NVML comparisons (``tests/node_agent/nvml/test_mock_nvml.py``), the side-by-side machines
+Shared by the mock-NVML comparisons (``tests/compare/test_mock_nvml.py``), the side-by-side machines
 (``tests/compare``) and the dev-node containers (``tests/cluster``); the machine's inventory comes from the mock
 itself, through the ``nvml`` probe of that module run in a subprocess (the mock is loaded per process).
 """
@@ -38,7 +38,7 @@ def mock_env(mock_bin: Path, machine: str, **extra: str) -> dict[str, str]:
 def probe_mock(mock_bin: Path, machine: str, root: Path) -> dict[str, Any]:
     """The mock machine's inventory (``test_mock_nvml.probe_main``'s ``nvml`` probe), in a subprocess."""
     env = mock_env(mock_bin, machine)
-    code = "from tests.node_agent.nvml.test_mock_nvml import probe_main; probe_main()"
+    code = "from tests.compare.test_mock_nvml import probe_main; probe_main()"
     done = subprocess.run([sys.executable, "-c", code, str(root), "real", "nvml"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

@@ -53,7 +53,10 @@ from tests.kit.fakehost import build_fake_host, sim_state_file
 from tests.kit.mockhost import mock_env, mock_host, probe_mock
 from tests.kit.tools import required_bin
 
-REPO = Path(__file__).resolve().parents[3]
+#: NVIDIA's mock NVML (go-nvml's machines behind NVML's C ABI, built by make tools): the compare tier.
+pytestmark = pytest.mark.compare
+
+REPO = Path(__file__).resolve().parents[2]
 LIBRARY = "libnvidia-ml.so.1"
 MIG_1_SLICE = 0  # NVML_GPU_INSTANCE_PROFILE_1_SLICE
 NO_SUCH_UUID = "GPU-00000000-0000-0000-0000-000000000000"
@@ -281,7 +284,7 @@ class Side:
                         "--json", *args)
 
     def run_probe(self, what: str) -> dict[str, Any]:
-        code = "from tests.node_agent.nvml.test_mock_nvml import probe_main; probe_main()"
+        code = "from tests.compare.test_mock_nvml import probe_main; probe_main()"
         rc, doc = self.run(sys.executable, "-c", code, str(self.root), self.nvml, what)
         assert rc == 0, doc
         return doc

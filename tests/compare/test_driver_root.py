@@ -21,7 +21,10 @@ import pytest
 from tests.kit.fakehost import build_fake_host
 from tests.kit.tools import required_bin
 
-REPO = Path(__file__).resolve().parents[3]
+#: NVIDIA's mock NVML (go-nvml's machines behind NVML's C ABI, built by make tools): the compare tier.
+pytestmark = pytest.mark.compare
+
+REPO = Path(__file__).resolve().parents[2]
 LIBRARY = "libnvidia-ml.so.1"
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 
