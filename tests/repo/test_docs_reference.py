@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import argparse
 import enum
-import importlib.util
 import re
 import shutil
-import sys
 import typing
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from pydantic import BaseModel
@@ -27,22 +24,13 @@ from node_agent.exporter.fields import FIELDS, NOT_FROM_NVML
 from node_agent.kube import nodeowner
 from nvgpu import labels, stackconfig
 from nvidia_gpu.components.manifests import alerts
+from tests.kit.scripts import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tools" / "gendocs.py"
 OUT = REPO / "docs" / "reference"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gendocs", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gendocs"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-gendocs = _load()
+gendocs = load_tool("gendocs")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ the workflow that calls the script is linted with the others (tests/repo/test_wo
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import re
@@ -17,7 +16,6 @@ import tarfile
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
@@ -25,22 +23,14 @@ import yaml
 from nvgpu.stackconfig import AgentImage, load_stack_file
 from nvgpu.version import VERSION
 from nvidia_gpu.package import schema
+from tests.kit.scripts import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "release.py"
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("release", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["release"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-release = _load()
+release = load_tool("release")
 
 
 @pytest.fixture
